@@ -1,0 +1,1 @@
+"""Deterministic single-process simulator driving the pure cores from one seed."""

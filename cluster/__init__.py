@@ -1,0 +1,1 @@
+"""Cluster: queue state machine, log storage, metadata, Raft, mirrored queues, federation, shovel."""

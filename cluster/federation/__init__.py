@@ -1,0 +1,1 @@
+"""Federation links (exchange and queue) between clusters."""

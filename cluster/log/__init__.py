@@ -1,0 +1,1 @@
+"""Log storage: append-only segments with indexes and a shared write-ahead log with group commit."""

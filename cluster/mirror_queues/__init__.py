@@ -1,0 +1,1 @@
+"""Mirrored queues: in-sync replica sets, high watermark and leader epochs."""

@@ -1,0 +1,1 @@
+"""The pure queue state machine shared by classic, quorum and mirrored queues."""

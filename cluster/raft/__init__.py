@@ -1,0 +1,1 @@
+"""Multi-group Raft: a pure core (cluster.raft.core) plus storage and transport adapters."""

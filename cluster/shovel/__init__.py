@@ -1,0 +1,1 @@
+"""Shovel links between brokers."""

@@ -1,0 +1,1 @@
+"""Deployment: topology description, local cluster runner, compose file and HAProxy config."""

@@ -1,0 +1,1 @@
+"""raftmq node: the single-broker process (protocol, broker model, trio runtime)."""

@@ -1,0 +1,1 @@
+"""Pure broker model: vhosts, users, exchanges, bindings, routing, consumers and QoS. No I/O."""

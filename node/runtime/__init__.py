@@ -1,0 +1,1 @@
+"""The trio runtime: listeners, connections, timers and disk threads. The only trio in node/."""

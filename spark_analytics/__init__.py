@@ -1,0 +1,1 @@
+"""PySpark job computing replication lag from the nodes' replication telemetry files."""
