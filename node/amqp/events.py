@@ -1,0 +1,62 @@
+"""Events `ServerConnection.next_events()` hands up to the broker/runtime (frozen dataclasses, no behaviour)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from node.amqp.methods import BasicPublish, Method
+from node.amqp.properties import BasicProperties
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionOpened:
+    """Handshake done (Connection.Open accepted and Open-Ok queued)."""
+
+    vhost: str
+    username: str
+    client_properties: dict[str, Any] = field(default_factory=dict)
+    channel_max: int = 0
+    frame_max: int = 0
+    heartbeat_s: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelOpened:
+    channel: int
+
+
+@dataclass(frozen=True, slots=True)
+class MethodReceived:
+    """A channel-level method without content (incl. ChannelFlow, which the broker answers with FlowOk)."""
+
+    channel: int
+    method: Method
+
+
+@dataclass(frozen=True, slots=True)
+class ContentReceived:
+    """A complete Basic.Publish: method, properties and the whole body."""
+
+    channel: int
+    method: BasicPublish
+    properties: BasicProperties
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelClosed:
+    """The channel is gone (closed by either side); its number may be reused once the client reopens it."""
+
+    channel: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionClosed:
+    """The connection is finished: flush `data_to_send()` and close the socket."""
+
+    reply_code: int
+    reply_text: str
+
+
+Event = ConnectionOpened | ChannelOpened | MethodReceived | ContentReceived | ChannelClosed | ConnectionClosed
