@@ -11,6 +11,7 @@ import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "node": ("node.runtime.main", "run one broker node"),
+    "cluster": ("deploy.runner", "run a local cluster behind HAProxy (up, down, status)"),
 }
 
 
