@@ -1,1 +1,71 @@
-"""The pure queue state machine shared by classic, quorum and mirrored queues."""
+"""The pure queue state machine shared by classic, quorum and mirrored queues.
+
+`Queue(name, args).apply(command) -> list[effect]`; see `machine` for the semantics, `types` for the data.
+"""
+
+from __future__ import annotations
+
+from cluster.queue.machine import PUBLISHERS_MAX_DEFAULT, Queue
+from cluster.queue.types import (
+    Accepted,
+    ActiveConsumerChanged,
+    AddCredit,
+    Attach,
+    DeadLetter,
+    DeadLetterReason,
+    Deliver,
+    Detach,
+    Discard,
+    Dropped,
+    Duplicate,
+    Enqueue,
+    Expire,
+    Get,
+    GetEmpty,
+    GetOk,
+    MsgId,
+    Overflow,
+    Purge,
+    Purged,
+    QueueArgs,
+    QueueCommand,
+    QueuedMessage,
+    QueueEffect,
+    Recover,
+    Rejected,
+    Return,
+    Settle,
+)
+
+__all__ = [
+    "PUBLISHERS_MAX_DEFAULT",
+    "Accepted",
+    "ActiveConsumerChanged",
+    "AddCredit",
+    "Attach",
+    "DeadLetter",
+    "DeadLetterReason",
+    "Deliver",
+    "Detach",
+    "Discard",
+    "Dropped",
+    "Duplicate",
+    "Enqueue",
+    "Expire",
+    "Get",
+    "GetEmpty",
+    "GetOk",
+    "MsgId",
+    "Overflow",
+    "Purge",
+    "Purged",
+    "Queue",
+    "QueueArgs",
+    "QueueCommand",
+    "QueueEffect",
+    "QueuedMessage",
+    "Recover",
+    "Rejected",
+    "Return",
+    "Settle",
+]

@@ -1,0 +1,474 @@
+"""The queue state machine: `Queue.apply(command) -> list[effect]`, deterministic and free of I/O.
+
+Classic, quorum and mirrored queues all run this machine; only how the commands are replicated differs. The same
+commands in the same order produce the same effects on every replica: there is no clock (time comes from the
+`now_ms` of commands, clamped to never go back), no randomness and no iteration over unordered containers.
+
+How a command runs: advance time and expire what is due, change state, then hand ready messages to consumers with
+capacity (see `consumers.ConsumerRings`), highest consumer priority first and round-robin among equals. Ready
+messages live in `ready.ReadyStore` (priority levels, ascending msg_id, requeued messages back at their place).
+
+Semantics chosen where RabbitMQ leaves room (the reference model in tests/queue mirrors them):
+- A message expires when now_ms >= enqueue time + min(x-message-ttl, per-message ttl). Expired messages are never
+  delivered; as in RabbitMQ, a ttl of 0 still lets a message go straight to a consumer waiting at publish time.
+- Unacked messages do not expire; a returned message keeps its original expiry.
+- Length limits count ready messages only (as classic queues). reject-publish refuses a message that would take
+  the queue over a limit; drop-head enqueues, delivers, then drops heads until within the limits.
+- A message that would be dead-lettered becomes `DeadLetter` when a DLX is configured, else `Dropped`.
+- x-delivery-limit: Return and Detach add 1 to delivery_count; above the limit the message is lost that way.
+- Publisher dedup keeps one high-water sequence per publisher, at most `publishers_max` publishers, evicting the
+  least recently used one (a retry from an evicted publisher is then accepted again: at-least-once, never lost).
+- Single active consumer: the first attached is active; when it detaches, the attached consumer with the highest
+  priority (then the earliest attached) takes over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any, Final
+
+from cluster.queue.consumers import Consumer, ConsumerRings
+from cluster.queue.ready import GONE, READY, REDELIVERED, STATE_MASK, UNACKED, Entry, ReadyStore
+from cluster.queue.types import (
+    Accepted,
+    ActiveConsumerChanged,
+    AddCredit,
+    Attach,
+    DeadLetter,
+    DeadLetterReason,
+    Deliver,
+    Detach,
+    Discard,
+    Dropped,
+    Duplicate,
+    Enqueue,
+    Expire,
+    Get,
+    GetEmpty,
+    GetOk,
+    MsgId,
+    Purge,
+    Purged,
+    QueueArgs,
+    QueueCommand,
+    QueueEffect,
+    Recover,
+    Rejected,
+    Return,
+    Settle,
+)
+
+PUBLISHERS_MAX_DEFAULT: Final = 10_000
+
+_Effects = list[QueueEffect]
+
+
+class Queue:
+    """One queue's state. Mutable for speed; use snapshot()/restore() to copy it."""
+
+    __slots__ = (
+        "_active",
+        "_attach_seq",
+        "_attached_count",
+        "_consumers",
+        "_handlers",
+        "_has_limits",
+        "_next_msg_id",
+        "_now_ms",
+        "_publishers",
+        "_ready",
+        "_rings",
+        "_unacked_count",
+        "args",
+        "name",
+        "publishers_max",
+    )
+
+    def __init__(
+        self, name: str, args: QueueArgs | None = None, publishers_max: int = PUBLISHERS_MAX_DEFAULT
+    ):
+        if publishers_max < 1:
+            raise ValueError("publishers_max must be >= 1")
+        self.name = name
+        self.args = args if args is not None else QueueArgs()
+        self.publishers_max = publishers_max
+        self._ready = ReadyStore(self.args.max_priority)
+        self._consumers: dict[Hashable, Consumer] = {}
+        self._rings = ConsumerRings()
+        self._attached_count = 0
+        self._unacked_count = 0
+        self._next_msg_id = 1
+        self._attach_seq = 0
+        self._now_ms = 0
+        self._active: Consumer | None = None
+        self._publishers: dict[Hashable, int] = {}
+        self._has_limits = self.args.max_length is not None or self.args.max_length_bytes is not None
+        self._handlers: dict[type, Callable[[Any, _Effects], None]] = {
+            Enqueue: self._enqueue,
+            Settle: self._settle,
+            Attach: self._attach,
+            Detach: self._detach,
+            AddCredit: self._add_credit,
+            Return: self._return,
+            Discard: self._discard,
+            Get: self._get,
+            Expire: self._expire,
+            Purge: self._purge,
+            Recover: self._recover,
+        }
+
+    # --- public API -----------------------------------------------------------------------------------------
+
+    def apply(self, command: QueueCommand) -> list[QueueEffect]:
+        handler = self._handlers.get(type(command))
+        if handler is None:
+            raise TypeError(f"not a queue command: {command!r}")
+        out: _Effects = []
+        handler(command, out)
+        return out
+
+    @property
+    def ready_count(self) -> int:
+        return self._ready.count
+
+    @property
+    def ready_bytes(self) -> int:
+        return self._ready.size_bytes
+
+    @property
+    def unacked_count(self) -> int:
+        return self._unacked_count
+
+    @property
+    def consumer_count(self) -> int:
+        return self._attached_count
+
+    @property
+    def active_consumer(self) -> Hashable | None:
+        """The single active consumer's id (None without one or when SAC is off)."""
+        return self._active.consumer_id if self._active is not None else None
+
+    @property
+    def now_ms(self) -> int:
+        """The latest time seen in a command."""
+        return self._now_ms
+
+    def next_expiry_ms(self) -> int | None:
+        """When the runtime should next send Expire (None: no ready message has an expiry)."""
+        return self._ready.next_expiry_ms()
+
+    def ready_msg_ids(self) -> list[MsgId]:
+        """Ready message ids in delivery order (O(n); for tests and tools)."""
+        return [entry.msg_id for entry in self._ready.iter_in_order()]
+
+    def unacked_msg_ids(self, consumer_id: Hashable) -> list[MsgId]:
+        consumer = self._consumers.get(consumer_id)
+        return sorted(consumer.unacked) if consumer is not None else []
+
+    def snapshot(
+        self,
+        encode_payload: Callable[[Any], Any] | None = None,
+        encode_id: Callable[[Hashable], Any] | None = None,
+    ) -> dict[str, Any]:
+        """cbor-able state; see cluster.queue.snapshot for the payload/id encoding rules."""
+        from cluster.queue.snapshot import snapshot_queue
+
+        return snapshot_queue(self, encode_payload, encode_id)
+
+    @classmethod
+    def restore(
+        cls,
+        snapshot: dict[str, Any],
+        decode_payload: Callable[[Any], Any] | None = None,
+        decode_id: Callable[[Any], Hashable] | None = None,
+    ) -> Queue:
+        from cluster.queue.snapshot import restore_queue
+
+        return restore_queue(cls, snapshot, decode_payload, decode_id)
+
+    # --- commands -------------------------------------------------------------------------------------------
+
+    def _enqueue(self, command: Enqueue, out: _Effects) -> None:
+        now_ms = self._advance(command.now_ms, out)
+        publisher_id = command.publisher_id
+        sequence = command.sequence
+        tracked = publisher_id is not None and sequence is not None
+        if tracked:
+            high_water = self._publishers.get(publisher_id)
+            if high_water is not None and sequence <= high_water:  # type: ignore[operator]
+                out.append(Duplicate(publisher_id, sequence))  # type: ignore[arg-type]
+                return
+        message = command.message
+        args = self.args
+        if self._has_limits and args.overflow != "drop-head" and self._would_overflow(message.size_bytes):
+            out.append(Rejected(publisher_id, sequence, "maxlen"))
+            if args.overflow == "reject-publish-dlx" and args.dead_letter_exchange is not None:
+                out.append(DeadLetter(message, "maxlen", 0))
+            return
+        if tracked:
+            self._remember_publisher(publisher_id, sequence)  # type: ignore[arg-type]
+        msg_id = MsgId(self._next_msg_id)
+        self._next_msg_id = msg_id + 1
+        ttl_ms = args.message_ttl_ms
+        if message.ttl_ms is not None and (ttl_ms is None or message.ttl_ms < ttl_ms):
+            ttl_ms = message.ttl_ms
+        expiry_ms = None if ttl_ms is None else now_ms + ttl_ms
+        self._ready.push_new(Entry(msg_id, message, 0, expiry_ms, READY))
+        out.append(Accepted(publisher_id, sequence, msg_id))
+        self._deliver(out)
+        if expiry_ms is not None and expiry_ms <= now_ms:
+            self._expire_due(out)
+        if self._has_limits:
+            self._drop_heads_over_limit(out)
+
+    def _attach(self, command: Attach, out: _Effects) -> None:
+        self._advance(command.now_ms, out)
+        consumer_id = command.consumer_id
+        previous = self._consumers.get(consumer_id)
+        keeps_seat = previous is not None and previous.attached
+        if keeps_seat:
+            assert previous is not None
+            attach_seq = previous.attach_seq
+        else:
+            self._attach_seq += 1
+            attach_seq = self._attach_seq
+            self._attached_count += 1
+        consumer = Consumer(
+            consumer_id, command.prefetch, command.credit, command.priority, command.no_ack, attach_seq, True
+        )
+        if previous is not None:
+            consumer.unacked = previous.unacked
+            previous.attached = False
+        self._consumers[consumer_id] = consumer
+        if self.args.single_active_consumer:
+            if self._active is None:
+                self._active = consumer
+                out.append(ActiveConsumerChanged(consumer_id))
+            elif self._active is previous:
+                self._active = consumer
+        self._offer(consumer)
+        self._deliver(out)
+
+    def _detach(self, command: Detach, out: _Effects) -> None:
+        self._advance(command.now_ms, out)
+        consumer = self._consumers.pop(command.consumer_id, None)
+        if consumer is None:
+            return
+        if consumer.attached:
+            consumer.attached = False
+            self._attached_count -= 1
+        unacked = consumer.unacked
+        self._unacked_count -= len(unacked)
+        for msg_id in sorted(unacked):
+            self._requeue(unacked[msg_id], out)
+        unacked.clear()
+        if consumer is self._active:
+            self._choose_active(out)
+        self._expire_due(out)
+        self._deliver(out)
+
+    def _add_credit(self, command: AddCredit, out: _Effects) -> None:
+        consumer = self._consumers.get(command.consumer_id)
+        if consumer is None or consumer.credit is None:
+            return
+        consumer.credit += command.credit
+        self._offer(consumer)
+        self._deliver(out)
+
+    def _settle(self, command: Settle, out: _Effects) -> None:
+        consumer = self._consumers.get(command.consumer_id)
+        if consumer is None:
+            return
+        unacked = consumer.unacked
+        for msg_id in command.msg_ids:
+            entry = unacked.pop(msg_id, None)
+            if entry is not None:
+                entry.flags = (entry.flags & ~STATE_MASK) | GONE
+                self._unacked_count -= 1
+        self._after_unacked_shrank(consumer, out)
+
+    def _return(self, command: Return, out: _Effects) -> None:
+        self._advance(command.now_ms, out)
+        consumer = self._consumers.get(command.consumer_id)
+        if consumer is None:
+            return
+        unacked = consumer.unacked
+        for msg_id in command.msg_ids:
+            entry = unacked.pop(msg_id, None)
+            if entry is not None:
+                self._unacked_count -= 1
+                self._requeue(entry, out)
+        self._expire_due(out)
+        self._after_unacked_shrank(consumer, out)
+
+    def _discard(self, command: Discard, out: _Effects) -> None:
+        self._advance(command.now_ms, out)
+        consumer = self._consumers.get(command.consumer_id)
+        if consumer is None:
+            return
+        unacked = consumer.unacked
+        for msg_id in command.msg_ids:
+            entry = unacked.pop(msg_id, None)
+            if entry is not None:
+                self._unacked_count -= 1
+                self._lose(entry, "rejected", out)
+        self._after_unacked_shrank(consumer, out)
+
+    def _get(self, command: Get, out: _Effects) -> None:
+        self._advance(command.now_ms, out)
+        consumer_id = command.consumer_id
+        entry = self._take_ready(out)
+        if entry is None:
+            out.append(GetEmpty(consumer_id))
+            return
+        redelivered = bool(entry.flags & REDELIVERED)
+        if command.no_ack:
+            entry.flags = (entry.flags & ~STATE_MASK) | GONE
+        else:
+            holder = self._consumers.get(consumer_id)
+            if holder is None:
+                holder = Consumer(consumer_id, 0, None, 0, False, 0, False)
+                self._consumers[consumer_id] = holder
+            entry.flags = (entry.flags & ~STATE_MASK) | UNACKED
+            holder.unacked[entry.msg_id] = entry
+            self._unacked_count += 1
+        out.append(
+            GetOk(
+                consumer_id, entry.msg_id, entry.message, redelivered, entry.delivery_count, self._ready.count
+            )
+        )
+
+    def _expire(self, command: Expire, out: _Effects) -> None:
+        self._advance(command.now_ms, out)
+
+    def _purge(self, command: Purge, out: _Effects) -> None:
+        out.append(Purged(self._ready.clear()))
+
+    def _recover(self, command: Recover, out: _Effects) -> None:
+        msg_id = command.msg_id
+        if msg_id >= self._next_msg_id:
+            self._next_msg_id = msg_id + 1
+        entry = Entry(msg_id, command.message, command.delivery_count, command.expiry_ms, READY | REDELIVERED)
+        self._ready.push_returned(entry)
+        self._expire_due(out)
+        self._deliver(out)
+
+    # --- helpers --------------------------------------------------------------------------------------------
+
+    def _advance(self, now_ms: int, out: _Effects) -> int:
+        if now_ms > self._now_ms:
+            self._now_ms = now_ms
+        self._expire_due(out)
+        return self._now_ms
+
+    def _expire_due(self, out: _Effects) -> None:
+        for entry in self._ready.pop_expired(self._now_ms):
+            self._lose(entry, "expired", out)
+
+    def _take_ready(self, out: _Effects) -> Entry | None:
+        """Pop the head ready message; a message past its expiry is expired, never handed out."""
+        ready = self._ready
+        now_ms = self._now_ms
+        while True:
+            entry = ready.pop_head()
+            if entry is None or entry.expiry_ms is None or entry.expiry_ms >= now_ms:
+                return entry
+            self._lose(entry, "expired", out)
+
+    def _deliver(self, out: _Effects) -> None:
+        ready = self._ready
+        rings = self._rings
+        while ready.count:
+            consumer = rings.head()
+            if consumer is None:
+                return
+            entry = self._take_ready(out)
+            if entry is None:
+                return
+            flags = entry.flags
+            if consumer.credit is not None:
+                consumer.credit -= 1
+            out.append(
+                Deliver(
+                    consumer.consumer_id,
+                    entry.msg_id,
+                    entry.message,
+                    bool(flags & REDELIVERED),
+                    entry.delivery_count,
+                )
+            )
+            if consumer.no_ack:
+                entry.flags = (flags & ~STATE_MASK) | GONE
+            else:
+                entry.flags = (flags & ~STATE_MASK) | UNACKED
+                consumer.unacked[entry.msg_id] = entry
+                self._unacked_count += 1
+            rings.rotate(consumer)
+
+    def _requeue(self, entry: Entry, out: _Effects) -> None:
+        entry.delivery_count += 1
+        entry.flags |= REDELIVERED
+        limit = self.args.delivery_limit
+        if limit is not None and entry.delivery_count > limit:
+            self._lose(entry, "delivery_limit", out)
+        else:
+            self._ready.push_returned(entry)
+
+    def _lose(self, entry: Entry, reason: DeadLetterReason, out: _Effects) -> None:
+        entry.flags = (entry.flags & ~STATE_MASK) | GONE
+        if self.args.dead_letter_exchange is not None:
+            out.append(DeadLetter(entry.message, reason, entry.delivery_count, entry.msg_id))
+        else:
+            out.append(Dropped(entry.msg_id, reason))
+
+    def _after_unacked_shrank(self, consumer: Consumer, out: _Effects) -> None:
+        if consumer.attached:
+            self._offer(consumer)
+            self._deliver(out)
+        elif not consumer.unacked and self._consumers.get(consumer.consumer_id) is consumer:
+            del self._consumers[consumer.consumer_id]
+
+    def _offer(self, consumer: Consumer) -> None:
+        if not self.args.single_active_consumer or self._active is consumer:
+            self._rings.offer(consumer)
+
+    def _choose_active(self, out: _Effects) -> None:
+        best: Consumer | None = None
+        for candidate in self._consumers.values():
+            if candidate.attached and (
+                best is None
+                or candidate.priority > best.priority
+                or (candidate.priority == best.priority and candidate.attach_seq < best.attach_seq)
+            ):
+                best = candidate
+        self._active = best
+        out.append(ActiveConsumerChanged(best.consumer_id if best is not None else None))
+        if best is not None:
+            self._rings.offer(best)
+
+    def _would_overflow(self, size_bytes: int) -> bool:
+        max_length = self.args.max_length
+        if max_length is not None and self._ready.count + 1 > max_length:
+            return True
+        max_bytes = self.args.max_length_bytes
+        return max_bytes is not None and self._ready.size_bytes + size_bytes > max_bytes
+
+    def _drop_heads_over_limit(self, out: _Effects) -> None:
+        ready = self._ready
+        max_length = self.args.max_length
+        max_bytes = self.args.max_length_bytes
+        while ready.count and (
+            (max_length is not None and ready.count > max_length)
+            or (max_bytes is not None and ready.size_bytes > max_bytes)
+        ):
+            entry = ready.pop_head()
+            assert entry is not None
+            self._lose(entry, "maxlen", out)
+
+    def _remember_publisher(self, publisher_id: Hashable, sequence: int) -> None:
+        publishers = self._publishers
+        if publisher_id in publishers:
+            del publishers[publisher_id]
+        elif len(publishers) >= self.publishers_max:
+            del publishers[next(iter(publishers))]
+        publishers[publisher_id] = sequence

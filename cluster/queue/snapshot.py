@@ -1,0 +1,131 @@
+"""Snapshot and restore of a `Queue`, so the log behind it can be truncated.
+
+`snapshot_queue` returns a dict of cbor-able primitives only (ints, strs, bools, None, lists, dicts) provided the
+opaque parts are: message payloads go through `encode_payload` and consumer/publisher ids through `encode_id`
+(both default to identity, so by default payloads and ids must themselves be cbor-able, e.g. bytes/str/int).
+Note that cbor turns tuples into lists: pass `decode_id` to restore if ids are tuples.
+
+The restored machine is identical in behaviour: same ready order, unacked sets, consumer limits, round-robin ring
+positions, active consumer, dedup high-waters (in LRU order), msg_id counter and clock. Internal garbage (lazily
+removed entries) is not carried over, which does not change any future effect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, Final
+
+from cluster.queue.consumers import Consumer
+from cluster.queue.ready import READY, REDELIVERED, UNACKED, Entry
+from cluster.queue.types import MsgId, QueueArgs, QueuedMessage
+
+if TYPE_CHECKING:
+    from cluster.queue.machine import Queue
+
+SNAPSHOT_VERSION: Final = 1
+
+_Encode = Callable[[Any], Any]
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _entry_row(entry: Entry, encode_payload: _Encode) -> list[Any]:
+    message = entry.message
+    return [
+        entry.msg_id,
+        encode_payload(message.payload),
+        message.size_bytes,
+        message.persistent,
+        message.priority,
+        message.ttl_ms,
+        entry.delivery_count,
+        entry.expiry_ms,
+        entry.redelivered,
+    ]
+
+
+def _entry_from_row(row: list[Any], decode_payload: _Encode, state: int) -> Entry:
+    msg_id, payload, size_bytes, persistent, priority, ttl_ms, delivery_count, expiry_ms, redelivered = row
+    message = QueuedMessage(decode_payload(payload), size_bytes, persistent, priority, ttl_ms)
+    flags = state | (REDELIVERED if redelivered else 0)
+    return Entry(MsgId(msg_id), message, delivery_count, expiry_ms, flags)
+
+
+def snapshot_queue(
+    queue: Queue, encode_payload: _Encode | None = None, encode_id: _Encode | None = None
+) -> dict[str, Any]:
+    enc_payload = encode_payload or _identity
+    enc_id = encode_id or _identity
+    consumers = []
+    for consumer in queue._consumers.values():
+        consumers.append(
+            [
+                enc_id(consumer.consumer_id),
+                consumer.prefetch,
+                consumer.credit,
+                consumer.priority,
+                consumer.no_ack,
+                consumer.attach_seq,
+                consumer.attached,
+                [_entry_row(consumer.unacked[msg_id], enc_payload) for msg_id in consumer.unacked],
+            ]
+        )
+    rings = [
+        [priority, [enc_id(member.consumer_id) for member in members]]
+        for priority, members in queue._rings.iter_rings()
+    ]
+    active = queue._active
+    return {
+        "version": SNAPSHOT_VERSION,
+        "name": queue.name,
+        "args": dataclasses.asdict(queue.args),
+        "publishers_max": queue.publishers_max,
+        "next_msg_id": queue._next_msg_id,
+        "attach_seq": queue._attach_seq,
+        "now_ms": queue._now_ms,
+        "ready": [_entry_row(entry, enc_payload) for entry in queue._ready.iter_in_order()],
+        "consumers": consumers,
+        "rings": rings,
+        "has_active": active is not None,
+        "active": enc_id(active.consumer_id) if active is not None else None,
+        "publishers": [[enc_id(pid), seq] for pid, seq in queue._publishers.items()],
+    }
+
+
+def restore_queue(
+    cls: type[Queue],
+    snapshot: dict[str, Any],
+    decode_payload: _Encode | None = None,
+    decode_id: Callable[[Any], Hashable] | None = None,
+) -> Queue:
+    if snapshot.get("version") != SNAPSHOT_VERSION:
+        raise ValueError(f"unsupported queue snapshot version {snapshot.get('version')!r}")
+    dec_payload = decode_payload or _identity
+    dec_id = decode_id or _identity
+    queue = cls(snapshot["name"], QueueArgs(**snapshot["args"]), snapshot["publishers_max"])
+    queue._next_msg_id = snapshot["next_msg_id"]
+    queue._attach_seq = snapshot["attach_seq"]
+    queue._now_ms = snapshot["now_ms"]
+    for row in snapshot["ready"]:
+        queue._ready.push_new(_entry_from_row(row, dec_payload, READY))
+    for cid_raw, prefetch, credit, priority, no_ack, attach_seq, attached, unacked_rows in snapshot[
+        "consumers"
+    ]:
+        consumer = Consumer(dec_id(cid_raw), prefetch, credit, priority, no_ack, attach_seq, attached)
+        for row in unacked_rows:
+            entry = _entry_from_row(row, dec_payload, UNACKED)
+            consumer.unacked[entry.msg_id] = entry
+        queue._consumers[consumer.consumer_id] = consumer
+        queue._unacked_count += len(consumer.unacked)
+        if attached:
+            queue._attached_count += 1
+    for priority, member_ids in snapshot["rings"]:
+        queue._rings.restore_ring(priority, [queue._consumers[dec_id(cid)] for cid in member_ids])
+    if snapshot["has_active"]:
+        queue._active = queue._consumers[dec_id(snapshot["active"])]
+    for pid_raw, sequence in snapshot["publishers"]:
+        queue._publishers[dec_id(pid_raw)] = sequence
+    return queue

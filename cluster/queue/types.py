@@ -1,0 +1,265 @@
+"""Data types of the queue state machine: arguments, messages, commands and effects.
+
+Everything here is plain data: frozen, slotted dataclasses that the broker builds (commands) or reads (effects).
+The machine in `cluster.queue.machine` consumes commands and returns effects; it performs no I/O, so the same
+commands in the same order give the same effects on every replica.
+
+Time only enters through the `now_ms` fields of commands. Ids are opaque hashables chosen by the broker
+(`consumer_id`, `publisher_id`); message ids are assigned by the machine, strictly increasing from 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, NewType
+
+MsgId = NewType("MsgId", int)
+
+Overflow = Literal["drop-head", "reject-publish", "reject-publish-dlx"]
+OVERFLOW_MODES: Final = ("drop-head", "reject-publish", "reject-publish-dlx")
+
+DeadLetterReason = Literal["rejected", "expired", "maxlen", "delivery_limit"]
+
+MAX_PRIORITY_LIMIT: Final = 255
+
+
+@dataclass(frozen=True, slots=True)
+class QueueArgs:
+    """The x-arguments the machine understands (all optional). x-expires is the broker's business.
+
+    A dead-letter exchange of "" (the default exchange) is a valid DLX; None means no DLX, in which case messages
+    that would be dead-lettered are reported as `Dropped` instead.
+    """
+
+    message_ttl_ms: int | None = None
+    max_length: int | None = None
+    max_length_bytes: int | None = None
+    overflow: Overflow = "drop-head"
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
+    max_priority: int | None = None
+    single_active_consumer: bool = False
+    delivery_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.overflow not in OVERFLOW_MODES:
+            raise ValueError(f"unknown overflow mode {self.overflow!r}")
+        for name in ("message_ttl_ms", "max_length", "max_length_bytes", "delivery_limit"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.max_priority is not None and not 0 <= self.max_priority <= MAX_PRIORITY_LIMIT:
+            raise ValueError(f"max_priority must be within 0..{MAX_PRIORITY_LIMIT}")
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedMessage:
+    """One message as the queue sees it; `payload` is opaque (the broker's message or a reference to it)."""
+
+    payload: Any
+    size_bytes: int
+    persistent: bool
+    priority: int = 0
+    ttl_ms: int | None = None
+
+
+# --- commands -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    """Publish one message. With (publisher_id, sequence), a sequence <= the publisher's high-water is a Duplicate."""
+
+    message: QueuedMessage
+    now_ms: int
+    publisher_id: Hashable | None = None
+    sequence: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """Add a consumer. prefetch 0 = no per-consumer unacked limit; credit None = unlimited.
+
+    Attaching an id that is already attached updates its prefetch/credit/priority/no_ack and keeps its unacked.
+    """
+
+    consumer_id: Hashable
+    now_ms: int
+    prefetch: int = 0
+    credit: int | None = None
+    priority: int = 0
+    no_ack: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Detach:
+    """Remove a consumer; its unacked messages come back (redelivered, delivery count + 1)."""
+
+    consumer_id: Hashable
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class AddCredit:
+    """Grant more credit to a consumer (channel-global QoS lives in the broker). No effect if credit is None."""
+
+    consumer_id: Hashable
+    credit: int
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """Acknowledge messages delivered to `consumer_id`. Unknown ids are ignored (effects may be replayed)."""
+
+    consumer_id: Hashable
+    msg_ids: tuple[MsgId, ...] | list[MsgId]
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    """Requeue messages: they go back to their original position, counting toward x-delivery-limit."""
+
+    consumer_id: Hashable
+    msg_ids: tuple[MsgId, ...] | list[MsgId]
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Discard:
+    """Reject without requeue: dead-letter (reason "rejected") or drop when no DLX is configured."""
+
+    consumer_id: Hashable
+    msg_ids: tuple[MsgId, ...] | list[MsgId]
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Get:
+    """basic.get: take the head message; without no_ack it stays unacked under `consumer_id`."""
+
+    consumer_id: Hashable
+    no_ack: bool
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Expire:
+    """Advance time: every ready message whose expiry is <= now_ms is dead-lettered or dropped."""
+
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Purge:
+    """Remove every ready message (unacked ones stay)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recover:
+    """Rebuild after a restart: the message becomes ready and is delivered with redelivered=True.
+
+    `expiry_ms` (an extension of the interface) is the absolute expiry the message had, if the broker kept it.
+    """
+
+    msg_id: MsgId
+    message: QueuedMessage
+    delivery_count: int = 0
+    expiry_ms: int | None = None
+
+
+QueueCommand = (
+    Enqueue | Attach | Detach | AddCredit | Settle | Return | Discard | Get | Expire | Purge | Recover
+)
+
+# --- effects --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    consumer_id: Hashable
+    msg_id: MsgId
+    message: QueuedMessage
+    redelivered: bool
+    delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class GetOk:
+    consumer_id: Hashable
+    msg_id: MsgId
+    message: QueuedMessage
+    redelivered: bool
+    delivery_count: int
+    remaining: int
+
+
+@dataclass(frozen=True, slots=True)
+class GetEmpty:
+    consumer_id: Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The message was enqueued as `msg_id` (emitted for every accepted Enqueue, publisher_id may be None)."""
+
+    publisher_id: Hashable | None
+    sequence: int | None
+    msg_id: MsgId
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The message was not enqueued (reason "maxlen" under reject-publish / reject-publish-dlx)."""
+
+    publisher_id: Hashable | None
+    sequence: int | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    publisher_id: Hashable
+    sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """Republish `message` to the DLX; the broker builds x-death. msg_id (extension) is None for a refused publish."""
+
+    message: QueuedMessage
+    reason: DeadLetterReason
+    delivery_count: int
+    msg_id: MsgId | None = field(default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """The message left the queue without dead-lettering (no DLX configured). reason as for DeadLetter."""
+
+    msg_id: MsgId
+    reason: DeadLetterReason
+
+
+@dataclass(frozen=True, slots=True)
+class Purged:
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveConsumerChanged:
+    consumer_id: Hashable | None
+
+
+QueueEffect = (
+    Deliver
+    | GetOk
+    | GetEmpty
+    | Accepted
+    | Rejected
+    | Duplicate
+    | DeadLetter
+    | Dropped
+    | Purged
+    | ActiveConsumerChanged
+)
