@@ -1,0 +1,56 @@
+"""The explicit Spark schema of the replication telemetry records (docs/telemetry.md, schema v1).
+
+Telemetry is JSON lines; Spark is never asked to infer a schema (inference scans the data twice and guesses types
+from whatever sample it sees). Every field of every record type is listed here, nullable, so one reader handles
+`state`, `append` and `commit` records alike; fields a record type does not carry read as null.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.types import (
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+SCHEMA_VERSION = 1
+
+RECORD_STATE = "state"
+RECORD_APPEND = "append"
+RECORD_COMMIT = "commit"
+
+ROLE_LEADER = "leader"
+ROLE_FOLLOWER = "follower"
+
+FOLLOWER_PROGRESS = StructType(
+    [
+        StructField("match_index", LongType(), True),
+        StructField("match_bytes", LongType(), True),
+    ]
+)
+
+TELEMETRY_SCHEMA = StructType(
+    [
+        StructField("v", IntegerType(), True),
+        StructField("kind", StringType(), True),
+        StructField("type", StringType(), True),
+        StructField("ts_ms", LongType(), True),
+        StructField("node", StringType(), True),
+        StructField("group", StringType(), True),
+        StructField("term", LongType(), True),
+        # state and append
+        StructField("role", StringType(), True),
+        StructField("last_index", LongType(), True),
+        StructField("log_bytes", LongType(), True),
+        # state and commit
+        StructField("commit_index", LongType(), True),
+        # state, leader only
+        StructField("followers", MapType(StringType(), FOLLOWER_PROGRESS, True), True),
+        # append only
+        StructField("first_index", LongType(), True),
+        StructField("bytes", LongType(), True),
+    ]
+)
