@@ -1,0 +1,378 @@
+"""NodeLog: every stream of a node in one durable, bounded log with group commit.
+
+How it works:
+- ``append`` assigns the next offset of the stream and queues the record in memory (no syscall).  When the queue
+  exceeds ``append_buffer_bytes_max`` it is written out (plain write, no fsync) by the appending thread.
+- ``commit`` (a worker thread) writes the queue as one batch of frames to the shared WAL, copies the same records
+  into the per-stream segment files (plain writes), then fsyncs the WAL once: group commit for every stream.
+- When the WAL reaches ``wal_size_bytes_max`` the commit checkpoints: fsync the dirty segment files, start a new
+  WAL file and delete the old ones.  ``write_snapshot`` deletes segments wholly behind the snapshot.
+- ``open`` recovers: load each stream directory (torn segment tails cut off), then replay the WAL on top
+  (appends already on disk are skipped; truncations are re-applied), then checkpoint.
+
+Threading contract: three locks, always taken in this order.
+- ``_commit_lock``: one commit/checkpoint/snapshot/delete at a time.
+- ``_io_lock``: every file write (WAL and segments) and segment reads. Held while writing, never while the WAL
+  fsyncs, so an ``append`` that must flush its full buffer waits for a write at most, not for an fsync.
+- ``_lock``: the in-memory queue and per-stream offsets; held only for a few dict operations.
+``append``, ``truncate_after``, ``read_at``, ``streams`` may be called from the event-loop thread while ``commit``
+runs in a worker thread; ``commit``, ``write_snapshot``, ``delete_stream`` and ``close`` block on fsync and
+belong in worker threads.  ``read`` iterates files lazily: do not truncate that stream while iterating.
+
+Failure: a full disk raises ``DiskFullError``. If the WAL write failed, the batch goes back to the queue and a later
+``commit`` can retry; if a segment write or an fsync failed, the log refuses further work (``LogBrokenError``) and
+must be reopened, which recovers to the last good record.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from cluster.log import format as fmt
+from cluster.log.segment import DiskFullError, FileHandles, StreamFiles, remove_directory
+from cluster.log.wal import WalWriter, replay
+
+STREAMS_DIRECTORY = "streams"
+WAL_DIRECTORY = "wal"
+OP_OVERHEAD_BYTES = 64  # bookkeeping charged per queued op against the buffer bound
+
+
+class LogBrokenError(RuntimeError):
+    """An I/O failure left the in-memory view uncertain; reopen the log to recover from disk."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    segment_size_bytes_max: int = 64 * 1024 * 1024
+    index_interval_bytes: int = 4096
+    wal_size_bytes_max: int = 256 * 1024 * 1024
+    append_buffer_bytes_max: int = 16 * 1024 * 1024
+    open_files_max: int = 512
+
+
+@dataclass(frozen=True, slots=True)
+class _Op:
+    kind: fmt.WalKind
+    stream: str
+    offset: int
+    timestamp_ms: int
+    payload: bytes
+    sequence: int
+
+
+@dataclass(slots=True)
+class _StreamState:
+    next_offset: int = 0
+    snapshot_offset: int = -1
+    unwritten: dict[int, tuple[int, bytes]] = field(default_factory=dict)  # offset -> (sequence, payload)
+    has_data: bool = False
+
+
+class NodeLog:
+    def __init__(self, directory: pathlib.Path, config: LogConfig) -> None:
+        self.directory = directory
+        self.config = config
+        self._lock = threading.Lock()
+        self._io_lock = threading.Lock()
+        self._commit_lock = threading.Lock()
+        self._states: dict[str, _StreamState] = {}
+        self._files: dict[str, StreamFiles] = {}
+        self._pending: list[_Op] = []
+        self._pending_bytes = 0
+        self._sequence = 0
+        self._deferred_error: DiskFullError | None = None
+        self._broken: BaseException | None = None
+        self._handles = FileHandles(config.open_files_max)
+        self._streams_root = directory / STREAMS_DIRECTORY
+        self._streams_root.mkdir(parents=True, exist_ok=True)
+        self._wal: WalWriter | None = None
+        self._closed = False
+
+    # --- opening and recovery --------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, directory: pathlib.Path, config: LogConfig | None = None) -> NodeLog:
+        log = cls(pathlib.Path(directory), config or LogConfig())
+        log._recover()
+        return log
+
+    def _recover(self) -> None:
+        for path in sorted(self._streams_root.iterdir()):
+            if not path.is_dir():
+                continue
+            stream = StreamFiles.load(path, self.config.index_interval_bytes)
+            if stream is None:
+                remove_directory(path)
+                continue
+            self._files[stream.name] = stream
+        for frame in replay(self.directory / WAL_DIRECTORY):
+            self._replay_frame(frame)
+        for name, files in self._files.items():
+            self._states[name] = _StreamState(files.end_offset, files.snapshot_offset, has_data=True)
+        self._wal = WalWriter(self.directory / WAL_DIRECTORY)
+        self._checkpoint_locked()
+
+    def _replay_frame(self, frame: fmt.WalFrame) -> None:
+        files = self._files.get(frame.stream)
+        if frame.kind == fmt.WalKind.TRUNCATE:
+            if files is not None:
+                files.truncate_after(frame.offset, self._handles)
+            return
+        if frame.kind != fmt.WalKind.APPEND:
+            return
+        if files is None:
+            files = self._files[frame.stream] = StreamFiles.create(self._streams_root, frame.stream)
+        if frame.offset < files.end_offset:
+            return  # already in the segment (or behind the snapshot)
+        files.write_records([(frame.offset, frame.timestamp_ms, frame.payload)], self._handles,
+                            self.config.segment_size_bytes_max, self.config.index_interval_bytes)
+
+    # --- the hot path ----------------------------------------------------------------------------------------
+
+    def append(self, stream: str, payload: bytes, timestamp_ms: int = 0) -> int:
+        """Queue a record; returns its offset.  Durable only after a later ``commit`` returns."""
+        with self._lock:
+            self._check_usable()
+            if self._deferred_error is not None and self._pending_bytes > 4 * self.config.append_buffer_bytes_max:
+                raise DiskFullError(self._deferred_error.errno, "log storage: disk full and append buffer full")
+            state = self._state(stream)
+            offset = state.next_offset
+            state.next_offset += 1
+            state.has_data = True
+            self._queue(state, fmt.WalKind.APPEND, stream, offset, timestamp_ms, payload)
+            overflow = self._pending_bytes > self.config.append_buffer_bytes_max
+        if overflow:
+            try:
+                self._write_pending()
+            except DiskFullError as error:
+                self._deferred_error = error  # commit will report it; the record stays queued
+        return offset
+
+    def _state(self, stream: str) -> _StreamState:
+        state = self._states.get(stream)
+        if state is None:
+            state = self._states[stream] = _StreamState()
+        return state
+
+    def _queue(self, state: _StreamState, kind: fmt.WalKind, stream: str, offset: int, timestamp_ms: int,
+               payload: bytes) -> None:
+        self._sequence += 1
+        if kind == fmt.WalKind.APPEND:
+            state.unwritten[offset] = (self._sequence, payload)
+        self._pending.append(_Op(kind, stream, offset, timestamp_ms, payload, self._sequence))
+        self._pending_bytes += len(payload) + OP_OVERHEAD_BYTES
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ValueError("log is closed")
+        if self._broken is not None:
+            raise LogBrokenError(f"log storage failed earlier ({self._broken!r}); reopen to recover")
+
+    def commit(self) -> None:
+        """Make every record appended before this call durable: one WAL write and one fsync for all streams."""
+        with self._commit_lock:
+            with self._lock:
+                self._check_usable()
+            self._write_pending()
+            assert self._wal is not None
+            try:
+                self._wal.sync()
+            except OSError as error:
+                self._broken = error
+                raise
+            self._deferred_error = None
+            if self._wal.size_bytes >= self.config.wal_size_bytes_max:
+                self.checkpoint()
+
+    def _write_pending(self) -> None:
+        with self._io_lock:
+            with self._lock:
+                self._check_usable()
+                batch, self._pending, self._pending_bytes = self._pending, [], 0
+            if not batch:
+                return
+            assert self._wal is not None
+            try:
+                self._wal.write(b"".join(
+                    fmt.encode_wal_frame(op.kind, op.stream, op.offset, op.timestamp_ms, op.payload)
+                    for op in batch))
+            except DiskFullError:
+                with self._lock:
+                    self._pending[:0] = batch
+                    self._pending_bytes += sum(len(op.payload) + OP_OVERHEAD_BYTES for op in batch)
+                raise
+            except OSError as error:
+                self._broken = error
+                raise
+            try:
+                self._apply_to_segments(batch)
+            except OSError as error:
+                self._broken = error
+                raise
+            self._forget_written(batch)
+
+    def _apply_to_segments(self, batch: list[_Op]) -> None:
+        by_stream: dict[str, list[_Op]] = {}
+        for op in batch:
+            by_stream.setdefault(op.stream, []).append(op)
+        for stream, ops in by_stream.items():
+            files = self._files.get(stream)
+            if files is None:
+                files = self._files[stream] = StreamFiles.create(self._streams_root, stream)
+            run: list[tuple[int, int, bytes]] = []
+            for op in ops:
+                if op.kind == fmt.WalKind.APPEND:
+                    run.append((op.offset, op.timestamp_ms, op.payload))
+                    continue
+                self._write_run(files, run)
+                run = []
+                files.truncate_after(op.offset, self._handles)
+            self._write_run(files, run)
+
+    def _write_run(self, files: StreamFiles, run: list[tuple[int, int, bytes]]) -> None:
+        if run:
+            files.write_records(run, self._handles, self.config.segment_size_bytes_max,
+                                self.config.index_interval_bytes)
+
+    def _forget_written(self, batch: list[_Op]) -> None:
+        with self._lock:
+            for op in batch:
+                if op.kind != fmt.WalKind.APPEND:
+                    continue
+                state = self._states.get(op.stream)
+                if state is None:
+                    continue
+                entry = state.unwritten.get(op.offset)
+                if entry is not None and entry[0] == op.sequence:
+                    del state.unwritten[op.offset]
+
+    def checkpoint(self) -> None:
+        """fsync every dirty segment, then drop the WAL (everything in it is now durable in segments)."""
+        with self._io_lock:
+            self._checkpoint_locked()
+
+    def _checkpoint_locked(self) -> None:
+        assert self._wal is not None
+        try:
+            for files in self._files.values():
+                files.sync(self._handles)
+            self._wal.start_new_file()
+        except OSError as error:
+            self._broken = error
+            raise
+
+    # --- raft-style edits ------------------------------------------------------------------------------------
+
+    def truncate_after(self, stream: str, offset: int) -> None:
+        """Drop every record of ``stream`` with an offset > ``offset`` (durable at the next commit)."""
+        with self._lock:
+            self._check_usable()
+            state = self._state(stream)
+            if offset < state.snapshot_offset:
+                raise ValueError(f"cannot truncate {stream!r} after {offset}: snapshot is at {state.snapshot_offset}")
+            if offset + 1 >= state.next_offset:
+                return
+            state.next_offset = offset + 1
+            for dropped in [o for o in state.unwritten if o > offset]:
+                del state.unwritten[dropped]
+            self._queue(state, fmt.WalKind.TRUNCATE, stream, offset, 0, b"")
+
+    def write_snapshot(self, stream: str, offset: int, state: bytes) -> None:
+        """Durably store ``state`` as the stream's state through ``offset``; older segments are deleted."""
+        with self._commit_lock, self._io_lock:
+            with self._lock:
+                self._check_usable()
+                stream_state = self._state(stream)
+                stream_state.has_data = True
+                stream_state.snapshot_offset = max(stream_state.snapshot_offset, offset)
+                stream_state.next_offset = max(stream_state.next_offset, offset + 1)
+            files = self._files.get(stream)
+            if files is None:
+                files = self._files[stream] = StreamFiles.create(self._streams_root, stream)
+            files.install_snapshot(offset, state, self._handles)
+
+    def delete_stream(self, stream: str) -> None:
+        """Remove the stream and all its files, durably, before returning."""
+        with self._commit_lock:
+            self._write_pending()
+            with self._io_lock:
+                self._checkpoint_locked()  # no WAL frame of the stream survives: replay cannot resurrect it
+                with self._lock:
+                    self._states.pop(stream, None)
+                files = self._files.pop(stream, None)
+                if files is not None:
+                    files.delete(self._handles)
+
+    # --- reading ---------------------------------------------------------------------------------------------
+
+    def streams(self) -> list[str]:
+        with self._lock:
+            return sorted(name for name, state in self._states.items() if state.has_data)
+
+    def read(self, stream: str) -> tuple[bytes | None, Iterator[tuple[int, bytes]]]:
+        """(latest snapshot state or None, records after the snapshot in offset order)."""
+        with self._io_lock:
+            files = self._files.get(stream)
+            snapshot = files.read_snapshot() if files is not None else None
+            with self._lock:
+                state = self._states.get(stream, _StreamState())
+                first = state.snapshot_offset + 1
+                end = state.next_offset
+                in_memory = sorted((o, p) for o, (_, p) in state.unwritten.items() if first <= o < end)
+        disk_end = in_memory[0][0] if in_memory else end
+        disk = files.iter_range(first, disk_end) if files is not None else iter(())
+        return (snapshot[1] if snapshot else None), _chain(disk, in_memory)
+
+    def read_at(self, stream: str, offset: int) -> bytes:
+        """The payload of one record (KeyError if it is not in the log, e.g. behind the snapshot)."""
+        with self._lock:
+            state = self._states.get(stream)
+            if state is None or not state.snapshot_offset < offset < state.next_offset:
+                raise KeyError((stream, offset))
+            entry = state.unwritten.get(offset)
+            if entry is not None:
+                return entry[1]
+        with self._io_lock:
+            files = self._files.get(stream)
+            payload = files.read_at(offset) if files is not None else None
+        if payload is None:
+            raise KeyError((stream, offset))
+        return payload
+
+    def end_offset(self, stream: str) -> int:
+        """The offset the next append to ``stream`` will get."""
+        with self._lock:
+            state = self._states.get(stream)
+            return state.next_offset if state is not None else 0
+
+    def offset_for_time(self, stream: str, timestamp_ms: int) -> int | None:
+        """First offset on disk with a timestamp >= ``timestamp_ms`` (via the time index)."""
+        with self._io_lock:
+            files = self._files.get(stream)
+            return files.offset_for_time(timestamp_ms) if files is not None else None
+
+    def close(self) -> None:
+        """Commit what is queued, checkpoint (the WAL is emptied) and release every file."""
+        if self._closed:
+            return
+        if self._broken is None:
+            self.commit()
+            self.checkpoint()
+        with self._commit_lock, self._io_lock:
+            self._closed = True
+            self._handles.close_all()
+            if self._wal is not None:
+                self._wal.close()
+
+
+def _chain(disk: Iterator[tuple[int, bytes]], in_memory: list[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+    last = -1
+    for offset, payload in disk:
+        last = offset
+        yield offset, payload
+    for offset, payload in in_memory:
+        if offset > last:
+            yield offset, payload

@@ -1,0 +1,476 @@
+"""Per-stream segment files: append-only ``.log`` files named by base offset, with sparse indexes.
+
+A stream lives in its own directory (named by a hash of the stream name; the name itself is in ``stream.name``).
+Inside: ``<base>.log`` segments (records as in ``format.py``), a sparse ``<base>.index`` (relative offset ->
+byte position, one entry per ``index_interval_bytes``), ``<base>.timeindex`` (max timestamp before a record ->
+its relative offset) and ``snapshot`` (latest snapshot, replaced atomically by rename).
+
+Durability: segment writes are plain writes; the shared WAL is what makes records durable.  A segment is fsynced
+when it rolls and every dirty segment is fsynced at a WAL checkpoint, so at most the active segment of a stream
+can have a torn tail, which ``load`` drops (truncating the file).  All methods here run under the node log's I/O
+lock; reads open their own descriptors.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import pathlib
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from cluster.log import format as fmt
+
+NAME_FILE = "stream.name"
+SNAPSHOT_FILE = "snapshot"
+READ_CHUNK_BYTES = 1024 * 1024
+
+
+class DiskFullError(OSError):
+    """The disk is full (ENOSPC/EDQUOT): the write did not happen; files were cut back to their last good record."""
+
+
+def raise_disk_full_or(error: OSError) -> None:
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise DiskFullError(error.errno, f"log storage: disk full ({error.strerror})") from error
+    raise error
+
+
+def stream_directory_name(stream: str) -> str:
+    return hashlib.sha256(stream.encode()).hexdigest()[:32]
+
+
+def fsync_directory(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_durably(path: pathlib.Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync the directory."""
+    temporary = path.with_name(path.name + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except OSError as error:
+            os.close(fd)
+            fd = -1
+            temporary.unlink(missing_ok=True)
+            raise_disk_full_or(error)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    os.replace(temporary, path)
+    fsync_directory(path.parent)
+
+
+def remove_directory(directory: pathlib.Path) -> None:
+    for path in directory.iterdir():
+        path.unlink(missing_ok=True)
+    directory.rmdir()
+
+
+class FileHandles:
+    """A bounded LRU of open read-write descriptors for segment and index files (used under the I/O lock)."""
+
+    def __init__(self, open_files_max: int) -> None:
+        self._open_files_max = max(4, open_files_max)
+        self._fds: OrderedDict[pathlib.Path, int] = OrderedDict()
+
+    def get(self, path: pathlib.Path) -> int:
+        fd = self._fds.get(path)
+        if fd is not None:
+            self._fds.move_to_end(path)
+            return fd
+        while len(self._fds) >= self._open_files_max:
+            _, old_fd = self._fds.popitem(last=False)
+            os.close(old_fd)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fds[path] = fd
+        return fd
+
+    def forget(self, path: pathlib.Path) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close_all(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def pwrite_all(fd: int, data: bytes, position: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, position)
+        view = view[written:]
+        position += written
+
+
+@dataclass(slots=True)
+class Segment:
+    base_offset: int
+    log_path: pathlib.Path
+    size_bytes: int = 0
+    next_offset: int = 0
+    max_timestamp_ms: int = -(2**63)
+    index: list[tuple[int, int]] = field(default_factory=list)
+    time_index: list[tuple[int, int]] = field(default_factory=list)
+    last_indexed_position: int = 0
+
+    @property
+    def index_path(self) -> pathlib.Path:
+        return self.log_path.with_suffix(".index")
+
+    @property
+    def time_index_path(self) -> pathlib.Path:
+        return self.log_path.with_suffix(".timeindex")
+
+    @property
+    def paths(self) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
+        return (self.log_path, self.index_path, self.time_index_path)
+
+
+def iter_file_records(path: pathlib.Path, start_position: int = 0) -> Iterator[fmt.Record]:
+    """Valid records of a segment file from ``start_position``, read in bounded chunks."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        buffer = b""
+        buffer_position = start_position
+        previous_offset = -1
+        while True:
+            chunk = os.pread(fd, READ_CHUNK_BYTES, buffer_position + len(buffer))
+            at_eof = not chunk
+            buffer += chunk
+            cursor = 0
+            while True:
+                record = fmt.decode_record_at(buffer, cursor)
+                if record is None or record.offset <= previous_offset:
+                    break
+                previous_offset = record.offset
+                yield fmt.Record(record.offset, record.timestamp_ms, record.payload,
+                                 buffer_position + cursor, record.size_bytes)
+                cursor += record.size_bytes
+            buffer = buffer[cursor:]
+            buffer_position += cursor
+            if at_eof:
+                return
+    finally:
+        os.close(fd)
+
+
+class StreamFiles:
+    """The segments and snapshot of one stream on disk."""
+
+    def __init__(self, name: str, directory: pathlib.Path) -> None:
+        self.name = name
+        self.directory = directory
+        self.segments: list[Segment] = []
+        self.snapshot_offset = -1
+        self.dirty_paths: set[pathlib.Path] = set()
+
+    # --- opening ---------------------------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, root: pathlib.Path, name: str) -> StreamFiles:
+        directory = root / stream_directory_name(name)
+        directory.mkdir(parents=True, exist_ok=True)
+        write_file_durably(directory / NAME_FILE, name.encode())
+        fsync_directory(root)
+        return cls(name, directory)
+
+    @classmethod
+    def load(cls, directory: pathlib.Path, index_interval_bytes: int) -> StreamFiles | None:
+        """Recover a stream directory; None if it never got its name file (a crash while creating it)."""
+        try:
+            name = (directory / NAME_FILE).read_bytes().decode()
+        except (FileNotFoundError, UnicodeDecodeError):
+            return None
+        stream = cls(name, directory)
+        snapshot = stream.read_snapshot()
+        stream.snapshot_offset = snapshot[0] if snapshot else -1
+        bases = sorted(int(p.stem) for p in directory.glob("*.log") if p.stem.isdigit())
+        for position, base in enumerate(bases):
+            is_last = position == len(bases) - 1
+            segment = stream._load_segment(base, index_interval_bytes, scan_fully=is_last)
+            stream.segments.append(segment)
+        while stream.segments and stream.segments[-1].size_bytes == 0 and len(stream.segments) > 1:
+            stream._remove_segment(stream.segments.pop())
+        for leftover in directory.glob("*.tmp"):
+            leftover.unlink(missing_ok=True)
+        return stream
+
+    def _load_segment(self, base: int, index_interval_bytes: int, scan_fully: bool) -> Segment:
+        segment = Segment(base, self.directory / fmt.segment_file_name(base, ".log"), next_offset=base)
+        file_size = segment.log_path.stat().st_size
+        index = None
+        if not scan_fully and segment.index_path.exists():
+            index = fmt.decode_index(segment.index_path.read_bytes(), file_size)
+        if index is None:
+            self._rebuild_segment(segment, index_interval_bytes)
+            return segment
+        segment.index = index
+        segment.time_index = fmt.decode_time_index(segment.time_index_path.read_bytes()) \
+            if segment.time_index_path.exists() else []
+        start = index[-1][1] if index else 0
+        segment.last_indexed_position = start
+        if segment.time_index:
+            segment.max_timestamp_ms = segment.time_index[-1][0]
+        end = start
+        for record in iter_file_records(segment.log_path, start):
+            segment.next_offset = record.offset + 1
+            segment.max_timestamp_ms = max(segment.max_timestamp_ms, record.timestamp_ms)
+            end = record.position + record.size_bytes
+        segment.size_bytes = end
+        if end != file_size:  # damaged in the middle: trust nothing, rescan
+            self._rebuild_segment(segment, index_interval_bytes)
+        return segment
+
+    def _rebuild_segment(self, segment: Segment, index_interval_bytes: int) -> None:
+        """Scan the whole segment, drop a torn/corrupt tail and rewrite both indexes."""
+        segment.index, segment.time_index = [], []
+        segment.size_bytes, segment.next_offset, segment.last_indexed_position = 0, segment.base_offset, 0
+        segment.max_timestamp_ms = -(2**63)
+        for record in iter_file_records(segment.log_path):
+            if record.offset < segment.base_offset:
+                break
+            self._note_record(segment, record.offset, record.timestamp_ms, record.position, index_interval_bytes)
+            segment.size_bytes = record.position + record.size_bytes
+            segment.next_offset = record.offset + 1
+        os.truncate(segment.log_path, segment.size_bytes)
+        segment.index_path.write_bytes(b"".join(fmt.encode_index_entry(r, p) for r, p in segment.index))
+        segment.time_index_path.write_bytes(
+            b"".join(fmt.encode_time_index_entry(t, r) for t, r in segment.time_index))
+        self.dirty_paths.update(segment.paths)
+
+    @staticmethod
+    def _note_record(segment: Segment, offset: int, timestamp_ms: int, position: int,
+                     index_interval_bytes: int) -> tuple[bytes, bytes]:
+        """Update the in-memory indexes for a record; return the index file bytes to append."""
+        index_bytes = time_bytes = b""
+        if position > 0 and position - segment.last_indexed_position >= index_interval_bytes:
+            relative = offset - segment.base_offset
+            segment.index.append((relative, position))
+            segment.time_index.append((segment.max_timestamp_ms, relative))
+            segment.last_indexed_position = position
+            index_bytes = fmt.encode_index_entry(relative, position)
+            time_bytes = fmt.encode_time_index_entry(segment.max_timestamp_ms, relative)
+        segment.max_timestamp_ms = max(segment.max_timestamp_ms, timestamp_ms)
+        return index_bytes, time_bytes
+
+    # --- state -----------------------------------------------------------------------------------------------
+
+    @property
+    def end_offset(self) -> int:
+        """One past the last offset this stream has ever used (on disk or through its snapshot)."""
+        on_disk = self.segments[-1].next_offset if self.segments else 0
+        return max(on_disk, self.snapshot_offset + 1)
+
+    @property
+    def first_offset_on_disk(self) -> int:
+        return self.segments[0].base_offset if self.segments else self.end_offset
+
+    def read_snapshot(self) -> tuple[int, bytes] | None:
+        try:
+            return fmt.decode_snapshot((self.directory / SNAPSHOT_FILE).read_bytes())
+        except FileNotFoundError:
+            return None
+
+    # --- writing ---------------------------------------------------------------------------------------------
+
+    def write_records(self, records: list[tuple[int, int, bytes]], handles: FileHandles,
+                      segment_size_bytes_max: int, index_interval_bytes: int) -> None:
+        """Append ``(offset, timestamp_ms, payload)`` records (offsets contiguous from ``end_offset``)."""
+        pending: list[bytes] = []
+        pending_index: list[bytes] = []
+        pending_time: list[bytes] = []
+        segment: Segment | None = None
+        start_size = 0
+        for offset, timestamp_ms, payload in records:
+            if offset <= self.snapshot_offset:
+                continue
+            segment = self.segments[-1] if self.segments else None
+            if segment is None or (segment.size_bytes >= segment_size_bytes_max and segment.size_bytes > 0):
+                if segment is not None:
+                    self._flush(segment, start_size, pending, pending_index, pending_time, handles)
+                    self._seal(segment, handles)
+                segment = self._new_segment(offset)
+                start_size = 0
+                pending, pending_index, pending_time = [], [], []
+            elif not pending:
+                start_size = segment.size_bytes
+            encoded = fmt.encode_record(offset, timestamp_ms, payload)
+            index_bytes, time_bytes = self._note_record(
+                segment, offset, timestamp_ms, segment.size_bytes, index_interval_bytes)
+            if index_bytes:
+                pending_index.append(index_bytes)
+                pending_time.append(time_bytes)
+            pending.append(encoded)
+            segment.size_bytes += len(encoded)
+            segment.next_offset = offset + 1
+        if segment is not None and pending:
+            self._flush(segment, start_size, pending, pending_index, pending_time, handles)
+
+    def _flush(self, segment: Segment, start_size: int, pending: list[bytes], pending_index: list[bytes],
+               pending_time: list[bytes], handles: FileHandles) -> None:
+        if not pending:
+            return
+        try:
+            pwrite_all(handles.get(segment.log_path), b"".join(pending), start_size)
+            if pending_index:
+                index_fd = handles.get(segment.index_path)
+                pwrite_all(index_fd, b"".join(pending_index), os.fstat(index_fd).st_size)
+                time_fd = handles.get(segment.time_index_path)
+                pwrite_all(time_fd, b"".join(pending_time), os.fstat(time_fd).st_size)
+        except OSError as error:
+            os.truncate(segment.log_path, start_size)
+            raise_disk_full_or(error)
+        self.dirty_paths.update(segment.paths)
+
+    def _new_segment(self, base_offset: int) -> Segment:
+        segment = Segment(base_offset, self.directory / fmt.segment_file_name(base_offset, ".log"),
+                          next_offset=base_offset)
+        for path in segment.paths:
+            path.open("wb").close()
+        self.segments.append(segment)
+        self.dirty_paths.update(segment.paths)
+        self.dirty_paths.add(self.directory)
+        return segment
+
+    def _seal(self, segment: Segment, handles: FileHandles) -> None:
+        for path in segment.paths:
+            os.fsync(handles.get(path))
+            handles.forget(path)
+            self.dirty_paths.discard(path)
+
+    def sync(self, handles: FileHandles) -> None:
+        """fsync every file written since the last sync (the WAL checkpoint calls this)."""
+        for path in sorted(self.dirty_paths):
+            if path == self.directory:
+                continue
+            if path.exists():
+                os.fsync(handles.get(path))
+        if self.directory in self.dirty_paths:
+            fsync_directory(self.directory)
+        self.dirty_paths.clear()
+
+    def truncate_after(self, offset: int, handles: FileHandles) -> None:
+        """Drop every record with an offset > ``offset``."""
+        while self.segments and self.segments[-1].base_offset > offset:
+            self._remove_segment(self.segments.pop(), handles)
+        if not self.segments or self.segments[-1].next_offset <= offset + 1:
+            return
+        segment = self.segments[-1]
+        kept = [r for r in iter_file_records(segment.log_path) if r.offset <= offset]
+        size = kept[-1].position + kept[-1].size_bytes if kept else 0
+        handles.forget(segment.log_path)
+        os.truncate(segment.log_path, size)
+        segment.size_bytes, segment.next_offset = size, offset + 1
+        segment.index = [(r, p) for r, p in segment.index if p < size]
+        segment.time_index = segment.time_index[: len(segment.index)]
+        segment.last_indexed_position = segment.index[-1][1] if segment.index else 0
+        segment.max_timestamp_ms = max((r.timestamp_ms for r in kept), default=-(2**63))
+        for path, entries in ((segment.index_path, segment.index), (segment.time_index_path, segment.time_index)):
+            handles.forget(path)
+            encoder = fmt.encode_index_entry if path == segment.index_path else fmt.encode_time_index_entry
+            path.write_bytes(b"".join(encoder(a, b) for a, b in entries))
+        self.dirty_paths.update(segment.paths)
+
+    def install_snapshot(self, offset: int, state: bytes, handles: FileHandles) -> None:
+        """Durably replace the snapshot, then delete the segments wholly at or behind ``offset``."""
+        write_file_durably(self.directory / SNAPSHOT_FILE, fmt.encode_snapshot(offset, state))
+        self.snapshot_offset = max(self.snapshot_offset, offset)
+        self.delete_segments_through(self.snapshot_offset, handles)
+
+    def delete_segments_through(self, offset: int, handles: FileHandles) -> None:
+        """Delete every segment whose records are all <= ``offset`` (the active one too: appends re-create it)."""
+        while self.segments and self.segments[0].next_offset - 1 <= offset:
+            self._remove_segment(self.segments.pop(0), handles)
+
+    def _remove_segment(self, segment: Segment, handles: FileHandles | None = None) -> None:
+        for path in segment.paths:
+            if handles is not None:
+                handles.forget(path)
+            path.unlink(missing_ok=True)
+            self.dirty_paths.discard(path)
+        self.dirty_paths.add(self.directory)
+
+    def delete(self, handles: FileHandles) -> None:
+        """Remove the stream: the name file goes first, so a crash half-way leaves a directory ``load`` ignores."""
+        (self.directory / NAME_FILE).unlink(missing_ok=True)
+        fsync_directory(self.directory)
+        for segment in self.segments:
+            self._remove_segment(segment, handles)
+        self.segments.clear()
+        remove_directory(self.directory)
+        fsync_directory(self.directory.parent)
+        self.dirty_paths.clear()
+
+    # --- reading ---------------------------------------------------------------------------------------------
+
+    def read_at(self, offset: int) -> bytes | None:
+        position = fmt.segment_for_offset([s.base_offset for s in self.segments], offset)
+        if position < 0:
+            return None
+        segment = self.segments[position]
+        if offset >= segment.next_offset:
+            return None
+        start = fmt.index_floor_position(segment.index, offset - segment.base_offset)
+        for record in iter_file_records(segment.log_path, start):
+            if record.offset == offset:
+                return record.payload
+            if record.offset > offset:
+                return None
+        return None
+
+    def iter_range(self, first_offset: int, end_offset: int) -> Iterator[tuple[int, bytes]]:
+        """Records with ``first_offset <= offset < end_offset``, in order, from disk."""
+        segments = list(self.segments)
+        bases = [s.base_offset for s in segments]
+        start_segment = max(0, fmt.segment_for_offset(bases, first_offset))
+        for segment in segments[start_segment:]:
+            if segment.base_offset >= end_offset:
+                return
+            start = fmt.index_floor_position(segment.index, max(0, first_offset - segment.base_offset))
+            for record in iter_file_records(segment.log_path, start):
+                if record.offset >= end_offset:
+                    return
+                if record.offset >= first_offset:
+                    yield record.offset, record.payload
+
+    def offset_for_time(self, timestamp_ms: int) -> int | None:
+        """First offset on disk whose timestamp is >= ``timestamp_ms``, or None."""
+        for segment in self.segments:
+            if segment.max_timestamp_ms < timestamp_ms:
+                continue
+            values = [t for t, _ in segment.time_index]
+            i = _last_below(values, timestamp_ms)
+            start = segment.index[i][1] if i >= 0 else 0
+            for record in iter_file_records(segment.log_path, start):
+                if record.timestamp_ms >= timestamp_ms:
+                    return record.offset
+        return None
+
+
+def _last_below(values: list[int], limit: int) -> int:
+    """Index of the last value < limit in a non-decreasing list (-1 if none)."""
+    low, high = 0, len(values)
+    while low < high:
+        middle = (low + high) // 2
+        if values[middle] < limit:
+            low = middle + 1
+        else:
+            high = middle
+    return low - 1

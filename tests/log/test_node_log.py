@@ -1,0 +1,204 @@
+"""NodeLog behaviour through its public API: append/commit/read, reopen, snapshots, truncation, deletion."""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+
+import pytest
+
+from cluster.log import LogConfig, NodeLog
+
+SMALL = LogConfig(segment_size_bytes_max=1024, index_interval_bytes=128, wal_size_bytes_max=8192,
+                  append_buffer_bytes_max=2048)
+
+
+def records(log: NodeLog, stream: str) -> tuple[bytes | None, list[tuple[int, bytes]]]:
+    state, iterator = log.read(stream)
+    return state, list(iterator)
+
+
+def test_append_returns_consecutive_offsets_per_stream(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path)
+    assert [log.append("a", b"1"), log.append("a", b"2"), log.append("b", b"x")] == [0, 1, 0]
+    assert log.streams() == ["a", "b"]
+    log.close()
+
+
+def test_records_read_back_before_and_after_commit_and_reopen(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, SMALL)
+    payloads = [f"message-{i}".encode() * (i % 7 + 1) for i in range(300)]
+    for payload in payloads:
+        log.append("q", payload)
+    assert records(log, "q") == (None, list(enumerate(payloads)))
+    log.commit()
+    assert records(log, "q") == (None, list(enumerate(payloads)))
+    assert log.read_at("q", 123) == payloads[123]
+    log.close()
+    reopened = NodeLog.open(tmp_path, SMALL)
+    assert records(reopened, "q") == (None, list(enumerate(payloads)))
+    assert reopened.read_at("q", 299) == payloads[299]
+    assert reopened.append("q", b"next") == 300
+    reopened.close()
+
+
+def test_uncommitted_records_survive_a_crash_only_if_written(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, SMALL)
+    log.append("q", b"a")
+    log.commit()
+    log.append("q", b"b")  # never committed nor written: lost on a crash
+    # Simulate a crash: drop the object without close().
+    reopened = NodeLog.open(tmp_path, SMALL)
+    assert records(reopened, "q") == (None, [(0, b"a")])
+    reopened.close()
+
+
+def test_recovery_from_wal_only_when_segments_are_lost(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, LogConfig(wal_size_bytes_max=1 << 30))
+    for i in range(50):
+        log.append(f"s{i % 5}", f"{i}".encode())
+    log.commit()
+    # Crash, and the segment files' unsynced contents vanish (power loss): the WAL alone rebuilds them.
+    for segment in (tmp_path / "streams").glob("*/*.log"):
+        segment.write_bytes(b"")
+    reopened = NodeLog.open(tmp_path)
+    for s in range(5):
+        assert records(reopened, f"s{s}")[1] == [(k, f"{s + 5 * k}".encode()) for k in range(10)]
+    reopened.close()
+
+
+def test_snapshot_hides_older_records_and_deletes_segments(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, SMALL)
+    for i in range(200):
+        log.append("q", b"x" * 50 + str(i).encode())
+    log.commit()
+    stream_dir = next((tmp_path / "streams").iterdir())
+    assert len(list(stream_dir.glob("*.log"))) > 5
+    log.write_snapshot("q", 150, b"state-150")
+    state, rest = records(log, "q")
+    assert state == b"state-150"
+    assert [o for o, _ in rest] == list(range(151, 200))
+    bases = sorted(int(p.stem) for p in stream_dir.glob("*.log"))
+    assert bases[0] <= 151 < bases[1]  # only segments holding records after the snapshot remain
+    with pytest.raises(KeyError):
+        log.read_at("q", 10)
+    log.close()
+    reopened = NodeLog.open(tmp_path, SMALL)
+    state, rest = records(reopened, "q")
+    assert state == b"state-150" and [o for o, _ in rest] == list(range(151, 200))
+    reopened.close()
+
+
+def test_idle_stream_fully_snapshotted_keeps_no_segments(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, SMALL)
+    for _i in range(100):
+        log.append("q", b"y" * 40)
+    log.commit()
+    log.write_snapshot("q", 99, b"empty")
+    log.close()
+    assert list(tmp_path.glob("streams/*/*.log")) == []
+    assert sum(p.stat().st_size for p in tmp_path.glob("wal/*")) == 0
+    reopened = NodeLog.open(tmp_path, SMALL)
+    assert records(reopened, "q") == (b"empty", [])
+    assert reopened.append("q", b"z") == 100
+    reopened.close()
+
+
+def test_truncate_after_then_reappend_is_durable(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, SMALL)
+    for i in range(40):
+        log.append("raft", f"term1-{i}".encode())
+    log.commit()
+    log.truncate_after("raft", 24)
+    assert log.append("raft", b"term2-25") == 25
+    log.commit()
+    expected = [(i, f"term1-{i}".encode()) for i in range(25)] + [(25, b"term2-25")]
+    assert records(log, "raft")[1] == expected
+    # Crash without checkpoint: recovery replays appends, the truncation, then the new append.
+    reopened = NodeLog.open(tmp_path, SMALL)
+    assert records(reopened, "raft")[1] == expected
+    reopened.close()
+
+
+def test_truncate_of_uncommitted_records(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, SMALL)
+    for i in range(10):
+        log.append("r", bytes([i]))
+    log.truncate_after("r", 3)
+    log.append("r", b"new")
+    assert records(log, "r")[1] == [(0, b"\x00"), (1, b"\x01"), (2, b"\x02"), (3, b"\x03"), (4, b"new")]
+    log.commit()
+    assert records(NodeLog.open(tmp_path, SMALL), "r")[1][-1] == (4, b"new")
+
+
+def test_delete_stream_is_durable_and_name_reusable(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, SMALL)
+    for _i in range(30):
+        log.append("gone", b"old")
+        log.append("kept", b"k")
+    log.commit()
+    log.delete_stream("gone")
+    assert log.streams() == ["kept"]
+    assert log.append("gone", b"new") == 0
+    log.commit()
+    reopened = NodeLog.open(tmp_path, SMALL)
+    assert records(reopened, "gone")[1] == [(0, b"new")]
+    assert len(records(reopened, "kept")[1]) == 30
+    reopened.close()
+
+
+def test_time_index_finds_first_offset_at_or_after_a_timestamp(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, SMALL)
+    for i in range(500):
+        log.append("t", b"p" * 20, timestamp_ms=1000 + 10 * i)
+    log.commit()
+    assert log.offset_for_time("t", 0) == 0
+    assert log.offset_for_time("t", 1000 + 10 * 321) == 321
+    assert log.offset_for_time("t", 1000 + 10 * 321 - 5) == 321
+    assert log.offset_for_time("t", 10**9) is None
+    log.close()
+    assert NodeLog.open(tmp_path, SMALL).offset_for_time("t", 1000 + 10 * 400) == 400
+
+
+def test_wal_is_bounded_by_checkpoints(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, SMALL)
+    for i in range(2000):
+        log.append(f"s{i % 3}", b"w" * 30)
+        if i % 10 == 0:
+            log.commit()
+        assert sum(p.stat().st_size for p in tmp_path.glob("wal/*")) < SMALL.wal_size_bytes_max * 2
+    log.close()
+
+
+def test_append_buffer_overflow_writes_without_commit(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, SMALL)
+    for _ in range(200):
+        log.append("q", b"o" * 100)
+    assert sum(p.stat().st_size for p in tmp_path.glob("wal/*")) > 0
+    assert len(records(log, "q")[1]) == 200
+    log.close()
+
+
+def test_commit_in_a_thread_concurrent_with_appends(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, SMALL)
+    stop = threading.Event()
+    committed: list[int] = []
+
+    def committer() -> None:
+        while not stop.is_set():
+            before = log.end_offset("q")
+            log.commit()
+            committed.append(before)
+
+    thread = threading.Thread(target=committer)
+    thread.start()
+    for i in range(3000):
+        assert log.append("q", i.to_bytes(4, "big")) == i
+    stop.set()
+    thread.join()
+    durable = max(committed)
+    reopened = NodeLog.open(tmp_path, SMALL)  # crash view: no close() on the first object
+    got = records(reopened, "q")[1]
+    assert len(got) >= durable
+    assert got == [(i, i.to_bytes(4, "big")) for i in range(len(got))]
+    reopened.close()
