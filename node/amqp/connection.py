@@ -1,0 +1,734 @@
+"""ServerConnection: the sans-I/O server side of one AMQP 0-9-1 connection (model: h11/h2).
+
+Feed bytes with `receive_data(data, now_ms)`, collect `next_events()`, drain `data_to_send()`, call `tick(now_ms)` by
+`next_deadline_ms()`. The broker answers with `send_method`/`send_content`/`send_deliver`/`close_channel`/... .
+
+States: AWAIT_HEADER -> STARTING (Start sent) -> TUNING (Tune sent) -> OPENING -> OPEN -> CLOSING (we sent
+Connection.Close, waiting for Close-Ok) -> CLOSED. Errors follow RabbitMQ 3.x (rabbit_reader / rabbit_channel /
+rabbit_command_assembler): before authentication completes, errors close the socket without a Close frame (except
+403 with the client's authentication_failure_close capability); later, hard errors send Connection.Close and soft
+errors Channel.Close. A closing channel ignores everything but Close/Close-Ok (spec 4.2.4 / 2.3.5.2).
+`ChannelClosed` is emitted once, as soon as the channel is gone for the broker (we sent Close, or the client did).
+
+Heartbeats: the heartbeat in the client's Tune-Ok is used as is (RabbitMQ does this; clients pick the lower
+non-zero of theirs and ours). We send a heartbeat frame when nothing was sent for heartbeat/2; when nothing was
+received for 2 x heartbeat we close the socket without a Close frame, as RabbitMQ does, emitting
+ConnectionClosed(501, "missed heartbeats from client, timeout: Ns").
+
+Bounds: the framer holds at most one partial frame (<= frame_max); a message body at most max_message_size
+(checked against the header's body size before any body is buffered); events per receive_data call at most one per
+frame; the output buffer at most `output_buffer_max_bytes` -- past it the peer is not reading and the connection is
+aborted with ConnectionClosed(506). `output_buffer_bytes` lets the broker throttle deliveries well before that.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Final
+
+from node.amqp import methods as m
+from node.amqp.auth import MECHANISMS, Authenticator, parse_sasl_response, server_properties
+from node.amqp.codec import (
+    DecodeError,
+    UnknownMethodError,
+    decode_method,
+    encode_ack_frame,
+    encode_content_frames,
+    encode_deliver_frames,
+    encode_method_frame,
+    encode_nack_frame,
+)
+from node.amqp.events import (
+    ChannelClosed,
+    ChannelOpened,
+    ConnectionClosed,
+    ConnectionOpened,
+    ContentReceived,
+    Event,
+    MethodReceived,
+)
+from node.amqp.framer import BadProtocolHeader, Framer
+from node.amqp.properties import BasicProperties, decode_content_header
+from node.amqp.spec import (
+    CLASS_BASIC,
+    CLASS_CONNECTION,
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_MIN_SIZE,
+    HEARTBEAT_FRAME,
+    PROTOCOL_HEADER,
+    ReplyCode,
+)
+
+__all__ = ["Authenticator", "ConnectionLimits", "ConnectionState", "ServerConnection", "reply_text"]
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    frame_max: int = 131072
+    channel_max: int = 2047
+    heartbeat_s: int = 60
+    max_message_size: int = 128 * 1024 * 1024
+    output_buffer_max_bytes: int = 256 * 1024 * 1024
+    handshake_timeout_ms: int = 10_000
+    close_ok_timeout_ms: int = 30_000
+    product: str = "raftmq"
+    version: str = "0.1.0"
+    platform: str = "Python 3.11"
+
+
+class ConnectionState(Enum):
+    AWAIT_HEADER = "await_header"
+    STARTING = "starting"
+    TUNING = "tuning"
+    OPENING = "opening"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class _ConnectionError(Exception):
+    def __init__(self, code: ReplyCode, explanation: str, class_id: int = 0, method_id: int = 0) -> None:
+        super().__init__(explanation)
+        self.code = code
+        self.text = reply_text(code, explanation)
+        self.class_id = class_id
+        self.method_id = method_id
+
+
+class _ChannelError(_ConnectionError):
+    pass
+
+
+def reply_text(code: ReplyCode, explanation: str) -> str:
+    """RabbitMQ's reply-text form, e.g. "NOT_FOUND - no queue 'q' in vhost '/'" (max 255 bytes)."""
+    text = f"{code.name} - {explanation}"
+    raw = text.encode("utf-8", "surrogateescape")
+    return raw[:255].decode("utf-8", "ignore") if len(raw) > 255 else text
+
+
+def amqp_method_name(cls: type[m.Method]) -> str:
+    """RabbitMQ's name for a method: Basic.GetOk -> 'basic.get_ok'."""
+    klass, method = cls.NAME.split(".")
+    snake = re.sub(r"(?<!^)([A-Z])", r"_\1", method).lower()
+    return f"{klass.lower()}.{snake}"
+
+
+_CLIENT_MAY_SEND_OK: Final = frozenset({m.ChannelFlowOk, m.ChannelCloseOk, m.BasicCancelOk})
+_SERVER_ONLY: Final = frozenset(
+    cls
+    for cls in m.METHOD_CLASSES
+    if (cls.NAME.endswith("Ok") and cls not in _CLIENT_MAY_SEND_OK)
+    or cls in (m.BasicReturn, m.BasicDeliver, m.BasicGetEmpty)
+)
+
+
+class _Channel:
+    __slots__ = ("body_parts", "body_received", "body_size", "closing", "properties", "publish")
+
+    def __init__(self) -> None:
+        self.closing = False
+        self.publish: m.BasicPublish | None = None
+        self.properties: BasicProperties | None = None
+        self.body_size = 0
+        self.body_received = 0
+        self.body_parts: list[bytes] = []
+
+    def reset_content(self) -> None:
+        self.publish = None
+        self.properties = None
+        self.body_parts = []
+        self.body_size = self.body_received = 0
+
+
+class ServerConnection:
+    """One client connection, server side. Never raises on bad input."""
+
+    def __init__(self, authenticator: Authenticator, limits: ConnectionLimits | None = None, now_ms: int = 0):
+        self.authenticator = authenticator
+        self.limits = limits or ConnectionLimits()
+        self.state = ConnectionState.AWAIT_HEADER
+        self.channel_max = self.limits.channel_max
+        self.frame_max = self.limits.frame_max
+        self.heartbeat_s = 0
+        self.username = ""
+        self.vhost = ""
+        self.client_properties: dict[str, Any] = {}
+        self.blocked = False
+        self._blocked_reason = ""
+        self._framer = Framer(self.limits.frame_max)
+        self._channels: dict[int, _Channel] = {}
+        self._events: list[Event] = []
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._sent_total = 0
+        self._handshake_deadline_ms = now_ms + self.limits.handshake_timeout_ms
+        self._close_deadline_ms: int | None = None
+        self._last_recv_ms = now_ms
+        self._last_send_ms = now_ms
+        self._sent_at_last_check = 0
+        self._pending_close: tuple[int, str] = (0, "")
+
+    # ------------------------------------------------------------ public API
+    @property
+    def closed(self) -> bool:
+        return self.state is ConnectionState.CLOSED
+
+    @property
+    def output_buffer_bytes(self) -> int:
+        return self._out_bytes
+
+    @property
+    def open_channels(self) -> frozenset[int]:
+        return frozenset(n for n, ch in self._channels.items() if not ch.closing)
+
+    def client_capability(self, name: str) -> bool:
+        capabilities = self.client_properties.get("capabilities")
+        return isinstance(capabilities, dict) and capabilities.get(name) is True
+
+    def receive_data(self, data: bytes, now_ms: int) -> None:
+        if self.state is ConnectionState.CLOSED or not data:
+            return
+        self._last_recv_ms = now_ms
+        frames, error = self._framer.feed(data)
+        if self.state is ConnectionState.AWAIT_HEADER and self._framer.header_seen:
+            self._send_start()
+        for frame_type, channel, payload in frames:
+            self._handle_frame(frame_type, channel, payload, now_ms)
+            if self.closed:
+                return
+        if isinstance(error, BadProtocolHeader):
+            self._write(PROTOCOL_HEADER)
+            self._finish(
+                ReplyCode.FRAME_ERROR, f"bad protocol header {error.received!r}, expected AMQP 0-9-1"
+            )
+        elif error is not None:
+            # We have lost sync with the peer: send Close but do not wait for Close-Ok.
+            self._fail(_ConnectionError(ReplyCode.FRAME_ERROR, str(error)), now_ms)
+            self._finish(ReplyCode.FRAME_ERROR, reply_text(ReplyCode.FRAME_ERROR, str(error)))
+
+    def next_events(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events
+
+    def data_to_send(self) -> bytes:
+        if not self._out:
+            return b""
+        data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+        self._out = []
+        self._out_bytes = 0
+        self._sent_total += len(data)
+        return data
+
+    def send_method(self, channel: int, method: m.Method) -> None:
+        if self._channel_writable(channel):
+            self._write(encode_method_frame(channel, method))
+
+    def send_content(self, channel: int, method: m.Method, properties: BasicProperties, body: bytes) -> None:
+        if self._channel_writable(channel):
+            self._write(encode_content_frames(channel, method, properties, body, self.frame_max))
+
+    def send_deliver(
+        self,
+        channel: int,
+        consumer_tag: str,
+        delivery_tag: int,
+        redelivered: bool,
+        exchange: str,
+        routing_key: str,
+        properties: BasicProperties,
+        body: bytes,
+    ) -> None:
+        if self._channel_writable(channel):
+            self._write(
+                encode_deliver_frames(
+                    channel,
+                    consumer_tag,
+                    delivery_tag,
+                    redelivered,
+                    exchange,
+                    routing_key,
+                    properties,
+                    body,
+                    self.frame_max,
+                )
+            )
+
+    def send_ack(self, channel: int, delivery_tag: int, multiple: bool = False) -> None:
+        """Publisher confirm (Basic.Ack), hot path."""
+        if self._channel_writable(channel):
+            self._write(encode_ack_frame(channel, delivery_tag, multiple))
+
+    def send_nack(self, channel: int, delivery_tag: int, multiple: bool = False) -> None:
+        if self._channel_writable(channel):
+            self._write(encode_nack_frame(channel, delivery_tag, multiple))
+
+    def close_channel(
+        self, channel: int, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0
+    ) -> None:
+        ch = self._channels.get(channel)
+        if ch is None or ch.closing or self.state is not ConnectionState.OPEN:
+            return
+        ch.closing = True
+        ch.reset_content()
+        self._write(encode_method_frame(channel, m.ChannelClose(reply_code, reply_text, class_id, method_id)))
+        self._events.append(ChannelClosed(channel))
+
+    def close_connection(
+        self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0
+    ) -> None:
+        if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSED):
+            return
+        if self.state in (ConnectionState.AWAIT_HEADER, ConnectionState.STARTING):
+            self._finish(reply_code, reply_text)
+            return
+        self._send_connection_close(reply_code, reply_text, class_id, method_id, now_ms=None)
+
+    def block(self, reason: str) -> None:
+        if self.blocked:
+            return
+        self.blocked = True
+        self._blocked_reason = reason
+        if self.state is ConnectionState.OPEN and self.client_capability("connection.blocked"):
+            self._write(encode_method_frame(0, m.ConnectionBlocked(reason)))
+
+    def unblock(self) -> None:
+        if not self.blocked:
+            return
+        self.blocked = False
+        if self.state is ConnectionState.OPEN and self.client_capability("connection.blocked"):
+            self._write(encode_method_frame(0, m.ConnectionUnblocked()))
+
+    def tick(self, now_ms: int) -> None:
+        state = self.state
+        if state is ConnectionState.CLOSED:
+            return
+        if state is ConnectionState.CLOSING:
+            if self._close_deadline_ms is not None and now_ms >= self._close_deadline_ms:
+                self._finish(ReplyCode.CONNECTION_FORCED, "no connection.close-ok from the client in time")
+            return
+        if state is not ConnectionState.OPEN and self.heartbeat_s == 0:
+            if now_ms >= self._handshake_deadline_ms:
+                self._finish(ReplyCode.CONNECTION_FORCED, f"handshake timeout ({state.value})")
+            return
+        if self.heartbeat_s:
+            self._tick_heartbeat(now_ms)
+
+    def next_deadline_ms(self) -> int | None:
+        state = self.state
+        if state is ConnectionState.CLOSED:
+            return None
+        if state is ConnectionState.CLOSING:
+            return self._close_deadline_ms
+        if self.heartbeat_s:
+            interval_ms = self.heartbeat_s * 1000
+            return min(self._last_recv_ms + 2 * interval_ms, self._last_send_ms + interval_ms // 2)
+        if state is not ConnectionState.OPEN:
+            return self._handshake_deadline_ms
+        return None
+
+    # ------------------------------------------------------------ internals: output and finishing
+    def _write(self, data: bytes) -> None:
+        if self.state is ConnectionState.CLOSED:
+            return
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes > self.limits.output_buffer_max_bytes:
+            self._out = []
+            self._out_bytes = 0
+            self._finish(
+                ReplyCode.RESOURCE_ERROR,
+                f"output buffer exceeded {self.limits.output_buffer_max_bytes} bytes: the client is not reading",
+            )
+
+    def _channel_writable(self, channel: int) -> bool:
+        if channel == 0:
+            return self.state not in (ConnectionState.CLOSED, ConnectionState.AWAIT_HEADER)
+        ch = self._channels.get(channel)
+        return ch is not None and not ch.closing and self.state is ConnectionState.OPEN
+
+    def _finish(self, reply_code: int, reply_text: str) -> None:
+        """The connection is over: tell the broker about every channel still open, then about the connection."""
+        for number, ch in self._channels.items():
+            if not ch.closing:
+                self._events.append(ChannelClosed(number))
+        self._channels.clear()
+        self._events.append(ConnectionClosed(reply_code, reply_text))
+        self.state = ConnectionState.CLOSED
+
+    def _send_connection_close(
+        self, reply_code: int, text: str, class_id: int, method_id: int, now_ms: int | None
+    ) -> None:
+        self._write(encode_method_frame(0, m.ConnectionClose(reply_code, text, class_id, method_id)))
+        for number, ch in self._channels.items():
+            if not ch.closing:
+                self._events.append(ChannelClosed(number))
+        self._channels.clear()
+        if self.state is ConnectionState.CLOSED:
+            return
+        self.state = ConnectionState.CLOSING
+        base_ms = now_ms if now_ms is not None else self._last_recv_ms
+        self._close_deadline_ms = base_ms + self.limits.close_ok_timeout_ms
+        self._pending_close = (reply_code, text)
+
+    def _fail(self, error: _ConnectionError, now_ms: int) -> None:
+        if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSED):
+            return
+        if self.state in (ConnectionState.AWAIT_HEADER, ConnectionState.STARTING):
+            self._finish(error.code, error.text)  # RabbitMQ closes the socket silently before login completes
+            return
+        self._send_connection_close(error.code, error.text, error.class_id, error.method_id, now_ms)
+
+    def _fail_channel(self, channel: int, error: _ChannelError) -> None:
+        self.close_channel(channel, error.code, error.text, error.class_id, error.method_id)
+
+    def _tick_heartbeat(self, now_ms: int) -> None:
+        interval_ms = self.heartbeat_s * 1000
+        if now_ms - self._last_recv_ms >= 2 * interval_ms:
+            self._finish(
+                ReplyCode.FRAME_ERROR, f"missed heartbeats from client, timeout: {self.heartbeat_s}s"
+            )
+            return
+        if now_ms - self._last_send_ms >= interval_ms // 2:
+            if self._sent_total == self._sent_at_last_check and not self._out:
+                self._write(HEARTBEAT_FRAME)
+            self._sent_at_last_check = self._sent_total
+            self._last_send_ms = now_ms
+
+    # ------------------------------------------------------------ internals: input
+    def _handle_frame(self, frame_type: int, channel: int, payload: bytes, now_ms: int) -> None:
+        try:
+            if channel == 0:
+                self._frame_on_connection(frame_type, payload, now_ms)
+            else:
+                self._frame_on_channel(frame_type, channel, payload)
+        except _ChannelError as error:
+            self._fail_channel(channel, error)
+        except _ConnectionError as error:
+            self._fail(error, now_ms)
+
+    def _decode(self, payload: bytes) -> m.Method:
+        try:
+            return decode_method(payload)
+        except UnknownMethodError as error:
+            if error.known_class:
+                raise _ConnectionError(
+                    ReplyCode.COMMAND_INVALID,
+                    f"unknown method {error.method_id} in class {error.class_id}",
+                    error.class_id,
+                    error.method_id,
+                )
+            raise _ConnectionError(
+                ReplyCode.NOT_IMPLEMENTED,
+                f"unknown class {error.class_id} (method {error.method_id})",
+                error.class_id,
+                error.method_id,
+            )
+        except DecodeError as error:
+            class_id, method_id = (payload[0] << 8 | payload[1], payload[2] << 8 | payload[3])
+            raise _ConnectionError(
+                ReplyCode.FRAME_ERROR, f"cannot decode method frame: {error}", class_id, method_id
+            )
+
+    def _frame_on_connection(self, frame_type: int, payload: bytes, now_ms: int) -> None:
+        if frame_type == FRAME_HEARTBEAT:
+            if payload:
+                raise _ConnectionError(ReplyCode.FRAME_ERROR, "heartbeat frame with a non-empty payload")
+            return
+        if self.state is ConnectionState.CLOSING:
+            self._frame_while_closing(frame_type, payload)
+            return
+        if frame_type != FRAME_METHOD:
+            raise _ConnectionError(
+                ReplyCode.UNEXPECTED_FRAME, f"frame type {frame_type} is not allowed on channel 0"
+            )
+        method = self._decode(payload)
+        if isinstance(method, m.ConnectionClose):
+            self._write(encode_method_frame(0, m.ConnectionCloseOk()))
+            self._finish(method.reply_code, method.reply_text)
+            return
+        handler = _CONNECTION_HANDLERS.get((self.state, type(method)))
+        if handler is None:
+            raise _ConnectionError(
+                ReplyCode.CHANNEL_ERROR,
+                f"unexpected method {amqp_method_name(type(method))} in connection state {self.state.value}",
+                method.CLASS_ID,
+                method.METHOD_ID,
+            )
+        handler(self, method, now_ms)
+
+    def _frame_while_closing(self, frame_type: int, payload: bytes) -> None:
+        if frame_type != FRAME_METHOD:
+            return
+        try:
+            method = decode_method(payload)
+        except (UnknownMethodError, DecodeError):
+            return
+        if isinstance(method, m.ConnectionCloseOk):
+            code, text = self._pending_close
+            self._finish(code, text)
+        elif isinstance(method, m.ConnectionClose):
+            self._write(encode_method_frame(0, m.ConnectionCloseOk()))
+            code, text = self._pending_close
+            self._finish(code, text)
+
+    # -- handshake handlers
+    def _send_start(self) -> None:
+        limits = self.limits
+        start = m.ConnectionStart(
+            0,
+            9,
+            server_properties(limits.product, limits.version, limits.platform),
+            " ".join(MECHANISMS),
+            "en_US",
+        )
+        self._write(encode_method_frame(0, start))
+        self.state = ConnectionState.STARTING
+
+    def _on_start_ok(self, method: m.Method, now_ms: int) -> None:
+        assert isinstance(method, m.ConnectionStartOk)
+        self.client_properties = method.client_properties
+        if method.mechanism not in MECHANISMS:
+            raise _ConnectionError(
+                ReplyCode.COMMAND_INVALID, f"unknown authentication mechanism '{method.mechanism}'", 10, 11
+            )
+        if parse_sasl_response(method.mechanism, method.response) is None:
+            raise _ConnectionError(
+                ReplyCode.SYNTAX_ERROR, f"malformed {method.mechanism} response from the client", 10, 11
+            )
+        username = self.authenticator.authenticate(method.mechanism, method.response)
+        if username is None:
+            text = reply_text(
+                ReplyCode.ACCESS_REFUSED,
+                f"Login was refused using authentication mechanism {method.mechanism}. "
+                "For details see the broker logfile.",
+            )
+            if self.client_capability("authentication_failure_close"):
+                self._write(encode_method_frame(0, m.ConnectionClose(ReplyCode.ACCESS_REFUSED, text, 0, 0)))
+            self._finish(ReplyCode.ACCESS_REFUSED, text)
+            return
+        self.username = username
+        self.state = ConnectionState.TUNING
+        tune = m.ConnectionTune(self.limits.channel_max, self.limits.frame_max, self.limits.heartbeat_s)
+        self._write(encode_method_frame(0, tune))
+
+    def _on_tune_ok(self, method: m.Method, now_ms: int) -> None:
+        assert isinstance(method, m.ConnectionTuneOk)
+        _check_negotiated("frame_max", FRAME_MIN_SIZE, self.limits.frame_max, method.frame_max)
+        _check_negotiated("channel_max", 1, self.limits.channel_max, method.channel_max)
+        self.frame_max = method.frame_max or self.limits.frame_max
+        self.channel_max = method.channel_max or 65535
+        self.heartbeat_s = method.heartbeat
+        self._framer.frame_max_bytes = self.frame_max
+        self._last_send_ms = now_ms
+        self.state = ConnectionState.OPENING
+
+    def _on_open(self, method: m.Method, now_ms: int) -> None:
+        assert isinstance(method, m.ConnectionOpen)
+        vhost = method.virtual_host
+        if not self.authenticator.vhost_access(self.username, vhost):
+            raise _ConnectionError(
+                ReplyCode.NOT_ALLOWED, f"access to vhost '{vhost}' refused for user '{self.username}'", 10, 40
+            )
+        self.vhost = vhost
+        self.state = ConnectionState.OPEN
+        self._write(encode_method_frame(0, m.ConnectionOpenOk()))
+        self._events.append(
+            ConnectionOpened(
+                vhost,
+                self.username,
+                self.client_properties,
+                self.channel_max,
+                self.frame_max,
+                self.heartbeat_s,
+            )
+        )
+        if self.blocked and self.client_capability("connection.blocked"):
+            self._write(encode_method_frame(0, m.ConnectionBlocked(self._blocked_reason)))
+
+    def _on_update_secret(self, method: m.Method, now_ms: int) -> None:
+        raise _ConnectionError(
+            ReplyCode.NOT_ALLOWED,
+            "Secret update failed: the authentication backend has no secrets to update",
+            10,
+            70,
+        )
+
+    # -- channels
+    def _frame_on_channel(self, frame_type: int, channel: int, payload: bytes) -> None:
+        state = self.state
+        if state is not ConnectionState.OPEN:
+            if state is ConnectionState.CLOSING:
+                return
+            raise _ConnectionError(
+                ReplyCode.UNEXPECTED_FRAME,
+                f"frame type {frame_type} on channel {channel} before connection.open",
+            )
+        ch = self._channels.get(channel)
+        if ch is not None and not ch.closing:
+            if ch.publish is not None:
+                self._content_frame(ch, frame_type, channel, payload)
+                return
+            if frame_type == FRAME_METHOD:
+                self._channel_method(ch, channel, self._decode(payload))
+                return
+        if frame_type == FRAME_HEARTBEAT:
+            raise _ConnectionError(ReplyCode.UNEXPECTED_FRAME, f"heartbeat frame on channel {channel}")
+        if frame_type not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY):
+            raise _ConnectionError(ReplyCode.FRAME_ERROR, f"unknown frame type {frame_type}")
+        if ch is None:
+            self._frame_on_new_channel(frame_type, channel, payload)
+        elif ch.closing:
+            self._frame_on_closing_channel(frame_type, channel, payload)
+        else:
+            raise _ConnectionError(
+                ReplyCode.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+            )
+
+    def _frame_on_new_channel(self, frame_type: int, channel: int, payload: bytes) -> None:
+        if channel > self.channel_max:
+            raise _ConnectionError(
+                ReplyCode.NOT_ALLOWED,
+                f"channel number {channel} is above the negotiated channel_max ({self.channel_max})",
+            )
+        method = self._decode(payload) if frame_type == FRAME_METHOD else None
+        if not isinstance(method, m.ChannelOpen):
+            class_id, method_id = (method.CLASS_ID, method.METHOD_ID) if method is not None else (0, 0)
+            raise _ConnectionError(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'", class_id, method_id)
+        self._channels[channel] = _Channel()
+        self._write(encode_method_frame(channel, m.ChannelOpenOk()))
+        self._events.append(ChannelOpened(channel))
+
+    def _frame_on_closing_channel(self, frame_type: int, channel: int, payload: bytes) -> None:
+        if frame_type != FRAME_METHOD:
+            return
+        try:
+            method = decode_method(payload)
+        except (UnknownMethodError, DecodeError):
+            return
+        if isinstance(method, m.ChannelCloseOk):
+            del self._channels[channel]
+        elif isinstance(method, m.ChannelClose):
+            self._write(encode_method_frame(channel, m.ChannelCloseOk()))
+            del self._channels[channel]
+
+    def _channel_method(self, ch: _Channel, channel: int, method: m.Method) -> None:
+        cls = type(method)
+        if cls is m.BasicPublish:
+            assert isinstance(method, m.BasicPublish)
+            ch.publish = method
+            return
+        if cls is m.ChannelClose:
+            self._write(encode_method_frame(channel, m.ChannelCloseOk()))
+            del self._channels[channel]
+            self._events.append(ChannelClosed(channel))
+            return
+        if method.CLASS_ID == CLASS_CONNECTION or cls in _SERVER_ONLY:
+            raise _ConnectionError(
+                ReplyCode.COMMAND_INVALID,
+                f"method {amqp_method_name(cls)} is not allowed from a client on channel {channel}",
+                method.CLASS_ID,
+                method.METHOD_ID,
+            )
+        if cls is m.ChannelOpen:
+            raise _ConnectionError(ReplyCode.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+        if cls is m.AccessRequest:
+            self._write(encode_method_frame(channel, m.AccessRequestOk()))
+            return
+        if cls is m.ChannelCloseOk or cls is m.BasicCancelOk:
+            return  # nothing of ours to acknowledge: ignore, as RabbitMQ does
+        self._events.append(MethodReceived(channel, method))
+
+    def _content_frame(self, ch: _Channel, frame_type: int, channel: int, payload: bytes) -> None:
+        publish = ch.publish
+        assert publish is not None
+        if ch.properties is None:
+            if frame_type != FRAME_HEADER:
+                raise _ConnectionError(
+                    ReplyCode.UNEXPECTED_FRAME,
+                    "expected content header for class 60, got non content header frame instead",
+                    60,
+                    40,
+                )
+            self._content_header(ch, channel, payload)
+            return
+        if frame_type != FRAME_BODY:
+            raise _ConnectionError(
+                ReplyCode.UNEXPECTED_FRAME,
+                "expected content body, got non content body frame instead",
+                60,
+                40,
+            )
+        ch.body_received += len(payload)
+        if ch.body_received > ch.body_size:
+            raise _ConnectionError(
+                ReplyCode.FRAME_ERROR,
+                f"content body is longer than the {ch.body_size} bytes announced in its content header",
+                60,
+                40,
+            )
+        ch.body_parts.append(payload)
+        if ch.body_received == ch.body_size:
+            self._complete_content(ch, channel)
+
+    def _content_header(self, ch: _Channel, channel: int, payload: bytes) -> None:
+        try:
+            class_id, body_size, properties = decode_content_header(payload)
+        except DecodeError as error:
+            raise _ConnectionError(ReplyCode.FRAME_ERROR, f"cannot decode content header: {error}", 60, 40)
+        if class_id != CLASS_BASIC or payload[2:4] != b"\x00\x00":
+            raise _ConnectionError(
+                ReplyCode.UNEXPECTED_FRAME,
+                f"expected content header for class 60, got one for class {class_id} instead",
+                60,
+                40,
+            )
+        if body_size > self.limits.max_message_size:
+            raise _ChannelError(
+                ReplyCode.PRECONDITION_FAILED,
+                f"message size {body_size} is larger than configured max size {self.limits.max_message_size}",
+                60,
+                40,
+            )
+        ch.properties = properties
+        ch.body_size = body_size
+        if body_size == 0:
+            self._complete_content(ch, channel)
+
+    def _complete_content(self, ch: _Channel, channel: int) -> None:
+        parts = ch.body_parts
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        publish, properties = ch.publish, ch.properties
+        assert publish is not None and properties is not None
+        ch.reset_content()
+        self._events.append(ContentReceived(channel, publish, properties, body))
+
+
+def _check_negotiated(name: str, minimum: int, server_value: int, client_value: int) -> None:
+    """RabbitMQ's validate_negotiated_integer_value: 530 NOT_ALLOWED when out of range."""
+    if client_value != 0 and client_value < minimum:
+        raise _ConnectionError(
+            ReplyCode.NOT_ALLOWED,
+            f"negotiated {name} = {client_value} is lower than the minimum allowed value ({minimum})",
+            10,
+            30,
+        )
+    if server_value != 0 and (client_value == 0 or client_value > server_value):
+        raise _ConnectionError(
+            ReplyCode.NOT_ALLOWED,
+            f"negotiated {name} = {client_value} is higher than the maximum allowed value ({server_value})",
+            10,
+            30,
+        )
+
+
+_CONNECTION_HANDLERS: Final[dict[tuple[ConnectionState, type[m.Method]], Any]] = {
+    (ConnectionState.STARTING, m.ConnectionStartOk): ServerConnection._on_start_ok,
+    (ConnectionState.TUNING, m.ConnectionTuneOk): ServerConnection._on_tune_ok,
+    (ConnectionState.OPENING, m.ConnectionOpen): ServerConnection._on_open,
+    (ConnectionState.OPEN, m.ConnectionUpdateSecret): ServerConnection._on_update_secret,
+}
