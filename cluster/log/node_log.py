@@ -281,11 +281,15 @@ class NodeLog:
             self._queue(state, fmt.WalKind.TRUNCATE, stream, offset, 0, b"")
 
     def write_snapshot(self, stream: str, offset: int, state: bytes) -> None:
-        """Durably store ``state`` as the stream's state through ``offset``; older segments are deleted."""
+        """Durably store ``state`` as the stream's state through ``offset``; older segments are deleted.
+
+        A snapshot older than the stream's current one is ignored."""
         with self._commit_lock, self._io_lock:
             with self._lock:
                 self._check_usable()
                 stream_state = self._state(stream)
+                if offset < stream_state.snapshot_offset:
+                    return  # an older snapshot than the one we hold: nothing to do
                 stream_state.has_data = True
                 stream_state.snapshot_offset = max(stream_state.snapshot_offset, offset)
                 stream_state.next_offset = max(stream_state.next_offset, offset + 1)
