@@ -165,12 +165,11 @@ class ServerConnection:
         self._events: list[Event] = []
         self._out: list[bytes] = []
         self._out_bytes = 0
-        self._sent_total = 0
+        self._now_ms = now_ms
         self._handshake_deadline_ms = now_ms + self.limits.handshake_timeout_ms
         self._close_deadline_ms: int | None = None
         self._last_recv_ms = now_ms
         self._last_send_ms = now_ms
-        self._sent_at_last_check = 0
         self._pending_close: tuple[int, str] = (0, "")
 
     # ------------------------------------------------------------ public API
@@ -193,7 +192,7 @@ class ServerConnection:
     def receive_data(self, data: bytes, now_ms: int) -> None:
         if self.state is ConnectionState.CLOSED or not data:
             return
-        self._last_recv_ms = now_ms
+        self._last_recv_ms = self._now_ms = now_ms
         frames, error = self._framer.feed(data)
         if self.state is ConnectionState.AWAIT_HEADER and self._framer.header_seen:
             self._send_start()
@@ -221,7 +220,7 @@ class ServerConnection:
         data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
         self._out = []
         self._out_bytes = 0
-        self._sent_total += len(data)
+        self._last_send_ms = self._now_ms  # the latest time we know of: early, never late, heartbeats
         return data
 
     def send_method(self, channel: int, method: m.Method) -> None:
@@ -304,6 +303,7 @@ class ServerConnection:
             self._write(encode_method_frame(0, m.ConnectionUnblocked()))
 
     def tick(self, now_ms: int) -> None:
+        self._now_ms = max(self._now_ms, now_ms)
         state = self.state
         if state is ConnectionState.CLOSED:
             return
@@ -393,10 +393,8 @@ class ServerConnection:
                 ReplyCode.FRAME_ERROR, f"missed heartbeats from client, timeout: {self.heartbeat_s}s"
             )
             return
-        if now_ms - self._last_send_ms >= interval_ms // 2:
-            if self._sent_total == self._sent_at_last_check and not self._out:
-                self._write(HEARTBEAT_FRAME)
-            self._sent_at_last_check = self._sent_total
+        if now_ms - self._last_send_ms >= interval_ms // 2 and not self._out:
+            self._write(HEARTBEAT_FRAME)
             self._last_send_ms = now_ms
 
     # ------------------------------------------------------------ internals: input
