@@ -30,9 +30,10 @@ import pathlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from cluster.log import format as fmt
-from cluster.log.segment import DiskFullError, FileHandles, StreamFiles, remove_directory
+from cluster.log.segment import DiskFullError, FileHandles, StreamFiles, raise_disk_full_or, remove_directory
 from cluster.log.wal import WalWriter, replay
 
 STREAMS_DIRECTORY = "streams"
@@ -165,6 +166,11 @@ class NodeLog:
         self._pending.append(_Op(kind, stream, offset, timestamp_ms, payload, self._sequence))
         self._pending_bytes += len(payload) + OP_OVERHEAD_BYTES
 
+    def _fail(self, error: OSError) -> NoReturn:
+        """An I/O failure with uncertain aftermath: refuse further work until reopened."""
+        self._broken = error
+        raise_disk_full_or(error)
+
     def _check_usable(self) -> None:
         if self._closed:
             raise ValueError("log is closed")
@@ -181,8 +187,7 @@ class NodeLog:
             try:
                 self._wal.sync()
             except OSError as error:
-                self._broken = error
-                raise
+                self._fail(error)
             self._deferred_error = None
             if self._wal.size_bytes >= self.config.wal_size_bytes_max:
                 self.checkpoint()
@@ -205,13 +210,11 @@ class NodeLog:
                     self._pending_bytes += sum(len(op.payload) + OP_OVERHEAD_BYTES for op in batch)
                 raise
             except OSError as error:
-                self._broken = error
-                raise
+                self._fail(error)
             try:
                 self._apply_to_segments(batch)
             except OSError as error:
-                self._broken = error
-                raise
+                self._fail(error)
             self._forget_written(batch)
 
     def _apply_to_segments(self, batch: list[_Op]) -> None:
@@ -261,8 +264,7 @@ class NodeLog:
                 files.sync(self._handles)
             self._wal.start_new_file()
         except OSError as error:
-            self._broken = error
-            raise
+            self._fail(error)
 
     # --- raft-style edits ------------------------------------------------------------------------------------
 
@@ -359,17 +361,19 @@ class NodeLog:
             return files.offset_for_time(timestamp_ms) if files is not None else None
 
     def close(self) -> None:
-        """Commit what is queued, checkpoint (the WAL is emptied) and release every file."""
+        """Commit what is queued, checkpoint (the WAL is emptied) and release every file (even if that fails)."""
         if self._closed:
             return
-        if self._broken is None:
-            self.commit()
-            self.checkpoint()
-        with self._commit_lock, self._io_lock:
-            self._closed = True
-            self._handles.close_all()
-            if self._wal is not None:
-                self._wal.close()
+        try:
+            if self._broken is None:
+                self.commit()
+                self.checkpoint()
+        finally:
+            with self._commit_lock, self._io_lock:
+                self._closed = True
+                self._handles.close_all()
+                if self._wal is not None:
+                    self._wal.close()
 
 
 def _chain(disk: Iterator[tuple[int, bytes]], in_memory: list[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:

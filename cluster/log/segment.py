@@ -20,6 +20,7 @@ import pathlib
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from cluster.log import format as fmt
 
@@ -32,7 +33,7 @@ class DiskFullError(OSError):
     """The disk is full (ENOSPC/EDQUOT): the write did not happen; files were cut back to their last good record."""
 
 
-def raise_disk_full_or(error: OSError) -> None:
+def raise_disk_full_or(error: OSError) -> NoReturn:
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         raise DiskFullError(error.errno, f"log storage: disk full ({error.strerror})") from error
     raise error
