@@ -1,0 +1,386 @@
+"""The broker model: one object per node holding users, vhosts, connections and channels (pure, no I/O).
+
+The runtime calls `open_connection`, then `handle(conn_id, event, now_ms)` for every event `ServerConnection`
+produced, `tick(now_ms)` periodically, `on_persisted(token)` when storage made a `Persist` durable, `set_alarm` from
+its resource probes and `set_writable(conn_id, writable)` as the connection's output buffer fills and drains. Every
+entry point returns the effects to carry out, in order. AMQP errors raised while handling a method become
+`CloseChannel`/`CloseConnection` effects with RabbitMQ's reply code and text.
+
+Handlers live in `definitions` (exchanges, queues, bindings), `delivery` (consume, ack, get, qos, flow, credit) and
+`publish` (routing, confirms, tx, dead-lettering, direct reply-to); they all append to `Broker.out`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from node.amqp import events as ev
+from node.amqp import methods as m
+from node.amqp.auth import parse_sasl_response
+from node.broker import definitions, delivery, publish
+from node.broker.auth import Permission, UserStore
+from node.broker.channel import ChannelState, ConnState, Consumer
+from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Persist, Send, Unblock
+from node.broker.errors import AmqpError
+from node.broker.queues import QueueState
+from node.broker.records import Record
+from node.broker.vhost import VHost
+
+
+def counter_rng(seed: bytes = b"raftmq") -> Callable[[int], bytes]:
+    """A deterministic byte source (sha256 of seed + counter); the runtime may inject os.urandom instead."""
+    state = {"n": 0}
+
+    def rng(n_bytes: int) -> bytes:
+        out = b""
+        while len(out) < n_bytes:
+            state["n"] += 1
+            out += hashlib.sha256(seed + state["n"].to_bytes(8, "big")).digest()
+        return out[:n_bytes]
+
+    return rng
+
+
+@dataclass(slots=True)
+class BrokerConfig:
+    default_vhost: str = "/"
+    default_user: str = "guest"
+    default_pass: str = "guest"
+    loopback_users: frozenset[str] = frozenset({"guest"})
+    rng: Callable[[int], bytes] = field(default_factory=counter_rng)
+    consumer_credit_window: int = 256  # deliveries a consumer may be handed ahead of the runtime's writes
+    tx_messages_max: int = 65536
+    dead_letter_hops_max: int = 10000  # per entry point; bounds dead-letter cascades
+    max_message_size_bytes: int = 128 * 1024 * 1024
+
+
+class ConnAuthenticator:
+    """The authenticator protocol bound to one connection (knows whether the peer is loopback)."""
+
+    def __init__(self, broker: Broker, conn_id: int) -> None:
+        self._broker = broker
+        self._conn_id = conn_id
+
+    def authenticate(self, mechanism: str, response: bytes) -> str | None:
+        conn = self._broker.conns.get(self._conn_id)
+        return self._broker.check_login(mechanism, response, conn.peer_is_loopback if conn else False)
+
+    def vhost_access(self, username: str, vhost: str) -> bool:
+        return self._broker.vhost_access(username, vhost)
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig | None = None) -> None:
+        self.config = config or BrokerConfig()
+        self.users = UserStore(loopback_users=self.config.loopback_users)
+        self.vhosts: dict[str, VHost[QueueState]] = {}
+        self.conns: dict[int, ConnState] = {}
+        self.consumers: dict[int, Consumer] = {}
+        self.getters: dict[int, ChannelState] = {}
+        self.reply_tokens: dict[str, ChannelState] = {}
+        self.persist_waiters: dict[int, list[tuple[ChannelState, int]]] = {}
+        self.dirty: dict[tuple[int, int], ChannelState] = {}
+        self.dead_letters: list[tuple[QueueState, Any]] = []
+        self.alarms: set[str] = set()
+        self.out: list[Effect] = []
+        self.now_ms = 0
+        self._next_consumer_id = 1
+        self._next_token = 1
+        self._bootstrap()
+
+    # --- set-up and administration ---------------------------------------------------------------------------
+
+    def _bootstrap(self) -> None:
+        cfg = self.config
+        self.add_vhost(cfg.default_vhost)
+        self.add_user(cfg.default_user, cfg.default_pass, ("administrator",))
+        self.set_permissions(cfg.default_user, cfg.default_vhost, Permission())
+        self.out.clear()
+
+    def add_vhost(self, name: str) -> VHost[QueueState]:
+        from node.broker.records import VHostRecord
+
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            vhost = self.vhosts[name] = VHost.create(name)
+            self.persist((VHostRecord(name),))
+        return vhost
+
+    def add_user(self, name: str, password: str, tags: tuple[str, ...] = ()) -> None:
+        from node.broker.records import UserRecord
+
+        user = self.users.add_user(name, password, tags, self.config.rng(4))
+        self.persist((UserRecord(user.name, user.password_hash, user.tags),))
+
+    def set_permissions(self, user: str, vhost: str, permission: Permission) -> None:
+        from node.broker.records import PermissionRecord
+
+        self.users.set_permissions(user, vhost, permission)
+        for conn in self.conns.values():
+            conn.permission_cache.clear()
+        p = permission
+        self.persist((PermissionRecord(user, vhost, p.configure, p.write, p.read),))
+
+    def take_effects(self) -> list[Effect]:
+        out, self.out = self.out, []
+        return out
+
+    # --- authenticator protocol -----------------------------------------------------------------------------
+
+    def authenticator_for(self, conn_id: int) -> ConnAuthenticator:
+        return ConnAuthenticator(self, conn_id)
+
+    def authenticate(self, mechanism: str, response: bytes) -> str | None:
+        """Peer-agnostic form: treats the peer as non-loopback (use `authenticator_for` per connection)."""
+        return self.check_login(mechanism, response, False)
+
+    def check_login(self, mechanism: str, response: bytes, peer_is_loopback: bool) -> str | None:
+        parsed = parse_sasl_response(mechanism, response)
+        if parsed is None:
+            return None
+        user = self.users.authenticate_plain(parsed[0], parsed[1], peer_is_loopback)
+        return user.name if user is not None else None
+
+    def vhost_access(self, username: str, vhost: str) -> bool:
+        return vhost in self.vhosts and self.users.vhost_access(username, vhost)
+
+    # --- entry points ---------------------------------------------------------------------------------------
+
+    def open_connection(self, conn_id: int, peer_host: str, peer_is_loopback: bool) -> None:
+        self.conns[conn_id] = ConnState(conn_id, peer_host, peer_is_loopback)
+
+    def handle(self, conn_id: int, event: Any, now_ms: int) -> list[Effect]:
+        self.now_ms = max(self.now_ms, now_ms)
+        conn = self.conns.get(conn_id)
+        if conn is None:
+            return []
+        kind = type(event)
+        if kind is ev.ContentReceived:
+            self._guarded(conn, event.channel, event.method, publish.handle_publish, event)
+        elif kind is ev.MethodReceived:
+            self._guarded(conn, event.channel, event.method, self._dispatch, event.method)
+        elif kind is ev.ChannelOpened:
+            self._open_channel(conn, event.channel)
+        elif kind is ev.ChannelClosed:
+            self.close_channel_state(conn, event.channel)
+        elif kind is ev.ConnectionOpened:
+            conn.username, conn.vhost, conn.opened = event.username, event.vhost, True
+            capabilities = event.client_properties.get("capabilities")
+            if isinstance(capabilities, dict):
+                conn.cancel_notify = bool(capabilities.get("consumer_cancel_notify", False))
+        elif kind is ev.ConnectionClosed:
+            self._connection_closed(conn)
+        return self._finish()
+
+    def tick(self, now_ms: int) -> list[Effect]:
+        self.now_ms = max(self.now_ms, now_ms)
+        definitions.expire_queues(self, self.now_ms)
+        for conn in self.conns.values():
+            for ch in conn.channels.values():
+                self.dirty[(conn.conn_id, ch.number)] = ch
+        return self._finish()
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest time `tick` has work to do (message TTL or x-expires), if any."""
+        best: int | None = None
+        for vhost in self.vhosts.values():
+            for queue in vhost.queues.values():
+                due = queue.machine.next_expiry_ms()
+                if queue.expires_ms is not None and not queue.consumers:
+                    expiry = queue.last_used_ms + queue.expires_ms
+                    due = expiry if due is None else min(due, expiry)
+                if due is not None and (best is None or due < best):
+                    best = due
+        return best
+
+    def on_persisted(self, token: int) -> list[Effect]:
+        for ch, seq in self.persist_waiters.pop(token, ()):
+            if not ch.closed:
+                publish.persisted(self, ch, seq)
+        return self._finish()
+
+    def set_alarm(self, kind: str, active: bool) -> list[Effect]:
+        was_on = bool(self.alarms)
+        if active:
+            self.alarms.add(kind)
+        else:
+            self.alarms.discard(kind)
+        if self.alarms and not was_on:
+            reason = f"{kind} resource alarm"
+            for conn in self.conns.values():
+                if conn.has_published and not conn.blocked:
+                    conn.blocked = True
+                    self.out.append(Block(conn.conn_id, reason))
+        elif not self.alarms and was_on:
+            for conn in self.conns.values():
+                if conn.blocked:
+                    conn.blocked = False
+                    self.out.append(Unblock(conn.conn_id))
+        return self._finish()
+
+    def set_writable(self, conn_id: int, writable: bool) -> list[Effect]:
+        """The runtime's output buffer for the connection is over (False) or back under (True) its limit.
+
+        Calling it with True after each flush also tops up consumer credit, so deliveries keep flowing in
+        windows of `consumer_credit_window` per consumer and the broker never holds unbounded data for a slow
+        client.
+        """
+        conn = self.conns.get(conn_id)
+        if conn is not None:
+            conn.writable = writable
+            if writable:
+                for ch in conn.channels.values():
+                    self.dirty[(conn_id, ch.number)] = ch
+        return self._finish()
+
+    def recover(self, records: list[Record]) -> list[Effect]:
+        from node.broker import recovery
+
+        recovery.recover(self, records)
+        self.out.clear()
+        return []
+
+    # --- helpers shared by the handler modules --------------------------------------------------------------
+
+    def new_consumer_id(self) -> int:
+        cid = self._next_consumer_id
+        self._next_consumer_id += 1
+        return cid
+
+    def new_token(self) -> int:
+        token = self._next_token
+        self._next_token += 1
+        return token
+
+    def random_name(self, prefix: str) -> str:
+        return prefix + base64.urlsafe_b64encode(self.config.rng(16)).decode("ascii").rstrip("=")
+
+    def persist(self, records: tuple[Record, ...]) -> int:
+        token = self.new_token()
+        self.out.append(Persist(token, records))
+        return token
+
+    def vhost_of(self, conn: ConnState) -> VHost[QueueState]:
+        vhost = self.vhosts.get(conn.vhost)
+        if vhost is None:
+            raise AmqpError(320, f"vhost '{conn.vhost}' is gone", connection=True)
+        return vhost
+
+    def check_access(self, conn: ConnState, access: str, kind: str, name: str) -> None:
+        key = (access, kind, name)
+        allowed = conn.permission_cache.get(key)
+        if allowed is None:
+            allowed = self.users.allowed(conn.username, conn.vhost, access, name)  # type: ignore[arg-type]
+            if len(conn.permission_cache) > 1024:
+                conn.permission_cache.clear()
+            conn.permission_cache[key] = allowed
+        if not allowed:
+            shown = name or "amq.default"
+            raise AmqpError(
+                403, f"{access} access to {kind} '{shown}' in vhost '{conn.vhost}' refused for user '{conn.username}'"
+            )
+
+    def mark_dirty(self, ch: ChannelState) -> None:
+        self.dirty[(ch.conn_id, ch.number)] = ch
+
+    # --- internals ------------------------------------------------------------------------------------------
+
+    def _guarded(self, conn: ConnState, channel: int, method: Any, fn: Callable[..., None], arg: Any) -> None:
+        ch = conn.channels.get(channel)
+        if ch is None or ch.closed:
+            return
+        try:
+            fn(self, conn, ch, arg)
+        except AmqpError as err:
+            class_id = getattr(method, "CLASS_ID", 0)
+            method_id = getattr(method, "METHOD_ID", 0)
+            if err.connection:
+                self.out.append(CloseConnection(conn.conn_id, err.reply_code, err.reply_text, class_id, method_id))
+                for number in list(conn.channels):
+                    self.close_channel_state(conn, number)
+            else:
+                self.out.append(CloseChannel(conn.conn_id, channel, err.reply_code, err.reply_text, class_id,
+                                             method_id))
+                self.close_channel_state(conn, channel)
+
+    @staticmethod
+    def _dispatch(broker: Broker, conn: ConnState, ch: ChannelState, method: Any) -> None:
+        handler = _HANDLERS.get(type(method))
+        if handler is None:
+            name = type(method).__name__
+            raise AmqpError(540, f"method {name} not implemented by the broker", connection=True)
+        handler(broker, conn, ch, method)
+
+    def _open_channel(self, conn: ConnState, number: int) -> None:
+        old = conn.channels.get(number)
+        if old is not None:
+            self.close_channel_state(conn, number)
+        get_id = self.new_consumer_id()
+        ch = ChannelState(conn.conn_id, number, get_id)
+        conn.channels[number] = ch
+        self.getters[get_id] = ch
+
+    def close_channel_state(self, conn: ConnState, number: int) -> None:
+        ch = conn.channels.pop(number, None)
+        if ch is None:
+            return
+        ch.closed = True
+        delivery.channel_gone(self, ch)
+        self.getters.pop(ch.get_consumer_id, None)
+        if ch.reply_to_token is not None:
+            self.reply_tokens.pop(ch.reply_to_token, None)
+        self.dirty.pop((conn.conn_id, number), None)
+
+    def _connection_closed(self, conn: ConnState) -> None:
+        for number in list(conn.channels):
+            self.close_channel_state(conn, number)
+        definitions.delete_exclusive_queues(self, conn)
+        self.conns.pop(conn.conn_id, None)
+
+    def _finish(self) -> list[Effect]:
+        publish.run_dead_letters(self)
+        delivery.refill_dirty(self)
+        publish.run_dead_letters(self)
+        return self.take_effects()
+
+
+def _send(broker: Broker, ch: ChannelState, method: Any) -> None:
+    broker.out.append(Send(ch.conn_id, ch.number, method))
+
+
+def _channel_flow(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ChannelFlow) -> None:
+    ch.flow_active = method.active
+    _send(broker, ch, m.ChannelFlowOk(active=method.active))
+    if method.active:
+        broker.mark_dirty(ch)
+
+
+_HANDLERS: dict[type, Callable[[Broker, ConnState, ChannelState, Any], None]] = {
+    m.ChannelFlow: _channel_flow,
+    m.ExchangeDeclare: definitions.exchange_declare,
+    m.ExchangeDelete: definitions.exchange_delete,
+    m.ExchangeBind: definitions.exchange_bind,
+    m.ExchangeUnbind: definitions.exchange_unbind,
+    m.QueueDeclare: definitions.queue_declare,
+    m.QueueBind: definitions.queue_bind,
+    m.QueueUnbind: definitions.queue_unbind,
+    m.QueuePurge: definitions.queue_purge,
+    m.QueueDelete: definitions.queue_delete,
+    m.BasicQos: delivery.basic_qos,
+    m.BasicConsume: delivery.basic_consume,
+    m.BasicCancel: delivery.basic_cancel,
+    m.BasicGet: delivery.basic_get,
+    m.BasicAck: delivery.basic_ack,
+    m.BasicNack: delivery.basic_nack,
+    m.BasicReject: delivery.basic_reject,
+    m.BasicRecover: delivery.basic_recover,
+    m.BasicRecoverAsync: delivery.basic_recover,
+    m.ConfirmSelect: publish.confirm_select,
+    m.TxSelect: publish.tx_select,
+    m.TxCommit: publish.tx_commit,
+    m.TxRollback: publish.tx_rollback,
+}

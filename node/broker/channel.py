@@ -1,0 +1,105 @@
+"""Per-connection and per-channel broker state (plain mutable records; the logic lives in the handler modules).
+
+A channel numbers its deliveries (`next_delivery_tag`), remembers what each unacked tag refers to (queue, consumer
+id, msg id), holds its consumers, QoS limits, flow state, confirm and tx state, and a bounded `pending` buffer of
+deliveries the queue handed over that the channel may not send yet (flow off, socket not draining, or the
+channel-global prefetch full). Consumer ids are broker-wide ints; a channel also owns one id for basic.get.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from node.broker.queues import QueueState
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """What the broker keeps per published message (the queue machine's opaque payload)."""
+
+    exchange: str
+    routing_key: str
+    properties: Any
+    body: bytes
+
+
+@dataclass(slots=True)
+class Unacked:
+    queue: QueueState
+    consumer_id: int
+    msg_id: int
+    consumer: Consumer | None
+
+
+@dataclass(slots=True)
+class Consumer:
+    consumer_id: int
+    tag: str
+    conn_id: int
+    channel: ChannelState
+    queue: QueueState
+    no_ack: bool
+    prefetch: int
+    priority: int
+    exclusive: bool
+    credit: int = 0
+    unacked_count: int = 0
+    cancelled: bool = False
+
+
+@dataclass(slots=True)
+class PendingDelivery:
+    consumer: Consumer
+    msg_id: int
+    message: Message
+    redelivered: bool
+
+
+@dataclass(slots=True)
+class TxState:
+    publishes: list[tuple[Any, Any, bytes]] = field(default_factory=list)
+    acks: list[tuple[int, Unacked, str, bool]] = field(default_factory=list)  # (tag, unacked, kind, requeue)
+
+
+@dataclass(slots=True)
+class ChannelState:
+    conn_id: int
+    number: int
+    get_consumer_id: int
+    next_delivery_tag: int = 1
+    unacked: dict[int, Unacked] = field(default_factory=dict)
+    consumers: dict[str, Consumer] = field(default_factory=dict)
+    lingering: list[Consumer] = field(default_factory=list)  # cancelled, still holding unacked messages
+    prefetch_consumer: int = 0
+    prefetch_channel: int = 0
+    flow_active: bool = True
+    pending: deque[PendingDelivery] = field(default_factory=deque)
+    confirm: bool = False
+    next_publish_seq: int = 1
+    confirm_floor: int = 0
+    confirm_waiting: dict[int, int] = field(default_factory=dict)  # seq -> persist token
+    confirm_nacked: set[int] = field(default_factory=set)
+    tx: TxState | None = None
+    last_queue: str = ""
+    get_no_ack: bool = False
+    reply_to_tag: str | None = None
+    reply_to_token: str | None = None
+    closed: bool = False
+
+
+@dataclass(slots=True)
+class ConnState:
+    conn_id: int
+    peer_host: str
+    peer_is_loopback: bool
+    username: str = ""
+    vhost: str = ""
+    opened: bool = False
+    channels: dict[int, ChannelState] = field(default_factory=dict)
+    writable: bool = True
+    has_published: bool = False
+    cancel_notify: bool = False
+    blocked: bool = False
+    permission_cache: dict[tuple[str, str, str], bool] = field(default_factory=dict)

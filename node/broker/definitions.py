@@ -1,0 +1,369 @@
+"""Exchange, queue and binding methods: declare, delete, bind, unbind, purge (pure handlers on the Broker).
+
+Checks run in RabbitMQ's order: name rules (default exchange, reserved "amq." prefix), permissions, existence,
+exclusivity, then equivalence. Durable definitions produce `Persist` effects on the "definitions" stream. Deleting a
+queue removes its bindings (auto-delete exchanges may follow), cancels its consumers with a server-sent basic.cancel
+and forgets its messages; `expire_queues` applies x-expires and message TTL on `tick`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cluster.queue import Expire, Purge, Purged, Queue
+from node.amqp import methods as m
+from node.broker.channel import ChannelState, ConnState
+from node.broker.errors import AmqpError, access_refused, not_found, precondition
+from node.broker.exchanges import EXCHANGE_TYPES, Binding, Dest, Exchange
+from node.broker.headers_match import x_match_mode
+from node.broker.queues import (
+    EQUIVALENCE_ARGS,
+    QueueState,
+    assert_args_equivalent,
+    assert_flag_equivalent,
+    inequivalent,
+    queue_args,
+    validate_queue_args,
+)
+from node.broker.records import BindingRecord, ExchangeRecord, MessageRemovedRecord, QueueRecord
+from node.broker.vhost import VHost
+
+if TYPE_CHECKING:
+    from node.broker.broker import Broker
+
+REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
+
+
+def _send(broker: Broker, ch: ChannelState, method: Any) -> None:
+    from node.broker.effects import Send
+
+    broker.out.append(Send(ch.conn_id, ch.number, method))
+
+
+def exchange_resource(name: str, vhost: str) -> str:
+    return f"exchange '{name}' in vhost '{vhost}'"
+
+
+def _default_exchange_refused() -> AmqpError:
+    return access_refused("operation not permitted on the default exchange")
+
+
+# --- exchanges --------------------------------------------------------------------------------------------------
+
+
+def exchange_declare(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ExchangeDeclare) -> None:
+    vhost = broker.vhost_of(conn)
+    name = method.exchange
+    resource = exchange_resource(name, vhost.name)
+    if method.passive:
+        if name != "" and name not in vhost.exchanges:
+            raise not_found("exchange", name, vhost.name)
+        _reply(broker, ch, method.nowait, m.ExchangeDeclareOk())
+        return
+    if name == "":
+        raise _default_exchange_refused()
+    broker.check_access(conn, "configure", "exchange", name)
+    if method.type not in EXCHANGE_TYPES:
+        raise AmqpError(503, f"invalid exchange type '{method.type}'", connection=True)
+    existing = vhost.exchanges.get(name)
+    if existing is None:
+        if name.startswith("amq."):
+            raise access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        args = dict(method.arguments)
+        ae = args.get("alternate-exchange")
+        if ae is not None:
+            broker.check_access(conn, "read", "exchange", name)
+            broker.check_access(conn, "write", "exchange", ae if isinstance(ae, str) else str(ae))
+        exchange = Exchange(name, method.type, method.durable, method.auto_delete, method.internal, args)
+        vhost.exchanges[name] = exchange
+        vhost.invalidate()
+        if exchange.durable:
+            broker.persist((ExchangeRecord(vhost.name, name, exchange.type, exchange.auto_delete,
+                                           exchange.internal, args),))
+    else:
+        if existing.type != method.type:
+            raise inequivalent("type", resource, f"'{method.type}'", f"'{existing.type}'")
+        assert_flag_equivalent("durable", existing.durable, method.durable, resource)
+        assert_flag_equivalent("auto_delete", existing.auto_delete, method.auto_delete, resource)
+        assert_flag_equivalent("internal", existing.internal, method.internal, resource)
+        assert_args_equivalent(existing.arguments, method.arguments, ("alternate-exchange",), resource)
+    _reply(broker, ch, method.nowait, m.ExchangeDeclareOk())
+
+
+def exchange_delete(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ExchangeDelete) -> None:
+    vhost = broker.vhost_of(conn)
+    name = method.exchange
+    if name == "":
+        raise _default_exchange_refused()
+    broker.check_access(conn, "configure", "exchange", name)
+    if name.startswith("amq."):
+        raise access_refused(f"deletion of system {exchange_resource(name, vhost.name)} not allowed")
+    exchange = vhost.exchanges.get(name)
+    if exchange is not None:
+        if method.if_unused and exchange.bindings:
+            raise precondition(f"{exchange_resource(name, vhost.name)} in use")
+        delete_exchange(broker, vhost, exchange)
+    _reply(broker, ch, method.nowait, m.ExchangeDeleteOk())
+
+
+def delete_exchange(broker: Broker, vhost: VHost[QueueState], exchange: Exchange) -> None:
+    vhost.exchanges.pop(exchange.name, None)
+    for binding in list(exchange.bindings.values()):
+        _forget_binding(broker, vhost, binding, check_auto_delete=False)
+    for binding in vhost.bindings_to(Dest("exchange", exchange.name)):
+        _forget_binding(broker, vhost, binding)
+    vhost.invalidate()
+    if exchange.durable:
+        broker.persist((ExchangeRecord(vhost.name, exchange.name, exchange.type, deleted=True),))
+
+
+def _lookup_exchange(vhost: VHost[QueueState], name: str) -> Exchange:
+    exchange = vhost.exchanges.get(name)
+    if exchange is None:
+        raise not_found("exchange", name, vhost.name)
+    return exchange
+
+
+def exchange_bind(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ExchangeBind) -> None:
+    _bind(broker, conn, method.source, Dest("exchange", method.destination), method.routing_key,
+          method.arguments, unbind=False)
+    _reply(broker, ch, method.nowait, m.ExchangeBindOk())
+
+
+def exchange_unbind(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ExchangeUnbind) -> None:
+    _bind(broker, conn, method.source, Dest("exchange", method.destination), method.routing_key,
+          method.arguments, unbind=True)
+    _reply(broker, ch, method.nowait, m.ExchangeUnbindOk())
+
+
+def _bind(broker: Broker, conn: ConnState, source: str, dest: Dest, routing_key: str, arguments: dict[str, Any],
+          unbind: bool) -> None:
+    vhost = broker.vhost_of(conn)
+    if source == "" or (dest.kind == "exchange" and dest.name == ""):
+        raise _default_exchange_refused()
+    broker.check_access(conn, "write", dest.kind, dest.name)
+    broker.check_access(conn, "read", "exchange", source)
+    if dest.kind == "queue":
+        queue = vhost.queues.get(dest.name)
+        if queue is None:
+            if unbind:
+                return
+            raise not_found("queue", dest.name, vhost.name)
+        check_exclusive(conn, queue)
+    elif dest.name not in vhost.exchanges:
+        if unbind:
+            return
+        raise not_found("exchange", dest.name, vhost.name)
+    exchange = vhost.exchanges.get(source)
+    if exchange is None:
+        if unbind:
+            return
+        raise not_found("exchange", source, vhost.name)
+    binding = Binding(source, dest, routing_key, dict(arguments))
+    if unbind:
+        _forget_binding(broker, vhost, binding)
+        return
+    if exchange.type == "headers" and x_match_mode(arguments) is None:
+        raise precondition(f"Invalid x-match field value {arguments.get('x-match')!r}; "
+                           "expected all, any, all-with-x, or any-with-x")
+    if vhost.add_binding(binding) and _binding_durable(vhost, binding):
+        broker.persist((BindingRecord(vhost.name, source, dest.kind, dest.name, routing_key, dict(arguments)),))
+
+
+def _binding_durable(vhost: VHost[QueueState], binding: Binding) -> bool:
+    source = vhost.exchanges.get(binding.source)
+    if source is None or not source.durable:
+        return False
+    if binding.dest.kind == "queue":
+        queue = vhost.queues.get(binding.dest.name)
+        return queue is not None and queue.durable
+    dest = vhost.exchanges.get(binding.dest.name)
+    return dest is not None and dest.durable
+
+
+def _forget_binding(broker: Broker, vhost: VHost[QueueState], binding: Binding, check_auto_delete: bool = True
+                    ) -> None:
+    durable = _binding_durable(vhost, binding)
+    if not vhost.remove_binding(binding) and check_auto_delete:
+        return
+    if durable:
+        broker.persist((BindingRecord(vhost.name, binding.source, binding.dest.kind, binding.dest.name,
+                                      binding.routing_key, binding.arguments, deleted=True),))
+    source = vhost.exchanges.get(binding.source)
+    if check_auto_delete and source is not None and source.auto_delete and not source.bindings:
+        delete_exchange(broker, vhost, source)
+
+
+# --- queues -----------------------------------------------------------------------------------------------------
+
+
+def check_exclusive(conn: ConnState, queue: QueueState) -> None:
+    if queue.exclusive_owner is not None and queue.exclusive_owner != conn.conn_id:
+        raise AmqpError(405, f"cannot obtain exclusive access to locked {queue.resource}. It could be originally "
+                             "declared on another connection or the exclusive property value does not match "
+                             "that of the original declaration.")
+
+
+def expand_queue_name(ch: ChannelState, name: str) -> str:
+    if name == "":
+        if ch.last_queue == "":
+            raise AmqpError(404, "no previously declared queue")
+        return ch.last_queue
+    return name
+
+
+def lookup_queue(broker: Broker, conn: ConnState, ch: ChannelState, name: str) -> QueueState:
+    vhost = broker.vhost_of(conn)
+    queue = vhost.queues.get(expand_queue_name(ch, name))
+    if queue is None:
+        raise not_found("queue", name, vhost.name)
+    return queue
+
+
+def queue_declare(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueueDeclare) -> None:
+    vhost = broker.vhost_of(conn)
+    name = method.queue
+    if method.passive:
+        queue = vhost.queues.get(expand_queue_name(ch, name))
+        if queue is None:
+            raise not_found("queue", name, vhost.name)
+        check_exclusive(conn, queue)
+    else:
+        if name == "":
+            name = broker.random_name("amq.gen-")
+        elif name.startswith("amq."):
+            raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+        broker.check_access(conn, "configure", "queue", name)
+        resource = f"queue '{name}' in vhost '{vhost.name}'"
+        args = dict(method.arguments)
+        validate_queue_args(args, resource)
+        dlx = args.get("x-dead-letter-exchange")
+        if isinstance(dlx, str):
+            broker.check_access(conn, "read", "queue", name)
+            broker.check_access(conn, "write", "exchange", dlx)
+        queue = vhost.queues.get(name)
+        if queue is None:
+            queue = create_queue(broker, vhost, name, method.durable, method.auto_delete, args,
+                                 conn.conn_id if method.exclusive else None)
+        else:
+            owner = conn.conn_id if method.exclusive else None
+            if queue.exclusive_owner != owner:
+                check_exclusive(conn, queue)
+                if queue.exclusive_owner is None or owner is None:
+                    raise AmqpError(405, f"cannot obtain exclusive access to locked {queue.resource}. It could be "
+                                         "originally declared on another connection or the exclusive property "
+                                         "value does not match that of the original declaration.")
+            assert_flag_equivalent("durable", queue.durable, method.durable, resource)
+            assert_flag_equivalent("auto_delete", queue.auto_delete, method.auto_delete, resource)
+            assert_args_equivalent(queue.arguments, args, EQUIVALENCE_ARGS, resource)
+    queue.last_used_ms = broker.now_ms
+    ch.last_queue = queue.name
+    ok = m.QueueDeclareOk(queue=queue.name, message_count=queue.machine.ready_count,
+                          consumer_count=len(queue.consumers))
+    _reply(broker, ch, method.nowait, ok)
+
+
+def create_queue(broker: Broker, vhost: VHost[QueueState], name: str, durable: bool, auto_delete: bool,
+                 args: dict[str, Any], owner: int | None) -> QueueState:
+    machine = Queue(name, queue_args(args))
+    expires = args.get("x-expires")
+    queue = QueueState(vhost.name, name, durable, auto_delete, args, machine, owner,
+                       expires_ms=expires if isinstance(expires, int) else None, last_used_ms=broker.now_ms)
+    vhost.queues[name] = queue
+    vhost.invalidate()
+    if queue.stored:
+        broker.persist((QueueRecord(vhost.name, name, auto_delete, args),))
+    return queue
+
+
+def queue_bind(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueueBind) -> None:
+    name = expand_queue_name(ch, method.queue)
+    routing_key = method.routing_key or (ch.last_queue if method.queue == "" else "")
+    _bind(broker, conn, method.exchange, Dest("queue", name), routing_key, method.arguments, unbind=False)
+    _reply(broker, ch, method.nowait, m.QueueBindOk())
+
+
+def queue_unbind(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueueUnbind) -> None:
+    name = expand_queue_name(ch, method.queue)
+    _bind(broker, conn, method.exchange, Dest("queue", name), method.routing_key, method.arguments, unbind=True)
+    _send(broker, ch, m.QueueUnbindOk())
+
+
+def queue_purge(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueuePurge) -> None:
+    queue = lookup_queue(broker, conn, ch, method.queue)
+    broker.check_access(conn, "read", "queue", queue.name)
+    check_exclusive(conn, queue)
+    count = purge_queue(broker, queue)
+    _reply(broker, ch, method.nowait, m.QueuePurgeOk(message_count=count))
+
+
+def purge_queue(broker: Broker, queue: QueueState) -> int:
+    from node.broker import delivery
+
+    count = 0
+    for effect in queue.machine.apply(Purge()):
+        if isinstance(effect, Purged):
+            count += effect.count
+    if queue.persisted_ids:
+        removed = queue.persisted_ids - delivery.unacked_ids(queue)
+        queue.persisted_ids -= removed
+        broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in sorted(removed)))
+    return count
+
+
+def queue_delete(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueueDelete) -> None:
+    vhost = broker.vhost_of(conn)
+    name = expand_queue_name(ch, method.queue)
+    broker.check_access(conn, "configure", "queue", name)
+    queue = vhost.queues.get(name)
+    count = 0
+    if queue is not None:
+        check_exclusive(conn, queue)
+        if method.if_unused and queue.consumers:
+            raise precondition(f"{queue.resource} in use")
+        if method.if_empty and queue.machine.ready_count:
+            raise precondition(f"{queue.resource} not empty")
+        count = queue.machine.ready_count
+        delete_queue(broker, queue)
+    _reply(broker, ch, method.nowait, m.QueueDeleteOk(message_count=count))
+
+
+def delete_queue(broker: Broker, queue: QueueState) -> None:
+    from node.broker import delivery
+
+    vhost = broker.vhosts.get(queue.vhost)
+    if vhost is None or vhost.queues.get(queue.name) is not queue:
+        return
+    del vhost.queues[queue.name]
+    vhost.invalidate()
+    delivery.cancel_queue_consumers(broker, queue)
+    for binding in vhost.bindings_to(Dest("queue", queue.name)):
+        _forget_binding(broker, vhost, binding)
+    if queue.stored:
+        broker.persist((QueueRecord(queue.vhost, queue.name, deleted=True),))
+
+
+def delete_exclusive_queues(broker: Broker, conn: ConnState) -> None:
+    vhost = broker.vhosts.get(conn.vhost)
+    if vhost is None:
+        return
+    for queue in [q for q in vhost.queues.values() if q.exclusive_owner == conn.conn_id]:
+        delete_queue(broker, queue)
+
+
+def expire_queues(broker: Broker, now_ms: int) -> None:
+    for vhost in list(broker.vhosts.values()):
+        for queue in list(vhost.queues.values()):
+            expiry = queue.machine.next_expiry_ms()
+            if expiry is not None and expiry <= now_ms:
+                from node.broker import delivery
+
+                delivery.apply_queue(broker, queue, Expire(now_ms))
+            if (queue.expires_ms is not None and not queue.consumers
+                    and now_ms - queue.last_used_ms >= queue.expires_ms):
+                delete_queue(broker, queue)
+
+
+def _reply(broker: Broker, ch: ChannelState, nowait: bool, method: Any) -> None:
+    if not nowait:
+        _send(broker, ch, method)

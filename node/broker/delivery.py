@@ -1,0 +1,434 @@
+"""Consumers and deliveries: consume, cancel, get, ack/nack/reject, recover, qos, and the credit that paces them.
+
+Every consumer is attached to its queue machine in credit mode. The broker grants credit in windows of
+`consumer_credit_window` (and, with a channel-global prefetch, no more than the channel's free room), topping up at
+the end of each entry point for channels marked dirty. A delivery the channel may not send now (flow off, socket
+not draining, channel-global prefetch full) waits in the channel's `pending` buffer, which credit bounds. Per-consumer
+prefetch (basic.qos global=false) is the machine's own `prefetch`. A cancelled consumer keeps its unacked messages
+(they can still be acked) and is detached from the machine when the last one is settled or the channel closes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cluster.queue import (
+    Accepted,
+    AddCredit,
+    Attach,
+    DeadLetter,
+    Deliver,
+    Detach,
+    Discard,
+    Dropped,
+    Enqueue,
+    Get,
+    GetEmpty,
+    GetOk,
+    MsgId,
+    QueuedMessage,
+    Rejected,
+    Return,
+    Settle,
+)
+from node.amqp import methods as m
+from node.broker.channel import ChannelState, ConnState, Consumer, Message, PendingDelivery, Unacked
+from node.broker.definitions import REPLY_TO_QUEUE, check_exclusive, delete_queue, lookup_queue
+from node.broker.effects import Send, SendContent
+from node.broker.errors import AmqpError, access_refused, precondition
+from node.broker.queues import QueueState
+from node.broker.records import MessageRecord, MessageRemovedRecord
+
+if TYPE_CHECKING:
+    from node.broker.broker import Broker
+
+
+@dataclass(frozen=True, slots=True)
+class Persisted:
+    """Returned by apply_queue for an accepted persistent message: the Persist token its confirm waits for."""
+
+    token: int
+
+
+def properties_to_dict(props: Any) -> dict[str, Any]:
+    return {f.name: getattr(props, f.name) for f in dataclasses.fields(props) if getattr(props, f.name) is not None}
+
+
+def _persist_accepted(broker: Broker, queue: QueueState, msg_id: int, message: QueuedMessage) -> Persisted:
+    msg: Message = message.payload
+    queue.persisted_ids.add(msg_id)
+    record = MessageRecord(queue.vhost, queue.name, msg_id, msg.exchange, msg.routing_key,
+                           properties_to_dict(msg.properties), msg.body)
+    return Persisted(broker.persist((record,)))
+
+
+def apply_queue(broker: Broker, queue: QueueState, command: Any) -> list[Any]:
+    """Run one command on the queue's machine; handle deliveries, gets and losses; return the rest.
+
+    An accepted persistent Enqueue is written (Persist) before any other effect of the same command, so a
+    removal record can never precede the message's own record in the queue's stream.
+    """
+    rest: list[Any] = []
+    effects = queue.machine.apply(command)
+    if type(command) is Enqueue:
+        for effect in effects:
+            kind = type(effect)
+            if kind is Accepted:
+                if command.message.persistent:
+                    rest.append(_persist_accepted(broker, queue, effect.msg_id, command.message))
+            elif kind is Rejected:
+                rest.append(effect)
+    for effect in effects:
+        kind = type(effect)
+        if kind is Deliver:
+            _on_deliver(broker, queue, effect)
+        elif kind is Accepted or kind is Rejected:
+            continue
+        elif kind is GetOk:
+            _on_get_ok(broker, queue, effect)
+        elif kind is GetEmpty:
+            ch = broker.getters.get(effect.consumer_id)
+            if ch is not None:
+                broker.out.append(Send(ch.conn_id, ch.number, m.BasicGetEmpty()))
+        elif kind is DeadLetter:
+            if effect.msg_id is not None:
+                forget_persisted(broker, queue, (effect.msg_id,))
+            broker.dead_letters.append((queue, effect))
+        elif kind is Dropped:
+            forget_persisted(broker, queue, (effect.msg_id,))
+        else:
+            rest.append(effect)
+    return rest
+
+
+def forget_persisted(broker: Broker, queue: QueueState, msg_ids: Iterable[int]) -> None:
+    if not queue.persisted_ids:
+        return
+    gone = [i for i in msg_ids if i in queue.persisted_ids]
+    if gone:
+        queue.persisted_ids.difference_update(gone)
+        broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in gone))
+
+
+def unacked_ids(queue: QueueState) -> set[int]:
+    """Ids of this queue's messages currently delivered and not settled (for purge bookkeeping)."""
+    ready = set(queue.machine.ready_msg_ids())
+    return set(queue.persisted_ids) - ready
+
+
+def _on_deliver(broker: Broker, queue: QueueState, effect: Deliver) -> None:
+    consumer = broker.consumers.get(effect.consumer_id)  # type: ignore[call-overload]
+    if consumer is None:
+        return
+    consumer.credit -= 1
+    ch = consumer.channel
+    broker.mark_dirty(ch)
+    if consumer.no_ack:
+        forget_persisted(broker, queue, (effect.msg_id,))
+    pending = PendingDelivery(consumer, effect.msg_id, effect.message.payload, effect.redelivered)
+    if ch.pending or not _can_send(broker, ch, consumer):
+        ch.pending.append(pending)
+        drain_pending(broker, ch)
+    else:
+        _send_delivery(broker, ch, pending)
+
+
+def _can_send(broker: Broker, ch: ChannelState, consumer: Consumer) -> bool:
+    conn = broker.conns.get(ch.conn_id)
+    if conn is None or not conn.writable or not ch.flow_active:
+        return False
+    return consumer.no_ack or ch.prefetch_channel == 0 or len(ch.unacked) < ch.prefetch_channel
+
+
+def _send_delivery(broker: Broker, ch: ChannelState, pending: PendingDelivery) -> None:
+    consumer = pending.consumer
+    tag = ch.next_delivery_tag
+    ch.next_delivery_tag = tag + 1
+    if not consumer.no_ack:
+        ch.unacked[tag] = Unacked(consumer.queue, consumer.consumer_id, pending.msg_id, consumer)
+        consumer.unacked_count += 1
+    msg: Message = pending.message
+    deliver = m.BasicDeliver(consumer_tag=consumer.tag, delivery_tag=tag, redelivered=pending.redelivered,
+                             exchange=msg.exchange, routing_key=msg.routing_key)
+    broker.out.append(SendContent(ch.conn_id, ch.number, deliver, msg.properties, msg.body))
+
+
+def drain_pending(broker: Broker, ch: ChannelState) -> None:
+    while ch.pending and _can_send(broker, ch, ch.pending[0].consumer):
+        _send_delivery(broker, ch, ch.pending.popleft())
+
+
+def _on_get_ok(broker: Broker, queue: QueueState, effect: GetOk) -> None:
+    ch = broker.getters.get(effect.consumer_id)  # type: ignore[call-overload]
+    if ch is None:
+        return
+    msg: Message = effect.message.payload
+    tag = ch.next_delivery_tag
+    ch.next_delivery_tag = tag + 1
+    if ch.get_no_ack:
+        forget_persisted(broker, queue, (effect.msg_id,))
+    else:
+        ch.unacked[tag] = Unacked(queue, ch.get_consumer_id, effect.msg_id, None)
+    ok = m.BasicGetOk(delivery_tag=tag, redelivered=effect.redelivered, exchange=msg.exchange,
+                      routing_key=msg.routing_key, message_count=effect.remaining)
+    broker.out.append(SendContent(ch.conn_id, ch.number, ok, msg.properties, msg.body))
+
+
+# --- credit -----------------------------------------------------------------------------------------------------
+
+
+def refill_dirty(broker: Broker) -> None:
+    dirty, broker.dirty = broker.dirty, {}
+    for ch in dirty.values():
+        if not ch.closed:
+            refill(broker, ch)
+
+
+def refill(broker: Broker, ch: ChannelState) -> None:
+    drain_pending(broker, ch)
+    conn = broker.conns.get(ch.conn_id)
+    if conn is None or not conn.writable or not ch.flow_active:
+        return
+    window = broker.config.consumer_credit_window
+    room = ch.prefetch_channel - len(ch.unacked) - len(ch.pending) if ch.prefetch_channel else window
+    for consumer in list(ch.consumers.values()):
+        target = window if consumer.no_ack else max(0, min(window, room))
+        if consumer.credit < target and consumer.credit * 2 <= target:
+            grant = target - consumer.credit
+            consumer.credit = target
+            apply_queue(broker, consumer.queue, AddCredit(consumer.consumer_id, grant))
+
+
+# --- consume / cancel -------------------------------------------------------------------------------------------
+
+
+def basic_consume(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicConsume) -> None:
+    if method.queue == REPLY_TO_QUEUE:
+        _consume_reply_to(broker, ch, method)
+        return
+    queue = lookup_queue(broker, conn, ch, method.queue)
+    broker.check_access(conn, "read", "queue", queue.name)
+    check_exclusive(conn, queue)
+    tag = method.consumer_tag or broker.random_name("amq.ctag-")
+    if tag in ch.consumers or tag == ch.reply_to_tag:
+        raise AmqpError(530, f"attempt to reuse consumer tag '{tag}'", connection=True)
+    if queue.exclusive_consumer is not None or (method.exclusive and queue.consumers):
+        raise access_refused(f"{queue.resource} in exclusive use")
+    priority = method.arguments.get("x-priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise precondition(f"invalid arg 'x-priority' for {queue.resource}: {{unacceptable_type,{priority!r}}}")
+    prefetch = 0 if method.no_ack else ch.prefetch_consumer
+    consumer = Consumer(broker.new_consumer_id(), tag, conn.conn_id, ch, queue, method.no_ack, prefetch, priority,
+                        method.exclusive)
+    ch.consumers[tag] = consumer
+    broker.consumers[consumer.consumer_id] = consumer
+    queue.consumers[consumer.consumer_id] = consumer
+    queue.had_consumer = True
+    queue.last_used_ms = broker.now_ms
+    if method.exclusive:
+        queue.exclusive_consumer = consumer.consumer_id
+    if not method.nowait:
+        broker.out.append(Send(ch.conn_id, ch.number, m.BasicConsumeOk(consumer_tag=tag)))
+    apply_queue(broker, queue, Attach(consumer.consumer_id, broker.now_ms, prefetch=prefetch, credit=0,
+                                      priority=priority, no_ack=method.no_ack))
+    broker.mark_dirty(ch)
+
+
+def _consume_reply_to(broker: Broker, ch: ChannelState, method: m.BasicConsume) -> None:
+    if not method.no_ack:
+        raise precondition("reply consumer cannot acknowledge")
+    if ch.reply_to_tag is not None:
+        raise precondition("reply consumer already set")
+    tag = method.consumer_tag or broker.random_name("amq.ctag-")
+    if tag in ch.consumers:
+        raise AmqpError(530, f"attempt to reuse consumer tag '{tag}'", connection=True)
+    ch.reply_to_tag = tag
+    ch.reply_to_token = broker.random_name("")
+    broker.reply_tokens[ch.reply_to_token] = ch
+    if not method.nowait:
+        broker.out.append(Send(ch.conn_id, ch.number, m.BasicConsumeOk(consumer_tag=tag)))
+
+
+def basic_cancel(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicCancel) -> None:
+    tag = method.consumer_tag
+    if tag == ch.reply_to_tag and ch.reply_to_token is not None:
+        broker.reply_tokens.pop(ch.reply_to_token, None)
+        ch.reply_to_tag = ch.reply_to_token = None
+    consumer = ch.consumers.get(tag)
+    if not method.nowait:
+        broker.out.append(Send(ch.conn_id, ch.number, m.BasicCancelOk(consumer_tag=tag)))
+    if consumer is not None:
+        cancel_consumer(broker, consumer)
+
+
+def cancel_consumer(broker: Broker, consumer: Consumer) -> None:
+    """Client-side cancel: no more deliveries; unacked messages stay on the channel until settled."""
+    ch, queue = consumer.channel, consumer.queue
+    ch.consumers.pop(consumer.tag, None)
+    _drop_pending(broker, ch, consumer)
+    _leave_queue(queue, consumer, broker.now_ms)
+    if consumer.unacked_count == 0:
+        broker.consumers.pop(consumer.consumer_id, None)
+        apply_queue(broker, queue, Detach(consumer.consumer_id, broker.now_ms))
+    else:
+        consumer.cancelled = True
+        ch.lingering.append(consumer)
+        apply_queue(broker, queue, Attach(consumer.consumer_id, broker.now_ms, prefetch=consumer.prefetch, credit=0,
+                                          priority=consumer.priority, no_ack=consumer.no_ack))
+    _maybe_auto_delete(broker, queue)
+
+
+def _leave_queue(queue: QueueState, consumer: Consumer, now_ms: int) -> None:
+    queue.consumers.pop(consumer.consumer_id, None)
+    if queue.exclusive_consumer == consumer.consumer_id:
+        queue.exclusive_consumer = None
+    queue.last_used_ms = now_ms
+
+
+def _maybe_auto_delete(broker: Broker, queue: QueueState) -> None:
+    if queue.auto_delete and queue.had_consumer and not queue.consumers:
+        delete_queue(broker, queue)
+
+
+def _drop_pending(broker: Broker, ch: ChannelState, consumer: Consumer) -> None:
+    if not ch.pending:
+        return
+    keep = [p for p in ch.pending if p.consumer is not consumer]
+    gone = [MsgId(p.msg_id) for p in ch.pending if p.consumer is consumer]
+    ch.pending.clear()
+    ch.pending.extend(keep)
+    if gone and not consumer.no_ack:
+        apply_queue(broker, consumer.queue, Return(consumer.consumer_id, gone, broker.now_ms))
+
+
+def cancel_queue_consumers(broker: Broker, queue: QueueState) -> None:
+    """The queue is gone: tell every consumer with a server-sent basic.cancel (consumer_cancel_notify)."""
+    for consumer in list(queue.consumers.values()):
+        ch = consumer.channel
+        ch.consumers.pop(consumer.tag, None)
+        broker.consumers.pop(consumer.consumer_id, None)
+        ch.pending = type(ch.pending)(p for p in ch.pending if p.consumer is not consumer)
+        conn = broker.conns.get(ch.conn_id)
+        if conn is not None and conn.cancel_notify and not ch.closed:
+            broker.out.append(Send(ch.conn_id, ch.number, m.BasicCancel(consumer_tag=consumer.tag, nowait=True)))
+    queue.consumers.clear()
+    queue.exclusive_consumer = None
+
+
+def channel_gone(broker: Broker, ch: ChannelState) -> None:
+    """Channel closed: consumers detached (their unacked come back redelivered), gets returned, tx dropped."""
+    now_ms = broker.now_ms
+    ch.pending.clear()
+    get_queues: dict[int, QueueState] = {}
+    for entry in list(ch.unacked.values()) + [a[1] for a in (ch.tx.acks if ch.tx else [])]:
+        if entry.consumer is None:
+            get_queues[id(entry.queue)] = entry.queue
+    ch.unacked.clear()
+    ch.tx = None
+    for consumer in list(ch.consumers.values()) + ch.lingering:
+        broker.consumers.pop(consumer.consumer_id, None)
+        _leave_queue(consumer.queue, consumer, now_ms)
+        apply_queue(broker, consumer.queue, Detach(consumer.consumer_id, now_ms))
+        _maybe_auto_delete(broker, consumer.queue)
+    ch.consumers.clear()
+    ch.lingering.clear()
+    for queue in get_queues.values():
+        apply_queue(broker, queue, Detach(ch.get_consumer_id, now_ms))
+
+
+# --- get / ack / nack / reject / recover --------------------------------------------------------------------------
+
+
+def basic_get(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicGet) -> None:
+    queue = lookup_queue(broker, conn, ch, method.queue)
+    broker.check_access(conn, "read", "queue", queue.name)
+    check_exclusive(conn, queue)
+    queue.last_used_ms = broker.now_ms
+    ch.get_no_ack = method.no_ack
+    apply_queue(broker, queue, Get(ch.get_consumer_id, method.no_ack, broker.now_ms))
+
+
+def collect_tags(ch: ChannelState, delivery_tag: int, multiple: bool) -> list[int]:
+    if multiple:
+        if delivery_tag != 0 and delivery_tag not in ch.unacked:
+            raise precondition(f"unknown delivery tag {delivery_tag}")
+        return [t for t in ch.unacked if delivery_tag == 0 or t <= delivery_tag]
+    if delivery_tag not in ch.unacked:
+        raise precondition(f"unknown delivery tag {delivery_tag}")
+    return [delivery_tag]
+
+
+def basic_ack(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicAck) -> None:
+    _settle_tags(broker, ch, collect_tags(ch, method.delivery_tag, method.multiple), "ack", False)
+
+
+def basic_nack(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicNack) -> None:
+    _settle_tags(broker, ch, collect_tags(ch, method.delivery_tag, method.multiple), "reject", method.requeue)
+
+
+def basic_reject(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicReject) -> None:
+    _settle_tags(broker, ch, collect_tags(ch, method.delivery_tag, False), "reject", method.requeue)
+
+
+def _settle_tags(broker: Broker, ch: ChannelState, tags: list[int], kind: str, requeue: bool) -> None:
+    entries = [ch.unacked.pop(tag) for tag in tags]
+    if ch.tx is not None:
+        ch.tx.acks.extend((tag, entry, kind, requeue) for tag, entry in zip(tags, entries, strict=True))
+        return
+    settle_entries(broker, entries, kind, requeue)
+    broker.mark_dirty(ch)
+
+
+def settle_entries(broker: Broker, entries: list[Unacked], kind: str, requeue: bool) -> None:
+    groups: dict[tuple[int, int], list[Unacked]] = {}
+    for entry in entries:
+        groups.setdefault((id(entry.queue), entry.consumer_id), []).append(entry)
+    now_ms = broker.now_ms
+    for group in groups.values():
+        queue, consumer_id = group[0].queue, group[0].consumer_id
+        ids = [MsgId(e.msg_id) for e in group]
+        if kind == "ack":
+            apply_queue(broker, queue, Settle(consumer_id, ids))
+            forget_persisted(broker, queue, ids)
+        elif requeue:
+            apply_queue(broker, queue, Return(consumer_id, ids, now_ms))
+        else:
+            apply_queue(broker, queue, Discard(consumer_id, ids, now_ms))
+        consumer = group[0].consumer
+        if consumer is not None:
+            consumer.unacked_count -= len(group)
+            if consumer.cancelled and consumer.unacked_count <= 0:
+                _finish_lingering(broker, consumer)
+
+
+def _finish_lingering(broker: Broker, consumer: Consumer) -> None:
+    ch = consumer.channel
+    if consumer in ch.lingering:
+        ch.lingering.remove(consumer)
+    broker.consumers.pop(consumer.consumer_id, None)
+    apply_queue(broker, consumer.queue, Detach(consumer.consumer_id, broker.now_ms))
+
+
+def basic_recover(broker: Broker, conn: ConnState, ch: ChannelState, method: Any) -> None:
+    if not method.requeue:
+        raise AmqpError(540, "requeue=false", connection=True)
+    entries = list(ch.unacked.values())
+    ch.unacked.clear()
+    settle_entries(broker, entries, "reject", True)
+    if isinstance(method, m.BasicRecover):
+        broker.out.append(Send(ch.conn_id, ch.number, m.BasicRecoverOk()))
+    broker.mark_dirty(ch)
+
+
+def basic_qos(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicQos) -> None:
+    if method.prefetch_size != 0:
+        raise AmqpError(540, f"prefetch_size!=0 ({method.prefetch_size})", connection=True)
+    if method.global_:
+        ch.prefetch_channel = method.prefetch_count
+    else:
+        ch.prefetch_consumer = method.prefetch_count
+    broker.out.append(Send(ch.conn_id, ch.number, m.BasicQosOk()))
+    broker.mark_dirty(ch)

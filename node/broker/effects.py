@@ -1,0 +1,69 @@
+"""Effects the broker hands to the runtime (frozen data; the runtime carries them out in order).
+
+`Send`/`SendContent` go to one channel of one connection (`SendContent` with a BasicDeliver method may use the
+connection's fast `send_deliver`), `CloseChannel`/`CloseConnection` ask the protocol layer to close with a reply
+code, `Block`/`Unblock` drive connection.blocked, and `Persist` asks storage to write records durably and then call
+`Broker.on_persisted(token)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from node.broker.records import Record
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    conn_id: int
+    channel: int
+    method: Any
+
+
+@dataclass(frozen=True, slots=True)
+class SendContent:
+    conn_id: int
+    channel: int
+    method: Any
+    properties: Any
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CloseChannel:
+    conn_id: int
+    channel: int
+    reply_code: int
+    reply_text: str
+    class_id: int = 0
+    method_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConnection:
+    conn_id: int
+    reply_code: int
+    reply_text: str
+    class_id: int = 0
+    method_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    conn_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unblock:
+    conn_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Persist:
+    token: int
+    records: tuple[Record, ...]
+
+
+Effect = Send | SendContent | CloseChannel | CloseConnection | Block | Unblock | Persist

@@ -1,0 +1,292 @@
+"""Publishing: checks, routing, enqueue, mandatory returns, publisher confirms, transactions, dead-lettering and
+direct reply-to (pure handlers on the Broker).
+
+A publish is checked in rabbit_channel's order (immediate, write permission, exchange exists, internal, user_id,
+expiration), routed through the vhost's cached routing, and enqueued into each queue's machine. A persistent message
+(delivery_mode 2) in a durable queue becomes a `MessageRecord` in a `Persist` effect; its confirm waits for every
+such token's `on_persisted`. Confirms with contiguous sequence numbers are coalesced into one `multiple` ack.
+Dead-lettered messages are republished to the queue's DLX with RabbitMQ's x-death headers; a cycle (the message
+returns to a queue it died in, with no rejection on the way) drops it, as rabbit_dead_letter does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import TYPE_CHECKING, Any
+
+from cluster.queue import DeadLetter, Enqueue, QueuedMessage, Rejected
+from node.amqp import methods as m
+from node.broker.channel import ChannelState, ConnState, Message, TxState
+from node.broker.definitions import REPLY_TO_QUEUE
+from node.broker.delivery import Persisted, apply_queue, settle_entries
+from node.broker.effects import Block, Send, SendContent
+from node.broker.errors import AmqpError, access_refused, not_found, precondition
+from node.broker.queues import QueueState
+from node.broker.vhost import VHost
+
+if TYPE_CHECKING:
+    from node.broker.broker import Broker
+
+REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
+
+
+def parse_expiration(expiration: str | None) -> int | None:
+    if expiration is None:
+        return None
+    text = expiration.strip() if isinstance(expiration, str) else str(expiration)
+    digits = text.lstrip("-")
+    if not digits or not digits[0].isdigit():
+        raise precondition(f"invalid expiration '{expiration}': no_integer")
+    end = len(text) - len(digits)
+    while end < len(text) and text[end].isdigit():
+        end += 1
+    if end < len(text):
+        raise precondition(f"invalid expiration '{expiration}': {{leftover_string,\"{text[end:]}\"}}")
+    value = int(text)
+    if value < 0:
+        raise precondition(f"invalid expiration '{expiration}': {{value_negative,{value}}}")
+    return value
+
+
+def handle_publish(broker: Broker, conn: ConnState, ch: ChannelState, event: Any) -> None:
+    method, props = event.method, event.properties
+    if method.immediate:
+        raise AmqpError(540, "immediate=true", connection=True)
+    vhost = broker.vhost_of(conn)
+    name = method.exchange
+    broker.check_access(conn, "write", "exchange", name)
+    if name:
+        exchange = vhost.exchanges.get(name)
+        if exchange is None:
+            raise not_found("exchange", name, vhost.name)
+        if exchange.internal:
+            raise access_refused(f"cannot publish to internal exchange '{name}' in vhost '{vhost.name}'")
+    if props.user_id is not None and props.user_id != conn.username:
+        raise precondition(f"user_id property set to '{props.user_id}' but authenticated user was '{conn.username}'")
+    parse_expiration(props.expiration)
+    if props.reply_to == REPLY_TO_QUEUE:
+        if ch.reply_to_token is None:
+            raise precondition("fast reply consumer does not exist")
+        props = dataclasses.replace(props, reply_to=REPLY_TO_PREFIX + ch.reply_to_token)
+    if not conn.has_published:
+        conn.has_published = True
+        if broker.alarms and not conn.blocked:
+            conn.blocked = True
+            broker.out.append(Block(conn.conn_id, f"{sorted(broker.alarms)[0]} resource alarm"))
+    if ch.tx is not None:
+        if len(ch.tx.publishes) >= broker.config.tx_messages_max:
+            raise AmqpError(506, f"too many messages in one transaction (max {broker.config.tx_messages_max})")
+        ch.tx.publishes.append((method, props, event.body))
+        return
+    seq = 0
+    if ch.confirm:
+        seq = ch.next_publish_seq
+        ch.next_publish_seq = seq + 1
+    route_publish(broker, ch, vhost, method, props, event.body, seq)
+
+
+def route_publish(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], method: Any, props: Any,
+                  body: bytes, seq: int) -> None:
+    name, routing_key = method.exchange, method.routing_key
+    msg = Message(name, routing_key, props, body)
+    if name == "" and routing_key.startswith(REPLY_TO_PREFIX):
+        routed = _deliver_reply(broker, msg)
+        tokens: list[int] = []
+        rejected = False
+    else:
+        queue_names = vhost.route(name, routing_key, props.headers)
+        routed = bool(queue_names)
+        tokens, rejected = enqueue_all(broker, vhost, queue_names, msg, parse_expiration(props.expiration))
+    if not routed and method.mandatory:
+        ret = m.BasicReturn(reply_code=312, reply_text="NO_ROUTE", exchange=name, routing_key=routing_key)
+        broker.out.append(SendContent(ch.conn_id, ch.number, ret, props, body))
+    if seq:
+        if rejected:
+            confirm_ready(broker, ch, (), (seq,))
+        elif tokens:
+            ch.confirm_waiting[seq] = len(tokens)
+            for token in tokens:
+                broker.persist_waiters.setdefault(token, []).append((ch, seq))
+        else:
+            confirm_ready(broker, ch, (seq,), ())
+
+
+def enqueue_all(broker: Broker, vhost: VHost[QueueState], queue_names: tuple[str, ...] | list[str], msg: Message,
+                ttl_ms: int | None) -> tuple[list[int], bool]:
+    """Enqueue into each named queue; returns the Persist tokens to wait for and whether any queue refused."""
+    props = msg.properties
+    persistent = props.delivery_mode == 2
+    size = len(msg.body)
+    priority = props.priority or 0
+    plain = QueuedMessage(msg, size, False, priority, ttl_ms)
+    stored_msg = QueuedMessage(msg, size, True, priority, ttl_ms) if persistent else plain
+    tokens: list[int] = []
+    rejected = False
+    now_ms = broker.now_ms
+    for queue_name in queue_names:
+        queue = vhost.queues.get(queue_name)
+        if queue is None:
+            continue
+        stored = persistent and queue.stored
+        for effect in apply_queue(broker, queue, Enqueue(stored_msg if stored else plain, now_ms)):
+            if type(effect) is Persisted:
+                tokens.append(effect.token)
+            elif type(effect) is Rejected:
+                rejected = True
+    return tokens, rejected
+
+
+def _deliver_reply(broker: Broker, msg: Message) -> bool:
+    target = broker.reply_tokens.get(msg.routing_key[len(REPLY_TO_PREFIX):])
+    if target is None or target.closed or target.reply_to_tag is None:
+        return False
+    tag = target.next_delivery_tag
+    target.next_delivery_tag = tag + 1
+    deliver = m.BasicDeliver(consumer_tag=target.reply_to_tag, delivery_tag=tag, redelivered=False,
+                             exchange=msg.exchange, routing_key=msg.routing_key)
+    broker.out.append(SendContent(target.conn_id, target.number, deliver, msg.properties, msg.body))
+    return True
+
+
+# --- confirms ---------------------------------------------------------------------------------------------------
+
+
+def confirm_select(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ConfirmSelect) -> None:
+    if ch.tx is not None:
+        raise precondition("cannot switch from tx to confirm mode")
+    ch.confirm = True
+    if not method.nowait:
+        broker.out.append(Send(ch.conn_id, ch.number, m.ConfirmSelectOk()))
+
+
+def persisted(broker: Broker, ch: ChannelState, seq: int) -> None:
+    remaining = ch.confirm_waiting.get(seq)
+    if remaining is None:
+        return
+    if remaining > 1:
+        ch.confirm_waiting[seq] = remaining - 1
+        return
+    del ch.confirm_waiting[seq]
+    confirm_ready(broker, ch, (seq,), ())
+
+
+def confirm_ready(broker: Broker, ch: ChannelState, acks: tuple[int, ...] | list[int], nacks: tuple[int, ...]
+                  ) -> None:
+    """Send acks/nacks; a batch that confirms exactly the next contiguous range becomes one multiple ack."""
+    lowest_waiting = next(iter(ch.confirm_waiting), ch.next_publish_seq)
+    new_floor = lowest_waiting - 1
+    old_floor = ch.confirm_floor
+    ch.confirm_floor = max(old_floor, new_floor)
+    batch = sorted(acks)
+    if not nacks and len(batch) > 1 and batch == list(range(old_floor + 1, new_floor + 1)):
+        broker.out.append(Send(ch.conn_id, ch.number, m.BasicAck(delivery_tag=new_floor, multiple=True)))
+        return
+    for seq in batch:
+        broker.out.append(Send(ch.conn_id, ch.number, m.BasicAck(delivery_tag=seq, multiple=False)))
+    for seq in sorted(nacks):
+        broker.out.append(Send(ch.conn_id, ch.number, m.BasicNack(delivery_tag=seq, multiple=False,
+                                                                     requeue=False)))
+
+
+# --- transactions -----------------------------------------------------------------------------------------------
+
+
+def tx_select(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxSelect) -> None:
+    if ch.confirm:
+        raise precondition("cannot switch from confirm to tx mode")
+    if ch.tx is None:
+        ch.tx = TxState()
+    broker.out.append(Send(ch.conn_id, ch.number, m.TxSelectOk()))
+
+
+def tx_commit(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxCommit) -> None:
+    if ch.tx is None:
+        raise precondition("channel is not transactional")
+    tx, ch.tx = ch.tx, TxState()
+    vhost = broker.vhost_of(conn)
+    for publish_method, props, body in tx.publishes:
+        route_publish(broker, ch, vhost, publish_method, props, body, 0)
+    for _tag, entry, kind, requeue in tx.acks:
+        settle_entries(broker, [entry], kind, requeue)
+    broker.out.append(Send(ch.conn_id, ch.number, m.TxCommitOk()))
+    broker.mark_dirty(ch)
+
+
+def tx_rollback(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxRollback) -> None:
+    if ch.tx is None:
+        raise precondition("channel is not transactional")
+    tx, ch.tx = ch.tx, TxState()
+    if tx.acks:
+        restored = dict(ch.unacked)
+        restored.update((tag, entry) for tag, entry, _kind, _requeue in tx.acks)
+        ch.unacked = dict(sorted(restored.items()))
+    broker.out.append(Send(ch.conn_id, ch.number, m.TxRollbackOk()))
+
+
+# --- dead lettering ---------------------------------------------------------------------------------------------
+
+
+def run_dead_letters(broker: Broker) -> None:
+    hops = 0
+    while broker.dead_letters:
+        queue, effect = broker.dead_letters.pop(0)
+        hops += 1
+        if hops > broker.config.dead_letter_hops_max:
+            broker.dead_letters.clear()
+            return
+        dead_letter(broker, queue, effect)
+
+
+def dead_letter(broker: Broker, queue: QueueState, effect: DeadLetter) -> None:
+    vhost = broker.vhosts.get(queue.vhost)
+    dlx = queue.machine.args.dead_letter_exchange
+    if vhost is None or dlx is None or (dlx != "" and dlx not in vhost.exchanges):
+        return
+    msg: Message = effect.message.payload
+    props = with_x_death(msg, queue.name, effect.reason, broker.now_ms)
+    routing_key = queue.machine.args.dead_letter_routing_key or msg.routing_key
+    dead = Message(dlx, routing_key, props, msg.body)
+    targets = list(vhost.route(dlx, routing_key, props.headers))
+    if effect.reason != "rejected":
+        deaths = props.headers.get("x-death", [])
+        targets = [t for t in targets if not is_cycle(t, deaths)]
+    enqueue_all(broker, vhost, targets, dead, None)
+
+
+def with_x_death(msg: Message, queue_name: str, reason: str, now_ms: int) -> Any:
+    """The properties of a dead-lettered copy, built as rabbit_dead_letter does (3.x, newest death first)."""
+    props = msg.properties
+    headers = dict(props.headers or {})
+    deaths = [d for d in headers.get("x-death", []) if isinstance(d, dict)]
+    previous = next((d for d in deaths if d.get("queue") == queue_name and d.get("reason") == reason), None)
+    if previous is not None:
+        deaths.remove(previous)
+        entry = dict(previous)
+        entry["count"] = int(previous.get("count", 1)) + 1
+        entry["time"] = datetime.datetime.fromtimestamp(now_ms // 1000, tz=datetime.UTC)
+    else:
+        entry = {
+            "count": 1, "reason": reason, "queue": queue_name,
+            "time": datetime.datetime.fromtimestamp(now_ms // 1000, tz=datetime.UTC),
+            "exchange": msg.exchange, "routing-keys": [msg.routing_key],
+        }
+        if props.expiration is not None:
+            entry["original-expiration"] = props.expiration
+    headers["x-death"] = [entry, *deaths]
+    if "x-first-death-reason" not in headers:
+        headers["x-first-death-reason"] = reason
+        headers["x-first-death-queue"] = queue_name
+        headers["x-first-death-exchange"] = msg.exchange
+    headers["x-last-death-reason"] = reason
+    headers["x-last-death-queue"] = queue_name
+    headers["x-last-death-exchange"] = msg.exchange
+    return dataclasses.replace(props, headers=headers, expiration=None)
+
+
+def is_cycle(queue_name: str, deaths: list[Any]) -> bool:
+    """rabbit_dead_letter:is_cycle: the queue is in x-death and no death up to it was a rejection."""
+    for index, death in enumerate(deaths):
+        if isinstance(death, dict) and death.get("queue") == queue_name:
+            return all(isinstance(d, dict) and d.get("reason") != "rejected" for d in deaths[: index + 1])
+    return False

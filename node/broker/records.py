@@ -1,0 +1,158 @@
+"""Persistence records: what the broker asks storage to keep, and what `Broker.recover` reads back (pure).
+
+Every record is a frozen dataclass of plain values (str, int, bool, bytes, dicts of field-table values), so
+`to_cbor(record)` is a plain list `[tag, field...]` that cbor2 encodes directly and `from_cbor` rebuilds. Each record
+names its storage `stream`: "definitions" for vhosts, users, permissions, exchanges, queues and bindings, and
+"queue:<vhost>:<queue>" for one durable queue's persistent messages, so a queue's stream can be truncated behind a
+snapshot on its own. Deletions are records too (`deleted=True` / MessageRemoved); replaying a stream in order and
+keeping the last record per key gives the current state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass, field
+from typing import Any
+
+DEFINITIONS_STREAM = "definitions"
+
+
+def queue_stream(vhost: str, queue: str) -> str:
+    return f"queue:{vhost}:{queue}"
+
+
+@dataclass(frozen=True, slots=True)
+class VHostRecord:
+    name: str
+    deleted: bool = False
+
+    @property
+    def stream(self) -> str:
+        return DEFINITIONS_STREAM
+
+
+@dataclass(frozen=True, slots=True)
+class UserRecord:
+    name: str
+    password_hash: str
+    tags: tuple[str, ...] = ()
+    deleted: bool = False
+
+    @property
+    def stream(self) -> str:
+        return DEFINITIONS_STREAM
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionRecord:
+    user: str
+    vhost: str
+    configure: str
+    write: str
+    read: str
+    deleted: bool = False
+
+    @property
+    def stream(self) -> str:
+        return DEFINITIONS_STREAM
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeRecord:
+    vhost: str
+    name: str
+    type: str
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+    deleted: bool = False
+
+    @property
+    def stream(self) -> str:
+        return DEFINITIONS_STREAM
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRecord:
+    vhost: str
+    name: str
+    auto_delete: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+    deleted: bool = False
+
+    @property
+    def stream(self) -> str:
+        return DEFINITIONS_STREAM
+
+
+@dataclass(frozen=True, slots=True)
+class BindingRecord:
+    vhost: str
+    source: str
+    dest_kind: str
+    destination: str
+    routing_key: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    deleted: bool = False
+
+    @property
+    def stream(self) -> str:
+        return DEFINITIONS_STREAM
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """A persistent message in a durable queue; msg_id is the queue machine's id for it."""
+
+    vhost: str
+    queue: str
+    msg_id: int
+    exchange: str
+    routing_key: str
+    properties: dict[str, Any]
+    body: bytes
+    delivery_count: int = 0
+
+    @property
+    def stream(self) -> str:
+        return queue_stream(self.vhost, self.queue)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRemovedRecord:
+    vhost: str
+    queue: str
+    msg_id: int
+
+    @property
+    def stream(self) -> str:
+        return queue_stream(self.vhost, self.queue)
+
+
+Record = (
+    VHostRecord | UserRecord | PermissionRecord | ExchangeRecord | QueueRecord | BindingRecord | MessageRecord
+    | MessageRemovedRecord
+)
+
+_TAGS: dict[str, type[Any]] = {
+    "vhost": VHostRecord, "user": UserRecord, "perm": PermissionRecord, "exchange": ExchangeRecord,
+    "queue": QueueRecord, "binding": BindingRecord, "msg": MessageRecord, "msg-removed": MessageRemovedRecord,
+}
+_TAG_OF: dict[type[Any], str] = {cls: tag for tag, cls in _TAGS.items()}
+
+
+def to_cbor(record: Record) -> list[Any]:
+    """[tag, field, ...]; tuples become lists (cbor2 encodes both as arrays)."""
+    values = [list(v) if isinstance(v, tuple) else v for v in astuple(record)] if not isinstance(
+        record, MessageRecord) else [
+        record.vhost, record.queue, record.msg_id, record.exchange, record.routing_key, record.properties,
+        record.body, record.delivery_count]
+    return [_TAG_OF[type(record)], *values]
+
+
+def from_cbor(data: list[Any]) -> Record:
+    cls = _TAGS[data[0]]
+    values = list(data[1:])
+    if cls is UserRecord:
+        values[2] = tuple(values[2])
+    record: Record = cls(*values)
+    return record

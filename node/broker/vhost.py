@@ -1,0 +1,106 @@
+"""One virtual host: its exchanges, queues and bindings, and routing with a result cache (pure).
+
+`route(exchange, routing_key, headers)` walks exchange-to-exchange bindings breadth-first, each exchange at most once
+(cycle-safe), follows an exchange's alternate-exchange when that exchange alone routed nowhere, and returns each
+queue name at most once, in a stable order. Results for walks that met no headers exchange are cached per
+(exchange, routing key); any change to exchanges, bindings or queues clears the cache. The cache is bounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from node.broker.exchanges import Binding, Dest, Exchange
+
+ROUTE_CACHE_ENTRIES_MAX = 8192
+PREDECLARED = (
+    ("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.topic", "topic"), ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+Q = TypeVar("Q")
+
+
+@dataclass(slots=True)
+class VHost(Generic[Q]):
+    name: str
+    exchanges: dict[str, Exchange] = field(default_factory=dict)
+    queues: dict[str, Q] = field(default_factory=dict)
+    _route_cache: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, name: str) -> VHost[Q]:
+        vhost: VHost[Q] = cls(name)
+        for ex_name, ex_type in PREDECLARED:
+            vhost.exchanges[ex_name] = Exchange(ex_name, ex_type, durable=True)
+        return vhost
+
+    def invalidate(self) -> None:
+        self._route_cache.clear()
+
+    def add_binding(self, binding: Binding) -> bool:
+        added = self.exchanges[binding.source].add_binding(binding)
+        if added:
+            self._route_cache.clear()
+        return added
+
+    def remove_binding(self, binding: Binding) -> bool:
+        exchange = self.exchanges.get(binding.source)
+        removed = exchange is not None and exchange.remove_binding(binding)
+        if removed:
+            self._route_cache.clear()
+        return removed
+
+    def bindings_to(self, dest: Dest) -> list[Binding]:
+        out: list[Binding] = []
+        for exchange in self.exchanges.values():
+            out.extend(exchange.bindings_to(dest))
+        return out
+
+    def has_bindings_from(self, exchange_name: str) -> bool:
+        exchange = self.exchanges.get(exchange_name)
+        return exchange is not None and bool(exchange.bindings)
+
+    def route(self, exchange_name: str, routing_key: str, headers: Mapping[str, Any] | None) -> tuple[str, ...]:
+        cache_key = (exchange_name, routing_key)
+        cached = self._route_cache.get(cache_key)
+        if cached is not None:
+            return cached
+        if exchange_name == "":
+            return (routing_key,) if routing_key in self.queues else ()
+        queues, cacheable = self._walk(exchange_name, routing_key, headers)
+        result = tuple(queues)
+        if cacheable:
+            if len(self._route_cache) >= ROUTE_CACHE_ENTRIES_MAX:
+                self._route_cache.clear()
+            self._route_cache[cache_key] = result
+        return result
+
+    def _walk(self, start: str, routing_key: str, headers: Mapping[str, Any] | None) -> tuple[dict[str, None], bool]:
+        queues: dict[str, None] = {}
+        seen = {start}
+        work = [start]
+        cacheable = True
+        while work:
+            exchange = self.exchanges.get(work.pop(0))
+            if exchange is None:
+                continue
+            if exchange.type == "headers":
+                cacheable = False
+            dests = exchange.route(routing_key, headers)
+            routed_any = False
+            for dest in sorted(dests):
+                routed_any = True
+                if dest.kind == "queue":
+                    if dest.name in self.queues:
+                        queues[dest.name] = None
+                elif dest.name not in seen:
+                    seen.add(dest.name)
+                    work.append(dest.name)
+            alternate = exchange.alternate_exchange
+            if not routed_any and alternate is not None and alternate not in seen:
+                seen.add(alternate)
+                work.append(alternate)
+        return queues, cacheable
