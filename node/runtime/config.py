@@ -1,0 +1,298 @@
+"""Node configuration: one frozen `NodeConfig`, built from defaults, a TOML file, RAFTMQ_* variables and flags.
+
+Every setting is declared once in `SETTINGS` (name, type, default, help). The same table drives the TOML
+reader, the environment reader (`RAFTMQ_<NAME>` in upper case), the command-line flags (`--<name-with-dashes>`)
+and the reference table in docs/configuration.md. Precedence, highest first: flags > environment > file >
+embedded defaults. Values are checked here, so a bad value stops the node at start with a message naming the
+setting, never later at run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "RAFTMQ_"
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class BootstrapUser:
+    """A user created at first start (RabbitMQ's default_user), with full permissions on `vhost`."""
+
+    name: str
+    password: str
+    tags: tuple[str, ...] = ("administrator",)
+    vhost: str = "/"
+    configure: str = ".*"
+    write: str = ".*"
+    read: str = ".*"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """Everything `raftmq node` needs; see docs/configuration.md for the meaning of each field."""
+
+    node_name: str = "raftmq"
+    listen_address: str = ""
+    port: int = 5672
+    data_dir: str = ""
+    default_user: str = "guest"
+    default_pass: str = "guest"
+    default_vhost: str = "/"
+    loopback_users: tuple[str, ...] = ("guest",)
+    extra_users: tuple[BootstrapUser, ...] = ()
+    frame_max: int = 131072
+    channel_max: int = 2047
+    heartbeat_s: int = 60
+    max_message_size_bytes: int = 128 * MIB
+    connection_max: int = 0
+    handshake_timeout_ms: int = 10_000
+    output_buffer_high_bytes: int = 4 * MIB
+    output_buffer_low_bytes: int = 1 * MIB
+    write_timeout_ms: int = 30_000
+    memory_high_watermark: float = 0.4
+    memory_high_watermark_bytes: int = 0
+    disk_free_limit_bytes: int = 50_000_000
+    resource_probe_interval_ms: int = 1_000
+    broker_tick_ms: int = 100
+    shutdown_timeout_ms: int = 5_000
+    accept_backoff_ms_max: int = 1_000
+    log_level: str = "info"
+    test_signal_alarms: bool = False
+
+    def resolved_data_dir(self) -> Path:
+        """The data directory: `data_dir` when set, else ./data/<node_name>."""
+        return Path(self.data_dir) if self.data_dir else Path("data") / self.node_name
+
+    def all_users(self) -> tuple[BootstrapUser, ...]:
+        """The default user (if named) followed by the extra users of the config file."""
+        users: list[BootstrapUser] = []
+        if self.default_user:
+            users.append(BootstrapUser(self.default_user, self.default_pass, ("administrator",), self.default_vhost))
+        users.extend(self.extra_users)
+        return tuple(users)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One row of the settings table."""
+
+    name: str
+    kind: str  # "str" | "int" | "float" | "bool" | "list"
+    help: str
+    flag_only: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("node_name", "str", "Node name; names the default data directory and appears in logs."),
+    Setting("listen_address", "str", "Address to listen on. Empty = every interface, IPv4 and IPv6 (as RabbitMQ)."),
+    Setting("port", "int", "AMQP 0-9-1 port. 0 picks a free port (printed at start)."),
+    Setting("data_dir", "str", "Directory for durable definitions and messages. Empty = ./data/<node_name>."),
+    Setting("default_user", "str", "User created at start with full permissions on default_vhost. Empty = none."),
+    Setting("default_pass", "str", "Password of default_user."),
+    Setting("default_vhost", "str", "Virtual host created at start."),
+    Setting("loopback_users", "list", "Users that may only connect from loopback (comma-separated in env/flags)."),
+    Setting("frame_max", "int", "Largest frame offered in connection.tune, bytes (>= 4096)."),
+    Setting("channel_max", "int", "Most channels per connection offered in connection.tune (1..65535)."),
+    Setting("heartbeat_s", "int", "Heartbeat timeout offered in connection.tune, seconds (0 = off)."),
+    Setting("max_message_size_bytes", "int", "Largest message body accepted; bigger publishes close the channel (406)."),
+    Setting("connection_max", "int", "Most concurrent client connections (0 = no limit)."),
+    Setting("handshake_timeout_ms", "int", "Time a client has to finish the AMQP handshake."),
+    Setting("output_buffer_high_bytes", "int", "Per-connection output above which deliveries to it pause."),
+    Setting("output_buffer_low_bytes", "int", "Per-connection output below which deliveries resume."),
+    Setting("write_timeout_ms", "int", "A socket write stuck longer than this closes the connection."),
+    Setting("memory_high_watermark", "float", "Memory alarm threshold as a fraction of total RAM (RabbitMQ: 0.4)."),
+    Setting("memory_high_watermark_bytes", "int", "Absolute memory alarm threshold; overrides the fraction if > 0."),
+    Setting("disk_free_limit_bytes", "int", "Disk alarm when free space on the data dir falls below this."),
+    Setting("resource_probe_interval_ms", "int", "How often memory and disk are probed."),
+    Setting("broker_tick_ms", "int", "Period of the broker timer (message TTL, queue expiry)."),
+    Setting("shutdown_timeout_ms", "int", "Graceful shutdown: time clients get to answer connection.close."),
+    Setting("accept_backoff_ms_max", "int", "Longest pause of accept when file descriptors run out."),
+    Setting("log_level", "str", "debug, info, warning or error."),
+    Setting("test_signal_alarms", "bool", "Testing only: SIGUSR1/SIGUSR2 toggle a forced memory/disk alarm."),
+)
+
+_SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+class ConfigError(ValueError):
+    """A setting has a bad value or an unknown name; the message says which."""
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _parse_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+_FROM_TEXT: dict[str, Callable[[str], Any]] = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": _parse_bool,
+    "list": _parse_list,
+}
+
+
+def _coerce(setting: Setting, value: Any, origin: str) -> Any:
+    """Turn a raw value (text from env/flags, or a TOML value) into the setting's type."""
+    try:
+        if isinstance(value, str):
+            return _FROM_TEXT[setting.kind](value)
+        if setting.kind == "list" and isinstance(value, list):
+            return tuple(str(v) for v in value)
+        if setting.kind == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if setting.kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if setting.kind == "bool" and isinstance(value, bool):
+            return value
+    except ValueError as exc:
+        raise ConfigError(f"{origin}: {setting.name}: {exc}") from None
+    raise ConfigError(f"{origin}: {setting.name}: expected {setting.kind}, got {value!r}")
+
+
+def _users_from_toml(raw: Any, origin: str) -> tuple[BootstrapUser, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"{origin}: users must be an array of tables ([[users]])")
+    users = []
+    for entry in raw:
+        if not isinstance(entry, dict) or "name" not in entry or "password" not in entry:
+            raise ConfigError(f"{origin}: each [[users]] needs name and password")
+        tags = tuple(str(t) for t in entry.get("tags", ()))
+        users.append(BootstrapUser(
+            str(entry["name"]), str(entry["password"]), tags, str(entry.get("vhost", "/")),
+            str(entry.get("configure", ".*")), str(entry.get("write", ".*")), str(entry.get("read", ".*")),
+        ))
+    return tuple(users)
+
+
+def values_from_toml(path: Path) -> dict[str, Any]:
+    """Read a TOML file: top-level keys are setting names; `[[users]]` tables add users."""
+    try:
+        with path.open("rb") as handle:
+            raw = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "users":
+            values["extra_users"] = _users_from_toml(value, str(path))
+            continue
+        setting = _SETTINGS_BY_NAME.get(key)
+        if setting is None:
+            raise ConfigError(f"{path}: unknown setting {key!r}")
+        values[key] = _coerce(setting, value, str(path))
+    return values
+
+
+def values_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """RAFTMQ_<SETTING> variables; unknown RAFTMQ_ names are ignored except RAFTMQ_CONFIG_FILE."""
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        name = ENV_PREFIX + setting.name.upper()
+        if name in environ:
+            values[setting.name] = _coerce(setting, environ[name], f"${name}")
+    return values
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raftmq node", description="Run one raftmq broker node.")
+    parser.add_argument("--config", "-c", help="TOML configuration file (or $RAFTMQ_CONFIG_FILE)")
+    parser.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
+    for setting in SETTINGS:
+        flag = "--" + setting.name.replace("_", "-")
+        parser.add_argument(flag, dest=setting.name, default=None, help=setting.help)
+    return parser
+
+
+def values_from_flags(namespace: argparse.Namespace) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        raw = getattr(namespace, setting.name)
+        if raw is not None:
+            values[setting.name] = _coerce(setting, raw, "--" + setting.name.replace("_", "-"))
+    return values
+
+
+def validate(config: NodeConfig) -> NodeConfig:
+    """Check ranges; raise ConfigError naming the first bad setting."""
+    checks: list[tuple[bool, str]] = [
+        (0 <= config.port <= 65535, "port must be 0..65535"),
+        (config.frame_max >= 4096, "frame_max must be >= 4096"),
+        (1 <= config.channel_max <= 65535, "channel_max must be 1..65535"),
+        (0 <= config.heartbeat_s <= 65535, "heartbeat_s must be 0..65535"),
+        (0 < config.max_message_size_bytes <= 512 * MIB, "max_message_size_bytes must be 1..536870912"),
+        (config.connection_max >= 0, "connection_max must be >= 0"),
+        (config.handshake_timeout_ms > 0, "handshake_timeout_ms must be > 0"),
+        (0 < config.output_buffer_low_bytes < config.output_buffer_high_bytes,
+         "need 0 < output_buffer_low_bytes < output_buffer_high_bytes"),
+        (config.write_timeout_ms > 0, "write_timeout_ms must be > 0"),
+        (0.0 <= config.memory_high_watermark <= 1.0, "memory_high_watermark must be 0..1"),
+        (config.memory_high_watermark_bytes >= 0, "memory_high_watermark_bytes must be >= 0"),
+        (config.disk_free_limit_bytes >= 0, "disk_free_limit_bytes must be >= 0"),
+        (config.resource_probe_interval_ms > 0, "resource_probe_interval_ms must be > 0"),
+        (config.broker_tick_ms > 0, "broker_tick_ms must be > 0"),
+        (config.shutdown_timeout_ms >= 0, "shutdown_timeout_ms must be >= 0"),
+        (config.accept_backoff_ms_max > 0, "accept_backoff_ms_max must be > 0"),
+        (config.log_level in ("debug", "info", "warning", "error"), "log_level must be debug|info|warning|error"),
+        (bool(config.node_name), "node_name must not be empty"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    return config
+
+
+def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[NodeConfig, argparse.Namespace]:
+    """Build the effective configuration: defaults < file < environment < flags."""
+    env = os.environ if environ is None else environ
+    namespace = build_arg_parser().parse_args(list(argv))
+    config_path = namespace.config or env.get(ENV_PREFIX + "CONFIG_FILE")
+    values: dict[str, Any] = {}
+    if config_path:
+        values.update(values_from_toml(Path(config_path)))
+    values.update(values_from_env(env))
+    values.update(values_from_flags(namespace))
+    return validate(dataclasses.replace(NodeConfig(), **values)), namespace
+
+
+def describe(config: NodeConfig) -> str:
+    """The effective configuration as TOML-ish text (passwords hidden)."""
+    lines = []
+    for setting in SETTINGS:
+        value = getattr(config, setting.name)
+        if setting.name == "default_pass":
+            value = "********"
+        lines.append(f"{setting.name} = {value!r}")
+    return "\n".join(lines)
+
+
+def reference_table() -> str:
+    """The markdown table of docs/configuration.md (kept in sync by a test)."""
+    defaults = NodeConfig()
+    rows = ["| setting | environment | flag | type | default | meaning |", "| --- | --- | --- | --- | --- | --- |"]
+    for s in SETTINGS:
+        default = getattr(defaults, s.name)
+        shown = ",".join(default) if isinstance(default, tuple) else str(default)
+        shown = f"`{shown}`" if shown else "(empty)"
+        rows.append(
+            f"| `{s.name}` | `{ENV_PREFIX}{s.name.upper()}` | `--{s.name.replace('_', '-')}` | {s.kind} "
+            f"| {shown} | {s.help} |"
+        )
+    return "\n".join(rows)

@@ -1,0 +1,415 @@
+"""The trio server of one node: listeners, one task tree per connection, node timers and graceful shutdown.
+
+Nursery tree (after hypercorn): `serve` opens the node nursery with the signal watcher, the broker timer, the
+resource probe and the storage commit loop; inside it the server nursery holds the accept loop and a handler
+nursery with one child nursery per connection (a reader task and a writer task).
+
+The reader owns its connection's protocol core (`ServerConnection`): it reads under a deadline taken from the
+core's `next_deadline_ms` (heartbeats) or the handshake timeout, feeds `receive_data`, and calls `dispatch`. The
+writer drains the bytes `dispatch` collected and writes them under a lock with a shielded, time-bounded
+`send_all`, so cancellation never leaves half a frame on the wire. `dispatch` is the only place events meet the
+broker: it passes each event to `Broker.handle` and carries out the returned effects on the connection named by
+their `conn_id` (which may be another connection: deliveries), repeating until no connection has events left.
+All of this runs on the trio thread, so the broker needs no locks. Output per connection is bounded: above
+`output_buffer_high_bytes` the broker is told the connection is not writable (it stops delivering to it) and
+below `output_buffer_low_bytes` it is told again that it is.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import signal
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from node.amqp.connection import ConnectionLimits, ServerConnection, reply_text
+from node.amqp.events import ConnectionClosed, ConnectionOpened
+from node.amqp.methods import BasicAck, BasicDeliver
+from node.amqp.spec import ReplyCode
+from node.broker.effects import (
+    Block,
+    CloseChannel,
+    CloseConnection,
+    Persist,
+    Send,
+    SendContent,
+    Unblock,
+)
+from node.runtime.config import NodeConfig
+from node.runtime.probes import ResourceProbe
+from node.runtime.store import Store
+
+log = logging.getLogger("raftmq.node")
+
+RECEIVE_SIZE_BYTES = 256 * 1024
+DISPATCH_ROUNDS_MAX = 100_000  # events+effects cascades longer than this indicate a bug; stop and log
+BROKER_TICK_MS_MAX = 1_000
+SHUTDOWN_REPLY_TEXT = "broker forced connection closure with reason 'shutdown'"
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+
+
+def wall_ms() -> int:
+    """Wall-clock milliseconds: the broker's time base (message TTLs and timestamps survive restarts)."""
+    return int(time.time() * 1000)
+
+
+def mono_ms() -> int:
+    """trio's monotonic clock in milliseconds: the time base of the protocol cores (heartbeats)."""
+    return int(trio.current_time() * 1000)
+
+
+@dataclass(eq=False, slots=True)
+class Connection:
+    """Runtime state of one client connection; only the trio thread touches it."""
+
+    conn_id: int
+    stream: trio.SocketStream
+    core: ServerConnection
+    opened_ms: int
+    output: deque[bytes] = field(default_factory=deque)
+    output_bytes: int = 0
+    writable: bool = True
+    opened: bool = False
+    finished: bool = False
+    broker_told_closed: bool = False
+    output_ready: trio.Event = field(default_factory=trio.Event)
+    send_lock: trio.Lock = field(default_factory=trio.Lock)
+    cancel_scope: trio.CancelScope | None = None
+
+
+def _is_loopback(host: str) -> bool:
+    return host.startswith("127.") or host in ("::1", "localhost") or host.startswith("::ffff:127.")
+
+
+def _peer_host(stream: trio.SocketStream) -> str:
+    try:
+        peer = stream.socket.getpeername()
+    except OSError:
+        return ""
+    return str(peer[0]) if isinstance(peer, tuple) else str(peer)
+
+
+class Node:
+    """One broker node: owns the broker, the store and every live connection."""
+
+    def __init__(self, config: NodeConfig, broker: Any, store: Store, probe: ResourceProbe) -> None:
+        self.config = config
+        self.broker = broker
+        self.store = store
+        self.probe = probe
+        self.limits = ConnectionLimits(
+            frame_max=config.frame_max,
+            channel_max=config.channel_max,
+            heartbeat_s=config.heartbeat_s,
+            max_message_size=config.max_message_size_bytes,
+            handshake_timeout_ms=config.handshake_timeout_ms,
+        )
+        self.connections: dict[int, Connection] = {}
+        self.next_conn_id = 1
+        self.listeners: list[trio.SocketListener] = []
+        self.bound_ports: list[int] = []
+        self.ready = trio.Event()
+        self.shutting_down = False
+        self.all_closed = trio.Event()
+        self._dirty: deque[Connection] = deque()
+        self._server_scope: trio.CancelScope | None = None
+
+    # ----------------------------------------------------------------------------------------- dispatch
+    def dispatch(self, effects: Iterable[Any] = ()) -> None:
+        """Carry out effects, then hand every pending event of every touched connection to the broker."""
+        self.apply_effects(effects)
+        rounds = 0
+        while self._dirty:
+            rounds += 1
+            if rounds > DISPATCH_ROUNDS_MAX:
+                log.error("dispatch: cascade longer than %d rounds; stopping", DISPATCH_ROUNDS_MAX)
+                self._dirty.clear()
+                return
+            conn = self._dirty.popleft()
+            self._pump(conn)
+
+    def _pump(self, conn: Connection) -> None:
+        events = conn.core.next_events()
+        if events:
+            now = wall_ms()
+            for event in events:
+                if isinstance(event, ConnectionOpened):
+                    conn.opened = True
+                elif isinstance(event, ConnectionClosed):
+                    conn.finished = True
+                    conn.broker_told_closed = True
+                self.apply_effects(self.broker.handle(conn.conn_id, event, now))
+        self._collect_output(conn)
+
+    def apply_effects(self, effects: Iterable[Any]) -> None:
+        for effect in effects:
+            if isinstance(effect, Persist):
+                self.store.persist(effect.token, effect.records)
+                continue
+            conn = self.connections.get(effect.conn_id)
+            if conn is None or conn.finished:
+                continue
+            self._apply_to_connection(conn, effect)
+            self._dirty.append(conn)
+
+    def _apply_to_connection(self, conn: Connection, effect: Any) -> None:
+        core = conn.core
+        if isinstance(effect, SendContent):
+            method = effect.method
+            if isinstance(method, BasicDeliver):
+                core.send_deliver(
+                    effect.channel, method.consumer_tag, method.delivery_tag, method.redelivered,
+                    method.exchange, method.routing_key, effect.properties, effect.body,
+                )
+            else:
+                core.send_content(effect.channel, method, effect.properties, effect.body)
+        elif isinstance(effect, Send):
+            method = effect.method
+            if type(method) is BasicAck:
+                core.send_ack(effect.channel, method.delivery_tag, method.multiple)
+            else:
+                core.send_method(effect.channel, method)
+        elif isinstance(effect, CloseChannel):
+            core.close_channel(effect.channel, effect.reply_code, effect.reply_text, effect.class_id,
+                               effect.method_id)
+        elif isinstance(effect, CloseConnection):
+            core.close_connection(effect.reply_code, effect.reply_text, effect.class_id, effect.method_id)
+        elif isinstance(effect, Block):
+            core.block(effect.reason)
+        elif isinstance(effect, Unblock):
+            core.unblock()
+        else:
+            log.error("unknown effect %r", effect)
+
+    def _collect_output(self, conn: Connection) -> None:
+        data = conn.core.data_to_send()
+        if not data:
+            return
+        conn.output.append(data)
+        conn.output_bytes += len(data)
+        conn.output_ready.set()
+        if conn.writable and conn.output_bytes > self.config.output_buffer_high_bytes:
+            conn.writable = False
+            self._set_writable(conn, False)
+
+    def _set_writable(self, conn: Connection, writable: bool) -> None:
+        set_writable = getattr(self.broker, "set_writable", None)
+        if set_writable is not None:
+            self.apply_effects(set_writable(conn.conn_id, writable) or ())
+
+    # ------------------------------------------------------------------------------------- connections
+    async def handle_connection(self, stream: trio.SocketStream) -> None:
+        conn_id = self.next_conn_id
+        self.next_conn_id += 1
+        host = _peer_host(stream)
+        core = ServerConnection(self.broker.authenticator_for(conn_id), self.limits, mono_ms())
+        conn = Connection(conn_id, stream, core, mono_ms())
+        self.connections[conn_id] = conn
+        self.broker.open_connection(conn_id, host, _is_loopback(host))
+        try:
+            async with trio.open_nursery() as nursery:
+                conn.cancel_scope = nursery.cancel_scope
+                nursery.start_soon(self._writer, conn)
+                await self._reader(conn)
+                conn.finished = True
+                conn.output_ready.set()
+        finally:
+            self._forget(conn)
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await stream.aclose()
+
+    def _forget(self, conn: Connection) -> None:
+        conn.finished = True
+        if not conn.broker_told_closed:
+            conn.broker_told_closed = True
+            closed = ConnectionClosed(reply_code=int(ReplyCode.CONNECTION_FORCED), reply_text="connection lost")
+            self.apply_effects(self.broker.handle(conn.conn_id, closed, wall_ms()))
+            self.dispatch()
+        self.connections.pop(conn.conn_id, None)
+        if self.shutting_down and not self.connections:
+            self.all_closed.set()
+
+    def _read_timeout_s(self, conn: Connection) -> float:
+        """Reads wait at most until the core's next deadline (heartbeats, handshake, close-ok)."""
+        deadline = conn.core.next_deadline_ms()
+        if deadline is None:
+            return float("inf")
+        return max(0, deadline - mono_ms()) / 1000.0
+
+    async def _reader(self, conn: Connection) -> None:
+        stream = conn.stream
+        while not conn.finished:
+            data = None
+            with trio.move_on_after(self._read_timeout_s(conn)):
+                try:
+                    data = await stream.receive_some(RECEIVE_SIZE_BYTES)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    return
+                if not data:
+                    return  # peer closed
+            if data is None:
+                conn.core.tick(mono_ms())
+            else:
+                conn.core.receive_data(data, mono_ms())
+            self._dirty.append(conn)
+            self.dispatch()
+        await self._wait_flushed(conn)
+
+    async def _wait_flushed(self, conn: Connection) -> None:
+        """After ConnectionClosed: give the writer a bounded time to flush close/close-ok."""
+        with trio.move_on_after(self.config.write_timeout_ms / 1000):
+            while conn.output:
+                await trio.sleep(0.005)
+
+    async def _writer(self, conn: Connection) -> None:
+        write_timeout_s = self.config.write_timeout_ms / 1000
+        while True:
+            await conn.output_ready.wait()
+            conn.output_ready = trio.Event()
+            while conn.output:
+                data = b"".join(conn.output) if len(conn.output) > 1 else conn.output[0]
+                conn.output.clear()
+                ok = await self._send(conn, data, write_timeout_s)
+                if not ok:
+                    if conn.cancel_scope is not None:
+                        conn.cancel_scope.cancel()
+                    return
+                conn.output_bytes = max(0, conn.output_bytes - len(data))
+                if conn.output_bytes <= self.config.output_buffer_low_bytes and not conn.finished:
+                    # Also after every flush: the broker tops up its consumers' delivery credit here.
+                    conn.writable = True
+                    self._set_writable(conn, True)
+                    self.dispatch()
+            if conn.finished and not conn.output:
+                return
+
+    async def _send(self, conn: Connection, data: bytes, timeout_s: float) -> bool:
+        """Write all of `data` or fail; shielded so a cancellation never cuts a frame in half."""
+        sent = False
+        async with conn.send_lock:
+            with trio.CancelScope(shield=True), trio.move_on_after(timeout_s):
+                try:
+                    await conn.stream.send_all(data)
+                    sent = True
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+        return sent
+
+    # ---------------------------------------------------------------------------------------- listeners
+    async def _accept_loop(self, listener: trio.SocketListener, handlers: trio.Nursery) -> None:
+        backoff_ms = 10
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno in ACCEPT_CAPACITY_ERRNOS:
+                    log.warning("accept: %s; backing off %d ms", exc, backoff_ms)
+                    await trio.sleep(backoff_ms / 1000)
+                    backoff_ms = min(backoff_ms * 2, self.config.accept_backoff_ms_max)
+                    continue
+                raise
+            backoff_ms = 10
+            if self.config.connection_max and len(self.connections) >= self.config.connection_max:
+                log.warning("connection_max %d reached; refusing a connection", self.config.connection_max)
+                await stream.aclose()
+                continue
+            handlers.start_soon(self.handle_connection, stream)
+
+    async def serve_connections(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        host = self.config.listen_address or None
+        self.listeners = await trio.open_tcp_listeners(self.config.port, host=host)
+        self.bound_ports = sorted({listener.socket.getsockname()[1] for listener in self.listeners})
+        async with trio.open_nursery() as handlers:
+            with trio.CancelScope() as accept_scope:
+                self._server_scope = accept_scope
+                async with trio.open_nursery() as acceptors:
+                    for listener in self.listeners:
+                        acceptors.start_soon(self._accept_loop, listener, handlers)
+                    self.ready.set()
+                    task_status.started(self.bound_ports)
+            for listener in self.listeners:
+                await listener.aclose()
+            await self._close_all_connections()
+            handlers.cancel_scope.cancel()
+
+    async def _close_all_connections(self) -> None:
+        """Shutdown: close every connection with 320 and wait (bounded) for the clients to answer."""
+        self.shutting_down = True
+        if not self.connections:
+            self.all_closed.set()
+        for conn in list(self.connections.values()):
+            if not conn.finished:
+                conn.core.close_connection(
+                    int(ReplyCode.CONNECTION_FORCED), reply_text(ReplyCode.CONNECTION_FORCED, SHUTDOWN_REPLY_TEXT))
+                self._dirty.append(conn)
+        self.dispatch()
+        with trio.move_on_after(self.config.shutdown_timeout_ms / 1000):
+            await self.all_closed.wait()
+
+    def stop_accepting(self) -> None:
+        if self._server_scope is not None:
+            self._server_scope.cancel()
+
+    # ------------------------------------------------------------------------------------------ timers
+    async def broker_timer(self) -> None:
+        """Tick the broker when its next deadline (TTL, x-expires) is due, and at least once a second."""
+        period_s = self.config.broker_tick_ms / 1000
+        last_tick_ms = wall_ms()
+        while True:
+            await trio.sleep(period_s)
+            now = wall_ms()
+            deadline = self.broker.next_deadline_ms()
+            if (deadline is not None and deadline <= now) or now - last_tick_ms >= BROKER_TICK_MS_MAX:
+                last_tick_ms = now
+                self.dispatch(self.broker.tick(now))
+
+    async def resource_watch(self) -> None:
+        period_s = self.config.resource_probe_interval_ms / 1000
+        while True:
+            for kind, active in self.probe.changes():
+                log.warning("alarm %s %s", kind, "set" if active else "cleared")
+                self.dispatch(self.broker.set_alarm(kind, active))
+            with trio.move_on_after(period_s):
+                await self.probe.wait_forced_change()
+
+    async def watch_signals(self, stop: trio.Event) -> None:
+        wanted = {signal.SIGTERM, signal.SIGINT}
+        if self.config.test_signal_alarms:
+            wanted |= {signal.SIGUSR1, signal.SIGUSR2}
+        with trio.open_signal_receiver(*wanted) as signals:
+            async for signum in signals:
+                if signum == signal.SIGUSR1:
+                    self.probe.toggle_forced("memory")
+                elif signum == signal.SIGUSR2:
+                    self.probe.toggle_forced("disk")
+                else:
+                    log.info("signal %s: shutting down", signal.Signals(signum).name)
+                    stop.set()
+                    return
+
+
+async def run_node(node: Node, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Run the node until SIGTERM/SIGINT (or `node.stop_accepting()`), then shut down gracefully."""
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(node.watch_signals, stop)
+        nursery.start_soon(node.broker_timer)
+        nursery.start_soon(node.resource_watch)
+        nursery.start_soon(node.store.commit_loop, node)
+        async with trio.open_nursery() as server_nursery:
+            ports = await server_nursery.start(node.serve_connections)
+            task_status.started(ports)
+            server_nursery.start_soon(_stop_when, stop, node)
+        await node.store.flush()
+        nursery.cancel_scope.cancel()
+
+
+async def _stop_when(stop: trio.Event, node: Node) -> None:
+    await stop.wait()
+    node.stop_accepting()
