@@ -334,11 +334,11 @@ def delete_queue(broker: Broker, queue: QueueState) -> None:
     vhost = broker.vhosts.get(queue.vhost)
     if vhost is None or vhost.queues.get(queue.name) is not queue:
         return
+    for binding in vhost.bindings_to(Dest("queue", queue.name)):
+        _forget_binding(broker, vhost, binding)
     del vhost.queues[queue.name]
     vhost.invalidate()
     delivery.cancel_queue_consumers(broker, queue)
-    for binding in vhost.bindings_to(Dest("queue", queue.name)):
-        _forget_binding(broker, vhost, binding)
     if queue.stored:
         broker.persist((QueueRecord(queue.vhost, queue.name, deleted=True),))
 
