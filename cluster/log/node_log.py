@@ -51,17 +51,12 @@ class LogConfig:
     index_interval_bytes: int = 4096
     wal_size_bytes_max: int = 256 * 1024 * 1024
     append_buffer_bytes_max: int = 16 * 1024 * 1024
-    open_files_max: int = 512
+    open_files_max: int = 1024  # cached descriptors of segment .log files (index files are opened briefly)
 
 
-@dataclass(frozen=True, slots=True)
-class _Op:
-    kind: fmt.WalKind
-    stream: str
-    offset: int
-    timestamp_ms: int
-    payload: bytes
-    sequence: int
+# A queued operation: (kind, stream, offset, timestamp_ms, payload, sequence).  A plain tuple: this is the hot path.
+_Op = tuple[fmt.WalKind, str, int, int, bytes, int]
+REPLAY_RUN_BYTES_MAX = 8 * 1024 * 1024  # replay writes segments in runs of at most this much
 
 
 @dataclass(slots=True)
@@ -109,27 +104,41 @@ class NodeLog:
                 remove_directory(path)
                 continue
             self._files[stream.name] = stream
-        for frame in replay(self.directory / WAL_DIRECTORY):
-            self._replay_frame(frame)
+        self._replay_wal()
         for name, files in self._files.items():
             self._states[name] = _StreamState(files.end_offset, files.snapshot_offset, has_data=True)
         self._wal = WalWriter(self.directory / WAL_DIRECTORY)
         self._checkpoint_locked()
 
-    def _replay_frame(self, frame: fmt.WalFrame) -> None:
-        files = self._files.get(frame.stream)
-        if frame.kind == fmt.WalKind.TRUNCATE:
-            if files is not None:
-                files.truncate_after(frame.offset, self._handles)
-            return
-        if frame.kind != fmt.WalKind.APPEND:
-            return
-        if files is None:
-            files = self._files[frame.stream] = StreamFiles.create(self._streams_root, frame.stream)
-        if frame.offset < files.end_offset:
-            return  # already in the segment (or behind the snapshot)
-        files.write_records([(frame.offset, frame.timestamp_ms, frame.payload)], self._handles,
-                            self.config.segment_size_bytes_max, self.config.index_interval_bytes)
+    def _replay_wal(self) -> None:
+        """Re-apply the WAL onto the segments: appends already there are skipped, truncations redone."""
+        runs: dict[str, list[tuple[int, int, bytes]]] = {}
+        run_bytes = 0
+        for frame in replay(self.directory / WAL_DIRECTORY):
+            files = self._files.get(frame.stream)
+            if frame.kind == fmt.WalKind.TRUNCATE:
+                if files is not None:
+                    self._write_run(files, runs.pop(frame.stream, []))
+                    files.truncate_after(frame.offset, self._handles)
+                continue
+            if frame.kind != fmt.WalKind.APPEND:
+                continue
+            if files is None:
+                files = self._files[frame.stream] = StreamFiles.create(self._streams_root, frame.stream, False)
+            run = runs.setdefault(frame.stream, [])
+            if frame.offset < (run[-1][0] + 1 if run else files.end_offset):
+                continue  # already in the segment (or behind the snapshot)
+            run.append((frame.offset, frame.timestamp_ms, frame.payload))
+            run_bytes += len(frame.payload)
+            if run_bytes > REPLAY_RUN_BYTES_MAX:
+                self._write_runs(runs)
+                run_bytes = 0
+        self._write_runs(runs)
+
+    def _write_runs(self, runs: dict[str, list[tuple[int, int, bytes]]]) -> None:
+        for stream, run in runs.items():
+            self._write_run(self._files[stream], run)
+        runs.clear()
 
     # --- the hot path ----------------------------------------------------------------------------------------
 
@@ -163,7 +172,7 @@ class NodeLog:
         self._sequence += 1
         if kind == fmt.WalKind.APPEND:
             state.unwritten[offset] = (self._sequence, payload)
-        self._pending.append(_Op(kind, stream, offset, timestamp_ms, payload, self._sequence))
+        self._pending.append((kind, stream, offset, timestamp_ms, payload, self._sequence))
         self._pending_bytes += len(payload) + OP_OVERHEAD_BYTES
 
     def _fail(self, error: OSError) -> NoReturn:
@@ -202,12 +211,12 @@ class NodeLog:
             assert self._wal is not None
             try:
                 self._wal.write(b"".join(
-                    fmt.encode_wal_frame(op.kind, op.stream, op.offset, op.timestamp_ms, op.payload)
-                    for op in batch))
+                    fmt.encode_wal_frame(kind, stream, offset, timestamp_ms, payload)
+                    for kind, stream, offset, timestamp_ms, payload, _ in batch))
             except DiskFullError:
                 with self._lock:
                     self._pending[:0] = batch
-                    self._pending_bytes += sum(len(op.payload) + OP_OVERHEAD_BYTES for op in batch)
+                    self._pending_bytes += sum(len(op[4]) + OP_OVERHEAD_BYTES for op in batch)
                 raise
             except OSError as error:
                 self._fail(error)
@@ -220,19 +229,19 @@ class NodeLog:
     def _apply_to_segments(self, batch: list[_Op]) -> None:
         by_stream: dict[str, list[_Op]] = {}
         for op in batch:
-            by_stream.setdefault(op.stream, []).append(op)
+            by_stream.setdefault(op[1], []).append(op)
         for stream, ops in by_stream.items():
             files = self._files.get(stream)
             if files is None:
-                files = self._files[stream] = StreamFiles.create(self._streams_root, stream)
+                files = self._files[stream] = StreamFiles.create(self._streams_root, stream, False)
             run: list[tuple[int, int, bytes]] = []
-            for op in ops:
-                if op.kind == fmt.WalKind.APPEND:
-                    run.append((op.offset, op.timestamp_ms, op.payload))
+            for kind, _, offset, timestamp_ms, payload, _ in ops:
+                if kind == fmt.WalKind.APPEND:
+                    run.append((offset, timestamp_ms, payload))
                     continue
                 self._write_run(files, run)
                 run = []
-                files.truncate_after(op.offset, self._handles)
+                files.truncate_after(offset, self._handles)
             self._write_run(files, run)
 
     def _write_run(self, files: StreamFiles, run: list[tuple[int, int, bytes]]) -> None:
@@ -242,15 +251,15 @@ class NodeLog:
 
     def _forget_written(self, batch: list[_Op]) -> None:
         with self._lock:
-            for op in batch:
-                if op.kind != fmt.WalKind.APPEND:
+            for kind, stream, offset, _, _, sequence in batch:
+                if kind != fmt.WalKind.APPEND:
                     continue
-                state = self._states.get(op.stream)
+                state = self._states.get(stream)
                 if state is None:
                     continue
-                entry = state.unwritten.get(op.offset)
-                if entry is not None and entry[0] == op.sequence:
-                    del state.unwritten[op.offset]
+                entry = state.unwritten.get(offset)
+                if entry is not None and entry[0] == sequence:
+                    del state.unwritten[offset]
 
     def checkpoint(self) -> None:
         """fsync every dirty segment, then drop the WAL (everything in it is now durable in segments)."""
@@ -297,7 +306,7 @@ class NodeLog:
                 stream_state.next_offset = max(stream_state.next_offset, offset + 1)
             files = self._files.get(stream)
             if files is None:
-                files = self._files[stream] = StreamFiles.create(self._streams_root, stream)
+                files = self._files[stream] = StreamFiles.create(self._streams_root, stream, True)
             files.install_snapshot(offset, state, self._handles)
 
     def delete_stream(self, stream: str) -> None:

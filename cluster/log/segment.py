@@ -43,10 +43,25 @@ def stream_directory_name(stream: str) -> str:
     return hashlib.sha256(stream.encode()).hexdigest()[:32]
 
 
-def fsync_directory(path: pathlib.Path) -> None:
+def fsync_path(path: pathlib.Path) -> None:
+    """fsync a file or directory through a short-lived descriptor."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+fsync_directory = fsync_path
+
+
+def append_to_file(path: pathlib.Path, data: bytes) -> None:
+    """Append through a short-lived descriptor (index files: one small write per ``index_interval_bytes``)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
 
@@ -121,20 +136,21 @@ def pwrite_all(fd: int, data: bytes, position: int) -> None:
 class Segment:
     base_offset: int
     log_path: pathlib.Path
+    index_path: pathlib.Path
+    time_index_path: pathlib.Path
     size_bytes: int = 0
     next_offset: int = 0
     max_timestamp_ms: int = -(2**63)
     index: list[tuple[int, int]] = field(default_factory=list)
     time_index: list[tuple[int, int]] = field(default_factory=list)
     last_indexed_position: int = 0
+    dirty: bool = False  # written since its last fsync
 
-    @property
-    def index_path(self) -> pathlib.Path:
-        return self.log_path.with_suffix(".index")
-
-    @property
-    def time_index_path(self) -> pathlib.Path:
-        return self.log_path.with_suffix(".timeindex")
+    @classmethod
+    def at(cls, directory: pathlib.Path, base_offset: int) -> Segment:
+        return cls(base_offset, directory / fmt.segment_file_name(base_offset, ".log"),
+                   directory / fmt.segment_file_name(base_offset, ".index"),
+                   directory / fmt.segment_file_name(base_offset, ".timeindex"), next_offset=base_offset)
 
     @property
     def paths(self) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
@@ -180,17 +196,24 @@ class StreamFiles:
         self.directory = directory
         self.segments: list[Segment] = []
         self.snapshot_offset = -1
-        self.dirty_paths: set[pathlib.Path] = set()
+        self.directory_dirty = False  # entries created or removed since the directory's last fsync
+        self.new_directory = False  # the stream directory itself (and its name file) not yet fsynced
 
     # --- opening ---------------------------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, root: pathlib.Path, name: str) -> StreamFiles:
+    def create(cls, root: pathlib.Path, name: str, durable: bool) -> StreamFiles:
+        """A new stream directory.  Not durable (the WAL covers it) unless asked: ``sync`` makes it so."""
         directory = root / stream_directory_name(name)
         directory.mkdir(parents=True, exist_ok=True)
-        write_file_durably(directory / NAME_FILE, name.encode())
-        fsync_directory(root)
-        return cls(name, directory)
+        stream = cls(name, directory)
+        if durable:
+            write_file_durably(directory / NAME_FILE, name.encode())
+            fsync_directory(root)
+        else:
+            (directory / NAME_FILE).write_bytes(name.encode())
+            stream.new_directory = stream.directory_dirty = True
+        return stream
 
     @classmethod
     def load(cls, directory: pathlib.Path, index_interval_bytes: int) -> StreamFiles | None:
@@ -199,6 +222,8 @@ class StreamFiles:
             name = (directory / NAME_FILE).read_bytes().decode()
         except (FileNotFoundError, UnicodeDecodeError):
             return None
+        if stream_directory_name(name) != directory.name:
+            return None  # a torn name file: the stream was never checkpointed, the WAL holds all of it
         stream = cls(name, directory)
         snapshot = stream.read_snapshot()
         stream.snapshot_offset = snapshot[0] if snapshot else -1
@@ -214,7 +239,7 @@ class StreamFiles:
         return stream
 
     def _load_segment(self, base: int, index_interval_bytes: int, scan_fully: bool) -> Segment:
-        segment = Segment(base, self.directory / fmt.segment_file_name(base, ".log"), next_offset=base)
+        segment = Segment.at(self.directory, base)
         file_size = segment.log_path.stat().st_size
         index = None
         if not scan_fully and segment.index_path.exists():
@@ -240,7 +265,8 @@ class StreamFiles:
         return segment
 
     def _rebuild_segment(self, segment: Segment, index_interval_bytes: int) -> None:
-        """Scan the whole segment, drop a torn/corrupt tail and rewrite both indexes."""
+        """Scan the whole segment, drop a torn/corrupt tail and rewrite both indexes (when they differ)."""
+        file_size = segment.log_path.stat().st_size
         segment.index, segment.time_index = [], []
         segment.size_bytes, segment.next_offset, segment.last_indexed_position = 0, segment.base_offset, 0
         segment.max_timestamp_ms = -(2**63)
@@ -250,11 +276,15 @@ class StreamFiles:
             self._note_record(segment, record.offset, record.timestamp_ms, record.position, index_interval_bytes)
             segment.size_bytes = record.position + record.size_bytes
             segment.next_offset = record.offset + 1
-        os.truncate(segment.log_path, segment.size_bytes)
-        segment.index_path.write_bytes(b"".join(fmt.encode_index_entry(r, p) for r, p in segment.index))
-        segment.time_index_path.write_bytes(
-            b"".join(fmt.encode_time_index_entry(t, r) for t, r in segment.time_index))
-        self.dirty_paths.update(segment.paths)
+        if segment.size_bytes != file_size:
+            os.truncate(segment.log_path, segment.size_bytes)
+            segment.dirty = True
+        index_bytes = b"".join(fmt.encode_index_entry(r, p) for r, p in segment.index)
+        time_bytes = b"".join(fmt.encode_time_index_entry(t, r) for t, r in segment.time_index)
+        for path, data in ((segment.index_path, index_bytes), (segment.time_index_path, time_bytes)):
+            if not path.exists() or path.read_bytes() != data:
+                path.write_bytes(data)
+                segment.dirty = self.directory_dirty = True
 
     @staticmethod
     def _note_record(segment: Segment, offset: int, timestamp_ms: int, position: int,
@@ -331,41 +361,43 @@ class StreamFiles:
         try:
             pwrite_all(handles.get(segment.log_path), b"".join(pending), start_size)
             if pending_index:
-                index_fd = handles.get(segment.index_path)
-                pwrite_all(index_fd, b"".join(pending_index), os.fstat(index_fd).st_size)
-                time_fd = handles.get(segment.time_index_path)
-                pwrite_all(time_fd, b"".join(pending_time), os.fstat(time_fd).st_size)
+                append_to_file(segment.index_path, b"".join(pending_index))
+                append_to_file(segment.time_index_path, b"".join(pending_time))
         except OSError as error:
             os.truncate(segment.log_path, start_size)
             raise_disk_full_or(error)
-        self.dirty_paths.update(segment.paths)
+        segment.dirty = True
 
     def _new_segment(self, base_offset: int) -> Segment:
-        segment = Segment(base_offset, self.directory / fmt.segment_file_name(base_offset, ".log"),
-                          next_offset=base_offset)
+        segment = Segment.at(self.directory, base_offset)
         for path in segment.paths:
             path.open("wb").close()
         self.segments.append(segment)
-        self.dirty_paths.update(segment.paths)
-        self.dirty_paths.add(self.directory)
+        segment.dirty = self.directory_dirty = True
         return segment
 
     def _seal(self, segment: Segment, handles: FileHandles) -> None:
-        for path in segment.paths:
-            os.fsync(handles.get(path))
-            handles.forget(path)
-            self.dirty_paths.discard(path)
+        os.fsync(handles.get(segment.log_path))
+        handles.forget(segment.log_path)
+        fsync_path(segment.index_path)
+        fsync_path(segment.time_index_path)
+        segment.dirty = False
 
     def sync(self, handles: FileHandles) -> None:
-        """fsync every file written since the last sync (the WAL checkpoint calls this)."""
-        for path in sorted(self.dirty_paths):
-            if path == self.directory:
-                continue
-            if path.exists():
-                os.fsync(handles.get(path))
-        if self.directory in self.dirty_paths:
+        """fsync every file and directory written since the last sync (the WAL checkpoint calls this)."""
+        for segment in self.segments:
+            if segment.dirty:
+                os.fsync(handles.get(segment.log_path))
+                fsync_path(segment.index_path)
+                fsync_path(segment.time_index_path)
+                segment.dirty = False
+        if self.new_directory:
+            fsync_path(self.directory / NAME_FILE)
+        if self.directory_dirty:
             fsync_directory(self.directory)
-        self.dirty_paths.clear()
+        if self.new_directory:
+            fsync_directory(self.directory.parent)
+        self.directory_dirty = self.new_directory = False
 
     def truncate_after(self, offset: int, handles: FileHandles) -> None:
         """Drop every record with an offset > ``offset``."""
@@ -387,10 +419,12 @@ class StreamFiles:
             handles.forget(path)
             encoder = fmt.encode_index_entry if path == segment.index_path else fmt.encode_time_index_entry
             path.write_bytes(b"".join(encoder(a, b) for a, b in entries))
-        self.dirty_paths.update(segment.paths)
+        segment.dirty = True
 
     def install_snapshot(self, offset: int, state: bytes, handles: FileHandles) -> None:
         """Durably replace the snapshot, then delete the segments wholly at or behind ``offset``."""
+        if self.new_directory:
+            self.sync(handles)  # the snapshot must not sit in a directory a crash could lose
         write_file_durably(self.directory / SNAPSHOT_FILE, fmt.encode_snapshot(offset, state))
         self.snapshot_offset = max(self.snapshot_offset, offset)
         self.delete_segments_through(self.snapshot_offset, handles)
@@ -405,8 +439,7 @@ class StreamFiles:
             if handles is not None:
                 handles.forget(path)
             path.unlink(missing_ok=True)
-            self.dirty_paths.discard(path)
-        self.dirty_paths.add(self.directory)
+        self.directory_dirty = True
 
     def delete(self, handles: FileHandles) -> None:
         """Remove the stream: the name file goes first, so a crash half-way leaves a directory ``load`` ignores."""
@@ -417,7 +450,7 @@ class StreamFiles:
         self.segments.clear()
         remove_directory(self.directory)
         fsync_directory(self.directory.parent)
-        self.dirty_paths.clear()
+        self.directory_dirty = self.new_directory = False
 
     # --- reading ---------------------------------------------------------------------------------------------
 
