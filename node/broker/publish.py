@@ -64,7 +64,7 @@ def handle_publish(broker: Broker, conn: ConnState, ch: ChannelState, event: Any
             raise access_refused(f"cannot publish to internal exchange '{name}' in vhost '{vhost.name}'")
     if props.user_id is not None and props.user_id != conn.username:
         raise precondition(f"user_id property set to '{props.user_id}' but authenticated user was '{conn.username}'")
-    parse_expiration(props.expiration)
+    ttl_ms = parse_expiration(props.expiration) if props.expiration is not None else None
     if props.reply_to == REPLY_TO_QUEUE:
         if ch.reply_to_token is None:
             raise precondition("fast reply consumer does not exist")
@@ -83,11 +83,11 @@ def handle_publish(broker: Broker, conn: ConnState, ch: ChannelState, event: Any
     if ch.confirm:
         seq = ch.next_publish_seq
         ch.next_publish_seq = seq + 1
-    route_publish(broker, ch, vhost, method, props, event.body, seq)
+    route_publish(broker, ch, vhost, method, props, event.body, seq, ttl_ms)
 
 
 def route_publish(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], method: Any, props: Any,
-                  body: bytes, seq: int) -> None:
+                  body: bytes, seq: int, ttl_ms: int | None) -> None:
     name, routing_key = method.exchange, method.routing_key
     msg = Message(name, routing_key, props, body)
     if name == "" and routing_key.startswith(REPLY_TO_PREFIX):
@@ -97,7 +97,7 @@ def route_publish(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], me
     else:
         queue_names = vhost.route(name, routing_key, props.headers)
         routed = bool(queue_names)
-        tokens, rejected = enqueue_all(broker, vhost, queue_names, msg, parse_expiration(props.expiration))
+        tokens, rejected = enqueue_all(broker, vhost, queue_names, msg, ttl_ms)
     if not routed and method.mandatory:
         ret = m.BasicReturn(reply_code=312, reply_text="NO_ROUTE", exchange=name, routing_key=routing_key)
         broker.out.append(SendContent(ch.conn_id, ch.number, ret, props, body))
@@ -206,7 +206,7 @@ def tx_commit(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxCom
     tx, ch.tx = ch.tx, TxState()
     vhost = broker.vhost_of(conn)
     for publish_method, props, body in tx.publishes:
-        route_publish(broker, ch, vhost, publish_method, props, body, 0)
+        route_publish(broker, ch, vhost, publish_method, props, body, 0, parse_expiration(props.expiration))
     for _tag, entry, kind, requeue in tx.acks:
         settle_entries(broker, [entry], kind, requeue)
     broker.out.append(Send(ch.conn_id, ch.number, m.TxCommitOk()))

@@ -1,0 +1,102 @@
+"""Micro benchmark of the broker model's hot path, in process: publish -> route -> enqueue -> deliver -> ack.
+
+Drives `Broker.handle` with node.amqp events (no sockets, no codec) and prints messages per second for a few
+shapes: publish only into a queue, publish with a consumer and per-message acks (prefetch 100), the same with
+publisher confirms, a topic exchange with 100 bindings, and persistent messages to a durable queue with confirms
+released by `on_persisted`. Usage: python benchmarks/broker_hot_path.py [n_messages]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from node.amqp import events as ev
+from node.amqp import methods as m
+from node.amqp.properties import BasicProperties
+from node.broker.broker import Broker
+from node.broker.effects import Persist, SendContent
+
+
+def _broker() -> Broker:
+    broker = Broker()
+    broker.open_connection(1, "127.0.0.1", True)
+    broker.handle(1, ev.ConnectionOpened("/", "guest", {}), 0)
+    broker.handle(1, ev.ChannelOpened(1), 0)
+    broker.handle(1, ev.ChannelOpened(2), 0)
+    return broker
+
+
+def _call(broker: Broker, method: object, channel: int = 1) -> list[object]:
+    return list(broker.handle(1, ev.MethodReceived(channel, method), 0))  # type: ignore[arg-type]
+
+
+def _rate(label: str, n: int, seconds: float) -> None:
+    print(f"{label:<46} {n / seconds:>12,.0f} msg/s")
+
+
+def publish_only(n: int) -> None:
+    broker = _broker()
+    _call(broker, m.QueueDeclare(queue="q"))
+    event = ev.ContentReceived(1, m.BasicPublish(exchange="", routing_key="q"), BasicProperties(), b"x" * 100)
+    start = time.perf_counter()
+    for _ in range(n):
+        broker.handle(1, event, 0)
+    _rate("publish only (default exchange)", n, time.perf_counter() - start)
+
+
+def publish_consume_ack(n: int, confirm: bool, exchange: str = "", routing_key: str = "q") -> float:
+    broker = _broker()
+    _call(broker, m.QueueDeclare(queue="q"))
+    if exchange == "amq.topic":
+        for i in range(100):
+            if i:
+                _call(broker, m.QueueDeclare(queue=f"q{i}"))
+            _call(broker, m.QueueBind(queue="q" if i == 0 else f"q{i}", exchange="amq.topic",
+                                      routing_key="a.*.c" if i == 0 else f"x{i}.#"))
+    if confirm:
+        _call(broker, m.ConfirmSelect())
+    _call(broker, m.BasicQos(prefetch_count=100), 2)
+    _call(broker, m.BasicConsume(queue="q", consumer_tag="c"), 2)
+    event = ev.ContentReceived(1, m.BasicPublish(exchange=exchange, routing_key=routing_key), BasicProperties(),
+                               b"x" * 100)
+    delivered = 0
+    start = time.perf_counter()
+    for _ in range(n):
+        for effect in broker.handle(1, event, 0):
+            if type(effect) is SendContent and effect.channel == 2:
+                delivered += 1
+                broker.handle(1, ev.MethodReceived(2, m.BasicAck(delivery_tag=effect.method.delivery_tag)), 0)
+    seconds = time.perf_counter() - start
+    assert delivered == n, (delivered, n)
+    return seconds
+
+
+def persistent_confirms(n: int) -> None:
+    broker = _broker()
+    _call(broker, m.QueueDeclare(queue="dq", durable=True))
+    _call(broker, m.ConfirmSelect())
+    event = ev.ContentReceived(1, m.BasicPublish(exchange="", routing_key="dq"), BasicProperties(delivery_mode=2),
+                               b"x" * 100)
+    acks = 0
+    start = time.perf_counter()
+    for _ in range(n):
+        for effect in broker.handle(1, event, 0):
+            if type(effect) is Persist:
+                acks += len(broker.on_persisted(effect.token))
+    seconds = time.perf_counter() - start
+    assert acks == n
+    _rate("persistent publish + confirm (durable queue)", n, seconds)
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 50_000
+    publish_only(n)
+    _rate("publish + deliver + ack", n, publish_consume_ack(n, False))
+    _rate("publish + confirm + deliver + ack", n, publish_consume_ack(n, True))
+    _rate("topic (100 bindings) + deliver + ack", n, publish_consume_ack(n, False, "amq.topic", "a.b.c"))
+    persistent_confirms(n)
+
+
+if __name__ == "__main__":
+    main()
