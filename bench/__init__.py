@@ -1,0 +1,1 @@
+"""`raftmq bench`: throughput and latency of raftmq measured side by side with RabbitMQ (issue 7)."""

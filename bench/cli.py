@@ -1,0 +1,196 @@
+"""`raftmq bench`: run the workloads against raftmq and RabbitMQ, print the figures and ratios, save JSON + PNG.
+
+Without --target it starts what it needs and stops it afterwards: a raftmq node (`raftmq node` on a free port,
+temporary data dir) and Debian's RabbitMQ, one node for workloads (a), (c), (d), (e) and a 3-node loopback cluster
+for (b). raftmq's (b) needs a replicated 3-node raftmq cluster, which the bench cannot start yet: it is skipped with
+a note. With --target host:port it measures that one broker, already running, and starts nothing.
+Ctrl-C or SIGTERM stops the run; every broker and worker process it started is stopped on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+
+from bench.brokers import (
+    BrokerStartError,
+    rabbitmq_available,
+    rabbitmq_cluster,
+    rabbitmq_version,
+    raftmq_node,
+)
+from bench.client import Endpoint, parse_target
+from bench.results import RABBITMQ, RAFTMQ, RunReport, format_table, machine_info, write_chart, write_json
+from bench.workloads import ALL_WORKLOADS, DEFAULT_LATENCY_RATES, Measurement, RunSettings, run_workload
+
+RAFTMQ_CLUSTER_NOTE = "raftmq (b) needs the cluster runner (a replicated 3-node raftmq cluster): skipped"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raftmq bench", description="Benchmark raftmq side by side with RabbitMQ.")
+    parser.add_argument("--workloads", default=",".join(ALL_WORKLOADS), help="comma-separated subset of a,b,c,d,e")
+    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per workload (and per rate)")
+    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each measurement")
+    parser.add_argument("--target", help="host:port of a running broker to measure instead of starting brokers")
+    parser.add_argument("--target-name", default="target", help="name of the --target broker in the results")
+    parser.add_argument("--rabbitmq", action=argparse.BooleanOptionalAction, default=True, help="measure RabbitMQ")
+    parser.add_argument("--raftmq", action=argparse.BooleanOptionalAction, default=True, help="measure raftmq")
+    parser.add_argument("--output", default="bench-results", help="directory for the JSON and PNG results")
+    parser.add_argument("--rates", default=",".join(str(rate) for rate in DEFAULT_LATENCY_RATES),
+                        help="fixed publish rates (msg/s) for workload (e)")
+    parser.add_argument("--window", type=int, default=256, help="unconfirmed messages per publisher, (a)/(b)")
+    parser.add_argument("--prefetch", type=int, default=1000, help="consumer prefetch, (a)/(b)/(e)")
+    return parser
+
+
+def parse_workloads(text: str) -> list[str]:
+    chosen = [item.strip().lower() for item in text.split(",") if item.strip()]
+    unknown = [item for item in chosen if item not in ALL_WORKLOADS]
+    if unknown or not chosen:
+        raise ValueError(f"unknown workloads {unknown} (choose from {','.join(ALL_WORKLOADS)})")
+    return [workload for workload in ALL_WORKLOADS if workload in chosen]
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        workloads = parse_workloads(args.workloads)
+        rates = tuple(int(rate) for rate in args.rates.split(",") if rate.strip())
+    except ValueError as error:
+        print(f"raftmq bench: {error}", file=sys.stderr)
+        return 2
+    settings = RunSettings(args.duration, args.warmup, rates, args.window, args.prefetch)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    started_at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    notes: list[str] = []
+    measurements: list[Measurement] = []
+    try:
+        if args.target:
+            measurements += _run_all(args.target_name, parse_target(args.target), workloads, settings)
+        else:
+            if args.raftmq:
+                measurements += _measure_raftmq(workloads, settings, notes)
+            if args.rabbitmq:
+                measurements += _measure_rabbitmq(workloads, settings, notes)
+    except KeyboardInterrupt:
+        print("raftmq bench: interrupted; brokers stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    report = RunReport(started_at, ["raftmq", "bench", *argv], _machine(), _settings_dict(args, settings),
+                       measurements, notes)
+    _publish(report, Path(args.output))
+    return 1 if any(m.error for m in measurements) else 0
+
+
+def _run_all(broker: str, endpoint: Endpoint, workloads: list[str], settings: RunSettings) -> list[Measurement]:
+    found: list[Measurement] = []
+    for workload in workloads:
+        print(f"[{broker}] workload ({workload}) on {endpoint.address} ...", flush=True)
+        for measurement in run_workload(workload, broker, endpoint, settings):
+            _print_one(measurement)
+            found.append(measurement)
+    return found
+
+
+def _print_one(m: Measurement) -> None:
+    if m.error:
+        print(f"  {m.label}: ERROR {m.error[:300]}", flush=True)
+        return
+    p99 = "-" if m.latency_p99_ms is None else f"{m.latency_p99_ms:.2f}"
+    print(f"  {m.label}: confirmed {m.confirmed_msgs_per_s:,.0f} msg/s, delivered {m.delivered_msgs_per_s:,.0f}"
+          f" msg/s, p99 {p99} ms", flush=True)
+
+
+def _with_broker(
+    broker: str, workloads: list[str], settings: RunSettings, start: Callable[[], contextlib.AbstractContextManager[Endpoint]]
+) -> list[Measurement]:
+    if not workloads:
+        return []
+    print(f"[{broker}] starting ...", flush=True)
+    try:
+        with start() as endpoint:
+            return _run_all(broker, endpoint, workloads, settings)
+    except BrokerStartError as error:
+        print(f"[{broker}] could not start: {error}", flush=True)
+        return [Measurement(w, w, broker, error=f"broker did not start: {error}") for w in workloads]
+
+
+def _measure_raftmq(workloads: list[str], settings: RunSettings, notes: list[str]) -> list[Measurement]:
+    if "b" in workloads:
+        print(RAFTMQ_CLUSTER_NOTE, flush=True)
+        notes.append(RAFTMQ_CLUSTER_NOTE)
+    single = [w for w in workloads if w != "b"]
+    return _with_broker(RAFTMQ, single, settings, raftmq_node)
+
+
+@contextlib.contextmanager
+def _rabbit_nodes(count: int) -> Iterator[Endpoint]:
+    with rabbitmq_cluster(count) as endpoints:
+        yield endpoints[0]
+
+
+def _measure_rabbitmq(workloads: list[str], settings: RunSettings, notes: list[str]) -> list[Measurement]:
+    if not rabbitmq_available() and not _install_rabbitmq(notes):
+        return [Measurement(w, w, RABBITMQ, error="RabbitMQ is not installed") for w in workloads]
+    single = [w for w in workloads if w != "b"]
+    found = _with_broker(RABBITMQ, single, settings, lambda: _rabbit_nodes(1))
+    if "b" in workloads:
+        found += _with_broker(RABBITMQ, ["b"], settings, lambda: _rabbit_nodes(3))
+    return found
+
+
+def _install_rabbitmq(notes: list[str]) -> bool:
+    """apt-get install rabbitmq-server; stop the Debian service it may start on 5672 (the bench runs its own)."""
+    if shutil.which("apt-get") is None:
+        return False
+    print("installing rabbitmq-server with apt-get ...", flush=True)
+    for command in (["apt-get", "update"], ["apt-get", "install", "-y", "rabbitmq-server"]):
+        if subprocess.run(command, capture_output=True, timeout=900).returncode != 0:
+            return False
+    subprocess.run(["service", "rabbitmq-server", "stop"], capture_output=True, timeout=120)
+    notes.append("installed rabbitmq-server with apt-get during this run")
+    return rabbitmq_available()
+
+
+def _machine() -> dict[str, object]:
+    info = machine_info()
+    info["rabbitmq_version"] = rabbitmq_version()
+    return info
+
+
+def _settings_dict(args: argparse.Namespace, settings: RunSettings) -> dict[str, object]:
+    return {
+        "workloads": args.workloads, "duration_s": settings.duration_s, "warmup_s": settings.warmup_s,
+        "latency_rates_msgs_per_s": list(settings.latency_rates_msgs_per_s), "confirm_window": settings.confirm_window,
+        "prefetch": settings.prefetch, "target": args.target, "body_size_bytes": 100,
+    }
+
+
+def _publish(report: RunReport, output: Path) -> None:
+    print()
+    print(format_table(report.measurements))
+    for note in report.notes:
+        print(f"note: {note}")
+    output.mkdir(parents=True, exist_ok=True)
+    stem = "bench-" + report.started_at.replace(":", "").replace("-", "")
+    write_json(report, output / f"{stem}.json")
+    if report.measurements:
+        write_chart(report, output / f"{stem}.png")
+    print(f"results: {output / stem}.json (+ .png)")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

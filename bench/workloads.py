@@ -1,0 +1,237 @@
+"""The benchmark's workloads (a)-(e): topology, load-generator layout and how a run becomes a `Measurement`.
+
+(a) persistent 100 B messages through a durable classic queue, 1 publisher + 1 consumer;
+(b) the same through a quorum queue (x-queue-type=quorum; 3 replicas when the broker is a 3-node cluster);
+(c) fanout: one publisher to a durable fanout exchange bound to 10 queues, consumed by 2 processes;
+(d) 1,000 queues, each with its own publishing channel and consumer, multiplexed over 2+2 processes;
+(e) latency at fixed publish rates, (a)'s topology, every message timed.
+A control connection declares the topology (names carry a run id so runs never collide), and deletes it afterwards.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from bench import frames
+from bench.client import BenchConnection, Endpoint
+from bench.loadgen import ConsumerSpec, PublisherSpec, PublishTarget, WorkerResult
+from bench.processes import run_workers
+from bench.stats import rate_per_s, summarize_latencies_ns
+
+ALL_WORKLOADS = ("a", "b", "c", "d", "e")
+DEFAULT_LATENCY_RATES = (1000, 2000, 5000)
+BODY_SIZE = 100
+FANOUT_QUEUES = 10
+MANY_QUEUES = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One figure set for one workload (or one rate of (e)) on one broker."""
+
+    label: str  # "a", "b", "c", "d" or "e@<rate>/s"
+    workload: str
+    broker: str
+    confirmed_msgs_per_s: float = 0.0
+    delivered_msgs_per_s: float = 0.0
+    published_msgs: int = 0
+    confirmed_msgs: int = 0
+    nacked_msgs: int = 0
+    delivered_msgs: int = 0
+    measured_s: float = 0.0
+    latency_samples: int = 0
+    latency_p50_ms: float | None = None
+    latency_p99_ms: float | None = None
+    latency_p999_ms: float | None = None
+    latency_max_ms: float | None = None
+    target_rate_msgs_per_s: float | None = None
+    loadgen_cpu_max_fraction: float = 0.0  # busiest load-generator process: CPU s / measured s (1.0 = saturated)
+    error: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    queues: tuple[str, ...]
+    queue_arguments: dict[str, str | int | bool]
+    fanout_exchange: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    duration_s: float = 10.0
+    warmup_s: float = 2.0
+    latency_rates_msgs_per_s: tuple[int, ...] = DEFAULT_LATENCY_RATES
+    confirm_window: int = 256  # unconfirmed messages per publishing channel, workloads (a) and (b)
+    prefetch: int = 1000  # per consumer, workloads (a), (b) and (e)
+
+
+def run_id() -> str:
+    return f"{os.getpid()}-{int(time.time() * 1000) % 100_000_000}"
+
+
+# --- topology -----------------------------------------------------------------------------------------------
+
+
+def declare(endpoint: Endpoint, topology: Topology) -> None:
+    connection = BenchConnection(endpoint)
+    try:
+        connection.open_channel(1)
+        if topology.fanout_exchange:
+            connection.call(1, frames.exchange_declare(1, topology.fanout_exchange, "fanout", True), frames.EXCHANGE_DECLARE_OK)
+        declares = [frames.queue_declare(1, queue, True, topology.queue_arguments) for queue in topology.queues]
+        connection.call_many(1, declares, frames.QUEUE_DECLARE_OK)
+        if topology.fanout_exchange:
+            binds = [frames.queue_bind(1, queue, topology.fanout_exchange, "") for queue in topology.queues]
+            connection.call_many(1, binds, frames.QUEUE_BIND_OK)
+    finally:
+        connection.close()
+
+
+def delete(endpoint: Endpoint, topology: Topology) -> None:
+    """Delete what `declare` made; best effort (a broken broker must not hide the run's real error)."""
+    try:
+        connection = BenchConnection(endpoint)
+    except (OSError, frames.ProtocolError):
+        return
+    try:
+        connection.open_channel(1)
+        connection.call_many(1, [frames.queue_delete(1, queue) for queue in topology.queues], frames.QUEUE_DELETE_OK)
+        if topology.fanout_exchange:
+            connection.call(1, frames.exchange_delete(1, topology.fanout_exchange), (40, 21))
+    except (OSError, frames.ProtocolError):
+        pass
+    finally:
+        connection.close()
+
+
+# --- layouts ------------------------------------------------------------------------------------------------
+
+
+def _split(items: Sequence[str], parts: int) -> list[tuple[str, ...]]:
+    size = -(-len(items) // parts)
+    return [tuple(items[start : start + size]) for start in range(0, len(items), size)]
+
+
+def single_queue_layout(
+    endpoint: Endpoint, queue: str, settings: RunSettings, rate_msgs_per_s: float | None = None, sample_every: int = 4
+) -> list[PublisherSpec | ConsumerSpec]:
+    window = settings.confirm_window if rate_msgs_per_s is None else 4096
+    batch_max = max(1, min(window // 4, 256))
+    return [
+        ConsumerSpec(endpoint, (queue,), prefetch=settings.prefetch, latency_sample_every=sample_every),
+        PublisherSpec(
+            endpoint, (PublishTarget("", queue),), BODY_SIZE, window, batch_max, rate_msgs_per_s=rate_msgs_per_s
+        ),
+    ]
+
+
+def fanout_layout(endpoint: Endpoint, exchange: str, queues: Sequence[str]) -> list[PublisherSpec | ConsumerSpec]:
+    specs: list[PublisherSpec | ConsumerSpec] = [
+        ConsumerSpec(endpoint, part, prefetch=500, latency_sample_every=8) for part in _split(queues, 2)
+    ]
+    specs.append(PublisherSpec(endpoint, (PublishTarget(exchange, ""),), BODY_SIZE, window_per_channel=128))
+    return specs
+
+
+def many_queues_layout(endpoint: Endpoint, queues: Sequence[str]) -> list[PublisherSpec | ConsumerSpec]:
+    parts = _split(queues, 2)
+    specs: list[PublisherSpec | ConsumerSpec] = [
+        ConsumerSpec(endpoint, part, prefetch=50, latency_sample_every=4) for part in parts
+    ]
+    for part in parts:
+        targets = tuple(PublishTarget("", queue) for queue in part)
+        specs.append(PublisherSpec(endpoint, targets, BODY_SIZE, window_per_channel=8, batch_max=8))
+    return specs
+
+
+# --- running ------------------------------------------------------------------------------------------------
+
+
+def measure(
+    label: str, workload: str, broker: str, results: Sequence[WorkerResult], target_rate: float | None = None
+) -> Measurement:
+    errors = [result.error for result in results if result.error]
+    publishers = [result for result in results if result.role == "publisher"]
+    consumers = [result for result in results if result.role == "consumer"]
+    latencies = [latency for result in consumers for latency in result.latencies_ns]
+    summary = summarize_latencies_ns(latencies)
+    return Measurement(
+        label=label,
+        workload=workload,
+        broker=broker,
+        confirmed_msgs_per_s=sum(rate_per_s(result.confirmed, result.measured_s) for result in publishers),
+        delivered_msgs_per_s=sum(rate_per_s(result.delivered, result.measured_s) for result in consumers),
+        published_msgs=sum(result.published for result in publishers),
+        confirmed_msgs=sum(result.confirmed for result in publishers),
+        nacked_msgs=sum(result.nacked for result in publishers),
+        delivered_msgs=sum(result.delivered for result in consumers),
+        measured_s=max((result.measured_s for result in results), default=0.0),
+        latency_samples=summary.samples,
+        latency_p50_ms=summary.p50_ms,
+        latency_p99_ms=summary.p99_ms,
+        latency_p999_ms=summary.p999_ms,
+        latency_max_ms=summary.max_ms,
+        target_rate_msgs_per_s=target_rate,
+        loadgen_cpu_max_fraction=max((r.cpu_s / r.measured_s for r in results if r.measured_s > 0), default=0.0),
+        error="; ".join(errors) if errors else None,
+    )
+
+
+def _run(
+    endpoint: Endpoint,
+    topology: Topology,
+    specs: Sequence[PublisherSpec | ConsumerSpec],
+    settings: RunSettings,
+    finish: Callable[[list[WorkerResult]], Measurement],
+) -> Measurement:
+    declare(endpoint, topology)
+    try:
+        return finish(run_workers(specs, settings.warmup_s, settings.duration_s))
+    finally:
+        delete(endpoint, topology)
+
+
+def _measure_rate(label: str, broker: str, rate: float, results: list[WorkerResult]) -> Measurement:
+    return measure(label, "e", broker, results, rate)
+
+
+def run_workload(workload: str, broker: str, endpoint: Endpoint, settings: RunSettings) -> list[Measurement]:
+    """Run one workload against one broker; failures become a Measurement with `error` set."""
+    try:
+        return _run_workload(workload, broker, endpoint, settings)
+    except Exception as error:  # one broken workload must not lose the others' figures
+        return [Measurement(label=workload, workload=workload, broker=broker, error=repr(error))]
+
+
+def _run_workload(workload: str, broker: str, endpoint: Endpoint, settings: RunSettings) -> list[Measurement]:
+    prefix = f"bench-{workload}-{run_id()}"
+    if workload in ("a", "b"):
+        arguments: dict[str, str | int | bool] = {"x-queue-type": "quorum"} if workload == "b" else {}
+        topology = Topology((prefix,), arguments)
+        specs = single_queue_layout(endpoint, prefix, settings)
+        return [_run(endpoint, topology, specs, settings, lambda r: measure(workload, workload, broker, r))]
+    if workload == "c":
+        queues = tuple(f"{prefix}-{index}" for index in range(FANOUT_QUEUES))
+        topology = Topology(queues, {}, fanout_exchange=prefix)
+        specs = fanout_layout(endpoint, prefix, queues)
+        return [_run(endpoint, topology, specs, settings, lambda r: measure("c", "c", broker, r))]
+    if workload == "d":
+        queues = tuple(f"{prefix}-{index}" for index in range(MANY_QUEUES))
+        topology = Topology(queues, {})
+        specs = many_queues_layout(endpoint, queues)
+        return [_run(endpoint, topology, specs, settings, lambda r: measure("d", "d", broker, r))]
+    if workload == "e":
+        measurements = []
+        for rate in settings.latency_rates_msgs_per_s:
+            label = f"e@{rate}/s"
+            topology = Topology((f"{prefix}-{rate}",), {})
+            specs = single_queue_layout(endpoint, topology.queues[0], settings, float(rate), sample_every=1)
+            finish = functools.partial(_measure_rate, label, broker, float(rate))
+            measurements.append(_run(endpoint, topology, specs, settings, finish))
+        return measurements
+    raise ValueError(f"unknown workload {workload!r} (known: {', '.join(ALL_WORKLOADS)})")
