@@ -332,14 +332,33 @@ class NodeLog:
         with self._io_lock:
             files = self._files.get(stream)
             snapshot = files.read_snapshot() if files is not None else None
-            with self._lock:
-                state = self._states.get(stream, _StreamState())
-                first = state.snapshot_offset + 1
-                end = state.next_offset
-                in_memory = sorted((o, p) for o, (_, p) in state.unwritten.items() if first <= o < end)
+            records = self._range_locked(stream, 0, None)
+        return (snapshot[1] if snapshot else None), records
+
+    def read_range(self, stream: str, first_offset: int, end_offset: int | None = None
+                   ) -> Iterator[tuple[int, bytes]]:
+        """Records with ``first_offset <= offset < end_offset`` (default: to the end) that are after the snapshot.
+
+        The iterator reads files lazily: do not truncate or snapshot the stream while iterating."""
+        with self._io_lock:
+            return self._range_locked(stream, first_offset, end_offset)
+
+    def _range_locked(self, stream: str, first_offset: int, end_offset: int | None) -> Iterator[tuple[int, bytes]]:
+        files = self._files.get(stream)
+        with self._lock:
+            state = self._states.get(stream, _StreamState())
+            first = max(first_offset, state.snapshot_offset + 1)
+            end = state.next_offset if end_offset is None else min(end_offset, state.next_offset)
+            in_memory = sorted((o, p) for o, (_, p) in state.unwritten.items() if first <= o < end)
         disk_end = in_memory[0][0] if in_memory else end
         disk = files.iter_range(first, disk_end) if files is not None else iter(())
-        return (snapshot[1] if snapshot else None), _chain(disk, in_memory)
+        return _chain(disk, in_memory)
+
+    def snapshot_offset(self, stream: str) -> int:
+        """Offset the stream's latest snapshot covers (-1: none)."""
+        with self._lock:
+            state = self._states.get(stream)
+            return state.snapshot_offset if state is not None else -1
 
     def read_at(self, stream: str, offset: int) -> bytes:
         """The payload of one record (KeyError if it is not in the log, e.g. behind the snapshot)."""
