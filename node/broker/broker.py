@@ -27,7 +27,7 @@ from node.broker.channel import ChannelState, ConnState, Consumer
 from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Persist, Send, Unblock
 from node.broker.errors import AmqpError
 from node.broker.queues import QueueState
-from node.broker.records import Record
+from node.broker.records import PermissionRecord, Record, UserRecord, VHostRecord
 from node.broker.vhost import VHost
 
 
@@ -102,8 +102,6 @@ class Broker:
         self.out.clear()
 
     def add_vhost(self, name: str) -> VHost[QueueState]:
-        from node.broker.records import VHostRecord
-
         vhost = self.vhosts.get(name)
         if vhost is None:
             vhost = self.vhosts[name] = VHost.create(name)
@@ -111,14 +109,10 @@ class Broker:
         return vhost
 
     def add_user(self, name: str, password: str, tags: tuple[str, ...] = ()) -> None:
-        from node.broker.records import UserRecord
-
         user = self.users.add_user(name, password, tags, self.config.rng(4))
         self.persist((UserRecord(user.name, user.password_hash, user.tags),))
 
     def set_permissions(self, user: str, vhost: str, permission: Permission) -> None:
-        from node.broker.records import PermissionRecord
-
         self.users.set_permissions(user, vhost, permission)
         for conn in self.conns.values():
             conn.permission_cache.clear()
