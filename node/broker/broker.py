@@ -58,6 +58,11 @@ class BrokerConfig:
     max_message_size_bytes: int = 128 * 1024 * 1024
 
 
+def alarm_reason(kind: str) -> str:
+    """The connection.blocked reason RabbitMQ gives ("low on memory", "low on disk")."""
+    return f"low on {kind}"
+
+
 class ConnAuthenticator:
     """The authenticator protocol bound to one connection (knows whether the peer is loopback)."""
 
@@ -204,7 +209,7 @@ class Broker:
         else:
             self.alarms.discard(kind)
         if self.alarms and not was_on:
-            reason = f"{kind} resource alarm"
+            reason = alarm_reason(kind)
             for conn in self.conns.values():
                 if conn.has_published and not conn.blocked:
                     conn.blocked = True

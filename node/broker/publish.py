@@ -73,7 +73,7 @@ def handle_publish(broker: Broker, conn: ConnState, ch: ChannelState, event: Any
         conn.has_published = True
         if broker.alarms and not conn.blocked:
             conn.blocked = True
-            broker.out.append(Block(conn.conn_id, f"{sorted(broker.alarms)[0]} resource alarm"))
+            broker.out.append(Block(conn.conn_id, f"low on {sorted(broker.alarms)[0]}"))
     if ch.tx is not None:
         if len(ch.tx.publishes) >= broker.config.tx_messages_max:
             raise AmqpError(506, f"too many messages in one transaction (max {broker.config.tx_messages_max})")

@@ -178,8 +178,8 @@ def test_alarm_blocks_publishers_and_unblocks() -> None:
     c2 = connected(c1.broker, 2)
     c1.publish("", "q")
     effects = c1.broker.set_alarm("memory", True)
-    assert effects == [Block(1, "memory resource alarm")]
-    assert c2.publish("", "q") == [Block(2, "memory resource alarm")]
+    assert effects == [Block(1, "low on memory")]
+    assert c2.publish("", "q") == [Block(2, "low on memory")]
     assert c1.broker.set_alarm("disk", True) == []
     assert c1.broker.set_alarm("memory", False) == []
     assert sorted(c1.broker.set_alarm("disk", False), key=lambda e: e.conn_id) == [Unblock(1), Unblock(2)]
