@@ -388,10 +388,11 @@ class Node:
                     self.probe.toggle_forced("memory")
                 elif signum == signal.SIGUSR2:
                     self.probe.toggle_forced("disk")
+                elif stop.is_set():
+                    log.info("signal %s: already shutting down", signal.Signals(signum).name)
                 else:
                     log.info("signal %s: shutting down", signal.Signals(signum).name)
                     stop.set()
-                    return
 
 
 async def run_node(node: Node, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:

@@ -142,6 +142,13 @@ class NodeProcess:
         self.process = None
         return code
 
+    def wait_exit(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """Wait for the node to exit on its own; returns the exit code."""
+        assert self.process is not None
+        code = self.process.wait(timeout_s)
+        self.process = None
+        return code
+
     def restart(self) -> NodeProcess:
         """Stop gracefully and start again on the same port and data directory."""
         self.stop()
