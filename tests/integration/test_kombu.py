@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +28,7 @@ def _drain(connection: kombu.Connection, received: list[Any], count: int) -> Non
             return
         try:
             connection.drain_events(timeout=0.1)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             continue
 
 
