@@ -82,6 +82,8 @@ class ChannelState:
     confirm_waiting: dict[int, int] = field(default_factory=dict)  # seq -> persist token
     confirm_nacked: set[int] = field(default_factory=set)
     tx: TxState | None = None
+    commits_waiting: dict[int, int] = field(default_factory=dict)  # tx.commit id -> Persist tokens unreported
+    next_commit_id: int = 1
     last_queue: str = ""
     get_no_ack: bool = False
     reply_to_tag: str | None = None

@@ -87,7 +87,8 @@ def handle_publish(broker: Broker, conn: ConnState, ch: ChannelState, event: Any
 
 
 def route_publish(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], method: Any, props: Any,
-                  body: bytes, seq: int, ttl_ms: int | None) -> None:
+                  body: bytes, seq: int, ttl_ms: int | None) -> list[int]:
+    """Route and enqueue one message; returns the Persist tokens that make it durable."""
     name, routing_key = method.exchange, method.routing_key
     msg = Message(name, routing_key, props, body)
     if name == "" and routing_key.startswith(REPLY_TO_PREFIX):
@@ -110,6 +111,7 @@ def route_publish(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], me
                 broker.persist_waiters.setdefault(token, []).append((ch, seq))
         else:
             confirm_ready(broker, ch, (seq,), ())
+    return tokens
 
 
 def enqueue_all(broker: Broker, vhost: VHost[QueueState], queue_names: tuple[str, ...] | list[str], msg: Message,
@@ -161,6 +163,10 @@ def confirm_select(broker: Broker, conn: ConnState, ch: ChannelState, method: m.
 
 
 def persisted(broker: Broker, ch: ChannelState, seq: int) -> None:
+    """One Persist token that publish `seq` (or, for seq < 0, tx.commit number -seq) waited for is durable."""
+    if seq < 0:
+        _commit_persisted(broker, ch, -seq)
+        return
     remaining = ch.confirm_waiting.get(seq)
     if remaining is None:
         return
@@ -205,12 +211,38 @@ def tx_commit(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxCom
         raise precondition("channel is not transactional")
     tx, ch.tx = ch.tx, TxState()
     vhost = broker.vhost_of(conn)
+    tokens: list[int] = []
     for publish_method, props, body in tx.publishes:
-        route_publish(broker, ch, vhost, publish_method, props, body, 0, parse_expiration(props.expiration))
+        tokens += route_publish(broker, ch, vhost, publish_method, props, body, 0, parse_expiration(props.expiration))
     for _tag, entry, kind, requeue in tx.acks:
         settle_entries(broker, [entry], kind, requeue)
-    broker.out.append(Send(ch.conn_id, ch.number, m.TxCommitOk()))
     broker.mark_dirty(ch)
+    if not tokens and not ch.commits_waiting:
+        broker.out.append(Send(ch.conn_id, ch.number, m.TxCommitOk()))
+        return
+    commit_id = ch.next_commit_id
+    ch.next_commit_id = commit_id + 1
+    ch.commits_waiting[commit_id] = len(tokens)
+    for token in tokens:
+        broker.persist_waiters.setdefault(token, []).append((ch, -commit_id))
+    _release_commits(broker, ch)
+
+
+def _commit_persisted(broker: Broker, ch: ChannelState, commit_id: int) -> None:
+    remaining = ch.commits_waiting.get(commit_id)
+    if remaining is not None:
+        ch.commits_waiting[commit_id] = remaining - 1
+    _release_commits(broker, ch)
+
+
+def _release_commits(broker: Broker, ch: ChannelState) -> None:
+    """commit-ok goes out, in order, once every persistent message of that commit is on disk."""
+    while ch.commits_waiting:
+        commit_id, remaining = next(iter(ch.commits_waiting.items()))
+        if remaining > 0:
+            return
+        del ch.commits_waiting[commit_id]
+        broker.out.append(Send(ch.conn_id, ch.number, m.TxCommitOk()))
 
 
 def tx_rollback(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxRollback) -> None:

@@ -183,3 +183,19 @@ def test_alarm_blocks_publishers_and_unblocks() -> None:
     assert c1.broker.set_alarm("disk", True) == []
     assert c1.broker.set_alarm("memory", False) == []
     assert sorted(c1.broker.set_alarm("disk", False), key=lambda e: e.conn_id) == [Unblock(1), Unblock(2)]
+
+
+def test_tx_commit_ok_waits_for_persistence_in_order() -> None:
+    c = connected()
+    c.declare("dq", durable=True)
+    c.call(m.TxSelect())
+    c.publish("", "dq", b"1", delivery_mode=2)
+    first = c.call(m.TxCommit())
+    assert of_type(first, m.TxCommitOk) == []
+    c.publish("", "dq", b"2", delivery_mode=2)
+    second = c.call(m.TxCommit())
+    [t1] = [p.token for p in persists(first) if p.records and isinstance(p.records[0], MessageRecord)]
+    [t2] = [p.token for p in persists(second) if p.records and isinstance(p.records[0], MessageRecord)]
+    assert of_type(c.broker.on_persisted(t2), m.TxCommitOk) == []
+    assert len(of_type(c.broker.on_persisted(t1), m.TxCommitOk)) == 2
+    assert len(of_type(c.call(m.TxCommit()), m.TxCommitOk)) == 1
