@@ -280,12 +280,20 @@ class Queue:
         if consumer is None:
             return
         unacked = consumer.unacked
+        settled = 0
         for msg_id in command.msg_ids:
             entry = unacked.pop(msg_id, None)
             if entry is not None:
                 entry.flags = (entry.flags & ~STATE_MASK) | GONE
-                self._unacked_count -= 1
-        self._after_unacked_shrank(consumer, out)
+                settled += 1
+        self._unacked_count -= settled
+        if consumer.attached:
+            if not consumer.in_ring:
+                self._offer(consumer)
+            if self._ready.count:
+                self._deliver(out)
+        elif not unacked and self._consumers.get(consumer.consumer_id) is consumer:
+            del self._consumers[consumer.consumer_id]
 
     def _return(self, command: Return, out: _Effects) -> None:
         self._advance(command.now_ms, out)
@@ -358,12 +366,17 @@ class Queue:
     def _advance(self, now_ms: int, out: _Effects) -> int:
         if now_ms > self._now_ms:
             self._now_ms = now_ms
-        self._expire_due(out)
-        return self._now_ms
+        else:
+            now_ms = self._now_ms
+        heap = self._ready.expiry_heap
+        if heap and heap[0].expiry_ms <= now_ms:  # type: ignore[operator]
+            self._expire_due(out)
+        return now_ms
 
     def _expire_due(self, out: _Effects) -> None:
-        for entry in self._ready.pop_expired(self._now_ms):
-            self._lose(entry, "expired", out)
+        if self._ready.expiry_heap:
+            for entry in self._ready.pop_expired(self._now_ms):
+                self._lose(entry, "expired", out)
 
     def _take_ready(self, out: _Effects) -> Entry | None:
         """Pop the head ready message; a message past its expiry is expired, never handed out."""
@@ -376,22 +389,28 @@ class Queue:
             self._lose(entry, "expired", out)
 
     def _deliver(self, out: _Effects) -> None:
+        """Hand ready messages to consumers with room until one side runs out (the hot path, kept inline)."""
         ready = self._ready
         rings = self._rings
+        now_ms = self._now_ms
         while ready.count:
             consumer = rings.head()
             if consumer is None:
                 return
-            entry = self._take_ready(out)
-            if entry is None:
-                return
+            entry = ready.pop_head()
+            assert entry is not None
+            expiry_ms = entry.expiry_ms
+            if expiry_ms is not None and expiry_ms < now_ms:
+                self._lose(entry, "expired", out)
+                continue
             flags = entry.flags
             if consumer.credit is not None:
                 consumer.credit -= 1
+            msg_id = entry.msg_id
             out.append(
                 Deliver(
                     consumer.consumer_id,
-                    entry.msg_id,
+                    msg_id,
                     entry.message,
                     bool(flags & REDELIVERED),
                     entry.delivery_count,
@@ -401,7 +420,7 @@ class Queue:
                 entry.flags = (flags & ~STATE_MASK) | GONE
             else:
                 entry.flags = (flags & ~STATE_MASK) | UNACKED
-                consumer.unacked[entry.msg_id] = entry
+                consumer.unacked[msg_id] = entry
                 self._unacked_count += 1
             rings.rotate(consumer)
 

@@ -45,12 +45,14 @@ class Entry:
         self.flags = flags
 
     def __lt__(self, other: Entry) -> bool:
-        # Only entries with an expiry are compared (in the expiry heap).
+        # Expiry-heap order (expiry_ms, msg_id); entries without expiry sort last. Also breaks ties between
+        # equal msg_ids in a requeue heap, which only a duplicate Recover (a caller error) can create.
         mine = self.expiry_ms
         theirs = other.expiry_ms
-        assert mine is not None and theirs is not None
         if mine != theirs:
-            return mine < theirs
+            if mine is None:
+                return False
+            return theirs is None or mine < theirs
         return self.msg_id < other.msg_id
 
     @property
@@ -75,14 +77,14 @@ class _Level:
 class ReadyStore:
     """Ready messages in delivery order (highest priority first, then ascending msg_id)."""
 
-    __slots__ = ("_expiry_heap", "_levels", "_top_level", "count", "size_bytes")
+    __slots__ = ("_levels", "_top_level", "count", "expiry_heap", "size_bytes")
 
     def __init__(self, max_priority: int | None) -> None:
         self._top_level = max_priority or 0
         self._levels = [_Level() for _ in range(self._top_level + 1)]
         self.count = 0
         self.size_bytes = 0
-        self._expiry_heap: list[Entry] = []
+        self.expiry_heap: list[Entry] = []
 
     def level_of(self, message: QueuedMessage) -> int:
         priority = message.priority
@@ -117,10 +119,10 @@ class ReadyStore:
         if entry.flags & IN_EXPIRY_HEAP:
             return
         entry.flags |= IN_EXPIRY_HEAP
-        heap = self._expiry_heap
+        heap = self.expiry_heap
         heapq.heappush(heap, entry)
         if len(heap) > 2 * self.count + GARBAGE_REBUILD_MIN:
-            self._rebuild_expiry_heap()
+            self._rebuildexpiry_heap()
 
     # --- taking ---------------------------------------------------------------------------------------------
 
@@ -160,7 +162,7 @@ class ReadyStore:
 
     def pop_expired(self, now_ms: int) -> list[Entry]:
         """Remove every ready entry whose expiry is <= now_ms, in (expiry, msg_id) order."""
-        heap = self._expiry_heap
+        heap = self.expiry_heap
         expired: list[Entry] = []
         while heap:
             top = heap[0]
@@ -175,7 +177,7 @@ class ReadyStore:
         return expired
 
     def next_expiry_ms(self) -> int | None:
-        heap = self._expiry_heap
+        heap = self.expiry_heap
         while heap and heap[0].flags & STATE_MASK != READY:
             heapq.heappop(heap).flags &= ~IN_EXPIRY_HEAP
         return heap[0].expiry_ms if heap else None
@@ -192,7 +194,7 @@ class ReadyStore:
             level.garbage = 0
         self.count = 0
         self.size_bytes = 0
-        self._rebuild_expiry_heap()
+        self._rebuildexpiry_heap()
         return removed
 
     # --- inspection -----------------------------------------------------------------------------------------
@@ -216,15 +218,15 @@ class ReadyStore:
         heapq.heapify(level.returned)
         level.garbage = 0
 
-    def _rebuild_expiry_heap(self) -> None:
+    def _rebuildexpiry_heap(self) -> None:
         kept: list[Entry] = []
-        for entry in self._expiry_heap:
+        for entry in self.expiry_heap:
             if entry.flags & STATE_MASK == READY:
                 kept.append(entry)
             else:
                 entry.flags &= ~IN_EXPIRY_HEAP
         heapq.heapify(kept)
-        self._expiry_heap = kept
+        self.expiry_heap = kept
 
 
 def _msg_id_of(entry: Entry) -> int:

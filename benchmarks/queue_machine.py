@@ -1,0 +1,137 @@
+"""Micro-benchmark of the pure queue state machine (cluster.queue): throughput and memory per message.
+
+Scenarios (each prints ops/s, where one op = one message through Enqueue + Deliver + Settle):
+- direct: one consumer with room; every Enqueue delivers at once and is settled by its own Settle.
+- backlog: N messages enqueued with nobody attached, then drained by a prefetch-100 consumer settling in batches.
+- fanout: 1,000 consumers (prefetch 10) sharing the queue round-robin, settling in batches of 10.
+- ttl: as direct, with x-message-ttl (the expiry heap is on the hot path).
+Memory: tracemalloc over a backlog of M ready messages, per message, with the broker's QueuedMessage counted
+and without it (the machine's own metadata: entry, deque slot, msg_id).
+
+Run: .venv/bin/python benchmarks/queue_machine.py [--messages 200000] [--memory-messages 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+import tracemalloc
+
+from cluster.queue import (
+    Accepted,
+    Attach,
+    Deliver,
+    Enqueue,
+    MsgId,
+    Queue,
+    QueueArgs,
+    QueuedMessage,
+    Settle,
+)
+
+PAYLOAD = b"x" * 16
+
+
+def bench_direct(count: int, args: QueueArgs | None = None) -> float:
+    queue = Queue("bench", args)
+    queue.apply(Attach("c", 0))
+    message = QueuedMessage(PAYLOAD, 16, True)
+    apply = queue.apply
+    started = time.perf_counter()
+    for now_ms in range(count):
+        effects = apply(Enqueue(message, now_ms))
+        deliver = effects[1]
+        assert isinstance(deliver, Deliver)
+        apply(Settle("c", (deliver.msg_id,)))
+    elapsed = time.perf_counter() - started
+    assert queue.ready_count == 0 and queue.unacked_count == 0
+    return count / elapsed
+
+
+def bench_backlog(count: int) -> float:
+    queue = Queue("bench")
+    message = QueuedMessage(PAYLOAD, 16, True)
+    apply = queue.apply
+    started = time.perf_counter()
+    for _ in range(count):
+        apply(Enqueue(message, 0))
+    pending: list[MsgId] = [e.msg_id for e in apply(Attach("c", 0, prefetch=100)) if isinstance(e, Deliver)]
+    while pending:
+        effects = apply(Settle("c", pending))
+        pending = [e.msg_id for e in effects if isinstance(e, Deliver)]
+    elapsed = time.perf_counter() - started
+    assert queue.ready_count == 0 and queue.unacked_count == 0
+    return count / elapsed
+
+
+def bench_fanout(count: int, consumers: int = 1000, prefetch: int = 10) -> float:
+    queue = Queue("bench")
+    for index in range(consumers):
+        queue.apply(Attach(index, 0, prefetch=prefetch))
+    message = QueuedMessage(PAYLOAD, 16, True)
+    apply = queue.apply
+    unacked: dict[object, list[MsgId]] = {}
+    started = time.perf_counter()
+    for _ in range(count):
+        for effect in apply(Enqueue(message, 0)):
+            if isinstance(effect, Deliver):
+                held = unacked.setdefault(effect.consumer_id, [])
+                held.append(effect.msg_id)
+                if len(held) == prefetch:
+                    apply(Settle(effect.consumer_id, held))
+                    unacked[effect.consumer_id] = []
+    elapsed = time.perf_counter() - started
+    return count / elapsed
+
+
+def measure_memory(count: int) -> tuple[float, float]:
+    """(bytes per message including QueuedMessage, bytes per message of machine metadata only)."""
+    gc.collect()
+    tracemalloc.start()
+    queue = Queue("mem")
+    apply = queue.apply
+    base = tracemalloc.get_traced_memory()[0]
+    for index in range(count):
+        result = apply(Enqueue(QueuedMessage(index, 1024, True), 0))
+        assert isinstance(result[0], Accepted)
+    with_messages = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+
+    shared = QueuedMessage(0, 1024, True)
+    gc.collect()
+    tracemalloc.start()
+    queue2 = Queue("mem2")
+    apply2 = queue2.apply
+    base = tracemalloc.get_traced_memory()[0]
+    for _ in range(count):
+        apply2(Enqueue(shared, 0))
+    machine_only = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    assert queue.ready_count == count and queue2.ready_count == count
+    return with_messages / count, machine_only / count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--memory-messages", type=int, default=1_000_000)
+    options = parser.parse_args()
+    count = options.messages
+    print(f"direct   enqueue+deliver+settle: {bench_direct(count):>10,.0f} msg/s")
+    print(
+        f"ttl      enqueue+deliver+settle: {bench_direct(count, QueueArgs(message_ttl_ms=60_000)):>10,.0f} msg/s"
+    )
+    print(f"backlog  enqueue, then drain:    {bench_backlog(count):>10,.0f} msg/s")
+    print(f"fanout   1000 consumers:         {bench_fanout(count):>10,.0f} msg/s")
+    per_message, machine_only = measure_memory(options.memory_messages)
+    print(
+        f"memory   {per_message:,.0f} B/msg with QueuedMessage, {machine_only:,.0f} B/msg machine metadata only"
+    )
+    print(f"         => a 10M backlog needs ~{per_message * 10_000_000 / 2**20:,.0f} MiB in the machine")
+
+
+if __name__ == "__main__":
+    main()
