@@ -55,7 +55,6 @@ class BrokerConfig:
     consumer_credit_window: int = 256  # deliveries a consumer may be handed ahead of the runtime's writes
     tx_messages_max: int = 65536
     dead_letter_hops_max: int = 10000  # per entry point; bounds dead-letter cascades
-    max_message_size_bytes: int = 128 * 1024 * 1024
 
 
 def alarm_reason(kind: str) -> str:
@@ -341,10 +340,15 @@ class Broker:
         self.conns.pop(conn.conn_id, None)
 
     def _finish(self) -> list[Effect]:
-        publish.run_dead_letters(self)
-        delivery.refill_dirty(self)
-        publish.run_dead_letters(self)
-        return self.take_effects()
+        if self.dead_letters:
+            publish.run_dead_letters(self)
+        if self.dirty:
+            delivery.refill_dirty(self)
+            if self.dead_letters:
+                publish.run_dead_letters(self)
+        out = self.out
+        self.out = []
+        return out
 
 
 def _send(broker: Broker, ch: ChannelState, method: Any) -> None:

@@ -125,7 +125,8 @@ def _on_deliver(broker: Broker, queue: QueueState, effect: Deliver) -> None:
         return
     consumer.credit -= 1
     ch = consumer.channel
-    broker.mark_dirty(ch)
+    if consumer.credit * 2 <= broker.config.consumer_credit_window:
+        broker.mark_dirty(ch)
     if consumer.no_ack:
         forget_persisted(broker, queue, (effect.msg_id,))
     pending = PendingDelivery(consumer, effect.msg_id, effect.message.payload, effect.redelivered)
@@ -379,7 +380,8 @@ def _settle_tags(broker: Broker, ch: ChannelState, tags: list[int], kind: str, r
         ch.tx.acks.extend((tag, entry, kind, requeue) for tag, entry in zip(tags, entries, strict=True))
         return
     settle_entries(broker, entries, kind, requeue)
-    broker.mark_dirty(ch)
+    if ch.pending or ch.prefetch_channel:
+        broker.mark_dirty(ch)
 
 
 def settle_entries(broker: Broker, entries: list[Unacked], kind: str, requeue: bool) -> None:
