@@ -340,6 +340,10 @@ def delete_queue(broker: Broker, queue: QueueState) -> None:
     vhost.invalidate()
     delivery.cancel_queue_consumers(broker, queue)
     if queue.stored:
+        if queue.persisted_ids:  # keep the queue's own stream consistent even if replayed apart from definitions
+            removed = sorted(queue.persisted_ids)
+            queue.persisted_ids.clear()
+            broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in removed))
         broker.persist((QueueRecord(queue.vhost, queue.name, deleted=True),))
 
 

@@ -86,3 +86,18 @@ def test_message_record_fields() -> None:
     assert isinstance(record, MessageRecord)
     assert record.properties == {"delivery_mode": 2, "priority": 3}
     assert p.records[0].stream == DEFINITIONS_STREAM
+
+
+def test_recreated_queue_does_not_resurrect_old_messages_when_streams_replay_apart() -> None:
+    c = connected()
+    log = [c.declare("dq", durable=True), c.publish("", "dq", b"old", delivery_mode=2),
+           c.publish("", "dq", b"old2", delivery_mode=2), c.call(m.QueueDelete(queue="dq")), c.declare("dq", durable=True),
+           c.publish("", "dq", b"new", delivery_mode=2)]
+    records = _all_records(log)
+    definitions = [r for r in records if r.stream == DEFINITIONS_STREAM]
+    queue_records = [r for r in records if r.stream != DEFINITIONS_STREAM]
+    restarted = Broker()
+    restarted.recover(definitions + queue_records)
+    c2 = Client(restarted)
+    c2.open(1)
+    assert [d.body for d in deliveries(c2.consume("dq", "t", no_ack=True))] == [b"new"]
