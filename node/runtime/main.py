@@ -29,8 +29,7 @@ def build_broker(config: NodeConfig) -> Any:
         default_pass=config.default_pass,
         loopback_users=frozenset(config.loopback_users),
         rng=os.urandom,
-        max_message_size_bytes=config.max_message_size_bytes,
-    ))
+    ))  # the message size limit is enforced by the protocol layer (ConnectionLimits.max_message_size)
     for user in config.extra_users:
         broker.add_vhost(user.vhost)
         broker.add_user(user.name, user.password, user.tags)
