@@ -1,0 +1,42 @@
+"""`python -m chaos.sim --seed N [--chaos-ticks T] [--groups G] [--nodes K] [--quiet]`: replay one run exactly,
+printing one line per event, then the verdict. `python -m chaos.sim --sweep START COUNT` runs many seeds."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from chaos.sim.simulator import SimConfig, run_seed
+from chaos.sim.sweep import sweep
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chaos.sim", description=__doc__)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--chaos-ticks", "--steps", type=int, default=300, dest="chaos_ticks")
+    parser.add_argument("--groups", type=int, default=1)
+    parser.add_argument("--nodes", type=int, default=None)
+    parser.add_argument("--no-quiesce", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no trace, only the verdict")
+    parser.add_argument("--sweep", nargs=2, type=int, metavar=("START", "COUNT"))
+    args = parser.parse_args(argv)
+    if args.sweep:
+        start, count = args.sweep
+        failures = sweep(range(start, start + count), groups=args.groups, chaos_ticks=args.chaos_ticks,
+                         progress=lambda line: print(line, flush=True))
+        print(f"{count} seeds, {len(failures)} failing: {[result.seed for result in failures]}")
+        return 1 if failures else 0
+    config = SimConfig(seed=args.seed, groups=args.groups, nodes=args.nodes, chaos_ticks=args.chaos_ticks,
+                       quiesce=not args.no_quiesce, trace=not args.quiet)
+    result = run_seed(config)
+    for line in result.trace:
+        print(line)
+    print(f"seed={result.seed} ok={result.ok} ticks={result.ticks} profile={result.profile}")
+    print(f"stats={result.stats}")
+    if result.violation:
+        print(f"VIOLATION: {result.violation}")
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""A simulated disk for one node: an append-only record list with a synced prefix.
+
+The host writes records (`hs`, `entries`, `install`, `compact`) as a Ready is persisted and calls `sync()` before
+it sends that Ready's messages. `crash(rng)` keeps the synced prefix, a random prefix of the unsynced records (a
+real disk may have written some of them), and may tear the last surviving record (an entries record keeps only
+some of its entries; any other torn record fails its checksum and is dropped). `load()` replays the records into
+each group's `PersistedState`, as a restarted node would.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from cluster.raft.core.types import (
+    Entry,
+    GroupId,
+    HardState,
+    Index,
+    Membership,
+    NodeId,
+    PersistedState,
+    Ready,
+    Snapshot,
+    Term,
+)
+
+RECORDS_MAX = 2_000  # consolidate (rewrite the live state) beyond this many synced records
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    group: GroupId
+    kind: str  # "hs" | "entries" | "install" | "compact"
+    hard_state: HardState | None = None
+    entries: tuple[Entry, ...] = ()
+    snapshot: Snapshot | None = None
+
+
+@dataclass(slots=True)
+class _GroupImage:
+    hard_state: HardState
+    snapshot: Snapshot
+    entries: dict[Index, Entry]
+
+    def apply(self, record: Record) -> None:
+        if record.kind == "hs":
+            assert record.hard_state is not None
+            self.hard_state = record.hard_state
+        elif record.kind == "entries":
+            first = record.entries[0].index
+            for index in [index for index in self.entries if index >= first]:
+                del self.entries[index]
+            for entry in record.entries:
+                self.entries[entry.index] = entry
+        elif record.kind == "install":
+            assert record.snapshot is not None
+            self.snapshot = record.snapshot
+            self.entries = {}
+        elif record.kind == "compact":
+            assert record.snapshot is not None
+            if record.snapshot.index > self.snapshot.index:
+                self.snapshot = record.snapshot
+                self.entries = {i: e for i, e in self.entries.items() if i > record.snapshot.index}
+
+    def persisted_state(self) -> PersistedState:
+        entries: list[Entry] = []
+        index = Index(self.snapshot.index + 1)
+        while index in self.entries:
+            entries.append(self.entries[index])
+            index = Index(index + 1)
+        return PersistedState(self.hard_state, self.snapshot, tuple(entries))
+
+
+class SimDisk:
+    def __init__(self, node: NodeId) -> None:
+        self.node = node
+        self.records: list[Record] = []
+        self.synced = 0
+        self.fsyncs = 0
+
+    def write_ready(self, group: GroupId, ready: Ready) -> None:
+        if ready.snapshot is not None:
+            self.records.append(Record(group, "install", snapshot=ready.snapshot))
+        if ready.entries:
+            self.records.append(Record(group, "entries", entries=ready.entries))
+        if ready.hard_state is not None:
+            self.records.append(Record(group, "hs", hard_state=ready.hard_state))
+
+    def write_compaction(self, group: GroupId, snapshot: Snapshot) -> None:
+        self.records.append(Record(group, "compact", snapshot=snapshot))
+
+    def unsynced_count(self) -> int:
+        return len(self.records) - self.synced
+
+    def sync(self) -> None:
+        if self.synced < len(self.records):
+            self.fsyncs += 1
+        self.synced = len(self.records)
+
+    def crash(self, rng: random.Random) -> str:
+        """Lose unsynced writes (keeping a random prefix, maybe torn). Returns a description for the trace."""
+        unsynced = self.records[self.synced :]
+        kept = rng.randint(0, len(unsynced))
+        survivors = unsynced[:kept]
+        torn = ""
+        if survivors and rng.random() < 0.5:
+            last = survivors.pop()
+            if last.kind == "entries" and len(last.entries) > 1:
+                cut = rng.randint(1, len(last.entries) - 1)
+                survivors.append(Record(last.group, "entries", entries=last.entries[:cut]))
+                torn = f" torn=entries[:{cut}]"
+            else:
+                torn = f" torn={last.kind}"
+        self.records = self.records[: self.synced] + survivors
+        self.synced = len(self.records)
+        return f"lost={len(unsynced) - len(survivors)} kept={len(survivors)}{torn}"
+
+    def load(self, memberships: dict[GroupId, Membership]) -> dict[GroupId, PersistedState]:
+        images = {
+            group: _GroupImage(HardState(Term(0), None, Index(0)), Snapshot(Index(0), Term(0), membership), {})
+            for group, membership in memberships.items()
+        }
+        for record in self.records:
+            images[record.group].apply(record)
+        return {group: image.persisted_state() for group, image in images.items()}
+
+    def maybe_consolidate(self, memberships: dict[GroupId, Membership]) -> None:
+        """Rewrite the live state compactly (as a log cleaner would) once everything is synced."""
+        if self.synced != len(self.records) or len(self.records) <= RECORDS_MAX:
+            return
+        records: list[Record] = []
+        for group, state in self.load(memberships).items():
+            records.append(Record(group, "install", snapshot=state.snapshot))
+            if state.entries:
+                records.append(Record(group, "entries", entries=state.entries))
+            records.append(Record(group, "hs", hard_state=state.hard_state))
+        self.records = records
+        self.synced = len(records)

@@ -1,0 +1,428 @@
+"""The deterministic simulator: real MultiRaft cores, a simulated clock, network and disk, one seed.
+
+One `random.Random(seed)` owns every choice: the run's fault profile (loss, duplication, delay spread, crash and
+partition rates, message size, compaction interval, fsync latency), every fault and proposal, and the cores'
+randomised election timeouts (the cores receive its `randrange`). Each tick: maybe inject a fault, maybe propose,
+deliver due batches to inboxes, then for every live node finish a pending fsync (sync, send, apply, advance) or
+tick it, step its inbox and start its next Ready (persist, then wait 0..N ticks for the fsync). The checkers
+(checkers.py) run after every step. After `chaos_ticks` everything heals (partitions removed, crashed nodes
+restarted, a clean network) and every group must commit and apply a fresh proposal on every node within
+`liveness_ticks_max`. A failing seed replays exactly: `python -m chaos.sim --seed N --trace`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from chaos.sim.checkers import AppliedState, GroupChecker, SafetyViolation
+from chaos.sim.disk import SimDisk
+from chaos.sim.network import NetworkFaults, SimNetwork
+from chaos.sim.trace import describe_batch
+from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, NodeReady
+from cluster.raft.core.raft import BrokenVariant, RaftConfig, RaftCore
+from cluster.raft.core.types import AppendResp, GroupId, Index, Membership, NodeId, Ready, Role
+
+INBOX_MAX = 1_000
+DRIVE_ROUNDS_MAX = 8
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    seed: int
+    groups: int = 1
+    nodes: int | None = None  # None: the seed picks 3 or 5
+    chaos_ticks: int = 300
+    liveness_ticks_max: int = 500
+    broken: BrokenVariant | None = None  # reachable from tests only (not from the command line)
+    quiesce: bool = True
+    trace: bool = False
+
+
+@dataclass(slots=True)
+class SimResult:
+    seed: int
+    ok: bool
+    violation: str | None
+    ticks: int
+    stats: dict[str, int]
+    trace: list[str]
+    profile: str
+
+
+@dataclass(slots=True)
+class SimNode:
+    id: NodeId
+    disk: SimDisk
+    mr: MultiRaft | None = None
+    incarnation: int = 0
+    pending: tuple[NodeReady, int] | None = None
+    inbox: deque[NodeBatch] = field(default_factory=deque)
+    applied: dict[GroupId, AppliedState] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultProfile:
+    """The per-seed fault mix, drawn once from the seed."""
+
+    node_count: int
+    network: tuple[float, float, int]  # loss rate, duplicate rate, max delay ticks
+    crash_rate: float
+    partition_rate: float
+    msg_size_bytes_max: int
+    inflight_msgs_max: int
+    compact_every: int  # 0: never
+    sync_delay_ticks_max: int
+    propose_rate: float
+    transfer_rate: float
+    pre_vote: bool
+    check_quorum: bool
+    leader_fault_rate: float  # a nemesis that crashes or isolates a current leader
+    new_leader_isolate_rate: float  # a nemesis that isolates a leader the moment it is elected
+
+
+    @staticmethod
+    def draw(rng: random.Random, node_count: int | None) -> FaultProfile:
+        return FaultProfile(
+            node_count=node_count or rng.choice([3, 3, 5]),
+            network=(rng.choice([0.0, 0.01, 0.05, 0.15]), rng.choice([0.0, 0.02, 0.1]), rng.choice([1, 2, 4, 8])),
+            crash_rate=rng.choice([0.0, 0.005, 0.02, 0.05, 0.1]),
+            partition_rate=rng.choice([0.0, 0.01, 0.03, 0.08]),
+            msg_size_bytes_max=rng.choice([1, 64, 1024]),
+            inflight_msgs_max=rng.choice([1, 4, 64]),
+            compact_every=rng.choice([0, 5, 30]),
+            sync_delay_ticks_max=rng.choice([0, 1, 3]),
+            propose_rate=rng.choice([0.1, 0.3, 0.7]),
+            transfer_rate=rng.choice([0.0, 0.01]),
+            pre_vote=rng.random() < 0.7,
+            check_quorum=rng.random() < 0.7,
+            leader_fault_rate=rng.choice([0.0, 0.02, 0.05]),
+            new_leader_isolate_rate=rng.choice([0.0, 0.0, 0.3]),
+        )
+
+
+class Simulation:
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.profile = FaultProfile.draw(self.rng, config.nodes)
+        loss, dup, delay_max = self.profile.network
+        self.net = SimNetwork(self.rng, NetworkFaults(loss, dup, 1, delay_max))
+        raft = RaftConfig(
+            election_ticks=10,
+            heartbeat_ticks=2,
+            quiesce=config.quiesce,
+            pre_vote=self.profile.pre_vote,
+            check_quorum=self.profile.check_quorum,
+            msg_size_bytes_max=self.profile.msg_size_bytes_max,
+            inflight_msgs_max=self.profile.inflight_msgs_max,
+            uncommitted_entries_max=200,
+        )
+        self.mr_config = MultiRaftConfig(raft=raft, node_heartbeat_ticks=2, node_timeout_ticks=12)
+        node_ids = [NodeId(f"n{i}") for i in range(1, self.profile.node_count + 1)]
+        self.group_ids = [GroupId(f"g{i}") for i in range(config.groups)]
+        voters = Membership(frozenset(node_ids))
+        self.memberships = dict.fromkeys(self.group_ids, voters)
+        self.nodes = {node: SimNode(node, SimDisk(node)) for node in node_ids}
+        self.checkers = {group: GroupChecker(group) for group in self.group_ids}
+        self.now = 0
+        self.trace: list[str] = []
+        self.stats = {"crashes": 0, "restarts": 0, "partitions": 0, "proposals": 0, "transfers": 0}
+        self._proposal_seq = 0
+        self._marker_index: dict[GroupId, Index] = {}
+        self._leader_terms_seen: dict[GroupId, int] = {}
+        for node in self.nodes.values():
+            self._start(node, fresh=True)
+
+    # --- the run -------------------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        violation: str | None = None
+        try:
+            for tick in range(self.config.chaos_ticks):
+                self._tick(tick, chaos=True)
+            self._heal()
+            violation = self._run_liveness()
+        except SafetyViolation as error:
+            violation = str(error)
+            self._log(f"VIOLATION {violation}")
+        except AssertionError as error:  # a core's own invariant (e.g. never truncate a committed entry)
+            violation = f"assertion: {error}"
+            self._log(f"VIOLATION {violation}")
+        stats = dict(self.stats)
+        stats["messages_sent"] = self.net.sent
+        stats["messages_dropped"] = self.net.dropped
+        stats["fsyncs"] = sum(node.disk.fsyncs for node in self.nodes.values())
+        stats["leaders"] = sum(len(checker.leaders) for checker in self.checkers.values())
+        stats["committed"] = sum(len(checker.committed) for checker in self.checkers.values())
+        return SimResult(self.config.seed, violation is None, violation, self.now, stats, self.trace,
+                         repr(self.profile))
+
+    def _run_liveness(self) -> str | None:
+        start = self.config.chaos_ticks
+        for tick in range(start, start + self.config.liveness_ticks_max):
+            if (tick - start) % 20 == 0:
+                self._propose_markers()
+            self._tick(tick, chaos=False)
+            if self._converged():
+                self._log("converged")
+                return None
+        return f"liveness: no progress within {self.config.liveness_ticks_max} ticks after healing"
+
+    def _converged(self) -> bool:
+        for group in self.group_ids:
+            marker = self._marker_index.get(group)
+            if marker is None:
+                return False
+            for node in self.nodes.values():
+                if node.applied[group].index < marker:
+                    return False
+        return True
+
+    def _tick(self, tick: int, chaos: bool) -> None:
+        self.now = tick
+        if chaos:
+            self._maybe_fault()
+            self._maybe_propose()
+        for batch in self.net.due(tick):
+            node = self.nodes[batch.dst]
+            if node.mr is not None and len(node.inbox) < INBOX_MAX:
+                node.inbox.append(batch)
+                if self.config.trace:
+                    self._log(f"deliver {describe_batch(batch)}")
+        for node in self.nodes.values():
+            if node.mr is None:
+                continue
+            if node.pending is not None:
+                if tick < node.pending[1]:
+                    continue
+                self._complete(node)
+            node.mr.tick()
+            self._check(node)
+            while node.inbox:
+                node.mr.step(node.inbox.popleft())
+                self._check(node)
+            self._drive(node)
+        if chaos and self.profile.new_leader_isolate_rate:
+            self._isolate_new_leaders()
+
+    def _isolate_new_leaders(self) -> None:
+        for group in self.group_ids:
+            for node, core in self._leaders(group):
+                if core.term > self._leader_terms_seen.get(group, 0):
+                    self._leader_terms_seen[group] = core.term
+                    if self.rng.random() < self.profile.new_leader_isolate_rate:
+                        self.net.partition([{node.id}, {other for other in self.nodes if other != node.id}])
+                        self.stats["partitions"] += 1
+                        self._log(f"partition isolate-new-leader {node.id} term {core.term}")
+
+    # --- a node's Ready cycle ------------------------------------------------------------------------------
+    def _drive(self, node: SimNode) -> None:
+        for _ in range(DRIVE_ROUNDS_MAX):
+            mr = node.mr
+            if mr is None or node.pending is not None or not mr.has_ready():
+                return
+            node_ready = mr.ready()
+            for group, ready in node_ready.groups:
+                node.disk.write_ready(group, ready)
+                self.checkers[group].on_persist(node.id, mr.groups[group], ready)
+            delay = self.rng.randint(0, self.profile.sync_delay_ticks_max)
+            node.pending = (node_ready, self.now + delay)
+            if delay:
+                return
+            self._complete(node)
+
+    def _complete(self, node: SimNode) -> None:
+        assert node.pending is not None and node.mr is not None
+        node_ready, _ = node.pending
+        node.pending = None
+        node.disk.sync()
+        for batch in node_ready.batches:
+            self.net.send(self.now, batch)
+            for group, message in batch.messages:
+                if isinstance(message, AppendResp):
+                    self.checkers[group].on_send(node.id, message.term, message)
+        for group, ready in node_ready.groups:
+            self._apply(node, group, ready)
+        node.mr.advance(node_ready)
+        self._maybe_compact(node)
+        node.disk.maybe_consolidate(self.memberships)
+        self._check(node)
+
+    def _apply(self, node: SimNode, group: GroupId, ready: Ready) -> None:
+        checker = self.checkers[group]
+        state = node.applied[group]
+        if ready.snapshot is not None:
+            state = AppliedState.decode(ready.snapshot.data)
+            assert state.index == ready.snapshot.index
+            checker.on_restore(node.id, state)
+        for entry in ready.committed_entries:
+            state = checker.on_apply(node.id, state, entry)
+            if entry.data == self._marker(group):
+                self._marker_index.setdefault(group, entry.index)
+        node.applied[group] = state
+
+    def _maybe_compact(self, node: SimNode) -> None:
+        every = self.profile.compact_every
+        if not every or node.mr is None:
+            return
+        for group, core in node.mr.groups.items():
+            if core.log.applied - core.log.snapshot.index >= every:
+                assert node.applied[group].index == core.log.applied
+                snapshot = core.compact(node.applied[group].encode())
+                node.disk.write_compaction(group, snapshot)
+
+    def _check(self, node: SimNode) -> None:
+        assert node.mr is not None
+        for group, core in node.mr.groups.items():
+            self.checkers[group].check_core(node.id, core)
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+    def _start(self, node: SimNode, fresh: bool) -> None:
+        node.mr = MultiRaft(node.id, self.mr_config, self.rng.randrange, node.incarnation)
+        states = node.disk.load(self.memberships)
+        for group in self.group_ids:
+            persisted = None if fresh else states[group]
+            membership = self.memberships[group] if fresh else None
+            node.mr.add_group(group, membership, persisted, self.config.broken)
+            node.applied[group] = AppliedState.decode(states[group].snapshot.data)
+            self.checkers[group].on_restore(node.id, node.applied[group])
+            self.checkers[group].forget_node_progress(node.id)
+
+    def _crash(self, node: SimNode) -> None:
+        outcome = node.disk.crash(self.rng)
+        node.mr = None
+        node.pending = None
+        node.inbox.clear()
+        node.applied = {}
+        self.stats["crashes"] += 1
+        self._log(f"crash {node.id} {outcome}")
+
+    def _restart(self, node: SimNode) -> None:
+        node.incarnation += 1
+        self._start(node, fresh=False)
+        self.stats["restarts"] += 1
+        self._log(f"restart {node.id} incarnation={node.incarnation}")
+
+    def _heal(self) -> None:
+        self.net.heal()
+        self.net.faults = NetworkFaults(0.0, 0.0, 1, 3)
+        for node in self.nodes.values():
+            if node.mr is None:
+                self._restart(node)
+        self._log("heal: partitions removed, crashed nodes restarted, clean network")
+
+    # --- faults and load -----------------------------------------------------------------------------------
+    def _maybe_fault(self) -> None:
+        rng, profile = self.rng, self.profile
+        live = [node for node in self.nodes.values() if node.mr is not None]
+        down = [node for node in self.nodes.values() if node.mr is None]
+        if live and rng.random() < profile.crash_rate:
+            self._crash(rng.choice(live))
+        if down and rng.random() < 0.05:
+            self._restart(rng.choice(down))
+        if rng.random() < profile.partition_rate:
+            self._partition()
+        if (self.net.blocked or self.net.clogged) and rng.random() < 0.04:
+            self.net.heal()
+            self._log("net heal")
+        if rng.random() < profile.partition_rate / 2:
+            ids = sorted(self.nodes)
+            link = (rng.choice(ids), rng.choice(ids))
+            if link[0] != link[1]:
+                self.net.clogged[link] = rng.randint(5, 30)
+                self._log(f"clog {link[0]}->{link[1]} +{self.net.clogged[link]} ticks")
+        if rng.random() < profile.transfer_rate:
+            self._transfer()
+        if rng.random() < profile.leader_fault_rate:
+            self._fault_a_leader()
+
+    def _fault_a_leader(self) -> None:
+        leaders = self._leaders(self.rng.choice(self.group_ids))
+        if not leaders:
+            return
+        node, _ = self.rng.choice(leaders)
+        if self.rng.random() < 0.5:
+            self._crash(node)
+        else:
+            others = {other for other in self.nodes if other != node.id}
+            self.net.partition([{node.id}, others])
+            self.stats["partitions"] += 1
+            self._log(f"partition isolate-leader {node.id}")
+
+    def _partition(self) -> None:
+        ids = sorted(self.nodes)
+        shuffled = ids[:]
+        self.rng.shuffle(shuffled)
+        shape = self.rng.choice(["halves", "isolate", "one-way", "bridge"])
+        if shape == "halves":
+            cut = self.rng.randint(1, len(ids) - 1)
+            sides = [set(shuffled[:cut]), set(shuffled[cut:])]
+            self.net.partition(sides)
+        elif shape == "isolate":
+            sides = [{shuffled[0]}, set(shuffled[1:])]
+            self.net.partition(sides)
+        elif shape == "one-way":
+            self.net.block_one_way(shuffled[0], shuffled[1])
+            sides = [{shuffled[0]}, {shuffled[1]}]
+        else:  # a bridge node sees both halves, the halves do not see each other
+            rest = shuffled[1:]
+            cut = max(1, len(rest) // 2)
+            sides = [set(rest[:cut]), set(rest[cut:])]
+            self.net.partition(sides)
+        self.stats["partitions"] += 1
+        self._log(f"partition {shape} {' | '.join(','.join(sorted(side)) for side in sides)}")
+
+    def _leaders(self, group: GroupId) -> list[tuple[SimNode, RaftCore]]:
+        found = []
+        for node in self.nodes.values():
+            if node.mr is not None and node.pending is None:
+                core = node.mr.groups[group]
+                if core.role is Role.LEADER:
+                    found.append((node, core))
+        return found
+
+    def _maybe_propose(self) -> None:
+        if self.rng.random() >= self.profile.propose_rate:
+            return
+        group = self.rng.choice(self.group_ids)
+        for node, _ in self._leaders(group):
+            self._proposal_seq += 1
+            data = f"{group}/{self._proposal_seq}".encode()
+            assert node.mr is not None
+            index = node.mr.propose(group, data)
+            self.stats["proposals"] += 1
+            if self.config.trace:
+                self._log(f"propose {node.id} {group} {data.decode()} -> {index}")
+            self._drive(node)
+
+    def _propose_markers(self) -> None:
+        for group in self.group_ids:
+            if group in self._marker_index:
+                continue
+            for node, _ in self._leaders(group):
+                assert node.mr is not None
+                index = node.mr.propose(group, self._marker(group))
+                self._log(f"propose-marker {node.id} {group} -> {index}")
+                self._drive(node)
+
+    def _marker(self, group: GroupId) -> bytes:
+        return f"{group}/final".encode()
+
+    def _transfer(self) -> None:
+        group = self.rng.choice(self.group_ids)
+        for node, core in self._leaders(group):
+            target = self.rng.choice(sorted(core.membership.voters))
+            assert node.mr is not None
+            if node.mr.transfer_leadership(group, target):
+                self.stats["transfers"] += 1
+                self._log(f"transfer {group} {node.id} -> {target}")
+                self._drive(node)
+
+    def _log(self, line: str) -> None:
+        if self.config.trace:
+            self.trace.append(f"{self.now:05d} {line}")
+
+
+def run_seed(config: SimConfig) -> SimResult:
+    return Simulation(config).run()

@@ -1,0 +1,28 @@
+"""Run many seeds and collect the failing ones (the CI sweep and the long offline sweeps use this)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from chaos.sim.simulator import SimConfig, SimResult, run_seed
+from cluster.raft.core.raft import BrokenVariant
+
+
+def sweep(
+    seeds: Iterable[int],
+    groups: int = 1,
+    chaos_ticks: int = 300,
+    broken: BrokenVariant | None = None,
+    stop_at_first: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> list[SimResult]:
+    failures: list[SimResult] = []
+    for seed in seeds:
+        result = run_seed(SimConfig(seed=seed, groups=groups, chaos_ticks=chaos_ticks, broken=broken))
+        if not result.ok:
+            failures.append(result)
+            if progress:
+                progress(f"seed {seed} FAILED: {result.violation}")
+            if stop_at_first:
+                break
+    return failures

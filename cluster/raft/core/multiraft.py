@@ -1,0 +1,199 @@
+"""Many Raft groups on one node: one node-level tick, batched messages per peer, quiescence and failure detection.
+
+`MultiRaft` owns a `RaftCore` per group. `tick()` advances the node clock and ticks only the *active* groups;
+an idle group quiesces (its leader sends one final heartbeat with `quiesce=True` and then nothing), so a node with
+thousands of idle groups does no per-group work per tick. Liveness of quiesced groups comes from node-level
+failure detection instead (CockroachDB's quiescence, RabbitMQ ra's per-node monitoring): every node sends each
+peer a `NodeBatch` at least every `node_heartbeat_ticks` (empty if there is nothing to carry); a peer silent for
+`node_timeout_ticks`, or one that came back with a new incarnation, wakes the groups it leads (followers then
+campaign) and the groups we lead that include it (so check-quorum can act).
+
+`ready()` collects every group's `Ready` and regroups all outgoing messages into one `NodeBatch` per destination
+(split at `batch_messages_max`); the host persists every group's entries with one fsync, sends the batches,
+applies, then calls `advance(node_ready)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cluster.raft.core.raft import BrokenVariant, RaftConfig, RaftCore, Rng
+from cluster.raft.core.types import (
+    ConfChange,
+    GroupId,
+    Index,
+    Membership,
+    Message,
+    NodeId,
+    PersistedState,
+    Ready,
+    Role,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeBatch:
+    """One frame from node to node: every group's messages for that peer, and the node-level heartbeat."""
+
+    src: NodeId
+    dst: NodeId
+    incarnation: int
+    messages: tuple[tuple[GroupId, Message], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReady:
+    groups: tuple[tuple[GroupId, Ready], ...]
+    batches: tuple[NodeBatch, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MultiRaftConfig:
+    raft: RaftConfig = field(default_factory=lambda: RaftConfig(quiesce=True))
+    node_heartbeat_ticks: int = 2
+    node_timeout_ticks: int = 10
+    batch_messages_max: int = 4096
+
+
+class MultiRaft:
+    def __init__(self, node_id: NodeId, config: MultiRaftConfig, rng: Rng, incarnation: int = 0) -> None:
+        self.id = node_id
+        self.config = config
+        self.incarnation = incarnation
+        self._rng = rng
+        self.groups: dict[GroupId, RaftCore] = {}
+        self._active: set[GroupId] = set()
+        self._dirty: set[GroupId] = set()
+        self._now = 0
+        self._last_heard: dict[NodeId, int] = {}
+        self._last_sent: dict[NodeId, int] = {}
+        self._peer_incarnation: dict[NodeId, int] = {}
+        self.down_peers: set[NodeId] = set()
+
+    # --- groups --------------------------------------------------------------------------------------------
+    def add_group(
+        self,
+        group: GroupId,
+        membership: Membership | None = None,
+        persisted: PersistedState | None = None,
+        broken: BrokenVariant | None = None,
+    ) -> RaftCore:
+        assert group not in self.groups, f"group {group} exists"
+        core = RaftCore(self.id, self.config.raft, self._rng, membership, persisted, broken)
+        self.groups[group] = core
+        self._active.add(group)
+        self._dirty.add(group)
+        for peer in core.membership.members - {self.id}:
+            self._last_heard.setdefault(peer, self._now)
+        return core
+
+    def remove_group(self, group: GroupId) -> None:
+        self.groups.pop(group, None)
+        self._active.discard(group)
+        self._dirty.discard(group)
+
+    def peers(self) -> list[NodeId]:
+        return sorted(self._last_heard)
+
+    def active_group_count(self) -> int:
+        return len(self._active)
+
+    # --- input ---------------------------------------------------------------------------------------------
+    def tick(self) -> None:
+        self._now += 1
+        for peer in self.peers():
+            silent_ticks = self._now - self._last_heard[peer]
+            if peer not in self.down_peers and silent_ticks > self.config.node_timeout_ticks:
+                self.down_peers.add(peer)
+                self._wake_groups_of(peer)
+        for group in sorted(self._active):
+            core = self.groups[group]
+            core.tick()
+            self._dirty.add(group)
+            if core.quiesced:
+                self._active.discard(group)
+
+    def step(self, batch: NodeBatch) -> None:
+        peer = batch.src
+        self._last_heard[peer] = self._now
+        self.down_peers.discard(peer)
+        known = self._peer_incarnation.get(peer)
+        self._peer_incarnation[peer] = batch.incarnation
+        if known is not None and known != batch.incarnation:
+            self._wake_groups_of(peer)  # it restarted: whatever it led is leaderless now
+        for group, message in batch.messages:
+            core = self.groups.get(group)
+            if core is None:
+                continue  # a group we do not host (yet): the sender will retry
+            core.step(message)
+            self._touch(group)
+
+    def propose(self, group: GroupId, data: bytes) -> Index | None:
+        core = self.groups[group]
+        index = core.propose(data)
+        self._touch(group)
+        return index
+
+    def propose_conf_change(self, group: GroupId, change: ConfChange) -> Index | None:
+        index = self.groups[group].propose_conf_change(change)
+        self._touch(group)
+        return index
+
+    def transfer_leadership(self, group: GroupId, target: NodeId) -> bool:
+        started = self.groups[group].transfer_leadership(target)
+        self._touch(group)
+        return started
+
+    def _touch(self, group: GroupId) -> None:
+        self._dirty.add(group)
+        if not self.groups[group].quiesced:
+            self._active.add(group)
+
+    def _wake_groups_of(self, peer: NodeId) -> None:
+        for group in sorted(self.groups):
+            core = self.groups[group]
+            if core.role is Role.LEADER and peer in core.membership.members:
+                core.wake()
+            elif core.lead == peer:
+                core.wake(suspect_leader=True)
+            else:
+                continue
+            self._touch(group)
+
+    # --- output --------------------------------------------------------------------------------------------
+    def has_ready(self) -> bool:
+        return any(self.groups[group].has_ready() for group in self._dirty) or bool(self._heartbeats_due())
+
+    def ready(self) -> NodeReady:
+        readies: list[tuple[GroupId, Ready]] = []
+        outgoing: dict[NodeId, list[tuple[GroupId, Message]]] = {}
+        for group in sorted(self._dirty):
+            core = self.groups[group]
+            if not core.has_ready():
+                continue
+            ready = core.ready()
+            readies.append((group, ready))
+            for message in ready.messages:
+                outgoing.setdefault(message.dst, []).append((group, message))
+        self._dirty = {group for group, _ in readies}
+        for peer in self._heartbeats_due():
+            outgoing.setdefault(peer, [])
+        batches: list[NodeBatch] = []
+        chunk = self.config.batch_messages_max
+        for peer in sorted(outgoing):
+            messages = outgoing[peer]
+            self._last_sent[peer] = self._now
+            for start in range(0, max(len(messages), 1), chunk):
+                batches.append(NodeBatch(self.id, peer, self.incarnation, tuple(messages[start : start + chunk])))
+        return NodeReady(tuple(readies), tuple(batches))
+
+    def _heartbeats_due(self) -> list[NodeId]:
+        due_after = self.config.node_heartbeat_ticks
+        return [peer for peer in self.peers() if self._now - self._last_sent.get(peer, -due_after) >= due_after]
+
+    def advance(self, node_ready: NodeReady) -> None:
+        for group, ready in node_ready.groups:
+            core = self.groups.get(group)
+            if core is not None:
+                core.advance(ready)
+                self._touch(group)

@@ -1,0 +1,607 @@
+"""The Raft state machine of one group on one node (Ongaro & Ousterhout, with etcd-io/raft's shape).
+
+Input: `tick()` (one logical clock tick), `step(message)`, `propose(data)`, `propose_conf_change(change)`,
+`transfer_leadership(node)`, `compact(data)`, `wake(...)`. Output: `ready()` returns a `Ready` (see types.py for
+the persist -> send -> apply -> advance order) and `advance(ready)` acknowledges it.
+
+Elections use pre-vote (section 9.6: a node first asks whether it could win, without bumping its term) and
+check-quorum (a leader that has not heard from a quorum within an election timeout steps down; followers that
+heard from a leader within the timeout ignore vote requests: the "leader lease"). Replication pipelines appends
+per follower (progress.py) and a leader commits only by counting replicas of an entry of its own term
+(section 5.4.2). A follower truncates only at a real conflict. Membership changes are single-server, take effect
+when applied, one at a time, and a learner is promoted only once it has caught up. The group can quiesce: an idle
+leader sends one final heartbeat and then nothing; see multiraft.py for the node-level failure detection that
+replaces per-group heartbeats.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cluster.raft.core.log import RaftLog
+from cluster.raft.core.progress import Inflights, Progress, ProgressState
+from cluster.raft.core.quorum import VoteResult, committed_index, vote_result
+from cluster.raft.core.types import (
+    Append,
+    AppendResp,
+    ConfChange,
+    ConfOp,
+    Entry,
+    EntryKind,
+    HardState,
+    Heartbeat,
+    HeartbeatResp,
+    Index,
+    InstallSnapshot,
+    Membership,
+    Message,
+    NodeId,
+    PersistedState,
+    PreVote,
+    PreVoteResp,
+    Ready,
+    Role,
+    Snapshot,
+    Term,
+    TimeoutNow,
+    Vote,
+    VoteResp,
+)
+
+Rng = Callable[[int, int], int]  # rng(low, high_exclusive), e.g. random.Random(seed).randrange
+
+
+class BrokenVariant(enum.Enum):
+    """Deliberate bugs, reachable only by passing them in (tests and the simulator do), to keep checkers sharp."""
+
+    COMMIT_OLD_TERM = "commit-old-term"  # count replicas of an old term's entry (figure 8)
+    TRUNCATE_ON_APPEND = "truncate-on-append"  # drop the follower's tail on every append, even without conflict
+
+
+@dataclass(frozen=True, slots=True)
+class RaftConfig:
+    election_ticks: int = 10
+    heartbeat_ticks: int = 1
+    pre_vote: bool = True
+    check_quorum: bool = True
+    quiesce: bool = False
+    msg_size_bytes_max: int = 64 * 1024  # entries per Append are cut after this many bytes
+    inflight_msgs_max: int = 64
+    inflight_bytes_max: int = 4 * 1024 * 1024
+    uncommitted_entries_max: int = 10_000  # proposals beyond this are refused (back-pressure)
+
+
+class RaftCore:
+    def __init__(
+        self,
+        node_id: NodeId,
+        config: RaftConfig,
+        rng: Rng,
+        membership: Membership | None = None,
+        persisted: PersistedState | None = None,
+        broken: BrokenVariant | None = None,
+    ) -> None:
+        self.id = node_id
+        self.config = config
+        self._rng = rng
+        self._broken = broken
+        if persisted is None:
+            assert membership is not None, "a new group needs its initial membership"
+            persisted = PersistedState(HardState(Term(0), None, Index(0)), Snapshot(Index(0), Term(0), membership), ())
+        hs = persisted.hard_state
+        self.log = RaftLog(persisted.snapshot, persisted.entries, hs.commit)
+        self.membership = persisted.snapshot.membership
+        self.term = hs.term
+        self.vote = hs.vote
+        self._persisted_hs = HardState(self.term, self.vote, self.log.committed)
+        self.role = Role.FOLLOWER
+        self.lead: NodeId | None = None
+        self.quiesced = False
+        self.prs: dict[NodeId, Progress] = {}
+        self._votes: dict[NodeId, bool] = {}
+        self._msgs: list[Message] = []
+        self._election_elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._randomized_timeout = 0
+        self._pending_conf_index = Index(0)
+        self.lead_transferee: NodeId | None = None
+        self._reset_randomized_timeout()
+
+    # --- public API ----------------------------------------------------------------------------------------
+    def tick(self) -> None:
+        if self.quiesced:
+            return
+        if self.role is Role.LEADER:
+            self._tick_leader()
+        else:
+            self._election_elapsed += 1
+            if self._promotable() and self._election_elapsed >= self._randomized_timeout:
+                self._election_elapsed = 0
+                self.campaign()
+
+    def campaign(self, transfer: bool = False) -> None:
+        """Start an election now (a pre-vote round first, unless this is a leadership transfer)."""
+        if not self._promotable() or self.role is Role.LEADER:
+            return
+        if self.config.pre_vote and not transfer:
+            self._become_pre_candidate()
+        else:
+            self._become_candidate(transfer)
+
+    def propose(self, data: bytes) -> Index | None:
+        """Append a command if this node leads; None means refused (not leader, transferring, or full)."""
+        return self._propose(data, EntryKind.NORMAL)
+
+    def propose_conf_change(self, change: ConfChange) -> Index | None:
+        if self.role is not Role.LEADER or self._pending_conf_index > self.log.applied:
+            return None
+        if not self._conf_change_allowed(change):
+            return None
+        index = self._propose(change.encode(), EntryKind.CONF_CHANGE)
+        if index is not None:
+            self._pending_conf_index = index
+        return index
+
+    def transfer_leadership(self, target: NodeId) -> bool:
+        if self.role is not Role.LEADER or target == self.id or target not in self.membership.voters:
+            return False
+        self._wake_self()
+        self.lead_transferee = target
+        self._election_elapsed = 0
+        if self.prs[target].match == self.log.last_index():
+            self._send(TimeoutNow(self.id, target, self.term))
+        else:
+            self._send_append(target)
+        return True
+
+    def compact(self, data: bytes) -> Snapshot:
+        """The host's state machine image at the applied index; the host must persist it, then entries go."""
+        index = self.log.applied
+        term = self.log.term(index)
+        assert term is not None
+        snapshot = Snapshot(index, term, self.membership, data)
+        self.log.compact(snapshot)
+        return snapshot
+
+    def wake(self, suspect_leader: bool = False) -> None:
+        """Leave quiescence. `suspect_leader`: node-level failure detection says our leader is gone."""
+        if suspect_leader and self.role is not Role.LEADER:
+            self.quiesced = False
+            self._election_elapsed = max(self._election_elapsed, self.config.election_ticks)
+            return
+        if self.quiesced:
+            self._wake_self()
+            if self.role is Role.FOLLOWER and self.lead is not None:
+                self._send(HeartbeatResp(self.id, self.lead, self.term))  # wake the leader too
+
+    def step(self, m: Message) -> None:
+        if self.quiesced and not (isinstance(m, Heartbeat) and m.quiesce):
+            self.wake()
+        if m.term > self.term:
+            if isinstance(m, PreVote | Vote):
+                transfer = isinstance(m, Vote) and m.transfer
+                if self._in_lease() and not transfer:
+                    return
+            if isinstance(m, PreVote) or (isinstance(m, PreVoteResp) and not m.reject):
+                pass  # no one adopts a pre-vote's term
+            else:
+                leader = m.src if isinstance(m, Append | Heartbeat | InstallSnapshot) else None
+                self._become_follower(m.term, leader)
+        elif m.term < self.term:
+            if isinstance(m, Append | Heartbeat):
+                self._send(HeartbeatResp(self.id, m.src, self.term))  # tell a stale leader to step down
+            elif isinstance(m, PreVote):
+                self._send(PreVoteResp(self.id, m.src, self.term, reject=True))
+            return
+        if isinstance(m, PreVote | Vote):
+            self._handle_vote_request(m)
+        elif self.role is Role.LEADER:
+            self._step_leader(m)
+        elif self.role is Role.FOLLOWER:
+            self._step_follower(m)
+        else:
+            self._step_candidate(m)
+
+    def has_ready(self) -> bool:
+        return bool(
+            self._msgs
+            or self.log.pending_snapshot is not None
+            or self.log.persisted < self.log.last_index()
+            or self.log.applied < self.log.committed
+            or self._hard_state() != self._persisted_hs
+        )
+
+    def ready(self) -> Ready:
+        """Collect pending work. Messages are drained: call `advance` with this Ready before anything else."""
+        hs = self._hard_state()
+        snapshot = self.log.pending_snapshot
+        applied = max(self.log.applied, snapshot.index if snapshot else Index(0))
+        committed = self.log.slice(Index(applied + 1), self.log.committed) if self.log.committed > applied else ()
+        messages = tuple(self._msgs)
+        self._msgs.clear()
+        return Ready(
+            hard_state=hs if hs != self._persisted_hs else None,
+            snapshot=snapshot,
+            entries=self.log.unstable_entries(),
+            committed_entries=committed,
+            messages=messages,
+        )
+
+    def advance(self, ready: Ready) -> None:
+        if ready.snapshot is not None:
+            self.log.pending_snapshot = None
+            self.log.applied = Index(max(self.log.applied, ready.snapshot.index))
+        if ready.entries:
+            self.log.persisted = Index(max(self.log.persisted, ready.entries[-1].index))
+        if ready.hard_state is not None:
+            self._persisted_hs = ready.hard_state
+        for entry in ready.committed_entries:
+            self.log.applied = entry.index
+            if entry.kind is EntryKind.CONF_CHANGE:
+                self._apply_conf_change(ConfChange.decode(entry.data))
+        if self.role is Role.LEADER:
+            self.prs[self.id].match = self.log.persisted
+            if self._maybe_commit():
+                self._broadcast_append()
+
+    def soft_state(self) -> tuple[Role, NodeId | None]:
+        return self.role, self.lead
+
+    # --- roles ---------------------------------------------------------------------------------------------
+    def _reset(self, term: Term) -> None:
+        if term != self.term:
+            self.term = term
+            self.vote = None
+        self.lead = None
+        self._election_elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._votes = {}
+        self.lead_transferee = None
+        self.quiesced = False
+        self._reset_randomized_timeout()
+
+    def _reset_randomized_timeout(self) -> None:
+        ticks = self.config.election_ticks
+        self._randomized_timeout = ticks + self._rng(0, ticks)
+
+    def _become_follower(self, term: Term, leader: NodeId | None) -> None:
+        self._reset(term)
+        self.role = Role.FOLLOWER
+        self.lead = leader
+        self.prs = {}
+
+    def _become_pre_candidate(self) -> None:
+        self.role = Role.PRE_CANDIDATE
+        self.lead = None
+        self._votes = {self.id: True}
+        self.prs = {}
+        for voter in sorted(self.membership.voters - {self.id}):
+            self._send(PreVote(self.id, voter, Term(self.term + 1), self.log.last_index(), self.log.last_term()))
+        self._tally()
+
+    def _become_candidate(self, transfer: bool) -> None:
+        self._reset(Term(self.term + 1))
+        self.role = Role.CANDIDATE
+        self.vote = self.id
+        self._votes = {self.id: True}
+        for voter in sorted(self.membership.voters - {self.id}):
+            last_index, last_term = self.log.last_index(), self.log.last_term()
+            self._send(Vote(self.id, voter, self.term, last_index, last_term, transfer))
+        self._tally()
+
+    def _become_leader(self) -> None:
+        self._reset(self.term)
+        self.role = Role.LEADER
+        self.lead = self.id
+        self.vote = self.id
+        last = self.log.last_index()
+        self.prs = {node: self._new_progress(node, last) for node in self.membership.members}
+        self.prs[self.id].match = self.log.persisted
+        self.prs[self.id].recent_active = True
+        self._pending_conf_index = last  # no conf change until everything before our term is applied
+        self.log.append((Entry(self.term, Index(last + 1), b"", EntryKind.EMPTY),))
+        self._broadcast_append()
+
+    def _new_progress(self, node: NodeId, last: Index) -> Progress:
+        inflights = Inflights(self.config.inflight_msgs_max, self.config.inflight_bytes_max)
+        return Progress(Index(0), Index(last + 1), inflights, is_learner=node in self.membership.learners)
+
+    def _promotable(self) -> bool:
+        return self.id in self.membership.voters and self.log.pending_snapshot is None
+
+    def _in_lease(self) -> bool:
+        return (
+            self.config.check_quorum
+            and self.lead is not None
+            and self._election_elapsed < self.config.election_ticks
+        )
+
+    def _hard_state(self) -> HardState:
+        return HardState(self.term, self.vote, self.log.committed)
+
+    def _send(self, m: Message) -> None:
+        self._msgs.append(m)
+
+    def _wake_self(self) -> None:
+        if not self.quiesced:
+            return
+        self.quiesced = False
+        self._election_elapsed = 0
+        if self.role is Role.LEADER:
+            self._heartbeat_elapsed = self.config.heartbeat_ticks
+            for node, pr in self.prs.items():
+                pr.recent_active = node == self.id
+
+    # --- elections -----------------------------------------------------------------------------------------
+    def _handle_vote_request(self, m: PreVote | Vote) -> None:
+        pre = isinstance(m, PreVote)
+        can_vote = (
+            self.vote == m.src
+            or (self.vote is None and self.lead is None)
+            or (pre and m.term > self.term)
+        )
+        if can_vote and self.log.is_up_to_date(m.last_index, m.last_term):
+            if pre:
+                self._send(PreVoteResp(self.id, m.src, m.term, reject=False))
+            else:
+                self._election_elapsed = 0
+                self.vote = m.src
+                self._send(VoteResp(self.id, m.src, m.term, reject=False))
+        elif pre:
+            self._send(PreVoteResp(self.id, m.src, self.term, reject=True))
+        else:
+            self._send(VoteResp(self.id, m.src, self.term, reject=True))
+
+    def _step_candidate(self, m: Message) -> None:
+        if isinstance(m, Append | Heartbeat | InstallSnapshot):
+            self._become_follower(m.term, m.src)
+            self._step_follower(m)
+        elif self._is_poll_response(m):
+            assert isinstance(m, PreVoteResp | VoteResp)
+            self._votes.setdefault(m.src, not m.reject)
+            self._tally()
+
+    def _is_poll_response(self, m: Message) -> bool:
+        if self.role is Role.PRE_CANDIDATE:
+            return isinstance(m, PreVoteResp)
+        return isinstance(m, VoteResp)
+
+    def _tally(self) -> None:
+        result = vote_result(self.membership.voters, self._votes)
+        if result is VoteResult.WON:
+            if self.role is Role.PRE_CANDIDATE:
+                self._become_candidate(transfer=False)
+            else:
+                self._become_leader()
+        elif result is VoteResult.LOST:
+            self._become_follower(self.term, None)
+
+    # --- follower ------------------------------------------------------------------------------------------
+    def _step_follower(self, m: Message) -> None:
+        if isinstance(m, Append):
+            self._election_elapsed = 0
+            self.lead = m.src
+            self._handle_append(m)
+        elif isinstance(m, Heartbeat):
+            self._election_elapsed = 0
+            self.lead = m.src
+            self._handle_heartbeat(m)
+        elif isinstance(m, InstallSnapshot):
+            self._election_elapsed = 0
+            self.lead = m.src
+            self._handle_snapshot(m)
+        elif isinstance(m, TimeoutNow):
+            self.campaign(transfer=True)
+
+    def _handle_append(self, m: Append) -> None:
+        log = self.log
+        if m.prev_index < log.committed:
+            self._send(AppendResp(self.id, m.src, self.term, log.committed))
+            return
+        if not log.matches(m.prev_index, m.prev_term):
+            hint_index, hint_term = log.find_conflict_by_term(Index(min(m.prev_index, log.last_index())), m.prev_term)
+            self._send(AppendResp(self.id, m.src, self.term, m.prev_index, True, hint_index, hint_term))
+            return
+        last_new = Index(m.prev_index + len(m.entries))
+        if self._broken is BrokenVariant.TRUNCATE_ON_APPEND and m.entries:
+            if log.last_index() > m.prev_index:
+                log.truncate_from(Index(m.prev_index + 1))
+            log.append(m.entries)
+        else:
+            self._append_from_conflict(m.entries)
+        log.commit_to(Index(min(m.commit, last_new)))
+        self._send(AppendResp(self.id, m.src, self.term, last_new))
+
+    def _append_from_conflict(self, entries: tuple[Entry, ...]) -> None:
+        """Skip entries we already hold (same index and term); truncate only at the first real conflict."""
+        for position, entry in enumerate(entries):
+            if self.log.matches(entry.index, entry.term):
+                continue
+            if entry.index <= self.log.last_index():
+                self.log.truncate_from(entry.index)
+            self.log.append(entries[position:])
+            return
+
+    def _handle_heartbeat(self, m: Heartbeat) -> None:
+        self.log.commit_to(m.commit)
+        if m.quiesce and self.config.quiesce:
+            self.quiesced = True
+            return  # no answer: an answer would wake the leader
+        self._send(HeartbeatResp(self.id, m.src, self.term))
+
+    def _handle_snapshot(self, m: InstallSnapshot) -> None:
+        snapshot = m.snapshot
+        if snapshot.index <= self.log.committed:
+            pass
+        elif self.log.matches(snapshot.index, snapshot.term):
+            self.log.commit_to(snapshot.index)
+        else:
+            self.log.restore(snapshot)
+            self.membership = snapshot.membership
+        self._send(AppendResp(self.id, m.src, self.term, self.log.committed))
+
+    # --- leader --------------------------------------------------------------------------------------------
+    def _tick_leader(self) -> None:
+        self._heartbeat_elapsed += 1
+        self._election_elapsed += 1
+        if self._election_elapsed >= self.config.election_ticks:
+            self._election_elapsed = 0
+            self.lead_transferee = None
+            for pr in self.prs.values():
+                if pr.state is ProgressState.SNAPSHOT:
+                    pr.become_probe()  # the snapshot may have been lost: try again
+            if self.config.check_quorum and not self._quorum_active():
+                self._become_follower(self.term, None)
+                return
+        if self._heartbeat_elapsed >= self.config.heartbeat_ticks:
+            self._heartbeat_elapsed = 0
+            if self.config.quiesce and self._can_quiesce():
+                self._broadcast_heartbeat(quiesce=True)
+                self.quiesced = True
+            else:
+                self._broadcast_heartbeat(quiesce=False)
+
+    def _quorum_active(self) -> bool:
+        active = {node: pr.recent_active for node, pr in self.prs.items()}
+        for node, pr in self.prs.items():
+            pr.recent_active = node == self.id
+        return vote_result(self.membership.voters, active) is VoteResult.WON
+
+    def _can_quiesce(self) -> bool:
+        last = self.log.last_index()
+        return (
+            self.lead_transferee is None
+            and self.log.committed == last
+            and self.log.persisted == last
+            and all(pr.match == last for pr in self.prs.values())
+        )
+
+    def _broadcast_heartbeat(self, quiesce: bool) -> None:
+        for node in sorted(self.prs):
+            if node != self.id:
+                commit = Index(min(self.prs[node].match, self.log.committed))
+                self._send(Heartbeat(self.id, node, self.term, commit, quiesce))
+
+    def _broadcast_append(self) -> None:
+        for node in sorted(self.prs):
+            if node != self.id:
+                self._send_append(node)
+
+    def _send_append(self, to: NodeId, send_if_empty: bool = True) -> bool:
+        pr = self.prs[to]
+        if pr.is_paused():
+            return False
+        prev_index = Index(pr.next - 1)
+        prev_term = self.log.term(prev_index)
+        if prev_term is None:  # compacted away: only a snapshot can bring this follower up
+            self._send(InstallSnapshot(self.id, to, self.term, self.log.snapshot))
+            pr.become_snapshot(self.log.snapshot.index)
+            return True
+        entries = self.log.slice(pr.next, self.log.last_index(), self.config.msg_size_bytes_max)
+        if not entries and not send_if_empty:
+            return False
+        self._send(Append(self.id, to, self.term, prev_index, prev_term, entries, self.log.committed))
+        if entries:
+            pr.sent_entries(entries[-1].index, sum(entry.size_bytes for entry in entries))
+        elif pr.state is ProgressState.PROBE:
+            pr.probe_sent = True
+        return True
+
+    def _step_leader(self, m: Message) -> None:
+        pr = self.prs.get(m.src)
+        if pr is None:
+            return
+        if isinstance(m, AppendResp):
+            pr.recent_active = True
+            self._handle_append_resp(m, pr)
+        elif isinstance(m, HeartbeatResp):
+            pr.recent_active = True
+            pr.probe_sent = False
+            if pr.state is ProgressState.REPLICATE and pr.inflights.full():
+                pr.inflights.free_first()  # an append may be lost: let one more through (it will probe)
+            if pr.match < self.log.last_index():
+                self._send_append(m.src)
+
+    def _handle_append_resp(self, m: AppendResp, pr: Progress) -> None:
+        if m.reject:
+            probe_hint, _ = self.log.find_conflict_by_term(m.hint_index, m.hint_term)
+            if pr.maybe_decrease_to(m.index, probe_hint):
+                if pr.state is ProgressState.REPLICATE:
+                    pr.become_probe()
+                self._send_append(m.src)
+            return
+        was_paused = pr.is_paused()
+        if not pr.maybe_update(m.index):
+            return
+        if pr.state is ProgressState.PROBE:
+            pr.become_replicate()
+        elif pr.state is ProgressState.SNAPSHOT and pr.match >= pr.pending_snapshot:
+            pr.become_probe()
+        else:
+            pr.inflights.free_through(m.index)
+        if self._maybe_commit():
+            self._broadcast_append()
+        elif was_paused:
+            self._send_append(m.src)
+        while self._send_append(m.src, send_if_empty=False):
+            pass
+        if m.src == self.lead_transferee and pr.match == self.log.last_index():
+            self._send(TimeoutNow(self.id, m.src, self.term))
+
+    def _maybe_commit(self) -> bool:
+        match = {node: pr.match for node, pr in self.prs.items()}
+        index = committed_index(self.membership.voters, match)
+        if index <= self.log.committed:
+            return False
+        if self.log.term(index) != self.term and self._broken is not BrokenVariant.COMMIT_OLD_TERM:
+            return False  # section 5.4.2: never commit an old term's entry by counting replicas
+        return self.log.commit_to(index)
+
+    def _propose(self, data: bytes, kind: EntryKind) -> Index | None:
+        if self.role is not Role.LEADER or self.lead_transferee is not None:
+            return None
+        if self.log.last_index() - self.log.committed >= self.config.uncommitted_entries_max:
+            return None
+        self._wake_self()
+        index = Index(self.log.last_index() + 1)
+        self.log.append((Entry(self.term, index, data, kind),))
+        self._broadcast_append()
+        return index
+
+    # --- membership ----------------------------------------------------------------------------------------
+    def _conf_change_allowed(self, change: ConfChange) -> bool:
+        members = self.membership
+        if change.op is ConfOp.ADD_LEARNER:
+            return change.node not in members.members
+        if change.op is ConfOp.PROMOTE:
+            pr = self.prs.get(change.node)
+            return change.node in members.learners and pr is not None and pr.match >= self.log.committed
+        return change.node in members.members and members.voters != {change.node}
+
+    def _apply_conf_change(self, change: ConfChange) -> None:
+        voters, learners = set(self.membership.voters), set(self.membership.learners)
+        if change.op is ConfOp.ADD_LEARNER:
+            learners.add(change.node)
+        elif change.op is ConfOp.PROMOTE:
+            learners.discard(change.node)
+            voters.add(change.node)
+        else:
+            voters.discard(change.node)
+            learners.discard(change.node)
+        self.membership = Membership(frozenset(voters), frozenset(learners))
+        if self.role is not Role.LEADER:
+            return
+        if change.node == self.id and change.op is ConfOp.REMOVE:
+            self._become_follower(self.term, None)
+            return
+        if change.op is ConfOp.ADD_LEARNER:
+            self.prs[change.node] = self._new_progress(change.node, self.log.last_index())
+            self._send_append(change.node)
+        elif change.op is ConfOp.PROMOTE:
+            self.prs[change.node].is_learner = False
+        else:
+            self.prs.pop(change.node, None)
+        if self._maybe_commit():
+            self._broadcast_append()
