@@ -284,3 +284,15 @@ def test_x_expires_deletes_unused_queue() -> None:
     assert channel_close(c.declare("q", passive=True))[0] == 404
 
 
+
+
+def test_server_names_come_from_injected_rng() -> None:
+    from node.broker.broker import Broker, BrokerConfig
+    from tests.broker.harness import Client
+
+    broker = Broker(BrokerConfig(rng=lambda n: bytes(n)))
+    c = Client(broker)
+    c.open(1)
+    assert of_type(c.declare(""), m.QueueDeclareOk)[0].queue == "amq.gen-AAAAAAAAAAAAAAAAAAAAAA"
+    assert of_type(c.consume("amq.gen-AAAAAAAAAAAAAAAAAAAAAA"), m.BasicConsumeOk)[0].consumer_tag == (
+        "amq.ctag-AAAAAAAAAAAAAAAAAAAAAA")

@@ -199,3 +199,22 @@ def test_tx_commit_ok_waits_for_persistence_in_order() -> None:
     assert of_type(c.broker.on_persisted(t2), m.TxCommitOk) == []
     assert len(of_type(c.broker.on_persisted(t1), m.TxCommitOk)) == 2
     assert len(of_type(c.call(m.TxCommit()), m.TxCommitOk)) == 1
+
+
+def test_mandatory_return_precedes_confirm_ack() -> None:
+    c = connected()
+    c.call(m.ConfirmSelect())
+    kinds = [type(x) for x in c.publish("amq.direct", "nowhere", mandatory=True) if hasattr(x, "method")]
+    assert kinds and [k.__name__ for k in kinds] == ["SendContent", "Send"]
+    effects = c.publish("amq.direct", "nowhere", mandatory=True)
+    assert isinstance(effects[0].method, m.BasicReturn) and isinstance(effects[1].method, m.BasicAck)
+
+
+def test_confirm_ack_multiple_for_contiguous_batch() -> None:
+    from node.broker import publish
+    from node.broker.channel import ChannelState
+
+    c = connected()
+    ch = ChannelState(1, 1, 99, confirm=True, next_publish_seq=4)
+    publish.confirm_ready(c.broker, ch, (1, 2, 3), ())
+    assert [(a.delivery_tag, a.multiple) for a in of_type(c.broker.take_effects(), m.BasicAck)] == [(3, True)]
