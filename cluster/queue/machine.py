@@ -24,6 +24,7 @@ Semantics chosen where RabbitMQ leaves room (the reference model in tests/queue 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Final
 
@@ -101,7 +102,7 @@ class Queue:
         self._attach_seq = 0
         self._now_ms = 0
         self._active: Consumer | None = None
-        self._publishers: dict[Hashable, int] = {}
+        self._publishers: OrderedDict[Hashable, int] = OrderedDict()  # least recently used first
         self._has_limits = self.args.max_length is not None or self.args.max_length_bytes is not None
         self._handlers: dict[type, Callable[[Any, _Effects], None]] = {
             Enqueue: self._enqueue,
@@ -487,7 +488,7 @@ class Queue:
     def _remember_publisher(self, publisher_id: Hashable, sequence: int) -> None:
         publishers = self._publishers
         if publisher_id in publishers:
-            del publishers[publisher_id]
+            publishers.move_to_end(publisher_id)
         elif len(publishers) >= self.publishers_max:
-            del publishers[next(iter(publishers))]
+            publishers.popitem(last=False)
         publishers[publisher_id] = sequence
