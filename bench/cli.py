@@ -1,8 +1,8 @@
 """`raftmq bench`: run the workloads against raftmq and RabbitMQ, print the figures and ratios, save JSON + PNG.
 
-Without --target it starts what it needs and stops it afterwards: a raftmq node (`raftmq node` on a free port,
-temporary data dir) and Debian's RabbitMQ, one node for workloads (a), (c), (d), (e) and a 3-node loopback cluster
-for (b). raftmq's (b) needs a replicated 3-node raftmq cluster, which the bench cannot start yet: it is skipped with
+Without --target it starts what it needs, afresh for every workload, and stops it afterwards: a raftmq node
+(`raftmq node` on a free port, temporary data dir) and Debian's RabbitMQ, one node for workloads (a), (c), (d), (e)
+and a 3-node loopback cluster for (b). raftmq's (b) needs a replicated 3-node raftmq cluster, which the bench cannot start yet: it is skipped with
 a note. With --target host:port it measures that one broker, already running, and starts nothing.
 Ctrl-C or SIGTERM stops the run; every broker and worker process it started is stopped on the way out.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import shutil
 import signal
 import subprocess
@@ -117,15 +118,18 @@ def _print_one(m: Measurement) -> None:
 def _with_broker(
     broker: str, workloads: list[str], settings: RunSettings, start: Callable[[], contextlib.AbstractContextManager[Endpoint]]
 ) -> list[Measurement]:
-    if not workloads:
-        return []
-    print(f"[{broker}] starting ...", flush=True)
-    try:
-        with start() as endpoint:
-            return _run_all(broker, endpoint, workloads, settings)
-    except BrokerStartError as error:
-        print(f"[{broker}] could not start: {error}", flush=True)
-        return [Measurement(w, w, broker, error=f"broker did not start: {error}") for w in workloads]
+    """Each workload gets a freshly started broker, so that no backlog or slow clean-up of one run (deleting a
+    thousand queues, say) weighs on the next."""
+    found: list[Measurement] = []
+    for workload in workloads:
+        print(f"[{broker}] starting for workload ({workload}) ...", flush=True)
+        try:
+            with start() as endpoint:
+                found += _run_all(broker, endpoint, [workload], settings)
+        except BrokerStartError as error:
+            print(f"[{broker}] could not start: {error}", flush=True)
+            found.append(Measurement(workload, workload, broker, error=f"broker did not start: {error}"))
+    return found
 
 
 def _measure_raftmq(workloads: list[str], settings: RunSettings, notes: list[str]) -> list[Measurement]:
@@ -145,10 +149,10 @@ def _rabbit_nodes(count: int) -> Iterator[Endpoint]:
 def _measure_rabbitmq(workloads: list[str], settings: RunSettings, notes: list[str]) -> list[Measurement]:
     if not rabbitmq_available() and not _install_rabbitmq(notes):
         return [Measurement(w, w, RABBITMQ, error="RabbitMQ is not installed") for w in workloads]
-    single = [w for w in workloads if w != "b"]
-    found = _with_broker(RABBITMQ, single, settings, lambda: _rabbit_nodes(1))
-    if "b" in workloads:
-        found += _with_broker(RABBITMQ, ["b"], settings, lambda: _rabbit_nodes(3))
+    found: list[Measurement] = []
+    for workload in workloads:
+        nodes = 3 if workload == "b" else 1
+        found += _with_broker(RABBITMQ, [workload], settings, functools.partial(_rabbit_nodes, nodes))
     return found
 
 

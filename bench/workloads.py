@@ -3,7 +3,8 @@
 (a) persistent 100 B messages through a durable classic queue, 1 publisher + 1 consumer;
 (b) the same through a quorum queue (x-queue-type=quorum; 3 replicas when the broker is a 3-node cluster);
 (c) fanout: one publisher to a durable fanout exchange bound to 10 queues, consumed by 2 processes;
-(d) 1,000 queues, each with its own publishing channel and consumer, multiplexed over 2+2 processes;
+(d) 1,000 queues, each with its own publishing channel and consumer, multiplexed over 2+2 processes (warm-up at
+    least 5 s: a thousand consumers take a while to reach a steady state);
 (e) latency at fixed publish rates, (a)'s topology, every message timed.
 A control connection declares the topology (names carry a run id so runs never collide), and deletes it afterwards.
 """
@@ -27,6 +28,7 @@ DEFAULT_LATENCY_RATES = (1000, 2000, 5000)
 BODY_SIZE = 100
 FANOUT_QUEUES = 10
 MANY_QUEUES = 1000
+MANY_QUEUES_WARMUP_S_MIN = 5.0  # a thousand consumers and channels take seconds to reach a steady state
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,10 +190,12 @@ def _run(
     specs: Sequence[PublisherSpec | ConsumerSpec],
     settings: RunSettings,
     finish: Callable[[list[WorkerResult]], Measurement],
+    warmup_s_min: float = 0.0,
 ) -> Measurement:
+    warmup_s = max(settings.warmup_s, warmup_s_min)
     declare(endpoint, topology)
     try:
-        return finish(run_workers(specs, settings.warmup_s, settings.duration_s))
+        return finish(run_workers(specs, warmup_s, settings.duration_s))
     finally:
         delete(endpoint, topology)
 
@@ -224,7 +228,8 @@ def _run_workload(workload: str, broker: str, endpoint: Endpoint, settings: RunS
         queues = tuple(f"{prefix}-{index}" for index in range(MANY_QUEUES))
         topology = Topology(queues, {})
         specs = many_queues_layout(endpoint, queues)
-        return [_run(endpoint, topology, specs, settings, lambda r: measure("d", "d", broker, r))]
+        finish = functools.partial(measure, "d", "d", broker)
+        return [_run(endpoint, topology, specs, settings, finish, MANY_QUEUES_WARMUP_S_MIN)]
     if workload == "e":
         measurements = []
         for rate in settings.latency_rates_msgs_per_s:
