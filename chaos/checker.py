@@ -1,0 +1,122 @@
+"""The queue checker: classify every message of a run's history (pure functions, no I/O).
+
+Vocabulary from rabbitmq/jepsen's queue checker (REFERENCE.md §5), per payload id:
+- ok: confirmed and delivered at least once;
+- lost: confirmed but never delivered — must be empty;
+- unexpected: delivered but never published — must be empty;
+- recovered: not confirmed (nacked, or the outcome unknown because the connection died) yet delivered;
+- unconfirmed_absent: not confirmed and never delivered (allowed: the broker never promised it);
+- duplicated: delivered more than once (allowed for at-least-once delivery; counted).
+Order: a queue is FIFO and a publisher's channel sends in sequence order, so the first-time deliveries
+(redelivered=False) that one consumer receives from one publisher on one queue must have increasing sequence
+numbers. Redeliveries are exempt (a requeue legitimately moves a message back). Each break is an OrderViolation.
+A run is valid when nothing is lost or unexpected.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chaos.history import Delivery, Outcome, Publish
+
+_OUTCOME_RANK: dict[Outcome, int] = {"unknown": 0, "nacked": 1, "confirmed": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class OrderViolation:
+    publisher: str
+    queue: str
+    consumer: str
+    previous_sequence: int
+    sequence: int
+    payload_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    attempted: int
+    confirmed: int
+    nacked: int
+    unknown: int
+    deliveries: int
+    ok: int
+    lost: tuple[str, ...]
+    unexpected: tuple[str, ...]
+    recovered: tuple[str, ...]
+    unconfirmed_absent: tuple[str, ...]
+    duplicated: tuple[tuple[str, int], ...]
+    order_violations: tuple[OrderViolation, ...]
+
+    @property
+    def valid(self) -> bool:
+        return not self.lost and not self.unexpected
+
+    def summary(self) -> dict[str, Any]:
+        """Counts only (the JSON report's headline)."""
+        return {
+            "valid": self.valid, "attempted": self.attempted, "confirmed": self.confirmed,
+            "nacked": self.nacked, "unknown": self.unknown, "deliveries": self.deliveries, "ok": self.ok,
+            "lost": len(self.lost), "unexpected": len(self.unexpected), "recovered": len(self.recovered),
+            "unconfirmed_absent": len(self.unconfirmed_absent), "duplicated": len(self.duplicated),
+            "duplicate_deliveries": sum(count - 1 for _, count in self.duplicated),
+            "order_violations": len(self.order_violations),
+        }
+
+
+def strongest_outcomes(publishes: Iterable[Publish]) -> dict[str, Publish]:
+    """One publish per payload id; when a payload was attempted twice the strongest outcome wins."""
+    best: dict[str, Publish] = {}
+    for publish in publishes:
+        seen = best.get(publish.payload_id)
+        if seen is None or _OUTCOME_RANK[publish.outcome] > _OUTCOME_RANK[seen.outcome]:
+            best[publish.payload_id] = publish
+    return best
+
+
+def order_violations(publishes: dict[str, Publish], deliveries: Sequence[Delivery]) -> list[OrderViolation]:
+    """First-time deliveries per (consumer, publisher, queue), in the order received, must rise in sequence."""
+    last_sequence: dict[tuple[str, str, str], int] = {}
+    violations: list[OrderViolation] = []
+    for delivery in deliveries:
+        publish = publishes.get(delivery.payload_id)
+        if delivery.redelivered or publish is None or publish.queue != delivery.queue:
+            continue
+        key = (delivery.consumer, publish.publisher, delivery.queue)
+        previous = last_sequence.get(key)
+        if previous is not None and publish.sequence <= previous:
+            violations.append(OrderViolation(publish.publisher, delivery.queue, delivery.consumer, previous,
+                                             publish.sequence, delivery.payload_id))
+        else:
+            last_sequence[key] = publish.sequence
+    return violations
+
+
+def check(publishes: Iterable[Publish], deliveries: Sequence[Delivery]) -> CheckResult:
+    """Classify every payload id of the history. `deliveries` must be in the order they were received."""
+    published = strongest_outcomes(publishes)
+    delivered = Counter(delivery.payload_id for delivery in deliveries)
+    outcomes = Counter(publish.outcome for publish in published.values())
+    lost, recovered, absent = [], [], []
+    ok = 0
+    for payload_id, publish in published.items():
+        seen = delivered.get(payload_id, 0) > 0
+        if publish.outcome == "confirmed":
+            if seen:
+                ok += 1
+            else:
+                lost.append(payload_id)
+        elif seen:
+            recovered.append(payload_id)
+        else:
+            absent.append(payload_id)
+    unexpected = sorted(payload_id for payload_id in delivered if payload_id not in published)
+    duplicated = sorted((payload_id, count) for payload_id, count in delivered.items() if count > 1)
+    return CheckResult(
+        attempted=len(published), confirmed=outcomes["confirmed"], nacked=outcomes["nacked"],
+        unknown=outcomes["unknown"], deliveries=len(deliveries), ok=ok, lost=tuple(sorted(lost)),
+        unexpected=tuple(unexpected), recovered=tuple(sorted(recovered)), unconfirmed_absent=tuple(sorted(absent)),
+        duplicated=tuple(duplicated), order_violations=tuple(order_violations(published, deliveries)),
+    )
