@@ -11,6 +11,7 @@ removes the directory. A broker that does not serve AMQP within its start timeou
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -191,6 +192,8 @@ def rabbitmq_cluster(nodes: int = 1, timeout_s: float = START_TIMEOUT_S) -> Iter
         seed = started[0][0]
         for node, _, _ in started[1:]:
             _join(environment, node, seed)
+        if nodes > 1:
+            _check_cluster(environment, seed, nodes)
         yield [endpoint for _, endpoint, _ in started]
     finally:
         for node, _, process in reversed(started):
@@ -203,3 +206,13 @@ def _join(environment: _RabbitEnvironment, node: str, seed: str) -> None:
         completed = environment.ctl(node, *args)
         if completed.returncode != 0:
             raise BrokerStartError(f"rabbitmqctl {' '.join(args)} on {node}: {completed.stderr.strip()[-400:]}")
+
+
+def _check_cluster(environment: _RabbitEnvironment, seed: str, nodes: int) -> None:
+    completed = environment.ctl(seed, "-q", "cluster_status", "--formatter", "json")
+    try:
+        running = json.loads(completed.stdout).get("running_nodes", [])
+    except ValueError:
+        running = []
+    if len(running) != nodes:
+        raise BrokerStartError(f"RabbitMQ cluster has {len(running)} running nodes, wanted {nodes}: {running}")
