@@ -105,6 +105,13 @@ def scan_records(data: bytes | memoryview, start_position: int = 0) -> Iterator[
         position += record.size_bytes
 
 
+def record_size_at(data: bytes | memoryview, position: int) -> int | None:
+    """Total size the record header at ``position`` claims (None if the header itself is incomplete)."""
+    if position + RECORD_HEADER.size > len(data):
+        return None
+    return RECORD_HEADER.size + int(RECORD_HEADER.unpack_from(data, position)[1])
+
+
 # --- WAL frames ------------------------------------------------------------------------------------------------
 
 
@@ -140,6 +147,14 @@ def decode_wal_frame_at(data: bytes | memoryview, position: int) -> WalFrame | N
 
 
 _WAL_KINDS = frozenset(int(k) for k in WalKind)
+
+
+def wal_frame_size_at(data: bytes | memoryview, position: int) -> int | None:
+    """Total size the frame header at ``position`` claims (None if the header itself is incomplete)."""
+    if position + WAL_HEADER.size > len(data):
+        return None
+    _, _, name_len, length, _, _ = WAL_HEADER.unpack_from(data, position)
+    return WAL_HEADER.size + int(name_len) + int(length)
 
 
 def scan_wal(data: bytes | memoryview) -> Iterator[WalFrame]:

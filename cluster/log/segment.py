@@ -18,15 +18,16 @@ import hashlib
 import os
 import pathlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 from cluster.log import format as fmt
 
 NAME_FILE = "stream.name"
 SNAPSHOT_FILE = "snapshot"
 READ_CHUNK_BYTES = 1024 * 1024
+T = TypeVar("T")
 
 
 class DiskFullError(OSError):
@@ -157,35 +158,51 @@ class Segment:
         return (self.log_path, self.index_path, self.time_index_path)
 
 
-def iter_file_records(path: pathlib.Path, start_position: int = 0) -> Iterator[fmt.Record]:
-    """Valid records of a segment file from ``start_position``, read in bounded chunks."""
+def scan_file(path: pathlib.Path, start_position: int, decode_at: Callable[[bytes, int], T | None],
+              size_at: Callable[[bytes, int], int | None], item_size: Callable[[T], int]
+              ) -> Iterator[tuple[int, T]]:
+    """(position, item) for each valid item of a file from ``start_position``, read in bounded chunks.
+
+    Stops at the first item that is corrupt, or torn at the end of the file.  The buffer holds at most one chunk
+    plus one item: an item is only waited for if its claimed size is plausible and not yet all read."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return
     try:
-        buffer = b""
-        buffer_position = start_position
-        previous_offset = -1
+        buffer, buffer_position, cursor, at_eof = b"", start_position, 0, False
         while True:
-            chunk = os.pread(fd, READ_CHUNK_BYTES, buffer_position + len(buffer))
+            item = decode_at(buffer, cursor)
+            if item is not None:
+                yield buffer_position + cursor, item
+                cursor += item_size(item)
+                continue
+            claimed = size_at(buffer, cursor)
+            if at_eof or (claimed is not None and claimed <= len(buffer) - cursor):
+                return  # torn at the end, or complete and corrupt
+            if claimed is not None and claimed > fmt.PAYLOAD_SIZE_BYTES_MAX + 4096:
+                return  # a garbage length: do not read the rest of the file hoping for it
+            buffer, buffer_position, cursor = buffer[cursor:], buffer_position + cursor, 0
+            chunk = os.pread(fd, max(READ_CHUNK_BYTES, (claimed or 0) - len(buffer)), buffer_position + len(buffer))
             at_eof = not chunk
             buffer += chunk
-            cursor = 0
-            while True:
-                record = fmt.decode_record_at(buffer, cursor)
-                if record is None or record.offset <= previous_offset:
-                    break
-                previous_offset = record.offset
-                yield fmt.Record(record.offset, record.timestamp_ms, record.payload,
-                                 buffer_position + cursor, record.size_bytes)
-                cursor += record.size_bytes
-            buffer = buffer[cursor:]
-            buffer_position += cursor
-            if at_eof:
-                return
     finally:
         os.close(fd)
+
+
+def iter_file_records(path: pathlib.Path, start_position: int = 0) -> Iterator[fmt.Record]:
+    """Valid records of a segment file from ``start_position`` (offsets must strictly increase)."""
+    previous_offset = -1
+    for position, record in scan_file(path, start_position, fmt.decode_record_at, fmt.record_size_at,
+                                      _record_size):
+        if record.offset <= previous_offset:
+            return
+        previous_offset = record.offset
+        yield fmt.Record(record.offset, record.timestamp_ms, record.payload, position, record.size_bytes)
+
+
+def _record_size(record: fmt.Record) -> int:
+    return record.size_bytes
 
 
 class StreamFiles:

@@ -14,7 +14,7 @@ import pathlib
 from collections.abc import Iterator
 
 from cluster.log import format as fmt
-from cluster.log.segment import fsync_directory, pwrite_all, raise_disk_full_or
+from cluster.log.segment import fsync_directory, pwrite_all, raise_disk_full_or, scan_file
 
 WAL_SUFFIX = ".wal"
 
@@ -24,15 +24,18 @@ def wal_files(directory: pathlib.Path) -> list[pathlib.Path]:
 
 
 def replay(directory: pathlib.Path) -> Iterator[fmt.WalFrame]:
-    """Valid frames of every WAL file, oldest first.  A file's torn/corrupt tail is truncated away."""
+    """Valid frames of every WAL file, oldest first, read in bounded chunks.  A torn/corrupt tail is cut off."""
     for path in wal_files(directory):
-        data = path.read_bytes()
         end = 0
-        for frame in fmt.scan_wal(data):
-            end = frame.end_position
+        for position, frame in scan_file(path, 0, fmt.decode_wal_frame_at, fmt.wal_frame_size_at, _frame_size):
+            end = position + _frame_size(frame)
             yield frame
-        if end != len(data):
+        if end != path.stat().st_size:
             os.truncate(path, end)
+
+
+def _frame_size(frame: fmt.WalFrame) -> int:
+    return fmt.WAL_HEADER.size + len(frame.stream.encode()) + len(frame.payload)
 
 
 class WalWriter:
