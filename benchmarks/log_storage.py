@@ -12,6 +12,7 @@ Measures, with fsync on (the directory's file system decides what an fsync costs
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import shutil
 import struct
@@ -25,8 +26,7 @@ import cbor2
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from cluster.log import LogConfig, NodeLog  # noqa: E402
-from cluster.log import format as fmt  # noqa: E402
+from cluster.log import LogConfig, NodeLog
 
 
 def rate(count: int, seconds: float) -> str:
@@ -88,6 +88,9 @@ def many_streams(root: pathlib.Path, streams: int, payload_bytes: int, per_fsync
     log = NodeLog.open(directory)
     payload = b"m" * payload_bytes
     names = [f"queue-{i}" for i in range(streams)]
+    for name in names:  # warm-up: create every stream's directory and first segment outside the measurement
+        log.append(name, payload)
+    log.commit()
 
     def body() -> None:
         for i in range(appends):
@@ -140,6 +143,7 @@ def main() -> None:
     args = parser.parse_args()
     scale = 10 if args.quick else 1
     root = pathlib.Path(tempfile.mkdtemp(prefix="log-bench-", dir=args.directory))
+    print(f"directory {root}, load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     try:
         encoding_comparison(200_000 // scale)
         for payload_bytes in (100, 1024):

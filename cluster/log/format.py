@@ -4,12 +4,13 @@ No file I/O here: every function maps bytes to values and back, so each edge cas
 garbage length) is a unit test.  The file code in ``segment.py``/``wal.py`` calls these helpers.
 
 Layout (all little-endian, packed with ``struct``; a micro-benchmark in ``benchmarks/log_storage.py``
-measured struct at several times the speed of cbor2 for these small fixed headers, so struct is used):
+measured struct+crc32 at ~0.9 us per record encode+decode against ~2.7 us for cbor2, so struct is used):
 
 - Segment record: ``crc32 u32 | payload_len u32 | offset u64 | timestamp_ms i64 | payload``.
   The CRC covers everything after itself.  24-byte header.
 - WAL frame: ``crc32 u32 | kind u8 | stream_len u16 | payload_len u32 | offset u64 | timestamp_ms i64 |
-  stream (utf-8) | payload``.  Kinds: APPEND, TRUNCATE (drop records > offset), DELETE (whole stream).
+  stream (utf-8) | payload``.  Kinds: APPEND, TRUNCATE (drop records > offset); DELETE is reserved
+  (``delete_stream`` checkpoints instead, so no frame of a deleted stream survives to be replayed).
 - Offset index entry: ``relative_offset u32 | position u32`` (sparse, one per ``index_interval_bytes``).
 - Time index entry: ``timestamp_ms i64 | relative_offset u32`` (max timestamp seen so far, monotone).
 - Snapshot file: ``magic 4s | crc32 u32 | offset i64 | state_len u32 | state``.
