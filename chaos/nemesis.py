@@ -1,0 +1,217 @@
+"""Process faults against real nodes: the `Cluster` protocol, a local implementation, and target selection.
+
+How it works: `Cluster` is what the nemesis needs from a deployment — node names, pids, kill -9, SIGSTOP/SIGCONT,
+restart, and the leader of a queue when the deployment knows it. `LocalCluster` implements it over the state file
+`raftmq cluster up` writes (<data-dir>/cluster.json, deploy/runner.py) — restart starts the same `raftmq node`
+command again on the same address and data directory — and can also spawn its own nodes (tests), writing the same
+state file. `pick_targets` turns a target spec (leader-of-queue, random, minority, majority, all, a node name) into
+node names with a seeded random.Random, so a schedule replays exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+from deploy.healthcheck import answers_amqp
+
+STATE_FILE_NAME = "cluster.json"
+READY_TIMEOUT_S = 30.0
+STOP_GRACE_S = 10.0
+
+
+class Cluster(Protocol):
+    def nodes(self) -> list[str]: ...
+    def pid(self, node: str) -> int | None: ...
+    def url(self, node: str) -> str: ...
+    def kill(self, node: str) -> None: ...
+    def pause(self, node: str) -> None: ...
+    def resume(self, node: str) -> None: ...
+    def restart(self, node: str) -> None: ...
+    def leader_of(self, queue: str) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One node as deploy/runner.py records it in cluster.json."""
+
+    name: str
+    host: str
+    port: int
+    pid: int
+    data_dir: str
+    log: str
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def node_command(spec: NodeSpec, extra_args: tuple[str, ...] = ()) -> list[str]:
+    """The command deploy/runner.py starts a node with (kept identical so a restart is the same node)."""
+    return [sys.executable, "-m", "node.cli", "node", "--node-name", spec.name, "--port", str(spec.port),
+            "--listen-address", spec.host, "--data-dir", spec.data_dir, *extra_args]
+
+
+class LocalCluster:
+    """Nodes on this machine, from cluster.json or spawned here; signals go straight to their pids."""
+
+    def __init__(self, data_dir: Path, specs: list[NodeSpec], extra_args: tuple[str, ...] = ()) -> None:
+        self.data_dir = data_dir
+        self._specs = {spec.name: spec for spec in specs}
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._extra_args = extra_args
+
+    @classmethod
+    def from_state_file(cls, data_dir: Path) -> LocalCluster:
+        raw = json.loads((data_dir / STATE_FILE_NAME).read_text())
+        return cls(data_dir, [NodeSpec(**node) for node in raw["nodes"]])
+
+    @classmethod
+    def spawn(cls, data_dir: Path, count: int, base_port: int, extra_args: tuple[str, ...] = ()) -> LocalCluster:
+        """Start `count` nodes on 127.0.0.1:base_port+i (i from 1), wait until they answer AMQP."""
+        specs = [NodeSpec(f"rmq{i}", "127.0.0.1", base_port + i, 0, str(data_dir / f"rmq{i}"),
+                          str(data_dir / f"rmq{i}.log")) for i in range(1, count + 1)]
+        cluster = cls(data_dir, specs, extra_args)
+        for spec in specs:
+            cluster._start(spec.name)
+        cluster.wait_ready(cluster.nodes())
+        return cluster
+
+    def nodes(self) -> list[str]:
+        return sorted(self._specs)
+
+    def spec(self, node: str) -> NodeSpec:
+        return self._specs[node]
+
+    def pid(self, node: str) -> int | None:
+        pid = self._specs[node].pid
+        return pid if pid_alive(pid) else None
+
+    def url(self, node: str) -> str:
+        spec = self._specs[node]
+        return f"amqp://guest:guest@{spec.host}:{spec.port}/%2F"
+
+    def leader_of(self, queue: str) -> str | None:
+        """Independent nodes have no leaders; a one-node deployment's only node leads everything."""
+        return self.nodes()[0] if len(self._specs) == 1 else None
+
+    def kill(self, node: str) -> None:
+        self._signal(node, signal.SIGKILL)
+        self._reap(node, wait_s=5.0)
+
+    def pause(self, node: str) -> None:
+        self._signal(node, signal.SIGSTOP)
+
+    def resume(self, node: str) -> None:
+        self._signal(node, signal.SIGCONT)
+
+    def restart(self, node: str) -> None:
+        """Kill -9 if still running, then start the same command again and wait until it answers AMQP."""
+        if self.pid(node) is not None:
+            self.kill(node)
+        self._start(node)
+        self.wait_ready([node])
+
+    def start_if_down(self, node: str) -> None:
+        if self.pid(node) is None:
+            self._start(node)
+            self.wait_ready([node])
+
+    def stop_all(self) -> None:
+        """SIGCONT (a paused node cannot exit), SIGTERM, then SIGKILL after a grace period."""
+        live = [name for name in self.nodes() if self.pid(name) is not None]
+        for name in live:
+            self._signal(name, signal.SIGCONT)
+            self._signal(name, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and any(self.pid(name) for name in live):
+            for name in live:
+                self._reap(name, wait_s=0.0)
+            time.sleep(0.05)
+        for name in live:
+            if self.pid(name) is not None:
+                self.kill(name)
+
+    def wait_ready(self, nodes: list[str], timeout_s: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        for node in nodes:
+            spec = self._specs[node]
+            while not answers_amqp(spec.host, spec.port, timeout_s=1.0):
+                if time.monotonic() > deadline or self.pid(node) is None:
+                    raise RuntimeError(f"node {node} did not come up; see {spec.log}")
+                time.sleep(0.05)
+
+    def _start(self, node: str) -> None:
+        spec = self._specs[node]
+        Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
+        with open(spec.log, "ab") as log:
+            child = subprocess.Popen(node_command(spec, self._extra_args), stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self._children[node] = child
+        self._specs[node] = replace(spec, pid=child.pid)
+        self._save_state()
+
+    def _save_state(self) -> None:
+        state = {"nodes": [asdict(spec) for spec in self._specs.values()], "haproxy_pid": None,
+                 "haproxy_port": None, "haproxy_config": None, "haproxy_log": None}
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.data_dir / (STATE_FILE_NAME + ".chaos.tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.data_dir / STATE_FILE_NAME)
+
+    def _signal(self, node: str, signum: signal.Signals) -> None:
+        pid = self.pid(node)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    def _reap(self, node: str, wait_s: float) -> None:
+        child = self._children.get(node)
+        if child is None:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=wait_s) if wait_s > 0 else child.poll()
+
+
+TARGET_KINDS = ("leader-of-queue", "random", "minority", "majority", "all")
+
+
+def pick_targets(cluster: Cluster, target: str, rng: random.Random, queue: str | None = None) -> list[str]:
+    """Node names for a target spec; a name that is not a kind must be a node name."""
+    nodes = cluster.nodes()
+    shuffled = rng.sample(nodes, len(nodes))
+    if target == "leader-of-queue":
+        leader = cluster.leader_of(queue) if queue else None
+        return [leader] if leader else shuffled[:1]
+    if target == "random":
+        return shuffled[:1]
+    if target == "minority":
+        return sorted(shuffled[:max(1, (len(nodes) - 1) // 2)])
+    if target == "majority":
+        return sorted(shuffled[:len(nodes) // 2 + 1])
+    if target == "all":
+        return nodes
+    if target in nodes:
+        return [target]
+    raise ValueError(f"unknown target {target!r}: expected one of {TARGET_KINDS} or a node in {nodes}")
