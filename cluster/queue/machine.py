@@ -214,7 +214,7 @@ class Queue:
         if message.ttl_ms is not None and (ttl_ms is None or message.ttl_ms < ttl_ms):
             ttl_ms = message.ttl_ms
         expiry_ms = None if ttl_ms is None else now_ms + ttl_ms
-        self._ready.push_new(Entry(msg_id, message, 0, expiry_ms, READY))
+        self._ready.push_new(msg_id, message, expiry_ms)
         out.append(Accepted(publisher_id, sequence, msg_id))
         self._deliver(out)
         if expiry_ms is not None and expiry_ms <= now_ms:

@@ -1,11 +1,15 @@
 """The store of ready messages: priority levels of FIFO deques, a requeue heap per level, and an expiry heap.
 
-Each message lives in one `Entry` (slotted: id, message, delivery count, expiry, flags) from enqueue to settle.
-Within a priority level, delivery order is ascending msg_id: new messages are appended to a deque (ids only grow),
-and returned messages go to a small heap keyed by msg_id, so a requeued message goes back ahead of newer ones.
-Taking the head compares the two tops: O(1) for the common case, O(log r) with r returned messages.
+Delivery order within a priority level is ascending msg_id. New messages are appended to the level's `fresh`
+deque (ids only grow) and returned messages go to a small heap keyed by msg_id, so a requeued message goes back
+ahead of newer ones. Taking the head compares the two tops: O(1) in the common case, O(log r) with r returned.
 
-Removal from the middle (expiry of a message that is not at the head, purge) is lazy: the entry is marked GONE and
+Compact backlog: a fresh message without expiry is stored as just its `QueuedMessage` reference in the deque and
+its id in an unboxed `array('q')` column beside it (16 bytes per message in all); its `Entry` (the mutable record
+of state, delivery count and expiry) is only created when it leaves the ready set. Messages with an expiry, and
+returned or recovered ones, are stored as `Entry` objects because they need per-message state while ready.
+
+Removal from the middle (expiry of a message not at the head, purge) is lazy: the entry is marked GONE and
 skipped when it reaches the head. Garbage is bounded: a level is rebuilt when its garbage outnumbers its live
 entries (amortised O(1)). The expiry heap holds entries with an expiry, ordered by (expiry_ms, msg_id); it is
 rebuilt when it grows past twice the ready count, so acknowledged messages do not linger in it.
@@ -14,6 +18,7 @@ rebuilt when it grows past twice the ready count, so acknowledged messages do no
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import deque
 from collections.abc import Iterator
 from typing import Final
@@ -28,6 +33,7 @@ REDELIVERED: Final = 4
 IN_EXPIRY_HEAP: Final = 8
 
 GARBAGE_REBUILD_MIN: Final = 1024
+ID_COLUMN_COMPACT_MIN: Final = 4096
 
 
 class Entry:
@@ -64,11 +70,48 @@ class Entry:
         return bool(self.flags & REDELIVERED)
 
 
-class _Level:
-    __slots__ = ("fresh", "garbage", "live", "returned")
+class _IdColumn:
+    """A FIFO of msg_ids stored unboxed (8 bytes each); the consumed prefix is cut off once it is half the array."""
+
+    __slots__ = ("_head", "_ids")
 
     def __init__(self) -> None:
-        self.fresh: deque[Entry] = deque()
+        self._ids = array("q")
+        self._head = 0
+
+    def __len__(self) -> int:
+        return len(self._ids) - self._head
+
+    def append(self, msg_id: int) -> None:
+        self._ids.append(msg_id)
+
+    def first(self) -> int:
+        return self._ids[self._head]
+
+    def popleft(self) -> int:
+        ids = self._ids
+        head = self._head
+        msg_id = ids[head]
+        head += 1
+        if head >= ID_COLUMN_COMPACT_MIN and head * 2 >= len(ids):
+            del ids[:head]
+            head = 0
+        self._head = head
+        return msg_id
+
+    def values(self) -> list[int]:
+        return self._ids[self._head :].tolist()
+
+
+FreshItem = QueuedMessage | Entry
+
+
+class _Level:
+    __slots__ = ("fresh", "fresh_ids", "garbage", "live", "returned")
+
+    def __init__(self) -> None:
+        self.fresh: deque[FreshItem] = deque()
+        self.fresh_ids = _IdColumn()
         self.returned: list[tuple[int, Entry]] = []
         self.live = 0
         self.garbage = 0
@@ -94,10 +137,26 @@ class ReadyStore:
 
     # --- adding ---------------------------------------------------------------------------------------------
 
-    def push_new(self, entry: Entry) -> None:
-        """Append a message with an id larger than every id already in the store."""
-        level = self._levels[self.level_of(entry.message)] if self._top_level else self._levels[0]
+    def push_new(self, msg_id: MsgId, message: QueuedMessage, expiry_ms: int | None) -> None:
+        """Append a message whose id is larger than every id already in the store."""
+        level = self._levels[self.level_of(message)] if self._top_level else self._levels[0]
+        if expiry_ms is None:
+            level.fresh.append(message)
+        else:
+            entry = Entry(msg_id, message, 0, expiry_ms, READY)
+            level.fresh.append(entry)
+            self._track_expiry(entry)
+        level.fresh_ids.append(msg_id)
+        level.live += 1
+        self.count += 1
+        self.size_bytes += message.size_bytes
+
+    def push_entry(self, entry: Entry) -> None:
+        """Append an entry (keeping its delivery count and flags) whose id is larger than all others."""
+        level = self._levels[self.level_of(entry.message)]
+        entry.flags = (entry.flags & ~STATE_MASK) | READY
         level.fresh.append(entry)
+        level.fresh_ids.append(entry.msg_id)
         level.live += 1
         self.count += 1
         self.size_bytes += entry.message.size_bytes
@@ -122,7 +181,7 @@ class ReadyStore:
         heap = self.expiry_heap
         heapq.heappush(heap, entry)
         if len(heap) > 2 * self.count + GARBAGE_REBUILD_MIN:
-            self._rebuildexpiry_heap()
+            self._rebuild_expiry_heap()
 
     # --- taking ---------------------------------------------------------------------------------------------
 
@@ -136,12 +195,18 @@ class ReadyStore:
             index -= 1
         level = levels[index]
         fresh = level.fresh
+        fresh_ids = level.fresh_ids
         returned = level.returned
         while True:
-            if returned and (not fresh or returned[0][0] < fresh[0].msg_id):
+            if returned and (not fresh or returned[0][0] < fresh_ids.first()):
                 entry = heapq.heappop(returned)[1]
             else:
-                entry = fresh.popleft()
+                item = fresh.popleft()
+                msg_id = fresh_ids.popleft()
+                if type(item) is Entry:
+                    entry = item
+                else:
+                    entry = Entry(MsgId(msg_id), item, 0, None, READY)  # type: ignore[arg-type]
             if not entry.flags & STATE_MASK:  # READY
                 level.live -= 1
                 self.count -= 1
@@ -189,12 +254,13 @@ class ReadyStore:
             for entry in self._live_entries(level):
                 entry.flags = (entry.flags & ~STATE_MASK) | GONE
             level.fresh.clear()
+            level.fresh_ids = _IdColumn()
             level.returned.clear()
             level.live = 0
             level.garbage = 0
         self.count = 0
         self.size_bytes = 0
-        self._rebuildexpiry_heap()
+        self._rebuild_expiry_heap()
         return removed
 
     # --- inspection -----------------------------------------------------------------------------------------
@@ -207,18 +273,34 @@ class ReadyStore:
     # --- maintenance ----------------------------------------------------------------------------------------
 
     @staticmethod
-    def _live_entries(level: _Level) -> list[Entry]:
-        live = [entry for entry in level.fresh if entry.flags & STATE_MASK == READY]
+    def _live_fresh(level: _Level) -> list[tuple[int, FreshItem]]:
+        return [
+            (msg_id, item)
+            for msg_id, item in zip(level.fresh_ids.values(), level.fresh, strict=True)
+            if type(item) is not Entry or item.flags & STATE_MASK == READY
+        ]
+
+    @classmethod
+    def _live_entries(cls, level: _Level) -> list[Entry]:
+        """Live entries of a level; plain fresh messages get a (temporary) Entry."""
+        live = [
+            item if isinstance(item, Entry) else Entry(MsgId(msg_id), item, 0, None, READY)
+            for msg_id, item in cls._live_fresh(level)
+        ]
         live.extend(entry for _, entry in level.returned if entry.flags & STATE_MASK == READY)
         return live
 
     def _rebuild_level(self, level: _Level) -> None:
-        level.fresh = deque(entry for entry in level.fresh if entry.flags & STATE_MASK == READY)
+        kept = self._live_fresh(level)
+        level.fresh = deque(item for _, item in kept)
+        level.fresh_ids = _IdColumn()
+        for msg_id, _ in kept:
+            level.fresh_ids.append(msg_id)
         level.returned = [item for item in level.returned if item[1].flags & STATE_MASK == READY]
         heapq.heapify(level.returned)
         level.garbage = 0
 
-    def _rebuildexpiry_heap(self) -> None:
+    def _rebuild_expiry_heap(self) -> None:
         kept: list[Entry] = []
         for entry in self.expiry_heap:
             if entry.flags & STATE_MASK == READY:

@@ -110,7 +110,11 @@ def restore_queue(
     queue._attach_seq = snapshot["attach_seq"]
     queue._now_ms = snapshot["now_ms"]
     for row in snapshot["ready"]:
-        queue._ready.push_new(_entry_from_row(row, dec_payload, READY))
+        entry = _entry_from_row(row, dec_payload, READY)
+        if entry.flags == READY and entry.delivery_count == 0 and entry.expiry_ms is None:
+            queue._ready.push_new(entry.msg_id, entry.message, None)  # the compact form
+        else:
+            queue._ready.push_entry(entry)
     for cid_raw, prefetch, credit, priority, no_ack, attach_seq, attached, unacked_rows in snapshot[
         "consumers"
     ]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cluster.queue import Attach, Deliver, Duplicate, Enqueue, Expire, MsgId, Queue, QueueArgs, Settle
-from cluster.queue.ready import GARBAGE_REBUILD_MIN
+from cluster.queue.ready import GARBAGE_REBUILD_MIN, ID_COLUMN_COMPACT_MIN
 from tests.queue.helpers import msg
 
 
@@ -42,3 +42,22 @@ def test_many_publishers_evict_in_constant_time_order() -> None:
     assert publishers[0] == ["p900", 1]
     assert queue.apply(Enqueue(msg(), 0, "p999", 1)) == [Duplicate("p999", 1)]
     assert queue.ready_msg_ids()[-1] == MsgId(1000)
+
+
+def test_compact_backlog_keeps_ids_through_column_compaction() -> None:
+    queue = Queue("q")
+    total = 3 * ID_COLUMN_COMPACT_MIN
+    for index in range(total):
+        queue.apply(Enqueue(msg(f"m{index}"), 0))
+    queue.apply(Attach("c", 0, prefetch=7))
+    seen: list[int] = []
+    while queue.unacked_count:
+        held = queue.unacked_msg_ids("c")
+        seen.append(held[0])
+        queue.apply(Settle("c", held[:1]))
+        if len(seen) % 5 == 0:
+            queue.apply(Enqueue(msg("late"), 0))
+    assert seen[:total] == list(range(1, total + 1))
+    assert seen == sorted(seen)
+    assert queue.ready_count == 0
+    assert len(queue._ready._levels[0].fresh_ids) == 0
