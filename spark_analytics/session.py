@@ -1,7 +1,8 @@
 """Building the SparkSession the lag job runs in.
 
-Nothing here assumes local mode: the master comes from the command line (default local[*]); when None the master
-is left to spark-submit (`--master` there, or spark-defaults). Tests pass a small number of shuffle partitions, the
+Nothing here assumes local mode: the master comes from the command line; when it is not given (None) it is left to
+Spark, which means local[*] under plain `python`/`raftmq`, and whatever `spark-submit --master` or spark-defaults
+say under spark-submit (setting local[*] ourselves would override those). Tests pass a small number of shuffle partitions, the
 UI off and the driver bound to 127.0.0.1.
 """
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-DEFAULT_MASTER = "local[*]"
+DEFAULT_MASTER: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +34,13 @@ def build_session(settings: SparkSettings) -> SparkSession:
         builder = builder.master(settings.master)
     if settings.shuffle_partitions is not None:
         builder = builder.config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
-    builder = builder.config("spark.ui.enabled", "true" if settings.ui_enabled else "false")
+    builder = builder.config("spark.ui.enabled", "true" if settings.ui_enabled else "false").config(
+        "spark.ui.showConsoleProgress", "false"
+    )
     if settings.bind_loopback:
-        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
+            "spark.driver.host", "127.0.0.1"
+        )
     for key, value in settings.extra_conf:
         builder = builder.config(key, value)
     session = builder.getOrCreate()

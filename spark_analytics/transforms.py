@@ -242,9 +242,7 @@ def with_time_lag(samples: DataFrame, records: DataFrame, config: LagConfig) -> 
         .cast("long")
     )
     return (
-        samples.join(matched, keys, "left")
-        .withColumn("lag_ms", lag_ms)
-        .drop("oldest_missing_append_ts_ms")
+        samples.join(matched, keys, "left").withColumn("lag_ms", lag_ms).drop("oldest_missing_append_ts_ms")
     )
 
 
@@ -306,7 +304,9 @@ def follower_windows(samples: DataFrame, persist: DataFrame, config: LagConfig) 
         .groupBy(*keys)
         .agg(F.count(F.lit(1)).alias("batches"), *_percentile_aggs("persist_lag_ms", acc))
     )
-    joined = from_samples.join(from_persist, keys, "full_outer").fillna(0, ["samples", "batches", "out_of_sync_ms"])
+    joined = from_samples.join(from_persist, keys, "full_outer").fillna(
+        0, ["samples", "batches", "out_of_sync_ms"]
+    )
     return _expand_percentiles(joined, ["lag_entries", "lag_bytes", "lag_ms", "persist_lag_ms"])
 
 
@@ -315,7 +315,9 @@ def commit_windows(commits: DataFrame, config: LagConfig) -> DataFrame:
     aggregated = (
         with_window(commits, "append_ts_ms", config.window_ms)
         .groupBy("group", "window_start_ms")
-        .agg(F.count(F.lit(1)).alias("batches"), *_percentile_aggs("commit_lag_ms", config.percentile_accuracy))
+        .agg(
+            F.count(F.lit(1)).alias("batches"), *_percentile_aggs("commit_lag_ms", config.percentile_accuracy)
+        )
     )
     return _expand_percentiles(aggregated, ["commit_lag_ms"])
 
@@ -332,7 +334,8 @@ def catch_up_episodes(samples: DataFrame) -> DataFrame:
         "next_ts_ms", F.lead("ts_ms").over(by_follower)
     )
     numbered = marked.withColumn(
-        "episode", F.sum(F.col("run_starts").cast("int")).over(by_follower.rowsBetween(Window.unboundedPreceding, 0))
+        "episode",
+        F.sum(F.col("run_starts").cast("int")).over(by_follower.rowsBetween(Window.unboundedPreceding, 0)),
     )
     episodes = (
         numbered.where(F.col("out_of_sync"))

@@ -1,4 +1,5 @@
-"""One SparkSession for the whole Spark test tier (JVM start-up is slow): local[2], 2 shuffle partitions, no UI."""
+"""One SparkSession for the whole Spark test tier (JVM start-up is slow): local[2], 2 shuffle partitions, no UI,
+bound to 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -21,9 +22,14 @@ def spark() -> Iterator[SparkSession]:
         shuffle_partitions=2,
         ui_enabled=False,
         bind_loopback=True,
-        extra_conf=(("spark.default.parallelism", "2"), ("spark.sql.session.timeZone", "UTC")),
+        extra_conf=(
+            ("spark.default.parallelism", "2"),
+            ("spark.sql.session.timeZone", "UTC"),
+            # Tiny frames: compiling generated code costs more than it saves (halves this tier's time).
+            ("spark.sql.codegen.wholeStage", "false"),
+            ("spark.sql.codegen.factoryMode", "NO_CODEGEN"),
+        ),
     )
     session = build_session(settings)
     yield session
     session.stop()
-

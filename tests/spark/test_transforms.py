@@ -18,29 +18,65 @@ pytestmark = pytest.mark.spark
 G = "%2F/orders"
 
 
-def state(ts: int, node: str, last: int, log_bytes: int, followers: dict[str, tuple[int, int]], term: int = 1) -> dict[str, Any]:
+def state(
+    ts: int, node: str, last: int, log_bytes: int, followers: dict[str, tuple[int, int]], term: int = 1
+) -> dict[str, Any]:
     progress = {name: {"match_index": m, "match_bytes": b} for name, (m, b) in followers.items()}
-    return {"type": "state", "ts_ms": ts, "node": node, "group": G, "term": term, "role": "leader",
-            "last_index": last, "commit_index": last, "log_bytes": log_bytes, "followers": progress}
+    return {
+        "type": "state",
+        "ts_ms": ts,
+        "node": node,
+        "group": G,
+        "term": term,
+        "role": "leader",
+        "last_index": last,
+        "commit_index": last,
+        "log_bytes": log_bytes,
+        "followers": progress,
+    }
 
 
-def append(ts: int, node: str, first: int, last: int, role: str = "follower", term: int = 1) -> dict[str, Any]:
-    return {"type": "append", "ts_ms": ts, "node": node, "group": G, "term": term, "role": role,
-            "first_index": first, "last_index": last, "bytes": 10 * (last - first + 1), "log_bytes": 10 * last}
+def append(
+    ts: int, node: str, first: int, last: int, role: str = "follower", term: int = 1
+) -> dict[str, Any]:
+    return {
+        "type": "append",
+        "ts_ms": ts,
+        "node": node,
+        "group": G,
+        "term": term,
+        "role": role,
+        "first_index": first,
+        "last_index": last,
+        "bytes": 10 * (last - first + 1),
+        "log_bytes": 10 * last,
+    }
 
 
 def commit(ts: int, node: str, index: int, term: int = 1) -> dict[str, Any]:
     return {"type": "commit", "ts_ms": ts, "node": node, "group": G, "term": term, "commit_index": index}
 
 
-def sample(ts: int, follower: str, lag_entries: int, lag_ms: int | None, lag_bytes: int = 0) -> dict[str, Any]:
-    return {"group": G, "follower": follower, "leader": "n1", "term": 1, "ts_ms": ts,
-            "lag_entries": lag_entries, "lag_bytes": lag_bytes, "lag_ms": lag_ms}
+def sample(
+    ts: int, follower: str, lag_entries: int, lag_ms: int | None, lag_bytes: int = 0
+) -> dict[str, Any]:
+    return {
+        "group": G,
+        "follower": follower,
+        "leader": "n1",
+        "term": 1,
+        "ts_ms": ts,
+        "lag_entries": lag_entries,
+        "lag_bytes": lag_bytes,
+        "lag_ms": lag_ms,
+    }
 
 
 def samples_frame(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
-    schema = ("group string, follower string, leader string, term long, ts_ms long, "
-              "lag_entries long, lag_bytes long, lag_ms long")
+    schema = (
+        "group string, follower string, leader string, term long, ts_ms long, "
+        "lag_entries long, lag_bytes long, lag_ms long"
+    )
     columns = ["group", "follower", "leader", "term", "ts_ms", "lag_entries", "lag_bytes", "lag_ms"]
     return spark.createDataFrame([tuple(row[c] for c in columns) for row in rows], schema)
 
@@ -49,22 +85,37 @@ CONFIG = T.LagConfig(window_ms=10_000, lag_threshold_entries=3, lag_threshold_ms
 
 
 def test_valid_records_keeps_only_v1_records_of_known_types(spark: SparkSession) -> None:
-    frame = telemetry(spark, [
-        commit(1, "n1", 1),
-        {**commit(2, "n1", 2), "v": 2},
-        {**commit(3, "n1", 3), "node": None},
-        {**commit(4, "n1", 4), "type": "gossip"},
-        {**commit(5, "n1", 5), "ts_ms": None},
-    ])
+    frame = telemetry(
+        spark,
+        [
+            commit(1, "n1", 1),
+            {**commit(2, "n1", 2), "v": 2},
+            {**commit(3, "n1", 3), "node": None},
+            {**commit(4, "n1", 4), "type": "gossip"},
+            {**commit(5, "n1", 5), "ts_ms": None},
+        ],
+    )
     assert rows_of(T.valid_records(frame), "ts_ms") == [(1,)]
 
 
 def test_follower_samples_take_lag_from_leader_state_only(spark: SparkSession) -> None:
-    frame = telemetry(spark, [
-        state(1000, "n1", 1042, 106284, {"n2": (1040, 106080), "n3": (998, 101796)}),
-        {"type": "state", "ts_ms": 1000, "node": "n2", "group": G, "term": 1, "role": "follower",
-         "last_index": 1040, "commit_index": 1040, "log_bytes": 106080},
-    ])
+    frame = telemetry(
+        spark,
+        [
+            state(1000, "n1", 1042, 106284, {"n2": (1040, 106080), "n3": (998, 101796)}),
+            {
+                "type": "state",
+                "ts_ms": 1000,
+                "node": "n2",
+                "group": G,
+                "term": 1,
+                "role": "follower",
+                "last_index": 1040,
+                "commit_index": 1040,
+                "log_bytes": 106080,
+            },
+        ],
+    )
     result = T.follower_samples(frame)
     assert rows_of(result, "follower", "leader", "ts_ms", "match_index", "lag_entries", "lag_bytes") == [
         ("n2", "n1", 1000, 1040, 2, 204),
@@ -73,14 +124,17 @@ def test_follower_samples_take_lag_from_leader_state_only(spark: SparkSession) -
 
 
 def test_append_to_persist_matches_the_follower_batch_holding_each_leader_batch(spark: SparkSession) -> None:
-    frame = telemetry(spark, [
-        append(100, "n1", 1, 2, role="leader"),
-        append(110, "n1", 3, 5, role="leader"),
-        append(104, "n2", 1, 2),
-        append(130, "n2", 3, 5),
-        append(200, "n3", 1, 5),  # one catch-up batch spanning three index buckets
-        append(50, "n3", 1, 5, term=0),  # an older term never matches
-    ])
+    frame = telemetry(
+        spark,
+        [
+            append(100, "n1", 1, 2, role="leader"),
+            append(110, "n1", 3, 5, role="leader"),
+            append(104, "n2", 1, 2),
+            append(130, "n2", 3, 5),
+            append(200, "n3", 1, 5),  # one catch-up batch spanning three index buckets
+            append(50, "n3", 1, 5, term=0),  # an older term never matches
+        ],
+    )
     result = T.append_to_persist(frame, CONFIG)
     assert rows_of(result, "follower", "last_index", "append_ts_ms", "persist_ts_ms", "persist_lag_ms") == [
         ("n2", 2, 100, 104, 4),
@@ -100,14 +154,17 @@ def test_commit_ranges_cover_what_each_commit_record_newly_committed(spark: Spar
 
 
 def test_append_to_commit_uses_the_leader_nodes_commit_record(spark: SparkSession) -> None:
-    frame = telemetry(spark, [
-        append(100, "n1", 1, 2, role="leader"),
-        append(110, "n1", 3, 5, role="leader"),
-        commit(100, "n1", 0),
-        commit(105, "n1", 2),
-        commit(125, "n1", 5),
-        commit(107, "n2", 5),  # a follower's commit record is not the leader's
-    ])
+    frame = telemetry(
+        spark,
+        [
+            append(100, "n1", 1, 2, role="leader"),
+            append(110, "n1", 3, 5, role="leader"),
+            commit(100, "n1", 0),
+            commit(105, "n1", 2),
+            commit(125, "n1", 5),
+            commit(107, "n2", 5),  # a follower's commit record is not the leader's
+        ],
+    )
     result = T.append_to_commit(frame, CONFIG)
     assert rows_of(result, "leader", "last_index", "commit_ts_ms", "commit_lag_ms") == [
         ("n1", 2, 105, 5),
@@ -116,15 +173,22 @@ def test_append_to_commit_uses_the_leader_nodes_commit_record(spark: SparkSessio
 
 
 def test_time_lag_is_the_age_of_the_oldest_missing_entry(spark: SparkSession) -> None:
-    frame = telemetry(spark, [
-        append(100, "n1", 1, 2, role="leader"),
-        append(110, "n1", 3, 5, role="leader"),
-        append(120, "n1", 6, 6, role="leader"),
-        append(90, "n9", 3, 3, role="leader", term=2),  # a later term than the sample: ignored
-        state(1000, "n1", 6, 60, {"n2": (6, 60), "n3": (2, 20), "n4": (5, 50)}),
-    ])
+    frame = telemetry(
+        spark,
+        [
+            append(100, "n1", 1, 2, role="leader"),
+            append(110, "n1", 3, 5, role="leader"),
+            append(120, "n1", 6, 6, role="leader"),
+            append(90, "n9", 3, 3, role="leader", term=2),  # a later term than the sample: ignored
+            state(1000, "n1", 6, 60, {"n2": (6, 60), "n3": (2, 20), "n4": (5, 50)}),
+        ],
+    )
     result = T.with_time_lag(T.follower_samples(frame), frame, CONFIG)
-    assert rows_of(result, "follower", "lag_entries", "lag_ms") == [("n2", 0, 0), ("n3", 4, 890), ("n4", 1, 880)]
+    assert rows_of(result, "follower", "lag_entries", "lag_ms") == [
+        ("n2", 0, 0),
+        ("n3", 4, 890),
+        ("n4", 1, 880),
+    ]
 
 
 def test_time_lag_is_null_when_the_append_record_is_missing(spark: SparkSession) -> None:
@@ -155,11 +219,21 @@ def test_out_of_sync_flags_either_threshold_and_measures_intervals(spark: SparkS
     ]
 
 
-def test_catch_up_episodes_run_from_crossing_the_threshold_to_the_next_in_sync_sample(spark: SparkSession) -> None:
+def test_catch_up_episodes_run_from_crossing_the_threshold_to_the_next_in_sync_sample(
+    spark: SparkSession,
+) -> None:
     timeline = [*FOLLOWER_TIMELINE, sample(4000, "n2", 7, 0), sample(4200, "n2", 0, 0)]
     flagged = T.with_out_of_sync(samples_frame(spark, timeline), CONFIG)
     episodes = T.catch_up_episodes(flagged).fillna(-1, ["end_ts_ms", "catch_up_ms"])
-    columns = ("follower", "start_ts_ms", "end_ts_ms", "catch_up_ms", "recovered", "max_lag_entries", "max_lag_ms")
+    columns = (
+        "follower",
+        "start_ts_ms",
+        "end_ts_ms",
+        "catch_up_ms",
+        "recovered",
+        "max_lag_entries",
+        "max_lag_ms",
+    )
     assert rows_of(episodes, *columns) == [
         ("n2", 1000, 3000, 2000, True, 5, 600),
         ("n2", 4000, 4200, 200, True, 7, 0),
@@ -170,7 +244,10 @@ def test_catch_up_episodes_run_from_crossing_the_threshold_to_the_next_in_sync_s
 def test_with_window_floors_to_the_window_start(spark: SparkSession) -> None:
     frame = spark.createDataFrame([(0,), (9_999,), (10_000,), (25_001,)], "ts_ms long")
     assert rows_of(T.with_window(frame, "ts_ms", 10_000), "ts_ms", "window_start_ms") == [
-        (0, 0), (9_999, 0), (10_000, 10_000), (25_001, 20_000)
+        (0, 0),
+        (9_999, 0),
+        (10_000, 10_000),
+        (25_001, 20_000),
     ]
 
 
@@ -182,14 +259,26 @@ def persist_frame(spark: SparkSession, rows: list[tuple[str, int, int]]) -> Data
 
 
 def test_follower_windows_give_percentiles_and_out_of_sync_time_per_window(spark: SparkSession) -> None:
-    timeline = [sample(ts, "n2", lag, lag * 10, lag * 100) for ts, lag in [(0, 1), (1000, 2), (2000, 3), (3000, 4)]]
+    timeline = [
+        sample(ts, "n2", lag, lag * 10, lag * 100) for ts, lag in [(0, 1), (1000, 2), (2000, 3), (3000, 4)]
+    ]
     timeline += [sample(10_000, "n2", 0, 0)]
     flagged = T.with_out_of_sync(samples_frame(spark, timeline), CONFIG)
     persist = persist_frame(spark, [("n2", 5, 4), ("n2", 6, 8), ("n2", 12_000, 1)])
     result = T.follower_windows(flagged, persist, CONFIG)
-    columns = ("window_start_ms", "samples", "lag_entries_p50", "lag_entries_p95", "lag_entries_max",
-               "lag_bytes_p99", "lag_ms_p50", "out_of_sync_ms", "batches", "persist_lag_ms_p50",
-               "persist_lag_ms_max")
+    columns = (
+        "window_start_ms",
+        "samples",
+        "lag_entries_p50",
+        "lag_entries_p95",
+        "lag_entries_max",
+        "lag_bytes_p99",
+        "lag_ms_p50",
+        "out_of_sync_ms",
+        "batches",
+        "persist_lag_ms_p50",
+        "persist_lag_ms_max",
+    )
     assert rows_of(result, *columns) == [
         (0, 4, 2, 4, 4, 400, 20, 7000, 2, 4, 8),
         (10_000, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1),
@@ -212,15 +301,33 @@ def test_summaries_total_out_of_sync_time_and_catch_up(spark: SparkSession) -> N
     commits = spark.createDataFrame([(G, 5, 6)], "group string, append_ts_ms long, commit_lag_ms long")
     episodes = T.catch_up_episodes(flagged)
     per_follower = T.follower_summary(flagged, persist, episodes, CONFIG)
-    assert rows_of(per_follower, "follower", "samples", "lag_entries_max", "out_of_sync_ms", "episodes",
-                   "max_catch_up_ms", "persist_lag_ms_max") == [
+    assert rows_of(
+        per_follower,
+        "follower",
+        "samples",
+        "lag_entries_max",
+        "out_of_sync_ms",
+        "episodes",
+        "max_catch_up_ms",
+        "persist_lag_ms_max",
+    ) == [
         ("n2", 4, 5, 2000, 1, 2000, 4),
         ("n3", 2, 9, 0, 1, None, 8),
     ]
     cluster = T.cluster_summary(flagged, persist, commits, episodes, CONFIG).collect()
     assert len(cluster) == 1
     row = cluster[0].asDict()
-    expected = {"groups": 1, "followers": 2, "followers_out_of_sync": 2, "samples": 6, "lag_entries_max": 9,
-                "out_of_sync_ms": 2000, "persist_lag_ms_max": 8, "commit_lag_ms_p50": 6, "episodes": 2,
-                "max_catch_up_ms": 2000, "unrecovered_episodes": 1}
+    expected = {
+        "groups": 1,
+        "followers": 2,
+        "followers_out_of_sync": 2,
+        "samples": 6,
+        "lag_entries_max": 9,
+        "out_of_sync_ms": 2000,
+        "persist_lag_ms_max": 8,
+        "commit_lag_ms_p50": 6,
+        "episodes": 2,
+        "max_catch_up_ms": 2000,
+        "unrecovered_episodes": 1,
+    }
     assert {key: row[key] for key in expected} == expected

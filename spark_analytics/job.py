@@ -1,0 +1,229 @@
+"""The replication-lag job: telemetry JSON lines in; Parquet, CSV, PNG charts and a text report out.
+
+`run_job(spark, spec)` reads every input path with the explicit schema (any path Spark reads: files, globs,
+directories, hdfs:// or s3a:// URIs; a local node data dir is expanded to `<data_dir>/telemetry/*.jsonl`), runs
+the transforms of transforms.py, and writes one Parquet table and one CSV table per result under the output URI.
+Charts and the report are drawn on the driver from small aggregates only (per-window rows of the charted queues,
+the summaries): raw telemetry is never collected. They are written under the output when it is a local path, else
+into `local_report_dir` on the driver.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+
+from spark_analytics import transforms as T
+from spark_analytics.charts import QueueSeries, draw_queue_chart
+from spark_analytics.report import render_report
+from spark_analytics.schema import TELEMETRY_SCHEMA
+
+DEFAULT_LOCAL_REPORT_DIR = "raftmq-lag-report"
+TELEMETRY_GLOB = "telemetry/*.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    inputs: tuple[str, ...]
+    output: str
+    config: T.LagConfig = field(default_factory=T.LagConfig)
+    local_report_dir: str = DEFAULT_LOCAL_REPORT_DIR
+    charts_max: int = 50
+    report_rows: int = 20
+    write_csv: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    records: int
+    seconds: float
+    tables: tuple[str, ...]
+    charts: tuple[str, ...]
+    report_path: str
+    report: str
+
+
+def local_path(uri: str) -> Path | None:
+    """The local filesystem path of `uri` (plain path or file:), else None."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "":
+        return Path(uri)
+    if parsed.scheme == "file":
+        return Path(parsed.path)
+    return None
+
+
+def resolve_input(uri: str) -> str:
+    """A local node data dir becomes its telemetry glob; everything else goes to Spark unchanged."""
+    path = local_path(uri)
+    if path is not None and (path / "telemetry").is_dir():
+        return str(path / TELEMETRY_GLOB)
+    return uri
+
+
+def read_telemetry(spark: SparkSession, inputs: tuple[str, ...]) -> DataFrame:
+    """All records of all inputs with the explicit schema; malformed lines read as nulls and are dropped later."""
+    return (
+        spark.read.schema(TELEMETRY_SCHEMA)
+        .option("mode", "PERMISSIVE")
+        .json([resolve_input(i) for i in inputs])
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LagTables:
+    follower_windows: DataFrame
+    commit_windows: DataFrame
+    catch_up_episodes: DataFrame
+    follower_summary: DataFrame
+    cluster_summary: DataFrame
+    cached: tuple[DataFrame, ...]
+
+    def named(self) -> dict[str, DataFrame]:
+        names = (
+            "follower_windows",
+            "commit_windows",
+            "catch_up_episodes",
+            "follower_summary",
+            "cluster_summary",
+        )
+        return {name: getattr(self, name) for name in names}
+
+
+def compute_tables(records: DataFrame, config: T.LagConfig) -> LagTables:
+    """Every result table from valid records; intermediate frames reused several times are cached."""
+    samples = T.with_out_of_sync(T.with_time_lag(T.follower_samples(records), records, config), config)
+    samples = samples.persist(StorageLevel.MEMORY_AND_DISK)
+    persist = T.append_to_persist(records, config).persist(StorageLevel.MEMORY_AND_DISK)
+    commits = T.append_to_commit(records, config).persist(StorageLevel.MEMORY_AND_DISK)
+    episodes = T.catch_up_episodes(samples).persist(StorageLevel.MEMORY_AND_DISK)
+    # The result tables are small aggregates, each written twice and partly collected: cache them too.
+    results = [
+        T.follower_windows(samples, persist, config),
+        T.commit_windows(commits, config),
+        T.follower_summary(samples, persist, episodes, config),
+        T.cluster_summary(samples, persist, commits, episodes, config),
+    ]
+    windows, commit_windows, followers, cluster = (
+        frame.persist(StorageLevel.MEMORY_AND_DISK) for frame in results
+    )
+    return LagTables(
+        follower_windows=windows,
+        commit_windows=commit_windows,
+        catch_up_episodes=episodes,
+        follower_summary=followers,
+        cluster_summary=cluster,
+        cached=(samples, persist, commits, episodes, *results),
+    )
+
+
+def join_uri(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name
+
+
+def write_tables(tables: LagTables, output: str, write_csv: bool) -> list[str]:
+    """Parquet under `<output>/<table>`, CSV (one file, with header) under `<output>/csv/<table>`."""
+    written = []
+    for name, frame in tables.named().items():
+        frame.write.mode("overwrite").parquet(join_uri(output, name))
+        written.append(join_uri(output, name))
+        if write_csv:
+            frame.coalesce(1).write.mode("overwrite").option("header", "true").csv(
+                join_uri(output, f"csv/{name}")
+            )
+    return written
+
+
+def report_dir(spec: JobSpec) -> Path:
+    path = local_path(spec.output)
+    return path if path is not None else Path(spec.local_report_dir)
+
+
+def safe_file_name(group: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._%-]", "_", group)
+
+
+def charted_groups(follower_summary: DataFrame, charts_max: int) -> list[str]:
+    """The queues to chart: the worst `charts_max` by out-of-sync time, then by max lag in entries."""
+    worst = (
+        follower_summary.groupBy("group")
+        .agg(F.sum("out_of_sync_ms").alias("oos"), F.max("lag_entries_max").alias("lag"))
+        .orderBy(F.desc("oos"), F.desc_nulls_last("lag"), "group")
+        .limit(charts_max)
+    )
+    return [row["group"] for row in worst.collect()]
+
+
+def collect_series(windows: DataFrame, groups: list[str]) -> dict[str, QueueSeries]:
+    """Per charted queue, its per-window aggregates (small: one row per follower and window)."""
+    columns = ["group", "follower", "window_start_ms", "lag_entries_max", "lag_ms_max", "persist_lag_ms_p99"]
+    rows: list[Row] = (
+        windows.where(F.col("group").isin(groups)).select(*columns).orderBy("window_start_ms").collect()
+    )
+    series: dict[str, QueueSeries] = {group: QueueSeries(group) for group in groups}
+    for row in rows:
+        series[row["group"]].add(
+            row["follower"],
+            row["window_start_ms"],
+            row["lag_entries_max"],
+            row["lag_ms_max"],
+            row["persist_lag_ms_p99"],
+        )
+    return series
+
+
+def draw_charts(tables: LagTables, spec: JobSpec, directory: Path) -> list[str]:
+    groups = charted_groups(tables.follower_summary, spec.charts_max)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for group, series in collect_series(tables.follower_windows, groups).items():
+        path = directory / f"lag-{safe_file_name(group)}.png"
+        draw_queue_chart(series, spec.config, path)
+        paths.append(str(path))
+    return paths
+
+
+def collect_report_rows(
+    tables: LagTables, limit: int
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The summary row, the worst followers and the longest catch-ups, as dicts (at most `limit` of each)."""
+    cluster = tables.cluster_summary.collect()
+    followers = tables.follower_summary.orderBy(
+        F.desc("out_of_sync_ms"), F.desc_nulls_last("lag_entries_max"), "group", "follower"
+    ).limit(limit)
+    episodes = tables.catch_up_episodes.orderBy(F.desc_nulls_first("catch_up_ms"), "group", "follower").limit(
+        limit
+    )
+    return (
+        cluster[0].asDict() if cluster else {},
+        [row.asDict() for row in followers.collect()],
+        [row.asDict() for row in episodes.collect()],
+    )
+
+
+def run_job(spark: SparkSession, spec: JobSpec) -> JobResult:
+    """Reads, computes, writes; returns what was written and the report text."""
+    started = time.perf_counter()
+    wanted = [column.name for column in TELEMETRY_SCHEMA.fields if column.name not in ("kind", "bytes")]
+    records = T.valid_records(read_telemetry(spark, spec.inputs)).select(*wanted)
+    records = records.persist(StorageLevel.MEMORY_AND_DISK)
+    record_count = records.count()
+    tables = compute_tables(records, spec.config)
+    written = write_tables(tables, spec.output, spec.write_csv)
+    directory = report_dir(spec)
+    charts = draw_charts(tables, spec, directory / "charts")
+    seconds = time.perf_counter() - started
+    report = render_report(*collect_report_rows(tables, spec.report_rows), spec.config, record_count, seconds)
+    report_path = directory / "report.txt"
+    report_path.write_text(report)
+    for frame in (records, *tables.cached):
+        frame.unpersist()
+    return JobResult(record_count, seconds, tuple(written), tuple(charts), str(report_path), report)
