@@ -217,3 +217,24 @@ def test_read_range_spans_disk_and_memory(tmp_path: pathlib.Path) -> None:
     assert log.snapshot_offset("r") == 97
     assert [o for o, _ in log.read_range("r", 90, 100)] == [98, 99]
     log.close()
+
+
+def test_replayed_truncation_overrides_stale_segment_contents(tmp_path: pathlib.Path) -> None:
+    """Power loss after commit: the segment still holds pre-truncation records; the WAL's TRUNCATE fixes it."""
+    config = LogConfig(wal_size_bytes_max=1 << 30)
+    log = NodeLog.open(tmp_path, config)
+    for i in range(10):
+        log.append("raft", f"old-{i}".encode())
+    log.commit()
+    segment = next(tmp_path.glob("streams/*/*.log"))
+    stale = segment.read_bytes()
+    log.truncate_after("raft", 4)
+    log.append("raft", b"new-5")
+    log.append("raft", b"new-6")
+    log.commit()
+    log._handles.close_all()  # crash: no checkpoint
+    segment.write_bytes(stale)  # the truncation and rewrite never reached the disk
+    reopened = NodeLog.open(tmp_path, config)
+    expected = [(i, f"old-{i}".encode()) for i in range(5)] + [(5, b"new-5"), (6, b"new-6")]
+    assert list(reopened.read("raft")[1]) == expected
+    reopened.close()
