@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cluster.queue import Attach, Deliver, Duplicate, Enqueue, Expire, MsgId, Queue, QueueArgs, Settle
+from cluster.queue.consumers import Consumer
 from cluster.queue.ready import GARBAGE_REBUILD_MIN, ID_COLUMN_COMPACT_MIN
 from tests.queue.helpers import msg
 
@@ -61,3 +64,28 @@ def test_compact_backlog_keeps_ids_through_column_compaction() -> None:
     assert seen == sorted(seen)
     assert queue.ready_count == 0
     assert len(queue._ready._levels[0].fresh_ids) == 0
+
+
+def test_choosing_a_consumer_is_not_a_scan_of_all_consumers(monkeypatch: pytest.MonkeyPatch) -> None:
+    consumers = 2000
+    queue = Queue("q")
+    for index in range(consumers):
+        queue.apply(Attach(index, 0, prefetch=1))
+    for _ in range(consumers):
+        queue.apply(Enqueue(msg(), 0))
+    assert queue.unacked_count == consumers  # everyone is full now
+    calls = 0
+    original = Consumer.has_capacity
+
+    def counting(self: Consumer) -> bool:
+        nonlocal calls
+        calls += 1
+        return original(self)
+
+    monkeypatch.setattr(Consumer, "has_capacity", counting)
+    for _ in range(500):
+        queue.apply(Enqueue(msg(), 0))  # nobody has room: must not look at 2000 consumers each time
+    for index in range(0, consumers, 4):
+        queue.apply(Settle(index, [MsgId(index + 1)]))  # a quarter get room back, one by one
+    assert calls <= 10 * (500 + consumers // 4)
+    assert queue.unacked_count == consumers
