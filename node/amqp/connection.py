@@ -106,9 +106,13 @@ class _ChannelError(_ConnectionError):
 
 def reply_text(code: ReplyCode, explanation: str) -> str:
     """RabbitMQ's reply-text form, e.g. "NOT_FOUND - no queue 'q' in vhost '/'" (max 255 bytes)."""
-    text = f"{code.name} - {explanation}"
-    raw = text.encode("utf-8", "surrogateescape")
-    return raw[:255].decode("utf-8", "ignore") if len(raw) > 255 else text
+    return safe_text(f"{code.name} - {explanation}")
+
+
+def safe_text(text: str) -> str:
+    """Valid UTF-8 of at most 255 bytes: names we echo may hold undecodable bytes (kept as surrogates)."""
+    raw = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace").encode("utf-8")
+    return raw[:255].decode("utf-8", "ignore")
 
 
 def amqp_method_name(cls: type[m.Method]) -> str:
@@ -274,7 +278,8 @@ class ServerConnection:
             return
         ch.closing = True
         ch.reset_content()
-        self._write(encode_method_frame(channel, m.ChannelClose(reply_code, reply_text, class_id, method_id)))
+        close = m.ChannelClose(reply_code, safe_text(reply_text), class_id, method_id)
+        self._write(encode_method_frame(channel, close))
         self._events.append(ChannelClosed(channel))
 
     def close_connection(
@@ -353,6 +358,8 @@ class ServerConnection:
 
     def _finish(self, reply_code: int, reply_text: str) -> None:
         """The connection is over: tell the broker about every channel still open, then about the connection."""
+        if self.state is ConnectionState.CLOSED:
+            return
         for number, ch in self._channels.items():
             if not ch.closing:
                 self._events.append(ChannelClosed(number))
@@ -363,7 +370,9 @@ class ServerConnection:
     def _send_connection_close(
         self, reply_code: int, text: str, class_id: int, method_id: int, now_ms: int | None
     ) -> None:
-        self._write(encode_method_frame(0, m.ConnectionClose(reply_code, text, class_id, method_id)))
+        self._write(
+            encode_method_frame(0, m.ConnectionClose(reply_code, safe_text(text), class_id, method_id))
+        )
         for number, ch in self._channels.items():
             if not ch.closing:
                 self._events.append(ChannelClosed(number))

@@ -518,3 +518,12 @@ def test_output_buffer_bound_aborts_connection() -> None:
     assert session.conn.state is ConnectionState.CLOSED
     assert session.conn.output_buffer_bytes == 0
     assert session.conn.next_events()[-1].reply_code == 506
+
+
+def test_reply_text_with_undecodable_name_is_valid_utf8() -> None:
+    session = Session()
+    session.send(PROTOCOL_HEADER)
+    session.send(start_ok())
+    session.send_frame(0, commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=0))
+    out = session.send(b"\x01\x00\x00\x00\x00\x00\x08\x00\x0a\x00\x28\x01\xff\x00\x00\xce")  # vhost b"\xff"
+    assert close_of(out)[1:3] == (530, "NOT_ALLOWED - access to vhost '\ufffd' refused for user 'guest'")
