@@ -140,6 +140,29 @@ class GroupChecker:
             if log.term(index) != term:
                 self.fail("leader-completeness", f"{node} leads term {core.term} without committed entry {index}")
 
+    def check_electable(self, cores: dict[NodeId, RaftCore]) -> None:
+        """No node lacking the newest committed entry may be electable: that entry would be lost if it won.
+
+        In correct Raft a node lacking committed (i, T) has a log less up to date than every node holding it, and
+        those are a majority, so it can never gather a majority of votes. This sees figure 8's danger the moment
+        the old-term entry is counted as committed, before a later election actually overwrites it.
+        """
+        if not self.committed or not cores:
+            return
+        index = max(self.committed)
+        term = self.committed[index][0]
+        voters = next(iter(cores.values())).membership.voters
+        live_voters = {node: core for node, core in cores.items() if node in voters}
+        for node, core in live_voters.items():
+            if index <= core.log.snapshot.index or core.log.term(index) == term:
+                continue
+            mine = (core.log.last_term(), core.log.last_index())
+            supporters = [v for v, other in live_voters.items()
+                          if (other.log.last_term(), other.log.last_index()) <= mine]
+            if len(supporters) * 2 > len(voters):
+                self.fail("commit-durability", f"{node} lacks committed entry {index}/{term} yet "
+                          f"{sorted(supporters)} would elect it")
+
     def forget_node_progress(self, node: NodeId) -> None:
         """A restart: re-verify from the reloaded commit index. Acknowledgements stay: they were durable."""
         self.checked_commit.pop(node, None)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from chaos.sim.checkers import AppliedState, GroupChecker, SafetyViolation
 from chaos.sim.disk import SimDisk
@@ -38,6 +39,7 @@ class SimConfig:
     broken: BrokenVariant | None = None  # reachable from tests only (not from the command line)
     quiesce: bool = True
     trace: bool = False
+    profile_overrides: tuple[tuple[str, Any], ...] = ()  # pin some of the seed-drawn fault profile
 
 
 @dataclass(slots=True)
@@ -106,7 +108,7 @@ class Simulation:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.rng = random.Random(config.seed)
-        self.profile = FaultProfile.draw(self.rng, config.nodes)
+        self.profile = replace(FaultProfile.draw(self.rng, config.nodes), **dict(config.profile_overrides))
         loss, dup, delay_max = self.profile.network
         self.net = SimNetwork(self.rng, NetworkFaults(loss, dup, 1, delay_max))
         raft = RaftConfig(
@@ -203,6 +205,9 @@ class Simulation:
                 node.mr.step(node.inbox.popleft())
                 self._check(node)
             self._drive(node)
+        for group in self.group_ids:
+            cores = {node.id: node.mr.groups[group] for node in self.nodes.values() if node.mr is not None}
+            self.checkers[group].check_electable(cores)
         if chaos and self.profile.new_leader_isolate_rate:
             self._isolate_new_leaders()
 
