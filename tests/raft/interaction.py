@@ -166,7 +166,7 @@ class Env:
         self.process()
         if name not in ("status", "log"):
             self.report_changes()
-        return self.out
+        return [line.rstrip() for line in self.out]
 
     def cmd_add_nodes(self, args: list[str], kw: dict[str, str]) -> None:
         count = int(args[0])
