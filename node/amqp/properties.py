@@ -9,6 +9,7 @@ field-table `T` type is a datetime instead, see fieldtable.py). Unset properties
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -95,24 +96,40 @@ def encode_content_header(body_size: int, properties: BasicProperties, class_id:
     return HEADER_PREFIX.pack(class_id, 0, body_size, flags) + encoded
 
 
+def _decode_octet(buf: bytes, offset: int) -> tuple[int, int]:
+    return buf[offset], offset + 1
+
+
+def _decode_timestamp(buf: bytes, offset: int) -> tuple[int, int]:
+    return U64.unpack_from(buf, offset)[0], offset + 8
+
+
+_DECODERS: Final[dict[str, Callable[[bytes, int], tuple[Any, int]]]] = {
+    "shortstr": decode_shortstr,
+    "table": decode_table,
+    "octet": _decode_octet,
+    "timestamp": _decode_timestamp,
+}
+_PLANS_MAX: Final = 4096  # distinct property-flag combinations remembered (16384 exist; real clients use few)
+_plans: dict[int, tuple[tuple[str, Callable[[bytes, int], tuple[Any, int]]], ...]] = {}
+
+
+def _plan(flags: int) -> tuple[tuple[str, Callable[[bytes, int], tuple[Any, int]]], ...]:
+    plan = _plans.get(flags)
+    if plan is None:
+        plan = tuple((name, _DECODERS[kind]) for name, bit, kind in PROPERTY_LAYOUT if flags & bit)
+        if len(_plans) < _PLANS_MAX:
+            _plans[flags] = plan
+    return plan
+
+
 def _decode_property_list(payload: bytes, flags: int) -> BasicProperties:
     if flags & ~_KNOWN_FLAGS:
         raise DecodeError(f"content header has unknown property flags 0x{flags:04x}")
     values: dict[str, Any] = {}
     offset = HEADER_PREFIX.size
-    for name, bit, kind in PROPERTY_LAYOUT:
-        if not flags & bit:
-            continue
-        if kind == "shortstr":
-            values[name], offset = decode_shortstr(payload, offset)
-        elif kind == "table":
-            values[name], offset = decode_table(payload, offset)
-        elif kind == "octet":
-            values[name] = payload[offset]
-            offset += 1
-        else:
-            (values[name],) = U64.unpack_from(payload, offset)
-            offset += 8
+    for name, decode in _plan(flags):
+        values[name], offset = decode(payload, offset)
     if offset != len(payload):
         raise DecodeError("content header has trailing bytes")
     return BasicProperties(**values)
