@@ -174,7 +174,7 @@ def write_chart(report: RunReport, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ok = [m for m in report.measurements if not m.error]
-    labels = list(dict.fromkeys(m.label for m in ok))
+    labels = sorted(dict.fromkeys(m.label for m in ok), key=lambda label: _label_order(label, ok))
     brokers = list(dict.fromkeys(m.broker for m in ok))
     found = {(m.broker, m.label): m for m in ok}
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(max(6.0, 1.4 * len(labels) + 2), 7))
@@ -185,7 +185,9 @@ def write_chart(report: RunReport, path: Path) -> None:
         p99s = [_or_zero(found.get((broker, label))) for label in labels]
         top.bar(xs, rates, width, label=broker)
         bottom.bar(xs, p99s, width, label=broker)
-    for axis, title in ((top, "confirmed msg/s (higher is better)"), (bottom, "p99 latency ms (lower is better)")):
+    if any(m.latency_p99_ms for m in ok):
+        bottom.set_yscale("log")  # latencies span milliseconds to seconds
+    for axis, title in ((top, "confirmed msg/s (higher is better)"), (bottom, "p99 latency ms, log scale (lower is better)")):
         axis.set_xticks([position + width * (len(brokers) - 1) / 2 for position in range(len(labels))], labels)
         axis.set_title(title)
         axis.legend()
@@ -193,6 +195,11 @@ def write_chart(report: RunReport, path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+def _label_order(label: str, measurements: list[Measurement]) -> tuple[str, float]:
+    rates = [m.target_rate_msgs_per_s or 0.0 for m in measurements if m.label == label]
+    return (label[:1], max(rates, default=0.0))
 
 
 def _or_zero(measurement: Measurement | None) -> float:
