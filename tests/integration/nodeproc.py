@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +80,7 @@ class NodeProcess:
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     host: str = "127.0.0.1"
+    preexec: Callable[[], None] | None = None  # runs in the child before exec (e.g. lower RLIMIT_NOFILE)
 
     @property
     def data_dir(self) -> Path:
@@ -99,7 +101,8 @@ class NodeProcess:
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
         with self.log_path.open("ab") as log_file:
-            self.process = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=log_file, stderr=log_file)
+            self.process = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=log_file, stderr=log_file,
+                                            preexec_fn=self.preexec)
         self.port = self._wait_for_port()
         return self
 

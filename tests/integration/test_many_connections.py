@@ -1,0 +1,124 @@
+"""Many concurrent connections, and accept back-off when the node runs out of file descriptors."""
+
+from __future__ import annotations
+
+import os
+import resource
+from typing import Any
+
+import pika
+import trio
+from pamqp import commands, frame, header
+
+from tests.integration.conftest import Target
+from tests.integration.helpers import drain, publish
+from tests.integration.nodeproc import NodeProcess, external_target
+
+# An external broker (e.g. a packaged RabbitMQ at ulimit -n 1024) may have fewer descriptors than this needs.
+CONNECTIONS = int(os.environ.get("RAFTMQ_TEST_CONNECTIONS", "200" if external_target() else "1000"))
+
+
+class RawClient:
+    """A hand-written AMQP client over a trio stream: just enough to open a connection."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buffer = bytearray()
+
+    async def read_method(self) -> Any:
+        while True:
+            if self.buffer:
+                try:
+                    consumed, _channel, value = frame.unmarshal(bytes(self.buffer))
+                except Exception:  # incomplete frame
+                    consumed = 0
+                if consumed:
+                    del self.buffer[:consumed]
+                    if isinstance(value, commands.Connection.Start | commands.Connection.Tune
+                                  | commands.Connection.OpenOk | commands.Connection.Close):
+                        return value
+                    continue
+            chunk = await self.stream.receive_some(65536)
+            if not chunk:
+                raise EOFError
+            self.buffer.extend(chunk)
+
+    async def open(self) -> None:
+        await self.stream.send_all(header.ProtocolHeader().marshal())
+        assert isinstance(await self.read_method(), commands.Connection.Start)
+        await self.stream.send_all(frame.marshal(commands.Connection.StartOk(
+            client_properties={"product": "many"}, mechanism="PLAIN", response="\0guest\0guest"), 0))
+        tune = await self.read_method()
+        await self.stream.send_all(frame.marshal(commands.Connection.TuneOk(tune.channel_max, tune.frame_max, 0), 0)
+                                   + frame.marshal(commands.Connection.Open("/"), 0))
+        assert isinstance(await self.read_method(), commands.Connection.OpenOk)
+
+
+async def _open_many(host: str, port: int, count: int, opened: list[RawClient]) -> None:
+    limiter = trio.CapacityLimiter(200)  # connect in waves; all stay open together
+
+    async def one() -> None:
+        async with limiter:
+            stream = await trio.open_tcp_stream(host, port)
+            client = RawClient(stream)
+            await client.open()
+            opened.append(client)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(count):
+            nursery.start_soon(one)
+
+
+async def test_a_thousand_concurrent_connections(amqp_target: Target) -> None:
+    opened: list[RawClient] = []
+    try:
+        with trio.fail_after(120):
+            await _open_many(amqp_target.host, amqp_target.port, CONNECTIONS, opened)
+        assert len(opened) == CONNECTIONS
+        ok = await trio.to_thread.run_sync(_pika_round_trip, amqp_target)
+        assert ok == [b"still-serving"]
+    finally:
+        for client in opened:
+            await client.stream.aclose()
+
+
+def _pika_round_trip(target: Target) -> list[bytes]:
+    connection = pika.BlockingConnection(target.params())
+    try:
+        ch = connection.channel()
+        q = ch.queue_declare("", exclusive=True).method.queue
+        publish(ch, "", q, b"still-serving")
+        return drain(ch, q)
+    finally:
+        connection.close()
+
+
+def _low_fd_limit() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+
+async def test_accept_backs_off_when_file_descriptors_run_out(tmp_path: Any) -> None:
+    if external_target() is not None:
+        import pytest
+
+        pytest.skip("needs control of the node process")
+    node = NodeProcess(tmp_path / "node", preexec=_low_fd_limit)
+    await trio.to_thread.run_sync(node.start)
+    target = Target(node.host, node.port, node)
+    streams: list[trio.SocketStream] = []
+    try:
+        # Far more connections than descriptors: the node must neither crash nor spin, only wait.
+        for _ in range(100):
+            streams.append(await trio.open_tcp_stream(node.host, node.port))
+        await trio.sleep(0.5)
+        for stream in streams:
+            await stream.aclose()
+        streams.clear()
+        with trio.fail_after(60):
+            assert await trio.to_thread.run_sync(_pika_round_trip, target) == [b"still-serving"]
+        assert node.process is not None and node.process.poll() is None
+        assert "backing off" in node.log_tail(200_000)
+    finally:
+        for stream in streams:
+            await stream.aclose()
+        node.stop()
