@@ -23,13 +23,13 @@ aborted with ConnectionClosed(506). `output_buffer_bytes` lets the broker thrott
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
 
 from node.amqp import methods as m
 from node.amqp.auth import MECHANISMS, Authenticator, parse_sasl_response, server_properties
+from node.amqp.channel import ChannelAssembly
 from node.amqp.codec import (
     DecodeError,
     UnknownMethodError,
@@ -39,6 +39,14 @@ from node.amqp.codec import (
     encode_deliver_frames,
     encode_method_frame,
     encode_nack_frame,
+)
+from node.amqp.errors import (
+    ChannelProtocolError,
+    ProtocolError,
+    amqp_method_name,
+    check_negotiated,
+    reply_text,
+    safe_text,
 )
 from node.amqp.events import (
     ChannelClosed,
@@ -50,9 +58,8 @@ from node.amqp.events import (
     MethodReceived,
 )
 from node.amqp.framer import BadProtocolHeader, Framer
-from node.amqp.properties import BasicProperties, decode_content_header
+from node.amqp.properties import BasicProperties
 from node.amqp.spec import (
-    CLASS_BASIC,
     CLASS_CONNECTION,
     FRAME_BODY,
     FRAME_HEADER,
@@ -91,37 +98,6 @@ class ConnectionState(Enum):
     CLOSED = "closed"
 
 
-class _ConnectionError(Exception):
-    def __init__(self, code: ReplyCode, explanation: str, class_id: int = 0, method_id: int = 0) -> None:
-        super().__init__(explanation)
-        self.code = code
-        self.text = reply_text(code, explanation)
-        self.class_id = class_id
-        self.method_id = method_id
-
-
-class _ChannelError(_ConnectionError):
-    pass
-
-
-def reply_text(code: ReplyCode, explanation: str) -> str:
-    """RabbitMQ's reply-text form, e.g. "NOT_FOUND - no queue 'q' in vhost '/'" (max 255 bytes)."""
-    return safe_text(f"{code.name} - {explanation}")
-
-
-def safe_text(text: str) -> str:
-    """Valid UTF-8 of at most 255 bytes: names we echo may hold undecodable bytes (kept as surrogates)."""
-    raw = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace").encode("utf-8")
-    return raw[:255].decode("utf-8", "ignore")
-
-
-def amqp_method_name(cls: type[m.Method]) -> str:
-    """RabbitMQ's name for a method: Basic.GetOk -> 'basic.get_ok'."""
-    klass, method = cls.NAME.split(".")
-    snake = re.sub(r"(?<!^)([A-Z])", r"_\1", method).lower()
-    return f"{klass.lower()}.{snake}"
-
-
 _CLIENT_MAY_SEND_OK: Final = frozenset({m.ChannelFlowOk, m.ChannelCloseOk, m.BasicCancelOk})
 _SERVER_ONLY: Final = frozenset(
     cls
@@ -129,24 +105,6 @@ _SERVER_ONLY: Final = frozenset(
     if (cls.NAME.endswith("Ok") and cls not in _CLIENT_MAY_SEND_OK)
     or cls in (m.BasicReturn, m.BasicDeliver, m.BasicGetEmpty)
 )
-
-
-class _Channel:
-    __slots__ = ("body_parts", "body_received", "body_size", "closing", "properties", "publish")
-
-    def __init__(self) -> None:
-        self.closing = False
-        self.publish: m.BasicPublish | None = None
-        self.properties: BasicProperties | None = None
-        self.body_size = 0
-        self.body_received = 0
-        self.body_parts: list[bytes] = []
-
-    def reset_content(self) -> None:
-        self.publish = None
-        self.properties = None
-        self.body_parts = []
-        self.body_size = self.body_received = 0
 
 
 class ServerConnection:
@@ -165,7 +123,7 @@ class ServerConnection:
         self.blocked = False
         self._blocked_reason = ""
         self._framer = Framer(self.limits.frame_max)
-        self._channels: dict[int, _Channel] = {}
+        self._channels: dict[int, ChannelAssembly] = {}
         self._events: list[Event] = []
         self._out: list[bytes] = []
         self._out_bytes = 0
@@ -211,7 +169,7 @@ class ServerConnection:
             )
         elif error is not None:
             # We have lost sync with the peer: send Close but do not wait for Close-Ok.
-            self._fail(_ConnectionError(ReplyCode.FRAME_ERROR, str(error)), now_ms)
+            self._fail(ProtocolError(ReplyCode.FRAME_ERROR, str(error)), now_ms)
             self._finish(ReplyCode.FRAME_ERROR, reply_text(ReplyCode.FRAME_ERROR, str(error)))
 
     def next_events(self) -> list[Event]:
@@ -384,7 +342,7 @@ class ServerConnection:
         self._close_deadline_ms = base_ms + self.limits.close_ok_timeout_ms
         self._pending_close = (reply_code, text)
 
-    def _fail(self, error: _ConnectionError, now_ms: int) -> None:
+    def _fail(self, error: ProtocolError, now_ms: int) -> None:
         if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSED):
             return
         if self.state in (ConnectionState.AWAIT_HEADER, ConnectionState.STARTING):
@@ -392,7 +350,7 @@ class ServerConnection:
             return
         self._send_connection_close(error.code, error.text, error.class_id, error.method_id, now_ms)
 
-    def _fail_channel(self, channel: int, error: _ChannelError) -> None:
+    def _fail_channel(self, channel: int, error: ChannelProtocolError) -> None:
         self.close_channel(channel, error.code, error.text, error.class_id, error.method_id)
 
     def _tick_heartbeat(self, now_ms: int) -> None:
@@ -413,9 +371,9 @@ class ServerConnection:
                 self._frame_on_connection(frame_type, payload, now_ms)
             else:
                 self._frame_on_channel(frame_type, channel, payload)
-        except _ChannelError as error:
+        except ChannelProtocolError as error:
             self._fail_channel(channel, error)
-        except _ConnectionError as error:
+        except ProtocolError as error:
             self._fail(error, now_ms)
 
     def _decode(self, payload: bytes) -> m.Method:
@@ -423,13 +381,13 @@ class ServerConnection:
             return decode_method(payload)
         except UnknownMethodError as error:
             if error.known_class:
-                raise _ConnectionError(
+                raise ProtocolError(
                     ReplyCode.COMMAND_INVALID,
                     f"unknown method {error.method_id} in class {error.class_id}",
                     error.class_id,
                     error.method_id,
                 )
-            raise _ConnectionError(
+            raise ProtocolError(
                 ReplyCode.NOT_IMPLEMENTED,
                 f"unknown class {error.class_id} (method {error.method_id})",
                 error.class_id,
@@ -437,20 +395,20 @@ class ServerConnection:
             )
         except DecodeError as error:
             class_id, method_id = (payload[0] << 8 | payload[1], payload[2] << 8 | payload[3])
-            raise _ConnectionError(
+            raise ProtocolError(
                 ReplyCode.FRAME_ERROR, f"cannot decode method frame: {error}", class_id, method_id
             )
 
     def _frame_on_connection(self, frame_type: int, payload: bytes, now_ms: int) -> None:
         if frame_type == FRAME_HEARTBEAT:
             if payload:
-                raise _ConnectionError(ReplyCode.FRAME_ERROR, "heartbeat frame with a non-empty payload")
+                raise ProtocolError(ReplyCode.FRAME_ERROR, "heartbeat frame with a non-empty payload")
             return
         if self.state is ConnectionState.CLOSING:
             self._frame_while_closing(frame_type, payload)
             return
         if frame_type != FRAME_METHOD:
-            raise _ConnectionError(
+            raise ProtocolError(
                 ReplyCode.UNEXPECTED_FRAME, f"frame type {frame_type} is not allowed on channel 0"
             )
         method = self._decode(payload)
@@ -460,7 +418,7 @@ class ServerConnection:
             return
         handler = _CONNECTION_HANDLERS.get((self.state, type(method)))
         if handler is None:
-            raise _ConnectionError(
+            raise ProtocolError(
                 ReplyCode.CHANNEL_ERROR,
                 f"unexpected method {amqp_method_name(type(method))} in connection state {self.state.value}",
                 method.CLASS_ID,
@@ -500,11 +458,11 @@ class ServerConnection:
         assert isinstance(method, m.ConnectionStartOk)
         self.client_properties = method.client_properties
         if method.mechanism not in MECHANISMS:
-            raise _ConnectionError(
+            raise ProtocolError(
                 ReplyCode.COMMAND_INVALID, f"unknown authentication mechanism '{method.mechanism}'", 10, 11
             )
         if parse_sasl_response(method.mechanism, method.response) is None:
-            raise _ConnectionError(
+            raise ProtocolError(
                 ReplyCode.SYNTAX_ERROR, f"malformed {method.mechanism} response from the client", 10, 11
             )
         username = self.authenticator.authenticate(method.mechanism, method.response)
@@ -525,8 +483,8 @@ class ServerConnection:
 
     def _on_tune_ok(self, method: m.Method, now_ms: int) -> None:
         assert isinstance(method, m.ConnectionTuneOk)
-        _check_negotiated("frame_max", FRAME_MIN_SIZE, self.limits.frame_max, method.frame_max)
-        _check_negotiated("channel_max", 1, self.limits.channel_max, method.channel_max)
+        check_negotiated("frame_max", FRAME_MIN_SIZE, self.limits.frame_max, method.frame_max)
+        check_negotiated("channel_max", 1, self.limits.channel_max, method.channel_max)
         self.frame_max = method.frame_max or self.limits.frame_max
         self.channel_max = method.channel_max or 65535
         self.heartbeat_s = method.heartbeat
@@ -538,7 +496,7 @@ class ServerConnection:
         assert isinstance(method, m.ConnectionOpen)
         vhost = method.virtual_host
         if not self.authenticator.vhost_access(self.username, vhost):
-            raise _ConnectionError(
+            raise ProtocolError(
                 ReplyCode.NOT_ALLOWED, f"access to vhost '{vhost}' refused for user '{self.username}'", 10, 40
             )
         self.vhost = vhost
@@ -558,7 +516,7 @@ class ServerConnection:
             self._write(encode_method_frame(0, m.ConnectionBlocked(self._blocked_reason)))
 
     def _on_update_secret(self, method: m.Method, now_ms: int) -> None:
-        raise _ConnectionError(
+        raise ProtocolError(
             ReplyCode.NOT_ALLOWED,
             "Secret update failed: the authentication backend has no secrets to update",
             10,
@@ -571,7 +529,7 @@ class ServerConnection:
         if state is not ConnectionState.OPEN:
             if state is ConnectionState.CLOSING:
                 return
-            raise _ConnectionError(
+            raise ProtocolError(
                 ReplyCode.UNEXPECTED_FRAME,
                 f"frame type {frame_type} on channel {channel} before connection.open",
             )
@@ -584,29 +542,29 @@ class ServerConnection:
                 self._channel_method(ch, channel, self._decode(payload))
                 return
         if frame_type == FRAME_HEARTBEAT:
-            raise _ConnectionError(ReplyCode.UNEXPECTED_FRAME, f"heartbeat frame on channel {channel}")
+            raise ProtocolError(ReplyCode.UNEXPECTED_FRAME, f"heartbeat frame on channel {channel}")
         if frame_type not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY):
-            raise _ConnectionError(ReplyCode.FRAME_ERROR, f"unknown frame type {frame_type}")
+            raise ProtocolError(ReplyCode.FRAME_ERROR, f"unknown frame type {frame_type}")
         if ch is None:
             self._frame_on_new_channel(frame_type, channel, payload)
         elif ch.closing:
             self._frame_on_closing_channel(frame_type, channel, payload)
         else:
-            raise _ConnectionError(
+            raise ProtocolError(
                 ReplyCode.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
             )
 
     def _frame_on_new_channel(self, frame_type: int, channel: int, payload: bytes) -> None:
         if channel > self.channel_max:
-            raise _ConnectionError(
+            raise ProtocolError(
                 ReplyCode.NOT_ALLOWED,
                 f"channel number {channel} is above the negotiated channel_max ({self.channel_max})",
             )
         method = self._decode(payload) if frame_type == FRAME_METHOD else None
         if not isinstance(method, m.ChannelOpen):
             class_id, method_id = (method.CLASS_ID, method.METHOD_ID) if method is not None else (0, 0)
-            raise _ConnectionError(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'", class_id, method_id)
-        self._channels[channel] = _Channel()
+            raise ProtocolError(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'", class_id, method_id)
+        self._channels[channel] = ChannelAssembly()
         self._write(encode_method_frame(channel, m.ChannelOpenOk()))
         self._events.append(ChannelOpened(channel))
 
@@ -623,7 +581,7 @@ class ServerConnection:
             self._write(encode_method_frame(channel, m.ChannelCloseOk()))
             del self._channels[channel]
 
-    def _channel_method(self, ch: _Channel, channel: int, method: m.Method) -> None:
+    def _channel_method(self, ch: ChannelAssembly, channel: int, method: m.Method) -> None:
         cls = type(method)
         if cls is m.BasicPublish:
             assert isinstance(method, m.BasicPublish)
@@ -635,14 +593,14 @@ class ServerConnection:
             self._events.append(ChannelClosed(channel))
             return
         if method.CLASS_ID == CLASS_CONNECTION or cls in _SERVER_ONLY:
-            raise _ConnectionError(
+            raise ProtocolError(
                 ReplyCode.COMMAND_INVALID,
                 f"method {amqp_method_name(cls)} is not allowed from a client on channel {channel}",
                 method.CLASS_ID,
                 method.METHOD_ID,
             )
         if cls is m.ChannelOpen:
-            raise _ConnectionError(ReplyCode.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+            raise ProtocolError(ReplyCode.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
         if cls is m.AccessRequest:
             self._write(encode_method_frame(channel, m.AccessRequestOk()))
             return
@@ -650,87 +608,10 @@ class ServerConnection:
             return  # nothing of ours to acknowledge: ignore, as RabbitMQ does
         self._events.append(MethodReceived(channel, method))
 
-    def _content_frame(self, ch: _Channel, frame_type: int, channel: int, payload: bytes) -> None:
-        publish = ch.publish
-        assert publish is not None
-        if ch.properties is None:
-            if frame_type != FRAME_HEADER:
-                raise _ConnectionError(
-                    ReplyCode.UNEXPECTED_FRAME,
-                    "expected content header for class 60, got non content header frame instead",
-                    60,
-                    40,
-                )
-            self._content_header(ch, channel, payload)
-            return
-        if frame_type != FRAME_BODY:
-            raise _ConnectionError(
-                ReplyCode.UNEXPECTED_FRAME,
-                "expected content body, got non content body frame instead",
-                60,
-                40,
-            )
-        ch.body_received += len(payload)
-        if ch.body_received > ch.body_size:
-            raise _ConnectionError(
-                ReplyCode.FRAME_ERROR,
-                f"content body is longer than the {ch.body_size} bytes announced in its content header",
-                60,
-                40,
-            )
-        ch.body_parts.append(payload)
-        if ch.body_received == ch.body_size:
-            self._complete_content(ch, channel)
-
-    def _content_header(self, ch: _Channel, channel: int, payload: bytes) -> None:
-        try:
-            class_id, body_size, properties = decode_content_header(payload)
-        except DecodeError as error:
-            raise _ConnectionError(ReplyCode.FRAME_ERROR, f"cannot decode content header: {error}", 60, 40)
-        if class_id != CLASS_BASIC or payload[2:4] != b"\x00\x00":
-            raise _ConnectionError(
-                ReplyCode.UNEXPECTED_FRAME,
-                f"expected content header for class 60, got one for class {class_id} instead",
-                60,
-                40,
-            )
-        if body_size > self.limits.max_message_size:
-            raise _ChannelError(
-                ReplyCode.PRECONDITION_FAILED,
-                f"message size {body_size} is larger than configured max size {self.limits.max_message_size}",
-                60,
-                40,
-            )
-        ch.properties = properties
-        ch.body_size = body_size
-        if body_size == 0:
-            self._complete_content(ch, channel)
-
-    def _complete_content(self, ch: _Channel, channel: int) -> None:
-        parts = ch.body_parts
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
-        publish, properties = ch.publish, ch.properties
-        assert publish is not None and properties is not None
-        ch.reset_content()
-        self._events.append(ContentReceived(channel, publish, properties, body))
-
-
-def _check_negotiated(name: str, minimum: int, server_value: int, client_value: int) -> None:
-    """RabbitMQ's validate_negotiated_integer_value: 530 NOT_ALLOWED when out of range."""
-    if client_value != 0 and client_value < minimum:
-        raise _ConnectionError(
-            ReplyCode.NOT_ALLOWED,
-            f"negotiated {name} = {client_value} is lower than the minimum allowed value ({minimum})",
-            10,
-            30,
-        )
-    if server_value != 0 and (client_value == 0 or client_value > server_value):
-        raise _ConnectionError(
-            ReplyCode.NOT_ALLOWED,
-            f"negotiated {name} = {client_value} is higher than the maximum allowed value ({server_value})",
-            10,
-            30,
-        )
+    def _content_frame(self, ch: ChannelAssembly, frame_type: int, channel: int, payload: bytes) -> None:
+        content = ch.content_frame(frame_type, payload, self.limits.max_message_size)
+        if content is not None:
+            self._events.append(ContentReceived(channel, *content))
 
 
 _CONNECTION_HANDLERS: Final[dict[tuple[ConnectionState, type[m.Method]], Any]] = {
