@@ -9,7 +9,8 @@ a commit runs; they are covered by the next one.
 Compaction is a small bookkeeping job done here, not a second storage engine: the store counts the records of
 each stream and remembers the live keys (message ids per queue stream, the latest definition per key). A queue
 stream with no live message left is truncated with an empty snapshot; the definitions stream is rewritten as a
-snapshot of its live records once dead records dominate. A deleted durable queue's stream is dropped.
+snapshot of its live records once dead records dominate. A deleted durable queue's stream is truncated the same
+way (an empty snapshot), so a queue re-declared under the same name keeps what it appends afterwards.
 Recovery reads every stream back (snapshot first, then the entries after it) for `Broker.recover`.
 """
 
@@ -149,10 +150,12 @@ class Store:
 
     def _plan_compaction(self, stream: str, record: Record, book: StreamBook) -> None:
         if isinstance(record, QueueRecord) and record.deleted:
-            doomed = queue_stream(record.vhost, record.name)
-            if doomed in self.books:
-                del self.books[doomed]
-                self.jobs.append(lambda: self.log.delete_stream(doomed))
+            # Truncate (not delete) the queue's stream: a queue re-declared under the same name before the
+            # job runs appends to the same stream, and those later records must survive.
+            doomed = self.books.get(queue_stream(record.vhost, record.name))
+            if doomed is not None and doomed.last_offset >= 0:
+                doomed.live_messages.clear()
+                self._schedule_snapshot(queue_stream(record.vhost, record.name), doomed, cbor2.dumps([]))
             return
         if stream == DEFINITIONS_STREAM:
             dead = book.records_since_snapshot - len(self.definitions)

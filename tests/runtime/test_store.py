@@ -1,0 +1,121 @@
+"""The runtime store over a real NodeLog: group commit, recovery, and compaction by snapshots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from node.broker.records import (
+    DEFINITIONS_STREAM,
+    ExchangeRecord,
+    MessageRecord,
+    MessageRemovedRecord,
+    QueueRecord,
+    queue_stream,
+)
+from node.runtime import store as store_module
+from node.runtime.store import Store
+
+
+def _message(msg_id: int, queue: str = "q") -> MessageRecord:
+    return MessageRecord("/", queue, msg_id, "", queue, {"delivery_mode": 2}, f"body-{msg_id}".encode())
+
+
+class FakeNode:
+    """Records the tokens the store reports durable."""
+
+    def __init__(self) -> None:
+        self.persisted: list[int] = []
+        self.broker = self
+
+    def on_persisted(self, token: int) -> list[Any]:
+        self.persisted.append(token)
+        return []
+
+    def dispatch(self, effects: list[Any]) -> None:
+        assert effects == []
+
+
+async def test_commit_covers_every_pending_token_and_recovery_reads_back(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    store.persist(1, (QueueRecord("/", "q"), ExchangeRecord("/", "x", "direct")))
+    store.persist(2, (_message(1), _message(2)))
+    store.persist(3, (MessageRemovedRecord("/", "q", 1),))
+    assert await store.commit_once() == [1, 2, 3]
+    assert store.pending_tokens == []
+    await store.flush()
+
+    reopened = Store.open(tmp_path)
+    records = reopened.recover()
+    assert records[:2] == [QueueRecord("/", "q"), ExchangeRecord("/", "x", "direct")]  # definitions first
+    assert records[2:] == [_message(1), _message(2), MessageRemovedRecord("/", "q", 1)]
+    assert reopened.books[queue_stream("/", "q")].live_messages == {2}
+    await reopened.flush()
+
+
+async def test_drained_queue_stream_is_truncated_by_an_empty_snapshot(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(store_module, "COMPACT_QUEUE_RECORDS_MIN", 4)
+    store = Store.open(tmp_path)
+    store.persist(1, (QueueRecord("/", "q"),))
+    for msg_id in range(3):
+        store.persist(10 + msg_id, (_message(msg_id),))
+    for msg_id in range(3):
+        store.persist(20 + msg_id, (MessageRemovedRecord("/", "q", msg_id),))
+    assert store.jobs, "a drained stream with enough dead records schedules a snapshot"
+    await store.commit_once()
+    store.persist(30, (_message(99),))  # appended after the snapshot point: must survive
+    await store.flush()
+
+    reopened = Store.open(tmp_path)
+    records = reopened.recover()
+    assert [r for r in records if isinstance(r, MessageRecord | MessageRemovedRecord)] == [_message(99)]
+    await reopened.flush()
+
+
+async def test_deleted_queue_is_truncated_but_a_redeclared_one_keeps_its_messages(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    store.persist(1, (QueueRecord("/", "q"), _message(1), _message(2)))
+    await store.commit_once()
+    store.persist(2, (QueueRecord("/", "q", deleted=True),))
+    store.persist(3, (QueueRecord("/", "q"), _message(7)))  # before the truncation job has run
+    await store.flush()
+
+    records = Store.open(tmp_path).recover()
+    assert [r for r in records if isinstance(r, MessageRecord)] == [_message(7)]
+    assert records[-1] == _message(7)
+
+
+async def test_definitions_are_rewritten_as_a_snapshot_when_mostly_dead(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(store_module, "COMPACT_DEFINITION_RECORDS_MIN", 10)
+    store = Store.open(tmp_path)
+    for i in range(12):
+        store.persist(i, (ExchangeRecord("/", f"x{i}", "fanout"), ExchangeRecord("/", f"x{i}", "fanout", deleted=True)))
+    store.persist(100, (ExchangeRecord("/", "kept", "topic"),))
+    await store.flush()
+    reopened = Store.open(tmp_path)
+    records = reopened.recover()
+    snapshot, _entries = reopened.log.read(DEFINITIONS_STREAM)
+    assert snapshot is not None
+    latest: dict[str, bool] = {}
+    for record in records:
+        if isinstance(record, ExchangeRecord):
+            latest[record.name] = record.deleted
+    assert {name for name, deleted in latest.items() if not deleted} == {"kept"}
+    assert len(records) < 25
+    await reopened.flush()
+
+
+async def test_commit_loop_reports_tokens_to_the_broker(tmp_path: Path) -> None:
+    import trio
+
+    store = Store.open(tmp_path)
+    node = FakeNode()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.commit_loop, node)
+        store.persist(1, (_message(1),))
+        store.persist(2, ())
+        with trio.fail_after(30):
+            while node.persisted != [1, 2]:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    await store.flush()
