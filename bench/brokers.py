@@ -97,6 +97,46 @@ def raftmq_node(timeout_s: float = 30.0, extra_args: tuple[str, ...] = ()) -> It
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def free_port_run(count: int, attempts: int = 50) -> int:
+    """A base port P such that P+1 .. P+count are all free now (the cluster runner puts node i on P+i)."""
+    for _ in range(attempts):
+        base = free_port()
+        if base + count > 65535:
+            continue
+        if all(_port_free(base + offset) for offset in range(1, count + 1)):
+            return base
+    raise BrokerStartError(f"found no run of {count} free ports")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def raftmq_cluster(nodes: int = 3, timeout_s: float = 120.0) -> Iterator[list[Endpoint]]:
+    """A local raftmq cluster through the cluster runner (`raftmq cluster up --detach --no-haproxy`), stopped
+    with `raftmq cluster down`. Whether its nodes replicate is up to raftmq; the bench does not check it."""
+    workdir = Path(tempfile.mkdtemp(prefix="raftmq-bench-cluster-"))
+    base_port = free_port_run(nodes)
+    runner = [sys.executable, "-m", "node.cli", "cluster"]
+    data = ["--data-dir", str(workdir)]
+    up = [*runner, "up", "--detach", "--no-haproxy", "--nodes", str(nodes), "--base-port", str(base_port), *data]
+    try:
+        completed = subprocess.run(up, capture_output=True, text=True, timeout=timeout_s)
+        if completed.returncode != 0:
+            raise BrokerStartError(f"raftmq cluster up failed: {(completed.stdout + completed.stderr).strip()[-400:]}")
+        yield [Endpoint("127.0.0.1", base_port + index) for index in range(1, nodes + 1)]
+    finally:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run([*runner, "down", *data], capture_output=True, timeout=60)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 # --- RabbitMQ -----------------------------------------------------------------------------------------------
 
 
