@@ -26,6 +26,7 @@ from cluster.raft.core.raft import BrokenVariant, RaftConfig, RaftCore
 from cluster.raft.core.types import AppendResp, GroupId, Index, Membership, NodeId, Ready, Role
 
 INBOX_MAX = 1_000
+PROPOSALS_QUEUED_MAX = 100
 DRIVE_ROUNDS_MAX = 8
 
 
@@ -61,6 +62,7 @@ class SimNode:
     incarnation: int = 0
     pending: tuple[NodeReady, int] | None = None
     inbox: deque[NodeBatch] = field(default_factory=deque)
+    proposals: deque[tuple[GroupId, bytes]] = field(default_factory=deque)
     applied: dict[GroupId, AppliedState] = field(default_factory=dict)
 
 
@@ -204,6 +206,7 @@ class Simulation:
             while node.inbox:
                 node.mr.step(node.inbox.popleft())
                 self._check(node)
+            self._propose_queued(node)
             self._drive(node)
         for group in self.group_ids:
             cores = {node.id: node.mr.groups[group] for node in self.nodes.values() if node.mr is not None}
@@ -299,6 +302,7 @@ class Simulation:
         node.mr = None
         node.pending = None
         node.inbox.clear()
+        node.proposals.clear()
         node.applied = {}
         self.stats["crashes"] += 1
         self._log(f"crash {node.id} {outcome}")
@@ -378,10 +382,11 @@ class Simulation:
         self.stats["partitions"] += 1
         self._log(f"partition {shape} {' | '.join(','.join(sorted(side)) for side in sides)}")
 
-    def _leaders(self, group: GroupId) -> list[tuple[SimNode, RaftCore]]:
+    def _leaders(self, group: GroupId, include_busy: bool = False) -> list[tuple[SimNode, RaftCore]]:
+        """Nodes that believe they lead `group` (several, when some are stale); busy = waiting on an fsync."""
         found = []
         for node in self.nodes.values():
-            if node.mr is not None and node.pending is None:
+            if node.mr is not None and (include_busy or node.pending is None):
                 core = node.mr.groups[group]
                 if core.role is Role.LEADER:
                     found.append((node, core))
@@ -391,15 +396,24 @@ class Simulation:
         if self.rng.random() >= self.profile.propose_rate:
             return
         group = self.rng.choice(self.group_ids)
-        for node, _ in self._leaders(group):
-            self._proposal_seq += 1
-            data = f"{group}/{self._proposal_seq}".encode()
-            assert node.mr is not None
+        for node, _ in self._leaders(group, include_busy=True):
+            for _ in range(self.rng.randint(1, 3)):
+                self._proposal_seq += 1
+                if len(node.proposals) < PROPOSALS_QUEUED_MAX:
+                    node.proposals.append((group, f"{group}/{self._proposal_seq}".encode()))
+            if node.pending is None:
+                self._propose_queued(node)
+                self._drive(node)
+
+    def _propose_queued(self, node: SimNode) -> None:
+        """Hand queued client commands to the cores (only between a Ready's advance and the next ready())."""
+        assert node.mr is not None and node.pending is None
+        while node.proposals:
+            group, data = node.proposals.popleft()
             index = node.mr.propose(group, data)
             self.stats["proposals"] += 1
             if self.config.trace:
                 self._log(f"propose {node.id} {group} {data.decode()} -> {index}")
-            self._drive(node)
 
     def _propose_markers(self) -> None:
         for group in self.group_ids:
