@@ -8,7 +8,9 @@ How it works:
 - When the WAL reaches ``wal_size_bytes_max`` the commit checkpoints: fsync the dirty segment files, start a new
   WAL file and delete the old ones.  ``write_snapshot`` deletes segments wholly behind the snapshot.
 - ``open`` recovers: load each stream directory (torn segment tails cut off), then replay the WAL on top
-  (appends already on disk are skipped; truncations are re-applied), then checkpoint.
+  (appends already on disk are skipped; truncations are re-applied), then checkpoint.  The checkpoint's
+  recovery-point file says how much of each active segment was fsynced: that prefix is indexed by walking record
+  headers only, and just the tail written since is CRC-checked (Kafka's recovery point).
 
 Threading contract: three locks, always taken in this order.
 - ``_commit_lock``: one commit/checkpoint/snapshot/delete at a time.
@@ -33,11 +35,19 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from cluster.log import format as fmt
-from cluster.log.segment import DiskFullError, FileHandles, StreamFiles, raise_disk_full_or, remove_directory
+from cluster.log.segment import (
+    DiskFullError,
+    FileHandles,
+    StreamFiles,
+    raise_disk_full_or,
+    remove_directory,
+    write_file_durably,
+)
 from cluster.log.wal import WalWriter, replay
 
 STREAMS_DIRECTORY = "streams"
 WAL_DIRECTORY = "wal"
+RECOVERY_POINT_FILE = "recovery-point"
 OP_OVERHEAD_BYTES = 64  # bookkeeping charged per queued op against the buffer bound
 
 
@@ -86,6 +96,7 @@ class NodeLog:
         self._streams_root.mkdir(parents=True, exist_ok=True)
         self._wal: WalWriter | None = None
         self._closed = False
+        self._recovery_point: dict[str, tuple[int, int]] = {}  # stream directory -> (active base, synced bytes)
 
     # --- opening and recovery --------------------------------------------------------------------------------
 
@@ -96,10 +107,15 @@ class NodeLog:
         return log
 
     def _recover(self) -> None:
+        try:
+            recovery_point = fmt.decode_recovery_point((self.directory / RECOVERY_POINT_FILE).read_bytes())
+        except FileNotFoundError:
+            recovery_point = {}
+        self._recovery_point = dict(recovery_point)  # a replayed truncation forgets its stream's entry
         for path in sorted(self._streams_root.iterdir()):
             if not path.is_dir():
                 continue
-            stream = StreamFiles.load(path, self.config.index_interval_bytes)
+            stream = StreamFiles.load(path, self.config.index_interval_bytes, recovery_point.get(path.name))
             if stream is None:
                 remove_directory(path)
                 continue
@@ -241,6 +257,7 @@ class NodeLog:
                     continue
                 self._write_run(files, run)
                 run = []
+                self._forget_recovery_point(files)
                 files.truncate_after(offset, self._handles)
             self._write_run(files, run)
 
@@ -271,9 +288,21 @@ class NodeLog:
         try:
             for files in self._files.values():
                 files.sync(self._handles)
+            self._recovery_point = {
+                files.directory.name: (files.segments[-1].base_offset, files.segments[-1].size_bytes)
+                for files in self._files.values() if files.segments}
+            self._write_recovery_point()
             self._wal.start_new_file()
         except OSError as error:
             self._fail(error)
+
+    def _write_recovery_point(self) -> None:
+        write_file_durably(self.directory / RECOVERY_POINT_FILE, fmt.encode_recovery_point(self._recovery_point))
+
+    def _forget_recovery_point(self, files: StreamFiles) -> None:
+        """Before a truncation rewrites synced bytes: that stream's active segment gets a full scan at open."""
+        if self._recovery_point.pop(files.directory.name, None) is not None:
+            self._write_recovery_point()
 
     # --- raft-style edits ------------------------------------------------------------------------------------
 
@@ -320,6 +349,7 @@ class NodeLog:
                 files = self._files.pop(stream, None)
                 if files is not None:
                     files.delete(self._handles)
+                    self._forget_recovery_point(files)
 
     # --- reading ---------------------------------------------------------------------------------------------
 

@@ -56,17 +56,6 @@ def fsync_path(path: pathlib.Path) -> None:
 fsync_directory = fsync_path
 
 
-def append_to_file(path: pathlib.Path, data: bytes) -> None:
-    """Append through a short-lived descriptor (index files: one small write per ``index_interval_bytes``)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
-
-
 def write_file_durably(path: pathlib.Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync the directory."""
     temporary = path.with_name(path.name + ".tmp")
@@ -233,8 +222,11 @@ class StreamFiles:
         return stream
 
     @classmethod
-    def load(cls, directory: pathlib.Path, index_interval_bytes: int) -> StreamFiles | None:
-        """Recover a stream directory; None if it never got its name file (a crash while creating it)."""
+    def load(cls, directory: pathlib.Path, index_interval_bytes: int,
+             synced: tuple[int, int] | None = None) -> StreamFiles | None:
+        """Recover a stream directory; None if it never got its name file (a crash while creating it).
+
+        ``synced`` = (active segment base, bytes of it fsynced at the last checkpoint), from the recovery point."""
         try:
             name = (directory / NAME_FILE).read_bytes().decode()
         except (FileNotFoundError, UnicodeDecodeError):
@@ -247,7 +239,10 @@ class StreamFiles:
         bases = sorted(int(p.stem) for p in directory.glob("*.log") if p.stem.isdigit())
         for position, base in enumerate(bases):
             is_last = position == len(bases) - 1
-            segment = stream._load_segment(base, index_interval_bytes, scan_fully=is_last)
+            if is_last and synced is not None and synced[0] == base:
+                segment = stream._load_active_segment(base, index_interval_bytes, synced[1])
+            else:
+                segment = stream._load_segment(base, index_interval_bytes, scan_fully=is_last)
             stream.segments.append(segment)
         while stream.segments and stream.segments[-1].size_bytes == 0 and len(stream.segments) > 1:
             stream._remove_segment(stream.segments.pop())
@@ -262,7 +257,7 @@ class StreamFiles:
         if not scan_fully and segment.index_path.exists():
             index = fmt.decode_index(segment.index_path.read_bytes(), file_size)
         if index is None:
-            self._rebuild_segment(segment, index_interval_bytes)
+            self._rebuild_segment(segment, index_interval_bytes, persist_indexes=not scan_fully)
             return segment
         segment.index = index
         segment.time_index = fmt.decode_time_index(segment.time_index_path.read_bytes()) \
@@ -278,11 +273,31 @@ class StreamFiles:
             end = record.position + record.size_bytes
         segment.size_bytes = end
         if end != file_size:  # damaged in the middle: trust nothing, rescan
-            self._rebuild_segment(segment, index_interval_bytes)
+            self._rebuild_segment(segment, index_interval_bytes, persist_indexes=True)
         return segment
 
-    def _rebuild_segment(self, segment: Segment, index_interval_bytes: int) -> None:
-        """Scan the whole segment, drop a torn/corrupt tail and rewrite both indexes (when they differ)."""
+    def _load_active_segment(self, base: int, index_interval_bytes: int, synced_size_bytes: int) -> Segment:
+        """Walk the synced prefix by headers only, then validate (CRC) the tail written since; cut a bad tail."""
+        segment = Segment.at(self.directory, base)
+        file_size = segment.log_path.stat().st_size
+        if synced_size_bytes > file_size or not _walk_headers(segment, synced_size_bytes, index_interval_bytes):
+            self._rebuild_segment(segment, index_interval_bytes, persist_indexes=False)
+            return segment
+        previous_offset = segment.next_offset - 1
+        for record in iter_file_records(segment.log_path, synced_size_bytes):
+            if record.offset <= previous_offset:
+                break
+            self._note_record(segment, record.offset, record.timestamp_ms, record.position, index_interval_bytes)
+            segment.size_bytes = record.position + record.size_bytes
+            segment.next_offset = record.offset + 1
+            previous_offset = record.offset
+        if segment.size_bytes != file_size:
+            os.truncate(segment.log_path, segment.size_bytes)
+            segment.dirty = True
+        return segment
+
+    def _rebuild_segment(self, segment: Segment, index_interval_bytes: int, persist_indexes: bool) -> None:
+        """Scan the whole segment, drop a torn/corrupt tail, rebuild both indexes (and rewrite a sealed one's)."""
         file_size = segment.log_path.stat().st_size
         segment.index, segment.time_index = [], []
         segment.size_bytes, segment.next_offset, segment.last_indexed_position = 0, segment.base_offset, 0
@@ -296,27 +311,33 @@ class StreamFiles:
         if segment.size_bytes != file_size:
             os.truncate(segment.log_path, segment.size_bytes)
             segment.dirty = True
+        if persist_indexes:
+            self._write_index_files(segment)
+
+    @staticmethod
+    def _write_index_files(segment: Segment) -> None:
+        """Persist a sealed segment's indexes (the active segment's live in memory and are rebuilt at load)."""
         index_bytes = b"".join(fmt.encode_index_entry(r, p) for r, p in segment.index)
         time_bytes = b"".join(fmt.encode_time_index_entry(t, r) for t, r in segment.time_index)
         for path, data in ((segment.index_path, index_bytes), (segment.time_index_path, time_bytes)):
-            if not path.exists() or path.read_bytes() != data:
-                path.write_bytes(data)
-                segment.dirty = self.directory_dirty = True
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                pwrite_all(fd, data, 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     @staticmethod
     def _note_record(segment: Segment, offset: int, timestamp_ms: int, position: int,
-                     index_interval_bytes: int) -> tuple[bytes, bytes]:
-        """Update the in-memory indexes for a record; return the index file bytes to append."""
-        index_bytes = time_bytes = b""
+                     index_interval_bytes: int) -> None:
+        """Update the in-memory sparse indexes for a record written at ``position``."""
         if position > 0 and position - segment.last_indexed_position >= index_interval_bytes:
             relative = offset - segment.base_offset
             segment.index.append((relative, position))
             segment.time_index.append((segment.max_timestamp_ms, relative))
             segment.last_indexed_position = position
-            index_bytes = fmt.encode_index_entry(relative, position)
-            time_bytes = fmt.encode_time_index_entry(segment.max_timestamp_ms, relative)
-        segment.max_timestamp_ms = max(segment.max_timestamp_ms, timestamp_ms)
-        return index_bytes, time_bytes
+        if timestamp_ms > segment.max_timestamp_ms:
+            segment.max_timestamp_ms = timestamp_ms
 
     # --- state -----------------------------------------------------------------------------------------------
 
@@ -342,8 +363,6 @@ class StreamFiles:
                       segment_size_bytes_max: int, index_interval_bytes: int) -> None:
         """Append ``(offset, timestamp_ms, payload)`` records (offsets contiguous from ``end_offset``)."""
         pending: list[bytes] = []
-        pending_index: list[bytes] = []
-        pending_time: list[bytes] = []
         segment: Segment | None = None
         start_size = 0
         for offset, timestamp_ms, payload in records:
@@ -352,34 +371,26 @@ class StreamFiles:
             segment = self.segments[-1] if self.segments else None
             if segment is None or (segment.size_bytes >= segment_size_bytes_max and segment.size_bytes > 0):
                 if segment is not None:
-                    self._flush(segment, start_size, pending, pending_index, pending_time, handles)
+                    self._flush(segment, start_size, pending, handles)
                     self._seal(segment, handles)
                 segment = self._new_segment(offset)
                 start_size = 0
-                pending, pending_index, pending_time = [], [], []
+                pending = []
             elif not pending:
                 start_size = segment.size_bytes
             encoded = fmt.encode_record(offset, timestamp_ms, payload)
-            index_bytes, time_bytes = self._note_record(
-                segment, offset, timestamp_ms, segment.size_bytes, index_interval_bytes)
-            if index_bytes:
-                pending_index.append(index_bytes)
-                pending_time.append(time_bytes)
+            self._note_record(segment, offset, timestamp_ms, segment.size_bytes, index_interval_bytes)
             pending.append(encoded)
             segment.size_bytes += len(encoded)
             segment.next_offset = offset + 1
         if segment is not None and pending:
-            self._flush(segment, start_size, pending, pending_index, pending_time, handles)
+            self._flush(segment, start_size, pending, handles)
 
-    def _flush(self, segment: Segment, start_size: int, pending: list[bytes], pending_index: list[bytes],
-               pending_time: list[bytes], handles: FileHandles) -> None:
+    def _flush(self, segment: Segment, start_size: int, pending: list[bytes], handles: FileHandles) -> None:
         if not pending:
             return
         try:
             pwrite_all(handles.get(segment.log_path), b"".join(pending), start_size)
-            if pending_index:
-                append_to_file(segment.index_path, b"".join(pending_index))
-                append_to_file(segment.time_index_path, b"".join(pending_time))
         except OSError as error:
             os.truncate(segment.log_path, start_size)
             raise_disk_full_or(error)
@@ -387,17 +398,19 @@ class StreamFiles:
 
     def _new_segment(self, base_offset: int) -> Segment:
         segment = Segment.at(self.directory, base_offset)
-        for path in segment.paths:
-            path.open("wb").close()
+        segment.log_path.open("wb").close()
         self.segments.append(segment)
         segment.dirty = self.directory_dirty = True
         return segment
 
     def _seal(self, segment: Segment, handles: FileHandles) -> None:
+        """The segment rolled: make it and its index files durable; it is never written again."""
         os.fsync(handles.get(segment.log_path))
         handles.forget(segment.log_path)
-        fsync_path(segment.index_path)
-        fsync_path(segment.time_index_path)
+        try:
+            self._write_index_files(segment)
+        except OSError as error:
+            raise_disk_full_or(error)  # the indexes are rebuilt from the segment at the next open
         segment.dirty = False
 
     def sync(self, handles: FileHandles) -> None:
@@ -405,8 +418,6 @@ class StreamFiles:
         for segment in self.segments:
             if segment.dirty:
                 os.fsync(handles.get(segment.log_path))
-                fsync_path(segment.index_path)
-                fsync_path(segment.time_index_path)
                 segment.dirty = False
         if self.new_directory:
             fsync_path(self.directory / NAME_FILE)
@@ -423,20 +434,20 @@ class StreamFiles:
         if not self.segments or self.segments[-1].next_offset <= offset + 1:
             return
         segment = self.segments[-1]
-        kept = [r for r in iter_file_records(segment.log_path) if r.offset <= offset]
-        size = kept[-1].position + kept[-1].size_bytes if kept else 0
+        size, max_timestamp_ms = 0, -(2**63)
+        for record in iter_file_records(segment.log_path):
+            if record.offset > offset:
+                break
+            size, max_timestamp_ms = record.position + record.size_bytes, max(max_timestamp_ms, record.timestamp_ms)
         handles.forget(segment.log_path)
         os.truncate(segment.log_path, size)
-        segment.size_bytes, segment.next_offset = size, offset + 1
+        segment.size_bytes, segment.next_offset, segment.max_timestamp_ms = size, offset + 1, max_timestamp_ms
         segment.index = [(r, p) for r, p in segment.index if p < size]
         segment.time_index = segment.time_index[: len(segment.index)]
         segment.last_indexed_position = segment.index[-1][1] if segment.index else 0
-        segment.max_timestamp_ms = max((r.timestamp_ms for r in kept), default=-(2**63))
-        for path, entries in ((segment.index_path, segment.index), (segment.time_index_path, segment.time_index)):
-            handles.forget(path)
-            encoder = fmt.encode_index_entry if path == segment.index_path else fmt.encode_time_index_entry
-            path.write_bytes(b"".join(encoder(a, b) for a, b in entries))
-        segment.dirty = True
+        for path in (segment.index_path, segment.time_index_path):
+            path.unlink(missing_ok=True)  # active again: its indexes live in memory until it is sealed
+        segment.dirty = self.directory_dirty = True
 
     def install_snapshot(self, offset: int, state: bytes, handles: FileHandles) -> None:
         """Durably replace the snapshot, then delete the segments wholly at or behind ``offset``."""
@@ -513,6 +524,33 @@ class StreamFiles:
                 if record.timestamp_ms >= timestamp_ms:
                     return record.offset
         return None
+
+
+def _walk_headers(segment: Segment, size_bytes: int, index_interval_bytes: int) -> bool:
+    """Index ``size_bytes`` of a segment known to be fsynced, reading record headers only (no CRC, no payload
+    copies).  False if the headers do not chain exactly to ``size_bytes`` (then the caller rescans fully)."""
+    header = fmt.RECORD_HEADER
+    fd = os.open(segment.log_path, os.O_RDONLY)
+    try:
+        position, previous_offset = 0, segment.base_offset - 1
+        while position < size_bytes:
+            chunk_start = position
+            chunk = os.pread(fd, min(READ_CHUNK_BYTES, size_bytes - chunk_start), chunk_start)
+            if not chunk:
+                return False
+            while position + header.size <= chunk_start + len(chunk):
+                _, length, offset, timestamp_ms = header.unpack_from(chunk, position - chunk_start)
+                if offset <= previous_offset or length > fmt.PAYLOAD_SIZE_BYTES_MAX:
+                    return False
+                StreamFiles._note_record(segment, offset, timestamp_ms, position, index_interval_bytes)
+                previous_offset = offset
+                position += header.size + length
+            if position == chunk_start:  # less than a header left before size_bytes: the chain is broken
+                return False
+        segment.size_bytes, segment.next_offset = position, previous_offset + 1
+        return position == size_bytes
+    finally:
+        os.close(fd)
 
 
 def _last_below(values: list[int], limit: int) -> int:

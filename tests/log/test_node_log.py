@@ -238,3 +238,25 @@ def test_replayed_truncation_overrides_stale_segment_contents(tmp_path: pathlib.
     expected = [(i, f"old-{i}".encode()) for i in range(5)] + [(5, b"new-5"), (6, b"new-6")]
     assert list(reopened.read("raft")[1]) == expected
     reopened.close()
+
+
+def test_recovery_point_walk_then_torn_tail_after_it(tmp_path: pathlib.Path) -> None:
+    config = LogConfig(index_interval_bytes=64, wal_size_bytes_max=1 << 30)
+    log = NodeLog.open(tmp_path, config)
+    for i in range(300):
+        log.append("q", f"r{i}".encode() * 5, timestamp_ms=i)
+    log.close()  # checkpoint: the recovery point covers all 300
+    log = NodeLog.open(tmp_path, config)
+    for i in range(300, 320):
+        log.append("q", f"r{i}".encode() * 5, timestamp_ms=i)
+    log.commit()
+    log._handles.close_all()  # crash: no checkpoint
+    segment = next(tmp_path.glob("streams/*/*.log"))
+    with segment.open("ab") as handle:
+        handle.write(b"\x01\x02torn")
+    reopened = NodeLog.open(tmp_path, config)
+    assert list(reopened.read("q")[1]) == [(i, f"r{i}".encode() * 5) for i in range(320)]
+    assert reopened.read_at("q", 150) == b"r150" * 5
+    assert reopened.offset_for_time("q", 250) == 250
+    assert reopened.append("q", b"next") == 320
+    reopened.close()
