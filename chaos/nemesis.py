@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from chaos.netns import NetLab
 from deploy.healthcheck import answers_amqp
 
 STATE_FILE_NAME = "cluster.json"
@@ -76,11 +77,13 @@ def node_command(spec: NodeSpec, extra_args: tuple[str, ...] = ()) -> list[str]:
 class LocalCluster:
     """Nodes on this machine, from cluster.json or spawned here; signals go straight to their pids."""
 
-    def __init__(self, data_dir: Path, specs: list[NodeSpec], extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, data_dir: Path, specs: list[NodeSpec], extra_args: tuple[str, ...] = (),
+                 prefixes: dict[str, list[str]] | None = None) -> None:
         self.data_dir = data_dir
         self._specs = {spec.name: spec for spec in specs}
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._extra_args = extra_args
+        self._prefixes = prefixes or {}
 
     @classmethod
     def from_state_file(cls, data_dir: Path) -> LocalCluster:
@@ -88,14 +91,23 @@ class LocalCluster:
         return cls(data_dir, [NodeSpec(**node) for node in raw["nodes"]])
 
     @classmethod
-    def spawn(cls, data_dir: Path, count: int, base_port: int, extra_args: tuple[str, ...] = ()) -> LocalCluster:
-        """Start `count` nodes on 127.0.0.1:base_port+i (i from 1), wait until they answer AMQP."""
-        specs = [NodeSpec(f"rmq{i}", "127.0.0.1", base_port + i, 0, str(data_dir / f"rmq{i}"),
-                          str(data_dir / f"rmq{i}.log")) for i in range(1, count + 1)]
-        cluster = cls(data_dir, specs, extra_args)
-        for spec in specs:
-            cluster._start(spec.name)
-        cluster.wait_ready(cluster.nodes())
+    def spawn(cls, data_dir: Path, count: int, base_port: int, extra_args: tuple[str, ...] = (),
+              netlab: NetLab | None = None) -> LocalCluster:
+        """Start `count` nodes on 127.0.0.1:base_port+i (i from 1), or each in its namespace of `netlab` on its
+        own address and base_port, and wait until they answer AMQP."""
+        names = [f"rmq{i}" for i in range(1, count + 1)]
+        hosts = {name: netlab.address(name) if netlab else "127.0.0.1" for name in names}
+        prefixes = {name: netlab.exec_argv(name, []) for name in names} if netlab else {}
+        specs = [NodeSpec(name, hosts[name], base_port if netlab else base_port + i, 0, str(data_dir / name),
+                          str(data_dir / f"{name}.log")) for i, name in enumerate(names, start=1)]
+        cluster = cls(data_dir, specs, extra_args, prefixes)
+        try:
+            for spec in specs:
+                cluster._start(spec.name)
+            cluster.wait_ready(cluster.nodes())
+        except BaseException:
+            cluster.stop_all()
+            raise
         return cluster
 
     def nodes(self) -> list[str]:
@@ -166,7 +178,8 @@ class LocalCluster:
         spec = self._specs[node]
         Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
         with open(spec.log, "ab") as log:
-            child = subprocess.Popen(node_command(spec, self._extra_args), stdout=log, stderr=subprocess.STDOUT,
+            argv = [*self._prefixes.get(node, []), *node_command(spec, self._extra_args)]
+            child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self._children[node] = child
         self._specs[node] = replace(spec, pid=child.pid)

@@ -1,9 +1,10 @@
 """Network partitions between local processes: network namespaces on a bridge, cut by nftables rules (root only).
 
 How it works: `NetLab(tag, names)` creates, per name, a namespace "<tag>-<name>" with a veth pair whose host end is
-enslaved to a bridge "<tag>-br", and gives it 10.<subnet>.0.<i>/24 (start a node inside with `exec_argv`, listening
-on `address(name)`). `partition(blocked)` installs, in each namespace, one nftables table "chaos" dropping input
-and output to the addresses of the peers it must not reach; `heal()` deletes those tables. `partition_pairs` is
+enslaved to a bridge "<tag>-br", and gives it 10.<subnet>.0.<i>/24 (start a node inside with `exec_argv`,
+listening on `address(name)`; the host is `host_address()` on the bridge, so clients on the host reach every node).
+`partition(blocked)` installs, in each namespace, one nftables table "chaos" dropping input and output to the
+addresses of the peers it must not reach; `heal()` deletes those tables. `partition_pairs` is
 the pure part: a partition shape (halves, majorities-ring, isolate, bridge) over node names, from a seeded
 random.Random, as the set of node pairs cut off from each other. `destroy()` removes the namespaces and the bridge
 and is safe to call twice; use the lab as a context manager so cleanup runs in a finally block.
@@ -99,11 +100,16 @@ class NetLab:
     def address(self, name: str) -> str:
         return f"10.{self.subnet}.0.{self.names.index(name) + 1}"
 
+    def host_address(self) -> str:
+        """The host's own address on the bridge (clients on the host reach every namespace through it)."""
+        return f"10.{self.subnet}.0.254"
+
     def exec_argv(self, name: str, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.namespace(name), *argv]
 
     def create(self) -> None:
         _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+        _run(["ip", "addr", "add", f"{self.host_address()}/24", "dev", self.bridge])
         _run(["ip", "link", "set", self.bridge, "up"])
         for index, name in enumerate(self.names, start=1):
             namespace, host_end = self.namespace(name), f"{self.tag}-h{index}"

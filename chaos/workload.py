@@ -260,6 +260,13 @@ class Workload:
         deadline = time.monotonic() + self.config.drain_timeout_s
         return all(drain_queue(queue, self.config, self.recorder, deadline) for queue in self.config.queues)
 
+    def stop(self) -> None:
+        """Stop every thread without draining (after an error)."""
+        self._consume_stop.set()
+        self.stop_publishing()
+        for consumer in self.consumers:
+            consumer.join(self.config.socket_timeout_s * 4)
+
     def records(self) -> list[Record]:
         return self.recorder.records()
 

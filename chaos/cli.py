@@ -1,0 +1,157 @@
+"""`raftmq chaos`: run scenarios against real nodes, sweep random schedules, list scenarios, serve the fault proxy.
+
+How it works: `run SCENARIO` loads a bundled scenario (or a .toml path), starts the scenario's nodes itself (in
+network namespaces when it partitions, which needs root) unless --cluster-dir points at a running `raftmq cluster`,
+runs it, writes the report (text, JSON, PNG timeline, history) to --out, and exits 0 only when nothing confirmed
+was lost and nothing unexpected was delivered. `sweep --seeds N` runs N random schedules (seeds first-seed ..
+first-seed+N-1) and exits non-zero if any seed failed, naming it. `check HISTORY` re-checks a saved history.
+`list` names the bundled scenarios; `proxy --listen HOST:PORT` serves the Toxiproxy-compatible fault proxy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import replace
+from pathlib import Path
+
+from chaos.scenario import Scenario, ScenarioError, bundled_scenarios, load_scenario, random_scenario
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raftmq chaos", description="Jepsen-style fault injection")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run one scenario and check it")
+    run.add_argument("scenario", help="bundled scenario name or path to a .toml file")
+    _environment_options(run)
+    run.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    sweep = commands.add_parser("sweep", help="run random schedules from consecutive seeds")
+    sweep.add_argument("--seeds", type=int, required=True)
+    sweep.add_argument("--first-seed", type=int, default=0)
+    sweep.add_argument("--rounds", type=int, default=3)
+    sweep.add_argument("--faults", default="kill,pause", help="comma-separated: kill, pause, restart, partition")
+    sweep.add_argument("--messages", type=int, default=300, help="messages per publisher")
+    _environment_options(sweep)
+    commands.add_parser("list", help="name the bundled scenarios")
+    check = commands.add_parser("check", help="check a saved history.jsonl")
+    check.add_argument("history")
+    proxy = commands.add_parser("proxy", help="serve the Toxiproxy-compatible fault proxy")
+    proxy.add_argument("--listen", default="127.0.0.1:8474")
+    proxy.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _environment_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster-dir", help="use the running cluster recorded in DIR/cluster.json")
+    parser.add_argument("--urls", help="comma-separated AMQP URLs for the workload (default: every node)")
+    parser.add_argument("--nodes", type=int, default=None, help="override the number of nodes started")
+    parser.add_argument("--netns", action="store_true", help="start nodes in network namespaces (root)")
+    parser.add_argument("--toxiproxy", help="Toxiproxy API URL for toxic steps, e.g. http://127.0.0.1:8474")
+    parser.add_argument("--out", default="chaos-reports", help="directory for reports")
+
+
+@contextmanager
+def environment(args: argparse.Namespace, scenario: Scenario) -> Iterator[object]:
+    from chaos.nemesis import LocalCluster
+    from chaos.run import Environment, spawned_environment
+
+    urls = tuple(args.urls.split(",")) if args.urls else None
+    if args.cluster_dir:
+        cluster = LocalCluster.from_state_file(Path(args.cluster_dir))
+        yield Environment(cluster, urls or tuple(cluster.url(n) for n in cluster.nodes()), None, args.toxiproxy)
+        return
+    use_netns = args.netns or "netns" in scenario.needs()
+    with spawned_environment(args.nodes or scenario.nodes, use_netns, args.toxiproxy) as env:
+        yield replace(env, urls=urls) if urls else env
+
+
+def run_one(args: argparse.Namespace, scenario: Scenario, out_dir: Path) -> bool:
+    from chaos.report import report_text, write_report
+    from chaos.run import Environment, run_scenario
+
+    with environment(args, scenario) as env:
+        assert isinstance(env, Environment)
+        outcome = run_scenario(scenario, env)
+    extra = {"published_all": outcome.published_all, "drained": outcome.drained,
+             "overflowed": outcome.overflowed, "duration_s": round(outcome.duration_s, 2), "seed": scenario.seed}
+    report = write_report(out_dir, scenario.name, outcome.result, outcome.records, extra)
+    report["valid"] = outcome.valid
+    print(report_text(report), end="")
+    print(f"  report: {out_dir}")
+    return outcome.valid
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ScenarioError as error:
+        print(f"raftmq chaos: {error}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "list":
+        for name in bundled_scenarios():
+            scenario = load_scenario(name)
+            needs = f"  [needs {', '.join(sorted(scenario.needs()))}]" if scenario.needs() else ""
+            print(f"{name:<20} {scenario.nodes} node(s)  {scenario.description}{needs}")
+        return 0
+    if args.command == "check":
+        return _check(Path(args.history))
+    if args.command == "proxy":
+        return _proxy(args.listen, args.seed)
+    if args.command == "run":
+        scenario = load_scenario(args.scenario)
+        if args.seed is not None:
+            scenario = replace(scenario, seed=args.seed)
+        return 0 if run_one(args, scenario, Path(args.out) / scenario.name) else 1
+    return _sweep(args)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+    failed = []
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        scenario = random_scenario(seed, args.rounds, args.nodes or 1, faults,
+                                   {"messages_per_publisher": args.messages})
+        if not run_one(args, scenario, Path(args.out) / scenario.name):
+            failed.append(seed)
+    print(f"sweep: {args.seeds - len(failed)}/{args.seeds} seeds passed" +
+          (f"; failing seeds: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+def _check(path: Path) -> int:
+    from chaos.checker import check
+    from chaos.history import read_history, split
+
+    publishes, deliveries, _ = split(read_history(path))
+    result = check(publishes, deliveries)
+    print(json.dumps(result.summary(), indent=2))
+    return 0 if result.valid else 1
+
+
+def _proxy(listen: str, seed: int) -> int:
+    import trio
+
+    from chaos.faultproxy.api import run_fault_proxy
+    from chaos.faultproxy.proxy import split_host_port
+
+    host, port = split_host_port(listen)
+
+    async def serve() -> None:
+        async with trio.open_nursery() as nursery:
+            _server, bound = await nursery.start(run_fault_proxy, host, port, seed)
+            print(f"raftmq chaos proxy: Toxiproxy API on http://{host}:{bound}", flush=True)
+
+    with suppress(KeyboardInterrupt):
+        trio.run(serve)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Run one scenario end to end: environment, workload, nemesis, heal, drain, check.
+
+How it works: `run_scenario` starts the workload against the given AMQP URLs, applies the scenario's steps `loop`
+times, heals every fault (also when a step fails), waits for the publishers to finish, drains every queue and
+checks the history. `spawned_environment` is the environment `raftmq chaos run` uses when not pointed at a running
+cluster: it starts the scenario's nodes itself in a temporary directory (each in its own network namespace when
+partitions are wanted, which needs root) and removes them, and the namespaces, in a finally block.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaos.checker import CheckResult, check
+from chaos.history import Record, split
+from chaos.nemesis import Cluster, LocalCluster
+from chaos.netns import NetLab
+from chaos.scenario import Nemesis, Partitioner, Scenario
+from chaos.workload import Workload
+
+NETNS_PORT = 5672
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    scenario: Scenario
+    records: list[Record]
+    result: CheckResult
+    published_all: bool
+    drained: bool
+    overflowed: bool
+    duration_s: float
+
+    @property
+    def valid(self) -> bool:
+        """Nothing lost, nothing unexpected, and the history is complete enough to say so."""
+        return self.result.valid and self.drained and not self.overflowed
+
+
+@dataclass(frozen=True, slots=True)
+class Environment:
+    cluster: Cluster
+    urls: tuple[str, ...]
+    partitioner: Partitioner | None = None
+    toxiproxy_url: str | None = None
+
+
+def run_scenario(scenario: Scenario, env: Environment) -> RunOutcome:
+    config = scenario.workload_config(env.urls)
+    workload = Workload(config)
+    nemesis = Nemesis(env.cluster, workload.recorder, random.Random(scenario.seed), config.queues[0],
+                      env.partitioner, env.toxiproxy_url)
+    started_s = time.monotonic()
+    workload.start()
+    try:
+        for _ in range(scenario.loop):
+            for step in scenario.steps:
+                nemesis.apply(step)
+    except BaseException:
+        workload.stop()
+        raise
+    finally:
+        nemesis.heal_all()
+    published_all = workload.wait_published(scenario.publish_timeout_s)
+    drained = workload.drain()
+    records = workload.records()
+    publishes, deliveries, _ = split(records)
+    return RunOutcome(scenario, records, check(publishes, deliveries), published_all, drained,
+                      workload.recorder.overflowed, time.monotonic() - started_s)
+
+
+def free_base_port(count: int) -> int:
+    """A port p such that p+1..p+count were free a moment ago (good enough for local runs)."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = int(probe.getsockname()[1]) - 1
+        if base + count < 65535 and all(_port_free(base + i) for i in range(1, count + 1)):
+            return base
+    raise RuntimeError("no free port range found")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@contextmanager
+def spawned_environment(nodes: int, use_netns: bool = False, toxiproxy_url: str | None = None,
+                        data_dir: Path | None = None) -> Iterator[Environment]:
+    """Nodes started here (in namespaces when use_netns), stopped and removed on the way out."""
+    with ExitStack() as stack:
+        root = data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="raftmq-chaos-")))
+        lab = stack.enter_context(NetLab("rmqch", [f"rmq{i}" for i in range(1, nodes + 1)])) if use_netns else None
+        base_port = NETNS_PORT if lab else free_base_port(nodes)
+        cluster = LocalCluster.spawn(root, nodes, base_port, netlab=lab)
+        stack.callback(cluster.stop_all)
+        urls = tuple(cluster.url(node) for node in cluster.nodes())
+        yield Environment(cluster, urls, lab, toxiproxy_url)

@@ -1,0 +1,263 @@
+"""Declarative fault schedules: scenario files (TOML), random schedules from a seed, and the nemesis that runs them.
+
+How it works: a scenario names a workload (queues, publishers, consumers, messages, durability, queue type) and a
+list of steps, run `loop` times while the workload publishes; afterwards every fault is healed (paused nodes
+resumed, killed nodes restarted, partitions healed, toxics removed), the publishers finish, every queue is drained
+and the checker judges the history. Steps (`action`): wait {seconds}; kill {target} (SIGKILL); pause {target}
+(SIGSTOP); resume {target} (SIGCONT; target "paused" = every paused node); restart {target} (kill -9 if running,
+then start the same command; target "down" = every killed node); partition {shape}; heal; toxic-add {proxy, toxic
+= {type, stream, attributes, ...}}; toxic-remove {proxy, name}. Targets: leader-of-queue (of the first queue),
+random, minority, majority, all, or a node name. Every random choice comes from one random.Random(seed), so a
+schedule replays exactly. Every action is recorded in the history as a Fault record.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import tomllib
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from chaos import netns
+from chaos.nemesis import Cluster, pick_targets
+from chaos.workload import Recorder, WorkloadConfig
+
+ACTIONS = ("wait", "kill", "pause", "resume", "restart", "partition", "heal", "toxic-add", "toxic-remove")
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+STEPS_MAX = 10_000
+HTTP_TIMEOUT_S = 10.0
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+class Partitioner(Protocol):
+    def partition(self, blocked: set[frozenset[str]]) -> None: ...
+    def heal(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    action: str
+    target: str = "random"
+    seconds: float = 0.0
+    shape: str = "halves"
+    proxy: str = ""
+    name: str = ""
+    toxic: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if self.action == "wait":
+            return f"wait {self.seconds}s"
+        if self.action == "partition":
+            return f"partition {self.shape}"
+        if self.action.startswith("toxic"):
+            return f"{self.action} {self.proxy} {self.name or self.toxic.get('type', '')}"
+        return f"{self.action} {self.target}" if self.action != "heal" else "heal"
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    description: str
+    nodes: int
+    workload: dict[str, Any]
+    steps: tuple[Step, ...]
+    loop: int = 1
+    seed: int = 0
+    publish_timeout_s: float = 120.0
+
+    def needs(self) -> set[str]:
+        """Capabilities the steps need beyond process control: "netns" (partitions), "toxiproxy" (toxics)."""
+        needed = set()
+        for step in self.steps:
+            if step.action in ("partition", "heal"):
+                needed.add("netns")
+            if step.action.startswith("toxic"):
+                needed.add("toxiproxy")
+        return needed
+
+    def workload_config(self, urls: tuple[str, ...]) -> WorkloadConfig:
+        options = dict(self.workload)
+        queue_type = options.pop("queue_type", None)
+        arguments = dict(options.pop("queue_arguments", {}))
+        if queue_type:
+            arguments["x-queue-type"] = queue_type
+        if "queues" in options:
+            options["queues"] = tuple(options["queues"])
+        try:
+            return WorkloadConfig(urls=urls, queue_arguments=arguments, run_id=f"{self.name}-{self.seed}", **options)
+        except TypeError as error:
+            raise ScenarioError(f"scenario {self.name}: bad workload option: {error}")
+
+
+def parse_step(raw: dict[str, Any]) -> Step:
+    action = raw.get("action")
+    if action not in ACTIONS:
+        raise ScenarioError(f"unknown action {action!r}: expected one of {ACTIONS}")
+    known = {"action", "target", "seconds", "shape", "proxy", "name", "toxic"}
+    unknown = set(raw) - known
+    if unknown:
+        raise ScenarioError(f"step {action}: unknown keys {sorted(unknown)}")
+    if raw.get("shape", "halves") not in netns.SHAPES:
+        raise ScenarioError(f"unknown partition shape {raw['shape']!r}: expected one of {netns.SHAPES}")
+    if action.startswith("toxic") and not raw.get("proxy"):
+        raise ScenarioError(f"step {action} needs a proxy name")
+    return Step(action, str(raw.get("target", "random")), float(raw.get("seconds", 0.0)),
+                str(raw.get("shape", "halves")), str(raw.get("proxy", "")), str(raw.get("name", "")),
+                dict(raw.get("toxic", {})))
+
+
+def parse_scenario(text: str, default_name: str = "scenario") -> Scenario:
+    raw = tomllib.loads(text)
+    steps = tuple(parse_step(step) for step in raw.get("steps", []))
+    loop = int(raw.get("loop", 1))
+    if len(steps) * loop > STEPS_MAX:
+        raise ScenarioError(f"too many steps ({len(steps)} x {loop}); at most {STEPS_MAX}")
+    return Scenario(name=str(raw.get("name", default_name)), description=str(raw.get("description", "")),
+                    nodes=int(raw.get("nodes", 1)), workload=dict(raw.get("workload", {})), steps=steps,
+                    loop=loop, seed=int(raw.get("seed", 0)),
+                    publish_timeout_s=float(raw.get("publish_timeout_s", 120.0)))
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    """A path to a .toml file, or the name of a bundled scenario (chaos/scenarios/<name>.toml)."""
+    path = Path(name_or_path)
+    if not path.exists():
+        path = SCENARIO_DIR / f"{name_or_path}.toml"
+    if not path.exists():
+        raise ScenarioError(f"no scenario {name_or_path!r} (bundled: {', '.join(bundled_scenarios())})")
+    return parse_scenario(path.read_text(), default_name=path.stem)
+
+
+def bundled_scenarios() -> list[str]:
+    return sorted(path.stem for path in SCENARIO_DIR.glob("*.toml"))
+
+
+def random_scenario(seed: int, rounds: int = 5, nodes: int = 3, faults: tuple[str, ...] = ("kill", "pause"),
+                    workload: dict[str, Any] | None = None) -> Scenario:
+    """A random schedule: each round waits, injects one fault, waits, and undoes it (all from the seed)."""
+    rng = random.Random(seed)
+    steps: list[Step] = []
+    undo = {"kill": "restart", "pause": "resume", "restart": "wait", "partition": "heal"}
+    for _ in range(rounds):
+        fault = rng.choice(faults)
+        target = rng.choice(["leader-of-queue", "random", "minority"])
+        steps.append(Step("wait", seconds=round(rng.uniform(0.3, 1.5), 2)))
+        if fault == "partition":
+            steps.append(Step("partition", shape=rng.choice(netns.SHAPES)))
+        else:
+            steps.append(Step(fault, target=target))
+        steps.append(Step("wait", seconds=round(rng.uniform(0.3, 1.5), 2)))
+        after = undo[fault]
+        if after != "wait":
+            steps.append(Step(after, target="down" if after == "restart" else "paused"))
+    return Scenario(f"random-{seed}", f"{rounds} random rounds of {', '.join(faults)}", nodes,
+                    dict(workload or {}), tuple(steps), seed=seed)
+
+
+class Nemesis:
+    """Carries out steps against a cluster, remembering what to heal."""
+
+    def __init__(self, cluster: Cluster, recorder: Recorder, rng: random.Random, queue: str | None = None,
+                 partitioner: Partitioner | None = None, toxiproxy_url: str | None = None) -> None:
+        self.cluster, self.recorder, self.rng, self.queue = cluster, recorder, rng, queue
+        self.partitioner, self.toxiproxy_url = partitioner, toxiproxy_url
+        self.down: set[str] = set()
+        self.paused: set[str] = set()
+        self.partitioned = False
+        self.toxics: set[tuple[str, str]] = set()
+
+    def targets(self, target: str) -> list[str]:
+        if target == "down":
+            return sorted(self.down)
+        if target == "paused":
+            return sorted(self.paused)
+        return pick_targets(self.cluster, target, self.rng, self.queue)
+
+    def apply(self, step: Step) -> None:
+        if step.action == "wait":
+            time.sleep(step.seconds)
+            return
+        handler = getattr(self, "_" + step.action.replace("-", "_"))
+        handler(step)
+
+    def _kill(self, step: Step) -> None:
+        for node in self.targets(step.target):
+            self.recorder.fault("kill", node)
+            self.cluster.kill(node)
+            self.down.add(node)
+            self.paused.discard(node)
+
+    def _pause(self, step: Step) -> None:
+        for node in self.targets(step.target):
+            if node not in self.down:
+                self.recorder.fault("pause", node)
+                self.cluster.pause(node)
+                self.paused.add(node)
+
+    def _resume(self, step: Step) -> None:
+        for node in self.targets(step.target):
+            self.recorder.fault("resume", node)
+            self.cluster.resume(node)
+            self.paused.discard(node)
+
+    def _restart(self, step: Step) -> None:
+        for node in self.targets(step.target):
+            self.recorder.fault("restart", node)
+            self.cluster.restart(node)
+            self.down.discard(node)
+            self.paused.discard(node)
+            self.recorder.fault("up", node)
+
+    def _partition(self, step: Step) -> None:
+        if self.partitioner is None:
+            raise ScenarioError("partition steps need network namespaces (run with --netns, as root)")
+        blocked = netns.partition_pairs(step.shape, self.cluster.nodes(), self.rng)
+        detail = " ".join(sorted("|".join(sorted(pair)) for pair in blocked))
+        self.recorder.fault("partition", step.shape, detail)
+        self.partitioner.partition(blocked)
+        self.partitioned = True
+
+    def _heal(self, step: Step) -> None:
+        if self.partitioner is not None:
+            self.recorder.fault("heal", "network")
+            self.partitioner.heal()
+        self.partitioned = False
+
+    def _toxic_add(self, step: Step) -> None:
+        body = dict(step.toxic)
+        body.setdefault("name", step.name or f"{body.get('type')}_{body.get('stream', 'downstream')}")
+        self._toxiproxy("POST", f"/proxies/{step.proxy}/toxics", body)
+        self.toxics.add((step.proxy, str(body["name"])))
+        self.recorder.fault("toxic-add", step.proxy, json.dumps(body, sort_keys=True))
+
+    def _toxic_remove(self, step: Step) -> None:
+        self._toxiproxy("DELETE", f"/proxies/{step.proxy}/toxics/{step.name}", None)
+        self.toxics.discard((step.proxy, step.name))
+        self.recorder.fault("toxic-remove", step.proxy, step.name)
+
+    def _toxiproxy(self, method: str, path: str, body: Any) -> None:
+        if not self.toxiproxy_url:
+            raise ScenarioError("toxic steps need a Toxiproxy API (--toxiproxy http://host:8474)")
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.toxiproxy_url.rstrip("/") + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
+            response.read()
+
+    def heal_all(self) -> None:
+        """Undo every fault still in place: resume, restart, heal the network, remove toxics."""
+        if self.paused:
+            self._resume(Step("resume", target="paused"))
+        if self.down:
+            self._restart(Step("restart", target="down"))
+        if self.partitioned:
+            self._heal(Step("heal"))
+        for proxy, name in sorted(self.toxics):
+            self._toxic_remove(Step("toxic-remove", proxy=proxy, name=name))
