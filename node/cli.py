@@ -13,6 +13,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "node": ("node.runtime.main", "run one broker node"),
     "cluster": ("deploy.runner", "run a local cluster behind HAProxy (up, down, status)"),
     "bench": ("bench.cli", "benchmarks side by side with RabbitMQ"),
+    "chaos": ("chaos.cli", "Jepsen-style fault injection against real nodes"),
     "lag": ("spark_analytics.cli", "replication lag analysis on Spark"),
 }
 
