@@ -10,66 +10,11 @@ each group's `PersistedState`, as a restarted node would.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
-from cluster.raft.core.types import (
-    Entry,
-    GroupId,
-    HardState,
-    Index,
-    Membership,
-    NodeId,
-    PersistedState,
-    Ready,
-    Snapshot,
-    Term,
-)
+from cluster.raft.core.image import GroupImage, Record, records_for_ready
+from cluster.raft.core.types import GroupId, Membership, NodeId, PersistedState, Ready, Snapshot
 
 RECORDS_MAX = 2_000  # consolidate (rewrite the live state) beyond this many synced records
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    group: GroupId
-    kind: str  # "hs" | "entries" | "install" | "compact"
-    hard_state: HardState | None = None
-    entries: tuple[Entry, ...] = ()
-    snapshot: Snapshot | None = None
-
-
-@dataclass(slots=True)
-class _GroupImage:
-    hard_state: HardState
-    snapshot: Snapshot
-    entries: dict[Index, Entry]
-
-    def apply(self, record: Record) -> None:
-        if record.kind == "hs":
-            assert record.hard_state is not None
-            self.hard_state = record.hard_state
-        elif record.kind == "entries":
-            first = record.entries[0].index
-            for index in [index for index in self.entries if index >= first]:
-                del self.entries[index]
-            for entry in record.entries:
-                self.entries[entry.index] = entry
-        elif record.kind == "install":
-            assert record.snapshot is not None
-            self.snapshot = record.snapshot
-            self.entries = {}
-        elif record.kind == "compact":
-            assert record.snapshot is not None
-            if record.snapshot.index > self.snapshot.index:
-                self.snapshot = record.snapshot
-                self.entries = {i: e for i, e in self.entries.items() if i > record.snapshot.index}
-
-    def persisted_state(self) -> PersistedState:
-        entries: list[Entry] = []
-        index = Index(self.snapshot.index + 1)
-        while index in self.entries:
-            entries.append(self.entries[index])
-            index = Index(index + 1)
-        return PersistedState(self.hard_state, self.snapshot, tuple(entries))
 
 
 class SimDisk:
@@ -80,12 +25,7 @@ class SimDisk:
         self.fsyncs = 0
 
     def write_ready(self, group: GroupId, ready: Ready) -> None:
-        if ready.snapshot is not None:
-            self.records.append(Record(group, "install", snapshot=ready.snapshot))
-        if ready.entries:
-            self.records.append(Record(group, "entries", entries=ready.entries))
-        if ready.hard_state is not None:
-            self.records.append(Record(group, "hs", hard_state=ready.hard_state))
+        self.records.extend(records_for_ready(group, ready))
 
     def write_compaction(self, group: GroupId, snapshot: Snapshot) -> None:
         self.records.append(Record(group, "compact", snapshot=snapshot))
@@ -117,10 +57,7 @@ class SimDisk:
         return f"lost={len(unsynced) - len(survivors)} kept={len(survivors)}{torn}"
 
     def load(self, memberships: dict[GroupId, Membership]) -> dict[GroupId, PersistedState]:
-        images = {
-            group: _GroupImage(HardState(Term(0), None, Index(0)), Snapshot(Index(0), Term(0), membership), {})
-            for group, membership in memberships.items()
-        }
+        images = {group: GroupImage.empty(membership) for group, membership in memberships.items()}
         for record in self.records:
             images[record.group].apply(record)
         return {group: image.persisted_state() for group, image in images.items()}

@@ -1,0 +1,85 @@
+"""What a group's storage holds, rebuilt by replaying its records in order (pure; the sim disk and the runtime
+storage both use it).
+
+Records: `hs` (a hard state), `entries` (replaces every stored entry at index >= the first one, then appends),
+`install` (a received snapshot: replaces the whole log), `compact` (a local snapshot: drops the entries it covers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cluster.raft.core.types import (
+    INDEX_ZERO,
+    TERM_ZERO,
+    Entry,
+    GroupId,
+    HardState,
+    Index,
+    Membership,
+    PersistedState,
+    Ready,
+    Snapshot,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    group: GroupId
+    kind: str  # "hs" | "entries" | "install" | "compact"
+    hard_state: HardState | None = None
+    entries: tuple[Entry, ...] = ()
+    snapshot: Snapshot | None = None
+
+
+def records_for_ready(group: GroupId, ready: Ready) -> list[Record]:
+    """The records that make a Ready durable, in the Ready order (snapshot, entries, hard state)."""
+    records: list[Record] = []
+    if ready.snapshot is not None:
+        records.append(Record(group, "install", snapshot=ready.snapshot))
+    if ready.entries:
+        records.append(Record(group, "entries", entries=ready.entries))
+    if ready.hard_state is not None:
+        records.append(Record(group, "hs", hard_state=ready.hard_state))
+    return records
+
+
+@dataclass(slots=True)
+class GroupImage:
+    hard_state: HardState
+    snapshot: Snapshot
+    entries: dict[Index, Entry] = field(default_factory=dict)
+
+    @staticmethod
+    def empty(membership: Membership) -> GroupImage:
+        return GroupImage(HardState(TERM_ZERO, None, INDEX_ZERO), Snapshot(INDEX_ZERO, TERM_ZERO, membership))
+
+    def apply(self, record: Record) -> None:
+        if record.kind == "hs":
+            assert record.hard_state is not None
+            self.hard_state = record.hard_state
+        elif record.kind == "entries":
+            first = record.entries[0].index
+            for index in [index for index in self.entries if index >= first]:
+                del self.entries[index]
+            for entry in record.entries:
+                self.entries[entry.index] = entry
+        elif record.kind == "install":
+            assert record.snapshot is not None
+            self.snapshot = record.snapshot
+            self.entries = {}
+        elif record.kind == "compact":
+            assert record.snapshot is not None
+            if record.snapshot.index > self.snapshot.index:
+                self.snapshot = record.snapshot
+                self.entries = {i: e for i, e in self.entries.items() if i > record.snapshot.index}
+        else:
+            raise ValueError(f"unknown record kind {record.kind!r}")
+
+    def persisted_state(self) -> PersistedState:
+        entries: list[Entry] = []
+        index = Index(self.snapshot.index + 1)
+        while index in self.entries:
+            entries.append(self.entries[index])
+            index = Index(index + 1)
+        return PersistedState(self.hard_state, self.snapshot, tuple(entries))
