@@ -27,6 +27,7 @@ from cluster.raft.core.types import AppendResp, GroupId, Index, Membership, Node
 
 INBOX_MAX = 1_000
 PROPOSALS_QUEUED_MAX = 100
+LIVENESS_TICKS_PER_BACKLOG_ENTRY = 10  # one entry per append, one append in flight, 15 % loss: ~8 ticks each
 DRIVE_ROUNDS_MAX = 8
 
 
@@ -162,16 +163,24 @@ class Simulation:
         return SimResult(self.config.seed, violation is None, violation, self.now, stats, self.trace,
                          repr(self.profile))
 
+    def _backlog_entries(self) -> int:
+        """Entries some node holds beyond what some other node has applied: work the liveness bound allows for."""
+        last = max((core.log.last_index() for node in self.nodes.values() if node.mr is not None
+                    for core in node.mr.groups.values()), default=0)
+        applied = min((state.index for node in self.nodes.values() for state in node.applied.values()), default=0)
+        return max(0, last - applied)
+
     def _run_liveness(self) -> str | None:
         start = self.config.chaos_ticks
-        for tick in range(start, start + self.config.liveness_ticks_max):
+        ticks_max = self.config.liveness_ticks_max + LIVENESS_TICKS_PER_BACKLOG_ENTRY * self._backlog_entries()
+        for tick in range(start, start + ticks_max):
             if (tick - start) % 20 == 0:
                 self._propose_markers()
             self._tick(tick, chaos=False)
             if self._converged():
                 self._log("converged")
                 return None
-        return f"liveness: no progress within {self.config.liveness_ticks_max} ticks after healing"
+        return f"liveness: no progress within {ticks_max} ticks after healing"
 
     def _converged(self) -> bool:
         for group in self.group_ids:
