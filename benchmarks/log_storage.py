@@ -104,9 +104,10 @@ def many_streams(root: pathlib.Path, streams: int, payload_bytes: int, per_fsync
     shutil.rmtree(directory)
 
 
-def recovery(root: pathlib.Path, records: int, payload_bytes: int, streams: int, crash: bool) -> None:
-    directory = root / f"recovery-{crash}"
-    config = LogConfig(wal_size_bytes_max=1 << 40) if crash else LogConfig()
+def recovery(root: pathlib.Path, records: int, payload_bytes: int, streams: int, crash: bool,
+             whole_wal: bool = False) -> None:
+    directory = root / f"recovery-{crash}-{whole_wal}"
+    config = LogConfig(wal_size_bytes_max=1 << 40) if whole_wal else LogConfig()
     log = NodeLog.open(directory, config)
     payload = b"r" * payload_bytes
     names = [f"queue-{i}" for i in range(streams)]
@@ -127,7 +128,9 @@ def recovery(root: pathlib.Path, records: int, payload_bytes: int, streams: int,
         total += sum(1 for _ in reopened.read(name)[1])
     read_seconds = time.perf_counter() - start - open_seconds
     assert total == records, (total, records)
-    kind = "crash (WAL replay)" if crash else "clean close"
+    kind = "clean close"
+    if crash:
+        kind = "crash, all records in the WAL" if whole_wal else "crash, default WAL checkpoints"
     print(f"recovery of {records:,} x {payload_bytes} B records in {streams} streams after {kind}: "
           f"open {open_seconds:.2f} s, open+read all {open_seconds + read_seconds:.2f} s "
           f"(writing them took {write_seconds:.1f} s, {rate(records, write_seconds)})")
@@ -153,6 +156,7 @@ def main() -> None:
             many_streams(root, 1000, 1024, per_fsync, appends=min(200_000, 2000 * per_fsync) // scale)
         recovery(root, args.recovery_records // scale, 100, 100, crash=False)
         recovery(root, args.recovery_records // scale, 100, 100, crash=True)
+        recovery(root, args.recovery_records // scale, 100, 100, crash=True, whole_wal=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -29,8 +29,8 @@ import itertools
 import struct
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 RECORD_HEADER = struct.Struct("<IIqq")
 RECORD_BODY_HEADER = struct.Struct("<Iqq")  # the CRC-covered part of the record header
@@ -51,8 +51,7 @@ class WalKind(IntEnum):
     DELETE = 3
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):  # a NamedTuple, not a frozen dataclass: built once per record read, on the hot path
     offset: int
     timestamp_ms: int
     payload: bytes
@@ -60,8 +59,7 @@ class Record:
     size_bytes: int  # header + payload
 
 
-@dataclass(frozen=True, slots=True)
-class WalFrame:
+class WalFrame(NamedTuple):
     kind: WalKind
     stream: str
     offset: int
@@ -85,13 +83,13 @@ def decode_record_at(data: bytes | memoryview, position: int) -> Record | None:
     if end_header > len(data):
         return None
     crc, length, offset, timestamp_ms = RECORD_HEADER.unpack_from(data, position)
-    if length > PAYLOAD_SIZE_BYTES_MAX or end_header + length > len(data):
+    end = end_header + length
+    if length > PAYLOAD_SIZE_BYTES_MAX or end > len(data):
         return None
-    payload = bytes(data[end_header : end_header + length])
-    body_header = bytes(data[position + 4 : end_header])
-    if zlib.crc32(payload, zlib.crc32(body_header)) != crc:
+    view = memoryview(data)
+    if zlib.crc32(view[position + 4 : end]) != crc:  # body header and payload are contiguous: one CRC call
         return None
-    return Record(offset, timestamp_ms, payload, position, RECORD_HEADER.size + length)
+    return Record(offset, timestamp_ms, bytes(view[end_header:end]), position, RECORD_HEADER.size + length)
 
 
 def scan_records(data: bytes | memoryview, start_position: int = 0) -> Iterator[Record]:
@@ -138,16 +136,14 @@ def decode_wal_frame_at(data: bytes | memoryview, position: int) -> WalFrame | N
     end = end_header + name_len + length
     if end > len(data) or kind not in _WAL_KINDS:
         return None
-    body_header = bytes(data[position + 4 : end_header])
-    name = bytes(data[end_header : end_header + name_len])
-    payload = bytes(data[end_header + name_len : end])
-    if zlib.crc32(payload, zlib.crc32(name, zlib.crc32(body_header))) != crc:
+    view = memoryview(data)
+    if zlib.crc32(view[position + 4 : end]) != crc:
         return None
     try:
-        stream = name.decode()
+        stream = str(view[end_header : end_header + name_len], "utf-8")
     except UnicodeDecodeError:
         return None
-    return WalFrame(WalKind(kind), stream, offset, timestamp_ms, payload, end)
+    return WalFrame(WalKind(kind), stream, offset, timestamp_ms, bytes(view[end_header + name_len : end]), end)
 
 
 _WAL_KINDS = frozenset(int(k) for k in WalKind)

@@ -59,7 +59,7 @@ class LogBrokenError(RuntimeError):
 class LogConfig:
     segment_size_bytes_max: int = 64 * 1024 * 1024
     index_interval_bytes: int = 4096
-    wal_size_bytes_max: int = 256 * 1024 * 1024
+    wal_size_bytes_max: int = 64 * 1024 * 1024  # bounds crash-recovery work (replay + tail scans)
     append_buffer_bytes_max: int = 16 * 1024 * 1024
     open_files_max: int = 1024  # cached descriptors of segment .log files (index files are opened briefly)
 
