@@ -32,12 +32,17 @@ class BadProtocolHeader(Exception):
 
 
 class Framer:
-    """Turns a byte stream into frames. Not thread-safe; one per connection."""
+    """Turns a byte stream into frames. Not thread-safe; one per connection.
 
-    __slots__ = ("_buffer", "_header_seen", "frame_max_bytes")
+    A partial frame is kept in a bytearray together with the byte count it needs (`_need`), so a peer trickling
+    one byte at a time costs amortised O(1) per byte, not a copy of the whole partial frame.
+    """
+
+    __slots__ = ("_buffer", "_header_seen", "_need", "frame_max_bytes")
 
     def __init__(self, frame_max_bytes: int, expect_protocol_header: bool = True) -> None:
-        self._buffer = b""
+        self._buffer = bytearray()
+        self._need = 8 if expect_protocol_header else FRAME_HEADER_SIZE
         self._header_seen = not expect_protocol_header
         self.frame_max_bytes = frame_max_bytes
 
@@ -54,41 +59,56 @@ class Framer:
 
         Frames before the error are valid and must be processed before acting on the error.
         """
-        buf = self._buffer + data if self._buffer else bytes(data)
-        offset = 0
         frames: list[RawFrame] = []
+        if self._buffer:
+            self._buffer += data
+            if len(self._buffer) < self._need:
+                return frames, self._check_partial_header()
+            buf = bytes(self._buffer)
+            self._buffer = bytearray()
+        else:
+            buf = bytes(data)
+        offset = 0
         if not self._header_seen:
             if len(buf) < 8:
-                self._buffer = buf
-                if not PROTOCOL_HEADER.startswith(buf[:4]):
-                    return frames, BadProtocolHeader(buf)
-                return frames, None
+                self._buffer = bytearray(buf)
+                return frames, self._check_partial_header()
             if buf[:8] != PROTOCOL_HEADER:
-                self._buffer = b""
                 return frames, BadProtocolHeader(buf[:8])
             self._header_seen = True
             offset = 8
+        error, offset = self._parse(buf, offset, frames)
+        if error is None and offset < len(buf):
+            self._buffer = bytearray(buf[offset:])
+        return frames, error
+
+    def _check_partial_header(self) -> Exception | None:
+        if not self._header_seen and not PROTOCOL_HEADER.startswith(bytes(self._buffer[:4])):
+            received = bytes(self._buffer)
+            self._buffer = bytearray()
+            return BadProtocolHeader(received)
+        return None
+
+    def _parse(self, buf: bytes, offset: int, frames: list[RawFrame]) -> tuple[Exception | None, int]:
         end = len(buf)
         frame_max = self.frame_max_bytes
         unpack = _HEADER.unpack_from
-        error: Exception | None = None
+        self._need = FRAME_HEADER_SIZE
         while end - offset >= FRAME_HEADER_SIZE:
             frame_type, channel, size = unpack(buf, offset)
             if size > frame_max:
-                error = FramingError(
+                return FramingError(
                     f"frame size {size} is larger than the negotiated frame_max {frame_max} "
                     f"(frame type {frame_type}, channel {channel})"
-                )
-                break
+                ), offset
             frame_end = offset + FRAME_HEADER_SIZE + size
             if frame_end >= end:
+                self._need = frame_end + 1 - offset
                 break
             if buf[frame_end] != FRAME_END:
-                error = FramingError(
+                return FramingError(
                     f"invalid frame end marker 0x{buf[frame_end]:02x} (frame type {frame_type}, channel {channel})"
-                )
-                break
+                ), offset
             frames.append((frame_type, channel, buf[offset + FRAME_HEADER_SIZE : frame_end]))
             offset = frame_end + 1
-        self._buffer = b"" if error is not None else buf[offset:]
-        return frames, error
+        return None, offset

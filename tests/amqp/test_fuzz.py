@@ -145,10 +145,12 @@ def test_random_bytes_after_handshake(data: bytes) -> None:
 def mutated_sessions(draw: st.DrawFn) -> bytes:
     frames = list(SESSION)
     for _ in range(draw(st.integers(1, 4))):
+        if not frames:
+            break
         index = draw(st.integers(0, len(frames) - 1))
         frame = bytearray(frames[index])
         action = draw(st.sampled_from(["flip", "truncate", "drop", "duplicate", "insert", "swap"]))
-        if action == "flip":
+        if action == "flip" and frame:
             position = draw(st.integers(0, len(frame) - 1))
             frame[position] ^= draw(st.integers(1, 255))
             frames[index] = bytes(frame)
@@ -158,13 +160,11 @@ def mutated_sessions(draw: st.DrawFn) -> bytes:
             del frames[index]
         elif action == "duplicate":
             frames.insert(index, bytes(frame))
-        elif action == "insert":
+        elif action in ("insert", "flip"):
             frames.insert(index, draw(st.binary(min_size=1, max_size=20)))
         else:
             other = draw(st.integers(0, len(frames) - 1))
             frames[index], frames[other] = frames[other], frames[index]
-        if not frames:
-            break
     return b"".join(frames)
 
 
