@@ -2,7 +2,7 @@
 
 After every kill the log is reopened and checked: every acknowledged record (its commit() had returned) is there,
 records are contiguous from the snapshot on, in order, and each payload is exactly what was written.
-Set RAFTMQ_LOG_CRASH_KILLS (default 25) for a longer run.
+Set RAFTMQ_LOG_CRASH_KILLS (default 20) for a longer run.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from cluster.log import NodeLog
 from tests.log.crash_child import CRASH_CONFIG, payload_for, snapshot_state
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-KILLS = int(os.environ.get("RAFTMQ_LOG_CRASH_KILLS", "25"))
+KILLS = int(os.environ.get("RAFTMQ_LOG_CRASH_KILLS", "20"))
 FIRST_ACK_WAIT_SECONDS_MAX = 120.0  # a generous bound, only so a hung child fails the test instead of blocking it
 
 

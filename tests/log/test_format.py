@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import shutil
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -103,7 +104,7 @@ def test_segment_torn_or_corrupt_at_every_byte_of_last_record(tmp_path: pathlib.
     for position in range(start, len(template_segment)):
         for damage in ("cut", "flip"):
             directory = tmp_path / f"{damage}-{position}"
-            _write_committed(directory, 5)
+            shutil.copytree(tmp_path / "template", directory)
             segment = next(directory.glob("streams/*/*.log"))
             data = bytearray(template_segment)
             if damage == "cut":
