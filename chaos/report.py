@@ -3,8 +3,8 @@ and latency.
 
 How it works: everything is derived from the run's history and the checker's result. Throughput is counted per
 `bin_ms` bin (confirms by their settle time, deliveries by their receive time); confirm latency is the p50 and max
-of `settled_ms - sent_ms` per bin. Faults are drawn as spans from the fault to its undo (kill/restart,
-pause/resume, partition/heal, toxic-add/toxic-remove) or as lines when they have no undo. Lists of payload ids in
+of `settled_ms - sent_ms` per bin. Faults are drawn as spans from the fault to its undo (kill or restart until
+the node is up again, pause/resume, partition/heal, toxic-add/toxic-remove) or as lines when they have no undo. Lists of payload ids in
 the JSON are cut at `IDS_MAX` (the counts are always complete). The history itself is written as JSON lines.
 """
 
@@ -19,7 +19,7 @@ from chaos.checker import CheckResult
 from chaos.history import Delivery, Fault, Publish, Record, write_history
 
 IDS_MAX = 100
-UNDO = {"kill": "restart", "pause": "resume", "partition": "heal", "toxic-add": "toxic-remove"}
+UNDO = {"kill": "up", "restart": "up", "pause": "resume", "partition": "heal", "toxic-add": "toxic-remove"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +73,7 @@ def fault_spans(records: list[Record]) -> list[FaultSpan]:
         if fault.kind in UNDO:
             open_spans[(fault.kind, fault.target)] = len(spans)
             spans.append(FaultSpan(fault.kind, fault.target, fault.at_ms, None))
-        elif not undone and fault.kind != "up":
+        elif not undone:
             spans.append(FaultSpan(fault.kind, fault.target, fault.at_ms, None))
     return spans
 

@@ -3,7 +3,7 @@
 How it works: a scenario names a workload (queues, publishers, consumers, messages, durability, queue type) and a
 list of steps, run `loop` times while the workload publishes; afterwards every fault is healed (paused nodes
 resumed, killed nodes restarted, partitions healed, toxics removed), the publishers finish, every queue is drained
-and the checker judges the history. Steps (`action`): wait {seconds}; kill {target} (SIGKILL); pause {target}
+and the checker judges the history. Steps (`action`): wait {seconds, or confirmed = N: until N publishes are confirmed}; kill {target} (SIGKILL); pause {target}
 (SIGSTOP); resume {target} (SIGCONT; target "paused" = every paused node); restart {target} (kill -9 if running,
 then start the same command; target "down" = every killed node); partition {shape}; heal; toxic-add {proxy, toxic
 = {type, stream, attributes, ...}}; toxic-remove {proxy, name}. Targets: leader-of-queue (of the first queue),
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from chaos import netns
+from chaos.history import Publish
 from chaos.nemesis import Cluster, pick_targets
 from chaos.workload import Recorder, WorkloadConfig
 
@@ -30,6 +31,7 @@ ACTIONS = ("wait", "kill", "pause", "resume", "restart", "partition", "heal", "t
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 STEPS_MAX = 10_000
 HTTP_TIMEOUT_S = 10.0
+WAIT_CONFIRMED_TIMEOUT_S = 60.0
 
 
 class ScenarioError(ValueError):
@@ -50,6 +52,7 @@ class Step:
     proxy: str = ""
     name: str = ""
     toxic: dict[str, Any] = field(default_factory=dict)
+    confirmed: int = 0
 
     def describe(self) -> str:
         if self.action == "wait":
@@ -100,7 +103,7 @@ def parse_step(raw: dict[str, Any]) -> Step:
     action = raw.get("action")
     if action not in ACTIONS:
         raise ScenarioError(f"unknown action {action!r}: expected one of {ACTIONS}")
-    known = {"action", "target", "seconds", "shape", "proxy", "name", "toxic"}
+    known = {"action", "target", "seconds", "shape", "proxy", "name", "toxic", "confirmed"}
     unknown = set(raw) - known
     if unknown:
         raise ScenarioError(f"step {action}: unknown keys {sorted(unknown)}")
@@ -110,7 +113,7 @@ def parse_step(raw: dict[str, Any]) -> Step:
         raise ScenarioError(f"step {action} needs a proxy name")
     return Step(action, str(raw.get("target", "random")), float(raw.get("seconds", 0.0)),
                 str(raw.get("shape", "halves")), str(raw.get("proxy", "")), str(raw.get("name", "")),
-                dict(raw.get("toxic", {})))
+                dict(raw.get("toxic", {})), int(raw.get("confirmed", 0)))
 
 
 def parse_scenario(text: str, default_name: str = "scenario") -> Scenario:
@@ -182,10 +185,23 @@ class Nemesis:
 
     def apply(self, step: Step) -> None:
         if step.action == "wait":
-            time.sleep(step.seconds)
+            self._wait(step)
             return
         handler = getattr(self, "_" + step.action.replace("-", "_"))
         handler(step)
+
+    def _wait(self, step: Step) -> None:
+        """Sleep `seconds`; with `confirmed = N`, until N publishes are confirmed (`seconds`, else 60 s, at most)."""
+        if step.confirmed <= 0:
+            time.sleep(step.seconds)
+            return
+        deadline = time.monotonic() + (step.seconds or WAIT_CONFIRMED_TIMEOUT_S)
+        while time.monotonic() < deadline:
+            confirmed = sum(1 for r in self.recorder.records() if isinstance(r, Publish) and r.outcome == "confirmed")
+            if confirmed >= step.confirmed:
+                return
+            time.sleep(0.02)
+        raise ScenarioError(f"wait: fewer than {step.confirmed} publishes confirmed in time")
 
     def _kill(self, step: Step) -> None:
         for node in self.targets(step.target):
@@ -209,7 +225,8 @@ class Nemesis:
 
     def _restart(self, step: Step) -> None:
         for node in self.targets(step.target):
-            self.recorder.fault("restart", node)
+            if node not in self.down:
+                self.recorder.fault("restart", node)
             self.cluster.restart(node)
             self.down.discard(node)
             self.paused.discard(node)

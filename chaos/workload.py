@@ -44,7 +44,7 @@ class WorkloadConfig:
     heartbeat_s: int = 4
     socket_timeout_s: float = 3.0
     backoff_ms_min: float = 50.0
-    backoff_ms_max: float = 2000.0
+    backoff_ms_max: float = 1000.0
     drain_idle_s: float = 1.0
     drain_timeout_s: float = 60.0
     run_id: str = "run"

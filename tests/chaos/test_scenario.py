@@ -1,0 +1,156 @@
+"""Scenario files, random schedules, target selection and the nemesis (on a fake cluster and our fault proxy)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import requests
+
+from chaos.faultproxy.background import FaultProxyThread
+from chaos.history import Fault
+from chaos.nemesis import pick_targets
+from chaos.scenario import (
+    Nemesis,
+    ScenarioError,
+    Step,
+    bundled_scenarios,
+    load_scenario,
+    parse_scenario,
+    random_scenario,
+)
+from chaos.workload import Recorder
+
+
+class FakeCluster:
+    def __init__(self, count: int = 5, leader: str | None = "n2") -> None:
+        self.names = [f"n{i}" for i in range(1, count + 1)]
+        self.leader = leader
+        self.calls: list[tuple[str, str]] = []
+
+    def nodes(self) -> list[str]:
+        return list(self.names)
+
+    def pid(self, node: str) -> int | None:
+        return 100
+
+    def url(self, node: str) -> str:
+        return f"amqp://{node}"
+
+    def kill(self, node: str) -> None:
+        self.calls.append(("kill", node))
+
+    def pause(self, node: str) -> None:
+        self.calls.append(("pause", node))
+
+    def resume(self, node: str) -> None:
+        self.calls.append(("resume", node))
+
+    def restart(self, node: str) -> None:
+        self.calls.append(("restart", node))
+
+    def leader_of(self, queue: str) -> str | None:
+        return self.leader
+
+
+class FakePartitioner:
+    def __init__(self) -> None:
+        self.blocked: set[frozenset[str]] | None = None
+
+    def partition(self, blocked: set[frozenset[str]]) -> None:
+        self.blocked = blocked
+
+    def heal(self) -> None:
+        self.blocked = None
+
+
+def test_every_bundled_scenario_loads() -> None:
+    names = bundled_scenarios()
+    assert {"kill-9-loop", "kill-during-flush", "minority-pause", "rolling-restarts", "random-partitions",
+            "latency-toxic"} <= set(names)
+    for name in names:
+        scenario = load_scenario(name)
+        assert scenario.steps and scenario.workload_config(("amqp://x",)).urls == ("amqp://x",)
+    assert load_scenario("random-partitions").needs() == {"netns"}
+    assert load_scenario("latency-toxic").needs() == {"toxiproxy"}
+    assert load_scenario("kill-9-loop").workload_config(("u",)).queue_arguments == {"x-queue-type": "quorum"}
+
+
+@pytest.mark.parametrize("text", [
+    '[[steps]]\naction = "explode"',
+    '[[steps]]\naction = "kill"\ntargte = "random"',
+    '[[steps]]\naction = "partition"\nshape = "triangle"',
+    '[[steps]]\naction = "toxic-add"',
+    'loop = 100000\n[[steps]]\naction = "heal"',
+])
+def test_bad_scenarios_are_refused(text: str) -> None:
+    with pytest.raises(ScenarioError):
+        parse_scenario(text)
+
+
+def test_bad_workload_option_is_refused() -> None:
+    scenario = parse_scenario('[workload]\npublishrs = 3\n[[steps]]\naction = "heal"')
+    with pytest.raises(ScenarioError):
+        scenario.workload_config(("u",))
+    with pytest.raises(ScenarioError):
+        load_scenario("no-such-scenario")
+
+
+def test_random_schedules_replay_from_their_seed_and_undo_every_fault() -> None:
+    faults = ("kill", "pause", "partition")
+    assert random_scenario(7, 6, 5, faults) == random_scenario(7, 6, 5, faults)
+    assert random_scenario(7, 6, 5, faults).steps != random_scenario(8, 6, 5, faults).steps
+    for seed in range(20):
+        actions = [step.action for step in random_scenario(seed, 4, 5, faults).steps]
+        assert actions.count("kill") == sum(1 for s in random_scenario(seed, 4, 5, faults).steps
+                                            if s.action == "restart" and s.target == "down")
+        assert actions.count("pause") == actions.count("resume")
+        assert actions.count("partition") == actions.count("heal")
+
+
+def test_targets() -> None:
+    cluster = FakeCluster(5)
+    rng = random.Random(1)
+    assert pick_targets(cluster, "leader-of-queue", rng, "q") == ["n2"]
+    assert len(pick_targets(FakeCluster(5, leader=None), "leader-of-queue", rng, "q")) == 1
+    assert len(pick_targets(cluster, "minority", rng)) == 2
+    assert len(pick_targets(cluster, "majority", rng)) == 3
+    assert pick_targets(cluster, "all", rng) == cluster.names
+    assert pick_targets(cluster, "n4", rng) == ["n4"]
+    with pytest.raises(ValueError):
+        pick_targets(cluster, "n9", rng)
+
+
+def test_nemesis_applies_steps_records_them_and_heals_everything() -> None:
+    cluster, partitioner, recorder = FakeCluster(5), FakePartitioner(), Recorder()
+    nemesis = Nemesis(cluster, recorder, random.Random(3), "q", partitioner)
+    nemesis.apply(Step("kill", target="leader-of-queue"))
+    nemesis.apply(Step("pause", target="n4"))
+    nemesis.apply(Step("partition", shape="isolate"))
+    assert cluster.calls == [("kill", "n2"), ("pause", "n4")]
+    assert partitioner.blocked is not None and len(partitioner.blocked) == 4
+    nemesis.heal_all()
+    assert cluster.calls[2:] == [("resume", "n4"), ("restart", "n2")]
+    assert partitioner.blocked is None
+    kinds = [r.kind for r in recorder.records() if isinstance(r, Fault)]
+    assert kinds == ["kill", "pause", "partition", "resume", "up", "heal"]
+
+
+def test_partition_without_namespaces_is_a_clear_error() -> None:
+    nemesis = Nemesis(FakeCluster(3), Recorder(), random.Random(0))
+    with pytest.raises(ScenarioError, match="namespaces"):
+        nemesis.apply(Step("partition"))
+    with pytest.raises(ScenarioError, match="Toxiproxy"):
+        nemesis.apply(Step("toxic-add", proxy="amqp", toxic={"type": "latency"}))
+
+
+def test_toxic_steps_drive_a_toxiproxy_api() -> None:
+    with FaultProxyThread() as fault_proxy:
+        base = f"http://127.0.0.1:{fault_proxy.api_port}"
+        assert requests.post(f"{base}/proxies", json={"name": "amqp", "upstream": "127.0.0.1:9"}).status_code == 201
+        nemesis = Nemesis(FakeCluster(1), Recorder(), random.Random(0), toxiproxy_url=base)
+        nemesis.apply(Step("toxic-add", proxy="amqp", toxic={"type": "latency", "attributes": {"latency": 50}}))
+        toxics = requests.get(f"{base}/proxies/amqp/toxics").json()
+        assert [t["name"] for t in toxics] == ["latency_downstream"]
+        nemesis.heal_all()
+        assert requests.get(f"{base}/proxies/amqp/toxics").json() == []
