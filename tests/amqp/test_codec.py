@@ -49,7 +49,7 @@ PAMQP_METHODS = [cls for cls in METHOD_CLASSES if pamqp_class(cls) is not None]
 RESERVED_DIFFER = {"Connection.Open", "Connection.OpenOk", "Channel.Open", "Channel.OpenOk", "Basic.GetEmpty"}
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(
     method=st.one_of([methods(cls, pamqp_compatible=True) for cls in PAMQP_METHODS]),
     channel=st.integers(0, 65535),
@@ -72,7 +72,7 @@ def test_every_pamqp_method_default_matches(cls: type[Method]) -> None:
         assert codec.encode_method_frame(1, method) == frame.marshal(to_pamqp(method), 1)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(method=st.one_of([methods(cls) for cls in METHOD_CLASSES]))
 def test_every_method_round_trips(method: Method) -> None:
     payload = codec.encode_method(method)
@@ -200,7 +200,7 @@ def pamqp_properties(props: BasicProperties) -> commands.Basic.Properties:
     return commands.Basic.Properties(**values)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(props=properties(pamqp_compatible=True), body_size=st.integers(0, 2**40))
 def test_content_header_matches_pamqp(props: BasicProperties, body_size: int) -> None:
     props = pamqp_normal(props)
@@ -210,13 +210,13 @@ def test_content_header_matches_pamqp(props: BasicProperties, body_size: int) ->
     assert decode_content_header(theirs) == (60, body_size, props)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(props=properties())
 def test_content_header_round_trip(props: BasicProperties) -> None:
     assert decode_content_header(encode_content_header(7, props)) == (60, 7, props)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     channel=st.integers(1, 65535),
     ctag=st.text(max_size=30),
