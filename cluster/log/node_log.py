@@ -14,8 +14,9 @@ How it works:
 
 Threading contract: three locks, always taken in this order.
 - ``_commit_lock``: one commit/checkpoint/snapshot/delete at a time.
-- ``_io_lock``: every file write (WAL and segments) and segment reads. Held while writing, never while the WAL
-  fsyncs, so an ``append`` that must flush its full buffer waits for a write at most, not for an fsync.
+- ``_io_lock``: every file write (WAL and segments). Held while writing, not while the WAL fsyncs, so an
+  ``append`` that must flush its full buffer usually waits for a write only (but it does wait for a checkpoint,
+  a snapshot or a delete in progress).  ``read_at`` reads without it and retries under it only after a miss.
 - ``_lock``: the in-memory queue and per-stream offsets; held only for a few dict operations.
 ``append``, ``truncate_after``, ``read_at``, ``streams`` may be called from the event-loop thread while ``commit``
 runs in a worker thread; ``commit``, ``write_snapshot``, ``delete_stream`` and ``close`` block on fsync and
@@ -399,9 +400,15 @@ class NodeLog:
             entry = state.unwritten.get(offset)
             if entry is not None:
                 return entry[1]
-        with self._io_lock:
-            files = self._files.get(stream)
+        files = self._files.get(stream)
+        try:  # optimistic, without the I/O lock: a checkpoint's fsyncs must not stall a consumer's read
             payload = files.read_at(offset) if files is not None else None
+        except (IndexError, OSError):
+            payload = None
+        if payload is None:  # raced with a roll, truncation or snapshot: ask again, serialised with writers
+            with self._io_lock:
+                files = self._files.get(stream)
+                payload = files.read_at(offset) if files is not None else None
         if payload is None:
             raise KeyError((stream, offset))
         return payload

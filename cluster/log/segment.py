@@ -26,7 +26,8 @@ from cluster.log import format as fmt
 
 NAME_FILE = "stream.name"
 SNAPSHOT_FILE = "snapshot"
-READ_CHUNK_BYTES = 1024 * 1024
+READ_CHUNK_BYTES = 1024 * 1024  # sequential scans
+RANDOM_READ_CHUNK_BYTES = 16 * 1024  # read_at: covers the default 4 KiB index interval plus a typical record
 T = TypeVar("T")
 
 
@@ -148,8 +149,8 @@ class Segment:
 
 
 def scan_file(path: pathlib.Path, start_position: int, decode_at: Callable[[bytes, int], T | None],
-              size_at: Callable[[bytes, int], int | None], item_size: Callable[[T], int]
-              ) -> Iterator[tuple[int, T]]:
+              size_at: Callable[[bytes, int], int | None], item_size: Callable[[T], int],
+              chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[tuple[int, T]]:
     """(position, item) for each valid item of a file from ``start_position``, read in bounded chunks.
 
     Stops at the first item that is corrupt, or torn at the end of the file.  The buffer holds at most one chunk
@@ -172,18 +173,19 @@ def scan_file(path: pathlib.Path, start_position: int, decode_at: Callable[[byte
             if claimed is not None and claimed > fmt.PAYLOAD_SIZE_BYTES_MAX + 4096:
                 return  # a garbage length: do not read the rest of the file hoping for it
             buffer, buffer_position, cursor = buffer[cursor:], buffer_position + cursor, 0
-            chunk = os.pread(fd, max(READ_CHUNK_BYTES, (claimed or 0) - len(buffer)), buffer_position + len(buffer))
+            chunk = os.pread(fd, max(chunk_bytes, (claimed or 0) - len(buffer)), buffer_position + len(buffer))
             at_eof = not chunk
             buffer += chunk
     finally:
         os.close(fd)
 
 
-def iter_file_records(path: pathlib.Path, start_position: int = 0) -> Iterator[fmt.Record]:
+def iter_file_records(path: pathlib.Path, start_position: int = 0,
+                      chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[fmt.Record]:
     """Valid records of a segment file from ``start_position`` (offsets must strictly increase)."""
     previous_offset = -1
     for position, record in scan_file(path, start_position, fmt.decode_record_at, fmt.record_size_at,
-                                      _record_size):
+                                      _record_size, chunk_bytes):
         if record.offset <= previous_offset:
             return
         previous_offset = record.offset
@@ -483,6 +485,7 @@ class StreamFiles:
     # --- reading ---------------------------------------------------------------------------------------------
 
     def read_at(self, offset: int) -> bytes | None:
+        """One record via the sparse index: a read of about one index interval, then the record."""
         position = fmt.segment_for_offset([s.base_offset for s in self.segments], offset)
         if position < 0:
             return None
@@ -490,7 +493,7 @@ class StreamFiles:
         if offset >= segment.next_offset:
             return None
         start = fmt.index_floor_position(segment.index, offset - segment.base_offset)
-        for record in iter_file_records(segment.log_path, start):
+        for record in iter_file_records(segment.log_path, start, RANDOM_READ_CHUNK_BYTES):
             if record.offset == offset:
                 return record.payload
             if record.offset > offset:

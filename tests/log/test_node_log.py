@@ -194,6 +194,8 @@ def test_commit_in_a_thread_concurrent_with_appends(tmp_path: pathlib.Path) -> N
     thread.start()
     for i in range(3000):
         assert log.append("q", i.to_bytes(4, "big")) == i
+        if i % 7 == 0:  # random reads race with the committer's writes, rolls and checkpoints
+            assert log.read_at("q", i // 2) == (i // 2).to_bytes(4, "big")
     stop.set()
     thread.join()
     durable = max(committed)
@@ -259,4 +261,16 @@ def test_recovery_point_walk_then_torn_tail_after_it(tmp_path: pathlib.Path) -> 
     assert reopened.read_at("q", 150) == b"r150" * 5
     assert reopened.offset_for_time("q", 250) == 250
     assert reopened.append("q", b"next") == 320
+    reopened.close()
+
+
+def test_read_at_records_larger_than_the_read_chunk(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, LogConfig(segment_size_bytes_max=1 << 20, index_interval_bytes=4096))
+    bodies = [bytes([i]) * (i * 10_000) for i in range(12)]
+    for body in bodies:
+        log.append("big", body)
+    log.close()
+    reopened = NodeLog.open(tmp_path)
+    for offset in (11, 3, 0, 7):
+        assert reopened.read_at("big", offset) == bodies[offset]
     reopened.close()
