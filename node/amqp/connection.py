@@ -274,9 +274,8 @@ class ServerConnection:
             if self._close_deadline_ms is not None and now_ms >= self._close_deadline_ms:
                 self._finish(ReplyCode.CONNECTION_FORCED, "no connection.close-ok from the client in time")
             return
-        if state is not ConnectionState.OPEN and self.heartbeat_s == 0:
-            if now_ms >= self._handshake_deadline_ms:
-                self._finish(ReplyCode.CONNECTION_FORCED, f"handshake timeout ({state.value})")
+        if state is not ConnectionState.OPEN and now_ms >= self._handshake_deadline_ms:
+            self._finish(ReplyCode.CONNECTION_FORCED, f"handshake timeout ({state.value})")
             return
         if self.heartbeat_s:
             self._tick_heartbeat(now_ms)
@@ -287,12 +286,13 @@ class ServerConnection:
             return None
         if state is ConnectionState.CLOSING:
             return self._close_deadline_ms
+        deadlines = []
         if self.heartbeat_s:
             interval_ms = self.heartbeat_s * 1000
-            return min(self._last_recv_ms + 2 * interval_ms, self._last_send_ms + interval_ms // 2)
+            deadlines += [self._last_recv_ms + 2 * interval_ms, self._last_send_ms + interval_ms // 2]
         if state is not ConnectionState.OPEN:
-            return self._handshake_deadline_ms
-        return None
+            deadlines.append(self._handshake_deadline_ms)
+        return min(deadlines) if deadlines else None
 
     # ------------------------------------------------------------ internals: output and finishing
     def _write(self, data: bytes) -> None:
@@ -407,6 +407,8 @@ class ServerConnection:
         if self.state is ConnectionState.CLOSING:
             self._frame_while_closing(frame_type, payload)
             return
+        if frame_type not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY):
+            raise ProtocolError(ReplyCode.FRAME_ERROR, f"unknown frame type {frame_type}")
         if frame_type != FRAME_METHOD:
             raise ProtocolError(
                 ReplyCode.UNEXPECTED_FRAME, f"frame type {frame_type} is not allowed on channel 0"

@@ -527,3 +527,21 @@ def test_reply_text_with_undecodable_name_is_valid_utf8() -> None:
     session.send_frame(0, commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=0))
     out = session.send(b"\x01\x00\x00\x00\x00\x00\x08\x00\x0a\x00\x28\x01\xff\x00\x00\xce")  # vhost b"\xff"
     assert close_of(out)[1:3] == (530, "NOT_ALLOWED - access to vhost '\ufffd' refused for user 'guest'")
+
+
+def test_unknown_frame_type_on_channel_zero() -> None:
+    session = opened(())
+    out = session.send(b"\x04\x00\x00\x00\x00\x00\x00\xce")
+    assert close_of(out)[1:3] == (501, "FRAME_ERROR - unknown frame type 4")
+
+
+def test_handshake_timeout_applies_even_with_heartbeats_negotiated() -> None:
+    session = Session()
+    session.send(PROTOCOL_HEADER)
+    session.send(start_ok())
+    session.send_frame(0, commands.Connection.TuneOk(channel_max=2047, frame_max=131072, heartbeat=60))
+    assert session.conn.next_deadline_ms() == 10_000
+    for now_ms in range(0, 10_001, 1000):
+        session.conn.receive_data(HEARTBEAT, now_ms)
+        session.conn.tick(now_ms)
+    assert session.conn.state is ConnectionState.CLOSED
