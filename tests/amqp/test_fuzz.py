@@ -81,7 +81,9 @@ def run(chunks: list[bytes], ticks: list[int] | None = None) -> ServerConnection
             conn.tick(now_ms)
         assert conn._framer.buffered_bytes <= max(conn.frame_max, LIMITS.frame_max) + 8
         assert conn.output_buffer_bytes <= LIMITS.output_buffer_max_bytes
-        events += conn.next_events()
+        new_events = conn.next_events()
+        assert len(new_events) <= len(chunk) // 8 + 3 + len(conn.open_channels) + 16  # ~one event per frame
+        events += new_events
         output += conn.data_to_send()
     check_output(output)
     closes = [e for e in events if isinstance(e, ConnectionClosed)]
