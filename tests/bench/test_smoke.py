@@ -1,30 +1,74 @@
-"""Smoke: a 2-second workload (a) through a real `raftmq node`, with the real load-generator processes.
+"""Smoke: short workloads through a real `raftmq node` and a real RabbitMQ, with the real load-generator processes.
 
-Skips when the node cannot start or serve the workload's setup yet (it is built in parallel). Figures are never
-asserted on: only that messages went through, were confirmed and were delivered.
+The raftmq tests skip when the node cannot start or serve the workload's setup yet (it is built in parallel); the
+RabbitMQ one (about 30 s, mostly RabbitMQ starting and stopping) runs only with RAFTMQ_TEST_RABBITMQ=1 and
+Debian's rabbitmq-server installed. Figures are never asserted on: only that messages went through, were confirmed
+and delivered, and that the CLI writes its results.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from bench.brokers import BrokerStartError, raftmq_node
-from bench.workloads import RunSettings, run_workload
+from bench import cli
+from bench.brokers import BrokerStartError, rabbitmq_available, rabbitmq_cluster, raftmq_node
+from bench.client import Endpoint
+from bench.workloads import Measurement, RunSettings, run_workload
+
+SHORT = RunSettings(duration_s=2.0, warmup_s=0.5)
 
 
-def test_workload_a_runs_against_a_raftmq_node() -> None:
+@pytest.fixture(scope="module")
+def raftmq_endpoint() -> Iterator[Endpoint]:
     with contextlib.ExitStack() as stack:
         try:
             endpoint = stack.enter_context(raftmq_node(timeout_s=30.0))
         except BrokerStartError as error:
             pytest.skip(f"raftmq node cannot start or serve yet: {error}")
-        [measurement] = run_workload("a", "raftmq", endpoint, RunSettings(duration_s=2.0, warmup_s=0.5))
-    if measurement.error and "setup" in measurement.error:
-        pytest.skip(f"raftmq node cannot serve workload (a) yet: {measurement.error}")
+        yield endpoint
+
+
+def assert_messages_went_through(measurement: Measurement) -> None:
     assert measurement.error is None
     assert measurement.confirmed_msgs > 0
     assert measurement.delivered_msgs > 0
     assert measurement.nacked_msgs == 0
     assert measurement.latency_samples > 0
+
+
+def test_workload_a_runs_against_a_raftmq_node(raftmq_endpoint: Endpoint) -> None:
+    [measurement] = run_workload("a", "raftmq", raftmq_endpoint, SHORT)
+    if measurement.error and "setup" in measurement.error:
+        pytest.skip(f"raftmq node cannot serve workload (a) yet: {measurement.error}")
+    assert_messages_went_through(measurement)
+
+
+def test_cli_measures_a_target_and_writes_json_and_png(raftmq_endpoint: Endpoint, tmp_path: Path) -> None:
+    argv = ["--target", raftmq_endpoint.address, "--target-name", "raftmq", "--workloads", "a",
+            "--duration", "1", "--warmup", "0.5", "--output", str(tmp_path)]
+    status = cli.main(argv)
+    [json_path] = tmp_path.glob("bench-*.json")
+    data = json.loads(json_path.read_text())
+    [measurement] = data["measurements"]
+    if measurement["error"] and "setup" in measurement["error"]:
+        pytest.skip(f"raftmq node cannot serve workload (a) yet: {measurement['error']}")
+    assert status == 0
+    assert (measurement["broker"], measurement["label"]) == ("raftmq", "a")
+    assert measurement["confirmed_msgs"] > 0
+    assert json_path.with_suffix(".png").exists()
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.slow
+@pytest.mark.skipif(not rabbitmq_available(), reason="Debian's rabbitmq-server is not installed")
+@pytest.mark.skipif(os.environ.get("RAFTMQ_TEST_RABBITMQ") != "1", reason="set RAFTMQ_TEST_RABBITMQ=1 (about 30 s)")
+def test_workload_a_runs_against_a_private_rabbitmq_node() -> None:
+    with rabbitmq_cluster(1) as [endpoint]:
+        [measurement] = run_workload("a", "rabbitmq", endpoint, SHORT)
+    assert_messages_went_through(measurement)
