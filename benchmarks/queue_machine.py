@@ -6,7 +6,7 @@ Scenarios (each prints ops/s, where one op = one message through Enqueue + Deliv
 - fanout: 1,000 consumers (prefetch 10) sharing the queue round-robin, settling in batches of 10.
 - ttl: as direct, with x-message-ttl (the expiry heap is on the hot path).
 Memory: tracemalloc over a backlog of M ready messages, per message, with the broker's QueuedMessage counted
-and without it (the machine's own metadata: entry, deque slot, msg_id).
+and without it (one shared QueuedMessage: the machine's own share), for plain, TTL and priority queues.
 
 Timing is CPU time of this process (time.process_time), so a busy machine distorts it less than wall time.
 
@@ -21,7 +21,6 @@ import time
 import tracemalloc
 
 from cluster.queue import (
-    Accepted,
     Attach,
     Deliver,
     Enqueue,
@@ -87,31 +86,30 @@ def bench_fanout(count: int, consumers: int = 1000, prefetch: int = 10) -> float
     return count / elapsed
 
 
-def measure_memory(count: int) -> tuple[float, float]:
-    """(bytes per message including QueuedMessage, bytes per message of machine metadata only)."""
+def _traced_bytes_per_message(count: int, args: QueueArgs | None, shared_message: bool) -> float:
     gc.collect()
     tracemalloc.start()
-    queue = Queue("mem")
+    queue = Queue("mem", args)
     apply = queue.apply
+    shared = QueuedMessage(0, 1024, True)
     base = tracemalloc.get_traced_memory()[0]
     for index in range(count):
-        result = apply(Enqueue(QueuedMessage(index, 1024, True), 0))
-        assert isinstance(result[0], Accepted)
-    with_messages = tracemalloc.get_traced_memory()[0] - base
+        apply(Enqueue(shared if shared_message else QueuedMessage(index, 1024, True), index // 1000))
+    used = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
+    assert queue.ready_count == count
+    return used / count
 
-    shared = QueuedMessage(0, 1024, True)
-    gc.collect()
-    tracemalloc.start()
-    queue2 = Queue("mem2")
-    apply2 = queue2.apply
-    base = tracemalloc.get_traced_memory()[0]
-    for _ in range(count):
-        apply2(Enqueue(shared, 0))
-    machine_only = tracemalloc.get_traced_memory()[0] - base
-    tracemalloc.stop()
-    assert queue.ready_count == count and queue2.ready_count == count
-    return with_messages / count, machine_only / count
+
+def measure_memory(count: int) -> dict[str, float]:
+    """Bytes per ready message: with a QueuedMessage (int payload) each, and the machine's own share only."""
+    ttl = QueueArgs(message_ttl_ms=3_600_000)
+    return {
+        "plain, with QueuedMessage": _traced_bytes_per_message(count, None, shared_message=False),
+        "plain, machine only": _traced_bytes_per_message(count, None, shared_message=True),
+        "x-message-ttl, machine only": _traced_bytes_per_message(count, ttl, shared_message=True),
+        "x-max-priority 5, machine only": _traced_bytes_per_message(count, QueueArgs(max_priority=5), True),
+    }
 
 
 def main() -> None:
@@ -128,11 +126,11 @@ def main() -> None:
     )
     print(f"backlog  enqueue, then drain:    {bench_backlog(count):>10,.0f} msg/s")
     print(f"fanout   1000 consumers:         {bench_fanout(count):>10,.0f} msg/s")
-    per_message, machine_only = measure_memory(options.memory_messages)
-    print(
-        f"memory   {per_message:,.0f} B/msg with QueuedMessage, {machine_only:,.0f} B/msg machine metadata only"
-    )
-    print(f"         => a 10M backlog needs ~{per_message * 10_000_000 / 2**20:,.0f} MiB in the machine")
+    memory = measure_memory(options.memory_messages)
+    for label, per_message in memory.items():
+        print(f"memory   {label:<32} {per_message:>6,.0f} B/msg")
+    machine_only = memory["plain, machine only"]
+    print(f"         => a 10M backlog costs the machine ~{machine_only * 10_000_000 / 2**20:,.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ class Queue:
         self.name = name
         self.args = args if args is not None else QueueArgs()
         self.publishers_max = publishers_max
-        self._ready = ReadyStore(self.args.max_priority)
+        self._ready = ReadyStore(self.args.max_priority, self.args.message_ttl_ms)
         self._consumers: dict[Hashable, Consumer] = {}
         self._rings = ConsumerRings()
         self._attached_count = 0
@@ -369,14 +369,16 @@ class Queue:
             self._now_ms = now_ms
         else:
             now_ms = self._now_ms
-        heap = self._ready.expiry_heap
-        if heap and heap[0].expiry_ms <= now_ms:  # type: ignore[operator]
+        ready = self._ready
+        heap = ready.expiry_heap
+        if ready.queue_ttl_ms is not None or (heap and heap[0].expiry_ms <= now_ms):  # type: ignore[operator]
             self._expire_due(out)
         return now_ms
 
     def _expire_due(self, out: _Effects) -> None:
-        if self._ready.expiry_heap:
-            for entry in self._ready.pop_expired(self._now_ms):
+        ready = self._ready
+        if ready.expiry_heap or ready.queue_ttl_ms is not None:
+            for entry in ready.pop_expired(self._now_ms):
                 self._lose(entry, "expired", out)
 
     def _take_ready(self, out: _Effects) -> Entry | None:

@@ -4,10 +4,13 @@ Delivery order within a priority level is ascending msg_id. New messages are app
 deque (ids only grow) and returned messages go to a small heap keyed by msg_id, so a requeued message goes back
 ahead of newer ones. Taking the head compares the two tops: O(1) in the common case, O(log r) with r returned.
 
-Compact backlog: a fresh message without expiry is stored as just its `QueuedMessage` reference in the deque and
-its id in an unboxed `array('q')` column beside it (16 bytes per message in all); its `Entry` (the mutable record
-of state, delivery count and expiry) is only created when it leaves the ready set. Messages with an expiry, and
-returned or recovered ones, are stored as `Entry` objects because they need per-message state while ready.
+Compact backlog: a fresh message is stored as just its `QueuedMessage` reference in the deque and its id in an
+unboxed `array('q')` column beside it (16 bytes per message); its `Entry` (the mutable record of state, delivery
+count and expiry) is only created when it leaves the ready set. With a queue TTL, a message whose expiry comes
+from that TTL is compact too, its expiry in a third column (24 bytes): as the clock never goes back, those
+expiries grow along the deque, so they expire from the level's head without a heap. Messages with a shorter
+per-message TTL, and returned or recovered ones, are `Entry` objects in the expiry heap. An Entry in the fresh
+deque always expires no later than the compact messages behind it, so a head scan never misses a due message.
 
 Removal from the middle (expiry of a message not at the head, purge) is lazy: the entry is marked GONE and
 skipped when it reaches the head. Garbage is bounded: a level is rebuilt when its garbage outnumbers its live
@@ -34,6 +37,7 @@ IN_EXPIRY_HEAP: Final = 8
 
 GARBAGE_REBUILD_MIN: Final = 1024
 ID_COLUMN_COMPACT_MIN: Final = 4096
+NO_EXPIRY: Final = -1
 
 
 class Entry:
@@ -70,8 +74,8 @@ class Entry:
         return bool(self.flags & REDELIVERED)
 
 
-class _IdColumn:
-    """A FIFO of msg_ids stored unboxed (8 bytes each); the consumed prefix is cut off once it is half the array."""
+class _IntColumn:
+    """A FIFO of ints stored unboxed (8 bytes each); the consumed prefix is cut off once it is half the array."""
 
     __slots__ = ("_head", "_ids")
 
@@ -107,11 +111,12 @@ FreshItem = QueuedMessage | Entry
 
 
 class _Level:
-    __slots__ = ("fresh", "fresh_ids", "garbage", "live", "returned")
+    __slots__ = ("fresh", "fresh_expiry", "fresh_ids", "garbage", "live", "returned")
 
-    def __init__(self) -> None:
+    def __init__(self, with_expiry: bool) -> None:
         self.fresh: deque[FreshItem] = deque()
-        self.fresh_ids = _IdColumn()
+        self.fresh_ids = _IntColumn()
+        self.fresh_expiry = _IntColumn() if with_expiry else None  # NO_EXPIRY for Entry items
         self.returned: list[tuple[int, Entry]] = []
         self.live = 0
         self.garbage = 0
@@ -120,11 +125,12 @@ class _Level:
 class ReadyStore:
     """Ready messages in delivery order (highest priority first, then ascending msg_id)."""
 
-    __slots__ = ("_levels", "_top_level", "count", "expiry_heap", "size_bytes")
+    __slots__ = ("_levels", "_top_level", "count", "expiry_heap", "queue_ttl_ms", "size_bytes")
 
-    def __init__(self, max_priority: int | None) -> None:
+    def __init__(self, max_priority: int | None, queue_ttl_ms: int | None = None) -> None:
         self._top_level = max_priority or 0
-        self._levels = [_Level() for _ in range(self._top_level + 1)]
+        self.queue_ttl_ms = queue_ttl_ms
+        self._levels = [_Level(queue_ttl_ms is not None) for _ in range(self._top_level + 1)]
         self.count = 0
         self.size_bytes = 0
         self.expiry_heap: list[Entry] = []
@@ -138,30 +144,29 @@ class ReadyStore:
     # --- adding ---------------------------------------------------------------------------------------------
 
     def push_new(self, msg_id: MsgId, message: QueuedMessage, expiry_ms: int | None) -> None:
-        """Append a message whose id is larger than every id already in the store."""
+        """Append a message whose id is larger than every id already in the store.
+
+        The expiry must be the queue TTL's (or None) unless the message's own ttl_ms is shorter.
+        """
         level = self._levels[self.level_of(message)] if self._top_level else self._levels[0]
+        fresh_expiry = level.fresh_expiry
         if expiry_ms is None:
             level.fresh.append(message)
+            if fresh_expiry is not None:
+                fresh_expiry.append(NO_EXPIRY)
+        elif fresh_expiry is not None and (message.ttl_ms is None or message.ttl_ms >= self.queue_ttl_ms):  # type: ignore[operator]
+            level.fresh.append(message)
+            fresh_expiry.append(expiry_ms)
         else:
             entry = Entry(msg_id, message, 0, expiry_ms, READY)
             level.fresh.append(entry)
+            if fresh_expiry is not None:
+                fresh_expiry.append(NO_EXPIRY)
             self._track_expiry(entry)
         level.fresh_ids.append(msg_id)
         level.live += 1
         self.count += 1
         self.size_bytes += message.size_bytes
-
-    def push_entry(self, entry: Entry) -> None:
-        """Append an entry (keeping its delivery count and flags) whose id is larger than all others."""
-        level = self._levels[self.level_of(entry.message)]
-        entry.flags = (entry.flags & ~STATE_MASK) | READY
-        level.fresh.append(entry)
-        level.fresh_ids.append(entry.msg_id)
-        level.live += 1
-        self.count += 1
-        self.size_bytes += entry.message.size_bytes
-        if entry.expiry_ms is not None:
-            self._track_expiry(entry)
 
     def push_returned(self, entry: Entry) -> None:
         """Put a message back at its original position (by msg_id)."""
@@ -203,10 +208,12 @@ class ReadyStore:
             else:
                 item = fresh.popleft()
                 msg_id = fresh_ids.popleft()
+                expiry_ms = level.fresh_expiry.popleft() if level.fresh_expiry is not None else NO_EXPIRY
                 if type(item) is Entry:
                     entry = item
                 else:
-                    entry = Entry(MsgId(msg_id), item, 0, None, READY)  # type: ignore[arg-type]
+                    expiry = None if expiry_ms == NO_EXPIRY else expiry_ms
+                    entry = Entry(MsgId(msg_id), item, 0, expiry, READY)  # type: ignore[arg-type]
             if not entry.flags & STATE_MASK:  # READY
                 level.live -= 1
                 self.count -= 1
@@ -226,7 +233,7 @@ class ReadyStore:
             self._rebuild_level(level)
 
     def pop_expired(self, now_ms: int) -> list[Entry]:
-        """Remove every ready entry whose expiry is <= now_ms, in (expiry, msg_id) order."""
+        """Remove every ready message whose expiry is <= now_ms, in (expiry, msg_id) order."""
         heap = self.expiry_heap
         expired: list[Entry] = []
         while heap:
@@ -239,13 +246,70 @@ class ReadyStore:
             if top.flags & STATE_MASK == READY:
                 self.remove_lazily(top)
                 expired.append(top)
+        if self.queue_ttl_ms is not None:
+            from_heap = len(expired)
+            for level in self._levels:
+                self._pop_due_compact_heads(level, now_ms, expired)
+            if len(expired) > from_heap > 0 or len(self._levels) > 1:
+                expired.sort(key=_expiry_order)
         return expired
+
+    def _pop_due_compact_heads(self, level: _Level, now_ms: int, expired: list[Entry]) -> None:
+        fresh = level.fresh
+        fresh_ids = level.fresh_ids
+        fresh_expiry = level.fresh_expiry
+        assert fresh_expiry is not None
+        while fresh:
+            item = fresh[0]
+            if type(item) is Entry:
+                if item.flags & STATE_MASK == READY:
+                    return  # the expiry heap has it, and it is due no later than what follows
+                fresh.popleft()
+                fresh_ids.popleft()
+                fresh_expiry.popleft()
+                level.garbage -= 1
+                continue
+            expiry_ms = fresh_expiry.first()
+            if expiry_ms == NO_EXPIRY or expiry_ms > now_ms:
+                return
+            fresh.popleft()
+            fresh_expiry.popleft()
+            entry = Entry(MsgId(fresh_ids.popleft()), item, 0, expiry_ms, READY)  # type: ignore[arg-type]
+            level.live -= 1
+            self.count -= 1
+            self.size_bytes -= entry.message.size_bytes
+            expired.append(entry)
 
     def next_expiry_ms(self) -> int | None:
         heap = self.expiry_heap
         while heap and heap[0].flags & STATE_MASK != READY:
             heapq.heappop(heap).flags &= ~IN_EXPIRY_HEAP
-        return heap[0].expiry_ms if heap else None
+        earliest = heap[0].expiry_ms if heap else None
+        if self.queue_ttl_ms is not None:
+            for level in self._levels:
+                head_expiry_ms = self._compact_head_expiry(level)
+                if head_expiry_ms is not None and (earliest is None or head_expiry_ms < earliest):
+                    earliest = head_expiry_ms
+        return earliest
+
+    @staticmethod
+    def _compact_head_expiry(level: _Level) -> int | None:
+        """Expiry of the level's head if it is a compact message (garbage at the head is dropped on the way)."""
+        fresh = level.fresh
+        fresh_expiry = level.fresh_expiry
+        assert fresh_expiry is not None
+        while fresh:
+            item = fresh[0]
+            if type(item) is not Entry:
+                expiry_ms = fresh_expiry.first()
+                return None if expiry_ms == NO_EXPIRY else expiry_ms
+            if item.flags & STATE_MASK == READY:
+                return None  # its expiry is in the heap and no later than the compact ones behind it
+            fresh.popleft()
+            level.fresh_ids.popleft()
+            fresh_expiry.popleft()
+            level.garbage -= 1
+        return None
 
     def clear(self) -> int:
         """Remove every ready message; returns how many there were."""
@@ -254,7 +318,8 @@ class ReadyStore:
             for entry in self._live_entries(level):
                 entry.flags = (entry.flags & ~STATE_MASK) | GONE
             level.fresh.clear()
-            level.fresh_ids = _IdColumn()
+            level.fresh_ids = _IntColumn()
+            level.fresh_expiry = _IntColumn() if level.fresh_expiry is not None else None
             level.returned.clear()
             level.live = 0
             level.garbage = 0
@@ -273,29 +338,38 @@ class ReadyStore:
     # --- maintenance ----------------------------------------------------------------------------------------
 
     @staticmethod
-    def _live_fresh(level: _Level) -> list[tuple[int, FreshItem]]:
+    def _live_fresh(level: _Level) -> list[tuple[int, int, FreshItem]]:
+        """(msg_id, compact expiry or NO_EXPIRY, item) of the live items of the fresh deque."""
+        ids = level.fresh_ids.values()
+        expiries = level.fresh_expiry.values() if level.fresh_expiry is not None else [NO_EXPIRY] * len(ids)
         return [
-            (msg_id, item)
-            for msg_id, item in zip(level.fresh_ids.values(), level.fresh, strict=True)
+            (msg_id, expiry_ms, item)
+            for msg_id, expiry_ms, item in zip(ids, expiries, level.fresh, strict=True)
             if type(item) is not Entry or item.flags & STATE_MASK == READY
         ]
 
     @classmethod
     def _live_entries(cls, level: _Level) -> list[Entry]:
-        """Live entries of a level; plain fresh messages get a (temporary) Entry."""
+        """Live entries of a level; compact fresh messages get a (temporary) Entry."""
         live = [
-            item if isinstance(item, Entry) else Entry(MsgId(msg_id), item, 0, None, READY)
-            for msg_id, item in cls._live_fresh(level)
+            item
+            if isinstance(item, Entry)
+            else Entry(MsgId(msg_id), item, 0, None if expiry_ms == NO_EXPIRY else expiry_ms, READY)
+            for msg_id, expiry_ms, item in cls._live_fresh(level)
         ]
         live.extend(entry for _, entry in level.returned if entry.flags & STATE_MASK == READY)
         return live
 
     def _rebuild_level(self, level: _Level) -> None:
         kept = self._live_fresh(level)
-        level.fresh = deque(item for _, item in kept)
-        level.fresh_ids = _IdColumn()
-        for msg_id, _ in kept:
+        level.fresh = deque(item for _, _, item in kept)
+        level.fresh_ids = _IntColumn()
+        for msg_id, _, _ in kept:
             level.fresh_ids.append(msg_id)
+        if level.fresh_expiry is not None:
+            level.fresh_expiry = _IntColumn()
+            for _, expiry_ms, _ in kept:
+                level.fresh_expiry.append(expiry_ms)
         level.returned = [item for item in level.returned if item[1].flags & STATE_MASK == READY]
         heapq.heapify(level.returned)
         level.garbage = 0
@@ -313,3 +387,8 @@ class ReadyStore:
 
 def _msg_id_of(entry: Entry) -> int:
     return entry.msg_id
+
+
+def _expiry_order(entry: Entry) -> tuple[int, int]:
+    assert entry.expiry_ms is not None
+    return entry.expiry_ms, entry.msg_id

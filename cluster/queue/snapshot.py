@@ -54,6 +54,16 @@ def _entry_from_row(row: list[Any], decode_payload: _Encode, state: int) -> Entr
     return Entry(MsgId(msg_id), message, delivery_count, expiry_ms, flags)
 
 
+def _is_compact(entry: Entry, queue_ttl_ms: int | None) -> bool:
+    """Whether the entry was (and can again be) stored in the compact form of a fresh message."""
+    if entry.flags != READY or entry.delivery_count:
+        return False
+    if entry.expiry_ms is None:
+        return True
+    ttl_ms = entry.message.ttl_ms
+    return queue_ttl_ms is not None and (ttl_ms is None or ttl_ms >= queue_ttl_ms)
+
+
 def snapshot_queue(
     queue: Queue, encode_payload: _Encode | None = None, encode_id: _Encode | None = None
 ) -> dict[str, Any]:
@@ -111,10 +121,10 @@ def restore_queue(
     queue._now_ms = snapshot["now_ms"]
     for row in snapshot["ready"]:
         entry = _entry_from_row(row, dec_payload, READY)
-        if entry.flags == READY and entry.delivery_count == 0 and entry.expiry_ms is None:
-            queue._ready.push_new(entry.msg_id, entry.message, None)  # the compact form
+        if _is_compact(entry, queue.args.message_ttl_ms):
+            queue._ready.push_new(entry.msg_id, entry.message, entry.expiry_ms)
         else:
-            queue._ready.push_entry(entry)
+            queue._ready.push_returned(entry)  # same position: delivery order is by msg_id either way
     for cid_raw, prefetch, credit, priority, no_ack, attach_seq, attached, unacked_rows in snapshot[
         "consumers"
     ]:

@@ -307,3 +307,34 @@ def test_recover_with_past_expiry_expires() -> None:
     queue.apply(Expire(100))
     assert queue.apply(Recover(MsgId(1), msg("a"), 0, expiry_ms=50)) == [Dropped(MsgId(1), "expired")]
     assert queue.apply(Get("g", True, 100)) == [GetEmpty("g")]
+
+
+def test_queue_ttl_compact_messages_expire_in_order_across_levels() -> None:
+    queue = Queue("q", QueueArgs(message_ttl_ms=100, max_priority=2))
+    queue.apply(Enqueue(msg("lo", priority=0), 0))  # 1: expires 100 (compact)
+    queue.apply(Enqueue(msg("hi", priority=2), 5))  # 2: expires 105 (compact)
+    queue.apply(Enqueue(msg("short", priority=0, ttl_ms=20), 10))  # 3: expires 30 (heap)
+    queue.apply(Enqueue(msg("long", priority=2, ttl_ms=500), 10))  # 4: queue TTL wins, expires 110
+    assert queue.next_expiry_ms() == 30
+    assert queue.apply(Expire(30)) == [Dropped(MsgId(3), "expired")]
+    assert queue.next_expiry_ms() == 100
+    assert queue.apply(Expire(200)) == [
+        Dropped(MsgId(1), "expired"),
+        Dropped(MsgId(2), "expired"),
+        Dropped(MsgId(4), "expired"),
+    ]
+    assert queue.next_expiry_ms() is None
+    assert queue.ready_count == 0
+
+
+def test_queue_ttl_compact_message_keeps_expiry_through_return_and_restore() -> None:
+    queue = Queue("q", QueueArgs(message_ttl_ms=100))
+    queue.apply(Enqueue(msg("a"), 0))
+    queue.apply(Enqueue(msg("b"), 50))
+    queue.apply(Get("g", no_ack=False, now_ms=60))
+    queue.apply(Return("g", [MsgId(1)], 70))
+    restored = Queue.restore(queue.snapshot())
+    for machine in (queue, restored):
+        assert machine.next_expiry_ms() == 100
+        assert machine.apply(Expire(100)) == [Dropped(MsgId(1), "expired")]
+        assert machine.next_expiry_ms() == 150
