@@ -31,7 +31,17 @@ from bench.brokers import (
     raftmq_node,
 )
 from bench.client import Endpoint, parse_target
-from bench.results import RABBITMQ, RAFTMQ, RunReport, format_table, machine_info, write_chart, write_json
+from bench.results import (
+    RABBITMQ,
+    RAFTMQ,
+    RunReport,
+    format_history,
+    format_table,
+    load_history,
+    machine_info,
+    write_chart,
+    write_json,
+)
 from bench.workloads import ALL_WORKLOADS, DEFAULT_LATENCY_RATES, Measurement, RunSettings, run_workload
 
 RAFTMQ_CLUSTER_NOTE = (
@@ -56,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--raftmq-cluster", action="store_true",
                         help="run raftmq's (b) on `raftmq cluster up` even though replication is not verified")
     parser.add_argument("--output", default="bench-results", help="directory for the JSON and PNG results")
+    parser.add_argument("--history", action="store_true",
+                        help="print the figures of every earlier run in --output and exit (measures nothing)")
     parser.add_argument("--rates", default=",".join(str(rate) for rate in DEFAULT_LATENCY_RATES),
                         help="fixed publish rates (msg/s) for workload (e)")
     parser.add_argument("--window", type=int, default=256, help="unconfirmed messages per publisher, (a)/(b)")
@@ -83,6 +95,9 @@ def main(argv: list[str]) -> int:
     except ValueError as error:
         print(f"raftmq bench: {error}", file=sys.stderr)
         return 2
+    if args.history:
+        print(format_history(load_history(Path(args.output))))
+        return 0
     settings = RunSettings(args.duration, args.warmup, rates, args.window, args.prefetch)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     started_at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -164,6 +164,34 @@ def read_json(path: Path) -> RunReport:
     return report_from_dict(data)
 
 
+# --- history ------------------------------------------------------------------------------------------------
+
+
+def load_history(directory: Path) -> list[tuple[Path, RunReport]]:
+    """Every readable results file in `directory`, oldest first (file names carry the UTC start time)."""
+    found: list[tuple[Path, RunReport]] = []
+    for path in sorted(directory.glob("bench-*.json")):
+        try:
+            found.append((path, read_json(path)))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def format_history(history: list[tuple[Path, RunReport]]) -> str:
+    """One line per run and broker/label: confirmed msg/s and p99, so that a regression stands out."""
+    lines = [f"{'started (UTC)':<22} {'label':<10} {'broker':<9} {'confirmed/s':>12} {'p99 ms':>9}  ratio"]
+    for _, report in history:
+        pairs = {pair.label: pair for pair in comparisons(report.measurements)}
+        for m in report.measurements:
+            figure = "error" if m.error else f"{m.confirmed_msgs_per_s:,.0f}"
+            pair = pairs.get(m.label)
+            shown = format_ratio(pair.throughput_ratio) if pair and m.broker == RAFTMQ else ""
+            lines.append(f"{report.started_at:<22} {m.label:<10} {m.broker:<9} {figure:>12} "
+                         f"{_ms(m.latency_p99_ms):>9}  {shown}")
+    return "\n".join(lines)
+
+
 # --- chart --------------------------------------------------------------------------------------------------
 
 

@@ -12,7 +12,16 @@ from hypothesis import strategies as st
 from bench import cli
 from bench.confirms import ConfirmTracker
 from bench.loadgen import WorkerResult
-from bench.results import RunReport, comparisons, format_table, read_json, write_chart, write_json
+from bench.results import (
+    RunReport,
+    comparisons,
+    format_history,
+    format_table,
+    load_history,
+    read_json,
+    write_chart,
+    write_json,
+)
 from bench.stats import format_ratio, percentile, rate_per_s, ratio, summarize_latencies_ns
 from bench.workloads import Measurement, measure
 
@@ -140,6 +149,19 @@ def test_json_round_trip_and_chart(tmp_path: Path) -> None:
     chart = tmp_path / "run.png"
     write_chart(report, chart)
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_history_lists_earlier_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_json(sample_report(), tmp_path / "bench-20260101T000000Z.json")
+    (tmp_path / "bench-broken.json").write_text("{not json")
+    history = load_history(tmp_path)
+    assert [path.name for path, _ in history] == ["bench-20260101T000000Z.json"]
+    text = format_history(history)
+    assert "2026-01-01T00:00:00Z" in text
+    assert "30,000" in text
+    assert "0.50x" in text
+    assert cli.main(["--history", "--output", str(tmp_path)]) == 0
+    assert "60,000" in capsys.readouterr().out
 
 
 def test_cli_rejects_unknown_workloads(capsys: pytest.CaptureFixture[str]) -> None:
