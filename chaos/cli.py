@@ -3,7 +3,8 @@
 How it works: `run SCENARIO` loads a bundled scenario (or a .toml path), starts the scenario's nodes itself (in
 network namespaces when it partitions, which needs root) unless --cluster-dir points at a running `raftmq cluster`,
 runs it, writes the report (text, JSON, PNG timeline, history) to --out, and exits 0 only when nothing confirmed
-was lost and nothing unexpected was delivered. `sweep --seeds N` runs N random schedules (seeds first-seed ..
+was lost and nothing unexpected was delivered; --fault-proxy routes the workload through our Toxiproxy-compatible
+proxy (one proxy "amqp-<node>" per node) so toxic steps apply to client traffic. `sweep --seeds N` runs N random schedules (seeds first-seed ..
 first-seed+N-1) and exits non-zero if any seed failed, naming it. `check HISTORY` re-checks a saved history.
 `list` names the bundled scenarios; `proxy --listen HOST:PORT` serves the Toxiproxy-compatible fault proxy.
 """
@@ -50,13 +51,15 @@ def _environment_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=None, help="override the number of nodes started")
     parser.add_argument("--netns", action="store_true", help="start nodes in network namespaces (root)")
     parser.add_argument("--toxiproxy", help="Toxiproxy API URL for toxic steps, e.g. http://127.0.0.1:8474")
+    parser.add_argument("--fault-proxy", action="store_true",
+                        help="put our fault proxy (proxy amqp-<node>) between the workload and the nodes started")
     parser.add_argument("--out", default="chaos-reports", help="directory for reports")
 
 
 @contextmanager
 def environment(args: argparse.Namespace, scenario: Scenario) -> Iterator[object]:
     from chaos.nemesis import LocalCluster
-    from chaos.run import Environment, spawned_environment
+    from chaos.run import Environment, fault_proxy_front, spawned_environment
 
     urls = tuple(args.urls.split(",")) if args.urls else None
     if args.cluster_dir:
@@ -65,12 +68,31 @@ def environment(args: argparse.Namespace, scenario: Scenario) -> Iterator[object
         return
     use_netns = args.netns or "netns" in scenario.needs()
     with spawned_environment(args.nodes or scenario.nodes, use_netns, args.toxiproxy) as env:
-        yield replace(env, urls=urls) if urls else env
+        if args.fault_proxy:
+            assert isinstance(env.cluster, LocalCluster)
+            addresses = {n: (env.cluster.spec(n).host, env.cluster.spec(n).port) for n in env.cluster.nodes()}
+            with fault_proxy_front(env, addresses, scenario.seed) as proxied:
+                yield proxied
+        else:
+            yield replace(env, urls=urls) if urls else env
+
+
+def check_capabilities(args: argparse.Namespace, scenario: Scenario) -> None:
+    """Refuse up front (before any node starts) a scenario this environment cannot carry out."""
+    from chaos import netns
+
+    needs = scenario.needs()
+    if "toxiproxy" in needs and not (args.fault_proxy or args.toxiproxy):
+        raise ScenarioError(f"scenario {scenario.name} has toxic steps: pass --fault-proxy or --toxiproxy URL")
+    if ("netns" in needs or args.netns) and not args.cluster_dir and netns.available() is not None:
+        raise ScenarioError(f"scenario {scenario.name} partitions the network, which {netns.available()}")
 
 
 def run_one(args: argparse.Namespace, scenario: Scenario, out_dir: Path) -> bool:
     from chaos.report import report_text, write_report
     from chaos.run import Environment, run_scenario
+
+    check_capabilities(args, scenario)
 
     with environment(args, scenario) as env:
         assert isinstance(env, Environment)

@@ -5,20 +5,24 @@ times, heals every fault (also when a step fails), waits for the publishers to f
 checks the history. `spawned_environment` is the environment `raftmq chaos run` uses when not pointed at a running
 cluster: it starts the scenario's nodes itself in a temporary directory (each in its own network namespace when
 partitions are wanted, which needs root) and removes them, and the namespaces, in a finally block.
+`fault_proxy_front` puts our Toxiproxy-compatible fault proxy between the workload and every node.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import socket
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from chaos.checker import CheckResult, check
+from chaos.faultproxy.background import FaultProxyThread
 from chaos.history import Record, split
 from chaos.nemesis import Cluster, LocalCluster
 from chaos.netns import NetLab
@@ -104,7 +108,26 @@ def spawned_environment(nodes: int, use_netns: bool = False, toxiproxy_url: str 
         root = data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="raftmq-chaos-")))
         lab = stack.enter_context(NetLab("rmqch", [f"rmq{i}" for i in range(1, nodes + 1)])) if use_netns else None
         base_port = NETNS_PORT if lab else free_base_port(nodes)
-        cluster = LocalCluster.spawn(root, nodes, base_port, netlab=lab)
+        # In namespaces the workload connects from the bridge, not loopback: let guest in from anywhere.
+        extra_args = ("--loopback-users", "") if lab else ()
+        cluster = LocalCluster.spawn(root, nodes, base_port, extra_args, netlab=lab)
         stack.callback(cluster.stop_all)
         urls = tuple(cluster.url(node) for node in cluster.nodes())
         yield Environment(cluster, urls, lab, toxiproxy_url)
+
+
+@contextmanager
+def fault_proxy_front(env: Environment, nodes: dict[str, tuple[str, int]], seed: int) -> Iterator[Environment]:
+    """Our fault proxy in front of every node (proxy "amqp-<node>"); the workload connects through it and toxic
+    steps drive its API. Stopped on the way out."""
+    with FaultProxyThread(seed=seed) as fault_proxy:
+        api = f"http://127.0.0.1:{fault_proxy.api_port}"
+        urls = []
+        for node, (host, port) in sorted(nodes.items()):
+            body = json.dumps({"name": f"amqp-{node}", "listen": "127.0.0.1:0", "upstream": f"{host}:{port}"})
+            request = urllib.request.Request(f"{api}/proxies", data=body.encode(), method="POST",
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                listen = json.loads(response.read())["listen"]
+            urls.append(f"amqp://guest:guest@{listen}/%2F")
+        yield replace(env, urls=tuple(urls), toxiproxy_url=api)
