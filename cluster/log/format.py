@@ -28,6 +28,7 @@ import bisect
 import itertools
 import struct
 import zlib
+from array import array
 from collections.abc import Iterator
 from enum import IntEnum
 from typing import NamedTuple
@@ -197,10 +198,68 @@ def decode_time_index(data: bytes) -> list[tuple[int, int]]:
     return [TIME_INDEX_ENTRY.unpack_from(data, i) for i in range(0, usable, TIME_INDEX_ENTRY.size)]
 
 
-def index_floor_position(entries: list[tuple[int, int]], relative_offset: int) -> int:
-    """Byte position to start scanning from to find ``relative_offset`` (the largest entry <= it)."""
-    i = bisect.bisect_right(entries, (relative_offset, 2**32)) - 1
-    return entries[i][1] if i >= 0 else 0
+class SparseIndex:
+    """A segment's offset and time indexes in memory: three parallel arrays, 16 bytes per entry.
+
+    Entry i says: the record with relative offset ``relative_offsets[i]`` starts at ``positions[i]``, and every
+    record before it has a timestamp <= ``max_timestamps_before[i]``.  Entries are added about once per
+    ``index_interval_bytes`` of records, so a 10 GiB backlog costs ~40 MB of index at the 4 KiB default."""
+
+    __slots__ = ("max_timestamps_before", "positions", "relative_offsets")
+
+    def __init__(self) -> None:
+        self.relative_offsets = array("I")
+        self.positions = array("I")
+        self.max_timestamps_before = array("q")
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def add(self, relative_offset: int, position: int, max_timestamp_before_ms: int) -> None:
+        self.relative_offsets.append(relative_offset)
+        self.positions.append(position)
+        self.max_timestamps_before.append(max_timestamp_before_ms)
+
+    def last_position(self) -> int:
+        return self.positions[-1] if self.positions else 0
+
+    def floor_position(self, relative_offset: int) -> int:
+        """Byte position to start scanning from to find ``relative_offset`` (the largest entry <= it)."""
+        i = bisect.bisect_right(self.relative_offsets, relative_offset) - 1
+        return self.positions[i] if i >= 0 else 0
+
+    def position_for_time(self, timestamp_ms: int) -> int:
+        """Byte position to scan from for the first record with a timestamp >= ``timestamp_ms``."""
+        i = bisect.bisect_left(self.max_timestamps_before, timestamp_ms) - 1
+        return self.positions[i] if i >= 0 else 0
+
+    def truncate_at_position(self, size_bytes: int) -> None:
+        """Drop the entries at or past ``size_bytes`` (the segment was cut there)."""
+        keep = bisect.bisect_left(self.positions, size_bytes)
+        del self.relative_offsets[keep:], self.positions[keep:], self.max_timestamps_before[keep:]
+
+    def encode_files(self) -> tuple[bytes, bytes]:
+        """(.index bytes, .timeindex bytes)."""
+        entries = zip(self.relative_offsets, self.positions, self.max_timestamps_before, strict=True)
+        index, times = [], []
+        for relative, position, timestamp in entries:
+            index.append(encode_index_entry(relative, position))
+            times.append(encode_time_index_entry(timestamp, relative))
+        return b"".join(index), b"".join(times)
+
+    @classmethod
+    def decode_files(cls, index_bytes: bytes, time_bytes: bytes, file_size_bytes: int) -> SparseIndex | None:
+        """The index of a sealed segment, or None if the files are implausible (then: rebuild by scanning)."""
+        entries = decode_index(index_bytes, file_size_bytes)
+        times = decode_time_index(time_bytes)
+        if entries is None or len(times) != len(entries) or len(time_bytes) % TIME_INDEX_ENTRY.size:
+            return None
+        index = cls()
+        for (relative, position), (timestamp, time_relative) in zip(entries, times, strict=True):
+            if time_relative != relative:
+                return None
+            index.add(relative, position, timestamp)
+        return index
 
 
 def segment_for_offset(bases: list[int], offset: int) -> int:

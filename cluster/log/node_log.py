@@ -64,6 +64,12 @@ class LogConfig:
     append_buffer_bytes_max: int = 16 * 1024 * 1024
     open_files_max: int = 1024  # cached descriptors of segment .log files (index files are opened briefly)
 
+    def __post_init__(self) -> None:
+        if not 0 < self.segment_size_bytes_max <= 2**31:  # index positions are u32; one record may overshoot
+            raise ValueError("segment_size_bytes_max must be in (0, 2 GiB]")
+        if self.index_interval_bytes <= 0 or self.append_buffer_bytes_max <= 0 or self.wal_size_bytes_max <= 0:
+            raise ValueError("sizes must be positive")
+
 
 # A queued operation: (kind, stream, offset, timestamp_ms, payload, sequence).  A plain tuple: this is the hot path.
 _Op = tuple[fmt.WalKind, str, int, int, bytes, int]

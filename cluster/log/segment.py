@@ -132,8 +132,7 @@ class Segment:
     size_bytes: int = 0
     next_offset: int = 0
     max_timestamp_ms: int = -(2**63)
-    index: list[tuple[int, int]] = field(default_factory=list)
-    time_index: list[tuple[int, int]] = field(default_factory=list)
+    index: fmt.SparseIndex = field(default_factory=fmt.SparseIndex)
     last_indexed_position: int = 0
     dirty: bool = False  # written since its last fsync
 
@@ -256,18 +255,17 @@ class StreamFiles:
         segment = Segment.at(self.directory, base)
         file_size = segment.log_path.stat().st_size
         index = None
-        if not scan_fully and segment.index_path.exists():
-            index = fmt.decode_index(segment.index_path.read_bytes(), file_size)
+        if not scan_fully and segment.index_path.exists() and segment.time_index_path.exists():
+            index = fmt.SparseIndex.decode_files(segment.index_path.read_bytes(),
+                                                 segment.time_index_path.read_bytes(), file_size)
         if index is None:
             self._rebuild_segment(segment, index_interval_bytes, persist_indexes=not scan_fully)
             return segment
         segment.index = index
-        segment.time_index = fmt.decode_time_index(segment.time_index_path.read_bytes()) \
-            if segment.time_index_path.exists() else []
-        start = index[-1][1] if index else 0
+        start = index.last_position()
         segment.last_indexed_position = start
-        if segment.time_index:
-            segment.max_timestamp_ms = segment.time_index[-1][0]
+        if len(index):
+            segment.max_timestamp_ms = index.max_timestamps_before[-1]
         end = start
         for record in iter_file_records(segment.log_path, start):
             segment.next_offset = record.offset + 1
@@ -301,7 +299,7 @@ class StreamFiles:
     def _rebuild_segment(self, segment: Segment, index_interval_bytes: int, persist_indexes: bool) -> None:
         """Scan the whole segment, drop a torn/corrupt tail, rebuild both indexes (and rewrite a sealed one's)."""
         file_size = segment.log_path.stat().st_size
-        segment.index, segment.time_index = [], []
+        segment.index = fmt.SparseIndex()
         segment.size_bytes, segment.next_offset, segment.last_indexed_position = 0, segment.base_offset, 0
         segment.max_timestamp_ms = -(2**63)
         for record in iter_file_records(segment.log_path):
@@ -319,8 +317,7 @@ class StreamFiles:
     @staticmethod
     def _write_index_files(segment: Segment) -> None:
         """Persist a sealed segment's indexes (the active segment's live in memory and are rebuilt at load)."""
-        index_bytes = b"".join(fmt.encode_index_entry(r, p) for r, p in segment.index)
-        time_bytes = b"".join(fmt.encode_time_index_entry(t, r) for t, r in segment.time_index)
+        index_bytes, time_bytes = segment.index.encode_files()
         for path, data in ((segment.index_path, index_bytes), (segment.time_index_path, time_bytes)):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
@@ -334,9 +331,7 @@ class StreamFiles:
                      index_interval_bytes: int) -> None:
         """Update the in-memory sparse indexes for a record written at ``position``."""
         if position > 0 and position - segment.last_indexed_position >= index_interval_bytes:
-            relative = offset - segment.base_offset
-            segment.index.append((relative, position))
-            segment.time_index.append((segment.max_timestamp_ms, relative))
+            segment.index.add(offset - segment.base_offset, position, segment.max_timestamp_ms)
             segment.last_indexed_position = position
         if timestamp_ms > segment.max_timestamp_ms:
             segment.max_timestamp_ms = timestamp_ms
@@ -444,9 +439,8 @@ class StreamFiles:
         handles.forget(segment.log_path)
         os.truncate(segment.log_path, size)
         segment.size_bytes, segment.next_offset, segment.max_timestamp_ms = size, offset + 1, max_timestamp_ms
-        segment.index = [(r, p) for r, p in segment.index if p < size]
-        segment.time_index = segment.time_index[: len(segment.index)]
-        segment.last_indexed_position = segment.index[-1][1] if segment.index else 0
+        segment.index.truncate_at_position(size)
+        segment.last_indexed_position = segment.index.last_position()
         for path in (segment.index_path, segment.time_index_path):
             path.unlink(missing_ok=True)  # active again: its indexes live in memory until it is sealed
         segment.dirty = self.directory_dirty = True
@@ -492,7 +486,7 @@ class StreamFiles:
         segment = self.segments[position]
         if offset >= segment.next_offset:
             return None
-        start = fmt.index_floor_position(segment.index, offset - segment.base_offset)
+        start = segment.index.floor_position(offset - segment.base_offset)
         for record in iter_file_records(segment.log_path, start, RANDOM_READ_CHUNK_BYTES):
             if record.offset == offset:
                 return record.payload
@@ -508,7 +502,7 @@ class StreamFiles:
         for segment in segments[start_segment:]:
             if segment.base_offset >= end_offset:
                 return
-            start = fmt.index_floor_position(segment.index, max(0, first_offset - segment.base_offset))
+            start = segment.index.floor_position(max(0, first_offset - segment.base_offset))
             for record in iter_file_records(segment.log_path, start):
                 if record.offset >= end_offset:
                     return
@@ -520,10 +514,8 @@ class StreamFiles:
         for segment in self.segments:
             if segment.max_timestamp_ms < timestamp_ms:
                 continue
-            values = [t for t, _ in segment.time_index]
-            i = _last_below(values, timestamp_ms)
-            start = segment.index[i][1] if i >= 0 else 0
-            for record in iter_file_records(segment.log_path, start):
+            start = segment.index.position_for_time(timestamp_ms)
+            for record in iter_file_records(segment.log_path, start, RANDOM_READ_CHUNK_BYTES):
                 if record.timestamp_ms >= timestamp_ms:
                     return record.offset
         return None
@@ -554,15 +546,3 @@ def _walk_headers(segment: Segment, size_bytes: int, index_interval_bytes: int) 
         return position == size_bytes
     finally:
         os.close(fd)
-
-
-def _last_below(values: list[int], limit: int) -> int:
-    """Index of the last value < limit in a non-decreasing list (-1 if none)."""
-    low, high = 0, len(values)
-    while low < high:
-        middle = (low + high) // 2
-        if values[middle] < limit:
-            low = middle + 1
-        else:
-            high = middle
-    return low - 1

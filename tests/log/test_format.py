@@ -62,10 +62,21 @@ def test_garbage_lengths_are_rejected_without_huge_reads() -> None:
 
 def test_index_math() -> None:
     entries = [(10, 400), (20, 800), (35, 1300)]
-    assert fmt.index_floor_position(entries, 5) == 0
-    assert fmt.index_floor_position(entries, 20) == 800
-    assert fmt.index_floor_position(entries, 34) == 800
-    assert fmt.index_floor_position(entries, 99) == 1300
+    index = fmt.SparseIndex()
+    for (relative, position), timestamp in zip(entries, (100, 200, 200), strict=True):
+        index.add(relative, position, timestamp)
+    assert index.floor_position(5) == 0
+    assert index.floor_position(20) == 800
+    assert index.floor_position(34) == 800
+    assert index.floor_position(99) == 1300
+    assert index.position_for_time(50) == 0
+    assert index.position_for_time(150) == 400  # everything before entry 1 is <= 200, before entry 0 <= 100
+    assert index.position_for_time(250) == 1300
+    again = fmt.SparseIndex.decode_files(*index.encode_files(), 2000)
+    assert again is not None and list(again.positions) == [400, 800, 1300]
+    assert fmt.SparseIndex.decode_files(*index.encode_files(), 1000) is None
+    index.truncate_at_position(800)
+    assert list(index.relative_offsets) == [10]
     assert fmt.segment_for_offset([0, 100, 200], 150) == 1
     assert fmt.segment_for_offset([10], 5) == -1
     raw = b"".join(fmt.encode_index_entry(r, p) for r, p in entries)
