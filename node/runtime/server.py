@@ -117,6 +117,7 @@ class Node:
         self.ready = trio.Event()
         self.shutting_down = False
         self.all_closed = trio.Event()
+        self.stop_requested = trio.Event()  # set by a signal or `request_stop`; starts the graceful shutdown
         self._dirty: deque[Connection] = deque()
         self._server_scope: trio.CancelScope | None = None
 
@@ -352,6 +353,10 @@ class Node:
         with trio.move_on_after(self.config.shutdown_timeout_ms / 1000):
             await self.all_closed.wait()
 
+    def request_stop(self) -> None:
+        """Begin the graceful shutdown (what SIGTERM does)."""
+        self.stop_requested.set()
+
     def stop_accepting(self) -> None:
         if self._server_scope is not None:
             self._server_scope.cancel()
@@ -378,7 +383,7 @@ class Node:
             with trio.move_on_after(period_s):
                 await self.probe.wait_forced_change()
 
-    async def watch_signals(self, stop: trio.Event) -> None:
+    async def watch_signals(self) -> None:
         wanted = {signal.SIGTERM, signal.SIGINT}
         if self.config.test_signal_alarms:
             wanted |= {signal.SIGUSR1, signal.SIGUSR2}
@@ -388,29 +393,28 @@ class Node:
                     self.probe.toggle_forced("memory")
                 elif signum == signal.SIGUSR2:
                     self.probe.toggle_forced("disk")
-                elif stop.is_set():
+                elif self.stop_requested.is_set():
                     log.info("signal %s: already shutting down", signal.Signals(signum).name)
                 else:
                     log.info("signal %s: shutting down", signal.Signals(signum).name)
-                    stop.set()
+                    self.request_stop()
 
 
 async def run_node(node: Node, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    """Run the node until SIGTERM/SIGINT (or `node.stop_accepting()`), then shut down gracefully."""
-    stop = trio.Event()
+    """Run the node until SIGTERM/SIGINT (or `node.request_stop()`), then shut down gracefully."""
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(node.watch_signals, stop)
+        nursery.start_soon(node.watch_signals)
         nursery.start_soon(node.broker_timer)
         nursery.start_soon(node.resource_watch)
         nursery.start_soon(node.store.commit_loop, node)
         async with trio.open_nursery() as server_nursery:
             ports = await server_nursery.start(node.serve_connections)
             task_status.started(ports)
-            server_nursery.start_soon(_stop_when, stop, node)
+            server_nursery.start_soon(_stop_when_requested, node)
         await node.store.flush()
         nursery.cancel_scope.cancel()
 
 
-async def _stop_when(stop: trio.Event, node: Node) -> None:
-    await stop.wait()
+async def _stop_when_requested(node: Node) -> None:
+    await node.stop_requested.wait()
     node.stop_accepting()

@@ -8,50 +8,14 @@ from typing import Any
 
 import pika
 import trio
-from pamqp import commands, frame, header
 
 from tests.integration.conftest import Target
 from tests.integration.helpers import drain, publish
 from tests.integration.nodeproc import NodeProcess, external_target
+from tests.integration.rawclient import RawClient
 
 # An external broker (e.g. a packaged RabbitMQ at ulimit -n 1024) may have fewer descriptors than this needs.
 CONNECTIONS = int(os.environ.get("RAFTMQ_TEST_CONNECTIONS", "200" if external_target() else "1000"))
-
-
-class RawClient:
-    """A hand-written AMQP client over a trio stream: just enough to open a connection."""
-
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.buffer = bytearray()
-
-    async def read_method(self) -> Any:
-        while True:
-            if self.buffer:
-                try:
-                    consumed, _channel, value = frame.unmarshal(bytes(self.buffer))
-                except Exception:  # incomplete frame
-                    consumed = 0
-                if consumed:
-                    del self.buffer[:consumed]
-                    if isinstance(value, commands.Connection.Start | commands.Connection.Tune
-                                  | commands.Connection.OpenOk | commands.Connection.Close):
-                        return value
-                    continue
-            chunk = await self.stream.receive_some(65536)
-            if not chunk:
-                raise EOFError
-            self.buffer.extend(chunk)
-
-    async def open(self) -> None:
-        await self.stream.send_all(header.ProtocolHeader().marshal())
-        assert isinstance(await self.read_method(), commands.Connection.Start)
-        await self.stream.send_all(frame.marshal(commands.Connection.StartOk(
-            client_properties={"product": "many"}, mechanism="PLAIN", response="\0guest\0guest"), 0))
-        tune = await self.read_method()
-        await self.stream.send_all(frame.marshal(commands.Connection.TuneOk(tune.channel_max, tune.frame_max, 0), 0)
-                                   + frame.marshal(commands.Connection.Open("/"), 0))
-        assert isinstance(await self.read_method(), commands.Connection.OpenOk)
 
 
 async def _open_many(host: str, port: int, count: int, opened: list[RawClient]) -> None:
