@@ -249,8 +249,9 @@ class ReadyStore:
         if self.queue_ttl_ms is not None:
             from_heap = len(expired)
             for level in self._levels:
-                self._pop_due_compact_heads(level, now_ms, expired)
-            if len(expired) > from_heap > 0 or len(self._levels) > 1:
+                if level.fresh:
+                    self._pop_due_compact_heads(level, now_ms, expired)
+            if len(expired) > 1 and (from_heap or len(self._levels) > 1):
                 expired.sort(key=_expiry_order)
         return expired
 
