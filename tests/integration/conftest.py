@@ -19,7 +19,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from tests.integration.nodeproc import NodeProcess, external_target, runtime_can_serve
+from tests.integration.nodeproc import NodeProcess, external_target
 
 
 @dataclass(frozen=True)
@@ -41,21 +41,12 @@ class Target:
         return f"amqp://{user}:{password}@{self.host}:{self.port}/{quoted}"
 
 
-def _skip_reason() -> str | None:
-    if external_target() is not None:
-        return None
-    return runtime_can_serve()
-
-
 @pytest.fixture(scope="session")
 def amqp_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     external = external_target()
     if external is not None:
         yield Target(external[0], external[1], None)
         return
-    reason = runtime_can_serve()
-    if reason is not None:
-        pytest.skip(reason)
     node = NodeProcess(tmp_path_factory.mktemp("raftmq-node")).start()
     try:
         yield Target(node.host, node.port, node)
@@ -69,9 +60,6 @@ def own_node(tmp_path: Path) -> Iterator[Target]:
     """A private node process for tests that restart or signal it."""
     if external_target() is not None:
         pytest.skip("needs control of the node process (RAFTMQ_TEST_TARGET is set)")
-    reason = runtime_can_serve()
-    if reason is not None:
-        pytest.skip(reason)
     node = NodeProcess(tmp_path / "node").start()
     try:
         yield Target(node.host, node.port, node)

@@ -156,14 +156,3 @@ class NodeProcess:
         """Stop gracefully and start again on the same port and data directory."""
         self.stop()
         return self.start()
-
-
-def runtime_can_serve() -> str | None:
-    """None when node.runtime can start a node; otherwise why not (the suite then skips)."""
-    try:
-        import node.amqp.connection
-        import node.broker.broker  # noqa: F401
-        from cluster.log import NodeLog  # noqa: F401
-    except ImportError as exc:
-        return f"node.runtime cannot serve yet: {exc}"
-    return None
