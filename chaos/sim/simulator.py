@@ -21,7 +21,7 @@ from chaos.sim.checkers import AppliedState, GroupChecker, SafetyViolation
 from chaos.sim.disk import SimDisk
 from chaos.sim.network import NetworkFaults, SimNetwork
 from chaos.sim.trace import describe_batch
-from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, NodeReady
+from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, NodeReady, split_early
 from cluster.raft.core.raft import BrokenVariant, RaftConfig, RaftCore
 from cluster.raft.core.types import AppendResp, GroupId, Index, Membership, NodeId, Ready, Role
 
@@ -244,10 +244,22 @@ class Simulation:
                 node.disk.write_ready(group, ready)
                 self.checkers[group].on_persist(node.id, mr.groups[group], ready)
             delay = self.rng.randint(0, self.profile.sync_delay_ticks_max)
+            node_ready = self._send_early(node, node_ready)
             node.pending = (node_ready, self.now + delay)
             if delay:
                 return
             self._complete(node)
+
+    def _send_early(self, node: SimNode, node_ready: NodeReady) -> NodeReady:
+        """As the runtime does: what may leave before the fsync leaves now; the rest waits for `_complete`."""
+        waiting: list[NodeBatch] = []
+        for batch in node_ready.batches:
+            early, late = split_early(batch)
+            if early is not None:
+                self.net.send(self.now, early)
+            if late is not None:
+                waiting.append(late)
+        return NodeReady(node_ready.groups, tuple(waiting))
 
     def _complete(self, node: SimNode) -> None:
         assert node.pending is not None and node.mr is not None

@@ -19,15 +19,21 @@ from dataclasses import dataclass, field
 
 from cluster.raft.core.raft import BrokenVariant, RaftConfig, RaftCore, Rng
 from cluster.raft.core.types import (
+    Append,
     ConfChange,
     GroupId,
+    Heartbeat,
+    HeartbeatResp,
     Index,
+    InstallSnapshot,
     Membership,
     Message,
     NodeId,
     PersistedState,
+    PreVote,
     Ready,
     Role,
+    TimeoutNow,
 )
 
 
@@ -39,6 +45,24 @@ class NodeBatch:
     dst: NodeId
     incarnation: int
     messages: tuple[tuple[GroupId, Message], ...]
+
+
+EARLY_MESSAGE_TYPES = (Append, Heartbeat, InstallSnapshot, TimeoutNow, PreVote, HeartbeatResp)
+
+
+def split_early(batch: NodeBatch) -> tuple[NodeBatch | None, NodeBatch | None]:
+    """(messages that may leave before the Ready's fsync, messages that must wait for it).
+
+    A leader's appends, heartbeats, snapshots and TimeoutNow, and pre-votes and heartbeat answers, carry nothing
+    the sender has to have on disk first: the leader's term and vote were made durable before it could win, and a
+    leader counts itself toward a commit only once its own entries are durable (etcd sends them the same way).
+    Votes and append acknowledgements must wait for the fsync.
+    """
+    early = tuple(item for item in batch.messages if isinstance(item[1], EARLY_MESSAGE_TYPES))
+    late = tuple(item for item in batch.messages if not isinstance(item[1], EARLY_MESSAGE_TYPES))
+    first = NodeBatch(batch.src, batch.dst, batch.incarnation, early) if early or not late else None
+    second = NodeBatch(batch.src, batch.dst, batch.incarnation, late) if late else None
+    return first, second
 
 
 @dataclass(frozen=True, slots=True)

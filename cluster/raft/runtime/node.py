@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import trio
 
-from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch
+from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, split_early
 from cluster.raft.core.types import Entry, GroupId, Index, Membership, NodeId
 from cluster.raft.runtime.storage import RaftStorage
 from cluster.raft.runtime.transport import Transport
@@ -32,6 +32,7 @@ class NodeStats:
     fsyncs: int = 0
     applied_entries: int = 0
     proposals_refused: int = 0
+    fsync_seconds: float = 0.0
 
 
 class RaftNodeRuntime:
@@ -125,16 +126,25 @@ class RaftNodeRuntime:
 
     async def _cycle(self, multi: MultiRaft, storage: RaftStorage) -> None:
         node_ready = multi.ready()
+        waiting: list[NodeBatch] = []
+        for batch in node_ready.batches:
+            early, late = split_early(batch)
+            if early is not None:
+                self.transport.send(early)  # a leader's appends go out while it fsyncs its own copy
+            if late is not None:
+                waiting.append(late)
         wrote = False
         for group, ready in node_ready.groups:
             if ready.entries or ready.hard_state is not None or ready.snapshot is not None:
                 storage.write_ready(group, ready)
                 wrote = True
         if wrote:
+            started = trio.current_time()
             await trio.to_thread.run_sync(storage.commit)
+            self.stats.fsync_seconds += trio.current_time() - started
             self.stats.fsyncs += 1
-        for batch in node_ready.batches:
-            self.transport.send(batch)
+        for batch in waiting:
+            self.transport.send(batch)  # votes and acknowledgements: only after the fsync
         for group, ready in node_ready.groups:
             for entry in ready.committed_entries:
                 self._on_apply(group, entry)
