@@ -81,6 +81,7 @@ class NodeProcess:
     process: subprocess.Popen[bytes] | None = None
     host: str = "127.0.0.1"
     preexec: Callable[[], None] | None = None  # runs in the child before exec (e.g. lower RLIMIT_NOFILE)
+    extra_args: tuple[str, ...] = ()  # more `raftmq node` flags
 
     @property
     def data_dir(self) -> Path:
@@ -97,7 +98,7 @@ class NodeProcess:
         args = [
             sys.executable, "-m", "node.cli", "node", "--config", str(config_path),
             "--data-dir", str(self.data_dir), "--port", str(self.port), "--listen-address", "127.0.0.1",
-            "--node-name", "it",
+            "--node-name", "it", *self.extra_args,
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
         with self.log_path.open("ab") as log_file:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import socket
 import time
+from pathlib import Path
 
 import pika
 import pika.exceptions
@@ -13,6 +14,7 @@ from pamqp import commands, frame, header
 
 from tests.integration.conftest import AlarmControl, Target
 from tests.integration.helpers import WAIT_S, drain, publish, queue_depth, wait_until
+from tests.integration.nodeproc import NodeProcess, external_target
 
 SHUTDOWN_TEXT = "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"
 
@@ -65,9 +67,9 @@ def _wait_for_eof(sock: socket.socket, timeout_s: float) -> bool:
 
 
 def test_heartbeats_keep_an_idle_connection_alive(amqp_target: Target) -> None:
-    connection = pika.BlockingConnection(amqp_target.params(heartbeat=1))
+    connection = pika.BlockingConnection(amqp_target.params(heartbeat=2))
     try:
-        deadline = time.monotonic() + 3.5
+        deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             connection.process_data_events(time_limit=0.2)
         ch = connection.channel()
@@ -200,3 +202,27 @@ def test_acked_messages_stay_gone_after_restart(own_node: Target) -> None:
         assert drain(connection.channel(), "it-acked-q") == [b"b", b"c"]
     finally:
         connection.close()
+
+
+def test_connection_max_refuses_extra_connections(tmp_path: Path) -> None:
+    if external_target() is not None:
+        pytest.skip("needs control of the node process")
+    node = NodeProcess(tmp_path / "node", extra_args=("--connection-max", "2")).start()
+    params = pika.ConnectionParameters(node.host, node.port, credentials=pika.PlainCredentials("guest", "guest"))
+    try:
+        first, second = pika.BlockingConnection(params), pika.BlockingConnection(params)
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            pika.BlockingConnection(params)
+        first.close()
+        assert wait_until(lambda: _connects(params))
+        second.close()
+    finally:
+        node.stop()
+
+
+def _connects(params: pika.ConnectionParameters) -> bool:
+    try:
+        pika.BlockingConnection(params).close()
+    except pika.exceptions.AMQPConnectionError:
+        return False
+    return True
