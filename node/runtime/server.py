@@ -259,8 +259,20 @@ class Node:
             else:
                 conn.core.receive_data(data, mono_ms())
             self._dirty.append(conn)
-            self.dispatch()
+            self.dispatch_guarded(conn)
         await self._wait_flushed(conn)
+
+    def dispatch_guarded(self, conn: Connection) -> None:
+        """`dispatch`, but a bug below the runtime closes this connection (541) instead of the whole node."""
+        try:
+            self.dispatch()
+        except Exception:
+            log.exception("connection %d: internal error; closing it", conn.conn_id)
+            self._dirty.clear()
+            conn.core.close_connection(
+                int(ReplyCode.INTERNAL_ERROR), reply_text(ReplyCode.INTERNAL_ERROR, "internal error"))
+            self._collect_output(conn)
+            conn.finished = True
 
     async def _wait_flushed(self, conn: Connection) -> None:
         """After ConnectionClosed: give the writer a bounded time to flush close/close-ok."""
@@ -372,7 +384,11 @@ class Node:
             deadline = self.broker.next_deadline_ms()
             if (deadline is not None and deadline <= now) or now - last_tick_ms >= BROKER_TICK_MS_MAX:
                 last_tick_ms = now
-                self.dispatch(self.broker.tick(now))
+                try:
+                    self.dispatch(self.broker.tick(now))
+                except Exception:
+                    log.exception("broker tick failed")
+                    self._dirty.clear()
 
     async def resource_watch(self) -> None:
         period_s = self.config.resource_probe_interval_ms / 1000

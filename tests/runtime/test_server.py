@@ -79,3 +79,24 @@ async def test_shutdown_closes_connections_with_320(tmp_path: Path) -> None:
         assert close.reply_code == 320
         assert close.reply_text == "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"
         await client.stream.aclose()
+
+
+async def test_a_broker_bug_closes_only_that_connection_with_541(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (node, port):
+        real_handle = node.broker.handle
+
+        def handle(conn_id: int, event: object, now_ms: int) -> object:
+            if getattr(getattr(event, "method", None), "routing_key", "") == "boom":
+                raise RuntimeError("injected broker bug")
+            return real_handle(conn_id, event, now_ms)
+
+        node.broker.handle = handle
+        victim = await _client(port)
+        bystander = await _client(port)
+        await victim.stream.send_all(victim.publish_frames("boom", b"x"))
+        with trio.fail_after(30):
+            close = await victim.read_method()
+        assert close.reply_code == 541
+        await bystander.declare_queue("still-fine")  # the node and other connections carry on
+        await victim.stream.aclose()
+        await bystander.stream.aclose()
