@@ -1,7 +1,7 @@
 """Raft storage on cluster/log's NodeLog: one stream per group, every group's writes in one fsync.
 
-Each group's stream holds cbor records (`["hs", ...]`, `["e", entries]`, `["i", snapshot]`, `["c", snapshot]`)
-replayed by `GroupImage` at open (an `entries` record implicitly truncates the conflicting tail, so the log is
+Each group's stream holds one cbor record per Ready (`["r", snapshot?, entries, hard_state?]`; NodeLog's cost is
+per record) replayed by `GroupImage` at open (an `entries` record implicitly truncates the conflicting tail, so the log is
 append-only). `write_ready` queues a Ready's records (no syscall); `commit()` is NodeLog's group commit (one WAL
 fsync for every group) and must finish before the Ready's messages are sent — that is what puts term and vote on
 disk before any message that depends on them. `compact` stores the group's whole image as the stream's NodeLog
@@ -32,23 +32,27 @@ def stream_name(group: GroupId) -> str:
     return "raft-" + group.encode().hex()  # group ids may hold '/', '%': keep file names safe
 
 
-def _encode(record: Record) -> bytes:
-    if record.kind == "hs":
-        assert record.hard_state is not None
-        return cbor2.dumps(["hs", encode_hard_state(record.hard_state)])
-    if record.kind == "entries":
-        return cbor2.dumps(["e", [entry_to_plain(entry) for entry in record.entries]])
-    assert record.snapshot is not None
-    return cbor2.dumps(["i" if record.kind == "install" else "c", snapshot_to_plain(record.snapshot)])
+def _encode_ready(group: GroupId, ready: Ready) -> bytes:
+    """One record per group per Ready (NodeLog's cost is per record): ["r", snapshot?, entries, hard_state?]."""
+    return cbor2.dumps([
+        "r",
+        None if ready.snapshot is None else snapshot_to_plain(ready.snapshot),
+        [entry_to_plain(entry) for entry in ready.entries],
+        None if ready.hard_state is None else encode_hard_state(ready.hard_state),
+    ])
 
 
-def _decode(group: GroupId, payload: bytes) -> Record:
-    kind, body = cbor2.loads(payload)
-    if kind == "hs":
-        return Record(group, "hs", hard_state=decode_hard_state(body))
-    if kind == "e":
-        return Record(group, "entries", entries=tuple(entry_from_plain(item) for item in body))
-    return Record(group, "install" if kind == "i" else "compact", snapshot=snapshot_from_plain(body))
+def _decode(group: GroupId, payload: bytes) -> list[Record]:
+    kind, snapshot, entries, hard_state = cbor2.loads(payload)
+    assert kind == "r", f"unknown raft record {kind!r}"
+    records: list[Record] = []
+    if snapshot is not None:
+        records.append(Record(group, "install", snapshot=snapshot_from_plain(snapshot)))
+    if entries:
+        records.append(Record(group, "entries", entries=tuple(entry_from_plain(item) for item in entries)))
+    if hard_state is not None:
+        records.append(Record(group, "hs", hard_state=decode_hard_state(hard_state)))
+    return records
 
 
 def _image_to_bytes(image: GroupImage) -> bytes:
@@ -86,17 +90,20 @@ class RaftStorage:
         snapshot_state, records = self.log.read(stream)
         image = _image_from_bytes(snapshot_state) if snapshot_state else GroupImage.empty(membership)
         for _, payload in records:
-            image.apply(_decode(group, payload))
+            for record in _decode(group, payload):
+                image.apply(record)
         self._images[group] = image
         return image.persisted_state()
 
     def write_ready(self, group: GroupId, ready: Ready) -> None:
-        stream = stream_name(group)
+        records = records_for_ready(group, ready)
+        if not records:
+            return
+        payload = _encode_ready(group, ready)
+        self.bytes_queued += len(payload)
+        self.log.append(stream_name(group), payload)
         image = self._images[group]
-        for record in records_for_ready(group, ready):
-            payload = _encode(record)
-            self.bytes_queued += len(payload)
-            self.log.append(stream, payload)
+        for record in records:
             image.apply(record)
 
     def commit(self) -> None:
