@@ -61,12 +61,12 @@ class Record(NamedTuple):  # a NamedTuple, not a frozen dataclass: built once pe
 
 
 class WalFrame(NamedTuple):
-    kind: WalKind
+    kind: int  # a WalKind value (kept a plain int: building the enum per frame costs more than the rest)
     stream: str
     offset: int
     timestamp_ms: int
     payload: bytes
-    end_position: int
+    size_bytes: int
 
 
 # --- segment records -------------------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def decode_wal_frame_at(data: bytes | memoryview, position: int) -> WalFrame | N
         stream = str(view[end_header : end_header + name_len], "utf-8")
     except UnicodeDecodeError:
         return None
-    return WalFrame(WalKind(kind), stream, offset, timestamp_ms, bytes(view[end_header + name_len : end]), end)
+    return WalFrame(kind, stream, offset, timestamp_ms, bytes(view[end_header + name_len : end]), end - position)
 
 
 _WAL_KINDS = frozenset(int(k) for k in WalKind)
@@ -166,7 +166,7 @@ def scan_wal(data: bytes | memoryview) -> Iterator[WalFrame]:
         if frame is None:
             return
         yield frame
-        position = frame.end_position
+        position += frame.size_bytes
 
 
 # --- indexes ---------------------------------------------------------------------------------------------------

@@ -136,22 +136,30 @@ class NodeLog:
     def _replay_wal(self) -> None:
         """Re-apply the WAL onto the segments: appends already there are skipped, truncations redone."""
         runs: dict[str, list[tuple[int, int, bytes]]] = {}
+        expected_offsets: dict[str, int] = {}  # per stream: the next offset not yet on disk or in its run
         run_bytes = 0
         for frame in replay(self.directory / WAL_DIRECTORY):
-            files = self._files.get(frame.stream)
+            stream = frame.stream
             if frame.kind == fmt.WalKind.TRUNCATE:
+                files = self._files.get(stream)
                 if files is not None:
-                    self._write_run(files, runs.pop(frame.stream, []))
+                    self._write_run(files, runs.pop(stream, []))
+                    self._forget_recovery_point(files)
                     files.truncate_after(frame.offset, self._handles)
+                    expected_offsets[stream] = files.end_offset
                 continue
             if frame.kind != fmt.WalKind.APPEND:
                 continue
-            if files is None:
-                files = self._files[frame.stream] = StreamFiles.create(self._streams_root, frame.stream, False)
-            run = runs.setdefault(frame.stream, [])
-            if frame.offset < (run[-1][0] + 1 if run else files.end_offset):
+            expected = expected_offsets.get(stream)
+            if expected is None:
+                files = self._files.get(stream)
+                if files is None:
+                    files = self._files[stream] = StreamFiles.create(self._streams_root, stream, False)
+                expected = files.end_offset
+            if frame.offset < expected:
                 continue  # already in the segment (or behind the snapshot)
-            run.append((frame.offset, frame.timestamp_ms, frame.payload))
+            runs.setdefault(stream, []).append((frame.offset, frame.timestamp_ms, frame.payload))
+            expected_offsets[stream] = frame.offset + 1
             run_bytes += len(frame.payload)
             if run_bytes > REPLAY_RUN_BYTES_MAX:
                 self._write_runs(runs)

@@ -28,14 +28,14 @@ def replay(directory: pathlib.Path) -> Iterator[fmt.WalFrame]:
     for path in wal_files(directory):
         end = 0
         for position, frame in scan_file(path, 0, fmt.decode_wal_frame_at, fmt.wal_frame_size_at, _frame_size):
-            end = position + _frame_size(frame)
+            end = position + frame.size_bytes
             yield frame
         if end != path.stat().st_size:
             os.truncate(path, end)
 
 
 def _frame_size(frame: fmt.WalFrame) -> int:
-    return fmt.WAL_HEADER.size + len(frame.stream.encode()) + len(frame.payload)
+    return frame.size_bytes
 
 
 class WalWriter:
