@@ -195,6 +195,8 @@ class NodeLog:
     def _state(self, stream: str) -> _StreamState:
         state = self._states.get(stream)
         if state is None:
+            if not stream or len(stream.encode()) > fmt.STREAM_NAME_BYTES_MAX:
+                raise ValueError(f"stream names are 1..{fmt.STREAM_NAME_BYTES_MAX} bytes of UTF-8")
             state = self._states[stream] = _StreamState()
         return state
 

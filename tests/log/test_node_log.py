@@ -274,3 +274,14 @@ def test_read_at_records_larger_than_the_read_chunk(tmp_path: pathlib.Path) -> N
     for offset in (11, 3, 0, 7):
         assert reopened.read_at("big", offset) == bodies[offset]
     reopened.close()
+
+
+def test_stream_names_are_validated_up_front(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path)
+    with pytest.raises(ValueError):
+        log.append("x" * 2000, b"too long a name")
+    with pytest.raises(ValueError):
+        log.append("", b"empty name")
+    assert log.append("queue:/:ünïcode", b"ok") == 0
+    log.close()
+    assert NodeLog.open(tmp_path).streams() == ["queue:/:ünïcode"]
