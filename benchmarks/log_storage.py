@@ -16,6 +16,7 @@ import os
 import pathlib
 import shutil
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -135,7 +136,19 @@ def recovery(root: pathlib.Path, records: int, payload_bytes: int, streams: int,
           f"open {open_seconds:.2f} s, open+read all {open_seconds + read_seconds:.2f} s "
           f"(writing them took {write_seconds:.1f} s, {rate(records, write_seconds)})")
     reopened.close()
+    if not crash:
+        print(f"  resident memory of a fresh process after NodeLog.open on that log: {open_rss_mb(directory):.0f} MB")
     shutil.rmtree(directory)
+
+
+def open_rss_mb(directory: pathlib.Path) -> float:
+    """VmRSS of a new interpreter that only opens the log (indexes and metadata; bodies stay on disk)."""
+    script = ("import pathlib, sys; from cluster.log import NodeLog; log = NodeLog.open(pathlib.Path(sys.argv[1]));"
+              "print([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1])")
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    output = subprocess.run([sys.executable, "-c", script, str(directory)], cwd=repo, capture_output=True,
+                            text=True, check=True).stdout
+    return int(output.strip()) / 1024
 
 
 def main() -> None:
