@@ -22,7 +22,7 @@ import logging
 import signal
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,9 +200,7 @@ class Node:
             self._set_writable(conn, False)
 
     def _set_writable(self, conn: Connection, writable: bool) -> None:
-        set_writable = getattr(self.broker, "set_writable", None)
-        if set_writable is not None:
-            self.apply_effects(set_writable(conn.conn_id, writable) or ())
+        self.apply_effects(self.broker.set_writable(conn.conn_id, writable))
 
     # ------------------------------------------------------------------------------------- connections
     async def handle_connection(self, stream: trio.SocketStream) -> None:
@@ -230,8 +228,11 @@ class Node:
         if not conn.broker_told_closed:
             conn.broker_told_closed = True
             closed = ConnectionClosed(reply_code=int(ReplyCode.CONNECTION_FORCED), reply_text="connection lost")
-            self.apply_effects(self.broker.handle(conn.conn_id, closed, wall_ms()))
-            self.dispatch()
+            try:
+                self.dispatch(self.broker.handle(conn.conn_id, closed, wall_ms()))
+            except Exception:
+                log.exception("connection %d: internal error while cleaning up", conn.conn_id)
+                self._dirty.clear()
         self.connections.pop(conn.conn_id, None)
         if self.shutting_down and not self.connections:
             self.all_closed.set()
@@ -262,10 +263,11 @@ class Node:
             self.dispatch_guarded(conn)
         await self._wait_flushed(conn)
 
-    def dispatch_guarded(self, conn: Connection) -> None:
-        """`dispatch`, but a bug below the runtime closes this connection (541) instead of the whole node."""
+    def dispatch_guarded(self, conn: Connection, produce: Callable[[], Iterable[Any]] | None = None) -> None:
+        """`dispatch` (of `produce()`'s effects, if given), but a bug below the runtime closes this connection
+        (541) instead of the whole node."""
         try:
-            self.dispatch()
+            self.dispatch(produce() if produce is not None else ())
         except Exception:
             log.exception("connection %d: internal error; closing it", conn.conn_id)
             self._dirty.clear()
@@ -297,8 +299,7 @@ class Node:
                 if conn.output_bytes <= self.config.output_buffer_low_bytes and not conn.finished:
                     # Also after every flush: the broker tops up its consumers' delivery credit here.
                     conn.writable = True
-                    self._set_writable(conn, True)
-                    self.dispatch()
+                    self.dispatch_guarded(conn, lambda: self.broker.set_writable(conn.conn_id, True))
             if conn.finished and not conn.output:
                 return
 
