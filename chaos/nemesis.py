@@ -84,11 +84,17 @@ class LocalCluster:
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._extra_args = extra_args
         self._prefixes = prefixes or {}
+        self._other_state: dict[str, object] = {"haproxy_pid": None, "haproxy_port": None,
+                                                "haproxy_config": None, "haproxy_log": None}
+        self._from_runner = False
 
     @classmethod
     def from_state_file(cls, data_dir: Path) -> LocalCluster:
         raw = json.loads((data_dir / STATE_FILE_NAME).read_text())
-        return cls(data_dir, [NodeSpec(**node) for node in raw["nodes"]])
+        cluster = cls(data_dir, [NodeSpec(**node) for node in raw.pop("nodes")])
+        cluster._other_state = raw  # HAProxy and anything else the runner records is kept on rewrite
+        cluster._from_runner = True
+        return cluster
 
     @classmethod
     def spawn(cls, data_dir: Path, count: int, base_port: int, extra_args: tuple[str, ...] = (),
@@ -125,8 +131,19 @@ class LocalCluster:
         return f"amqp://guest:guest@{spec.host}:{spec.port}/%2F"
 
     def leader_of(self, queue: str) -> str | None:
-        """Independent nodes have no leaders; a one-node deployment's only node leads everything."""
-        return self.nodes()[0] if len(self._specs) == 1 else None
+        """A one-node deployment's only node leads everything; otherwise the leader `raftmq cluster status`
+        reports for the queue (its "queues" entries with "name" and "leader"), or None when it does not say."""
+        if len(self._specs) == 1:
+            return self.nodes()[0]
+        if not self._from_runner:
+            return None
+        from deploy.runner import status_report
+
+        queues = status_report(self.data_dir).get("queues") or []
+        for entry in queues if isinstance(queues, list) else []:
+            if isinstance(entry, dict) and entry.get("name") == queue and entry.get("leader") in self._specs:
+                return str(entry["leader"])
+        return None
 
     def kill(self, node: str) -> None:
         self._signal(node, signal.SIGKILL)
@@ -186,8 +203,7 @@ class LocalCluster:
         self._save_state()
 
     def _save_state(self) -> None:
-        state = {"nodes": [asdict(spec) for spec in self._specs.values()], "haproxy_pid": None,
-                 "haproxy_port": None, "haproxy_config": None, "haproxy_log": None}
+        state = {"nodes": [asdict(spec) for spec in self._specs.values()], **self._other_state}
         self.data_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.data_dir / (STATE_FILE_NAME + ".chaos.tmp")
         tmp.write_text(json.dumps(state, indent=2))

@@ -117,13 +117,12 @@ def report_text(report: dict[str, Any]) -> str:
 
 
 def plot_timeline(path: Path, title: str, records: list[Record]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # the object API: no pyplot, no global state, no GUI backend
 
     data = series(records)
     times_s = [i * data.bin_ms / 1000.0 for i in range(len(data.confirmed_per_s))]
-    figure, (rate_axes, latency_axes) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
+    figure = Figure(figsize=(11, 6))
+    rate_axes, latency_axes = figure.subplots(2, 1, sharex=True)
     rate_axes.plot(times_s, data.confirmed_per_s, label="confirmed/s")
     rate_axes.plot(times_s, data.delivered_per_s, label="delivered/s")
     rate_axes.set_ylabel("messages/s")
@@ -146,7 +145,6 @@ def plot_timeline(path: Path, title: str, records: list[Record]) -> None:
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=90)
-    plt.close(figure)
 
 
 def write_report(out_dir: Path, name: str, result: CheckResult, records: list[Record],

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from chaos import netns
-from chaos.history import Publish
 from chaos.nemesis import Cluster, pick_targets
 from chaos.workload import Recorder, WorkloadConfig
 
@@ -197,8 +196,7 @@ class Nemesis:
             return
         deadline = time.monotonic() + (step.seconds or WAIT_CONFIRMED_TIMEOUT_S)
         while time.monotonic() < deadline:
-            confirmed = sum(1 for r in self.recorder.records() if isinstance(r, Publish) and r.outcome == "confirmed")
-            if confirmed >= step.confirmed:
+            if self.recorder.confirmed_count >= step.confirmed:
                 return
             time.sleep(0.02)
         raise ScenarioError(f"wait: fewer than {step.confirmed} publishes confirmed in time")

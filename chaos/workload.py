@@ -60,6 +60,7 @@ class Recorder:
         self._clock = clock
         self._start_s = clock()
         self.overflowed = False
+        self.confirmed_count = 0
 
     def now_ms(self) -> float:
         return (self._clock() - self._start_s) * 1000.0
@@ -70,6 +71,8 @@ class Recorder:
                 self.overflowed = True
                 return
             self._records.append(record)
+            if isinstance(record, Publish) and record.outcome == "confirmed":
+                self.confirmed_count += 1
 
     def fault(self, kind: str, target: str, detail: str = "") -> None:
         self.add(Fault(kind, target, self.now_ms(), detail))

@@ -84,7 +84,7 @@ histories = st.tuples(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(histories)
 def test_classes_partition_every_payload(history: tuple[list[str], list[tuple[int, bool, str]]]) -> None:
     outcome_list, delivery_list = history

@@ -4,6 +4,8 @@ proxy; partitions between nodes in network namespaces when root)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ seed = 11
 queues = ["cli-mixed"]
 publishers = 2
 messages_per_publisher = 100
+drain_idle_s = 0.5
 [[steps]]
 action = "wait"
 confirmed = 20
@@ -63,6 +66,7 @@ nodes = 2
 queues = ["cli-partition"]
 publishers = 1
 messages_per_publisher = 60
+drain_idle_s = 0.5
 [[steps]]
 action = "wait"
 confirmed = 10
@@ -115,3 +119,62 @@ def test_run_partition_between_nodes_in_namespaces(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "out" / "cli-partition" / "report.json").read_text())
     assert report["valid"] and report["faults"][0]["kind"] == "partition"
     assert report["faults"][0]["end_ms"] is not None
+
+
+KILL_RESTART = """
+name = "cli-runner"
+[workload]
+queues = ["cli-runner"]
+publishers = 1
+messages_per_publisher = 80
+drain_idle_s = 0.5
+[[steps]]
+action = "wait"
+confirmed = 20
+[[steps]]
+action = "kill"
+target = "leader-of-queue"
+[[steps]]
+action = "restart"
+target = "down"
+"""
+
+
+def test_run_against_a_cluster_started_by_raftmq_cluster_up(tmp_path: Path) -> None:
+    from chaos.run import free_base_port
+    from deploy.runner import load_state
+
+    data_dir = tmp_path / "cluster"
+    cluster_cli = [sys.executable, "-m", "node.cli", "cluster"]
+    up = [*cluster_cli, "up", "--no-haproxy", "--detach", "--nodes", "1", "--base-port", str(free_base_port(1)),
+          "--data-dir", str(data_dir)]
+    subprocess.run(up, check=True, capture_output=True, timeout=120)
+    try:
+        pid_before = load_state(data_dir).nodes[0].pid  # type: ignore[union-attr]
+        scenario = tmp_path / "runner.toml"
+        scenario.write_text(KILL_RESTART)
+        assert main(["run", str(scenario), "--cluster-dir", str(data_dir), "--out", str(tmp_path / "out")]) == 0
+        state = load_state(data_dir)
+        assert state is not None and state.nodes[0].pid != pid_before  # the restarted node is recorded
+    finally:
+        subprocess.run([*cluster_cli, "down", "--data-dir", str(data_dir)], capture_output=True, timeout=60)
+
+
+def test_proxy_command_serves_the_toxiproxy_api(tmp_path: Path) -> None:
+    from toxiproxy import Toxiproxy
+
+    from chaos.run import free_base_port
+
+    port = free_base_port(1) + 1
+    server = subprocess.Popen([sys.executable, "-m", "chaos.cli", "proxy", "--listen", f"127.0.0.1:{port}"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and "Toxiproxy API" in server.stdout.readline()
+        client = Toxiproxy()
+        client.update_api_consumer("127.0.0.1", port)
+        proxy = client.create(upstream="127.0.0.1:9", name="via-cli")
+        proxy.add_toxic(type="slicer", attributes={"average_size": 8})
+        assert list(proxy.toxics()) == ["slicer_downstream"]
+    finally:
+        server.terminate()
+        server.wait(10)

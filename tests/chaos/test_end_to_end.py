@@ -38,7 +38,7 @@ def one_node(tmp_path: Path) -> Iterator[LocalCluster]:
 def kill_restart_run(cluster: LocalCluster, durable: bool, consumers: int) -> CheckResult:
     config = WorkloadConfig(urls=(cluster.url("rmq1"),), queues=("chaos-e2e",), publishers=2,
                             consumers_per_queue=consumers,
-                            messages_per_publisher=200, durable=durable, persistent=durable, drain_timeout_s=30)
+                            messages_per_publisher=200, durable=durable, persistent=durable, drain_timeout_s=30, drain_idle_s=0.5)
     workload = Workload(config)
     workload.start()
     deadline = time.monotonic() + 30
