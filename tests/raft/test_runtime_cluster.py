@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 import socket
 
@@ -67,6 +68,9 @@ async def test_three_nodes_replicate_every_group_over_tcp(tmp_path: pathlib.Path
                 await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
     assert sorted(applied["n1"]) == sorted(applied["n2"]) == sorted(applied["n3"])
+    telemetry_lines = [line for path in (tmp_path / "n1" / "telemetry").glob("*.jsonl")
+                       for line in path.read_text().splitlines()]
+    assert {json.loads(line)["type"] for line in telemetry_lines} == {"state", "append", "commit"}
     for runtime in runtimes:
         assert runtime.transport.stats.auth_failures == 0
 

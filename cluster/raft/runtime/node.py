@@ -3,7 +3,8 @@
 One task owns the MultiRaft. It wakes when a batch arrives, a proposal is queued or a tick is due; it then steps
 every inbound batch, hands queued proposals to the cores, and runs the Ready cycle: write every group's records,
 `commit()` them in a worker thread (one fsync for all groups), send the batches, apply committed entries (the
-`on_apply` callback), `advance`. Inbound batches and proposals wait in bounded queues (beyond the bound, batches
+`on_apply` callback), `advance`. Replication telemetry (telemetry.py) is written after each fsync and sampled
+on the timer. Inbound batches and proposals wait in bounded queues (beyond the bound, batches
 are dropped and proposals refused).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import pathlib
 import random
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ import trio
 from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, split_early
 from cluster.raft.core.types import Entry, GroupId, Index, Membership, NodeId
 from cluster.raft.runtime.storage import RaftStorage
+from cluster.raft.runtime.telemetry import TelemetryWriter
 from cluster.raft.runtime.transport import Transport
 
 INBOX_BATCHES_MAX = 4096
@@ -46,6 +49,7 @@ class RaftNodeRuntime:
         on_apply: Callable[[GroupId, Entry], None],
         config: MultiRaftConfig | None = None,
         tick_ms: int = 50,
+        telemetry: bool = True,
     ) -> None:
         self.node_id = node_id
         self.data_dir = data_dir
@@ -61,6 +65,8 @@ class RaftNodeRuntime:
         self.storage: RaftStorage | None = None
         self.multi: MultiRaft | None = None
         self._groups: dict[GroupId, Membership] = {}
+        self._telemetry_enabled = telemetry
+        self.telemetry: TelemetryWriter | None = None
 
     def add_group(self, group: GroupId, membership: Membership) -> None:
         """Declare a group before `run` (it is loaded from storage, or created empty)."""
@@ -84,6 +90,8 @@ class RaftNodeRuntime:
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.storage = await trio.to_thread.run_sync(RaftStorage.open, self.data_dir)
+        if self._telemetry_enabled:
+            self.telemetry = TelemetryWriter(self.data_dir, self.node_id, lambda: int(time.time() * 1000))
         incarnation = random.getrandbits(31)
         multi = self.multi = MultiRaft(self.node_id, self._config, random.Random().randrange, incarnation)
         for group, membership in self._groups.items():
@@ -97,6 +105,8 @@ class RaftNodeRuntime:
                 await self._loop(multi, self.storage)
             finally:
                 nursery.cancel_scope.cancel()
+                if self.telemetry is not None:
+                    self.telemetry.close()
 
     async def _ticker(self) -> None:
         while True:
@@ -113,6 +123,8 @@ class RaftNodeRuntime:
             if self._tick_due:
                 self._tick_due = False
                 multi.tick()
+                if self.telemetry is not None:
+                    self.telemetry.sample(multi.groups)
             while self._inbox:
                 multi.step(self._inbox.popleft())
             while self._proposals:
@@ -145,6 +157,9 @@ class RaftNodeRuntime:
             self.stats.fsyncs += 1
         for batch in waiting:
             self.transport.send(batch)  # votes and acknowledgements: only after the fsync
+        if self.telemetry is not None:
+            for group, ready in node_ready.groups:
+                self.telemetry.on_durable(group, multi.groups[group], ready)
         for group, ready in node_ready.groups:
             for entry in ready.committed_entries:
                 self._on_apply(group, entry)
