@@ -50,8 +50,8 @@ def test_consume_receives_in_order_then_cancel_stops(conn: pika.BlockingConnecti
     assert drain(ch, q) == [b"4"]
 
 
-@pytest.mark.xfail(strict=False, reason="broker gap: two consumers on one channel/queue are not served "
-                   "round-robin (node/broker hands all 10 messages to the first consumer; RabbitMQ alternates 5/5)")
+@pytest.mark.xfail(strict=False, reason="broker gap (intermittent): when several publishes reach node/broker in "
+                   "one read, all 10 go to the first of two consumers; RabbitMQ alternates them 5/5")
 def test_round_robin_between_consumers(conn: pika.BlockingConnection) -> None:
     ch = conn.channel()
     q = ch.queue_declare("", exclusive=True).method.queue
