@@ -48,6 +48,7 @@ class WalWriter:
         self._number = int(existing[-1].stem) + 1 if existing else 0
         self._fd = -1
         self.size_bytes = 0
+        self._synced_size_bytes = 0
         self._open_new_file()
 
     @property
@@ -57,6 +58,7 @@ class WalWriter:
     def _open_new_file(self) -> None:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         self.size_bytes = 0
+        self._synced_size_bytes = 0
         fsync_directory(self.directory)
 
     def write(self, data: bytes) -> None:
@@ -68,10 +70,15 @@ class WalWriter:
         self.size_bytes += len(data)
 
     def sync(self) -> None:
+        """fsync everything written so far (skipped when nothing was written since the last sync: idle nodes)."""
+        target_size = self.size_bytes  # read before the fsync: concurrent later writes are not claimed as synced
+        if target_size == self._synced_size_bytes:
+            return
         try:
             os.fsync(self._fd)
         except OSError as error:
             raise_disk_full_or(error)
+        self._synced_size_bytes = max(self._synced_size_bytes, target_size)
 
     def start_new_file(self) -> None:
         """Checkpoint: the caller has made every frame durable elsewhere; older files are deleted."""
