@@ -3,12 +3,13 @@
 A stream lives in its own directory (named by a hash of the stream name; the name itself is in ``stream.name``).
 Inside: ``<base>.log`` segments (records as in ``format.py``), a sparse ``<base>.index`` (relative offset ->
 byte position, one entry per ``index_interval_bytes``), ``<base>.timeindex`` (max timestamp before a record ->
-its relative offset) and ``snapshot`` (latest snapshot, replaced atomically by rename).
+its relative offset) and ``snapshot`` (latest snapshot, replaced atomically by rename).  Indexes live in memory
+(``format.SparseIndex``); the two index files are written once, when the segment rolls (is sealed).
 
 Durability: segment writes are plain writes; the shared WAL is what makes records durable.  A segment is fsynced
 when it rolls and every dirty segment is fsynced at a WAL checkpoint, so at most the active segment of a stream
-can have a torn tail, which ``load`` drops (truncating the file).  All methods here run under the node log's I/O
-lock; reads open their own descriptors.
+can have a torn tail, which ``load`` drops (truncating the file).  Writers run under the node log's I/O lock;
+reads open their own descriptors (``read_at`` may run without the lock and copes with a racing roll or delete).
 """
 
 from __future__ import annotations
