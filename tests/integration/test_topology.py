@@ -255,3 +255,14 @@ def test_auto_delete_queue_goes_with_its_last_consumer(conn: pika.BlockingConnec
     tag = ch.basic_consume(q, lambda *a: None)
     ch.basic_cancel(tag)
     expect_channel_error(404, lambda: ch.queue_declare(q, passive=True))
+
+
+def test_headers_exchange_with_x_variants_match_x_headers(ch: BlockingChannel, uid: str) -> None:
+    ch.exchange_declare(f"x-{uid}", "headers", auto_delete=True)
+    plain = ch.queue_declare("", exclusive=True).method.queue
+    with_x = ch.queue_declare("", exclusive=True).method.queue
+    ch.queue_bind(plain, f"x-{uid}", "", arguments={"x-match": "any", "x-foo": "1"})
+    ch.queue_bind(with_x, f"x-{uid}", "", arguments={"x-match": "any-with-x", "x-foo": "1"})
+    publish(ch, f"x-{uid}", "", b"m", headers={"x-foo": "1"})
+    assert drain(ch, plain) == []  # plain all/any ignore x- headers
+    assert drain(ch, with_x) == [b"m"]
