@@ -272,7 +272,7 @@ class ServerConnection:
             return
         if state is ConnectionState.CLOSING:
             if self._close_deadline_ms is not None and now_ms >= self._close_deadline_ms:
-                self._finish(ReplyCode.CONNECTION_FORCED, "no connection.close-ok from the client in time")
+                self._finish(*self._pending_close)  # no Close-Ok in time: give up waiting, keep the reason
             return
         if state is not ConnectionState.OPEN and now_ms >= self._handshake_deadline_ms:
             self._finish(ReplyCode.CONNECTION_FORCED, f"handshake timeout ({state.value})")

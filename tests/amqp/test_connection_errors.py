@@ -419,6 +419,7 @@ def test_close_ok_timeout() -> None:
     assert session.conn.state is ConnectionState.CLOSING
     session.conn.tick(deadline)
     assert session.conn.state is ConnectionState.CLOSED
+    assert session.conn.next_events()[-1] == ConnectionClosed(320, "CONNECTION_FORCED - broker shutdown")
 
 
 def test_simultaneous_close() -> None:
