@@ -275,3 +275,19 @@ def test_channel_flow_false_is_540(conn: pika.BlockingConnection) -> None:
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
         conn.channel().flow(False)
     assert info.value.reply_code == 540
+
+
+def test_ack_multiple_with_tag_zero_acks_everything(conn: pika.BlockingConnection) -> None:
+    ch = conn.channel()
+    q = _queue_with(ch, ["1", "2", "3"])
+    for _ in range(3):
+        ch.basic_get(q)
+    ch.basic_ack(0, multiple=True)
+    ch.close()
+    assert drain(conn.channel(), q) == []
+
+
+def test_qos_prefetch_size_is_540(conn: pika.BlockingConnection) -> None:
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
+        conn.channel().basic_qos(prefetch_size=1024)
+    assert info.value.reply_code == 540

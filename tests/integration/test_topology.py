@@ -266,3 +266,16 @@ def test_headers_exchange_with_x_variants_match_x_headers(ch: BlockingChannel, u
     publish(ch, f"x-{uid}", "", b"m", headers={"x-foo": "1"})
     assert drain(ch, plain) == []  # plain all/any ignore x- headers
     assert drain(ch, with_x) == [b"m"]
+
+
+def test_queue_name_with_amq_prefix_is_403(ch: BlockingChannel, uid: str) -> None:
+    expect_channel_error(403, lambda: ch.queue_declare(f"amq.{uid}"))
+
+
+def test_queue_redeclare_with_other_arguments_is_406(conn: pika.BlockingConnection, uid: str) -> None:
+    ch = conn.channel()
+    ch.queue_declare(f"q-{uid}", auto_delete=True, arguments={"x-message-ttl": 1000})
+    ch.basic_consume(f"q-{uid}", lambda *a: None)  # keeps the auto-delete queue while we probe
+    error = expect_channel_error(
+        406, lambda: conn.channel().queue_declare(f"q-{uid}", auto_delete=True, arguments={"x-message-ttl": 2000}))
+    assert "x-message-ttl" in error.reply_text
