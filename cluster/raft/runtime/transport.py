@@ -3,7 +3,7 @@
 Each node dials every peer once and keeps that connection for all of its groups' traffic to the peer (so a pair of
 nodes shares two TCP connections, one per direction). On connect the listener sends a random 16-byte challenge;
 the dialer answers with a frame `[node_id, hmac_sha256(secret, challenge + node_id)]`; a wrong answer closes the
-connection. After that the dialer sends frames: a 4-byte big-endian length, then `encode_batch` bytes. Frames
+connection, and so does a batch whose source is not the authenticated node. After that the dialer sends frames: a 4-byte big-endian length, then `encode_batch` bytes. Frames
 beyond `FRAME_BYTES_MAX` close the connection. Outgoing batches wait in a per-peer channel of `queue_batches_max`;
 when it is full the batch is dropped (Raft retries; a slow peer must not grow our memory). A lost connection is
 redialled with exponential backoff (50 ms doubling to 2 s).
@@ -120,25 +120,29 @@ class Transport:
                 await stream.send_all(frame(challenge))
                 with trio.fail_after(HANDSHAKE_TIMEOUT_S):
                     hello = await reader.read()
-                if hello is None or not self._verify(hello, challenge):
+                peer = self._verify(hello, challenge) if hello is not None else None
+                if peer is None:
                     self.stats.auth_failures += 1
                     return
                 while (payload := await reader.read()) is not None:
                     batch = decode_batch(payload)
+                    if batch.src != peer or batch.dst != self.node_id:
+                        raise FrameError(f"batch {batch.src}->{batch.dst} on {peer}'s connection")
                     self.stats.batches_received += 1
                     self._on_batch(batch)
             except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, FrameError,
                     CodecError) as error:
                 log.debug("inbound connection closed: %r", error)
 
-    def _verify(self, hello: bytes, challenge: bytes) -> bool:
+    def _verify(self, hello: bytes, challenge: bytes) -> str | None:
+        """The authenticated peer's node id, or None."""
         try:
             node_id, proof = cbor2.loads(hello)
         except (cbor2.CBORDecodeError, ValueError, TypeError):
-            return False
+            return None
         if not isinstance(node_id, str) or not isinstance(proof, bytes):
-            return False
-        return hmac.compare_digest(proof, _proof(self._secret, challenge, node_id))
+            return None
+        return node_id if hmac.compare_digest(proof, _proof(self._secret, challenge, node_id)) else None
 
     async def _dial_forever(self, peer: NodeId) -> None:
         host, port = self.peers[peer]
