@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _environment_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster-dir", help="use the running cluster recorded in DIR/cluster.json")
-    parser.add_argument("--urls", help="comma-separated AMQP URLs for the workload (default: every node)")
+    parser.add_argument("--urls", help="comma-separated AMQP URLs for the workload "
+                        "(default: the cluster's HAProxy if it has one, else every node)")
     parser.add_argument("--nodes", type=int, default=None, help="override the number of nodes started")
     parser.add_argument("--netns", action="store_true", help="start nodes in network namespaces (root)")
     parser.add_argument("--toxiproxy", help="Toxiproxy API URL for toxic steps, e.g. http://127.0.0.1:8474")
@@ -64,7 +65,9 @@ def environment(args: argparse.Namespace, scenario: Scenario) -> Iterator[object
     urls = tuple(args.urls.split(",")) if args.urls else None
     if args.cluster_dir:
         cluster = LocalCluster.from_state_file(Path(args.cluster_dir))
-        yield Environment(cluster, urls or tuple(cluster.url(n) for n in cluster.nodes()), None, args.toxiproxy)
+        haproxy = cluster.haproxy_url()
+        default_urls = (haproxy,) if haproxy else tuple(cluster.url(n) for n in cluster.nodes())
+        yield Environment(cluster, urls or default_urls, None, args.toxiproxy)
         return
     use_netns = args.netns or "netns" in scenario.needs()
     with spawned_environment(args.nodes or scenario.nodes, use_netns, args.toxiproxy) as env:

@@ -119,6 +119,11 @@ class LocalCluster:
     def nodes(self) -> list[str]:
         return sorted(self._specs)
 
+    def haproxy_url(self) -> str | None:
+        """The HAProxy in front of the nodes, when `raftmq cluster up` started one."""
+        port = self._other_state.get("haproxy_port")
+        return f"amqp://guest:guest@127.0.0.1:{port}/%2F" if isinstance(port, int) else None
+
     def spec(self, node: str) -> NodeSpec:
         return self._specs[node]
 
