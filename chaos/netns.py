@@ -1,13 +1,14 @@
 """Network partitions between local processes: network namespaces on a bridge, cut by nftables rules (root only).
 
 How it works: `NetLab(tag, names)` creates, per name, a namespace "<tag>-<name>" with a veth pair whose host end is
-enslaved to a bridge "<tag>-br", and gives it 10.<subnet>.0.<i>/24 (start a node inside with `exec_argv`,
+enslaved to a bridge "<tag>-br", and gives it 10.<a>.<b>.<i>/24 (start a node inside with `exec_argv`,
 listening on `address(name)`; the host is `host_address()` on the bridge, so clients on the host reach every node).
 `partition(blocked)` installs, in each namespace, one nftables table "chaos" dropping input and output to the
 addresses of the peers it must not reach; `heal()` deletes those tables. `partition_pairs` is
 the pure part: a partition shape (halves, majorities-ring, isolate, bridge) over node names, from a seeded
 random.Random, as the set of node pairs cut off from each other. `destroy()` removes the namespaces and the bridge
-and is safe to call twice; use the lab as a context manager so cleanup runs in a finally block.
+and is safe to call twice; use the lab as a context manager so cleanup runs in a finally block. `for_process`
+derives the tag and the /24 from the process id, so concurrent runs on one machine do not collide.
 """
 
 from __future__ import annotations
@@ -75,13 +76,19 @@ def _run(argv: list[str], stdin: str | None = None, check: bool = True) -> subpr
 
 
 class NetLab:
-    def __init__(self, tag: str, names: list[str], subnet: int = 213) -> None:
+    def __init__(self, tag: str, names: list[str], subnet: tuple[int, int] = (213, 0)) -> None:
         if len(tag) > 6:
             raise ValueError("tag must be at most 6 characters (interface names are limited to 15)")
         if len(names) > 250:
             raise ValueError("at most 250 namespaces")
         self.tag, self.names, self.subnet = tag, list(names), subnet
         self.bridge = f"{tag}-br"
+
+    @classmethod
+    def for_process(cls, prefix: str, names: list[str]) -> NetLab:
+        """A lab named and addressed after this process: tag <prefix><pid mod 10^4>, subnet 10.(100..199).x."""
+        pid = os.getpid()
+        return cls(f"{prefix[:2]}{pid % 10_000:04d}", names, (100 + pid % 100, (pid // 100) % 250))
 
     def __enter__(self) -> NetLab:
         try:
@@ -98,11 +105,11 @@ class NetLab:
         return f"{self.tag}-{name}"
 
     def address(self, name: str) -> str:
-        return f"10.{self.subnet}.0.{self.names.index(name) + 1}"
+        return f"10.{self.subnet[0]}.{self.subnet[1]}.{self.names.index(name) + 1}"
 
     def host_address(self) -> str:
         """The host's own address on the bridge (clients on the host reach every namespace through it)."""
-        return f"10.{self.subnet}.0.254"
+        return f"10.{self.subnet[0]}.{self.subnet[1]}.254"
 
     def exec_argv(self, name: str, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.namespace(name), *argv]

@@ -106,7 +106,8 @@ def spawned_environment(nodes: int, use_netns: bool = False, toxiproxy_url: str 
     """Nodes started here (in namespaces when use_netns), stopped and removed on the way out."""
     with ExitStack() as stack:
         root = data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="raftmq-chaos-")))
-        lab = stack.enter_context(NetLab("rmqch", [f"rmq{i}" for i in range(1, nodes + 1)])) if use_netns else None
+        names = [f"rmq{i}" for i in range(1, nodes + 1)]
+        lab = stack.enter_context(NetLab.for_process("rq", names)) if use_netns else None
         base_port = NETNS_PORT if lab else free_base_port(nodes)
         # In namespaces the workload connects from the bridge, not loopback: let guest in from anywhere.
         extra_args = ("--loopback-users", "") if lab else ()

@@ -12,7 +12,7 @@ import pytest
 
 from chaos import netns
 from chaos.cli import main
-from chaos.history import Delivery, Publish, write_history
+from chaos.history import Delivery, Fault, Publish, write_history
 
 # Every process fault and two toxics on one node, the workload going through our fault proxy.
 MIXED = """
@@ -112,13 +112,18 @@ def test_run_process_faults_and_toxics_through_the_fault_proxy(tmp_path: Path) -
 
 @pytest.mark.skipif(netns.available() is not None, reason=f"network namespaces: {netns.available()}")
 def test_run_partition_between_nodes_in_namespaces(tmp_path: Path) -> None:
-    scenario = tmp_path / "partition.toml"
-    scenario.write_text(PARTITION)
-    url = "amqp://guest:guest@10.213.0.1:5672/%2F"  # rmq1 in its namespace (the nodes are not clustered yet)
-    assert main(["run", str(scenario), "--urls", url, "--out", str(tmp_path / "out")]) == 0
-    report = json.loads((tmp_path / "out" / "cli-partition" / "report.json").read_text())
-    assert report["valid"] and report["faults"][0]["kind"] == "partition"
-    assert report["faults"][0]["end_ms"] is not None
+    from dataclasses import replace
+
+    from chaos.run import run_scenario, spawned_environment
+    from chaos.scenario import parse_scenario
+
+    with spawned_environment(2, use_netns=True, data_dir=tmp_path / "nodes") as env:
+        assert env.urls[0].startswith("amqp://guest:guest@10.")
+        # Only rmq1: the nodes are not clustered yet, so a message is on the node it was published to.
+        outcome = run_scenario(parse_scenario(PARTITION), replace(env, urls=env.urls[:1]))
+    assert outcome.valid and outcome.result.confirmed == 60
+    faults = [r for r in outcome.records if isinstance(r, Fault)]
+    assert [f.kind for f in faults][:2] == ["partition", "heal"] and faults[0].detail == "rmq1|rmq2"
 
 
 KILL_RESTART = """

@@ -57,7 +57,8 @@ except OSError:
 
 @pytest.mark.skipif(netns.available() is not None, reason=f"network namespaces: {netns.available()}")
 def test_partition_blocks_and_heal_restores_tcp() -> None:
-    with netns.NetLab("chtst", ["a", "b"], subnet=214) as lab:
+    lab = netns.NetLab.for_process("ts", ["a", "b"])
+    with lab:
         server = subprocess.Popen(lab.exec_argv("b", [sys.executable, "-c", SERVER]))
         try:
             def connects() -> bool:
@@ -73,4 +74,4 @@ def test_partition_blocks_and_heal_restores_tcp() -> None:
             server.kill()
             server.wait(10)
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert "chtst-" not in listed
+    assert f"{lab.tag}-" not in listed
