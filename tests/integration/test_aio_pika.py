@@ -169,3 +169,31 @@ def test_rpc_over_direct_reply_to(amqp_target: Target) -> None:
         return await future
 
     assert run(amqp_target, scenario) == b"PING"
+
+
+def test_robust_connection_recovers_after_node_restart(own_node: Target) -> None:
+    """aio-pika's robust connection reconnects to the restarted node and finds the durable queue and message."""
+    assert own_node.node is not None
+    node = own_node.node
+
+    async def main() -> list[bytes]:
+        connection = await aio_pika.connect_robust(own_node.url(), timeout=TIMEOUT_S, reconnect_interval=0.2)
+        async with connection:
+            channel = await connection.channel()
+            queue = await channel.declare_queue("aio-robust", durable=True)
+            await channel.default_exchange.publish(
+                aio_pika.Message(b"before", delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=queue.name)
+            await asyncio.to_thread(node.restart)
+            got = []
+            for _ in range(200):
+                try:
+                    message = await queue.get(fail=False, no_ack=True)
+                except (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError):
+                    message = None
+                if message is not None:
+                    got.append(message.body)
+                    break
+                await asyncio.sleep(0.1)
+            return got
+
+    assert asyncio.run(asyncio.wait_for(main(), 60)) == [b"before"]
