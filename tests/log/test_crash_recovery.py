@@ -17,7 +17,7 @@ import sys
 import time
 
 from cluster.log import NodeLog
-from tests.log.crash_child import CRASH_CONFIG, doomed_payload_for, payload_for, snapshot_state
+from tests.log.crash_child import CRASH_CONFIG, STREAMS, doomed_payload_for, payload_for, snapshot_state
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 KILLS = int(os.environ.get("RAFTMQ_LOG_CRASH_KILLS", "20"))
@@ -34,13 +34,18 @@ def run_child_and_kill(directory: pathlib.Path, seed: int, run_seconds: float) -
     first_ack = child.stdout.readline() if readable else b""
     time.sleep(run_seconds)  # where the kill lands after that is random; nothing asserts on time
     child.send_signal(signal.SIGKILL)
-    stdout, stderr = child.communicate()
+    stdout = child.stdout.read()  # through the same buffered reader as readline(): nothing it buffered is lost
+    child.wait()
+    assert child.stderr is not None
+    stderr = child.stderr.read()
+    child.stdout.close()
+    child.stderr.close()
     assert child.returncode == -signal.SIGKILL, stderr.decode()
     assert first_ack, stderr.decode()
     acked: dict[str, int] = {}
     for line in (first_ack + stdout).decode().splitlines():
         parts = line.split()
-        if len(parts) == 2:  # a line cut by the kill is not an acknowledgement we can trust to parse
+        if len(parts) == 2 and parts[0] in STREAMS:  # the kill may cut the last line short
             acked[parts[0]] = max(acked.get(parts[0], -1), int(parts[1]))
     return acked
 
