@@ -103,7 +103,6 @@ def run_one(args: argparse.Namespace, scenario: Scenario, out_dir: Path) -> bool
     extra = {"published_all": outcome.published_all, "drained": outcome.drained,
              "overflowed": outcome.overflowed, "duration_s": round(outcome.duration_s, 2), "seed": scenario.seed}
     report = write_report(out_dir, scenario.name, outcome.result, outcome.records, extra)
-    report["valid"] = outcome.valid
     print(report_text(report), end="")
     print(f"  report: {out_dir}")
     return outcome.valid

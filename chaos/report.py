@@ -19,6 +19,7 @@ from chaos.checker import CheckResult
 from chaos.history import Delivery, Fault, Publish, Record, write_history
 
 IDS_MAX = 100
+HIDDEN_MARKERS = {"purge"}  # in the history, not on the timeline
 UNDO = {"kill": "up", "restart": "up", "pause": "resume", "partition": "heal", "toxic-add": "toxic-remove"}
 
 
@@ -63,7 +64,7 @@ def series(records: list[Record], bin_ms: float = 250.0) -> Series:
 def fault_spans(records: list[Record]) -> list[FaultSpan]:
     spans: list[FaultSpan] = []
     open_spans: dict[tuple[str, str], int] = {}
-    for fault in (r for r in records if isinstance(r, Fault)):
+    for fault in (r for r in records if isinstance(r, Fault) and r.kind not in HIDDEN_MARKERS):
         undone = [key for key in open_spans if UNDO[key[0]] == fault.kind
                   and (key[1] == fault.target or fault.kind in ("heal", "toxic-remove"))]
         for key in undone:
@@ -80,7 +81,8 @@ def fault_spans(records: list[Record]) -> list[FaultSpan]:
 
 def report_json(name: str, result: CheckResult, records: list[Record], extra: dict[str, Any]) -> dict[str, Any]:
     return {
-        "scenario": name, "valid": result.valid and extra.get("drained", True), **extra,
+        "scenario": name, **extra,
+        "valid": result.valid and extra.get("drained", True) and not extra.get("overflowed", False),
         "summary": result.summary(),
         "lost": list(result.lost[:IDS_MAX]), "unexpected": list(result.unexpected[:IDS_MAX]),
         "recovered": list(result.recovered[:IDS_MAX]),

@@ -232,9 +232,26 @@ class Workload:
             for qi, queue in enumerate(config.queues) for ci in range(config.consumers_per_queue)
         ]
 
-    def start(self) -> None:
+    def start(self, purge: bool = True) -> None:
+        """Empty the queues (leftovers of an earlier, aborted run would be "unexpected"), then start the threads."""
+        if purge:
+            self.purge_queues()
         for worker in [*self.consumers, *self.publishers]:
             worker.start()
+
+    def purge_queues(self) -> None:
+        """Declare and purge every queue through the first URL that answers (each tried once)."""
+        failures: list[str] = []
+        for url in self.config.urls:
+            try:
+                with open_channel(url, self.config) as channel:
+                    for queue in self.config.queues:
+                        purged = channel.queue_purge(queue).method.message_count
+                        self.recorder.fault("purge", queue, f"{purged} messages")
+                return
+            except CONNECTION_ERRORS as error:
+                failures.append(f"{url}: {error!r}")
+        raise RuntimeError(f"could not declare/purge the workload queues: {'; '.join(failures)}")
 
     def publishing_done(self) -> bool:
         return not any(p.is_alive() for p in self.publishers)
