@@ -223,3 +223,13 @@ def test_slicer_delivers_everything_in_pieces(toxiproxy: Toxiproxy, echo_port: i
         started = time.monotonic()
         assert round_trip(sock, data) == data
         assert time.monotonic() - started >= 0.05  # >= 60 pieces with 2 ms between them
+
+
+def test_toxicity_applies_the_toxic_to_a_fraction_of_connections(toxiproxy: Toxiproxy, echo_port: int) -> None:
+    proxy = toxiproxy.create(upstream=f"127.0.0.1:{echo_port}", name="echo")
+    proxy.add_toxic(type="limit_data", toxicity=0.5, attributes={"bytes": 1})
+    received = []
+    for _ in range(20):
+        with connect(proxy.listen) as sock:
+            received.append(round_trip(sock, b"hello"))
+    assert set(received) == {b"h", b"hello"}
