@@ -243,7 +243,8 @@ class Simulation:
             for group, ready in node_ready.groups:
                 node.disk.write_ready(group, ready)
                 self.checkers[group].on_persist(node.id, mr.groups[group], ready)
-            delay = self.rng.randint(0, self.profile.sync_delay_ticks_max)
+            nothing_to_sync = node.disk.unsynced_count() == 0
+            delay = 0 if nothing_to_sync else self.rng.randint(0, self.profile.sync_delay_ticks_max)
             node_ready = self._send_early(node, node_ready)
             node.pending = (node_ready, self.now + delay)
             if delay:
@@ -440,11 +441,12 @@ class Simulation:
         for group in self.group_ids:
             if group in self._marker_index:
                 continue
-            for node, _ in self._leaders(group):
-                assert node.mr is not None
-                index = node.mr.propose(group, self._marker(group))
-                self._log(f"propose-marker {node.id} {group} -> {index}")
-                self._drive(node)
+            for node, _ in self._leaders(group, include_busy=True):
+                node.proposals.append((group, self._marker(group)))
+                self._log(f"propose-marker {node.id} {group}")
+                if node.pending is None:
+                    self._propose_queued(node)
+                    self._drive(node)
 
     def _marker(self, group: GroupId) -> bytes:
         return f"{group}/final".encode()
