@@ -45,6 +45,7 @@ class Consumer:
     priority: int
     exclusive: bool
     credit: int = 0
+    granted: bool = False  # has had its first credit window
     unacked_count: int = 0
     cancelled: bool = False
 

@@ -2,7 +2,10 @@
 
 Every consumer is attached to its queue machine in credit mode. The broker grants credit in windows of
 `consumer_credit_window` (and, with a channel-global prefetch, no more than the channel's free room), topping up at
-the end of each entry point for channels marked dirty. A delivery the channel may not send now (flow off, socket
+the end of each entry point for channels marked dirty. A new consumer gets its first window even while the
+connection is not writable (its deliveries then wait in `pending`): the queue round-robins only among consumers
+with credit, so a consumer attached next to peers that already hold a window would otherwise get nothing until the
+socket drained (RabbitMQ alternates consumers of one queue message by message). A delivery the channel may not send now (flow off, socket
 not draining, channel-global prefetch full) waits in the channel's `pending` buffer, which credit bounds. Per-consumer
 prefetch (basic.qos global=false) is the machine's own `prefetch`. A cancelled consumer keeps its unacked messages
 (they can still be acked) and is detached from the machine when the last one is settled or the channel closes.
@@ -191,16 +194,24 @@ def refill_dirty(broker: Broker) -> None:
 def refill(broker: Broker, ch: ChannelState) -> None:
     drain_pending(broker, ch)
     conn = broker.conns.get(ch.conn_id)
-    if conn is None or not conn.writable or not ch.flow_active:
-        return
-    window = broker.config.consumer_credit_window
-    room = ch.prefetch_channel - len(ch.unacked) - len(ch.pending) if ch.prefetch_channel else window
+    flowing = conn is not None and conn.writable and ch.flow_active
     for consumer in list(ch.consumers.values()):
-        target = window if consumer.no_ack else max(0, min(window, room))
+        if consumer.granted and not flowing:
+            continue  # top-ups wait for the socket; a new consumer's first window does not (see below)
+        target = credit_target(broker, ch, consumer.no_ack)
         if consumer.credit < target and consumer.credit * 2 <= target:
             grant = target - consumer.credit
             consumer.credit = target
+            consumer.granted = True
             apply_queue(broker, consumer.queue, AddCredit(consumer.consumer_id, grant))
+
+
+def credit_target(broker: Broker, ch: ChannelState, no_ack: bool) -> int:
+    """The credit a consumer of `ch` is topped up to: one window, or the channel-global prefetch's free room."""
+    window = broker.config.consumer_credit_window
+    if no_ack or not ch.prefetch_channel:
+        return window
+    return max(0, min(window, ch.prefetch_channel - len(ch.unacked) - len(ch.pending)))
 
 
 # --- consume / cancel -------------------------------------------------------------------------------------------

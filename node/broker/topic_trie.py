@@ -1,7 +1,8 @@
 """Topic-exchange binding trie (pure).
 
 Binding keys are split on "." into words; each trie edge is one word, with "*" matching exactly one routing-key word
-and "#" matching zero or more. Each node counts the destinations bound at it (a destination may be bound several
+and "#" matching zero or more. As in RabbitMQ, the empty key is zero words (not one empty word): a routing key ""
+reaches only bindings that can match nothing ("#", "#.#", ""), while "a." is the two words "a" and "". Each node counts the destinations bound at it (a destination may be bound several
 times with different arguments). `match` walks the trie once per routing key, remembering (node, position) pairs
 already visited so patterns with several "#" never blow up.
 """
@@ -22,13 +23,18 @@ class _Node(Generic[D]):
         self.dests: dict[D, int] = {}
 
 
+def split_words(key: str) -> list[str]:
+    """rabbit_exchange_type_topic's split: "" is no words; otherwise every "."-separated word, empty ones too."""
+    return key.split(".") if key else []
+
+
 class TopicTrie(Generic[D]):
     def __init__(self) -> None:
         self._root: _Node[D] = _Node()
 
     def add(self, pattern: str, dest: D) -> None:
         node = self._root
-        for word in pattern.split("."):
+        for word in split_words(pattern):
             nxt = node.children.get(word)
             if nxt is None:
                 nxt = node.children[word] = _Node()
@@ -38,7 +44,7 @@ class TopicTrie(Generic[D]):
     def remove(self, pattern: str, dest: D) -> None:
         path: list[tuple[_Node[D], str]] = []
         node = self._root
-        for word in pattern.split("."):
+        for word in split_words(pattern):
             nxt = node.children.get(word)
             if nxt is None:
                 return
@@ -56,7 +62,7 @@ class TopicTrie(Generic[D]):
             del parent.children[word]
 
     def match(self, routing_key: str) -> set[D]:
-        words = routing_key.split(".")
+        words = split_words(routing_key)
         n_words = len(words)
         out: set[D] = set()
         seen: set[tuple[int, int]] = set()

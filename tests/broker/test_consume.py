@@ -47,6 +47,29 @@ def test_round_robin_between_consumers() -> None:
     assert tags == ["a", "b", "a", "b"]
 
 
+def test_round_robin_two_consumers_one_channel_with_acks() -> None:
+    c = _setup()
+    c.consume("q", "a")
+    c.consume("q", "b")
+    tags = []
+    for i in range(10):
+        for d in deliveries(c.publish("", "q", str(i).encode())):
+            tags.append(d.method.consumer_tag)
+            c.ack(d.method.delivery_tag)
+    assert tags == ["a", "b"] * 5
+
+
+def test_consumer_attached_while_not_writable_is_not_starved() -> None:
+    c = _setup()
+    c.consume("q", "a")
+    c.broker.set_writable(1, False)
+    c.consume("q", "b")
+    held = [deliveries(c.publish("", "q", str(i).encode())) for i in range(10)]
+    assert held == [[]] * 10
+    tags = [d.method.consumer_tag for d in deliveries(c.broker.set_writable(1, True))]
+    assert tags == ["a", "b"] * 5
+
+
 def test_consumer_priority() -> None:
     c = _setup()
     c.consume("q", "low", no_ack=True)

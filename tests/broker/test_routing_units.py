@@ -13,6 +13,11 @@ from node.broker.topic_trie import TopicTrie
 from node.broker.vhost import VHost
 
 
+def _words(key: str) -> list[str]:
+    """RabbitMQ's view of a topic key: "" is zero words, "a." is ["a", ""]."""
+    return key.split(".") if key else []
+
+
 def _word_match(pat: list[str], words: list[str]) -> bool:
     if not pat:
         return not words
@@ -35,6 +40,18 @@ def test_topic_examples() -> None:
     assert trie.match("") == {"#"}
 
 
+def test_topic_empty_routing_key_is_zero_words() -> None:
+    trie: TopicTrie[str] = TopicTrie()
+    for pattern in ["*", "#", "#.#", "", "*.#", "#.*", "a.*", "*.*"]:
+        trie.add(pattern, pattern)
+    assert trie.match("") == {"#", "#.#", ""}
+    assert trie.match("x") == {"*", "#", "#.#", "*.#", "#.*"}
+    assert trie.match(".") == {"#", "#.#", "*.#", "#.*", "*.*"}
+    assert trie.match("a.") == {"#", "#.#", "*.#", "#.*", "a.*", "*.*"}
+    trie.remove("", "")
+    assert trie.match("") == {"#", "#.#"}
+
+
 def test_topic_remove_counts_and_prunes() -> None:
     trie: TopicTrie[str] = TopicTrie()
     trie.add("a.b", "q")
@@ -50,14 +67,14 @@ _word = st.sampled_from(["a", "b", "c", ""])
 _pat_word = st.sampled_from(["a", "b", "*", "#"])
 
 
-@given(st.lists(st.lists(_pat_word, min_size=1, max_size=4), min_size=1, max_size=5),
-       st.lists(_word, min_size=1, max_size=5))
+@given(st.lists(st.lists(_pat_word, min_size=0, max_size=4), min_size=1, max_size=5),
+       st.lists(_word, min_size=0, max_size=5))
 def test_topic_matches_naive_reference(patterns: list[list[str]], key_words: list[str]) -> None:
     trie: TopicTrie[str] = TopicTrie()
     for words in patterns:
         trie.add(".".join(words), ".".join(words))
     key = ".".join(key_words)
-    expected = {".".join(p) for p in patterns if _word_match(p, key_words)}
+    expected = {".".join(p) for p in patterns if _word_match(_words(".".join(p)), _words(key))}
     assert trie.match(key) == expected
 
 
