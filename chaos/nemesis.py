@@ -16,14 +16,15 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Protocol
 
 from chaos.netns import NetLab
 from deploy.healthcheck import answers_amqp
+from deploy.runner import NodeProcess, pid_alive
+from deploy.runner import node_command as runner_node_command
 
 STATE_FILE_NAME = "cluster.json"
 READY_TIMEOUT_S = 30.0
@@ -41,37 +42,13 @@ class Cluster(Protocol):
     def leader_of(self, queue: str) -> str | None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class NodeSpec:
-    """One node as deploy/runner.py records it in cluster.json."""
-
-    name: str
-    host: str
-    port: int
-    pid: int
-    data_dir: str
-    log: str
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
+NodeSpec = NodeProcess
+"""One node as deploy/runner.py records it in cluster.json."""
 
 
 def node_command(spec: NodeSpec, extra_args: tuple[str, ...] = ()) -> list[str]:
-    """The command deploy/runner.py starts a node with (kept identical so a restart is the same node)."""
-    return [sys.executable, "-m", "node.cli", "node", "--node-name", spec.name, "--port", str(spec.port),
-            "--listen-address", spec.host, "--data-dir", spec.data_dir, *extra_args]
+    """The command deploy/runner.py starts a node with (the same function, so a restart is the same node)."""
+    return runner_node_command(spec.name, spec.host, spec.port, spec.data_dir, extra_args)
 
 
 class LocalCluster:

@@ -50,7 +50,8 @@ class ClusterState:
     haproxy_log: str | None
 
 
-def _pid_alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    """True while `pid` names a live (not zombie) process."""
     if not pid:
         return False
     try:
@@ -110,12 +111,17 @@ def _node_address(index: int, base_port: int, distinct_addresses: bool, node_por
     return "127.0.0.1", base_port + index
 
 
+def node_command(name: str, host: str, port: int, data_dir: str, extra_args: tuple[str, ...] = ()) -> list[str]:
+    """The command line of one node; a restart (here or by chaos/) runs the same command, so it is the same node."""
+    return [sys.executable, "-m", "node.cli", "node", "--node-name", name, "--port", str(port),
+            "--listen-address", host, "--data-dir", data_dir, *extra_args]
+
+
 def _start_node(name: str, host: str, port: int, data_dir: Path) -> NodeProcess:
     node_dir = data_dir / name
     node_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / f"{name}.log"
-    cmd = [sys.executable, "-m", "node.cli", "node", "--node-name", name, "--port", str(port),
-           "--listen-address", host, "--data-dir", str(node_dir)]
+    cmd = node_command(name, host, port, str(node_dir))
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -144,7 +150,7 @@ def wait_ready(nodes: list[NodeProcess], timeout_s: float = READY_TIMEOUT_S) -> 
         for name, node in list(pending.items()):
             if answers_amqp(node.host, node.port, timeout_s=1.0):
                 del pending[name]
-            elif not _pid_alive(node.pid):
+            elif not pid_alive(node.pid):
                 return [name]
         if pending:
             time.sleep(0.2)
@@ -155,7 +161,7 @@ def up(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     previous = load_state(data_dir)
-    if previous and any(_pid_alive(n.pid) for n in previous.nodes):
+    if previous and any(pid_alive(n.pid) for n in previous.nodes):
         print(f"raftmq cluster: already running (see {_state_path(data_dir)}); use `raftmq cluster down` first",
               file=sys.stderr)
         return 1
@@ -209,14 +215,14 @@ def _wait_foreground(state: ClusterState) -> int:
 def stop(state: ClusterState) -> None:
     pids = [n.pid for n in state.nodes] + ([state.haproxy_pid] if state.haproxy_pid else [])
     for pid in pids:
-        if _pid_alive(pid):
+        if pid_alive(pid):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         _reap()
         time.sleep(0.1)
     for pid in pids:
-        if _pid_alive(pid):
+        if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
     _reap()
 
@@ -246,14 +252,14 @@ def status_report(data_dir: Path) -> dict[str, object]:
         return {"running": False, "nodes": [], "queues": [], "haproxy": None}
     nodes = []
     for node in state.nodes:
-        alive = _pid_alive(node.pid)
+        alive = pid_alive(node.pid)
         ready = alive and answers_amqp(node.host, node.port, timeout_s=1.0)
         nodes.append({"name": node.name, "host": node.host, "amqp_port": node.port, "pid": node.pid,
                       "state": "ready" if ready else ("starting" if alive else "stopped"), "log": node.log})
     haproxy = None
     if state.haproxy_port is not None:
         haproxy = {"port": state.haproxy_port, "pid": state.haproxy_pid,
-                   "state": "running" if _pid_alive(state.haproxy_pid) else "stopped"}
+                   "state": "running" if pid_alive(state.haproxy_pid) else "stopped"}
     # Queue placement (type, leader, members) comes from the cluster metadata once nodes form a cluster.
     return {"running": any(n["state"] != "stopped" for n in nodes), "nodes": nodes, "queues": [],
             "haproxy": haproxy}
