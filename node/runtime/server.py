@@ -77,6 +77,7 @@ class Connection:
     writable: bool = True
     opened: bool = False
     finished: bool = False
+    dirty: bool = False  # queued in Node._dirty: events or output to collect
     broker_told_closed: bool = False
     output_ready: trio.Event = field(default_factory=trio.Event)
     send_lock: trio.Lock = field(default_factory=trio.Lock)
@@ -123,70 +124,71 @@ class Node:
 
     # ----------------------------------------------------------------------------------------- dispatch
     def dispatch(self, effects: Iterable[Any] = ()) -> None:
-        """Carry out effects, then hand every pending event of every touched connection to the broker."""
+        """Carry out effects, then hand every pending event of every touched connection to the broker.
+
+        A connection is queued at most once while it waits (`Connection.dirty`), so a batch of effects for one
+        connection costs one pump and one writer wake-up, however many effects it holds."""
         self.apply_effects(effects)
+        dirty = self._dirty
         rounds = 0
-        while self._dirty:
+        while dirty:
             rounds += 1
             if rounds > DISPATCH_ROUNDS_MAX:
                 log.error("dispatch: cascade longer than %d rounds; stopping", DISPATCH_ROUNDS_MAX)
-                self._dirty.clear()
+                self._clear_dirty()
                 return
-            conn = self._dirty.popleft()
-            self._pump(conn)
+            self._pump(dirty.popleft())
+
+    def _mark(self, conn: Connection) -> None:
+        if not conn.dirty:
+            conn.dirty = True
+            self._dirty.append(conn)
+
+    def _clear_dirty(self) -> None:
+        for conn in self._dirty:
+            conn.dirty = False
+        self._dirty.clear()
 
     def _pump(self, conn: Connection) -> None:
-        events = conn.core.next_events()
-        if events:
-            now = wall_ms()
-            for event in events:
-                if isinstance(event, ConnectionOpened):
-                    conn.opened = True
-                elif isinstance(event, ConnectionClosed):
-                    conn.finished = True
-                    conn.broker_told_closed = True
-                self.apply_effects(self.broker.handle(conn.conn_id, event, now))
+        """Every event of `conn` (including those its own effects add) to the broker, then its output once."""
+        core = conn.core
+        try:
+            events = core.next_events()
+            while events:
+                now = wall_ms()
+                handle = self.broker.handle
+                for event in events:
+                    cls = type(event)
+                    if cls is ConnectionOpened:
+                        conn.opened = True
+                    elif cls is ConnectionClosed:
+                        conn.finished = True
+                        conn.broker_told_closed = True
+                    self.apply_effects(handle(conn.conn_id, event, now))
+                events = core.next_events()
+        finally:
+            conn.dirty = False
         self._collect_output(conn)
 
     def apply_effects(self, effects: Iterable[Any]) -> None:
+        """Carry out effects in order: Persist on the store, the rest on their connection's core (by type)."""
+        connections = self.connections
         for effect in effects:
-            if isinstance(effect, Persist):
+            cls = type(effect)
+            if cls is Persist:
                 self.store.persist(effect.token, effect.records)
                 continue
-            conn = self.connections.get(effect.conn_id)
+            conn = connections.get(effect.conn_id)
             if conn is None or conn.finished:
                 continue
-            self._apply_to_connection(conn, effect)
-            self._dirty.append(conn)
-
-    def _apply_to_connection(self, conn: Connection, effect: Any) -> None:
-        core = conn.core
-        if isinstance(effect, SendContent):
-            method = effect.method
-            if isinstance(method, BasicDeliver):
-                core.send_deliver(
-                    effect.channel, method.consumer_tag, method.delivery_tag, method.redelivered,
-                    method.exchange, method.routing_key, effect.properties, effect.body,
-                )
-            else:
-                core.send_content(effect.channel, method, effect.properties, effect.body)
-        elif isinstance(effect, Send):
-            method = effect.method
-            if type(method) is BasicAck:
-                core.send_ack(effect.channel, method.delivery_tag, method.multiple)
-            else:
-                core.send_method(effect.channel, method)
-        elif isinstance(effect, CloseChannel):
-            core.close_channel(effect.channel, effect.reply_code, effect.reply_text, effect.class_id,
-                               effect.method_id)
-        elif isinstance(effect, CloseConnection):
-            core.close_connection(effect.reply_code, effect.reply_text, effect.class_id, effect.method_id)
-        elif isinstance(effect, Block):
-            core.block(effect.reason)
-        elif isinstance(effect, Unblock):
-            core.unblock()
-        else:
-            log.error("unknown effect %r", effect)
+            apply = _CONNECTION_EFFECTS.get(cls) or _effect_handler_by_isinstance(effect)
+            if apply is None:
+                log.error("unknown effect %r", effect)
+                continue
+            apply(conn.core, effect)
+            if not conn.dirty:
+                conn.dirty = True
+                self._dirty.append(conn)
 
     def _collect_output(self, conn: Connection) -> None:
         data = conn.core.data_to_send()
@@ -232,7 +234,7 @@ class Node:
                 self.dispatch(self.broker.handle(conn.conn_id, closed, wall_ms()))
             except Exception:
                 log.exception("connection %d: internal error while cleaning up", conn.conn_id)
-                self._dirty.clear()
+                self._clear_dirty()
         self.connections.pop(conn.conn_id, None)
         if self.shutting_down and not self.connections:
             self.all_closed.set()
@@ -259,7 +261,7 @@ class Node:
                 conn.core.tick(mono_ms())
             else:
                 conn.core.receive_data(data, mono_ms())
-            self._dirty.append(conn)
+            self._mark(conn)
             self.dispatch_guarded(conn)
         await self._wait_flushed(conn)
 
@@ -270,7 +272,7 @@ class Node:
             self.dispatch(produce() if produce is not None else ())
         except Exception:
             log.exception("connection %d: internal error; closing it", conn.conn_id)
-            self._dirty.clear()
+            self._clear_dirty()
             conn.core.close_connection(
                 int(ReplyCode.INTERNAL_ERROR), reply_text(ReplyCode.INTERNAL_ERROR, "internal error"))
             self._collect_output(conn)
@@ -361,7 +363,7 @@ class Node:
             if not conn.finished:
                 conn.core.close_connection(
                     int(ReplyCode.CONNECTION_FORCED), reply_text(ReplyCode.CONNECTION_FORCED, SHUTDOWN_REPLY_TEXT))
-                self._dirty.append(conn)
+                self._mark(conn)
         self.dispatch()
         with trio.move_on_after(self.config.shutdown_timeout_ms / 1000):
             await self.all_closed.wait()
@@ -389,7 +391,7 @@ class Node:
                     self.dispatch(self.broker.tick(now))
                 except Exception:
                     log.exception("broker tick failed")
-                    self._dirty.clear()
+                    self._clear_dirty()
 
     async def resource_watch(self) -> None:
         period_s = self.config.resource_probe_interval_ms / 1000
@@ -415,6 +417,58 @@ class Node:
                 else:
                     log.info("signal %s: shutting down", signal.Signals(signum).name)
                     self.request_stop()
+
+
+def _send_content(core: ServerConnection, effect: SendContent) -> None:
+    method = effect.method
+    if type(method) is BasicDeliver:
+        core.send_deliver(effect.channel, method.consumer_tag, method.delivery_tag, method.redelivered,
+                          method.exchange, method.routing_key, effect.properties, effect.body)
+    else:
+        core.send_content(effect.channel, method, effect.properties, effect.body)
+
+
+def _send(core: ServerConnection, effect: Send) -> None:
+    method = effect.method
+    if type(method) is BasicAck:
+        core.send_ack(effect.channel, method.delivery_tag, method.multiple)
+    else:
+        core.send_method(effect.channel, method)
+
+
+def _close_channel(core: ServerConnection, effect: CloseChannel) -> None:
+    core.close_channel(effect.channel, effect.reply_code, effect.reply_text, effect.class_id, effect.method_id)
+
+
+def _close_connection(core: ServerConnection, effect: CloseConnection) -> None:
+    core.close_connection(effect.reply_code, effect.reply_text, effect.class_id, effect.method_id)
+
+
+def _block(core: ServerConnection, effect: Block) -> None:
+    core.block(effect.reason)
+
+
+def _unblock(core: ServerConnection, effect: Unblock) -> None:
+    core.unblock()
+
+
+# How each connection-bound effect is carried out, by exact type (one dict lookup instead of an isinstance chain).
+_CONNECTION_EFFECTS: dict[type, Callable[[ServerConnection, Any], None]] = {
+    SendContent: _send_content,
+    Send: _send,
+    CloseChannel: _close_channel,
+    CloseConnection: _close_connection,
+    Block: _block,
+    Unblock: _unblock,
+}
+
+
+def _effect_handler_by_isinstance(effect: Any) -> Callable[[ServerConnection, Any], None] | None:
+    """The slow path for a subclass of a known effect type."""
+    for cls, apply in _CONNECTION_EFFECTS.items():
+        if isinstance(effect, cls):
+            return apply
+    return None
 
 
 async def run_node(node: Node, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:

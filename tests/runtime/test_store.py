@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from cluster.log import LogConfig, NodeLog
 from node.broker.records import (
     DEFINITIONS_STREAM,
     ExchangeRecord,
@@ -14,7 +15,9 @@ from node.broker.records import (
     queue_stream,
 )
 from node.runtime import store as store_module
-from node.runtime.store import Store
+from node.runtime.store import CompactionPolicy, Store
+
+EAGER = CompactionPolicy(queue_records_min=4, interval_s=0)  # compact a drained stream after 4 records
 
 
 def _message(msg_id: int, queue: str = "q") -> MessageRecord:
@@ -53,9 +56,8 @@ async def test_commit_covers_every_pending_token_and_recovery_reads_back(tmp_pat
     await reopened.flush()
 
 
-async def test_drained_queue_stream_is_truncated_by_an_empty_snapshot(tmp_path: Path, monkeypatch: Any) -> None:
-    monkeypatch.setattr(store_module, "COMPACT_QUEUE_RECORDS_MIN", 4)
-    store = Store.open(tmp_path)
+async def test_drained_queue_stream_is_truncated_by_an_empty_snapshot(tmp_path: Path) -> None:
+    store = Store.open(tmp_path, EAGER)
     store.persist(1, (QueueRecord("/", "q"),))
     for msg_id in range(3):
         store.persist(10 + msg_id, (_message(msg_id),))
@@ -70,6 +72,68 @@ async def test_drained_queue_stream_is_truncated_by_an_empty_snapshot(tmp_path: 
     records = reopened.recover()
     assert [r for r in records if isinstance(r, MessageRecord | MessageRemovedRecord)] == [_message(99)]
     await reopened.flush()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _segment_files(directory: Path) -> list[Path]:
+    return sorted((directory / "streams").rglob("*.log"))
+
+
+def _drain(store: Store, first: int, count: int) -> None:
+    """`count` messages published and consumed: the queue stream is drained afterwards."""
+    for msg_id in range(first, first + count):
+        store.persist(msg_id, (_message(msg_id),))
+        store.persist(msg_id, (MessageRemovedRecord("/", "q", msg_id),))
+
+
+async def test_a_steady_drained_flow_below_the_thresholds_writes_no_snapshot(tmp_path: Path) -> None:
+    store = Store.open(tmp_path, CompactionPolicy(queue_records_min=1000, queue_bytes_min=1 << 30))
+    _drain(store, 0, 400)  # 800 records, drained after every second one
+    assert store.jobs == []
+    await store.flush()
+
+
+async def test_segments_behind_the_snapshot_of_a_drained_queue_are_deleted(tmp_path: Path) -> None:
+    clock = FakeClock()
+    policy = CompactionPolicy(queue_records_min=10_000, queue_bytes_min=2000, interval_s=5)
+    store = Store(NodeLog.open(tmp_path, LogConfig(segment_size_bytes_max=512)), policy, clock)
+    msg_id = 0
+    while not store.jobs:  # until the byte threshold is passed while drained: several 512-byte segments
+        _drain(store, msg_id, 1)
+        msg_id += 1
+    await store.commit_once()
+    assert len(_segment_files(tmp_path)) > 3
+    assert len(store.jobs) == 1
+    await store.run_jobs(store.jobs)
+    store.jobs = []
+    assert len(_segment_files(tmp_path)) <= 1, "segments wholly behind the snapshot are gone"
+
+    _drain(store, 1000, 60)  # past the threshold again, but within the interval: held back
+    assert store.jobs == [] and store.candidates == {queue_stream("/", "q")}
+    clock.now_s += 5
+    store.sweep_candidates()
+    assert len(store.jobs) == 1 and not store.candidates
+    await store.flush()
+    assert len(_segment_files(tmp_path)) <= 1
+    records = Store.open(tmp_path).recover()
+    assert not [r for r in records if isinstance(r, MessageRecord | MessageRemovedRecord)]
+
+
+async def test_a_queue_that_is_not_drained_is_not_truncated(tmp_path: Path) -> None:
+    store = Store.open(tmp_path, EAGER)
+    store.persist(1, (_message(1),))
+    _drain(store, 10, 10)
+    assert store.jobs == [], "message 1 is still live"
+    await store.flush()
+    records = Store.open(tmp_path).recover()
+    assert _message(1) in records
 
 
 async def test_deleted_queue_is_truncated_but_a_redeclared_one_keeps_its_messages(tmp_path: Path) -> None:
@@ -117,5 +181,21 @@ async def test_commit_loop_reports_tokens_to_the_broker(tmp_path: Path) -> None:
         with trio.fail_after(30):
             while node.persisted != [1, 2]:
                 await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    await store.flush()
+
+
+async def test_commit_loop_runs_compaction_after_the_confirms(tmp_path: Path) -> None:
+    import trio
+
+    store = Store.open(tmp_path, EAGER)
+    node = FakeNode()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.commit_loop, node)
+        _drain(store, 0, 3)
+        with trio.fail_after(30):
+            while store.log.snapshot_offset(queue_stream("/", "q")) < 0:
+                await trio.sleep(0.01)
+        assert sorted(set(node.persisted)) == [0, 1, 2]
         nursery.cancel_scope.cancel()
     await store.flush()
