@@ -1,0 +1,654 @@
+"""The cluster's definitions as a deterministic, pure state machine.
+
+What it is for: every node holds one replica of the cluster metadata — nodes, vhosts, users, permissions,
+exchanges, bindings, queues with their placement (type, leader, members) and policies. The replicas are kept equal
+by applying the same commands in the same order (the Raft log of `cluster.metadata.store`); this module is the
+function those commands go through: `apply(state, command) -> (state, Outcome)`.
+
+How it works:
+- `MetadataState` is immutable: every map is copied on write, so a reader in another thread always sees a whole
+  state, and an old state stays valid as a value (the store swaps one reference).
+- Every command is idempotent. Declares carry the full definition, deletes of something absent do nothing, and a
+  command carrying a command id (`cid`) is remembered in a bounded table (`DEDUP_MAX` most recent ids, oldest
+  dropped first): applying the same id again returns the first outcome and changes nothing. So a client may retry
+  after LEADER_CHANGED or a timeout with an unknown outcome.
+- An `Outcome` says what changed (`Change(kind, key, action)`) or why the command was refused. Refusals are
+  remembered under their id as well: one command id has exactly one outcome.
+- Deletes cascade: a vhost takes its exchanges, queues, bindings, permissions and policies; a queue or exchange
+  takes the bindings that name it; a user takes its permissions.
+- `snapshot(state)` / `restore(dict)` and `command_to_dict` / `command_from_dict` produce cbor-able dicts
+  (str, int, bool, lists, dicts) — never pickle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import cbor2
+
+PROTOCOL_VERSION = 1
+DEDUP_MAX = 4096
+NODE_STATES = ("up", "down")
+QUEUE_TYPES = ("classic", "quorum", "mirrored", "stream")
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+
+Args = dict[str, Any]
+
+
+# ---------------------------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    name: str
+    address: str
+    version: int
+    state: str = "up"
+
+
+@dataclass(frozen=True, slots=True)
+class VhostRecord:
+    name: str
+    description: str = ""
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class UserRecord:
+    name: str
+    password_hash: str
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionRecord:
+    user: str
+    vhost: str
+    configure: str = ".*"
+    write: str = ".*"
+    read: str = ".*"
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeRecord:
+    vhost: str
+    name: str
+    type: str = "direct"
+    durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: Args = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class BindingRecord:
+    vhost: str
+    source: str
+    destination: str
+    destination_kind: str = "queue"  # "queue" or "exchange"
+    routing_key: str = ""
+    arguments: Args = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRecord:
+    vhost: str
+    name: str
+    type: str = "classic"
+    durable: bool = True
+    auto_delete: bool = False
+    exclusive_owner: str = ""  # "" = not exclusive; else the owning connection's cluster-wide id
+    arguments: Args = field(default_factory=dict)
+    leader: str = ""
+    members: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    vhost: str
+    name: str
+    pattern: str
+    apply_to: str = "all"
+    definition: Args = field(default_factory=dict)
+    priority: int = 0
+
+
+# ---------------------------------------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True, slots=True)
+class AddNode:
+    name: str
+    address: str
+    version: int
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveNode:
+    name: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SetNodeState:
+    name: str
+    state: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PutVhost:
+    name: str
+    description: str = ""
+    tags: tuple[str, ...] = ()
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteVhost:
+    name: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PutUser:
+    name: str
+    password_hash: str
+    tags: tuple[str, ...] = ()
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteUser:
+    name: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SetPermissions:
+    user: str
+    vhost: str
+    configure: str = ".*"
+    write: str = ".*"
+    read: str = ".*"
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClearPermissions:
+    user: str
+    vhost: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareExchange:
+    exchange: ExchangeRecord
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteExchange:
+    vhost: str
+    name: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    binding: BindingRecord
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Unbind:
+    binding: BindingRecord
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareQueue:
+    """The full definition, placement included. Redeclaring an equal definition keeps the current placement."""
+
+    queue: QueueRecord
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteQueue:
+    vhost: str
+    name: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SetQueueLeader:
+    vhost: str
+    name: str
+    leader: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SetQueueMembers:
+    """New member list; the leader is kept if still a member, else the first member becomes leader."""
+
+    vhost: str
+    name: str
+    members: tuple[str, ...]
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SetPolicy:
+    policy: PolicyRecord
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClearPolicy:
+    vhost: str
+    name: str
+    cid: str = ""
+
+
+Command = (
+    AddNode | RemoveNode | SetNodeState | PutVhost | DeleteVhost | PutUser | DeleteUser | SetPermissions
+    | ClearPermissions | DeclareExchange | DeleteExchange | Bind | Unbind | DeclareQueue | DeleteQueue
+    | SetQueueLeader | SetQueueMembers | SetPolicy | ClearPolicy
+)
+
+COMMAND_TYPES: tuple[type, ...] = (
+    AddNode, RemoveNode, SetNodeState, PutVhost, DeleteVhost, PutUser, DeleteUser, SetPermissions,
+    ClearPermissions, DeclareExchange, DeleteExchange, Bind, Unbind, DeclareQueue, DeleteQueue,
+    SetQueueLeader, SetQueueMembers, SetPolicy, ClearPolicy,
+)
+RECORD_TYPES: tuple[type, ...] = (
+    NodeRecord, VhostRecord, UserRecord, PermissionRecord, ExchangeRecord, BindingRecord, QueueRecord,
+    PolicyRecord,
+)
+
+
+# ---------------------------------------------------------------------------------------------------- outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    kind: str  # node, vhost, user, permission, exchange, binding, queue, policy
+    key: tuple[str, ...]
+    action: str  # created, updated, deleted
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    changes: tuple[Change, ...] = ()
+    refused: str = ""  # non-empty: the command was refused and changed nothing
+    duplicate: bool = False  # this command id was applied before; this is the first outcome, nothing changed
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused
+
+
+# ---------------------------------------------------------------------------------------------------- state
+
+BindingKey = tuple[str, str, str, str, str, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataState:
+    protocol_version: int = 0  # 0 = no node yet; set by the first AddNode
+    nodes: Mapping[str, NodeRecord] = field(default_factory=dict)
+    vhosts: Mapping[str, VhostRecord] = field(default_factory=dict)
+    users: Mapping[str, UserRecord] = field(default_factory=dict)
+    permissions: Mapping[tuple[str, str], PermissionRecord] = field(default_factory=dict)  # (vhost, user)
+    exchanges: Mapping[tuple[str, str], ExchangeRecord] = field(default_factory=dict)  # (vhost, name)
+    bindings: Mapping[BindingKey, BindingRecord] = field(default_factory=dict)
+    queues: Mapping[tuple[str, str], QueueRecord] = field(default_factory=dict)  # (vhost, name)
+    policies: Mapping[tuple[str, str], PolicyRecord] = field(default_factory=dict)  # (vhost, name)
+    applied: Mapping[str, Outcome] = field(default_factory=dict)  # command id -> first outcome, oldest first
+
+    def definitions(self) -> dict[str, Any]:
+        """The snapshot without the command-id table: what the cluster's definitions are."""
+        snap = snapshot(self)
+        del snap["applied"]
+        return snap
+
+
+def binding_key(b: BindingRecord) -> BindingKey:
+    args = cbor2.dumps(b.arguments, canonical=True)
+    return (b.vhost, b.source, b.destination_kind, b.destination, b.routing_key, args)
+
+
+def _put(m: Mapping[Any, Any], key: Any, value: Any) -> dict[Any, Any]:
+    new = dict(m)
+    new[key] = value
+    return new
+
+
+def _without(m: Mapping[Any, Any], keys: set[Any]) -> dict[Any, Any]:
+    return {k: v for k, v in m.items() if k not in keys}
+
+
+Step = tuple[MetadataState, Outcome]
+
+
+def _refuse(state: MetadataState, why: str) -> Step:
+    return state, Outcome(refused=why)
+
+
+def _upsert(state: MetadataState, attr: str, kind: str, key: Any, record: Any, ckey: tuple[str, ...]) -> Step:
+    current = getattr(state, attr)
+    old = current.get(key)
+    if old == record:
+        return state, Outcome()
+    action = "created" if old is None else "updated"
+    updated: dict[str, Any] = {attr: _put(current, key, record)}
+    new_state = replace(state, **updated)
+    return new_state, Outcome((Change(kind, ckey, action),))
+
+
+# ---------------------------------------------------------------------------------------------------- handlers
+
+
+def _add_node(s: MetadataState, c: AddNode) -> Step:
+    if s.protocol_version and c.version != s.protocol_version:
+        return _refuse(s, f"node {c.name} speaks metadata protocol version {c.version}; "
+                          f"this cluster speaks version {s.protocol_version}")
+    if s.protocol_version == 0:
+        s = replace(s, protocol_version=c.version)
+    return _upsert(s, "nodes", "node", c.name, NodeRecord(c.name, c.address, c.version), (c.name,))
+
+
+def _remove_node(s: MetadataState, c: RemoveNode) -> Step:
+    if c.name not in s.nodes:
+        return s, Outcome()
+    return replace(s, nodes=_without(s.nodes, {c.name})), Outcome((Change("node", (c.name,), "deleted"),))
+
+
+def _set_node_state(s: MetadataState, c: SetNodeState) -> Step:
+    node = s.nodes.get(c.name)
+    if node is None:
+        return _refuse(s, f"no node {c.name}")
+    if c.state not in NODE_STATES:
+        return _refuse(s, f"unknown node state {c.state!r}")
+    return _upsert(s, "nodes", "node", c.name, replace(node, state=c.state), (c.name,))
+
+
+def _put_vhost(s: MetadataState, c: PutVhost) -> Step:
+    return _upsert(s, "vhosts", "vhost", c.name, VhostRecord(c.name, c.description, c.tags), (c.name,))
+
+
+def _cascade(s: MetadataState, attr: str, kind: str, doomed: set[Any],
+             describe: Callable[[Any], tuple[str, ...]]) -> tuple[MetadataState, list[Change]]:
+    if not doomed:
+        return s, []
+    changes = [Change(kind, describe(k), "deleted") for k in getattr(s, attr) if k in doomed]
+    updated: dict[str, Any] = {attr: _without(getattr(s, attr), doomed)}
+    return replace(s, **updated), changes
+
+
+def _drop_bindings(s: MetadataState, doomed: set[BindingKey]) -> tuple[MetadataState, list[Change]]:
+    return _cascade(s, "bindings", "binding", doomed, lambda k: k[:5])
+
+
+def _delete_vhost(s: MetadataState, c: DeleteVhost) -> Step:
+    if c.name not in s.vhosts:
+        return s, Outcome()
+    changes: list[Change] = []
+    for attr, kind in (("exchanges", "exchange"), ("queues", "queue"), ("permissions", "permission"),
+                       ("policies", "policy")):
+        doomed = {k for k in getattr(s, attr) if k[0] == c.name}
+        s, more = _cascade(s, attr, kind, doomed, lambda k: tuple(k))
+        changes += more
+    s, more = _drop_bindings(s, {k for k in s.bindings if k[0] == c.name})
+    changes += more
+    s = replace(s, vhosts=_without(s.vhosts, {c.name}))
+    return s, Outcome((*changes, Change("vhost", (c.name,), "deleted")))
+
+
+def _put_user(s: MetadataState, c: PutUser) -> Step:
+    return _upsert(s, "users", "user", c.name, UserRecord(c.name, c.password_hash, c.tags), (c.name,))
+
+
+def _delete_user(s: MetadataState, c: DeleteUser) -> Step:
+    if c.name not in s.users:
+        return s, Outcome()
+    s, changes = _cascade(s, "permissions", "permission", {k for k in s.permissions if k[1] == c.name}, tuple)
+    s = replace(s, users=_without(s.users, {c.name}))
+    return s, Outcome((*changes, Change("user", (c.name,), "deleted")))
+
+
+def _set_permissions(s: MetadataState, c: SetPermissions) -> Step:
+    if c.user not in s.users:
+        return _refuse(s, f"no user {c.user}")
+    if c.vhost not in s.vhosts:
+        return _refuse(s, f"no vhost {c.vhost}")
+    rec = PermissionRecord(c.user, c.vhost, c.configure, c.write, c.read)
+    return _upsert(s, "permissions", "permission", (c.vhost, c.user), rec, (c.vhost, c.user))
+
+
+def _clear_permissions(s: MetadataState, c: ClearPermissions) -> Step:
+    s2, changes = _cascade(s, "permissions", "permission", {(c.vhost, c.user)} & set(s.permissions), tuple)
+    return s2, Outcome(tuple(changes))
+
+
+def _declare_exchange(s: MetadataState, c: DeclareExchange) -> Step:
+    x = c.exchange
+    if x.vhost not in s.vhosts:
+        return _refuse(s, f"no vhost {x.vhost}")
+    if x.type not in EXCHANGE_TYPES and not x.type.startswith("x-"):
+        return _refuse(s, f"unknown exchange type {x.type!r}")
+    return _upsert(s, "exchanges", "exchange", (x.vhost, x.name), x, (x.vhost, x.name))
+
+
+def _delete_exchange(s: MetadataState, c: DeleteExchange) -> Step:
+    if (c.vhost, c.name) not in s.exchanges:
+        return s, Outcome()
+    s, changes = _drop_bindings(s, {k for k in s.bindings if k[0] == c.vhost and (
+        k[1] == c.name or (k[2] == "exchange" and k[3] == c.name))})
+    s = replace(s, exchanges=_without(s.exchanges, {(c.vhost, c.name)}))
+    return s, Outcome((*changes, Change("exchange", (c.vhost, c.name), "deleted")))
+
+
+def _bind(s: MetadataState, c: Bind) -> Step:
+    b = c.binding
+    if (b.vhost, b.source) not in s.exchanges:
+        return _refuse(s, f"no exchange {b.source!r} in vhost {b.vhost}")
+    targets = s.queues if b.destination_kind == "queue" else s.exchanges
+    if b.destination_kind not in ("queue", "exchange") or (b.vhost, b.destination) not in targets:
+        return _refuse(s, f"no {b.destination_kind} {b.destination!r} in vhost {b.vhost}")
+    key = binding_key(b)
+    return _upsert(s, "bindings", "binding", key, b, key[:5])
+
+
+def _unbind(s: MetadataState, c: Unbind) -> Step:
+    key = binding_key(c.binding)
+    s2, changes = _drop_bindings(s, {key} & set(s.bindings))
+    return s2, Outcome(tuple(changes))
+
+
+def _same_definition(a: QueueRecord, b: QueueRecord) -> bool:
+    return replace(a, leader="", members=()) == replace(b, leader="", members=())
+
+
+def _declare_queue(s: MetadataState, c: DeclareQueue) -> Step:
+    q = c.queue
+    if q.vhost not in s.vhosts:
+        return _refuse(s, f"no vhost {q.vhost}")
+    if q.type not in QUEUE_TYPES:
+        return _refuse(s, f"unknown queue type {q.type!r}")
+    if not q.members or q.leader not in q.members or len(set(q.members)) != len(q.members):
+        return _refuse(s, f"queue {q.name!r}: the leader must be one of distinct members")
+    old = s.queues.get((q.vhost, q.name))
+    if old is not None:
+        if _same_definition(old, q):
+            return s, Outcome()
+        return _refuse(s, f"queue {q.name!r} in vhost {q.vhost} exists with a different definition")
+    return _upsert(s, "queues", "queue", (q.vhost, q.name), q, (q.vhost, q.name))
+
+
+def _delete_queue(s: MetadataState, c: DeleteQueue) -> Step:
+    if (c.vhost, c.name) not in s.queues:
+        return s, Outcome()
+    s, changes = _drop_bindings(s, {k for k in s.bindings if k[0] == c.vhost and k[2] == "queue"
+                                    and k[3] == c.name})
+    s = replace(s, queues=_without(s.queues, {(c.vhost, c.name)}))
+    return s, Outcome((*changes, Change("queue", (c.vhost, c.name), "deleted")))
+
+
+def _set_queue_leader(s: MetadataState, c: SetQueueLeader) -> Step:
+    q = s.queues.get((c.vhost, c.name))
+    if q is None:
+        return _refuse(s, f"no queue {c.name!r} in vhost {c.vhost}")
+    if c.leader not in q.members:
+        return _refuse(s, f"{c.leader} is not a member of queue {c.name!r}")
+    return _upsert(s, "queues", "queue", (c.vhost, c.name), replace(q, leader=c.leader), (c.vhost, c.name))
+
+
+def _set_queue_members(s: MetadataState, c: SetQueueMembers) -> Step:
+    q = s.queues.get((c.vhost, c.name))
+    if q is None:
+        return _refuse(s, f"no queue {c.name!r} in vhost {c.vhost}")
+    if not c.members or len(set(c.members)) != len(c.members):
+        return _refuse(s, f"queue {c.name!r}: members must be distinct and not empty")
+    leader = q.leader if q.leader in c.members else c.members[0]
+    new = replace(q, members=c.members, leader=leader)
+    return _upsert(s, "queues", "queue", (c.vhost, c.name), new, (c.vhost, c.name))
+
+
+def _set_policy(s: MetadataState, c: SetPolicy) -> Step:
+    p = c.policy
+    if p.vhost not in s.vhosts:
+        return _refuse(s, f"no vhost {p.vhost}")
+    return _upsert(s, "policies", "policy", (p.vhost, p.name), p, (p.vhost, p.name))
+
+
+def _clear_policy(s: MetadataState, c: ClearPolicy) -> Step:
+    s2, changes = _cascade(s, "policies", "policy", {(c.vhost, c.name)} & set(s.policies), tuple)
+    return s2, Outcome(tuple(changes))
+
+
+_HANDLERS: dict[type, Callable[[MetadataState, Any], Step]] = {
+    AddNode: _add_node, RemoveNode: _remove_node, SetNodeState: _set_node_state, PutVhost: _put_vhost,
+    DeleteVhost: _delete_vhost, PutUser: _put_user, DeleteUser: _delete_user,
+    SetPermissions: _set_permissions, ClearPermissions: _clear_permissions,
+    DeclareExchange: _declare_exchange, DeleteExchange: _delete_exchange, Bind: _bind, Unbind: _unbind,
+    DeclareQueue: _declare_queue, DeleteQueue: _delete_queue, SetQueueLeader: _set_queue_leader,
+    SetQueueMembers: _set_queue_members, SetPolicy: _set_policy, ClearPolicy: _clear_policy,
+}
+
+
+def apply(state: MetadataState, command: Command) -> tuple[MetadataState, Outcome]:
+    """Apply one command. Deterministic; a command id seen before returns its first outcome unchanged."""
+    cid = command.cid
+    if cid and cid in state.applied:
+        return state, replace(state.applied[cid], duplicate=True)
+    new_state, outcome = _HANDLERS[type(command)](state, command)
+    if cid:
+        new_state = replace(new_state, applied=_remember(state.applied, cid, outcome))
+    return new_state, outcome
+
+
+def _remember(applied: Mapping[str, Outcome], cid: str, outcome: Outcome) -> dict[str, Outcome]:
+    new = dict(applied)
+    new[cid] = outcome
+    while len(new) > DEDUP_MAX:
+        del new[next(iter(new))]
+    return new
+
+
+# ---------------------------------------------------------------------------------------------------- codec
+
+_BY_NAME: dict[str, type] = {t.__name__: t for t in (*COMMAND_TYPES, *RECORD_TYPES)}
+
+
+def to_plain(obj: Any) -> Any:
+    """A record, command or outcome as cbor-able data; dataclasses carry their type under "t"."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out: dict[str, Any] = {"t": type(obj).__name__}
+        for f in fields(obj):
+            out[f.name] = to_plain(getattr(obj, f.name))
+        return out
+    if isinstance(obj, tuple | list):
+        return [to_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def from_plain(data: Any) -> Any:
+    """The inverse of `to_plain` for records and commands (tuple-typed fields come back as tuples)."""
+    if not isinstance(data, dict) or "t" not in data:
+        raise ValueError(f"not an encoded record or command: {data!r}")
+    cls = _BY_NAME.get(data["t"])
+    if cls is None:
+        raise ValueError(f"unknown record or command type {data['t']!r}")
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        if isinstance(value, dict) and "t" in value:
+            value = from_plain(value)
+        elif str(f.type).startswith("tuple") and isinstance(value, list):
+            value = tuple(value)
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def command_to_dict(command: Command) -> dict[str, Any]:
+    result: dict[str, Any] = to_plain(command)
+    return result
+
+
+def command_from_dict(data: Any) -> Command:
+    command = from_plain(data)
+    if type(command) not in _HANDLERS:
+        raise ValueError(f"{type(command).__name__} is not a command")
+    result: Command = command
+    return result
+
+
+def outcome_to_dict(outcome: Outcome) -> dict[str, Any]:
+    return {"changes": [[c.kind, list(c.key), c.action] for c in outcome.changes],
+            "refused": outcome.refused, "duplicate": outcome.duplicate}
+
+
+def outcome_from_dict(data: Mapping[str, Any]) -> Outcome:
+    changes = tuple(Change(k, tuple(key), a) for k, key, a in data["changes"])
+    return Outcome(changes, data["refused"], data["duplicate"])
+
+
+def snapshot(state: MetadataState) -> dict[str, Any]:
+    """The whole state as cbor-able data (records as lists; the command-id table in order, oldest first)."""
+    return {
+        "protocol_version": state.protocol_version,
+        **{attr: [to_plain(r) for r in getattr(state, attr).values()] for attr in _RECORD_MAPS},
+        "applied": [[cid, outcome_to_dict(o)] for cid, o in state.applied.items()],
+    }
+
+
+_RECORD_MAPS: dict[str, Callable[[Any], Any]] = {
+    "nodes": lambda r: r.name,
+    "vhosts": lambda r: r.name,
+    "users": lambda r: r.name,
+    "permissions": lambda r: (r.vhost, r.user),
+    "exchanges": lambda r: (r.vhost, r.name),
+    "bindings": binding_key,
+    "queues": lambda r: (r.vhost, r.name),
+    "policies": lambda r: (r.vhost, r.name),
+}
+
+
+def restore(data: Mapping[str, Any]) -> MetadataState:
+    maps: dict[str, Any] = {}
+    for attr, key_of in _RECORD_MAPS.items():
+        records = [from_plain(r) for r in data[attr]]
+        maps[attr] = {key_of(r): r for r in records}
+    applied = {cid: outcome_from_dict(o) for cid, o in data["applied"]}
+    return MetadataState(protocol_version=data["protocol_version"], applied=applied, **maps)

@@ -1,0 +1,192 @@
+"""Pure tests of the metadata state machine: semantics, cascades, idempotence under duplication, snapshots."""
+
+from __future__ import annotations
+
+import cbor2
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cluster.metadata import model as m
+from cluster.metadata.model import (
+    AddNode,
+    Bind,
+    BindingRecord,
+    ClearPolicy,
+    Command,
+    DeclareExchange,
+    DeclareQueue,
+    DeleteExchange,
+    DeleteQueue,
+    DeleteUser,
+    DeleteVhost,
+    ExchangeRecord,
+    MetadataState,
+    PolicyRecord,
+    PutUser,
+    PutVhost,
+    QueueRecord,
+    RemoveNode,
+    SetPermissions,
+    SetPolicy,
+    SetQueueLeader,
+    SetQueueMembers,
+    Unbind,
+)
+
+
+def run(commands: list[Command], state: MetadataState | None = None) -> MetadataState:
+    state = state or MetadataState()
+    for c in commands:
+        state, _ = m.apply(state, c)
+    return state
+
+
+def q(name: str, vhost: str = "/", leader: str = "a", members: tuple[str, ...] = ("a", "b", "c")) -> QueueRecord:
+    return QueueRecord(vhost, name, "quorum", leader=leader, members=members)
+
+
+BASE: list[Command] = [PutVhost("/"), DeclareExchange(ExchangeRecord("/", "x", "topic")),
+                       DeclareQueue(q("q1"))]
+
+
+def test_declare_reports_created_then_unchanged() -> None:
+    s, out = m.apply(MetadataState(), PutVhost("/"))
+    assert out.changes == (m.Change("vhost", ("/",), "created"),)
+    s2, out2 = m.apply(s, PutVhost("/"))
+    assert out2.ok and out2.changes == () and s2 == s
+
+
+def test_command_id_returns_first_outcome() -> None:
+    s, first = m.apply(MetadataState(), PutVhost("/", cid="c1"))
+    s2, again = m.apply(s, PutVhost("/", cid="c1"))
+    assert again.duplicate and again.changes == first.changes and s2 == s
+
+
+def test_dedup_table_is_bounded() -> None:
+    s = MetadataState()
+    for i in range(m.DEDUP_MAX + 10):
+        s, _ = m.apply(s, PutVhost(f"v{i % 3}", cid=f"c{i}"))
+    assert len(s.applied) == m.DEDUP_MAX
+    assert "c0" not in s.applied and f"c{m.DEDUP_MAX + 9}" in s.applied
+
+
+def test_incompatible_node_version_is_refused_and_changes_nothing() -> None:
+    s = run([AddNode("a", "127.0.0.1:1", m.PROTOCOL_VERSION)])
+    s2, out = m.apply(s, AddNode("b", "127.0.0.1:2", m.PROTOCOL_VERSION + 1))
+    assert not out.ok and "version" in out.refused
+    assert s2 == s
+
+
+def test_redeclare_keeps_placement_and_refuses_a_different_definition() -> None:
+    s = run(BASE)
+    s2, out = m.apply(s, DeclareQueue(q("q1", leader="b")))
+    assert out.ok and s2.queues[("/", "q1")].leader == "a"
+    _, out = m.apply(s, DeclareQueue(QueueRecord("/", "q1", "classic", leader="a", members=("a",))))
+    assert "different definition" in out.refused
+
+
+def test_queue_placement_commands() -> None:
+    s = run([*BASE, SetQueueLeader("/", "q1", "c")])
+    assert s.queues[("/", "q1")].leader == "c"
+    _, out = m.apply(s, SetQueueLeader("/", "q1", "z"))
+    assert not out.ok
+    s = run([SetQueueMembers("/", "q1", ("a", "b"))], s)
+    assert s.queues[("/", "q1")].leader == "a" and s.queues[("/", "q1")].members == ("a", "b")
+
+
+def test_deletes_cascade() -> None:
+    bind = Bind(BindingRecord("/", "x", "q1", "queue", "k.#"))
+    s = run([*BASE, bind, PutUser("u", "h"), SetPermissions("u", "/"),
+             SetPolicy(PolicyRecord("/", "p", "^q"))])
+    assert len(s.bindings) == 1 and len(s.permissions) == 1
+    assert run([DeleteQueue("/", "q1")], s).bindings == {}
+    assert run([DeleteExchange("/", "x")], s).bindings == {}
+    assert run([DeleteUser("u")], s).permissions == {}
+    gone = run([DeleteVhost("/")], s)
+    assert gone.definitions() == run([PutUser("u", "h")]).definitions()
+
+
+def test_bind_needs_both_ends() -> None:
+    s = run(BASE)
+    _, out = m.apply(s, Bind(BindingRecord("/", "x", "nope")))
+    assert "no queue" in out.refused
+    _, out = m.apply(s, Bind(BindingRecord("/", "nope", "q1")))
+    assert "no exchange" in out.refused
+
+
+# ------------------------------------------------------------------------------------------ property tests
+
+names = st.sampled_from(["a", "b", "c"])
+vhosts = st.sampled_from(["/", "v"])
+nodes = st.sampled_from(["n1", "n2", "n3"])
+args = st.dictionaries(st.sampled_from(["x-k", "x-m"]), st.integers(0, 3) | st.text(max_size=2), max_size=2)
+
+
+def _queue(vh: str, name: str, members: list[str], qtype: str, a: dict[str, object]) -> QueueRecord:
+    return QueueRecord(vh, name, qtype, arguments=a, leader=members[0], members=tuple(members))
+
+
+queue_records = st.builds(_queue, vhosts, names, st.lists(nodes, min_size=1, max_size=3, unique=True),
+                          st.sampled_from(["classic", "quorum"]), args)
+bindings = st.builds(BindingRecord, vhosts, names, names, st.sampled_from(["queue", "exchange"]),
+                     st.sampled_from(["", "k", "k.*"]), args)
+
+commands = st.one_of(
+    st.builds(AddNode, nodes, st.sampled_from(["h:1", "h:2"]), st.sampled_from([1, 1, 2])),
+    st.builds(RemoveNode, nodes),
+    st.builds(PutVhost, vhosts, st.sampled_from(["", "d"])),
+    st.builds(DeleteVhost, vhosts),
+    st.builds(PutUser, names, st.sampled_from(["h1", "h2"]), st.sampled_from([(), ("administrator",)])),
+    st.builds(DeleteUser, names),
+    st.builds(SetPermissions, names, vhosts, st.sampled_from([".*", "^a"])),
+    st.builds(DeclareExchange, st.builds(ExchangeRecord, vhosts, names, st.sampled_from(["direct", "topic"]))),
+    st.builds(DeleteExchange, vhosts, names),
+    st.builds(Bind, bindings),
+    st.builds(Unbind, bindings),
+    st.builds(DeclareQueue, queue_records),
+    st.builds(DeleteQueue, vhosts, names),
+    st.builds(SetQueueLeader, vhosts, names, nodes),
+    st.builds(SetQueueMembers, vhosts, names, st.lists(nodes, min_size=1, max_size=3, unique=True).map(tuple)),
+    st.builds(SetPolicy, st.builds(PolicyRecord, vhosts, names, st.sampled_from(["^a", ".*"]))),
+    st.builds(ClearPolicy, vhosts, names),
+)
+
+
+def with_ids(cmds: list[Command]) -> list[Command]:
+    from dataclasses import replace
+
+    return [replace(c, cid=f"cmd-{i}") for i, c in enumerate(cmds)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(commands, max_size=40), st.data())
+def test_random_duplication_gives_the_same_state(cmds: list[Command], data: st.DataObject) -> None:
+    cmds = with_ids(cmds)
+    # every duplicate lands after its original: a retry of a command whose first attempt did commit
+    stream: list[Command] = []
+    for c in cmds:
+        stream.append(c)
+        pending = data.draw(st.integers(0, 2))
+        stream.extend([c] * pending)
+    later = data.draw(st.lists(st.sampled_from(cmds), max_size=10)) if cmds else []
+    plain = run(cmds)
+    duplicated = run(stream + later)
+    assert duplicated == plain
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(commands, max_size=40))
+def test_snapshot_round_trip_through_cbor(cmds: list[Command]) -> None:
+    state = run(with_ids(cmds))
+    data = cbor2.loads(cbor2.dumps(m.snapshot(state)))
+    restored = m.restore(data)
+    assert restored == state
+    # and a restored replica keeps behaving the same
+    more = with_ids(cmds)
+    assert run(more, restored) == run(more, state)
+
+
+@settings(max_examples=200, deadline=None)
+@given(commands)
+def test_command_codec_round_trip(cmd: Command) -> None:
+    assert m.command_from_dict(cbor2.loads(cbor2.dumps(m.command_to_dict(cmd)))) == cmd
