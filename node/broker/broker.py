@@ -91,6 +91,9 @@ class Broker:
         self.dead_letters: list[tuple[QueueState, Any]] = []
         self.alarms: set[str] = set()
         self.out: list[Effect] = []
+        self._batch: list[Record] | None = None  # records of the open Persist (see `persist`)
+        self._batch_token = 0
+        self._batch_index = 0
         self.now_ms = 0
         self._next_consumer_id = 1
         self._next_token = 1
@@ -103,7 +106,7 @@ class Broker:
         self.add_vhost(cfg.default_vhost)
         self.add_user(cfg.default_user, cfg.default_pass, ("administrator",))
         self.set_permissions(cfg.default_user, cfg.default_vhost, Permission())
-        self.out.clear()
+        self.take_effects()
 
     def add_vhost(self, name: str) -> VHost[QueueState]:
         vhost = self.vhosts.get(name)
@@ -120,10 +123,13 @@ class Broker:
         self.users.set_permissions(user, vhost, permission)
         for conn in self.conns.values():
             conn.permission_cache.clear()
+            for ch in conn.channels.values():
+                ch.write_ok.clear()
         p = permission
         self.persist((PermissionRecord(user, vhost, p.configure, p.write, p.read),))
 
     def take_effects(self) -> list[Effect]:
+        self._close_batch()
         out, self.out = self.out, []
         return out
 
@@ -156,6 +162,22 @@ class Broker:
         conn = self.conns.get(conn_id)
         if conn is None:
             return []
+        self._handle_event(conn, event)
+        return self._finish()
+
+    def handle_many(self, conn_id: int, events: list[Any], now_ms: int) -> list[Effect]:
+        """`handle` for each event in turn (one read's worth), with the same effects in the same order, except
+        that every record written for the whole list shares one `Persist` (one token, one confirm round)."""
+        self.now_ms = max(self.now_ms, now_ms)
+        for event in events:
+            conn = self.conns.get(conn_id)
+            if conn is None:
+                break
+            self._handle_event(conn, event)
+            self._settle_round()
+        return self._finish()
+
+    def _handle_event(self, conn: ConnState, event: Any) -> None:
         kind = type(event)
         if kind is ev.ContentReceived:
             self._guarded(conn, event.channel, event.method, publish.handle_publish, event)
@@ -172,7 +194,6 @@ class Broker:
                 conn.cancel_notify = bool(capabilities.get("consumer_cancel_notify", False))
         elif kind is ev.ConnectionClosed:
             self._connection_closed(conn)
-        return self._finish()
 
     def tick(self, now_ms: int) -> list[Effect]:
         self.now_ms = max(self.now_ms, now_ms)
@@ -196,9 +217,9 @@ class Broker:
         return best
 
     def on_persisted(self, token: int) -> list[Effect]:
-        for ch, seq in self.persist_waiters.pop(token, ()):
-            if not ch.closed:
-                publish.persisted(self, ch, seq)
+        waiters = self.persist_waiters.pop(token, None)
+        if waiters:
+            publish.persisted_many(self, waiters)
         return self._finish()
 
     def set_alarm(self, kind: str, active: bool) -> list[Effect]:
@@ -239,6 +260,7 @@ class Broker:
         from node.broker import recovery
 
         recovery.recover(self, records)
+        self._batch = None
         self.out.clear()
         return []
 
@@ -257,10 +279,28 @@ class Broker:
     def random_name(self, prefix: str) -> str:
         return prefix + base64.urlsafe_b64encode(self.config.rng(16)).decode("ascii").rstrip("=")
 
-    def persist(self, records: tuple[Record, ...]) -> int:
-        token = self.new_token()
-        self.out.append(Persist(token, records))
-        return token
+    def persist(self, records: tuple[Record, ...] | list[Record]) -> int:
+        """Queue records for storage; returns the token `on_persisted` will report.
+
+        Every record written during one entry point goes into one `Persist` (one token), placed where the first
+        of them was: records keep their order, so each stream sees exactly what it saw with one Persist each,
+        and storage and confirms handle one token where they would have handled hundreds.
+        """
+        batch = self._batch
+        if batch is None:
+            self._batch = list(records)
+            self._batch_token = token = self.new_token()
+            self._batch_index = len(self.out)
+            self.out.append(Persist(token, ()))  # placeholder, filled by _close_batch
+            return token
+        batch.extend(records)
+        return self._batch_token
+
+    def _close_batch(self) -> None:
+        batch = self._batch
+        if batch is not None:
+            self._batch = None
+            self.out[self._batch_index] = Persist(self._batch_token, tuple(batch))
 
     def vhost_of(self, conn: ConnState) -> VHost[QueueState]:
         vhost = self.vhosts.get(conn.vhost)
@@ -318,7 +358,7 @@ class Broker:
         if old is not None:
             self.close_channel_state(conn, number)
         get_id = self.new_consumer_id()
-        ch = ChannelState(conn.conn_id, number, get_id)
+        ch = ChannelState(conn.conn_id, number, get_id, conn=conn)
         conn.channels[number] = ch
         self.getters[get_id] = ch
 
@@ -339,13 +379,19 @@ class Broker:
         definitions.delete_exclusive_queues(self, conn)
         self.conns.pop(conn.conn_id, None)
 
-    def _finish(self) -> list[Effect]:
+    def _settle_round(self) -> None:
+        """What every entry point ends with: dead letters republished, credit topped up, pending drained."""
         if self.dead_letters:
             publish.run_dead_letters(self)
         if self.dirty:
             delivery.refill_dirty(self)
             if self.dead_letters:
                 publish.run_dead_letters(self)
+
+    def _finish(self) -> list[Effect]:
+        self._settle_round()
+        if self._batch is not None:
+            self._close_batch()
         out = self.out
         self.out = []
         return out

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cluster.queue import (
@@ -38,6 +37,7 @@ from cluster.queue import (
     Settle,
 )
 from node.amqp import methods as m
+from node.amqp.properties import BasicProperties
 from node.broker.channel import ChannelState, ConnState, Consumer, Message, PendingDelivery, Unacked
 from node.broker.definitions import REPLY_TO_QUEUE, check_exclusive, delete_queue, lookup_queue
 from node.broker.effects import Send, SendContent
@@ -49,41 +49,62 @@ if TYPE_CHECKING:
     from node.broker.broker import Broker
 
 
-@dataclass(frozen=True, slots=True)
-class Persisted:
-    """Returned by apply_queue for an accepted persistent message: the Persist token its confirm waits for."""
-
-    token: int
+_PROPERTY_NAMES = tuple(f.name for f in dataclasses.fields(BasicProperties))
 
 
 def properties_to_dict(props: Any) -> dict[str, Any]:
-    return {f.name: getattr(props, f.name) for f in dataclasses.fields(props) if getattr(props, f.name) is not None}
+    """The properties that are set, as a plain dict (for MessageRecord); field names computed once."""
+    out: dict[str, Any] = {}
+    for name in _PROPERTY_NAMES:
+        value = getattr(props, name)
+        if value is not None:
+            out[name] = value
+    return out
 
 
-def _persist_accepted(broker: Broker, queue: QueueState, msg_id: int, message: QueuedMessage) -> Persisted:
+def _persist_accepted(broker: Broker, queue: QueueState, msg_id: int, message: QueuedMessage) -> int:
     msg: Message = message.payload
     queue.persisted_ids.add(msg_id)
     record = MessageRecord(queue.vhost, queue.name, msg_id, msg.exchange, msg.routing_key,
                            properties_to_dict(msg.properties), msg.body)
-    return Persisted(broker.persist((record,)))
+    return broker.persist((record,))
+
+
+def enqueue(broker: Broker, queue: QueueState, command: Enqueue) -> int:
+    """Apply one Enqueue (the publish hot path): > 0 is the Persist token of an accepted persistent message,
+    -1 means the queue refused it, 0 neither.
+
+    The accepted message's record is written before any other effect of the command is handled, so a removal
+    record (no-ack delivery, drop-head) can never precede the message's own record in the queue's stream.
+    """
+    effects = queue.machine.apply(command)
+    first = effects[0] if effects else None
+    if type(first) is Accepted:
+        token = _persist_accepted(broker, queue, first.msg_id, command.message) if command.message.persistent else 0
+        if len(effects) == 2 and type(effects[1]) is Deliver:
+            _on_deliver(broker, queue, effects[1])
+        elif len(effects) > 1:
+            _handle_effects(broker, queue, effects)
+        return token
+    token = 0
+    for effect in effects:
+        kind = type(effect)
+        if kind is Accepted:
+            if command.message.persistent:
+                token = _persist_accepted(broker, queue, effect.msg_id, command.message)
+        elif kind is Rejected:
+            token = -1
+    _handle_effects(broker, queue, effects)
+    return token
 
 
 def apply_queue(broker: Broker, queue: QueueState, command: Any) -> list[Any]:
-    """Run one command on the queue's machine; handle deliveries, gets and losses; return the rest.
+    """Run one command on the queue's machine; handle deliveries, gets and losses; return the rest."""
+    return _handle_effects(broker, queue, queue.machine.apply(command))
 
-    An accepted persistent Enqueue is written (Persist) before any other effect of the same command, so a
-    removal record can never precede the message's own record in the queue's stream.
-    """
+
+def _handle_effects(broker: Broker, queue: QueueState, effects: list[Any]) -> list[Any]:
     rest: list[Any] = []
-    effects = queue.machine.apply(command)
-    if type(command) is Enqueue:
-        for effect in effects:
-            kind = type(effect)
-            if kind is Accepted:
-                if command.message.persistent:
-                    rest.append(_persist_accepted(broker, queue, effect.msg_id, command.message))
-            elif kind is Rejected:
-                rest.append(effect)
     for effect in effects:
         kind = type(effect)
         if kind is Deliver:
@@ -126,43 +147,42 @@ def _on_deliver(broker: Broker, queue: QueueState, effect: Deliver) -> None:
     consumer = broker.consumers.get(effect.consumer_id)  # type: ignore[call-overload]
     if consumer is None:
         return
-    consumer.credit -= 1
+    credit = consumer.credit = consumer.credit - 1
     ch = consumer.channel
-    if consumer.credit * 2 <= broker.config.consumer_credit_window:
+    if credit * 2 <= broker.config.consumer_credit_window:
         broker.mark_dirty(ch)
-    if consumer.no_ack:
+    if consumer.no_ack and queue.persisted_ids:
         forget_persisted(broker, queue, (effect.msg_id,))
-    pending = PendingDelivery(consumer, effect.msg_id, effect.message.payload, effect.redelivered)
-    if ch.pending or not _can_send(broker, ch, consumer):
-        ch.pending.append(pending)
+    if ch.pending or not _can_send(ch, consumer):
+        ch.pending.append(PendingDelivery(consumer, effect.msg_id, effect.message.payload, effect.redelivered))
         drain_pending(broker, ch)
     else:
-        _send_delivery(broker, ch, pending)
+        _send_delivery(broker, ch, consumer, effect.msg_id, effect.message.payload, effect.redelivered)
 
 
-def _can_send(broker: Broker, ch: ChannelState, consumer: Consumer) -> bool:
-    conn = broker.conns.get(ch.conn_id)
-    if conn is None or not conn.writable or not ch.flow_active:
+def _can_send(ch: ChannelState, consumer: Consumer) -> bool:
+    conn = ch.conn
+    if conn is None or not conn.writable or not ch.flow_active or ch.closed:
         return False
     return consumer.no_ack or ch.prefetch_channel == 0 or len(ch.unacked) < ch.prefetch_channel
 
 
-def _send_delivery(broker: Broker, ch: ChannelState, pending: PendingDelivery) -> None:
-    consumer = pending.consumer
+def _send_delivery(broker: Broker, ch: ChannelState, consumer: Consumer, msg_id: int, msg: Message,
+                   redelivered: bool) -> None:
     tag = ch.next_delivery_tag
     ch.next_delivery_tag = tag + 1
     if not consumer.no_ack:
-        ch.unacked[tag] = Unacked(consumer.queue, consumer.consumer_id, pending.msg_id, consumer)
+        ch.unacked[tag] = Unacked(consumer.queue, consumer.consumer_id, msg_id, consumer)
         consumer.unacked_count += 1
-    msg: Message = pending.message
-    deliver = m.BasicDeliver(consumer_tag=consumer.tag, delivery_tag=tag, redelivered=pending.redelivered,
-                             exchange=msg.exchange, routing_key=msg.routing_key)
+    deliver = m.BasicDeliver(consumer.tag, tag, redelivered, msg.exchange, msg.routing_key)
     broker.out.append(SendContent(ch.conn_id, ch.number, deliver, msg.properties, msg.body))
 
 
 def drain_pending(broker: Broker, ch: ChannelState) -> None:
-    while ch.pending and _can_send(broker, ch, ch.pending[0].consumer):
-        _send_delivery(broker, ch, ch.pending.popleft())
+    pending = ch.pending
+    while pending and _can_send(ch, pending[0].consumer):
+        p = pending.popleft()
+        _send_delivery(broker, ch, p.consumer, p.msg_id, p.message, p.redelivered)
 
 
 def _on_get_ok(broker: Broker, queue: QueueState, effect: GetOk) -> None:
@@ -374,7 +394,28 @@ def collect_tags(ch: ChannelState, delivery_tag: int, multiple: bool) -> list[in
 
 
 def basic_ack(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicAck) -> None:
+    if not method.multiple and ch.tx is None:  # the hot path: one tag, settled now
+        entry = ch.unacked.pop(method.delivery_tag, None)
+        if entry is None:
+            raise precondition(f"unknown delivery tag {method.delivery_tag}")
+        _settle_one(broker, entry)
+        if ch.pending or ch.prefetch_channel:
+            broker.mark_dirty(ch)
+        return
     _settle_tags(broker, ch, collect_tags(ch, method.delivery_tag, method.multiple), "ack", False)
+
+
+def _settle_one(broker: Broker, entry: Unacked) -> None:
+    """settle_entries(broker, [entry], "ack", False), unrolled."""
+    queue, msg_id = entry.queue, MsgId(entry.msg_id)
+    apply_queue(broker, queue, Settle(entry.consumer_id, (msg_id,)))
+    if queue.persisted_ids:
+        forget_persisted(broker, queue, (msg_id,))
+    consumer = entry.consumer
+    if consumer is not None:
+        consumer.unacked_count -= 1
+        if consumer.cancelled and consumer.unacked_count <= 0:
+            _finish_lingering(broker, consumer)
 
 
 def basic_nack(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicNack) -> None:

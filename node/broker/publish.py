@@ -15,11 +15,11 @@ import dataclasses
 import datetime
 from typing import TYPE_CHECKING, Any
 
-from cluster.queue import DeadLetter, Enqueue, QueuedMessage, Rejected
+from cluster.queue import DeadLetter, Enqueue, QueuedMessage
 from node.amqp import methods as m
 from node.broker.channel import ChannelState, ConnState, Message, TxState
 from node.broker.definitions import REPLY_TO_QUEUE
-from node.broker.delivery import Persisted, apply_queue, settle_entries
+from node.broker.delivery import enqueue, settle_entries
 from node.broker.effects import Block, Send, SendContent
 from node.broker.errors import AmqpError, access_refused, not_found, precondition
 from node.broker.queues import QueueState
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from node.broker.broker import Broker
 
 REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
+WRITE_OK_ENTRIES_MAX = 1024  # per channel: exchanges known to be writable
 
 
 def parse_expiration(expiration: str | None) -> int | None:
@@ -53,18 +54,25 @@ def handle_publish(broker: Broker, conn: ConnState, ch: ChannelState, event: Any
     method, props = event.method, event.properties
     if method.immediate:
         raise AmqpError(540, "immediate=true", connection=True)
-    vhost = broker.vhost_of(conn)
+    vhost = broker.vhosts.get(conn.vhost) or broker.vhost_of(conn)
     name = method.exchange
-    broker.check_access(conn, "write", "exchange", name)
+    write_ok = ch.write_ok
+    if name not in write_ok:  # cleared when permissions change
+        broker.check_access(conn, "write", "exchange", name)
+        if len(write_ok) >= WRITE_OK_ENTRIES_MAX:
+            write_ok.clear()
+        write_ok.add(name)
     if name:
         exchange = vhost.exchanges.get(name)
         if exchange is None:
             raise not_found("exchange", name, vhost.name)
         if exchange.internal:
             raise access_refused(f"cannot publish to internal exchange '{name}' in vhost '{vhost.name}'")
-    if props.user_id is not None and props.user_id != conn.username:
-        raise precondition(f"user_id property set to '{props.user_id}' but authenticated user was '{conn.username}'")
-    ttl_ms = parse_expiration(props.expiration) if props.expiration is not None else None
+    user_id = props.user_id
+    if user_id is not None and user_id != conn.username:
+        raise precondition(f"user_id property set to '{user_id}' but authenticated user was '{conn.username}'")
+    expiration = props.expiration
+    ttl_ms = parse_expiration(expiration) if expiration is not None else None
     if props.reply_to == REPLY_TO_QUEUE:
         if ch.reply_to_token is None:
             raise precondition("fast reply consumer does not exist")
@@ -107,8 +115,18 @@ def route_publish(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], me
             confirm_ready(broker, ch, (), (seq,))
         elif tokens:
             ch.confirm_waiting[seq] = len(tokens)
+            waiters = broker.persist_waiters
             for token in tokens:
-                broker.persist_waiters.setdefault(token, []).append((ch, seq))
+                waiting = waiters.get(token)
+                if waiting is None:
+                    waiters[token] = [(ch, seq)]
+                else:
+                    waiting.append((ch, seq))
+        elif not ch.confirm_waiting:
+            # the common case, inlined: nothing older unconfirmed, so this seq is the next floor
+            if seq > ch.confirm_floor:
+                ch.confirm_floor = seq
+            broker.out.append(Send(ch.conn_id, ch.number, m.BasicAck(delivery_tag=seq, multiple=False)))
         else:
             confirm_ready(broker, ch, (seq,), ())
     return tokens
@@ -116,7 +134,8 @@ def route_publish(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], me
 
 def enqueue_all(broker: Broker, vhost: VHost[QueueState], queue_names: tuple[str, ...] | list[str], msg: Message,
                 ttl_ms: int | None) -> tuple[list[int], bool]:
-    """Enqueue into each named queue; returns the Persist tokens to wait for and whether any queue refused."""
+    """Enqueue into each named queue; returns the Persist tokens to wait for (each once) and whether any queue
+    refused. Tokens repeat when several durable queues share one entry point's Persist, hence the check."""
     props = msg.properties
     persistent = props.delivery_mode == 2
     size = len(msg.body)
@@ -126,16 +145,17 @@ def enqueue_all(broker: Broker, vhost: VHost[QueueState], queue_names: tuple[str
     tokens: list[int] = []
     rejected = False
     now_ms = broker.now_ms
+    queues = vhost.queues
     for queue_name in queue_names:
-        queue = vhost.queues.get(queue_name)
+        queue = queues.get(queue_name)
         if queue is None:
             continue
-        stored = persistent and queue.stored
-        for effect in apply_queue(broker, queue, Enqueue(stored_msg if stored else plain, now_ms)):
-            if type(effect) is Persisted:
-                tokens.append(effect.token)
-            elif type(effect) is Rejected:
-                rejected = True
+        token = enqueue(broker, queue, Enqueue(stored_msg if persistent and queue.stored else plain, now_ms))
+        if token > 0:
+            if token not in tokens:
+                tokens.append(token)
+        elif token < 0:
+            rejected = True
     return tokens, rejected
 
 
@@ -162,19 +182,31 @@ def confirm_select(broker: Broker, conn: ConnState, ch: ChannelState, method: m.
         broker.out.append(Send(ch.conn_id, ch.number, m.ConfirmSelectOk()))
 
 
-def persisted(broker: Broker, ch: ChannelState, seq: int) -> None:
-    """One Persist token that publish `seq` (or, for seq < 0, tx.commit number -seq) waited for is durable."""
-    if seq < 0:
-        _commit_persisted(broker, ch, -seq)
-        return
-    remaining = ch.confirm_waiting.get(seq)
-    if remaining is None:
-        return
-    if remaining > 1:
-        ch.confirm_waiting[seq] = remaining - 1
-        return
-    del ch.confirm_waiting[seq]
-    confirm_ready(broker, ch, (seq,), ())
+def persisted_many(broker: Broker, waiters: list[tuple[ChannelState, int]]) -> None:
+    """A Persist token is durable: release what waited for it. Each waiter is (channel, publish seq), or for
+    seq < 0 (channel, -tx.commit number). The publishes of one channel it completes are confirmed together, so
+    a contiguous run becomes one multiple ack."""
+    ready: dict[int, tuple[ChannelState, list[int]]] = {}
+    for ch, seq in waiters:
+        if ch.closed:
+            continue
+        if seq < 0:
+            _commit_persisted(broker, ch, -seq)
+            continue
+        remaining = ch.confirm_waiting.get(seq)
+        if remaining is None:
+            continue
+        if remaining > 1:
+            ch.confirm_waiting[seq] = remaining - 1
+            continue
+        del ch.confirm_waiting[seq]
+        entry = ready.get(id(ch))
+        if entry is None:
+            ready[id(ch)] = (ch, [seq])
+        else:
+            entry[1].append(seq)
+    for ch, seqs in ready.values():
+        confirm_ready(broker, ch, seqs, ())
 
 
 def confirm_ready(broker: Broker, ch: ChannelState, acks: tuple[int, ...] | list[int], nacks: tuple[int, ...]
@@ -216,6 +248,7 @@ def tx_commit(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxCom
         tokens += route_publish(broker, ch, vhost, publish_method, props, body, 0, parse_expiration(props.expiration))
     for _tag, entry, kind, requeue in tx.acks:
         settle_entries(broker, [entry], kind, requeue)
+    tokens = list(dict.fromkeys(tokens))  # publishes of one commit share the entry point's Persist token
     broker.mark_dirty(ch)
     if not tokens and not ch.commits_waiting:
         broker.out.append(Send(ch.conn_id, ch.number, m.TxCommitOk()))

@@ -1,7 +1,8 @@
 """Persistence records: what the broker asks storage to keep, and what `Broker.recover` reads back (pure).
 
 Every record is a frozen dataclass of plain values (str, int, bool, bytes, dicts of field-table values), so
-`to_cbor(record)` is a plain list `[tag, field...]` that cbor2 encodes directly and `from_cbor` rebuilds. Each record
+`to_cbor(record)` (each record's hand-written `to_cbor()`: no dataclasses.astuple deep copy on the storage path) is
+a plain list `[tag, field...]` that cbor2 encodes directly and `from_cbor` rebuilds. Each record
 names its storage `stream`: "definitions" for vhosts, users, permissions, exchanges, queues and bindings, and
 "queue:<vhost>:<queue>" for one durable queue's persistent messages, so a queue's stream can be truncated behind a
 snapshot on its own. Deletions are records too (`deleted=True` / MessageRemoved); replaying a stream in order and
@@ -10,7 +11,7 @@ keeping the last record per key gives the current state.
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 DEFINITIONS_STREAM = "definitions"
@@ -29,6 +30,9 @@ class VHostRecord:
     def stream(self) -> str:
         return DEFINITIONS_STREAM
 
+    def to_cbor(self) -> list[Any]:
+        return ["vhost", self.name, self.deleted]
+
 
 @dataclass(frozen=True, slots=True)
 class UserRecord:
@@ -40,6 +44,9 @@ class UserRecord:
     @property
     def stream(self) -> str:
         return DEFINITIONS_STREAM
+
+    def to_cbor(self) -> list[Any]:
+        return ["user", self.name, self.password_hash, list(self.tags), self.deleted]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +61,9 @@ class PermissionRecord:
     @property
     def stream(self) -> str:
         return DEFINITIONS_STREAM
+
+    def to_cbor(self) -> list[Any]:
+        return ["perm", self.user, self.vhost, self.configure, self.write, self.read, self.deleted]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +80,10 @@ class ExchangeRecord:
     def stream(self) -> str:
         return DEFINITIONS_STREAM
 
+    def to_cbor(self) -> list[Any]:
+        return ["exchange", self.vhost, self.name, self.type, self.auto_delete, self.internal, self.arguments,
+                self.deleted]
+
 
 @dataclass(frozen=True, slots=True)
 class QueueRecord:
@@ -82,6 +96,9 @@ class QueueRecord:
     @property
     def stream(self) -> str:
         return DEFINITIONS_STREAM
+
+    def to_cbor(self) -> list[Any]:
+        return ["queue", self.vhost, self.name, self.auto_delete, self.arguments, self.deleted]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +114,10 @@ class BindingRecord:
     @property
     def stream(self) -> str:
         return DEFINITIONS_STREAM
+
+    def to_cbor(self) -> list[Any]:
+        return ["binding", self.vhost, self.source, self.dest_kind, self.destination, self.routing_key,
+                self.arguments, self.deleted]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +137,10 @@ class MessageRecord:
     def stream(self) -> str:
         return queue_stream(self.vhost, self.queue)
 
+    def to_cbor(self) -> list[Any]:
+        return ["msg", self.vhost, self.queue, self.msg_id, self.exchange, self.routing_key, self.properties,
+                self.body, self.delivery_count]
+
 
 @dataclass(frozen=True, slots=True)
 class MessageRemovedRecord:
@@ -127,6 +152,9 @@ class MessageRemovedRecord:
     def stream(self) -> str:
         return queue_stream(self.vhost, self.queue)
 
+    def to_cbor(self) -> list[Any]:
+        return ["msg-removed", self.vhost, self.queue, self.msg_id]
+
 
 Record = (
     VHostRecord | UserRecord | PermissionRecord | ExchangeRecord | QueueRecord | BindingRecord | MessageRecord
@@ -137,16 +165,11 @@ _TAGS: dict[str, type[Any]] = {
     "vhost": VHostRecord, "user": UserRecord, "perm": PermissionRecord, "exchange": ExchangeRecord,
     "queue": QueueRecord, "binding": BindingRecord, "msg": MessageRecord, "msg-removed": MessageRemovedRecord,
 }
-_TAG_OF: dict[type[Any], str] = {cls: tag for tag, cls in _TAGS.items()}
 
 
 def to_cbor(record: Record) -> list[Any]:
-    """[tag, field, ...]; tuples become lists (cbor2 encodes both as arrays)."""
-    values = [list(v) if isinstance(v, tuple) else v for v in astuple(record)] if not isinstance(
-        record, MessageRecord) else [
-        record.vhost, record.queue, record.msg_id, record.exchange, record.routing_key, record.properties,
-        record.body, record.delivery_count]
-    return [_TAG_OF[type(record)], *values]
+    """[tag, field, ...] in field order; tuples become lists (cbor2 encodes both as arrays)."""
+    return record.to_cbor()
 
 
 def from_cbor(data: list[Any]) -> Record:

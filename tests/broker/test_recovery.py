@@ -101,3 +101,24 @@ def test_recreated_queue_does_not_resurrect_old_messages_when_streams_replay_apa
     c2 = Client(restarted)
     c2.open(1)
     assert [d.body for d in deliveries(c2.consume("dq", "t", no_ack=True))] == [b"new"]
+
+
+def test_hand_written_to_cbor_matches_field_order_for_every_record_type() -> None:
+    import dataclasses
+
+    from node.broker import records as r
+
+    samples: list[Record] = [
+        r.VHostRecord("v", True), r.UserRecord("u", "h", ("a", "b")), r.PermissionRecord("u", "v", "c", "w", "r"),
+        r.ExchangeRecord("v", "x", "topic", True, False, {"alternate-exchange": "ae"}),
+        r.QueueRecord("v", "q", False, {"x-max-length": 1}, True),
+        r.BindingRecord("v", "x", "queue", "q", "k", {"a": [1]}), MessageRecord("v", "q", 3, "x", "k", {}, b"b", 2),
+        r.MessageRemovedRecord("v", "q", 3),
+    ]
+    for record in samples:
+        fields = [list(v) if isinstance(v, tuple) else v for v in dataclasses.astuple(record)]
+        encoded = to_cbor(record)
+        assert encoded[1:] == fields
+        assert from_cbor(cbor2.loads(cbor2.dumps(encoded))) == record
+    assert {to_cbor(s)[0] for s in samples} == {"vhost", "user", "perm", "exchange", "queue", "binding", "msg",
+                                                "msg-removed"}
