@@ -1,0 +1,254 @@
+"""`MetadataStore`: the cluster metadata replicated by pysyncobj, bridged into trio.
+
+What it is for: every node runs one store. `await store.apply(command)` replicates a `cluster.metadata.model`
+command through the Raft group and returns its `Outcome`; `store.state` is this node's replica (a read never
+leaves the node and may lag the leader); `store.subscribe()` yields the outcomes of applied commands that changed
+something.
+
+How it works:
+- `_Replica` is a pysyncobj `SyncObjConsumer` holding the immutable `MetadataState`. Its one replicated method takes
+  a cbor-encoded command (pysyncobj wraps those bytes in its own pickle; our payload is cbor) and swaps the state
+  reference — so readers in the trio thread always see a whole state, with no lock.
+- pysyncobj ticks in its own thread (autoTick). `apply` hands the command to pysyncobj's thread-safe command queue
+  with a callback; the callback runs in the tick thread and only calls `TrioToken.run_sync_soon`, which never
+  blocks, to put the result into a one-slot memory channel the trio task waits on. Neither side waits on the other.
+- Retries: MISSING_LEADER, NOT_LEADER, LEADER_CHANGED, DISCARDED, QUEUE_FULL, REQUEST_DENIED and UNKNOWN_OUTCOME are
+  retried with the same command id, with doubling backoff (`RETRY_BACKOFF_*`) until `timeout_s`; the model's
+  command-id table makes a retry of a command that did commit a no-op that returns the first outcome.
+- Start: the secret is checked (length), the peers are probed with it (`secret.check_peers`: a peer with another
+  secret is a clear `ClusterSecretError` and nothing is started), pysyncobj starts with `password` = secret, bound
+  to this node's cluster address only, with the durable journal (`durable.install`). Then the store waits for a
+  leader and applies `AddNode(name, address, version)`: a refusal (another protocol version) stops the store and
+  raises `IncompatibleVersionError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import cbor2
+import trio
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+
+from cluster.metadata import durable, model
+from cluster.metadata.model import AddNode, Command, MetadataState, Outcome
+from cluster.metadata.secret import ClusterSecretError, check_bind_address, check_peers, secret_bytes
+
+RETRYABLE = frozenset({FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.DISCARDED,
+                       FAIL_REASON.NOT_LEADER, FAIL_REASON.LEADER_CHANGED, FAIL_REASON.REQUEST_DENIED,
+                       FAIL_REASON.UNKNOWN_OUTCOME})
+RETRY_BACKOFF_FIRST_S = 0.05
+RETRY_BACKOFF_MAX_S = 1.0
+SUBSCRIBER_BUFFER_MAX = 1024
+JOURNAL_NAME = "metadata.journal"
+
+__all__ = ["ClusterSecretError", "IncompatibleVersionError", "MetadataError", "MetadataStore",
+           "MetadataTimeout", "StoreConfig"]
+
+
+class MetadataError(Exception):
+    """A metadata command failed for a reason a retry will not fix."""
+
+
+class MetadataTimeout(MetadataError):
+    """No result within the timeout: the command may or may not have been applied; retrying it is safe."""
+
+
+class IncompatibleVersionError(MetadataError):
+    """The cluster refused this node's metadata protocol version."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    node_name: str
+    address: str  # host:port of this node's Raft endpoint, on its cluster address
+    peers: tuple[str, ...]  # the other nodes' Raft endpoints
+    secret: str | bytes | None
+    data_dir: Path | None = None  # None: an in-memory journal (tests only; nothing survives a restart)
+    version: int = model.PROTOCOL_VERSION
+    raft_min_timeout_s: float = 0.4
+    raft_max_timeout_s: float = 1.4
+    connection_timeout_s: float = 3.5
+    start_timeout_s: float = 30.0
+    probe_timeout_s: float = 3.0
+
+
+class _Replica(SyncObjConsumer):  # type: ignore[misc]
+    """This node's copy of the state; `apply_command` runs in pysyncobj's tick thread, in log order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = MetadataState()
+        self.on_applied: Callable[[Outcome], None] | None = None
+
+    @replicated  # type: ignore[untyped-decorator]
+    def apply_command(self, payload: bytes) -> bytes:
+        command = model.command_from_dict(cbor2.loads(payload))
+        self.state, outcome = model.apply(self.state, command)
+        if self.on_applied is not None and outcome.changes:
+            self.on_applied(outcome)
+        return cbor2.dumps(model.outcome_to_dict(outcome))
+
+    def _serialize(self) -> dict[str, bytes]:
+        return {"cbor": cbor2.dumps(model.snapshot(self.state))}
+
+    def _deserialize(self, data: dict[str, bytes]) -> None:
+        self.state = model.restore(cbor2.loads(data["cbor"]))
+
+
+def _syncobj_conf(config: StoreConfig, secret: bytes) -> SyncObjConf:
+    journal = None
+    if config.data_dir is not None:
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        journal = str(config.data_dir / JOURNAL_NAME)
+    return SyncObjConf(
+        password=secret,
+        bindAddress=config.address,
+        journalFile=journal,
+        raftMinTimeout=config.raft_min_timeout_s,
+        raftMaxTimeout=config.raft_max_timeout_s,
+        appendEntriesPeriod=min(0.1, config.raft_min_timeout_s / 4),
+        connectionTimeout=config.connection_timeout_s,
+        commandsWaitLeader=True,
+        dynamicMembershipChange=False,
+        # Compaction off: pysyncobj's full dump is neither fsynced nor checksummed (docs/metadata.md).
+        logCompactionMinEntries=2**62,
+        logCompactionMinTime=2**31,
+    )
+
+
+class MetadataStore:
+    """Create inside a trio run; `await start()`, then `apply`, `state`, `subscribe`; `close()` at the end."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        self._secret = secret_bytes(config.secret)
+        check_bind_address(config.address)
+        self._token = trio.lowlevel.current_trio_token()
+        self._replica = _Replica()
+        self._replica.on_applied = self._on_applied_in_tick_thread
+        self._syncobj: SyncObj | None = None
+        self._subscribers: list[trio.MemorySendChannel[Outcome]] = []
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        cfg = self.config
+        await trio.to_thread.run_sync(check_peers, list(cfg.peers), self._secret, cfg.probe_timeout_s)
+        durable.install()
+        conf = _syncobj_conf(cfg, self._secret)
+        self._syncobj = await trio.to_thread.run_sync(
+            lambda: SyncObj(cfg.address, list(cfg.peers), conf, consumers=[self._replica]))
+        try:
+            await self._wait_for_leader(cfg.start_timeout_s)
+            await self._join()
+        except BaseException:
+            self.close()
+            raise
+
+    async def _wait_for_leader(self, timeout_s: float) -> None:
+        with trio.move_on_after(timeout_s):
+            while self.leader() is None:
+                await trio.sleep(0.05)
+            return
+        raise MetadataTimeout(
+            f"node {self.config.node_name}: no metadata leader within {timeout_s} s — fewer than a majority of "
+            f"{self.config.peers} answer with this cluster secret")
+
+    async def _join(self) -> None:
+        cfg = self.config
+        outcome = await self.apply(AddNode(cfg.node_name, cfg.address, cfg.version), cfg.start_timeout_s)
+        if not outcome.ok:
+            raise IncompatibleVersionError(f"node {cfg.node_name} refused by the cluster: {outcome.refused}")
+
+    def close(self) -> None:
+        """Stop pysyncobj (its tick thread ends shortly after) and end every subscription."""
+        if self._syncobj is not None:
+            self._syncobj.destroy()
+            self._syncobj = None
+        self._replica.on_applied = None
+        for send in self._subscribers:
+            send.close()
+        self._subscribers.clear()
+
+    # ------------------------------------------------------------------------------------------ commands
+
+    async def apply(self, command: Command, timeout_s: float = 10.0) -> Outcome:
+        """Replicate one command; retries (same command id) until it has an outcome or `timeout_s` passes."""
+        if not command.cid:
+            command = replace(command, cid=uuid.uuid4().hex)
+        payload = cbor2.dumps(model.command_to_dict(command))
+        backoff_s = RETRY_BACKOFF_FIRST_S
+        last_error = "none"
+        with trio.move_on_after(timeout_s):
+            while True:
+                result, error = await self._submit_once(payload)
+                if error == FAIL_REASON.SUCCESS:
+                    return model.outcome_from_dict(cbor2.loads(result))
+                if error not in RETRYABLE:
+                    raise MetadataError(f"{type(command).__name__} failed: pysyncobj reason {error}")
+                last_error = str(error)
+                await trio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, RETRY_BACKOFF_MAX_S)
+        raise MetadataTimeout(f"{type(command).__name__} (cid {command.cid}) had no outcome within {timeout_s} s "
+                              f"(last pysyncobj reason {last_error}); it may have been applied; retry it")
+
+    async def _submit_once(self, payload: bytes) -> tuple[Any, int]:
+        if self._syncobj is None:
+            raise MetadataError("the metadata store is not running")
+        send, receive = trio.open_memory_channel[tuple[Any, int]](1)
+        token = self._token
+
+        def callback(result: Any, error: int) -> None:  # pysyncobj's tick thread (or ours, if rejected at once)
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(send.send_nowait, (result, error))
+
+        self._replica.apply_command(payload, callback=callback)
+        async with receive:
+            return await receive.receive()
+
+    # ------------------------------------------------------------------------------------------ reads
+
+    @property
+    def state(self) -> MetadataState:
+        return self._replica.state
+
+    def leader(self) -> str | None:
+        if self._syncobj is None:
+            return None
+        node = self._syncobj._getLeader()
+        return None if node is None else str(node.address if hasattr(node, "address") else node)
+
+    def status(self) -> dict[str, Any]:
+        if self._syncobj is None:
+            return {"running": False}
+        raw = self._syncobj.getStatus()
+        return {"running": True, "leader": self.leader(), "self": self.config.address,
+                "raft_term": raw.get("raft_term"), "commit_idx": raw.get("commit_idx"),
+                "last_applied": raw.get("last_applied"), "has_quorum": raw.get("has_quorum")}
+
+    # ------------------------------------------------------------------------------------------ subscriptions
+
+    def subscribe(self, buffer_max: int = SUBSCRIBER_BUFFER_MAX) -> trio.MemoryReceiveChannel[Outcome]:
+        """Outcomes that changed something, in apply order. A subscriber that falls `buffer_max` behind is
+        closed (it sees EndOfChannel) and must re-read `state` and subscribe again: nothing is dropped silently."""
+        send, receive = trio.open_memory_channel[Outcome](buffer_max)
+        self._subscribers.append(send)
+        return receive
+
+    def _on_applied_in_tick_thread(self, outcome: Outcome) -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(self._publish, outcome)
+
+    def _publish(self, outcome: Outcome) -> None:
+        for send in list(self._subscribers):
+            try:
+                send.send_nowait(outcome)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                send.close()
+                self._subscribers.remove(send)

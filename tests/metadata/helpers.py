@@ -1,0 +1,49 @@
+"""Shared helpers for the metadata store tests: free loopback ports, configs, waiting with deadlines."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from cluster.metadata.store import MetadataStore, StoreConfig
+
+SECRET = "test-cluster-secret-0123456789"
+FAST = {"raft_min_timeout_s": 0.3, "raft_max_timeout_s": 0.8, "connection_timeout_s": 1.5}
+
+
+def free_addresses(n: int) -> list[str]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    addrs = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
+    for s in socks:
+        s.close()
+    return addrs
+
+
+def config(i: int, addrs: list[str], secret: str = SECRET, data_dir: Path | None = None,
+           **extra: object) -> StoreConfig:
+    peers = tuple(a for j, a in enumerate(addrs) if j != i)
+    kw: dict[str, object] = {**FAST, **extra}
+    return StoreConfig(f"n{i}", addrs[i], peers, secret, data_dir, **kw)  # type: ignore[arg-type]
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition") -> None:
+    with trio.move_on_after(timeout_s):
+        while not predicate():
+            await trio.sleep(0.05)
+        return
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+async def start_all(configs: list[StoreConfig]) -> list[MetadataStore]:
+    stores = [MetadataStore(c) for c in configs]
+    async with trio.open_nursery() as nursery:
+        for s in stores:
+            nursery.start_soon(s.start)
+    return stores
