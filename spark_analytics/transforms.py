@@ -46,7 +46,7 @@ class LagConfig:
     window_ms: int = 10_000
     lag_threshold_entries: int = 10_000
     lag_threshold_ms: int = 10_000
-    index_bucket_entries: int = 4096
+    index_bucket_entries: int = 64
     percentile_accuracy: int = 10_000
 
 
@@ -277,11 +277,16 @@ def _percentile_aggs(column: str, accuracy: int) -> list[Column]:
 
 def _expand_percentiles(frame: DataFrame, columns: list[str]) -> DataFrame:
     """Turns each `<column>_pct` array into `<column>_p50`, `_p95`, `_p99` columns."""
-    for column in columns:
-        for position, name in enumerate(PERCENTILE_NAMES):
-            frame = frame.withColumn(f"{column}_{name}", F.col(f"{column}_pct")[position])
-        frame = frame.drop(f"{column}_pct")
-    return frame
+    arrays = {f"{column}_pct": column for column in columns}
+    kept = [F.col(name) for name in frame.columns if name not in arrays]
+    expanded = [
+        F.col(array)[position].alias(f"{column}_{name}")
+        for array, column in arrays.items()
+        for position, name in enumerate(PERCENTILE_NAMES)
+    ]
+    return frame.select(
+        *kept, *expanded
+    )  # one projection: withColumn in a loop re-analyses the plan each time
 
 
 def follower_windows(samples: DataFrame, persist: DataFrame, config: LagConfig) -> DataFrame:

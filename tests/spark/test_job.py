@@ -15,7 +15,9 @@ from spark_analytics.generate import GenerateResult, GenerateSpec, generate
 from spark_analytics.job import JobResult, JobSpec, resolve_input, run_job
 from spark_analytics.transforms import LagConfig
 
-pytestmark = pytest.mark.spark
+# The module fixture starts the JVM (if first) and runs the whole job: ~30 s on an idle 2-core machine, but
+# ~200 s was seen with the machine 6x oversubscribed, so it gets headroom over the default 300 s.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
 CONFIG = LagConfig()  # the documented defaults: 10 s windows, out of sync beyond 10 s or 10,000 entries
 
@@ -23,8 +25,9 @@ CONFIG = LagConfig()  # the documented defaults: 10 s windows, out of sync beyon
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, GenerateResult]:
     root = tmp_path_factory.mktemp("telemetry")
-    # 100 s of 3 queues on 3 nodes; n3 of q0000 paused from 40 s to 60 s (20 s, past the 10 s threshold).
-    spec = GenerateSpec(records=6_000, output=str(root), groups=3, duration_s=100, seed=7)
+    # 100 s of 2 queues on 3 nodes; n3 of q0000 paused from 40 s to 60 s (20 s, past the 10 s threshold);
+    # q0001 changes leader from n2 to n3 at 50 s.
+    spec = GenerateSpec(records=4_000, output=str(root), groups=2, duration_s=100, seed=7)
     return root, generate(spec)
 
 
@@ -57,7 +60,7 @@ def test_only_the_paused_follower_lags_and_falls_out_of_sync(
     result = generated[1]
     followers = summary_by_follower(spark, job)
     lagging = (result.lagging_group, result.lagging_follower)
-    assert len(followers) == 7  # 2 followers per queue, plus the old leader of q0001 after its leader change
+    assert len(followers) == 5  # 2 followers per queue, plus the old leader of q0001 after its leader change
     victim = followers.pop(lagging)
     assert victim["out_of_sync_ms"] > 0
     assert victim["episodes"] == 1
@@ -89,7 +92,7 @@ def test_outputs_exist(job: JobResult) -> None:
         assert list(Path(table).glob("*.parquet"))
         name = Path(table).name
         assert list((Path(table).parent / "csv" / name).glob("*.csv"))
-    assert len(job.charts) == 3
+    assert len(job.charts) == 2
     for chart in job.charts:
         assert Path(chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = Path(job.report_path).read_text()
