@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,11 +158,15 @@ class Broker:
         self.conns[conn_id] = ConnState(conn_id, peer_host, peer_is_loopback)
 
     def handle(self, conn_id: int, event: Any, now_ms: int) -> list[Effect]:
-        self.now_ms = max(self.now_ms, now_ms)
+        if now_ms > self.now_ms:
+            self.now_ms = now_ms
         conn = self.conns.get(conn_id)
         if conn is None:
             return []
-        self._handle_event(conn, event)
+        if type(event) is ev.ContentReceived:  # the hot path, without one level of dispatch
+            self._guarded(conn, event.channel, event.method, publish.handle_publish, event)
+        else:
+            self._handle_event(conn, event)
         return self._finish()
 
     def handle_many(self, conn_id: int, events: list[Any], now_ms: int) -> list[Effect]:
@@ -218,6 +222,18 @@ class Broker:
 
     def on_persisted(self, token: int) -> list[Effect]:
         waiters = self.persist_waiters.pop(token, None)
+        if waiters:
+            publish.persisted_many(self, waiters)
+        return self._finish()
+
+    def on_persisted_many(self, tokens: Iterable[int]) -> list[Effect]:
+        """`on_persisted` for every token one commit covered, at once: a channel's publishes they complete are
+        confirmed together (a contiguous run is one multiple ack instead of one ack per token)."""
+        waiters: list[tuple[ChannelState, int]] = []
+        for token in tokens:
+            found = self.persist_waiters.pop(token, None)
+            if found:
+                waiters.extend(found)
         if waiters:
             publish.persisted_many(self, waiters)
         return self._finish()
@@ -389,7 +405,8 @@ class Broker:
                 publish.run_dead_letters(self)
 
     def _finish(self) -> list[Effect]:
-        self._settle_round()
+        if self.dead_letters or self.dirty:
+            self._settle_round()
         if self._batch is not None:
             self._close_batch()
         out = self.out

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from cluster.queue import MsgId
 from node.broker.queues import QueueState
 
 
@@ -32,7 +33,7 @@ class Unacked(NamedTuple):
 
     queue: QueueState
     consumer_id: int
-    msg_id: int
+    msg_id: MsgId
     consumer: Consumer | None
 
 
@@ -56,7 +57,7 @@ class Consumer:
 @dataclass(slots=True)
 class PendingDelivery:
     consumer: Consumer
-    msg_id: int
+    msg_id: MsgId
     message: Message
     redelivered: bool
 

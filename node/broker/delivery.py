@@ -153,7 +153,10 @@ def _on_deliver(broker: Broker, queue: QueueState, effect: Deliver) -> None:
         broker.mark_dirty(ch)
     if consumer.no_ack and queue.persisted_ids:
         forget_persisted(broker, queue, (effect.msg_id,))
-    if ch.pending or not _can_send(ch, consumer):
+    conn = ch.conn
+    if (ch.pending or conn is None or not conn.writable or not ch.flow_active or ch.closed
+            or not (consumer.no_ack or not ch.prefetch_channel or len(ch.unacked) < ch.prefetch_channel)):
+        # (_can_send, inlined on this hot path)
         ch.pending.append(PendingDelivery(consumer, effect.msg_id, effect.message.payload, effect.redelivered))
         drain_pending(broker, ch)
     else:
@@ -167,7 +170,7 @@ def _can_send(ch: ChannelState, consumer: Consumer) -> bool:
     return consumer.no_ack or ch.prefetch_channel == 0 or len(ch.unacked) < ch.prefetch_channel
 
 
-def _send_delivery(broker: Broker, ch: ChannelState, consumer: Consumer, msg_id: int, msg: Message,
+def _send_delivery(broker: Broker, ch: ChannelState, consumer: Consumer, msg_id: MsgId, msg: Message,
                    redelivered: bool) -> None:
     tag = ch.next_delivery_tag
     ch.next_delivery_tag = tag + 1
@@ -407,8 +410,10 @@ def basic_ack(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Basic
 
 def _settle_one(broker: Broker, entry: Unacked) -> None:
     """settle_entries(broker, [entry], "ack", False), unrolled."""
-    queue, msg_id = entry.queue, MsgId(entry.msg_id)
-    apply_queue(broker, queue, Settle(entry.consumer_id, (msg_id,)))
+    queue, msg_id = entry.queue, entry.msg_id
+    effects = queue.machine.apply(Settle(entry.consumer_id, (msg_id,)))
+    if effects:
+        _handle_effects(broker, queue, effects)
     if queue.persisted_ids:
         forget_persisted(broker, queue, (msg_id,))
     consumer = entry.consumer

@@ -99,10 +99,14 @@ def route_publish(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], me
     """Route and enqueue one message; returns the Persist tokens that make it durable."""
     name, routing_key = method.exchange, method.routing_key
     msg = Message(name, routing_key, props, body)
+    tokens: list[int]
     if name == "" and routing_key.startswith(REPLY_TO_PREFIX):
         routed = _deliver_reply(broker, msg)
-        tokens: list[int] = []
+        tokens = []
         rejected = False
+    elif name == "":  # the default exchange: the queue named by the routing key, no route cache needed
+        routed = routing_key in vhost.queues
+        tokens, rejected = enqueue_all(broker, vhost, (routing_key,) if routed else (), msg, ttl_ms)
     else:
         queue_names = vhost.route(name, routing_key, props.headers)
         routed = bool(queue_names)
@@ -211,17 +215,25 @@ def persisted_many(broker: Broker, waiters: list[tuple[ChannelState, int]]) -> N
 
 def confirm_ready(broker: Broker, ch: ChannelState, acks: tuple[int, ...] | list[int], nacks: tuple[int, ...]
                   ) -> None:
-    """Send acks/nacks; a batch that confirms exactly the next contiguous range becomes one multiple ack."""
+    """Send acks/nacks. Without nacks, when the batch holds every seq from the old confirm floor up to the new
+    one (everything below the lowest still-unconfirmed seq), those go out as one multiple ack; the rest of the
+    batch (seqs above an older unconfirmed one) are acked one by one."""
     lowest_waiting = next(iter(ch.confirm_waiting), ch.next_publish_seq)
     new_floor = lowest_waiting - 1
     old_floor = ch.confirm_floor
-    ch.confirm_floor = max(old_floor, new_floor)
-    batch = sorted(acks)
-    if not nacks and len(batch) > 1 and batch == list(range(old_floor + 1, new_floor + 1)):
-        broker.out.append(Send(ch.conn_id, ch.number, m.BasicAck(delivery_tag=new_floor, multiple=True)))
+    if new_floor > old_floor:
+        ch.confirm_floor = new_floor
+    out = broker.out
+    if not nacks and len(acks) == 1:
+        out.append(Send(ch.conn_id, ch.number, m.BasicAck(acks[0], False)))
         return
+    batch = sorted(acks)
+    span = new_floor - old_floor
+    if not nacks and span > 1 and len(batch) >= span and batch[0] == old_floor + 1 and batch[span - 1] == new_floor:
+        out.append(Send(ch.conn_id, ch.number, m.BasicAck(delivery_tag=new_floor, multiple=True)))
+        batch = batch[span:]
     for seq in batch:
-        broker.out.append(Send(ch.conn_id, ch.number, m.BasicAck(delivery_tag=seq, multiple=False)))
+        out.append(Send(ch.conn_id, ch.number, m.BasicAck(delivery_tag=seq, multiple=False)))
     for seq in sorted(nacks):
         broker.out.append(Send(ch.conn_id, ch.number, m.BasicNack(delivery_tag=seq, multiple=False,
                                                                      requeue=False)))

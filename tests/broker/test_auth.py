@@ -86,3 +86,12 @@ def test_delete_needs_configure() -> None:
     guest, bob = _bob("^x$", ".*", ".*")
     guest.declare("q")
     assert channel_close(bob.call(m.QueueDelete(queue="q")))[0] == 403
+
+
+def test_publish_permission_cache_follows_permission_changes() -> None:
+    guest, bob = _bob(".*", ".*", ".*")
+    guest.declare("q")
+    assert bob.publish("", "q") == []
+    bob.broker.set_permissions("bob", "/", Permission(".*", "^amq\\.direct$", ".*"))
+    assert channel_close(bob.publish("", "q")) == (
+        403, "ACCESS_REFUSED - write access to exchange 'amq.default' in vhost '/' refused for user 'bob'")

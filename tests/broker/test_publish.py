@@ -218,3 +218,82 @@ def test_confirm_ack_multiple_for_contiguous_batch() -> None:
     ch = ChannelState(1, 1, 99, confirm=True, next_publish_seq=4)
     publish.confirm_ready(c.broker, ch, (1, 2, 3), ())
     assert [(a.delivery_tag, a.multiple) for a in of_type(c.broker.take_effects(), m.BasicAck)] == [(3, True)]
+
+
+def test_one_persist_per_entry_point_and_confirm_after_it() -> None:
+    c = connected()
+    c.call(m.ConfirmSelect())
+    c.declare("d1", durable=True)
+    c.declare("d2", durable=True)
+    c.call(m.ExchangeDeclare(exchange="fx", type="fanout", durable=True))
+    c.bind("d1", "fx")
+    c.bind("d2", "fx")
+    effects = c.publish("fx", "", b"p", delivery_mode=2)
+    [persist] = persists(effects)
+    assert [(r.queue, r.msg_id) for r in persist.records] == [("d1", 1), ("d2", 1)]  # type: ignore[union-attr]
+    acks = of_type(c.broker.on_persisted(persist.token), m.BasicAck)
+    assert [(a.delivery_tag, a.multiple) for a in acks] == [(1, False)]
+
+
+def test_handle_many_batches_one_reads_persists_and_confirms() -> None:
+    from node.amqp import events as ev
+    from node.amqp.properties import BasicProperties
+
+    c = connected()
+    c.call(m.ConfirmSelect())
+    c.declare("dq", durable=True)
+    publish = ev.ContentReceived(1, m.BasicPublish(exchange="", routing_key="dq"), BasicProperties(delivery_mode=2),
+                                 b"p")
+    effects = c.broker.handle_many(1, [publish] * 5, 0)
+    [persist] = persists(effects)
+    assert [r.msg_id for r in persist.records] == [1, 2, 3, 4, 5]  # type: ignore[union-attr]
+    assert of_type(effects, m.BasicAck) == []
+    acks = of_type(c.broker.on_persisted(persist.token), m.BasicAck)
+    assert [(a.delivery_tag, a.multiple) for a in acks] == [(5, True)]
+
+
+def test_handle_many_has_the_effects_of_handle_one_by_one() -> None:
+    from node.amqp import events as ev
+    from node.amqp.properties import BasicProperties
+
+    def script() -> list[object]:
+        body = BasicProperties()
+        return [
+            ev.MethodReceived(1, m.QueueDeclare(queue="q")), ev.MethodReceived(1, m.ConfirmSelect()),
+            ev.MethodReceived(1, m.BasicConsume(queue="q", consumer_tag="a")),
+            ev.ContentReceived(1, m.BasicPublish(exchange="", routing_key="q"), body, b"1"),
+            ev.MethodReceived(1, m.BasicAck(delivery_tag=1)),
+            ev.ContentReceived(1, m.BasicPublish(exchange="nope", routing_key="q"), body, b"2"),
+            ev.ContentReceived(1, m.BasicPublish(exchange="", routing_key="q"), body, b"3"),
+        ]
+
+    one = connected()
+    one_by_one = [e for event in script() for e in one.handle(event)]
+    many = connected()
+    assert many.broker.handle_many(1, script(), 0) == one_by_one
+
+
+def test_on_persisted_many_confirms_a_commit_with_one_multiple_ack() -> None:
+    c = connected()
+    c.call(m.ConfirmSelect())
+    c.declare("dq", durable=True)
+    tokens = [persists(c.publish("", "dq", delivery_mode=2))[0].token for _ in range(4)]
+    acks = of_type(c.broker.on_persisted_many(tokens[1:]), m.BasicAck)
+    assert [(a.delivery_tag, a.multiple) for a in acks] == [(2, False), (3, False), (4, False)]
+    acks = of_type(c.broker.on_persisted_many([tokens[0]]), m.BasicAck)
+    assert [(a.delivery_tag, a.multiple) for a in acks] == [(1, False)]
+    more = [persists(c.publish("", "dq", delivery_mode=2))[0].token for _ in range(3)]
+    acks = of_type(c.broker.on_persisted_many(more), m.BasicAck)
+    assert [(a.delivery_tag, a.multiple) for a in acks] == [(7, True)]
+
+
+def test_confirm_batch_coalesces_the_run_up_to_the_floor_then_acks_the_rest() -> None:
+    from node.broker import publish
+    from node.broker.channel import ChannelState
+
+    c = connected()
+    ch = ChannelState(1, 1, 99, confirm=True, next_publish_seq=8, confirm_waiting={4: 1})
+    publish.confirm_ready(c.broker, ch, (1, 2, 3, 6, 7), ())
+    acks = of_type(c.broker.take_effects(), m.BasicAck)
+    assert [(a.delivery_tag, a.multiple) for a in acks] == [(3, True), (6, False), (7, False)]
+    assert ch.confirm_floor == 3
