@@ -61,7 +61,7 @@ class ChannelAssembly:
                 40,
             )
         self.body_parts.append(payload)
-        return self._complete() if self.body_received == self.body_size else None
+        return self.take_content() if self.body_received == self.body_size else None
 
     def _content_header(self, payload: bytes, max_message_size: int) -> Content | None:
         try:
@@ -84,9 +84,10 @@ class ChannelAssembly:
             )
         self.properties = properties
         self.body_size = body_size
-        return self._complete() if body_size == 0 else None
+        return self.take_content() if body_size == 0 else None
 
-    def _complete(self) -> Content:
+    def take_content(self) -> Content:
+        """The finished content (all `body_size` bytes have arrived); the channel is ready for the next one."""
         parts = self.body_parts
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         publish, properties = self.publish, self.properties

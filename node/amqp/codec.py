@@ -188,6 +188,21 @@ def decode_publish(payload: bytes) -> BasicPublish:
     )
 
 
+_PUBLISHES_MAX: Final = 4096  # distinct Basic.Publish payloads remembered (exchange, routing key, flags)
+_publishes: dict[bytes, BasicPublish] = {}
+
+
+def decode_publish_cached(payload: bytes) -> BasicPublish:
+    """`decode_publish`, sharing one (immutable) BasicPublish per distinct payload: publishers repeat them."""
+    method = _publishes.get(payload)
+    if method is None:
+        method = decode_publish(payload)
+        if len(_publishes) >= _PUBLISHES_MAX:
+            _publishes.clear()
+        _publishes[payload] = method
+    return method
+
+
 def decode_ack(payload: bytes) -> BasicAck:
     if len(payload) != 13:
         raise DecodeError("Basic.Ack has the wrong length")
@@ -298,6 +313,30 @@ _HEADER_FRAME_PREFIX: Final = struct.Struct(">BHIHHQH")  # frame header + class,
 _ACK_FRAME: Final = struct.Struct(">BHIHHQBB")
 
 
+_DELIVER_PARTS_MAX: Final = 4096  # (channel, consumer tag, exchange, routing key) combinations remembered
+_deliver_parts: dict[tuple[int, str, str, str], tuple[bytes, bytes]] = {}
+
+
+def _deliver_method_parts(channel: int, consumer_tag: str, exchange: str, routing_key: str) -> tuple[bytes, bytes]:
+    """The Basic.Deliver method frame around its delivery tag: (frame header .. consumer tag, exchange .. end)."""
+    key = (channel, consumer_tag, exchange, routing_key)
+    parts = _deliver_parts.get(key)
+    if parts is not None:
+        return parts
+    ctag = consumer_tag.encode("utf-8", "surrogateescape")
+    exch = exchange.encode("utf-8", "surrogateescape")
+    rkey = routing_key.encode("utf-8", "surrogateescape")
+    if len(ctag) > 255 or len(exch) > 255 or len(rkey) > 255:
+        raise ValueError("consumer tag, exchange and routing key are limited to 255 bytes")
+    method_size = 4 + 1 + len(ctag) + 9 + 1 + len(exch) + 1 + len(rkey)
+    head = _DELIVER_PREFIX.pack(FRAME_METHOD, channel, method_size, 60, 60) + bytes((len(ctag),)) + ctag
+    tail = bytes((len(exch),)) + exch + bytes((len(rkey),)) + rkey + b"\xce"
+    if len(_deliver_parts) >= _DELIVER_PARTS_MAX:
+        _deliver_parts.clear()
+    parts = _deliver_parts[key] = (head, tail)
+    return parts
+
+
 def encode_deliver_frames(
     channel: int,
     consumer_tag: str,
@@ -309,40 +348,34 @@ def encode_deliver_frames(
     body: bytes,
     frame_max: int,
 ) -> bytes:
-    """Basic.Deliver + content header + body frames in one join (the consumer hot path)."""
-    ctag = consumer_tag.encode("utf-8", "surrogateescape")
-    exch = exchange.encode("utf-8", "surrogateescape")
-    rkey = routing_key.encode("utf-8", "surrogateescape")
-    if len(ctag) > 255 or len(exch) > 255 or len(rkey) > 255:
-        raise ValueError("consumer tag, exchange and routing key are limited to 255 bytes")
-    method_size = 4 + 1 + len(ctag) + 9 + 1 + len(exch) + 1 + len(rkey)
+    """Basic.Deliver + content header + body frames in one join (the consumer hot path).
+
+    The method frame's fixed parts are cached per (channel, consumer tag, exchange, routing key) and the property
+    list comes from `encode_properties` (the publisher's own bytes when they are remembered)."""
+    head, tail = _deliver_method_parts(channel, consumer_tag, exchange, routing_key)
     body_size = len(body)
     if properties is EMPTY_PROPERTIES:
         flags, encoded_props = 0, b""
     else:
         flags, encoded_props = encode_properties(properties)
-    chunk = frame_max - FRAME_OVERHEAD
-    if 0 < body_size <= chunk:
-        body_part = FRAME_HEADER_STRUCT.pack(FRAME_BODY, channel, body_size) + body + FRAME_END_BYTE
+    if 0 < body_size <= frame_max - FRAME_OVERHEAD:
+        body_head = FRAME_HEADER_STRUCT.pack(FRAME_BODY, channel, body_size)
+        body_end = FRAME_END_BYTE
     else:
-        body_part = encode_body_frames(channel, body, frame_max)
+        body_head, body, body_end = b"", encode_body_frames(channel, body, frame_max), b""
     return b"".join(
         (
-            _DELIVER_PREFIX.pack(FRAME_METHOD, channel, method_size, 60, 60),
-            bytes((len(ctag),)),
-            ctag,
+            head,
             _DELIVER_TAG.pack(delivery_tag, 1 if redelivered else 0),
-            bytes((len(exch),)),
-            exch,
-            bytes((len(rkey),)),
-            rkey,
-            b"\xce",
+            tail,
             _HEADER_FRAME_PREFIX.pack(
                 FRAME_HEADER, channel, 14 + len(encoded_props), 60, 0, body_size, flags
             ),
             encoded_props,
             b"\xce",
-            body_part,
+            body_head,
+            body,
+            body_end,
         )
     )
 
@@ -368,6 +401,7 @@ __all__ = [
     "decode_method_generic",
     "decode_nack",
     "decode_publish",
+    "decode_publish_cached",
     "decode_reject",
     "encode_ack_frame",
     "encode_body_frames",

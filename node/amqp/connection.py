@@ -34,6 +34,7 @@ from node.amqp.codec import (
     DecodeError,
     UnknownMethodError,
     decode_method,
+    decode_publish_cached,
     encode_ack_frame,
     encode_content_frames,
     encode_deliver_frames,
@@ -57,7 +58,7 @@ from node.amqp.events import (
     Event,
     MethodReceived,
 )
-from node.amqp.framer import BadProtocolHeader, Framer
+from node.amqp.framer import BadProtocolHeader, Framer, RawFrame
 from node.amqp.properties import BasicProperties
 from node.amqp.spec import (
     CLASS_CONNECTION,
@@ -70,6 +71,8 @@ from node.amqp.spec import (
     PROTOCOL_HEADER,
     ReplyCode,
 )
+
+_PUBLISH_KEY: Final = b"\x00\x3c\x00\x28"  # class 60 (basic), method 40 (publish)
 
 __all__ = ["Authenticator", "ConnectionLimits", "ConnectionState", "ServerConnection", "reply_text"]
 
@@ -158,10 +161,15 @@ class ServerConnection:
         frames, error = self._framer.feed(data)
         if self.state is ConnectionState.AWAIT_HEADER and self._framer.header_seen:
             self._send_start()
-        for frame_type, channel, payload in frames:
-            self._handle_frame(frame_type, channel, payload, now_ms)
-            if self.closed:
-                return
+        if self.state is ConnectionState.OPEN:
+            self._receive_frames_open(frames, now_ms)
+        else:
+            for frame_type, channel, payload in frames:
+                self._handle_frame(frame_type, channel, payload, now_ms)
+                if self.closed:
+                    return
+        if self.closed:
+            return
         if isinstance(error, BadProtocolHeader):
             self._write(PROTOCOL_HEADER)
             self._finish(
@@ -171,6 +179,52 @@ class ServerConnection:
             # We have lost sync with the peer: send Close but do not wait for Close-Ok.
             self._fail(ProtocolError(ReplyCode.FRAME_ERROR, str(error)), now_ms)
             self._finish(ReplyCode.FRAME_ERROR, reply_text(ReplyCode.FRAME_ERROR, str(error)))
+
+    def _receive_frames_open(self, frames: list[RawFrame], now_ms: int) -> None:
+        """The publish hot path: Basic.Publish method frames and body frames on an open channel are handled inline
+        (no per-frame call chain); everything else, including every error, takes `_handle_frame`."""
+        channels = self._channels
+        events = self._events
+        open_state = ConnectionState.OPEN
+        max_message_size = self.limits.max_message_size
+        for index, (frame_type, channel, payload) in enumerate(frames):
+            ch = channels.get(channel) if channel else None
+            if ch is not None and not ch.closing:
+                if frame_type == FRAME_BODY:
+                    if ch.properties is not None:
+                        received = ch.body_received + len(payload)
+                        if received < ch.body_size:
+                            ch.body_received = received
+                            ch.body_parts.append(payload)
+                            continue
+                        if received == ch.body_size:
+                            ch.body_received = received
+                            ch.body_parts.append(payload)
+                            publish, properties, body = ch.take_content()
+                            events.append(ContentReceived(channel, publish, properties, body))
+                            continue
+                elif frame_type == FRAME_HEADER and ch.publish is not None and ch.properties is None:
+                    try:
+                        content = ch.content_frame(FRAME_HEADER, payload, max_message_size)
+                    except ProtocolError:
+                        pass  # nothing was changed: the slow path raises it again and reports it
+                    else:
+                        if content is not None:
+                            events.append(ContentReceived(channel, *content))
+                        continue
+                elif frame_type == FRAME_METHOD and ch.publish is None and payload[:4] == _PUBLISH_KEY:
+                    try:
+                        ch.publish = decode_publish_cached(payload)
+                        continue
+                    except Exception:  # malformed: the slow path decodes it again and reports it properly
+                        pass
+            self._handle_frame(frame_type, channel, payload, now_ms)
+            if self.state is not open_state:  # closing or closed: the rest takes the general path
+                for frame_type, channel, payload in frames[index + 1 :]:
+                    if self.state is ConnectionState.CLOSED:
+                        return
+                    self._handle_frame(frame_type, channel, payload, now_ms)
+                return
 
     def next_events(self) -> list[Event]:
         events, self._events = self._events, []

@@ -4,6 +4,14 @@ A content header payload is: class-id (short), weight (short, 0), body-size (lon
 bit 15 = content_type ... bit 2 = cluster_id; bit 0 would announce another flags word, which Basic never needs and
 which we reject), then the present properties in order. `timestamp` is an int of seconds since the epoch (the
 field-table `T` type is a datetime instead, see fieldtable.py). Unset properties are None.
+
+Two bounded caches make the publish -> deliver path cheap (RabbitMQ also keeps a publisher's encoded properties):
+- decoded: a content header whose property list was seen recently (and has no `headers` table, the one mutable
+  value) decodes to the same shared `BasicProperties` object, without parsing or allocating;
+- encoded: the encoded property list of a `BasicProperties` object, by identity, recorded when it is decoded (the
+  publisher's own bytes, reused verbatim on delivery) or first encoded. `encode_properties` consults it first.
+Both rely on `BasicProperties` being a value: never mutate a `headers` dict in place after decoding or sending it
+(build a new one with `dataclasses.replace`). Each cache is cleared when full; a miss costs one decode/encode.
 """
 
 from __future__ import annotations
@@ -68,8 +76,29 @@ PROPERTY_LAYOUT: Final = (
 _KNOWN_FLAGS: Final = sum(bit for _, bit, _ in PROPERTY_LAYOUT)
 
 
+_DECODED_MAX: Final = 1024  # distinct header-less property lists (each at most ~3.3 KiB of short strings)
+_ENCODED_MAX: Final = 8192  # properties objects whose encoding is remembered (roughly the messages in flight)
+_decoded: dict[bytes, BasicProperties] = {}  # flags + property list bytes -> the shared decoded properties
+_encoded: dict[int, tuple[BasicProperties, int, bytes]] = {}  # id(properties) -> (properties, flags, encoded)
+
+
+def _remember_encoded(properties: BasicProperties, flags: int, encoded: bytes) -> None:
+    if len(_encoded) >= _ENCODED_MAX:
+        _encoded.clear()
+    _encoded[id(properties)] = (properties, flags, encoded)  # the strong reference keeps the id unique
+
+
 def encode_properties(properties: BasicProperties) -> tuple[int, bytes]:
-    """Return (property-flags, encoded property list)."""
+    """Return (property-flags, encoded property list); the remembered encoding when there is one."""
+    cached = _encoded.get(id(properties))
+    if cached is not None and cached[0] is properties:
+        return cached[1], cached[2]
+    flags, encoded = _encode_properties(properties)
+    _remember_encoded(properties, flags, encoded)
+    return flags, encoded
+
+
+def _encode_properties(properties: BasicProperties) -> tuple[int, bytes]:
     flags = 0
     parts: list[bytes] = []
     for name, bit, kind in PROPERTY_LAYOUT:
@@ -144,5 +173,13 @@ def decode_content_header(payload: bytes) -> tuple[int, int, BasicProperties]:
         if len(payload) != HEADER_PREFIX.size:
             raise DecodeError("content header has trailing bytes")
         return class_id, body_size, EMPTY_PROPERTIES
-    properties: BasicProperties = decode_guard(lambda: _decode_property_list(payload, flags))
+    raw = payload[12:]  # property flags + property list
+    properties = _decoded.get(raw)
+    if properties is None:
+        properties = decode_guard(lambda: _decode_property_list(payload, flags))
+        _remember_encoded(properties, flags, raw[2:])
+        if properties.headers is None:
+            if len(_decoded) >= _DECODED_MAX:
+                _decoded.clear()
+            _decoded[raw] = properties
     return class_id, body_size, properties
