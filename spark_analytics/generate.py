@@ -8,7 +8,8 @@ a few ms after that. Every node writes a `state` sample each second (the leader'
 - The fault: in group 0 the last node is paused from `fault_start_fraction` to `fault_end_fraction` of the run (it
   writes nothing). It then catches up, persisting up to `catch_up_batches_per_tick` leader batches at a time.
 - Leader changes: every other group moves its leadership to the next node (new term) half-way through.
-- Size: the batch rate is derived from `records`, `groups` and `duration_s`, so the total is about `records`.
+- Size: the batch rate is derived from `records`, `groups` and `duration_s`, so the total is about `records`; the
+  floor is one batch a second, i.e. at least about groups x duration_s x 3 x nodes records.
 
 Groups are independent, so they are spread over worker processes (`workers`), each writing its own file per node:
 `<output>/<node>/telemetry/replication-<node>-<worker>.jsonl` (so `<output>/<node>` looks like a node's data dir).
@@ -18,6 +19,7 @@ Each group has its own random stream seeded from (seed, group), so the output do
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import multiprocessing
 import os
 import random
@@ -309,7 +311,7 @@ def generate(spec: GenerateSpec) -> GenerateResult:
         raise ValueError("need records >= 1, nodes >= 2, groups >= 1 and workers >= 1")
     started = time.perf_counter()
     workers = min(spec.workers, spec.groups)
-    spec = GenerateSpec(**{**{name: getattr(spec, name) for name in spec.__slots__}, "workers": workers})
+    spec = dataclasses.replace(spec, workers=workers)
     if workers == 1:
         results = [_run_worker(spec, 0)]
     else:
