@@ -92,6 +92,25 @@ def persistent_confirms(n: int) -> None:
     _rate("persistent publish + confirm (durable queue)", n, seconds)
 
 
+def persistent_confirms_batched(n: int, per_read: int = 64) -> None:
+    """As the runtime can drive it: one read's publishes through `handle_many` (one Persist for them all) and the
+    commit's tokens through `on_persisted_many` (one multiple ack)."""
+    broker = _broker()
+    _call(broker, m.QueueDeclare(queue="dq", durable=True))
+    _call(broker, m.ConfirmSelect())
+    events = [ev.ContentReceived(1, m.BasicPublish(exchange="", routing_key="dq"), BasicProperties(delivery_mode=2),
+                                 b"x" * 100)] * per_read
+    confirmed = 0
+    start = time.process_time()
+    for _ in range(n // per_read):
+        tokens = [e.token for e in broker.handle_many(1, events, 0) if type(e) is Persist]
+        for effect in broker.on_persisted_many(tokens):
+            confirmed = effect.method.delivery_tag  # type: ignore[union-attr]
+    seconds = time.process_time() - start
+    assert confirmed == n // per_read * per_read
+    _rate(f"persistent, {per_read} per read (handle_many) + confirm", confirmed, seconds)
+
+
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 50_000
     publish_only(n)
@@ -99,6 +118,8 @@ def main() -> None:
     _rate("publish + confirm + deliver + ack", n, publish_consume_ack(n, True))
     _rate("topic (100 bindings) + deliver + ack", n, publish_consume_ack(n, False, "amq.topic", "a.b.c"))
     persistent_confirms(n)
+    if hasattr(Broker, "handle_many"):
+        persistent_confirms_batched(n)
 
 
 if __name__ == "__main__":

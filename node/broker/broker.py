@@ -8,6 +8,11 @@ entry point returns the effects to carry out, in order. AMQP errors raised while
 
 Handlers live in `definitions` (exchanges, queues, bindings), `delivery` (consume, ack, get, qos, flow, credit) and
 `publish` (routing, confirms, tx, dead-lettering, direct reply-to); they all append to `Broker.out`.
+
+Storage is batched: every record written during one entry point shares one `Persist` (one token), placed where the
+first record was, records in order. `handle_many` (one read's events) and `on_persisted_many` (one commit's tokens)
+let the runtime widen both batches: the effects are those of calling `handle`/`on_persisted` one at a time, except
+for fewer Persist tokens and confirms coalesced into multiple acks.
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@ direct reply-to (pure handlers on the Broker).
 
 A publish is checked in rabbit_channel's order (immediate, write permission, exchange exists, internal, user_id,
 expiration), routed through the vhost's cached routing, and enqueued into each queue's machine. A persistent message
-(delivery_mode 2) in a durable queue becomes a `MessageRecord` in a `Persist` effect; its confirm waits for every
-such token's `on_persisted`. Confirms with contiguous sequence numbers are coalesced into one `multiple` ack.
+(delivery_mode 2) in a durable queue becomes a `MessageRecord` in the entry point's `Persist` effect; its confirm
+waits for that token's `on_persisted`. Confirms released together are coalesced: the run of sequence numbers up to
+the new confirm floor becomes one `multiple` ack. The hot path (default exchange, one queue, no tx) avoids per-message
+lookups: write permission is cached per channel (cleared when permissions change) and routes per vhost.
 Dead-lettered messages are republished to the queue's DLX with RabbitMQ's x-death headers; a cycle (the message
 returns to a queue it died in, with no rejection on the way) drops it, as rabbit_dead_letter does.
 """
