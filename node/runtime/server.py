@@ -155,8 +155,6 @@ class Node:
         try:
             events = core.next_events()
             while events:
-                now = wall_ms()
-                handle = self.broker.handle
                 for event in events:
                     cls = type(event)
                     if cls is ConnectionOpened:
@@ -164,11 +162,23 @@ class Node:
                     elif cls is ConnectionClosed:
                         conn.finished = True
                         conn.broker_told_closed = True
-                    self.apply_effects(handle(conn.conn_id, event, now))
+                self.apply_effects(self._handle_events(conn.conn_id, events, wall_ms()))
                 events = core.next_events()
         finally:
             conn.dirty = False
         self._collect_output(conn)
+
+    def _handle_events(self, conn_id: int, events: list[Any], now_ms: int) -> list[Any]:
+        """One read's events to the broker at once (`Broker.handle_many`: one Persist, one commit round for all of
+        them), or one by one through `Broker.handle` for a broker without it."""
+        broker = self.broker
+        handle_many = getattr(broker, "handle_many", None)
+        if handle_many is not None:
+            return list(handle_many(conn_id, events, now_ms))
+        effects: list[Any] = []
+        for event in events:
+            effects.extend(broker.handle(conn_id, event, now_ms))
+        return effects
 
     def apply_effects(self, effects: Iterable[Any]) -> None:
         """Carry out effects in order: Persist on the store, the rest on their connection's core (by type)."""

@@ -291,10 +291,16 @@ class Store:
 
     @staticmethod
     def _report(node: Any, tokens: list[int]) -> None:
-        on_persisted = node.broker.on_persisted
+        """The tokens of one commit to the broker together (`on_persisted_many` when it has it: a channel's
+        confirms become one multiple ack), the resulting effects carried out as one batch."""
+        broker = node.broker
+        on_persisted_many = getattr(broker, "on_persisted_many", None)
+        if on_persisted_many is not None:
+            node.dispatch(on_persisted_many(tokens))
+            return
         effects: list[Any] = []
         for token in tokens:
-            effects.extend(on_persisted(token))
+            effects.extend(broker.on_persisted(token))
         node.dispatch(effects)
 
     async def flush(self) -> None:

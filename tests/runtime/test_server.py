@@ -83,14 +83,23 @@ async def test_shutdown_closes_connections_with_320(tmp_path: Path) -> None:
 
 async def test_a_broker_bug_closes_only_that_connection_with_541(tmp_path: Path) -> None:
     async with serving(tmp_path) as (node, port):
-        real_handle = node.broker.handle
+        real_handle, real_handle_many = node.broker.handle, node.broker.handle_many
 
-        def handle(conn_id: int, event: object, now_ms: int) -> object:
+        def check(event: object) -> None:
             if getattr(getattr(event, "method", None), "routing_key", "") == "boom":
                 raise RuntimeError("injected broker bug")
+
+        def handle(conn_id: int, event: object, now_ms: int) -> object:
+            check(event)
             return real_handle(conn_id, event, now_ms)
 
+        def handle_many(conn_id: int, events: list[object], now_ms: int) -> object:
+            for event in events:
+                check(event)
+            return real_handle_many(conn_id, events, now_ms)
+
         node.broker.handle = handle
+        node.broker.handle_many = handle_many
         victim = await _client(port)
         bystander = await _client(port)
         await victim.stream.send_all(victim.publish_frames("boom", b"x"))

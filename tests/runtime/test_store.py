@@ -199,3 +199,25 @@ async def test_commit_loop_runs_compaction_after_the_confirms(tmp_path: Path) ->
         assert sorted(set(node.persisted)) == [0, 1, 2]
         nursery.cancel_scope.cancel()
     await store.flush()
+
+
+class FakeNodeMany(FakeNode):
+    """A broker with `on_persisted_many`: one call per commit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[int]] = []
+
+    def on_persisted_many(self, tokens: list[int]) -> list[Any]:
+        self.batches.append(list(tokens))
+        return []
+
+
+async def test_one_commits_tokens_reach_the_broker_in_one_call(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    node = FakeNodeMany()
+    for token in (1, 2, 3):
+        store.persist(token, (_message(token),))
+    Store._report(node, await store.commit_once())
+    assert node.batches == [[1, 2, 3]] and node.persisted == []
+    await store.flush()
