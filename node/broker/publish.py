@@ -146,8 +146,8 @@ def enqueue_all(broker: Broker, vhost: VHost[QueueState], queue_names: tuple[str
     persistent = props.delivery_mode == 2
     size = len(msg.body)
     priority = props.priority or 0
-    plain = QueuedMessage(msg, size, False, priority, ttl_ms)
-    stored_msg = QueuedMessage(msg, size, True, priority, ttl_ms) if persistent else plain
+    plain: QueuedMessage | None = None  # built on first use: one of the two is all most publishes need
+    stored: QueuedMessage | None = None
     tokens: list[int] = []
     rejected = False
     now_ms = broker.now_ms
@@ -156,7 +156,15 @@ def enqueue_all(broker: Broker, vhost: VHost[QueueState], queue_names: tuple[str
         queue = queues.get(queue_name)
         if queue is None:
             continue
-        token = enqueue(broker, queue, Enqueue(stored_msg if persistent and queue.stored else plain, now_ms))
+        if persistent and queue.stored:
+            if stored is None:
+                stored = QueuedMessage(msg, size, True, priority, ttl_ms)
+            message = stored
+        else:
+            if plain is None:
+                plain = QueuedMessage(msg, size, False, priority, ttl_ms)
+            message = plain
+        token = enqueue(broker, queue, Enqueue(message, now_ms))
         if token > 0:
             if token not in tokens:
                 tokens.append(token)
@@ -192,6 +200,12 @@ def persisted_many(broker: Broker, waiters: list[tuple[ChannelState, int]]) -> N
     """A Persist token is durable: release what waited for it. Each waiter is (channel, publish seq), or for
     seq < 0 (channel, -tx.commit number). The publishes of one channel it completes are confirmed together, so
     a contiguous run becomes one multiple ack."""
+    if len(waiters) == 1:  # one publish per token: the common case without a group commit
+        ch, seq = waiters[0]
+        if seq > 0 and not ch.closed and ch.confirm_waiting.get(seq) == 1:
+            del ch.confirm_waiting[seq]
+            confirm_ready(broker, ch, (seq,), ())
+            return
     ready: dict[int, tuple[ChannelState, list[int]]] = {}
     for ch, seq in waiters:
         if ch.closed:
