@@ -74,7 +74,7 @@ class ChannelState:
     number: int
     get_consumer_id: int
     next_delivery_tag: int = 1
-    unacked: dict[int, Unacked] = field(default_factory=dict)
+    unacked: dict[int, Unacked] = field(default_factory=dict)  # keys ascending (tags grow; rollback re-sorts)
     consumers: dict[str, Consumer] = field(default_factory=dict)
     lingering: list[Consumer] = field(default_factory=list)  # cancelled, still holding unacked messages
     prefetch_consumer: int = 0

@@ -330,7 +330,7 @@ def _drop_pending(broker: Broker, ch: ChannelState, consumer: Consumer) -> None:
     if not ch.pending:
         return
     keep = [p for p in ch.pending if p.consumer is not consumer]
-    gone = [MsgId(p.msg_id) for p in ch.pending if p.consumer is consumer]
+    gone = [p.msg_id for p in ch.pending if p.consumer is consumer]
     ch.pending.clear()
     ch.pending.extend(keep)
     if gone and not consumer.no_ack:
@@ -386,9 +386,16 @@ def basic_get(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Basic
 
 def collect_tags(ch: ChannelState, delivery_tag: int, multiple: bool) -> list[int]:
     if multiple:
-        if delivery_tag != 0 and delivery_tag not in ch.unacked:
+        if delivery_tag == 0:
+            return list(ch.unacked)
+        if delivery_tag not in ch.unacked:
             raise precondition(f"unknown delivery tag {delivery_tag}")
-        return [t for t in ch.unacked if delivery_tag == 0 or t <= delivery_tag]
+        tags: list[int] = []
+        for tag in ch.unacked:  # ascending (see ChannelState.unacked): stop at the first one past delivery_tag
+            if tag > delivery_tag:
+                break
+            tags.append(tag)
+        return tags
     if delivery_tag not in ch.unacked:
         raise precondition(f"unknown delivery tag {delivery_tag}")
     return [delivery_tag]
@@ -446,7 +453,7 @@ def settle_entries(broker: Broker, entries: list[Unacked], kind: str, requeue: b
     now_ms = broker.now_ms
     for group in groups.values():
         queue, consumer_id = group[0].queue, group[0].consumer_id
-        ids = [MsgId(e.msg_id) for e in group]
+        ids = [e.msg_id for e in group]
         if kind == "ack":
             apply_queue(broker, queue, Settle(consumer_id, ids))
             forget_persisted(broker, queue, ids)
