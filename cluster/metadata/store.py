@@ -13,8 +13,10 @@ How it works:
   with a callback; the callback runs in the tick thread and only calls `TrioToken.run_sync_soon`, which never
   blocks, to put the result into a one-slot memory channel the trio task waits on. Neither side waits on the other.
 - Retries: MISSING_LEADER, NOT_LEADER, LEADER_CHANGED, DISCARDED, QUEUE_FULL, REQUEST_DENIED and UNKNOWN_OUTCOME are
-  retried with the same command id, with doubling backoff (`RETRY_BACKOFF_*`) until `timeout_s`; the model's
-  command-id table makes a retry of a command that did commit a no-op that returns the first outcome.
+  retried with the same command id, with doubling backoff (`RETRY_BACKOFF_*`) until `timeout_s`; so is an attempt
+  with no callback within `ATTEMPT_TIMEOUT_S` (pysyncobj silently drops a command a follower forwards over a
+  connection that is down). The model's command-id table makes a retry of a command that did commit a no-op that
+  returns the first outcome.
 - Start: the secret is checked (length), the peers are probed with it (`secret.check_peers`: a peer with another
   secret is a clear `ClusterSecretError` and nothing is started), pysyncobj starts with `password` = secret, bound
   to this node's cluster address only, with the durable journal (`durable.install`). Then the store waits for a
@@ -33,7 +35,7 @@ from typing import Any
 
 import cbor2
 import trio
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, SyncObjException, replicated
 
 from cluster.metadata import durable, model
 from cluster.metadata.model import AddNode, Command, MetadataState, Outcome
@@ -44,6 +46,8 @@ RETRYABLE = frozenset({FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_
                        FAIL_REASON.UNKNOWN_OUTCOME})
 RETRY_BACKOFF_FIRST_S = 0.05
 RETRY_BACKOFF_MAX_S = 1.0
+ATTEMPT_TIMEOUT_S = 2.0
+ATTEMPT_TIMED_OUT = -1  # our own reason code: no callback within ATTEMPT_TIMEOUT_S
 SUBSCRIBER_BUFFER_MAX = 1024
 JOURNAL_NAME = "metadata.journal"
 
@@ -76,6 +80,7 @@ class StoreConfig:
     connection_timeout_s: float = 3.5
     start_timeout_s: float = 30.0
     probe_timeout_s: float = 3.0
+    bind_retries: int = 6  # 0.5 s apart: a port still held by a dying process gets a few seconds
 
 
 class _Replica(SyncObjConsumer):  # type: ignore[misc]
@@ -115,11 +120,20 @@ def _syncobj_conf(config: StoreConfig, secret: bytes) -> SyncObjConf:
         appendEntriesPeriod=min(0.1, config.raft_min_timeout_s / 4),
         connectionTimeout=config.connection_timeout_s,
         commandsWaitLeader=True,
+        appendEntriesUseBatch=False,  # send each command at once: metadata changes are rare, latency matters
+        bindRetryTime=0.5,
+        maxBindRetries=config.bind_retries,
         dynamicMembershipChange=False,
         # Compaction off: pysyncobj's full dump is neither fsynced nor checksummed (docs/metadata.md).
         logCompactionMinEntries=2**62,
         logCompactionMinTime=2**31,
     )
+
+
+def _deliver(send: trio.MemorySendChannel[Any], item: Any) -> None:
+    """Runs in trio (posted by `run_sync_soon`): must never raise, or it would crash the trio run."""
+    with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+        send.send_nowait(item)
 
 
 class MetadataStore:
@@ -145,11 +159,21 @@ class MetadataStore:
         self._syncobj = await trio.to_thread.run_sync(
             lambda: SyncObj(cfg.address, list(cfg.peers), conf, consumers=[self._replica]))
         try:
+            await self._wait_bound()
             await self._wait_for_leader(cfg.start_timeout_s)
             await self._join()
         except BaseException:
             self.close()
             raise
+
+    async def _wait_bound(self) -> None:
+        syncobj = self._syncobj
+        assert syncobj is not None
+        try:
+            await trio.to_thread.run_sync(syncobj.waitBinded)
+        except SyncObjException:
+            raise MetadataError(f"node {self.config.node_name}: cannot bind the metadata port {self.config.address}"
+                                f" (in use, or not an address of this host)") from None
 
     async def _wait_for_leader(self, timeout_s: float) -> None:
         with trio.move_on_after(timeout_s):
@@ -187,10 +211,10 @@ class MetadataStore:
         last_error = "none"
         with trio.move_on_after(timeout_s):
             while True:
-                result, error = await self._submit_once(payload)
+                result, error = await self._submit_once(payload, ATTEMPT_TIMEOUT_S)
                 if error == FAIL_REASON.SUCCESS:
                     return model.outcome_from_dict(cbor2.loads(result))
-                if error not in RETRYABLE:
+                if error not in RETRYABLE and error != ATTEMPT_TIMED_OUT:
                     raise MetadataError(f"{type(command).__name__} failed: pysyncobj reason {error}")
                 last_error = str(error)
                 await trio.sleep(backoff_s)
@@ -198,7 +222,10 @@ class MetadataStore:
         raise MetadataTimeout(f"{type(command).__name__} (cid {command.cid}) had no outcome within {timeout_s} s "
                               f"(last pysyncobj reason {last_error}); it may have been applied; retry it")
 
-    async def _submit_once(self, payload: bytes) -> tuple[Any, int]:
+    async def _submit_once(self, payload: bytes, attempt_timeout_s: float) -> tuple[Any, int]:
+        """One submission. pysyncobj drops a command forwarded to a leader whose connection is not up without
+        calling back, so an attempt ends after `attempt_timeout_s` as `ATTEMPT_TIMED_OUT` (retried with the same
+        id; a late callback of an abandoned attempt lands in a closed channel and is ignored)."""
         if self._syncobj is None:
             raise MetadataError("the metadata store is not running")
         send, receive = trio.open_memory_channel[tuple[Any, int]](1)
@@ -206,11 +233,13 @@ class MetadataStore:
 
         def callback(result: Any, error: int) -> None:  # pysyncobj's tick thread (or ours, if rejected at once)
             with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(send.send_nowait, (result, error))
+                token.run_sync_soon(_deliver, send, (result, error))
 
         self._replica.apply_command(payload, callback=callback)
         async with receive:
-            return await receive.receive()
+            with trio.move_on_after(attempt_timeout_s):
+                return await receive.receive()
+        return None, ATTEMPT_TIMED_OUT
 
     # ------------------------------------------------------------------------------------------ reads
 

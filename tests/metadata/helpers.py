@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -14,15 +15,23 @@ SECRET = "test-cluster-secret-0123456789"
 FAST = {"raft_min_timeout_s": 0.3, "raft_max_timeout_s": 0.8, "connection_timeout_s": 1.5}
 
 
+PORT_LOW, PORT_HIGH = 20000, 32000  # below Linux's ephemeral range: no outgoing connection takes these ports
+
+
 def free_addresses(n: int) -> list[str]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    addrs = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
-    for s in socks:
-        s.close()
+    """n loopback addresses whose ports bind now. Chosen below the ephemeral range, so a node that is killed and
+    restarted in a test finds its port free again (port 0 would hand out ports any outgoing connection may take)."""
+    rng = random.Random()
+    addrs: list[str] = []
+    while len(addrs) < n:
+        port = rng.randrange(PORT_LOW, PORT_HIGH)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if f"127.0.0.1:{port}" not in addrs:
+            addrs.append(f"127.0.0.1:{port}")
     return addrs
 
 

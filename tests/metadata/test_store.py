@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from cluster.metadata.model import DeclareQueue, PutVhost, QueueRecord
-from cluster.metadata.store import MetadataStore
+from cluster.metadata.store import MetadataError, MetadataStore
 from tests.metadata.helpers import config, free_addresses, start_all, wait_until
 
 
@@ -56,3 +57,16 @@ async def test_stores_run_alongside_a_busy_trio_loop() -> None:
     finally:
         for s in stores:
             s.close()
+
+
+async def test_a_port_in_use_is_a_clear_error() -> None:
+    addrs = free_addresses(1)
+    first = MetadataStore(config(0, addrs))
+    await first.start()
+    try:
+        second = MetadataStore(config(0, addrs, bind_retries=2))
+        with pytest.raises(MetadataError, match="cannot bind"):
+            await second.start()
+        assert (await first.apply(PutVhost("/"))).ok
+    finally:
+        first.close()
