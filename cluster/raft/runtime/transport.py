@@ -1,12 +1,27 @@
-"""Node-to-node transport over trio TCP: length-prefixed cbor2 frames, HMAC-authenticated, bounded, reconnecting.
+"""Node-to-node transport over trio TCP: one connection per pair of nodes, HMAC-authenticated both ways, bounded.
 
-Each node dials every peer once and keeps that connection for all of its groups' traffic to the peer (so a pair of
-nodes shares two TCP connections, one per direction). On connect the listener sends a random 16-byte challenge;
-the dialer answers with a frame `[node_id, hmac_sha256(secret, challenge + node_id)]`; a wrong answer closes the
-connection, and so does a batch whose source is not the authenticated node. After that the dialer sends frames: a 4-byte big-endian length, then `encode_batch` bytes. Frames
-beyond `FRAME_BYTES_MAX` close the connection. Outgoing batches wait in a per-peer channel of `queue_batches_max`;
-when it is full the batch is dropped (Raft retries; a slow peer must not grow our memory). A lost connection is
-redialled with exponential backoff (50 ms doubling to 2 s).
+One TCP connection per pair of nodes carries every group's traffic in both directions. Only the node with the
+smaller id dials (`dials(peer)`); the other side only accepts. Handshake (both sides prove the cluster secret, and
+the role is part of what is signed, so one side's proof cannot be reflected back as the other's):
+
+    listener -> dialer    challenge_l (16 random bytes)
+    dialer   -> listener  [dialer_id, hmac(secret, "dial" + challenge_l + dialer_id), challenge_d]
+    listener -> dialer    [listener_id, hmac(secret, "accept" + challenge_d + listener_id)]
+
+The listener refuses an unknown id, a wrong proof, or a peer that should be dialled *by* it (id not smaller); the
+dialer refuses a listener that is not the peer it dialled. Handshake frames are at most `HANDSHAKE_BYTES_MAX`, so an
+unauthenticated stranger cannot make us buffer more than that. After the handshake each side runs a reader and a
+writer on the connection. Frames: a 4-byte big-endian length, then `encode_batch` bytes (at most `FRAME_BYTES_MAX`;
+a larger frame, an undecodable one, or a batch whose source is not the authenticated peer closes the connection).
+A connection silent for `idle_timeout_s` is closed (every node sends each peer a NodeBatch at least every
+`node_heartbeat_ticks`, so silence means a dead link), and so is one whose write does not finish in that time.
+
+On loss the dialer redials with exponential backoff (50 ms doubling to 2 s, reset once a handshake succeeds); the
+listener just waits. A newly authenticated connection from a peer replaces the one we hold for it (the newest wins:
+the dialer redials only after it gave up on the old one, so the old one is dead or dying).
+
+Outgoing batches wait in one channel per peer of `queue_batches_max`, whichever connection is current; when it is
+full, `send` drops the batch (Raft retransmits; a slow or absent peer must not grow our memory).
 """
 
 from __future__ import annotations
@@ -16,7 +31,7 @@ import hmac
 import logging
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import cbor2
@@ -27,15 +42,22 @@ from cluster.raft.core.types import NodeId
 from cluster.raft.runtime.codec import CodecError, decode_batch, encode_batch
 
 FRAME_BYTES_MAX = 64 * 1024 * 1024
+HANDSHAKE_BYTES_MAX = 1024
 CHALLENGE_BYTES = 16
 HANDSHAKE_TIMEOUT_S = 5.0
+IDLE_TIMEOUT_S = 30.0
 BACKOFF_S_MIN = 0.05
 BACKOFF_S_MAX = 2.0
+WRITE_COALESCE_MAX = 256
 log = logging.getLogger(__name__)
 
 
 class FrameError(Exception):
     pass
+
+
+_LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, FrameError, CodecError,
+                OSError)
 
 
 @dataclass
@@ -44,10 +66,15 @@ class TransportStats:
     batches_received: int = 0
     batches_dropped: int = 0
     auth_failures: int = 0
+    connections_dialed: int = 0  # handshakes completed as the dialer
+    connections_accepted: int = 0  # handshakes completed as the listener
+    connections_replaced: int = 0  # an older connection from the same peer closed in favour of a new one
+    connections_closed: int = 0
+    received_from: dict[NodeId, int] = field(default_factory=dict)  # batches per peer
 
 
-def _proof(secret: bytes, challenge: bytes, node_id: str) -> bytes:
-    return hmac.new(secret, challenge + node_id.encode(), hashlib.sha256).digest()
+def _proof(secret: bytes, role: bytes, challenge: bytes, node_id: str) -> bytes:
+    return hmac.new(secret, role + challenge + node_id.encode(), hashlib.sha256).digest()
 
 
 def frame(payload: bytes) -> bytes:
@@ -61,12 +88,12 @@ class FrameReader:
         self._stream = stream
         self._buffer = bytearray()
 
-    async def read(self) -> bytes | None:
+    async def read(self, size_max: int = FRAME_BYTES_MAX) -> bytes | None:
         while True:
             if len(self._buffer) >= 4:
                 size = int.from_bytes(self._buffer[:4], "big")
-                if size > FRAME_BYTES_MAX:
-                    raise FrameError(f"frame of {size} bytes exceeds {FRAME_BYTES_MAX}")
+                if size > size_max:
+                    raise FrameError(f"frame of {size} bytes exceeds {size_max}")
                 if len(self._buffer) >= 4 + size:
                     payload = bytes(self._buffer[4 : 4 + size])
                     del self._buffer[: 4 + size]
@@ -77,6 +104,12 @@ class FrameReader:
             self._buffer += chunk
 
 
+@dataclass(eq=False)
+class _Connection:
+    peer: NodeId
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+
 class Transport:
     def __init__(
         self,
@@ -85,15 +118,33 @@ class Transport:
         secret: bytes,
         on_batch: Callable[[NodeBatch], None],
         queue_batches_max: int = 1024,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
         self.node_id = node_id
         self.peers = peers
         self._secret = secret
         self._on_batch = on_batch
+        self._idle_timeout_s = idle_timeout_s
         self.stats = TransportStats()
         self._channels: dict[NodeId, tuple[trio.MemorySendChannel[bytes], trio.MemoryReceiveChannel[bytes]]] = {
             peer: trio.open_memory_channel[bytes](queue_batches_max) for peer in peers
         }
+        self._current: dict[NodeId, _Connection] = {}
+
+    def dials(self, peer: NodeId) -> bool:
+        """True if this node opens the pair's connection (the smaller id dials)."""
+        return self.node_id < peer
+
+    def connected_peers(self) -> frozenset[NodeId]:
+        return frozenset(self._current)
+
+    def abort(self, peer: NodeId) -> bool:
+        """Close the current connection to `peer` (tests, operators); the dialer side reconnects."""
+        connection = self._current.get(peer)
+        if connection is None:
+            return False
+        connection.scope.cancel()
+        return True
 
     def send(self, batch: NodeBatch) -> None:
         """Queue a batch for its peer; drop it if the peer's queue is full (never blocks)."""
@@ -108,77 +159,151 @@ class Transport:
     async def serve(self, host: str, port: int, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(partial(trio.serve_tcp, self._handle_inbound, port, host=host))
-            for peer in self.peers:
-                nursery.start_soon(self._dial_forever, peer)
+            for peer in sorted(self.peers):
+                if self.dials(peer):
+                    nursery.start_soon(self._dial_forever, peer)
             task_status.started()
+
+    # --- listener side ---------------------------------------------------------------------------------------
 
     async def _handle_inbound(self, stream: trio.SocketStream) -> None:
         async with stream:
             reader = FrameReader(stream)
             challenge = secrets.token_bytes(CHALLENGE_BYTES)
             try:
-                await stream.send_all(frame(challenge))
                 with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                    hello = await reader.read()
-                peer = self._verify(hello, challenge) if hello is not None else None
-                if peer is None:
-                    self.stats.auth_failures += 1
-                    return
-                while (payload := await reader.read()) is not None:
-                    batch = decode_batch(payload)
-                    if batch.src != peer or batch.dst != self.node_id:
-                        raise FrameError(f"batch {batch.src}->{batch.dst} on {peer}'s connection")
-                    self.stats.batches_received += 1
-                    self._on_batch(batch)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, FrameError,
-                    CodecError) as error:
-                log.debug("inbound connection closed: %r", error)
+                    await stream.send_all(frame(challenge))
+                    hello = await reader.read(HANDSHAKE_BYTES_MAX)
+                    verified = None if hello is None else self._verify_hello(hello, challenge)
+                    if verified is None:
+                        self.stats.auth_failures += 1
+                        return
+                    peer, their_challenge = verified
+                    proof = _proof(self._secret, b"accept", their_challenge, self.node_id)
+                    await stream.send_all(frame(cbor2.dumps([self.node_id, proof])))
+            except _LINK_ERRORS as error:
+                log.debug("inbound handshake failed: %r", error)
+                return
+            self.stats.connections_accepted += 1
+            await self._carry(peer, stream, reader)
 
-    def _verify(self, hello: bytes, challenge: bytes) -> str | None:
-        """The authenticated peer's node id, or None."""
+    def _verify_hello(self, hello: bytes, challenge: bytes) -> tuple[NodeId, bytes] | None:
+        """(the authenticated dialer, its challenge to us), or None."""
         try:
-            node_id, proof = cbor2.loads(hello)
+            node_id, proof, their_challenge = cbor2.loads(hello)
         except (cbor2.CBORDecodeError, ValueError, TypeError):
             return None
-        if not isinstance(node_id, str) or not isinstance(proof, bytes):
+        if not (isinstance(node_id, str) and isinstance(proof, bytes) and isinstance(their_challenge, bytes)):
             return None
-        return node_id if hmac.compare_digest(proof, _proof(self._secret, challenge, node_id)) else None
+        if node_id not in self.peers or node_id >= self.node_id or len(their_challenge) != CHALLENGE_BYTES:
+            return None  # unknown, or a peer that we dial (one connection per pair)
+        if not hmac.compare_digest(proof, _proof(self._secret, b"dial", challenge, node_id)):
+            return None
+        return NodeId(node_id), their_challenge
+
+    # --- dialer side -----------------------------------------------------------------------------------------
 
     async def _dial_forever(self, peer: NodeId) -> None:
         host, port = self.peers[peer]
-        receive = self._channels[peer][1]
         backoff_s = BACKOFF_S_MIN
         while True:
             try:
                 stream = await trio.open_tcp_stream(host, port)
-            except OSError:
-                await trio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)
-                continue
-            backoff_s = BACKOFF_S_MIN
-            async with stream:
-                try:
-                    await self._send_loop(stream, receive)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, FrameError,
-                        OSError) as error:
-                    log.debug("connection to %s lost: %r", peer, error)
+            except OSError as error:
+                log.debug("dial %s failed: %r", peer, error)
+            else:
+                async with stream:
+                    reader = FrameReader(stream)
+                    if await self._dialer_handshake(peer, stream, reader):
+                        backoff_s = BACKOFF_S_MIN
+                        self.stats.connections_dialed += 1
+                        await self._carry(peer, stream, reader)
             await trio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)
 
-    async def _send_loop(self, stream: trio.SocketStream, receive: trio.MemoryReceiveChannel[bytes]) -> None:
-        reader = FrameReader(stream)
-        with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-            challenge = await reader.read()
-        if challenge is None:
-            return
-        await stream.send_all(frame(cbor2.dumps([self.node_id, _proof(self._secret, challenge, self.node_id)])))
-        while True:
-            payload = await receive.receive()
-            chunks = [frame(payload)]
-            while len(chunks) < 256:  # coalesce what is already queued into one write
-                try:
-                    chunks.append(frame(receive.receive_nowait()))
-                except trio.WouldBlock:
-                    break
-            with trio.CancelScope(shield=True):  # never leave half a frame on the wire
-                await stream.send_all(b"".join(chunks))
-            self.stats.batches_sent += len(chunks)
+    async def _dialer_handshake(self, peer: NodeId, stream: trio.SocketStream, reader: FrameReader) -> bool:
+        mine = secrets.token_bytes(CHALLENGE_BYTES)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                challenge = await reader.read(HANDSHAKE_BYTES_MAX)
+                if challenge is None or len(challenge) != CHALLENGE_BYTES:
+                    return False  # closed (e.g. it refused our id) or not a raftmq peer
+                proof = _proof(self._secret, b"dial", challenge, self.node_id)
+                await stream.send_all(frame(cbor2.dumps([self.node_id, proof, mine])))
+                reply = await reader.read(HANDSHAKE_BYTES_MAX)
+        except _LINK_ERRORS as error:
+            log.debug("handshake with %s failed: %r", peer, error)
+            return False
+        if reply is None:
+            return False  # the listener refused our proof
+        if not self._verify_reply(reply, mine, peer):
+            self.stats.auth_failures += 1
+            return False
+        return True
+
+    def _verify_reply(self, reply: bytes, challenge: bytes, peer: NodeId) -> bool:
+        try:
+            node_id, proof = cbor2.loads(reply)
+        except (cbor2.CBORDecodeError, ValueError, TypeError):
+            return False
+        if node_id != peer or not isinstance(proof, bytes):
+            return False
+        return hmac.compare_digest(proof, _proof(self._secret, b"accept", challenge, peer))
+
+    # --- an authenticated connection, either side ------------------------------------------------------------
+
+    async def _carry(self, peer: NodeId, stream: trio.SocketStream, reader: FrameReader) -> None:
+        """Carry traffic both ways until the link fails or a newer connection from the peer replaces this one."""
+        connection = _Connection(peer)
+        older = self._current.get(peer)
+        if older is not None:
+            older.scope.cancel()
+            self.stats.connections_replaced += 1
+        self._current[peer] = connection
+        try:
+            with connection.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write_loop, peer, stream, nursery.cancel_scope)
+                    await self._read_loop(peer, reader)
+                    nursery.cancel_scope.cancel()
+        finally:
+            if self._current.get(peer) is connection:
+                del self._current[peer]
+            self.stats.connections_closed += 1
+
+    async def _read_loop(self, peer: NodeId, reader: FrameReader) -> None:
+        try:
+            while True:
+                with trio.fail_after(self._idle_timeout_s):
+                    payload = await reader.read()
+                if payload is None:
+                    return
+                batch = decode_batch(payload)
+                if batch.src != peer or batch.dst != self.node_id:
+                    raise FrameError(f"batch {batch.src}->{batch.dst} on {peer}'s connection")
+                self.stats.batches_received += 1
+                self.stats.received_from[peer] = self.stats.received_from.get(peer, 0) + 1
+                self._on_batch(batch)
+        except _LINK_ERRORS as error:
+            log.debug("connection with %s lost (read): %r", peer, error)
+
+    async def _write_loop(self, peer: NodeId, stream: trio.SocketStream, scope: trio.CancelScope) -> None:
+        receive = self._channels[peer][1]
+        try:
+            while True:
+                chunks = [frame(await receive.receive())]
+                while len(chunks) < WRITE_COALESCE_MAX:  # coalesce what is already queued into one write
+                    try:
+                        chunks.append(frame(receive.receive_nowait()))
+                    except trio.WouldBlock:
+                        break
+                # Shielded: a replacement or abort never leaves half a frame on the wire; but bounded, so a peer
+                # that stops reading cannot hold the writer forever (the connection is closed after a timeout).
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + self._idle_timeout_s) as write:
+                    await stream.send_all(b"".join(chunks))
+                if write.cancelled_caught:
+                    raise trio.TooSlowError
+                self.stats.batches_sent += len(chunks)
+        except _LINK_ERRORS as error:
+            log.debug("connection with %s lost (write): %r", peer, error)
+        scope.cancel()
