@@ -424,10 +424,10 @@ def _send(broker: Broker, ch: ChannelState, method: Any) -> None:
 
 
 def _channel_flow(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ChannelFlow) -> None:
-    ch.flow_active = method.active
-    _send(broker, ch, m.ChannelFlowOk(active=method.active))
-    if method.active:
-        broker.mark_dirty(ch)
+    """RabbitMQ 3.x answers flow(active=true) and refuses to pause a channel: 540 closes the connection."""
+    if not method.active:
+        raise AmqpError(540, "active=false", connection=True)
+    _send(broker, ch, m.ChannelFlowOk(active=True))
 
 
 _HANDLERS: dict[type, Callable[[Broker, ConnState, ChannelState, Any], None]] = {

@@ -79,7 +79,6 @@ class ChannelState:
     lingering: list[Consumer] = field(default_factory=list)  # cancelled, still holding unacked messages
     prefetch_consumer: int = 0
     prefetch_channel: int = 0
-    flow_active: bool = True
     pending: deque[PendingDelivery] = field(default_factory=deque)
     confirm: bool = False
     next_publish_seq: int = 1

@@ -152,7 +152,7 @@ def _on_deliver(broker: Broker, queue: QueueState, effect: Deliver) -> None:
     if consumer.no_ack and queue.persisted_ids:
         forget_persisted(broker, queue, (effect.msg_id,))
     conn = ch.conn
-    if (ch.pending or conn is None or not conn.writable or not ch.flow_active or ch.closed
+    if (ch.pending or conn is None or not conn.writable or ch.closed
             or not (consumer.no_ack or not ch.prefetch_channel or len(ch.unacked) < ch.prefetch_channel)):
         # (_can_send, inlined on this hot path)
         ch.pending.append(PendingDelivery(consumer, effect.msg_id, effect.message.payload, effect.redelivered))
@@ -163,7 +163,7 @@ def _on_deliver(broker: Broker, queue: QueueState, effect: Deliver) -> None:
 
 def _can_send(ch: ChannelState, consumer: Consumer) -> bool:
     conn = ch.conn
-    if conn is None or not conn.writable or not ch.flow_active or ch.closed:
+    if conn is None or not conn.writable or ch.closed:
         return False
     return consumer.no_ack or ch.prefetch_channel == 0 or len(ch.unacked) < ch.prefetch_channel
 
@@ -215,7 +215,7 @@ def refill_dirty(broker: Broker) -> None:
 def refill(broker: Broker, ch: ChannelState) -> None:
     drain_pending(broker, ch)
     conn = broker.conns.get(ch.conn_id)
-    flowing = conn is not None and conn.writable and ch.flow_active
+    flowing = conn is not None and conn.writable
     for consumer in list(ch.consumers.values()):
         if consumer.granted and not flowing:
             continue  # top-ups wait for the socket; a new consumer's first window does not (see below)
