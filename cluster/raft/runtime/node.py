@@ -6,6 +6,15 @@ every inbound batch, hands queued proposals to the cores, and runs the Ready cyc
 `on_apply` callback), `advance`. Replication telemetry (telemetry.py) is written after each fsync and sampled
 on the timer. Inbound batches and proposals wait in bounded queues (beyond the bound, batches
 are dropped and proposals refused).
+
+Automatic compaction (when the host gives a `SnapshotHost`): after `advance`, a group whose applied log holds more
+than `CompactionConfig.entries_max` entries or `bytes_max` bytes of entry data beyond its snapshot gets a new
+snapshot: `host.snapshot(group)` (the state machine at the applied index), `core.compact`, then
+`RaftStorage.compact` in a worker thread (the stream's NodeLog snapshot; segments behind it are deleted, so an idle
+group's disk is bounded by its snapshot plus at most the thresholds). At most `groups_per_cycle_max` groups per
+cycle, so a burst of compactions cannot stall the Ready loop. `host.restore(group, data)` rebuilds the state
+machine from a snapshot: at start for every group whose storage holds one, and whenever a Ready carries a snapshot
+received from the leader (before that Ready's committed entries are applied).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
@@ -29,6 +39,25 @@ INBOX_BATCHES_MAX = 4096
 PROPOSALS_QUEUED_MAX = 65536
 
 
+class SnapshotHost(Protocol):
+    """The host's state machine images (optional: without it the runtime never compacts)."""
+
+    def snapshot(self, group: GroupId) -> bytes:
+        """The group's state machine as bytes, reflecting exactly the entries applied so far."""
+        ...
+
+    def restore(self, group: GroupId, data: bytes) -> None:
+        """Replace the group's state machine with the one `snapshot` produced (b"" for the empty start)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionConfig:
+    entries_max: int = 10_000  # applied entries beyond the snapshot before a new one is taken
+    bytes_max: int = 64 * 1024 * 1024  # applied entry data bytes beyond the snapshot (counted since start)
+    groups_per_cycle_max: int = 16  # compactions per Ready cycle (each is a few fsyncs)
+
+
 @dataclass
 class NodeStats:
     ready_cycles: int = 0
@@ -36,6 +65,8 @@ class NodeStats:
     applied_entries: int = 0
     proposals_refused: int = 0
     fsync_seconds: float = 0.0
+    compactions: int = 0
+    restores: int = 0
 
 
 class RaftNodeRuntime:
@@ -50,6 +81,8 @@ class RaftNodeRuntime:
         config: MultiRaftConfig | None = None,
         tick_ms: int = 50,
         telemetry: bool = True,
+        snapshots: SnapshotHost | None = None,
+        compaction: CompactionConfig | None = None,
     ) -> None:
         self.node_id = node_id
         self.data_dir = data_dir
@@ -67,6 +100,10 @@ class RaftNodeRuntime:
         self._groups: dict[GroupId, Membership] = {}
         self._telemetry_enabled = telemetry
         self.telemetry: TelemetryWriter | None = None
+        self._snapshots = snapshots
+        self._compaction = compaction or CompactionConfig()
+        self._applied_bytes: dict[GroupId, int] = {}  # entry data applied since the group's last snapshot
+        self._compaction_pending: set[GroupId] = set()  # past a threshold, beyond this cycle's allowance
 
     def add_group(self, group: GroupId, membership: Membership) -> None:
         """Declare a group before `run` (it is loaded from storage, or created empty)."""
@@ -97,6 +134,9 @@ class RaftNodeRuntime:
         for group, membership in self._groups.items():
             persisted = self.storage.load(group, membership)
             multi.add_group(group, membership if persisted is None else None, persisted)
+            if persisted is not None and persisted.snapshot.index > 0 and self._snapshots is not None:
+                self._snapshots.restore(group, persisted.snapshot.data)
+                self.stats.restores += 1
         async with trio.open_nursery() as nursery:
             await nursery.start(self.transport.serve, *self.listen)
             nursery.start_soon(self._ticker)
@@ -135,6 +175,10 @@ class RaftNodeRuntime:
                 if not multi.has_ready():
                     break
                 await self._cycle(multi, storage)
+            if self._compaction_pending:
+                await self._compact_due(multi, storage, [])
+                if self._compaction_pending:
+                    self._wake.set()  # the rest next time round (never more than the allowance per wake)
 
     async def _cycle(self, multi: MultiRaft, storage: RaftStorage) -> None:
         node_ready = multi.ready()
@@ -161,11 +205,48 @@ class RaftNodeRuntime:
             for group, ready in node_ready.groups:
                 self.telemetry.on_durable(group, multi.groups[group], ready)
         for group, ready in node_ready.groups:
+            if ready.snapshot is not None:
+                self._applied_bytes[group] = 0
+                if self._snapshots is not None:
+                    self._snapshots.restore(group, ready.snapshot.data)
+                    self.stats.restores += 1
             for entry in ready.committed_entries:
                 self._on_apply(group, entry)
+                self._applied_bytes[group] = self._applied_bytes.get(group, 0) + len(entry.data)
                 self.stats.applied_entries += 1
         multi.advance(node_ready)
         self.stats.ready_cycles += 1
+        if self._snapshots is not None:
+            await self._compact_due(multi, storage, [group for group, ready in node_ready.groups])
+
+    def _compaction_due(self, multi: MultiRaft, group: GroupId) -> bool:
+        log = multi.groups[group].log
+        if log.applied > log.persisted or log.applied <= log.snapshot.index:
+            return False  # only what is applied and durable can be compacted
+        return (log.applied - log.snapshot.index > self._compaction.entries_max
+                or self._applied_bytes.get(group, 0) > self._compaction.bytes_max)
+
+    async def _compact_due(self, multi: MultiRaft, storage: RaftStorage, touched: list[GroupId]) -> None:
+        """Snapshot the groups past a threshold (those this cycle touched, then any left over from before)."""
+        assert self._snapshots is not None
+        pending = self._compaction_pending
+        pending.update(group for group in touched if self._compaction_due(multi, group))
+        chosen = sorted(pending)[: self._compaction.groups_per_cycle_max]
+        if not chosen:
+            return
+        snapshots = []
+        for group in chosen:
+            pending.discard(group)
+            if self._compaction_due(multi, group):
+                snapshots.append((group, multi.groups[group].compact(self._snapshots.snapshot(group))))
+                self._applied_bytes[group] = 0
+
+        def persist() -> None:
+            for group, snapshot in snapshots:
+                storage.compact(group, snapshot)
+
+        await trio.to_thread.run_sync(persist)
+        self.stats.compactions += len(snapshots)
 
     def last_index(self, group: GroupId) -> Index:
         assert self.multi is not None
