@@ -27,6 +27,7 @@ How it works:
 from __future__ import annotations
 
 import contextlib
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -47,9 +48,12 @@ RETRYABLE = frozenset({FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_
 RETRY_BACKOFF_FIRST_S = 0.05
 RETRY_BACKOFF_MAX_S = 1.0
 ATTEMPT_TIMEOUT_S = 2.0
-ATTEMPT_TIMED_OUT = -1  # our own reason code: no callback within ATTEMPT_TIMEOUT_S
+ATTEMPT_TIMED_OUT = -1  # our own reason code: no callback within ATTEMPT_TIMEOUT_S, or the leader went away
+LEADER_POLL_S = 0.05
 SUBSCRIBER_BUFFER_MAX = 1024
 JOURNAL_NAME = "metadata.journal"
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ClusterSecretError", "IncompatibleVersionError", "MetadataError", "MetadataStore",
            "MetadataTimeout", "StoreConfig"]
@@ -78,6 +82,10 @@ class StoreConfig:
     raft_min_timeout_s: float = 0.4
     raft_max_timeout_s: float = 1.4
     connection_timeout_s: float = 3.5
+    # Followers never talk to each other, so pysyncobj drops their idle connection after connection_timeout_s and
+    # redials every connection_retry_s; a follower with no live connection cannot campaign. pysyncobj's 5 s
+    # default made some failovers take 3-5 s.
+    connection_retry_s: float = 0.5
     start_timeout_s: float = 30.0
     probe_timeout_s: float = 3.0
     bind_retries: int = 6  # 0.5 s apart: a port still held by a dying process gets a few seconds
@@ -119,6 +127,7 @@ def _syncobj_conf(config: StoreConfig, secret: bytes) -> SyncObjConf:
         raftMaxTimeout=config.raft_max_timeout_s,
         appendEntriesPeriod=min(0.1, config.raft_min_timeout_s / 4),
         connectionTimeout=config.connection_timeout_s,
+        connectionRetryTime=config.connection_retry_s,
         commandsWaitLeader=True,
         appendEntriesUseBatch=False,  # send each command at once: metadata changes are rare, latency matters
         bindRetryTime=0.5,
@@ -217,6 +226,8 @@ class MetadataStore:
                 if error not in RETRYABLE and error != ATTEMPT_TIMED_OUT:
                     raise MetadataError(f"{type(command).__name__} failed: pysyncobj reason {error}")
                 last_error = str(error)
+                log.info("%s %s: retrying after reason %s (leader %s)", self.config.node_name,
+                         type(command).__name__, error, self.leader())
                 await trio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, RETRY_BACKOFF_MAX_S)
         raise MetadataTimeout(f"{type(command).__name__} (cid {command.cid}) had no outcome within {timeout_s} s "
@@ -224,8 +235,9 @@ class MetadataStore:
 
     async def _submit_once(self, payload: bytes, attempt_timeout_s: float) -> tuple[Any, int]:
         """One submission. pysyncobj drops a command forwarded to a leader whose connection is not up without
-        calling back, so an attempt ends after `attempt_timeout_s` as `ATTEMPT_TIMED_OUT` (retried with the same
-        id; a late callback of an abandoned attempt lands in a closed channel and is ignored)."""
+        calling back, so an attempt ends as `ATTEMPT_TIMED_OUT` (retried with the same id) after
+        `attempt_timeout_s`, or as soon as the leader it was forwarded to is no longer the leader. A late callback
+        of an abandoned attempt lands in a closed channel and is ignored."""
         if self._syncobj is None:
             raise MetadataError("the metadata store is not running")
         send, receive = trio.open_memory_channel[tuple[Any, int]](1)
@@ -235,10 +247,15 @@ class MetadataStore:
             with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(_deliver, send, (result, error))
 
+        leader = self.leader()
         self._replica.apply_command(payload, callback=callback)
+        deadline = trio.current_time() + attempt_timeout_s
         async with receive:
-            with trio.move_on_after(attempt_timeout_s):
-                return await receive.receive()
+            while trio.current_time() < deadline:
+                with trio.move_on_after(LEADER_POLL_S):
+                    return await receive.receive()
+                if leader is not None and self.leader() != leader:
+                    return None, ATTEMPT_TIMED_OUT  # forwarded to a leader that is gone: resubmit now
         return None, ATTEMPT_TIMED_OUT
 
     # ------------------------------------------------------------------------------------------ reads
