@@ -128,6 +128,20 @@ def main() -> None:
 
     rate("ServerConnection publish receive (3 frames/message)", receive_batch, seconds / 10, per_call=100)
 
+    # The same with only delivery_mode=2 (what `raftmq bench` sends): the header decodes to a shared object.
+    persistent_header = encode_content_header(len(body), BasicProperties(delivery_mode=2))
+    plain = message.replace(
+        len(header_payload).to_bytes(4, "big") + header_payload,
+        len(persistent_header).to_bytes(4, "big") + persistent_header,
+    )
+    plain_batch = plain * 100
+
+    def receive_plain_batch() -> None:
+        conn.receive_data(plain_batch, 0)
+        conn.next_events()
+
+    rate("ServerConnection publish receive (delivery_mode only)", receive_plain_batch, seconds / 10, per_call=100)
+
 
 def _pamqp_reference(seconds: float, body: bytes, publish_payload: bytes) -> None:
     """The same work done by pamqp, for scale (pamqp is a general-purpose codec)."""
