@@ -17,17 +17,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=1)
     parser.add_argument("--nodes", type=int, default=None)
     parser.add_argument("--no-quiesce", action="store_true")
+    parser.add_argument("--membership", action="store_true", help="random single-server membership changes")
     parser.add_argument("--quiet", action="store_true", help="no trace, only the verdict")
     parser.add_argument("--sweep", nargs=2, type=int, metavar=("START", "COUNT"))
     args = parser.parse_args(argv)
     if args.sweep:
         start, count = args.sweep
         failures = sweep(range(start, start + count), groups=args.groups, chaos_ticks=args.chaos_ticks,
-                         progress=lambda line: print(line, flush=True))
+                         membership=args.membership, progress=lambda line: print(line, flush=True))
         print(f"{count} seeds, {len(failures)} failing: {[result.seed for result in failures]}")
         return 1 if failures else 0
     config = SimConfig(seed=args.seed, groups=args.groups, nodes=args.nodes, chaos_ticks=args.chaos_ticks,
-                       quiesce=not args.no_quiesce, trace=not args.quiet)
+                       quiesce=not args.no_quiesce, trace=not args.quiet, membership=args.membership)
     result = run_seed(config)
     for line in result.trace:
         print(line)

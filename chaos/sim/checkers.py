@@ -151,14 +151,13 @@ class GroupChecker:
             return
         index = max(self.committed)
         term = self.committed[index][0]
-        voters = next(iter(cores.values())).membership.voters
-        live_voters = {node: core for node, core in cores.items() if node in voters}
-        for node, core in live_voters.items():
-            if index <= core.log.snapshot.index or core.log.term(index) == term:
+        for node, core in cores.items():
+            voters = core.membership.voters  # a candidate counts votes in its own view of the membership
+            if node not in voters or index <= core.log.snapshot.index or core.log.term(index) == term:
                 continue
             mine = (core.log.last_term(), core.log.last_index())
-            supporters = [v for v, other in live_voters.items()
-                          if (other.log.last_term(), other.log.last_index()) <= mine]
+            supporters = [v for v, other in cores.items() if v in voters
+                          and (other.log.last_term(), other.log.last_index()) <= mine]
             if len(supporters) * 2 > len(voters):
                 self.fail("commit-durability", f"{node} lacks committed entry {index}/{term} yet "
                           f"{sorted(supporters)} would elect it")

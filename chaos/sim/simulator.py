@@ -23,7 +23,17 @@ from chaos.sim.network import NetworkFaults, SimNetwork
 from chaos.sim.trace import describe_batch
 from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, NodeReady, split_early
 from cluster.raft.core.raft import BrokenVariant, RaftConfig, RaftCore
-from cluster.raft.core.types import AppendResp, GroupId, Index, Membership, NodeId, Ready, Role
+from cluster.raft.core.types import (
+    AppendResp,
+    ConfChange,
+    ConfOp,
+    GroupId,
+    Index,
+    Membership,
+    NodeId,
+    Ready,
+    Role,
+)
 
 INBOX_MAX = 1_000
 PROPOSALS_QUEUED_MAX = 100
@@ -42,6 +52,7 @@ class SimConfig:
     quiesce: bool = True
     trace: bool = False
     profile_overrides: tuple[tuple[str, Any], ...] = ()  # pin some of the seed-drawn fault profile
+    membership: bool = False  # a nemesis that adds learners, promotes and removes members (opt-in: keeps old seeds)
 
 
 @dataclass(slots=True)
@@ -85,7 +96,7 @@ class FaultProfile:
     check_quorum: bool
     leader_fault_rate: float  # a nemesis that crashes or isolates a current leader
     new_leader_isolate_rate: float  # a nemesis that isolates a leader the moment it is elected
-
+    membership_rate: float = 0.0  # single-server changes per tick (drawn only when SimConfig.membership)
 
     @staticmethod
     def draw(rng: random.Random, node_count: int | None) -> FaultProfile:
@@ -111,7 +122,10 @@ class Simulation:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.rng = random.Random(config.seed)
-        self.profile = replace(FaultProfile.draw(self.rng, config.nodes), **dict(config.profile_overrides))
+        profile = FaultProfile.draw(self.rng, config.nodes)
+        if config.membership:  # drawn after the rest, so a seed's other faults do not depend on this option
+            profile = replace(profile, membership_rate=self.rng.choice([0.01, 0.03, 0.08]))
+        self.profile = replace(profile, **dict(config.profile_overrides))
         loss, dup, delay_max = self.profile.network
         self.net = SimNetwork(self.rng, NetworkFaults(loss, dup, 1, delay_max))
         raft = RaftConfig(
@@ -133,7 +147,8 @@ class Simulation:
         self.checkers = {group: GroupChecker(group) for group in self.group_ids}
         self.now = 0
         self.trace: list[str] = []
-        self.stats = {"crashes": 0, "restarts": 0, "partitions": 0, "proposals": 0, "transfers": 0}
+        self.stats = {"crashes": 0, "restarts": 0, "partitions": 0, "proposals": 0, "transfers": 0,
+                      "conf_changes": 0}
         self._proposal_seq = 0
         self._marker_index: dict[GroupId, Index] = {}
         self._leader_terms_seen: dict[GroupId, int] = {}
@@ -185,12 +200,23 @@ class Simulation:
     def _converged(self) -> bool:
         for group in self.group_ids:
             marker = self._marker_index.get(group)
-            if marker is None:
+            members = self._members(group)
+            if marker is None or members is None:
                 return False
-            for node in self.nodes.values():
-                if node.applied[group].index < marker:
+            for node in members:
+                if self.nodes[node].applied[group].index < marker:
                     return False
         return True
+
+    def _members(self, group: GroupId) -> frozenset[NodeId] | None:
+        """The nodes that must apply the marker: every node, or with membership changes, the members in the view
+        of the newest leader (removed nodes are not replicated to); None while there is no leader to ask."""
+        if not self.config.membership:
+            return frozenset(self.nodes)
+        leaders = self._leaders(group, include_busy=True)
+        if not leaders:
+            return None
+        return max(leaders, key=lambda item: item[1].term)[1].membership.members
 
     def _tick(self, tick: int, chaos: bool) -> None:
         self.now = tick
@@ -367,6 +393,33 @@ class Simulation:
             self._transfer()
         if rng.random() < profile.leader_fault_rate:
             self._fault_a_leader()
+        if profile.membership_rate and rng.random() < profile.membership_rate:
+            self._change_membership()
+
+    def _change_membership(self) -> None:
+        """A random single-server change through a current leader: add a learner, promote one, or remove a member
+        (the core refuses a promotion before the learner caught up, a second pending change, or removing the last
+        voter; a refused change is simply logged)."""
+        group = self.rng.choice(self.group_ids)
+        leaders = self._leaders(group)
+        if not leaders:
+            return
+        node, core = self.rng.choice(leaders)
+        members = core.membership
+        kinds = [  # an operation first (each as likely), then a node: otherwise removals would dominate
+            [ConfChange(ConfOp.ADD_LEARNER, other) for other in sorted(self.nodes) if other not in members.members],
+            [ConfChange(ConfOp.PROMOTE, learner) for learner in sorted(members.learners)],
+            [ConfChange(ConfOp.REMOVE, member) for member in sorted(members.members)],
+        ]
+        change = self.rng.choice(self.rng.choice([kind for kind in kinds if kind]))
+        assert node.mr is not None
+        index = node.mr.propose_conf_change(group, change)
+        if index is not None:
+            self.stats["conf_changes"] += 1
+            key = f"conf_{change.op.value.replace('-', '_')}"
+            self.stats[key] = self.stats.get(key, 0) + 1
+        self._log(f"conf-change {group} {node.id} {change.op.value} {change.node} -> {index}")
+        self._drive(node)
 
     def _fault_a_leader(self) -> None:
         leaders = self._leaders(self.rng.choice(self.group_ids))

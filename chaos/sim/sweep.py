@@ -15,10 +15,12 @@ def sweep(
     broken: BrokenVariant | None = None,
     stop_at_first: bool = False,
     progress: Callable[[str], None] | None = None,
+    membership: bool = False,
 ) -> list[SimResult]:
     failures: list[SimResult] = []
     for seed in seeds:
-        result = run_seed(SimConfig(seed=seed, groups=groups, chaos_ticks=chaos_ticks, broken=broken))
+        result = run_seed(SimConfig(seed=seed, groups=groups, chaos_ticks=chaos_ticks, broken=broken,
+                                    membership=membership))
         if not result.ok:
             failures.append(result)
             if progress:

@@ -13,6 +13,7 @@ from cluster.raft.core.raft import BrokenVariant
 
 CI_SEEDS = range(0, 150)
 MULTIGROUP_SEEDS = range(1000, 1010)
+MEMBERSHIP_SEEDS = range(5000, 5040)
 REGRESSIONS = sorted((Path(__file__).parent / "regressions").glob("seed-*.txt"))
 # A nemesis-heavy profile (5 nodes, one entry per append, leaders isolated as they are elected, no pre-vote):
 # figure 8's interleaving is rare under the default mix, common here.
@@ -77,3 +78,11 @@ def test_committing_an_old_terms_entry_is_caught_within_150_seeds() -> None:
             break
     assert failures, "the checkers missed figure 8: an old term's entry committed by counting replicas"
     assert failures[0].violation is not None
+
+
+def test_membership_sweep_every_checker_passes() -> None:
+    """Random single-server changes (add learner, promote, remove) under every other fault, checkers on."""
+    results = [run_seed(SimConfig(seed=seed, membership=True)) for seed in MEMBERSHIP_SEEDS]
+    assert [(result.seed, result.violation) for result in results if not result.ok] == []
+    for op in ("conf_add_learner", "conf_promote", "conf_remove"):
+        assert sum(result.stats.get(op, 0) for result in results) > 0, op
