@@ -50,8 +50,6 @@ def test_consume_receives_in_order_then_cancel_stops(conn: pika.BlockingConnecti
     assert drain(ch, q) == [b"4"]
 
 
-@pytest.mark.xfail(strict=False, reason="broker gap (intermittent): when several publishes reach node/broker in "
-                   "one read, all 10 go to the first of two consumers; RabbitMQ alternates them 5/5")
 def test_round_robin_between_consumers(conn: pika.BlockingConnection) -> None:
     ch = conn.channel()
     q = ch.queue_declare("", exclusive=True).method.queue
@@ -269,8 +267,6 @@ def test_consume_from_missing_queue_is_404(ch: BlockingChannel, uid: str) -> Non
     expect_channel_error(404, lambda: ch.basic_consume(f"missing-{uid}", Collector()))
 
 
-@pytest.mark.xfail(strict=False, reason="broker gap: node/broker answers channel.flow(active=false) with flow-ok; "
-                   "RabbitMQ 3.10 closes the connection with 540 \"NOT_IMPLEMENTED - active=false\"")
 def test_channel_flow_false_is_540(conn: pika.BlockingConnection) -> None:
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
         conn.channel().flow(False)
