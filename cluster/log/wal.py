@@ -70,12 +70,14 @@ class WalWriter:
         self.size_bytes += len(data)
 
     def sync(self) -> None:
-        """fsync everything written so far (skipped when nothing was written since the last sync: idle nodes)."""
+        """fdatasync everything written so far (skipped when nothing was written since the last sync: idle nodes).
+
+        fdatasync also flushes the file size a write extended, which is all recovery needs of the metadata."""
         target_size = self.size_bytes  # read before the fsync: concurrent later writes are not claimed as synced
         if target_size == self._synced_size_bytes:
             return
         try:
-            os.fsync(self._fd)
+            os.fdatasync(self._fd)
         except OSError as error:
             raise_disk_full_or(error)
         self._synced_size_bytes = max(self._synced_size_bytes, target_size)

@@ -95,7 +95,8 @@ class ConsumerRings:
                     return consumer
                 ring.popleft()
                 consumer.in_ring = False
-        self._drop_empty_rings()
+        if self._rings:  # nothing to drop on a queue without consumers (the common publish-before-consume case)
+            self._drop_empty_rings()
         return None
 
     def rotate(self, consumer: Consumer) -> None:
