@@ -2,13 +2,14 @@
 
 What it is for: every node runs one store. `await store.apply(command)` replicates a `cluster.metadata.model`
 command through the Raft group and returns its `Outcome`; `store.state` is this node's replica (a read never
-leaves the node and may lag the leader); `store.subscribe()` yields the outcomes of applied commands that changed
-something.
+leaves the node and may lag the leader); `store.watch()` gives that state plus a channel of exactly the outcomes
+that change it afterwards (`subscribe()`: the channel alone).
 
 How it works:
 - `_Replica` is a pysyncobj `SyncObjConsumer` holding the immutable `MetadataState`. Its one replicated method takes
   a cbor-encoded command (pysyncobj wraps those bytes in its own pickle; our payload is cbor) and swaps the state
-  reference — so readers in the trio thread always see a whole state, with no lock.
+  reference — so `store.state` readers always see a whole state. A change counter is bumped with the swap under a
+  lock held for two assignments, so `watch()` can start each watcher exactly after the state it returns.
 - pysyncobj ticks in its own thread (autoTick). `apply` hands the command to pysyncobj's thread-safe command queue
   with a callback; the callback runs in the tick thread and only calls `TrioToken.run_sync_soon`, which never
   blocks, to put the result into a one-slot memory channel the trio task waits on. Neither side waits on the other.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -97,15 +99,26 @@ class _Replica(SyncObjConsumer):  # type: ignore[misc]
     def __init__(self) -> None:
         super().__init__()
         self.state = MetadataState()
-        self.on_applied: Callable[[Outcome], None] | None = None
+        self.changes_seq = 0  # how many applied commands changed something; pairs with `state` under `lock`
+        self.lock = threading.Lock()  # held for two assignments only, by either thread
+        self.on_applied: Callable[[int, Outcome], None] | None = None
 
     @replicated  # type: ignore[untyped-decorator]
     def apply_command(self, payload: bytes) -> bytes:
         command = model.command_from_dict(cbor2.loads(payload))
-        self.state, outcome = model.apply(self.state, command)
+        new_state, outcome = model.apply(self.state, command)
+        with self.lock:
+            self.state = new_state
+            if outcome.changes:
+                self.changes_seq += 1
+            seq = self.changes_seq
         if self.on_applied is not None and outcome.changes:
-            self.on_applied(outcome)
+            self.on_applied(seq, outcome)
         return cbor2.dumps(model.outcome_to_dict(outcome))
+
+    def read(self) -> tuple[MetadataState, int]:
+        with self.lock:
+            return self.state, self.changes_seq
 
     def _serialize(self) -> dict[str, bytes]:
         return {"cbor": cbor2.dumps(model.snapshot(self.state))}
@@ -156,7 +169,7 @@ class MetadataStore:
         self._replica = _Replica()
         self._replica.on_applied = self._on_applied_in_tick_thread
         self._syncobj: SyncObj | None = None
-        self._subscribers: list[trio.MemorySendChannel[Outcome]] = []
+        self._subscribers: list[tuple[trio.MemorySendChannel[Outcome], int]] = []
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -205,7 +218,7 @@ class MetadataStore:
             self._syncobj.destroy()
             self._syncobj = None
         self._replica.on_applied = None
-        for send in self._subscribers:
+        for send, _ in self._subscribers:
             send.close()
         self._subscribers.clear()
 
@@ -281,20 +294,30 @@ class MetadataStore:
     # ------------------------------------------------------------------------------------------ subscriptions
 
     def subscribe(self, buffer_max: int = SUBSCRIBER_BUFFER_MAX) -> trio.MemoryReceiveChannel[Outcome]:
-        """Outcomes that changed something, in apply order. A subscriber that falls `buffer_max` behind is
-        closed (it sees EndOfChannel) and must re-read `state` and subscribe again: nothing is dropped silently."""
+        """`watch()` without the state."""
+        return self.watch(buffer_max)[1]
+
+    def watch(self, buffer_max: int = SUBSCRIBER_BUFFER_MAX) -> tuple[MetadataState,
+                                                                       trio.MemoryReceiveChannel[Outcome]]:
+        """This replica's state now, and a channel of exactly the outcomes that change it after that (apply order,
+        commands from any node). A watcher that falls `buffer_max` behind is closed (it sees EndOfChannel) and must
+        watch again: nothing is skipped silently."""
+        state, seq = self._replica.read()
         send, receive = trio.open_memory_channel[Outcome](buffer_max)
-        self._subscribers.append(send)
-        return receive
+        self._subscribers.append((send, seq))
+        return state, receive
 
-    def _on_applied_in_tick_thread(self, outcome: Outcome) -> None:
+    def _on_applied_in_tick_thread(self, seq: int, outcome: Outcome) -> None:
         with contextlib.suppress(trio.RunFinishedError):
-            self._token.run_sync_soon(self._publish, outcome)
+            self._token.run_sync_soon(self._publish, seq, outcome)
 
-    def _publish(self, outcome: Outcome) -> None:
-        for send in list(self._subscribers):
+    def _publish(self, seq: int, outcome: Outcome) -> None:
+        for sub in list(self._subscribers):
+            send, start_seq = sub
+            if seq <= start_seq:
+                continue  # already in the state this watcher started from
             try:
                 send.send_nowait(outcome)
             except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                 send.close()
-                self._subscribers.remove(send)
+                self._subscribers.remove(sub)

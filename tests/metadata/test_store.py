@@ -15,7 +15,8 @@ async def test_command_applied_on_one_node_is_visible_on_all() -> None:
     stores = await start_all([config(i, addrs) for i in range(3)])
     try:
         await wait_until(lambda: all(len(s.state.nodes) == 3 for s in stores), what="three nodes registered")
-        sub = stores[2].subscribe()
+        start, sub = stores[2].watch()
+        assert len(start.nodes) == 3 and not start.vhosts
         out = await stores[0].apply(PutVhost("/", cid="v1"))
         assert out.ok and out.changes[0].action == "created"
         q = QueueRecord("/", "q", "quorum", leader="n1", members=("n0", "n1", "n2"))
@@ -70,3 +71,20 @@ async def test_a_port_in_use_is_a_clear_error() -> None:
         assert (await first.apply(PutVhost("/"))).ok
     finally:
         first.close()
+
+
+async def test_a_subscriber_that_falls_behind_is_closed_not_silently_skipped() -> None:
+    store = MetadataStore(config(0, free_addresses(1)))
+    await store.start()
+    try:
+        slow = store.subscribe(buffer_max=2)
+        for i in range(4):
+            assert (await store.apply(PutVhost(f"v{i}"))).ok
+        with trio.fail_after(10):
+            got = [await slow.receive(), await slow.receive()]
+            with pytest.raises(trio.EndOfChannel):
+                await slow.receive()
+        assert [o.changes[0].key for o in got] == [("v0",), ("v1",)]
+        assert len(store.state.vhosts) == 4  # the state is there to re-read; resubscribe for what follows
+    finally:
+        store.close()
