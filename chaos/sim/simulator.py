@@ -169,6 +169,9 @@ class Simulation:
         except AssertionError as error:  # a core's own invariant (e.g. never truncate a committed entry)
             violation = f"assertion: {error}"
             self._log(f"VIOLATION {violation}")
+        except (KeyError, IndexError, ValueError, TypeError) as error:  # a core crashed: a bug, report the seed
+            violation = f"crash: {type(error).__name__}: {error}"
+            self._log(f"VIOLATION {violation}")
         stats = dict(self.stats)
         stats["messages_sent"] = self.net.sent
         stats["messages_dropped"] = self.net.dropped

@@ -59,7 +59,8 @@ def test_regression_seed(path: Path) -> None:
         for key, value in (line.split("=") for line in path.read_text().splitlines() if "=" in line and line[0] != "#")
     )
     result = run_seed(SimConfig(seed=fields["seed"], groups=fields.get("groups", 1),
-                                chaos_ticks=fields.get("chaos_ticks", 300), nodes=fields.get("nodes")))
+                                chaos_ticks=fields.get("chaos_ticks", 300), nodes=fields.get("nodes"),
+                                membership=bool(fields.get("membership", 0))))
     assert result.ok, result.violation
 
 

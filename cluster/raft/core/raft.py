@@ -193,8 +193,10 @@ class RaftCore:
             if isinstance(m, Append | Heartbeat):
                 self._send(HeartbeatResp(self.id, m.src, self.term))  # tell a stale leader to step down
             elif isinstance(m, PreVote):
-                self._send(PreVoteResp(self.id, m.src, self.term, reject=True))
+                self._send(PreVoteResp(self.id, m.src, self.term, True, *self._commit_fact()))
             return
+        if isinstance(m, PreVoteResp | VoteResp) and m.reject:
+            self._learn_commit(m.commit, m.commit_term)
         if isinstance(m, PreVote | Vote):
             self._handle_vote_request(m)
         elif self.role is Role.LEADER:
@@ -350,9 +352,24 @@ class RaftCore:
                 self.vote = m.src
                 self._send(VoteResp(self.id, m.src, m.term, reject=False))
         elif pre:
-            self._send(PreVoteResp(self.id, m.src, self.term, reject=True))
+            self._send(PreVoteResp(self.id, m.src, self.term, True, *self._commit_fact()))
         else:
-            self._send(VoteResp(self.id, m.src, self.term, reject=True))
+            self._send(VoteResp(self.id, m.src, self.term, True, *self._commit_fact()))
+
+    def _commit_fact(self) -> tuple[Index, Term]:
+        term = self.log.term(self.log.committed)
+        assert term is not None
+        return self.log.committed, term
+
+    def _learn_commit(self, commit: Index, commit_term: Term) -> None:
+        """A voter's commit index is a fact; if our log holds its (index, term), our prefix through it is the same
+        (log matching), so it is committed here too. This un-sticks a stale voter: with membership effective when
+        applied, a voter that never heard that its config change committed (say the leader removed itself and
+        stepped down) would campaign in the old config, where the up-to-date nodes are non-voters that reject it;
+        the rejection now tells it the change committed, it applies it and campaigns in the new config (a bug the
+        simulator found: tests/sim/regressions/seed-70285.txt)."""
+        if commit > self.log.committed and commit <= self.log.last_index() and self.log.term(commit) == commit_term:
+            self.log.commit_to(commit)
 
     def _step_candidate(self, m: Message) -> None:
         if isinstance(m, Append | Heartbeat | InstallSnapshot):
@@ -369,6 +386,9 @@ class RaftCore:
         return isinstance(m, VoteResp)
 
     def _tally(self) -> None:
+        if self.id not in self.membership.voters:  # removed (or demoted) while campaigning: it cannot lead
+            self._become_follower(self.term, None)  # (the remaining voters alone could otherwise elect it)
+            return
         result = vote_result(self.membership.voters, self._votes)
         if result is VoteResult.WON:
             if self.role is Role.PRE_CANDIDATE:
@@ -591,6 +611,8 @@ class RaftCore:
             voters.discard(change.node)
             learners.discard(change.node)
         self.membership = Membership(frozenset(voters), frozenset(learners))
+        if self.role in (Role.PRE_CANDIDATE, Role.CANDIDATE) and self.id not in voters:
+            self._become_follower(self.term, None)  # removed while campaigning: stop (a sim-found bug)
         if self.role is not Role.LEADER:
             return
         if change.node == self.id and change.op is ConfOp.REMOVE:

@@ -116,6 +116,10 @@ class PreVoteResp:
     dst: NodeId
     term: Term
     reject: bool
+    # A rejection carries the voter's commit index and its term: a candidate whose log holds that (index, term)
+    # has, by log matching, the same prefix, so it learns that prefix is committed (see RaftCore._learn_commit).
+    commit: Index = Index(0)
+    commit_term: Term = Term(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +138,10 @@ class VoteResp:
     dst: NodeId
     term: Term
     reject: bool
+    # A rejection carries the voter's commit index and its term: a candidate whose log holds that (index, term)
+    # has, by log matching, the same prefix, so it learns that prefix is committed (see RaftCore._learn_commit).
+    commit: Index = Index(0)
+    commit_term: Term = Term(0)
 
 
 @dataclass(frozen=True, slots=True)

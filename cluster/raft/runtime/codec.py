@@ -42,7 +42,8 @@ MESSAGE_TYPES: tuple[type[Any], ...] = (
 TAG_OF = {cls: tag for tag, cls in enumerate(MESSAGE_TYPES)}
 FIELD_TYPES = {"src": str, "dst": str, "term": int, "last_index": int, "last_term": int, "reject": bool,
                "transfer": bool, "prev_index": int, "prev_term": int, "commit": int, "index": int,
-               "hint_index": int, "hint_term": int, "quiesce": bool}
+               "hint_index": int, "hint_term": int, "quiesce": bool,
+               "commit_term": int}
 
 
 class CodecError(ValueError):
