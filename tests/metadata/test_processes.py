@@ -108,10 +108,10 @@ def test_three_processes_kill_the_leader_restart_and_catch_up(tmp_path: Path) ->
         again = leader.apply(PutVhost("/", cid="put-root"))
         assert again["duplicate"] and again["changes"] == first["changes"]
         assert survivors[1].apply(PutVhost("after-kill", cid="put-after"))["duplicate"]
-        defs = [n.request({"op": "state"})["definitions"] for n in nodes]
         wait_for(lambda: len({json.dumps(n.request({"op": "state"})["definitions"], sort_keys=True)
                               for n in nodes}) == 1, what="identical definitions")
-        assert sorted(n["name"] for n in defs[0]["nodes"]) == ["n0", "n1", "n2"]
+        final = nodes[0].request({"op": "state"})["definitions"]
+        assert sorted(n["name"] for n in final["nodes"]) == ["n0", "n1", "n2"]
     finally:
         for n in nodes:
             n.stop()

@@ -73,7 +73,7 @@ async def test_wrong_secret_is_refused_and_changes_nothing(tmp_path: Path) -> No
             rogue.destroy()
         assert not marker.exists()
         assert good[0].state == before and good[1].state == before
-        assert good[0].leader() in addrs[:2]
+        await wait_until(lambda: good[0].leader() in addrs[:2], what="a leader among the good nodes")
         assert (await good[1].apply(PutVhost("still-works"))).ok
     finally:
         for s in good:
@@ -84,7 +84,7 @@ async def test_incompatible_version_is_refused_and_changes_nothing() -> None:
     addrs = free_addresses(3)
     good = await start_all([config(i, addrs) for i in range(2)])
     try:
-        await wait_until(lambda: len(good[1].state.nodes) == 2, what="two nodes registered")
+        await wait_until(lambda: all(len(s.state.nodes) == 2 for s in good), what="two nodes registered on both")
         before = good[0].state.definitions()
         newer = MetadataStore(config(2, addrs, version=99))
         with pytest.raises(IncompatibleVersionError, match="version 99"):
