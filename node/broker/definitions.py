@@ -30,6 +30,7 @@ from node.broker.vhost import VHost
 
 if TYPE_CHECKING:
     from node.broker.broker import Broker
+    from node.broker.effects import Effect
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 
@@ -324,11 +325,19 @@ def queue_delete(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Qu
         if method.if_empty and queue.machine.ready_count:
             raise precondition(f"{queue.resource} not empty")
         count = queue.machine.ready_count
-        delete_queue(broker, queue)
+        # RabbitMQ sends queue.delete-ok before the consumer_cancel_notify basic.cancels (the channel replies when
+        # the queue process has gone; the cancels follow from its monitor), so a client waiting for delete-ok on
+        # a channel that also consumes from the queue (kombu without on_cancel) sees its reply first.
+        cancels: list[Effect] = []
+        delete_queue(broker, queue, cancels)
+        _reply(broker, ch, method.nowait, m.QueueDeleteOk(message_count=count))
+        broker.out.extend(cancels)
+        return
     _reply(broker, ch, method.nowait, m.QueueDeleteOk(message_count=count))
 
 
-def delete_queue(broker: Broker, queue: QueueState) -> None:
+def delete_queue(broker: Broker, queue: QueueState, cancels: list[Effect] | None = None) -> None:
+    """Drop the queue, its bindings and consumers; consumer cancels go to `cancels` if given, else out."""
     from node.broker import delivery
 
     vhost = broker.vhosts.get(queue.vhost)
@@ -338,7 +347,7 @@ def delete_queue(broker: Broker, queue: QueueState) -> None:
         _forget_binding(broker, vhost, binding)
     del vhost.queues[queue.name]
     vhost.invalidate()
-    delivery.cancel_queue_consumers(broker, queue)
+    delivery.cancel_queue_consumers(broker, queue, cancels)
     if queue.stored:
         if queue.persisted_ids:  # keep the queue's own stream consistent even if replayed apart from definitions
             removed = sorted(queue.persisted_ids)

@@ -41,7 +41,7 @@ from node.amqp import methods as m
 from node.amqp.properties import BasicProperties
 from node.broker.channel import ChannelState, ConnState, Consumer, Message, PendingDelivery, Unacked
 from node.broker.definitions import REPLY_TO_QUEUE, check_exclusive, delete_queue, lookup_queue
-from node.broker.effects import Send, SendContent
+from node.broker.effects import Effect, Send, SendContent
 from node.broker.errors import AmqpError, access_refused, precondition
 from node.broker.queues import QueueState
 from node.broker.records import MessageRecord, MessageRemovedRecord
@@ -337,8 +337,12 @@ def _drop_pending(broker: Broker, ch: ChannelState, consumer: Consumer) -> None:
         apply_queue(broker, consumer.queue, Return(consumer.consumer_id, gone, broker.now_ms))
 
 
-def cancel_queue_consumers(broker: Broker, queue: QueueState) -> None:
-    """The queue is gone: tell every consumer with a server-sent basic.cancel (consumer_cancel_notify)."""
+def cancel_queue_consumers(broker: Broker, queue: QueueState, cancels: list[Effect] | None = None) -> None:
+    """The queue is gone: tell every consumer with a server-sent basic.cancel (consumer_cancel_notify).
+
+    The cancels are appended to `cancels` when given (the caller places them after its reply), else to out.
+    """
+    sink = broker.out if cancels is None else cancels
     for consumer in list(queue.consumers.values()):
         ch = consumer.channel
         ch.consumers.pop(consumer.tag, None)
@@ -346,7 +350,7 @@ def cancel_queue_consumers(broker: Broker, queue: QueueState) -> None:
         ch.pending = type(ch.pending)(p for p in ch.pending if p.consumer is not consumer)
         conn = broker.conns.get(ch.conn_id)
         if conn is not None and conn.cancel_notify and not ch.closed:
-            broker.out.append(Send(ch.conn_id, ch.number, m.BasicCancel(consumer_tag=consumer.tag, nowait=True)))
+            sink.append(Send(ch.conn_id, ch.number, m.BasicCancel(consumer_tag=consumer.tag, nowait=True)))
     queue.consumers.clear()
     queue.exclusive_consumer = None
 

@@ -296,3 +296,18 @@ def test_server_names_come_from_injected_rng() -> None:
     assert of_type(c.declare(""), m.QueueDeclareOk)[0].queue == "amq.gen-AAAAAAAAAAAAAAAAAAAAAA"
     assert of_type(c.consume("amq.gen-AAAAAAAAAAAAAAAAAAAAAA"), m.BasicConsumeOk)[0].consumer_tag == (
         "amq.ctag-AAAAAAAAAAAAAAAAAAAAAA")
+
+
+def test_queue_delete_ok_comes_before_the_cancel_of_a_consumer_on_the_same_channel() -> None:
+    # RabbitMQ replies queue.delete-ok first; the consumer_cancel_notify basic.cancel follows. kombu's
+    # test_ack_from_another_thread deletes the queue from the consuming channel without an on_cancel callback:
+    # a cancel before the delete-ok makes py-amqp raise ConsumerCancelled inside queue_delete.
+    c1 = connected()
+    c2 = connected(c1.broker, 2)
+    c1.declare("q")
+    c1.consume("q", "ctag")
+    c2.consume("q", "other")
+    sent = [(e.conn_id, type(e.method).__name__) for e in c1.call(m.QueueDelete(queue="q"))
+            if isinstance(getattr(e, "method", None), (m.QueueDeleteOk, m.BasicCancel))]
+    assert sent[0] == (1, "QueueDeleteOk")
+    assert sorted(sent[1:]) == [(1, "BasicCancel"), (2, "BasicCancel")]
