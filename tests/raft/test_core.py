@@ -192,3 +192,19 @@ def test_node_failure_detection_wakes_the_groups_a_dead_node_led() -> None:
         leaders = [n for n in (N2, N3) if nodes[n].groups[GroupId(f"g{g}")].role is Role.LEADER]
         assert len(leaders) == 1
     assert N1 in nodes[N2].down_peers
+
+
+def test_a_vote_rejection_teaches_a_stale_candidate_the_commit_index() -> None:
+    """The voter's (commit, term) names a prefix the candidate shares (log matching): it is committed there too."""
+    log = tuple(Entry(Term(5), Index(i), f"e{i}".encode()) for i in (1, 2, 3))
+    state = PersistedState(HardState(Term(5), None, Index(0)), Snapshot(Index(0), Term(0), THREE), log)
+    core = RaftCore(N2, RaftConfig(pre_vote=False), first, persisted=state)
+    drain(core)
+    core.campaign()
+    drain(core)
+    assert core.role is Role.CANDIDATE and core.log.committed == 0
+    core.step(VoteResp(N3, N2, core.term, reject=True, commit=Index(3), commit_term=Term(4)))  # not our entry 3
+    assert core.log.committed == 0
+    core.step(VoteResp(N1, N2, core.term, reject=True, commit=Index(2), commit_term=Term(5)))
+    assert core.log.committed == 2
+    assert [entry.index for entry in drain(core).committed_entries] == [1, 2]
