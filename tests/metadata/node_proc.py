@@ -1,7 +1,7 @@
 """One metadata node as a process, driven by JSON lines on stdin (used by the real-process tests).
 
 Requests: {"op": "apply", "cmd": <command_to_dict>, "timeout_s": 20} -> {"outcome": ...} or {"error": ...};
-{"op": "state"} -> {"definitions": ...}; {"op": "status"} -> {"status": ...}. Prints {"ready": true} once started.
+{"op": "state"} -> {"definitions": ...}; {"op": "status"} -> {"status": ...}. Prints {"ready": true} once started, or {"error": ...} and exits 2.
 The cluster secret comes from the RAFTMQ_CLUSTER_SECRET environment variable, never argv.
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from cluster.metadata import model
+from cluster.metadata.secret import ClusterSecretError
 from cluster.metadata.store import MetadataError, MetadataStore, StoreConfig
 
 
@@ -48,8 +49,12 @@ async def main() -> None:
     logging.basicConfig(level=logging.INFO, format=f"{a.name} %(asctime)s %(name)s %(message)s")
     cfg = StoreConfig(a.name, a.address, tuple(a.peers.split(",")), os.environ.get("RAFTMQ_CLUSTER_SECRET"),
                       Path(a.data_dir), raft_min_timeout_s=0.3, raft_max_timeout_s=0.8, connection_timeout_s=1.5)
-    store = MetadataStore(cfg)
-    await store.start()
+    try:
+        store = MetadataStore(cfg)
+        await store.start()
+    except (ClusterSecretError, MetadataError) as exc:
+        emit({"error": f"{type(exc).__name__}: {exc}"})
+        sys.exit(2)
     emit({"ready": True})
     stdin = trio.wrap_file(sys.stdin)
     try:

@@ -22,13 +22,14 @@ START_TIMEOUT_S = 40.0
 
 
 class NodeProc:
-    def __init__(self, name: str, address: str, peers: list[str], data_dir: Path) -> None:
+    def __init__(self, name: str, address: str, peers: list[str], data_dir: Path, secret: str = SECRET) -> None:
         self.name, self.address, self.peers, self.data_dir = name, address, peers, data_dir
+        self.secret = secret
         self.proc: subprocess.Popen[str] | None = None
         self.lines: queue.Queue[str] = queue.Queue()
 
     def start(self) -> None:
-        env = {**os.environ, "RAFTMQ_CLUSTER_SECRET": SECRET, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "RAFTMQ_CLUSTER_SECRET": self.secret, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.metadata.node_proc", "--name", self.name, "--address", self.address,
              "--peers", ",".join(self.peers), "--data-dir", str(self.data_dir)],
@@ -114,4 +115,28 @@ def test_three_processes_kill_the_leader_restart_and_catch_up(tmp_path: Path) ->
         assert sorted(n["name"] for n in final["nodes"]) == ["n0", "n1", "n2"]
     finally:
         for n in nodes:
+            n.stop()
+
+
+def test_a_process_with_the_wrong_secret_exits_with_a_clear_error(tmp_path: Path) -> None:
+    addrs = free_addresses(3)
+    peers = [[b for b in addrs if b != a] for a in addrs]
+    good = [NodeProc(f"n{i}", addrs[i], peers[i], tmp_path / f"n{i}") for i in range(2)]
+    bad = NodeProc("n2", addrs[2], peers[2], tmp_path / "n2", secret="not-the-cluster-secret-at-all")
+    try:
+        for n in good:
+            n.start()
+        for n in good:
+            n.wait_ready()
+        good[0].apply(PutVhost("/"))
+        wait_for(lambda: all(n.vhosts() == {"/"} for n in good), what="'/' on both good nodes")
+        before = [json.dumps(n.request({"op": "state"})["definitions"], sort_keys=True) for n in good]
+        bad.start()
+        reply = json.loads(bad.lines.get(timeout=START_TIMEOUT_S))
+        assert "ClusterSecretError" in reply["error"] and "mismatch" in reply["error"]
+        assert bad.proc is not None and bad.proc.wait(timeout=10) == 2
+        after = [json.dumps(n.request({"op": "state"})["definitions"], sort_keys=True) for n in good]
+        assert after == before and before[0] == before[1]
+    finally:
+        for n in [*good, bad]:
             n.stop()
