@@ -316,6 +316,9 @@ class ServerConnection:
         if not self.blocked:
             return
         self.blocked = False
+        # While blocked the runtime stops reading this connection (as RabbitMQ does), so the peer's heartbeats sat
+        # unread in the socket: its silence is counted again only from now.
+        self._last_recv_ms = self._now_ms
         if self.state is ConnectionState.OPEN and self.client_capability("connection.blocked"):
             self._write(encode_method_frame(0, m.ConnectionUnblocked()))
 
@@ -343,7 +346,9 @@ class ServerConnection:
         deadlines = []
         if self.heartbeat_s:
             interval_ms = self.heartbeat_s * 1000
-            deadlines += [self._last_recv_ms + 2 * interval_ms, self._last_send_ms + interval_ms // 2]
+            deadlines.append(self._last_send_ms + interval_ms // 2)
+            if not self.blocked:
+                deadlines.append(self._last_recv_ms + 2 * interval_ms)
         if state is not ConnectionState.OPEN:
             deadlines.append(self._handshake_deadline_ms)
         return min(deadlines) if deadlines else None
@@ -409,7 +414,7 @@ class ServerConnection:
 
     def _tick_heartbeat(self, now_ms: int) -> None:
         interval_ms = self.heartbeat_s * 1000
-        if now_ms - self._last_recv_ms >= 2 * interval_ms:
+        if not self.blocked and now_ms - self._last_recv_ms >= 2 * interval_ms:
             self._finish(
                 ReplyCode.FRAME_ERROR, f"missed heartbeats from client, timeout: {self.heartbeat_s}s"
             )

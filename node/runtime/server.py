@@ -12,7 +12,9 @@ broker: it passes each event to `Broker.handle` and carries out the returned eff
 their `conn_id` (which may be another connection: deliveries), repeating until no connection has events left.
 All of this runs on the trio thread, so the broker needs no locks. Output per connection is bounded: above
 `output_buffer_high_bytes` the broker is told the connection is not writable (it stops delivering to it) and
-below `output_buffer_low_bytes` it is told again that it is.
+below `output_buffer_low_bytes` it is told again that it is. A connection the broker blocked (a publisher during
+a memory or disk alarm) is not read until the alarm clears, as in RabbitMQ, so a client that ignores
+connection.blocked cannot push more data into the node.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from node.runtime.store import Store
 log = logging.getLogger("raftmq.node")
 
 RECEIVE_SIZE_BYTES = 256 * 1024
+BLOCKED_POLL_S = 0.1  # how often a blocked connection looks whether its alarm cleared (and sends heartbeats)
 DISPATCH_ROUNDS_MAX = 100_000  # events+effects cascades longer than this indicate a bug; stop and log
 BROKER_TICK_MS_MAX = 1_000
 SHUTDOWN_REPLY_TEXT = "broker forced connection closure with reason 'shutdown'"
@@ -270,10 +273,24 @@ class Node:
             if data is None:
                 conn.core.tick(mono_ms())
             else:
+                if conn.core.blocked:  # blocked while this read was pending: hold its bytes (at most one read)
+                    await self._wait_unblocked(conn)
                 conn.core.receive_data(data, mono_ms())
             self._mark(conn)
             self.dispatch_guarded(conn)
+            if conn.core.blocked:
+                await self._wait_unblocked(conn)
         await self._wait_flushed(conn)
+
+    async def _wait_unblocked(self, conn: Connection) -> None:
+        """A blocked connection (a publisher during a resource alarm) is not read until the alarm clears, as in
+        RabbitMQ: its publishes wait in the client and the kernel's socket buffer, not in our memory. Heartbeats
+        keep flowing to the client; the core does not count the peer's silence while blocked."""
+        while conn.core.blocked and not conn.finished:
+            await trio.sleep(BLOCKED_POLL_S)
+            conn.core.tick(mono_ms())
+            self._mark(conn)
+            self.dispatch_guarded(conn)
 
     def dispatch_guarded(self, conn: Connection, produce: Callable[[], Iterable[Any]] | None = None) -> None:
         """`dispatch` (of `produce()`'s effects, if given), but a bug below the runtime closes this connection

@@ -456,6 +456,24 @@ def test_heartbeat_sent_when_idle_and_missed_heartbeats_close() -> None:
     assert conn.next_deadline_ms() is None
 
 
+def test_peer_silence_is_not_counted_while_blocked() -> None:
+    """The runtime does not read a blocked connection, so the peer's heartbeats wait unread in the socket."""
+    session = Session()
+    session.handshake(heartbeat=10)
+    conn = session.conn
+    conn.block("low on memory")
+    conn.data_to_send()
+    conn.tick(60000)
+    assert conn.state is ConnectionState.OPEN
+    assert conn.data_to_send() == HEARTBEAT  # our heartbeats keep flowing
+    conn.unblock()
+    conn.data_to_send()
+    conn.tick(79999)
+    assert conn.state is ConnectionState.OPEN
+    conn.tick(80000)  # silence counts again from the unblock, at 60 s
+    assert conn.next_events()[-1] == ConnectionClosed(501, "missed heartbeats from client, timeout: 10s")
+
+
 def test_no_heartbeat_while_traffic_flows() -> None:
     session = Session()
     session.handshake(heartbeat=10)

@@ -123,6 +123,34 @@ def test_connection_blocked_while_alarm_is_set(amqp_target: Target, alarm_contro
         connection.close()
 
 
+def test_a_blocked_publisher_that_keeps_publishing_is_not_read_until_the_alarm_clears(
+    amqp_target: Target, alarm_control: AlarmControl
+) -> None:
+    publisher = pika.BlockingConnection(amqp_target.params())
+    observer = pika.BlockingConnection(amqp_target.params())
+    try:
+        events: list[str] = []
+        publisher.add_on_connection_blocked_callback(lambda _c, _m: events.append("blocked"))
+        pch, och = publisher.channel(), observer.channel()
+        q = och.queue_declare("", exclusive=False, auto_delete=False).method.queue
+        publish(pch, "", q, b"first")  # a connection that has published is blocked when an alarm goes off
+        assert wait_until(lambda: queue_depth(och, q) == 1, observer)
+        alarm_control.set_alarm(True)
+        assert wait_until(lambda: "blocked" in events, publisher)
+        for n in range(50):  # pika does not stop on connection.blocked: these reach the socket
+            publish(pch, "", q, f"m{n}".encode())
+        publisher.process_data_events(time_limit=1.0)
+        assert queue_depth(och, q) == 1  # the node does not read a blocked connection
+        alarm_control.set_alarm(False)
+        assert wait_until(lambda: queue_depth(och, q) == 51, publisher)
+        assert drain(och, q) == [b"first"] + [f"m{n}".encode() for n in range(50)]
+        och.queue_delete(q)
+    finally:
+        alarm_control.set_alarm(False)
+        publisher.close()
+        observer.close()
+
+
 def test_sigterm_closes_connections_with_320_and_exits_0(own_node: Target) -> None:
     connection = pika.BlockingConnection(own_node.params())
     connection.channel()
