@@ -66,6 +66,9 @@ class NodeConfig:
     accept_backoff_ms_max: int = 1_000
     log_level: str = "info"
     test_signal_alarms: bool = False
+    test_unsafe_confirm_before_fsync: bool = False
+    test_drop_unsynced_on_kill: bool = False
+    test_fsync_delay_ms: int = 0
 
     def resolved_data_dir(self) -> Path:
         """The data directory: `data_dir` when set, else ./data/<node_name>."""
@@ -118,6 +121,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("accept_backoff_ms_max", "int", "Longest pause of accept when file descriptors run out."),
     Setting("log_level", "str", "debug, info, warning or error."),
     Setting("test_signal_alarms", "bool", "Testing only: SIGUSR1/SIGUSR2 toggle a forced memory/disk alarm."),
+    Setting("test_unsafe_confirm_before_fsync", "bool",
+            "Testing only, UNSAFE: publisher confirms leave before the fsync, so a crash loses confirmed messages."),
+    Setting("test_drop_unsynced_on_kill", "bool",
+            "Testing only: at start, cut the log's files back to their last fsync (simulates losing the page cache)."),
+    Setting("test_fsync_delay_ms", "int",
+            "Testing only: a slow disk; each commit writes its batch, waits this long, then fsyncs (0 = off)."),
 )
 
 _SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
@@ -250,6 +259,7 @@ def validate(config: NodeConfig) -> NodeConfig:
         (config.broker_tick_ms > 0, "broker_tick_ms must be > 0"),
         (config.shutdown_timeout_ms >= 0, "shutdown_timeout_ms must be >= 0"),
         (config.accept_backoff_ms_max > 0, "accept_backoff_ms_max must be > 0"),
+        (0 <= config.test_fsync_delay_ms <= 60_000, "test_fsync_delay_ms must be 0..60000"),
         (config.log_level in ("debug", "info", "warning", "error"), "log_level must be debug|info|warning|error"),
         (bool(config.node_name), "node_name must not be empty"),
     ]

@@ -46,7 +46,18 @@ async def _serve(config: NodeConfig) -> None:
     from node.runtime.store import Store
 
     data_dir = config.resolved_data_dir()
-    store = Store.open(data_dir)
+    if config.test_unsafe_confirm_before_fsync:
+        log.warning("TEST-ONLY UNSAFE MODE test_unsafe_confirm_before_fsync: publisher confirms are sent BEFORE "
+                    "the data is fsynced; a crash loses confirmed messages. Never use this outside tests.")
+    if config.test_drop_unsynced_on_kill:
+        log.warning("TEST-ONLY MODE test_drop_unsynced_on_kill: at start, writes not fsynced before the last "
+                    "stop are dropped from %s. Never use this outside tests.", data_dir)
+    if config.test_fsync_delay_ms:
+        log.warning("TEST-ONLY MODE test_fsync_delay_ms: every commit waits %d ms before its fsync.",
+                    config.test_fsync_delay_ms)
+    store = Store.open(data_dir, unsafe_confirm_before_fsync=config.test_unsafe_confirm_before_fsync,
+                       drop_unsynced_on_kill=config.test_drop_unsynced_on_kill,
+                       fsync_delay_s=config.test_fsync_delay_ms / 1000)
     broker = build_broker(config)
     records = store.recover()
     effects = broker.recover(records) if records else []

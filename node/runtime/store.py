@@ -20,11 +20,48 @@ interval held it back is a candidate, re-checked by the commit loop at least eve
 stream is rewritten as a snapshot of its live records once dead records dominate. A deleted durable queue's stream is truncated the same
 way (an empty snapshot), so a queue re-declared under the same name keeps what it appends afterwards.
 Recovery reads every stream back (snapshot first, then the entries after it) for `Broker.recover`.
+
+Test-only modes (settings `test_unsafe_confirm_before_fsync` and `test_drop_unsynced_on_kill`; never for
+production, the node logs a WARNING at start when either is on), so that the chaos tests can show that the fsync
+discipline is what keeps confirmed messages, and that the checker catches it when it is broken:
+
+- Unsafe confirm before fsync: a task beside the commit loop reports each token to the broker (the publisher
+  confirms leave) as soon as its records are appended, in memory, before the commit that writes and fsyncs
+  them; the commit loop then reports nothing. A kill -9 then loses confirmed messages: those still in memory,
+  and (with the drop mode below) those written but not yet fsynced.
+- Drop unsynced writes on kill. A SIGKILL of the process does not lose what it wrote (the OS page cache keeps it),
+  so a plain kill -9 never tests the fsyncs. In this mode, after every successful `NodeLog.commit()` (and after
+  every compaction job batch, and once right after `NodeLog.open`) the store records, durably (temp file, fsync,
+  rename, fsync the directory), the size of every append-only file of the log as it is right then: the WAL files
+  (`wal/*.wal`) and the segment files (`streams/*/*.log`). At the next start, before `NodeLog.open`, every
+  recorded file that has grown is cut back to its recorded size, and the record is removed (durably) before the
+  log is opened, so a crash during recovery never applies a stale record to files that recovery has rewritten
+  and fsynced.
+  Why this is what fsync covered: `commit()` writes the batch's WAL frames, then the same records to the
+  segments (plain writes), then fdatasyncs the WAL; when it returns, every WAL byte written so far is durable, and
+  every segment byte written so far is a copy of WAL frames written before it (so durable through WAL replay).
+  A segment byte is also durable by its own fsync at a roll or a checkpoint, both inside `commit()` or `open()`,
+  so they precede the next record. The record can over-approximate (keep a few bytes that were not fsynced):
+  an append that overflows its buffer may write WAL frames and segment records from the event-loop thread
+  while the fsync runs; it writes WAL first, so what is kept is still a state a real crash could leave
+  (everything written up to an instant survived). It never under-approximates for appends: files are only
+  appended to between records. Files absent from the record (a segment or WAL file created after it, by a roll
+  or a checkpoint a crash interrupted before the next record) are left as they are, and so are files written
+  atomically or with their own fsync (`snapshot`, `stream.name`, index files, `recovery-point`): dropping them
+  could drop data that was durable. Segment rolls (64 MiB) and snapshots do not happen in the chaos tests, so
+  there the drop is exactly "WAL and active segments back to the last fsync".
+- A slow disk (`test_fsync_delay_ms`): each commit writes its batch (WAL and segments, plain writes), sleeps, then
+  fsyncs (what is appended during the sleep is written and fsynced by that same commit). On this kind of
+  machine an fsync takes well under a millisecond, so without it the window in which written data is not yet
+  durable is too short for a kill -9 from a test to land in reliably; with it, kill -9 nearly always finds
+  written-but-unsynced records for the drop mode to discard (and, in the unsafe mode, confirmed ones).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -56,6 +93,69 @@ COMPACT_DEFINITION_RECORDS_MIN = 4096
 DISK_FULL_RETRY_S = 1.0
 PENDING_TOKENS_MAX = 1_000_000  # a bound on bookkeeping; far above what a healthy disk ever accumulates
 EMPTY_SNAPSHOT = cbor2.dumps([])
+SYNCED_SIZES_FILE = "test-synced-sizes.json"  # test_drop_unsynced_on_kill: sizes as of the last fsync
+
+
+def _append_only_files(directory: Path) -> list[Path]:
+    """The log's files that are only ever appended to between fsyncs: WAL files and segment .log files."""
+    return sorted([*directory.glob("wal/*.wal"), *directory.glob("streams/*/*.log")])
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def record_synced_sizes(directory: Path) -> None:
+    """test_drop_unsynced_on_kill: durably record the size of every append-only log file (call right after an
+    fsync returned; see the module docstring for why this is what the fsync covered)."""
+    sizes: dict[str, int] = {}
+    for path in _append_only_files(directory):
+        try:
+            sizes[str(path.relative_to(directory))] = path.stat().st_size
+        except FileNotFoundError:
+            continue  # deleted by a racing roll or snapshot
+    target = directory / SYNCED_SIZES_FILE
+    temporary = target.with_name(target.name + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, json.dumps(sizes).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, target)
+    _fsync_directory(directory)
+
+
+def drop_unsynced(directory: Path) -> int:
+    """test_drop_unsynced_on_kill, before `NodeLog.open`: cut every recorded file back to its recorded size (what
+    a power loss would have left), then remove the record durably. Returns the bytes dropped."""
+    target = directory / SYNCED_SIZES_FILE
+    try:
+        sizes = json.loads(target.read_bytes())
+    except FileNotFoundError:
+        return 0
+    dropped = 0
+    for name, size in sizes.items():
+        path = directory / name
+        try:
+            current = path.stat().st_size
+        except FileNotFoundError:
+            continue
+        if current > size:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, size)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            dropped += current - size
+    target.unlink()
+    _fsync_directory(directory)
+    return dropped
 
 
 def definition_key(record: Record) -> tuple[Any, ...]:
@@ -108,8 +208,12 @@ class Store:
     """Wraps a NodeLog; all methods except the thread jobs run on the trio thread."""
 
     def __init__(self, node_log: Any, policy: CompactionPolicy | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, unsafe_confirm_before_fsync: bool = False,
+                 synced_sizes_directory: Path | None = None, fsync_delay_s: float = 0.0) -> None:
         self.log = node_log
+        self.fsync_delay_s = fsync_delay_s  # test only (a slow disk): see the module docstring
+        self.unsafe_confirm_before_fsync = unsafe_confirm_before_fsync  # test only: see the module docstring
+        self.synced_sizes_directory = synced_sizes_directory  # test only (drop unsynced on kill): where to record
         self.policy = policy or CompactionPolicy()
         self.clock = clock
         self.pending_tokens: list[int] = []
@@ -118,15 +222,39 @@ class Store:
         self.definitions: dict[tuple[Any, ...], Record] = {}
         self.jobs: list[Callable[[], None]] = []
         self._wake = trio.Event()
+        self.unsafe_tokens: list[int] = []  # test only: appended, not yet reported (unsafe confirm mode)
+        self._unsafe_wake = trio.Event()
         self.commits = 0
         self.closed = False
 
     @classmethod
-    def open(cls, directory: Path, policy: CompactionPolicy | None = None) -> Store:
+    def open(cls, directory: Path, policy: CompactionPolicy | None = None, *,
+             unsafe_confirm_before_fsync: bool = False, drop_unsynced_on_kill: bool = False,
+             fsync_delay_s: float = 0.0) -> Store:
         from cluster.log import NodeLog  # imported here so `raftmq node --help` stays cheap
 
         directory.mkdir(parents=True, exist_ok=True)
-        return cls(NodeLog.open(directory), policy)
+        if drop_unsynced_on_kill:
+            dropped = drop_unsynced(directory)
+            log.warning("store: test_drop_unsynced_on_kill: dropped %d bytes written after the last fsync", dropped)
+        else:
+            (directory / SYNCED_SIZES_FILE).unlink(missing_ok=True)  # never apply a stale record later
+        store = cls(NodeLog.open(directory), policy, unsafe_confirm_before_fsync=unsafe_confirm_before_fsync,
+                    synced_sizes_directory=directory if drop_unsynced_on_kill else None, fsync_delay_s=fsync_delay_s)
+        store._record_synced_sizes()  # open checkpointed: everything on disk now is durable
+        return store
+
+    def _record_synced_sizes(self) -> None:
+        if self.synced_sizes_directory is not None:
+            record_synced_sizes(self.synced_sizes_directory)
+
+    def _commit_and_record(self) -> None:
+        """Worker thread: one commit, then (drop-unsynced test mode) the sizes that fsync covered."""
+        if self.fsync_delay_s > 0:  # test only: write the batch now (no fsync), fsync it after the delay
+            self.log._write_pending()
+            time.sleep(self.fsync_delay_s)
+        self.log.commit()
+        self._record_synced_sizes()
 
     # --------------------------------------------------------------------------------------- recovery
     def recover(self) -> list[Record]:
@@ -165,6 +293,9 @@ class Store:
             log.error("store: %d tokens pending; storage is not keeping up", len(self.pending_tokens))
         self.pending_tokens.append(token)
         self._wake.set()
+        if self.unsafe_confirm_before_fsync:
+            self.unsafe_tokens.append(token)
+            self._unsafe_wake.set()
 
     def _track(self, stream: str, record: Record, book: StreamBook) -> Record:
         cls = type(record)
@@ -241,12 +372,13 @@ class Store:
                 job()
             except Exception:
                 log.exception("store: compaction job failed")
+        self._record_synced_sizes()  # snapshots are written durably
 
     async def commit_once(self) -> list[int]:
         """One commit (one fsync) for every append so far; returns the tokens it made durable."""
         tokens, self.pending_tokens = self.pending_tokens, []
         try:
-            await trio.to_thread.run_sync(self.log.commit)
+            await trio.to_thread.run_sync(self._commit_and_record)
         except BaseException:
             self.pending_tokens[:0] = tokens  # not durable: they wait for the next successful commit
             raise
@@ -259,6 +391,25 @@ class Store:
             await trio.to_thread.run_sync(self._run_jobs, jobs)
 
     async def commit_loop(self, node: Any) -> None:
+        """Group commit until cancelled (with, in the unsafe test mode, the task that confirms at append)."""
+        if not self.unsafe_confirm_before_fsync:
+            await self._commit_loop(node)
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._unsafe_confirm_loop, node)
+            await self._commit_loop(node)
+
+    async def _unsafe_confirm_loop(self, node: Any) -> None:
+        """Test only, deliberately unsafe: report every token as soon as its records are appended (in memory),
+        before any write or fsync, so the publisher confirms leave before the data is durable."""
+        while True:
+            await self._unsafe_wake.wait()
+            self._unsafe_wake = trio.Event()
+            tokens, self.unsafe_tokens = self.unsafe_tokens, []
+            if tokens:
+                self._report(node, tokens)
+
+    async def _commit_loop(self, node: Any) -> None:
         """Group commit until cancelled. A full disk keeps the tokens pending (no confirms) and retries.
 
         While a commit is in flight, appends accumulate; the next iteration covers all of them with one fsync.
@@ -285,7 +436,7 @@ class Store:
             except BaseException:
                 self.jobs[:0] = jobs
                 raise
-            if tokens:
+            if tokens and not self.unsafe_confirm_before_fsync:  # unsafe: reported at append already
                 self._report(node, tokens)
             await self.run_jobs(jobs)
 
@@ -312,4 +463,5 @@ class Store:
             await self.commit_once()
             await self.run_jobs(jobs)
             await trio.to_thread.run_sync(self.log.close)
+            await trio.to_thread.run_sync(self._record_synced_sizes)  # close commits and checkpoints
         self.closed = True
