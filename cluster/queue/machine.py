@@ -25,7 +25,7 @@ Semantics chosen where RabbitMQ leaves room (the reference model in tests/queue 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, Final
 
 from cluster.queue.consumers import Consumer, ConsumerRings
@@ -301,12 +301,8 @@ class Queue:
         consumer = self._consumers.get(command.consumer_id)
         if consumer is None:
             return
-        unacked = consumer.unacked
-        for msg_id in command.msg_ids:
-            entry = unacked.pop(msg_id, None)
-            if entry is not None:
-                self._unacked_count -= 1
-                self._requeue(entry, out)
+        for entry in self._take_unacked(consumer, command.msg_ids):
+            self._requeue(entry, out)
         self._expire_due(out)
         self._after_unacked_shrank(consumer, out)
 
@@ -315,13 +311,18 @@ class Queue:
         consumer = self._consumers.get(command.consumer_id)
         if consumer is None:
             return
+        for entry in self._take_unacked(consumer, command.msg_ids):
+            self._lose(entry, "rejected", out)
+        self._after_unacked_shrank(consumer, out)
+
+    def _take_unacked(self, consumer: Consumer, msg_ids: Iterable[MsgId]) -> Iterator[Entry]:
+        """Remove `msg_ids` from `consumer`'s unacked set, yielding each entry it held (unknown ids are skipped)."""
         unacked = consumer.unacked
-        for msg_id in command.msg_ids:
+        for msg_id in msg_ids:
             entry = unacked.pop(msg_id, None)
             if entry is not None:
                 self._unacked_count -= 1
-                self._lose(entry, "rejected", out)
-        self._after_unacked_shrank(consumer, out)
+                yield entry
 
     def _get(self, command: Get, out: _Effects) -> None:
         self._advance(command.now_ms, out)

@@ -488,12 +488,7 @@ class ServerConnection:
         handler(self, method, now_ms)
 
     def _frame_while_closing(self, frame_type: int, payload: bytes) -> None:
-        if frame_type != FRAME_METHOD:
-            return
-        try:
-            method = decode_method(payload)
-        except (UnknownMethodError, DecodeError):
-            return
+        method = _method_or_none(frame_type, payload)
         if isinstance(method, m.ConnectionCloseOk):
             code, text = self._pending_close
             self._finish(code, text)
@@ -630,12 +625,7 @@ class ServerConnection:
         self._events.append(ChannelOpened(channel))
 
     def _frame_on_closing_channel(self, frame_type: int, channel: int, payload: bytes) -> None:
-        if frame_type != FRAME_METHOD:
-            return
-        try:
-            method = decode_method(payload)
-        except (UnknownMethodError, DecodeError):
-            return
+        method = _method_or_none(frame_type, payload)
         if isinstance(method, m.ChannelCloseOk):
             del self._channels[channel]
         elif isinstance(method, m.ChannelClose):
@@ -681,3 +671,13 @@ _CONNECTION_HANDLERS: Final[dict[tuple[ConnectionState, type[m.Method]], Any]] =
     (ConnectionState.OPENING, m.ConnectionOpen): ServerConnection._on_open,
     (ConnectionState.OPEN, m.ConnectionUpdateSecret): ServerConnection._on_update_secret,
 }
+
+
+def _method_or_none(frame_type: int, payload: bytes) -> m.Method | None:
+    """While closing, only a (close or close-ok) method matters: anything else, or undecodable, is ignored."""
+    if frame_type != FRAME_METHOD:
+        return None
+    try:
+        return decode_method(payload)
+    except (UnknownMethodError, DecodeError):
+        return None
