@@ -3,11 +3,13 @@
 Every message is a list `[tag, field, ...]` in dataclass field order; entries are `[term, index, data, kind]`;
 snapshots `[index, term, voters, learners, data]`. Decoding checks every field's type and raises `CodecError`;
 nothing received is ever evaluated as code (cbor2 decodes to plain lists, ints, strings and bytes here).
+Forwarded commands (`Forward`, a map frame) are the second frame kind; `decode_frame` tells the kinds apart.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import cbor2
@@ -120,8 +122,16 @@ def encode_batch(batch: NodeBatch) -> bytes:
 
 def decode_batch(data: bytes) -> NodeBatch:
     try:
-        src, dst, incarnation, messages = _expect(cbor2.loads(data), list)
+        plain = cbor2.loads(data)
     except (cbor2.CBORDecodeError, ValueError, TypeError) as error:
+        raise CodecError(str(error)) from error
+    return _batch_from_plain(plain)
+
+
+def _batch_from_plain(plain: Any) -> NodeBatch:
+    try:
+        src, dst, incarnation, messages = _expect(plain, list)
+    except (ValueError, TypeError) as error:
         raise CodecError(str(error)) from error
     decoded = tuple((GroupId(_expect(group, str)), message_from_plain(message))
                     for group, message in (_expect(item, list) for item in _expect(messages, list)))
@@ -136,3 +146,63 @@ def decode_hard_state(plain: Any) -> HardState:
     term, vote, commit = _expect(plain, list)
     return HardState(Term(_expect(term, int)), None if vote is None else NodeId(_expect(vote, str)),
                      Index(_expect(commit, int)))
+
+
+# --- forwarded commands: the second frame kind ------------------------------------------------------------------
+#
+# A raft batch is a cbor *list* (above). Every other frame kind is a cbor *map* with a "k" (kind) key, so the two
+# never collide and a kind this version does not know can be recognised and ignored (`decode_frame` gives None).
+# A follower or learner forwards commands for a group to the leader it knows as {"k": "fwd", "src", "dst",
+# "cmds": [[op, group, data, hops], ...]}. A peer of an older version cannot decode a map and closes the connection
+# (the dialer reconnects); forwarding to such a peer does not work, nothing else breaks.
+
+FORWARD_OPS = ("propose", "conf", "transfer")
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """Something only a group's leader can do: propose `data`, a conf change (`ConfChange.encode()`), or a
+    leadership transfer (the target node id, utf-8). `hops` counts how often it was forwarded already."""
+
+    op: str
+    group: GroupId
+    data: bytes
+    hops: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    src: NodeId
+    dst: NodeId
+    commands: tuple[Command, ...]
+
+
+def encode_forward(forward: Forward) -> bytes:
+    commands = [[c.op, c.group, c.data, c.hops] for c in forward.commands]
+    return cbor2.dumps({"k": "fwd", "src": forward.src, "dst": forward.dst, "cmds": commands})
+
+
+def _command_from_plain(plain: Any) -> Command:
+    op, group, data, hops = _expect(plain, list)
+    if op not in FORWARD_OPS:
+        raise CodecError(f"unknown forwarded op {op!r}")
+    return Command(op, GroupId(_expect(group, str)), _expect(data, bytes), _expect(hops, int))
+
+
+def decode_frame(data: bytes) -> NodeBatch | Forward | None:
+    """A raft batch, a forward, or None for a frame kind this version does not know (the caller ignores it)."""
+    try:
+        plain = cbor2.loads(data)
+    except (cbor2.CBORDecodeError, ValueError, TypeError) as error:
+        raise CodecError(str(error)) from error
+    if isinstance(plain, list):
+        return _batch_from_plain(plain)
+    if not isinstance(plain, dict):
+        raise CodecError(f"frame of type {type(plain).__name__}")
+    if plain.get("k") != "fwd":
+        return None
+    try:
+        commands = tuple(_command_from_plain(item) for item in _expect(plain["cmds"], list))
+        return Forward(NodeId(_expect(plain["src"], str)), NodeId(_expect(plain["dst"], str)), commands)
+    except (KeyError, ValueError, TypeError) as error:
+        raise CodecError(str(error)) from error

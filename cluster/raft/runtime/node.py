@@ -1,11 +1,15 @@
 """The trio driver of one node's MultiRaft: timers, inbound batches, proposals, and the Ready cycle.
 
-One task owns the MultiRaft. It wakes when a batch arrives, a proposal is queued or a tick is due; it then steps
-every inbound batch, hands queued proposals to the cores, and runs the Ready cycle: write every group's records,
-`commit()` them in a worker thread (one fsync for all groups), send the batches, apply committed entries (the
-`on_apply` callback), `advance`. Replication telemetry (telemetry.py) is written after each fsync and sampled
-on the timer. Inbound batches and proposals wait in bounded queues (beyond the bound, batches
-are dropped and proposals refused).
+One task owns the MultiRaft. It wakes when a batch arrives, a command is queued or a tick is due; it then adds and
+removes the groups the host asked for (`add_group`/`remove_group` work before and during `run`; a removed group's
+stream is deleted in a worker thread), steps every inbound batch, routes queued commands (routing.py: a proposal,
+membership change or leadership transfer goes to the local leader core, is forwarded to the known leader as a
+`Forward` frame, or is held up to `forward_hold_ms` while no leader is known) and runs the Ready cycle: write every
+group's records, `commit()` them in a worker thread (one fsync for all groups), send the batches, apply committed
+entries (the `on_apply` callback), `advance`. After the cycles it reports groups whose known leader changed to
+`on_leader_change` (groups the cycles touched, and every group on a tick). Replication telemetry (telemetry.py)
+is written after each fsync and sampled on the timer. Inbound batches, commands and group changes wait in bounded
+queues (beyond the bound, batches are dropped, commands refused and group changes raise `OverflowError`).
 
 Automatic compaction (when the host gives a `SnapshotHost`): after `advance`, a group whose applied log holds more
 than `CompactionConfig.entries_max` entries or `bytes_max` bytes of entry data beyond its snapshot gets a new
@@ -25,18 +29,21 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
 from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, split_early
-from cluster.raft.core.types import Entry, GroupId, Index, Membership, NodeId
+from cluster.raft.core.types import ConfChange, Entry, GroupId, Index, Membership, NodeId, Role
+from cluster.raft.runtime.codec import Command, Forward
+from cluster.raft.runtime.routing import FORWARD_HOLD_MS, CommandRouter
 from cluster.raft.runtime.storage import RaftStorage
 from cluster.raft.runtime.telemetry import TelemetryWriter
 from cluster.raft.runtime.transport import Transport
 
 INBOX_BATCHES_MAX = 4096
-PROPOSALS_QUEUED_MAX = 65536
+PROPOSALS_QUEUED_MAX = 65536  # commands waiting to be routed or held (all groups)
+GROUP_CHANGES_QUEUED_MAX = 65536
 
 
 class SnapshotHost(Protocol):
@@ -67,6 +74,7 @@ class NodeStats:
     fsync_seconds: float = 0.0
     compactions: int = 0
     restores: int = 0
+    leader_changes: int = 0
 
 
 class RaftNodeRuntime:
@@ -83,6 +91,8 @@ class RaftNodeRuntime:
         telemetry: bool = True,
         snapshots: SnapshotHost | None = None,
         compaction: CompactionConfig | None = None,
+        on_leader_change: Callable[[GroupId, NodeId | None], None] | None = None,
+        forward_hold_ms: int = FORWARD_HOLD_MS,
     ) -> None:
         self.node_id = node_id
         self.data_dir = data_dir
@@ -92,9 +102,9 @@ class RaftNodeRuntime:
         self._on_apply = on_apply
         self._config = config or MultiRaftConfig()
         self._inbox: deque[NodeBatch] = deque()
-        self._proposals: deque[tuple[GroupId, bytes]] = deque()
+        self.router = CommandRouter(node_id, forward_hold_ms, PROPOSALS_QUEUED_MAX)
         self._wake = trio.Event()
-        self.transport = Transport(node_id, peers, secret, self._receive)
+        self.transport = Transport(node_id, peers, secret, self._receive, on_forward=self._receive_forward)
         self.storage: RaftStorage | None = None
         self.multi: MultiRaft | None = None
         self._groups: dict[GroupId, Membership] = {}
@@ -104,26 +114,149 @@ class RaftNodeRuntime:
         self._compaction = compaction or CompactionConfig()
         self._applied_bytes: dict[GroupId, int] = {}  # entry data applied since the group's last snapshot
         self._compaction_pending: set[GroupId] = set()  # past a threshold, beyond this cycle's allowance
+        self._on_leader_change = on_leader_change
+        self._known_leaders: dict[GroupId, NodeId | None] = {}  # as last reported to on_leader_change
+        self._group_changes: deque[tuple[GroupId, Membership | None]] = deque()  # None: remove
+        self._recheck_held = False
+
+    # --- groups ----------------------------------------------------------------------------------------------
 
     def add_group(self, group: GroupId, membership: Membership) -> None:
-        """Declare a group before `run` (it is loaded from storage, or created empty)."""
+        """Host a group: before `run` it is loaded at start; while running, at the next cycle. Loaded from storage
+        if it has a stream, else created with `membership`. Adding a hosted group does nothing."""
+        if self.multi is None:
+            self._groups[group] = membership
+            self._group_changes = deque(change for change in self._group_changes if change[0] != group)
+            return
+        self._queue_group_change(group, membership)
+
+    def remove_group(self, group: GroupId) -> None:
+        """Stop hosting a group and delete its stream (at the next cycle, or at start if not running yet)."""
+        if self.multi is None:
+            self._groups.pop(group, None)
+        self._queue_group_change(group, None)
+
+    def _queue_group_change(self, group: GroupId, membership: Membership | None) -> None:
+        if len(self._group_changes) >= GROUP_CHANGES_QUEUED_MAX:
+            raise OverflowError("too many group changes queued")
+        self._group_changes.append((group, membership))
+        self._wake.set()
+
+    async def _apply_group_changes(self, multi: MultiRaft, storage: RaftStorage) -> None:
+        while self._group_changes:
+            group, membership = self._group_changes.popleft()
+            if membership is None:
+                await self._drop_group(multi, storage, group)
+            elif group not in multi.groups:
+                await self._load_group(multi, storage, group, membership)
+        self._recheck_held = True  # held commands may be for a group that is here now
+
+    async def _load_group(self, multi: MultiRaft, storage: RaftStorage, group: GroupId,
+                          membership: Membership) -> None:
         self._groups[group] = membership
+        persisted = await trio.to_thread.run_sync(storage.load, group, membership)
+        multi.add_group(group, membership if persisted is None else None, persisted)
+        if persisted is not None and persisted.snapshot.index > 0 and self._snapshots is not None:
+            self._snapshots.restore(group, persisted.snapshot.data)
+            self.stats.restores += 1
+
+    async def _drop_group(self, multi: MultiRaft, storage: RaftStorage, group: GroupId) -> None:
+        self._groups.pop(group, None)
+        multi.remove_group(group)
+        storage.forget(group)
+        if self.telemetry is not None:
+            self.telemetry.forget(group)
+        self._known_leaders.pop(group, None)
+        self._applied_bytes.pop(group, None)
+        self._compaction_pending.discard(group)
+        await trio.to_thread.run_sync(storage.delete, group)
+
+    def groups(self) -> list[GroupId]:
+        """The groups hosted (or, before `run`, declared), sorted."""
+        return sorted(self._groups if self.multi is None else self.multi.groups)
+
+    # --- commands --------------------------------------------------------------------------------------------
 
     def _receive(self, batch: NodeBatch) -> None:
         if len(self._inbox) < INBOX_BATCHES_MAX:
             self._inbox.append(batch)
             self._wake.set()
 
-    def propose(self, group: GroupId, data: bytes) -> bool:
-        """Queue a command; it reaches the core at the next cycle. False: refused (queue full)."""
-        if len(self._proposals) >= PROPOSALS_QUEUED_MAX:
+    def _receive_forward(self, forward: Forward) -> None:
+        self.router.offer_forwarded(forward)
+        self._wake.set()
+
+    def _offer(self, command: Command) -> bool:
+        if not self.router.offer(command):
+            self.stats.proposals_refused += 1
             return False
-        self._proposals.append((group, data))
         self._wake.set()
         return True
 
+    def propose(self, group: GroupId, data: bytes) -> bool:
+        """Queue a command for the group's leader, wherever it is (best-effort; see routing.py).
+        False: refused now (too many commands queued)."""
+        return self._offer(Command("propose", group, data))
+
+    def change_membership(self, group: GroupId, change: ConfChange) -> bool:
+        """Ask the group's leader (here or forwarded) to propose a membership change. Best-effort, like
+        `propose`: watch `membership_of` for the outcome (the leader refuses a change while one is pending)."""
+        return self._offer(Command("conf", group, change.encode()))
+
+    def transfer_leadership(self, group: GroupId, node: NodeId) -> bool:
+        """Ask the group's leader (here or forwarded) to hand leadership to `node`. Best-effort."""
+        return self._offer(Command("transfer", group, node.encode()))
+
+    # --- reading the state -----------------------------------------------------------------------------------
+
     def is_leader(self, group: GroupId) -> bool:
-        return self.multi is not None and self.multi.groups[group].lead == self.node_id
+        return self.leader_of(group) == self.node_id
+
+    def leader_of(self, group: GroupId) -> NodeId | None:
+        """The leader this node knows for the group (None: unknown, or the group is not hosted)."""
+        core = None if self.multi is None else self.multi.groups.get(group)
+        return None if core is None else core.lead
+
+    def membership_of(self, group: GroupId) -> Membership | None:
+        if self.multi is None:
+            return self._groups.get(group)
+        core = self.multi.groups.get(group)
+        return None if core is None else core.membership
+
+    def group_status(self, group: GroupId) -> dict[str, Any]:
+        """term, role, leader, voters, learners, commit, applied, last_index, and (leader) match per member.
+        KeyError if the group is not hosted (or not running yet)."""
+        if self.multi is None:
+            raise KeyError(group)
+        core = self.multi.groups[group]
+        status: dict[str, Any] = {
+            "group": group, "term": core.term, "role": core.role.value, "leader": core.lead,
+            "voters": sorted(core.membership.voters), "learners": sorted(core.membership.learners),
+            "commit": core.log.committed, "applied": core.log.applied, "last_index": core.log.last_index(),
+        }
+        if core.role is Role.LEADER:
+            status["match"] = {node: progress.match for node, progress in sorted(core.prs.items())}
+        return status
+
+    def connected_peers(self) -> frozenset[NodeId]:
+        return self.transport.connected_peers()
+
+    def _notice_leaders(self, multi: MultiRaft, groups: list[GroupId]) -> bool:
+        """Report groups whose known leader changed (a group's first report is its first known leader)."""
+        changed = False
+        for group in groups:
+            core = multi.groups.get(group)
+            if core is None:
+                continue
+            leader = core.lead
+            if self._known_leaders.get(group) == leader:
+                continue  # unchanged, or still never known (get() gives None for both)
+            self._known_leaders[group] = leader
+            changed = True
+            self.stats.leader_changes += 1
+            if self._on_leader_change is not None:
+                self._on_leader_change(group, leader)
+        return changed
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.storage = await trio.to_thread.run_sync(RaftStorage.open, self.data_dir)
@@ -131,12 +264,9 @@ class RaftNodeRuntime:
             self.telemetry = TelemetryWriter(self.data_dir, self.node_id, lambda: int(time.time() * 1000))
         incarnation = random.getrandbits(31)
         multi = self.multi = MultiRaft(self.node_id, self._config, random.Random().randrange, incarnation)
-        for group, membership in self._groups.items():
-            persisted = self.storage.load(group, membership)
-            multi.add_group(group, membership if persisted is None else None, persisted)
-            if persisted is not None and persisted.snapshot.index > 0 and self._snapshots is not None:
-                self._snapshots.restore(group, persisted.snapshot.data)
-                self.stats.restores += 1
+        for group, membership in list(self._groups.items()):  # from now on add_group queues a change
+            await self._load_group(multi, self.storage, group, membership)
+        await self._apply_group_changes(multi, self.storage)  # removals asked for before run, adds since
         async with trio.open_nursery() as nursery:
             await nursery.start(self.transport.serve, *self.listen)
             nursery.start_soon(self._ticker)
@@ -160,27 +290,39 @@ class RaftNodeRuntime:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
-            if self._tick_due:
+            ticked = self._tick_due
+            if ticked:
                 self._tick_due = False
                 multi.tick()
                 if self.telemetry is not None:
                     self.telemetry.sample(multi.groups)
+            if self._group_changes:
+                await self._apply_group_changes(multi, storage)
             while self._inbox:
                 multi.step(self._inbox.popleft())
-            while self._proposals:
-                group, data = self._proposals.popleft()
-                if multi.propose(group, data) is None:
-                    self.stats.proposals_refused += 1
+            self._route(multi, retry_held=ticked or self._recheck_held)
+            touched: list[GroupId] = []
             for _ in range(4):  # a few cycles: advancing can produce more (commit notices)
                 if not multi.has_ready():
                     break
-                await self._cycle(multi, storage)
+                touched += await self._cycle(multi, storage)
+            if self._notice_leaders(multi, list(multi.groups) if ticked else touched):
+                self._recheck_held = True
+                if self.router.held_count:
+                    self._wake.set()  # held commands may have a leader to go to now
             if self._compaction_pending:
                 await self._compact_due(multi, storage, [])
                 if self._compaction_pending:
                     self._wake.set()  # the rest next time round (never more than the allowance per wake)
 
-    async def _cycle(self, multi: MultiRaft, storage: RaftStorage) -> None:
+    def _route(self, multi: MultiRaft, retry_held: bool) -> None:
+        if not (self.router.has_fresh() or (retry_held and self.router.held_count)):
+            return
+        self._recheck_held = False
+        for forward in self.router.route(multi, trio.current_time() * 1000, retry_held):
+            self.transport.send_forward(forward)
+
+    async def _cycle(self, multi: MultiRaft, storage: RaftStorage) -> list[GroupId]:
         node_ready = multi.ready()
         waiting: list[NodeBatch] = []
         for batch in node_ready.batches:
@@ -216,8 +358,10 @@ class RaftNodeRuntime:
                 self.stats.applied_entries += 1
         multi.advance(node_ready)
         self.stats.ready_cycles += 1
+        touched = [group for group, ready in node_ready.groups]
         if self._snapshots is not None:
-            await self._compact_due(multi, storage, [group for group, ready in node_ready.groups])
+            await self._compact_due(multi, storage, touched)
+        return touched
 
     def _compaction_due(self, multi: MultiRaft, group: GroupId) -> bool:
         log = multi.groups[group].log

@@ -5,7 +5,7 @@ per record) replayed by `GroupImage` at open (an `entries` record implicitly tru
 append-only). `write_ready` queues a Ready's records (no syscall); `commit()` is NodeLog's group commit (one WAL
 fsync for every group) and must finish before the Ready's messages are sent — that is what puts term and vote on
 disk before any message that depends on them. `compact` stores the group's whole image as the stream's NodeLog
-snapshot, so older segments are deleted. Blocking calls (`open`, `commit`, `compact`) belong in worker threads.
+snapshot, so older segments are deleted. Blocking calls (`open`, `load`, `commit`, `compact`, `delete`) belong in worker threads.
 """
 
 from __future__ import annotations
@@ -118,6 +118,16 @@ class RaftStorage:
         stream = stream_name(group)
         self.log.commit()
         self.log.write_snapshot(stream, self.log.end_offset(stream) - 1, _image_to_bytes(image))
+
+    def forget(self, group: GroupId) -> None:
+        """Stop tracking a removed group (its stream stays until `delete`)."""
+        self._images.pop(group, None)
+
+    def delete(self, group: GroupId) -> None:
+        """Delete a removed group's stream, durably. Call from a worker thread, with no commit running."""
+        stream = stream_name(group)
+        if stream in self.log.streams():
+            self.log.delete_stream(stream)
 
     def close(self) -> None:
         self.log.close()

@@ -1,11 +1,12 @@
 """Replication telemetry (docs/telemetry.md, schema v1): JSON lines under <data_dir>/telemetry/, rotated, bounded.
 
 The node driver calls `on_durable(group, core, ready)` after a Ready's fsync (an `append` record for the entries
-it made durable, a `commit` record when the commit index moved) and `sample(now)` from its timer (a `state` record
-per group every `sample_interval_ms` while the group changes, and only on change while it is idle). Cumulative log
-bytes per index are tracked per group (`LogBytes`, bounded by `tracked_entries_max`) so a leader can report each
-follower's `match_bytes`. Files are `replication-<node>-<seq>.jsonl`; a file rotates at `file_bytes_max` and the
-oldest files beyond `files_max` are deleted, so telemetry never fills a disk.
+it made durable, with `entries_term`, the term of the last of them; a `commit` record when the commit index moved)
+and `sample(now)` from its timer (a `state` record per group every `sample_interval_ms` while the group changes,
+and only on change while it is idle). Cumulative log bytes per index are tracked per group (`LogBytes`, bounded by
+`tracked_entries_max`) so a leader can report each follower's `match_bytes`. Files are
+`replication-<node>-<seq>.jsonl`; a file rotates at `file_bytes_max` and the oldest files beyond `files_max` are
+deleted, so telemetry never fills a disk. `forget(group)` drops a removed group's tracking.
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ class TelemetryWriter:
             total = log_bytes.record(ready.entries[0].index, sizes)
             record = self._base("append", group, core)
             record.update(role=self._role(core), first_index=ready.entries[0].index,
-                          last_index=ready.entries[-1].index, bytes=sum(sizes), log_bytes=total)
+                          last_index=ready.entries[-1].index, bytes=sum(sizes), log_bytes=total,
+                          entries_term=ready.entries[-1].term)
             self._write(record)
         commit = core.log.committed
         if commit > self._commit.get(group, 0):
@@ -151,6 +153,12 @@ class TelemetryWriter:
             if core.role is Role.LEADER:
                 record["followers"] = followers
             self._write(record)
+
+    def forget(self, group: GroupId) -> None:
+        """A removed group: drop what is tracked for it (a re-added group starts afresh)."""
+        self._log_bytes.pop(group, None)
+        self._commit.pop(group, None)
+        self._last_state.pop(group, None)
 
     def flush(self) -> None:
         self._file.flush()

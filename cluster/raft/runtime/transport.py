@@ -20,6 +20,10 @@ On loss the dialer redials with exponential backoff (50 ms doubling to 2 s, rese
 listener just waits. A newly authenticated connection from a peer replaces the one we hold for it (the newest wins:
 the dialer redials only after it gave up on the old one, so the old one is dead or dying).
 
+Frames of the second kind (`Forward`: commands a follower hands to its group's leader, see codec.py) share the
+connection and the queue; a forward whose source is not the peer closes the connection like a batch would, and a
+map frame of a kind this version does not know is counted and ignored (a newer peer must not be cut off by it).
+
 Outgoing batches wait in one channel per peer of `queue_batches_max`, whichever connection is current; when it is
 full, `send` drops the batch (Raft retransmits; a slow or absent peer must not grow our memory).
 """
@@ -39,7 +43,7 @@ import trio
 
 from cluster.raft.core.multiraft import NodeBatch
 from cluster.raft.core.types import NodeId
-from cluster.raft.runtime.codec import CodecError, decode_batch, encode_batch
+from cluster.raft.runtime.codec import CodecError, Forward, decode_frame, encode_batch, encode_forward
 
 FRAME_BYTES_MAX = 64 * 1024 * 1024
 HANDSHAKE_BYTES_MAX = 1024
@@ -65,6 +69,9 @@ class TransportStats:
     batches_sent: int = 0
     batches_received: int = 0
     batches_dropped: int = 0
+    forwards_sent: int = 0  # forward frames queued for a peer
+    forwards_received: int = 0
+    frames_ignored: int = 0  # frames of a kind this version does not know
     auth_failures: int = 0
     connections_dialed: int = 0  # handshakes completed as the dialer
     connections_accepted: int = 0  # handshakes completed as the listener
@@ -119,11 +126,13 @@ class Transport:
         on_batch: Callable[[NodeBatch], None],
         queue_batches_max: int = 1024,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        on_forward: Callable[[Forward], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self.peers = peers
         self._secret = secret
         self._on_batch = on_batch
+        self._on_forward = on_forward
         self._idle_timeout_s = idle_timeout_s
         self.stats = TransportStats()
         self._channels: dict[NodeId, tuple[trio.MemorySendChannel[bytes], trio.MemoryReceiveChannel[bytes]]] = {
@@ -155,6 +164,19 @@ class Transport:
             channel[0].send_nowait(encode_batch(batch))
         except trio.WouldBlock:
             self.stats.batches_dropped += 1
+
+    def send_forward(self, forward: Forward) -> bool:
+        """Queue forwarded commands for their peer (the same bounded queue as batches); False: dropped."""
+        channel = self._channels.get(forward.dst)
+        if channel is None:
+            return False
+        try:
+            channel[0].send_nowait(encode_forward(forward))
+        except trio.WouldBlock:
+            self.stats.batches_dropped += 1
+            return False
+        self.stats.forwards_sent += 1
+        return True
 
     async def serve(self, host: str, port: int, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -278,14 +300,24 @@ class Transport:
                     payload = await reader.read()
                 if payload is None:
                     return
-                batch = decode_batch(payload)
-                if batch.src != peer or batch.dst != self.node_id:
-                    raise FrameError(f"batch {batch.src}->{batch.dst} on {peer}'s connection")
-                self.stats.batches_received += 1
-                self.stats.received_from[peer] = self.stats.received_from.get(peer, 0) + 1
-                self._on_batch(batch)
+                self._deliver(peer, decode_frame(payload))
         except _LINK_ERRORS as error:
             log.debug("connection with %s lost (read): %r", peer, error)
+
+    def _deliver(self, peer: NodeId, decoded: NodeBatch | Forward | None) -> None:
+        if decoded is None:
+            self.stats.frames_ignored += 1
+            return
+        if decoded.src != peer or decoded.dst != self.node_id:
+            raise FrameError(f"frame {decoded.src}->{decoded.dst} on {peer}'s connection")
+        self.stats.received_from[peer] = self.stats.received_from.get(peer, 0) + 1
+        if isinstance(decoded, Forward):
+            self.stats.forwards_received += 1
+            if self._on_forward is not None:
+                self._on_forward(decoded)
+            return
+        self.stats.batches_received += 1
+        self._on_batch(decoded)
 
     async def _write_loop(self, peer: NodeId, stream: trio.SocketStream, scope: trio.CancelScope) -> None:
         receive = self._channels[peer][1]
