@@ -129,7 +129,11 @@ class AddNode:
 
 @dataclass(frozen=True, slots=True)
 class RemoveNode:
+    """Forget a node. Refused while queues list it as a member, unless `force`: then it is dropped from every
+    member list (the leader moves to the next member) and the queues it was the only member of are deleted."""
+
     name: str
+    force: bool = False
     cid: str = ""
 
 
@@ -244,6 +248,27 @@ class SetQueueMembers:
 
 
 @dataclass(frozen=True, slots=True)
+class AddQueueMember:
+    """Grow: add one known node to a queue's members (already a member: nothing changes)."""
+
+    vhost: str
+    name: str
+    node: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveQueueMember:
+    """Shrink: drop one member (not a member: nothing changes; the last member: refused). A removed leader is
+    replaced by the first remaining member."""
+
+    vhost: str
+    name: str
+    node: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SetPolicy:
     policy: PolicyRecord
     cid: str = ""
@@ -259,13 +284,13 @@ class ClearPolicy:
 Command = (
     AddNode | RemoveNode | SetNodeState | PutVhost | DeleteVhost | PutUser | DeleteUser | SetPermissions
     | ClearPermissions | DeclareExchange | DeleteExchange | Bind | Unbind | DeclareQueue | DeleteQueue
-    | SetQueueLeader | SetQueueMembers | SetPolicy | ClearPolicy
+    | SetQueueLeader | SetQueueMembers | AddQueueMember | RemoveQueueMember | SetPolicy | ClearPolicy
 )
 
 COMMAND_TYPES: tuple[type, ...] = (
     AddNode, RemoveNode, SetNodeState, PutVhost, DeleteVhost, PutUser, DeleteUser, SetPermissions,
     ClearPermissions, DeclareExchange, DeleteExchange, Bind, Unbind, DeclareQueue, DeleteQueue,
-    SetQueueLeader, SetQueueMembers, SetPolicy, ClearPolicy,
+    SetQueueLeader, SetQueueMembers, AddQueueMember, RemoveQueueMember, SetPolicy, ClearPolicy,
 )
 RECORD_TYPES: tuple[type, ...] = (
     NodeRecord, VhostRecord, UserRecord, PermissionRecord, ExchangeRecord, BindingRecord, QueueRecord,
@@ -367,7 +392,22 @@ def _add_node(s: MetadataState, c: AddNode) -> Step:
 def _remove_node(s: MetadataState, c: RemoveNode) -> Step:
     if c.name not in s.nodes:
         return s, Outcome()
-    return replace(s, nodes=_without(s.nodes, {c.name})), Outcome((Change("node", (c.name,), "deleted"),))
+    hosting = sorted(k for k, q in s.queues.items() if c.name in q.members)
+    if hosting and not c.force:
+        shown = ", ".join(f"{vh}/{name}" for vh, name in hosting[:5])
+        return _refuse(s, f"node {c.name} is still a member of {len(hosting)} queue(s) ({shown}"
+                          f"{', ...' if len(hosting) > 5 else ''}); move them first or force")
+    changes: list[Change] = []
+    for key in hosting:
+        q = s.queues[key]
+        if q.members == (c.name,):
+            s, outcome = _delete_queue(s, DeleteQueue(q.vhost, q.name))
+        else:
+            s, outcome = _set_queue_members(s, SetQueueMembers(q.vhost, q.name,
+                                                               tuple(m for m in q.members if m != c.name)))
+        changes += outcome.changes
+    s = replace(s, nodes=_without(s.nodes, {c.name}))
+    return s, Outcome((*changes, Change("node", (c.name,), "deleted")))
 
 
 def _set_node_state(s: MetadataState, c: SetNodeState) -> Step:
@@ -521,6 +561,28 @@ def _set_queue_members(s: MetadataState, c: SetQueueMembers) -> Step:
     return _upsert(s, "queues", "queue", (c.vhost, c.name), new, (c.vhost, c.name))
 
 
+def _add_queue_member(s: MetadataState, c: AddQueueMember) -> Step:
+    q = s.queues.get((c.vhost, c.name))
+    if q is None:
+        return _refuse(s, f"no queue {c.name!r} in vhost {c.vhost}")
+    if c.node not in s.nodes:
+        return _refuse(s, f"no node {c.node}")
+    if c.node in q.members:
+        return s, Outcome()
+    return _set_queue_members(s, SetQueueMembers(c.vhost, c.name, (*q.members, c.node)))
+
+
+def _remove_queue_member(s: MetadataState, c: RemoveQueueMember) -> Step:
+    q = s.queues.get((c.vhost, c.name))
+    if q is None:
+        return _refuse(s, f"no queue {c.name!r} in vhost {c.vhost}")
+    if c.node not in q.members:
+        return s, Outcome()
+    if q.members == (c.node,):
+        return _refuse(s, f"{c.node} is the last member of queue {c.name!r}; delete the queue instead")
+    return _set_queue_members(s, SetQueueMembers(c.vhost, c.name, tuple(m for m in q.members if m != c.node)))
+
+
 def _set_policy(s: MetadataState, c: SetPolicy) -> Step:
     p = c.policy
     if p.vhost not in s.vhosts:
@@ -539,7 +601,8 @@ _HANDLERS: dict[type, Callable[[MetadataState, Any], Step]] = {
     SetPermissions: _set_permissions, ClearPermissions: _clear_permissions,
     DeclareExchange: _declare_exchange, DeleteExchange: _delete_exchange, Bind: _bind, Unbind: _unbind,
     DeclareQueue: _declare_queue, DeleteQueue: _delete_queue, SetQueueLeader: _set_queue_leader,
-    SetQueueMembers: _set_queue_members, SetPolicy: _set_policy, ClearPolicy: _clear_policy,
+    SetQueueMembers: _set_queue_members, AddQueueMember: _add_queue_member,
+    RemoveQueueMember: _remove_queue_member, SetPolicy: _set_policy, ClearPolicy: _clear_policy,
 }
 
 

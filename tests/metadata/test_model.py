@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from cluster.metadata import model as m
 from cluster.metadata.model import (
     AddNode,
+    AddQueueMember,
     Bind,
     BindingRecord,
     ClearPolicy,
@@ -26,6 +27,7 @@ from cluster.metadata.model import (
     PutVhost,
     QueueRecord,
     RemoveNode,
+    RemoveQueueMember,
     SetPermissions,
     SetPolicy,
     SetQueueLeader,
@@ -94,6 +96,35 @@ def test_queue_placement_commands() -> None:
     assert s.queues[("/", "q1")].leader == "a" and s.queues[("/", "q1")].members == ("a", "b")
 
 
+def test_remove_node_refuses_while_a_member_unless_forced() -> None:
+    nodes: list[Command] = [AddNode(n, f"{n}:1", m.PROTOCOL_VERSION) for n in "abc"]
+    s = run([*nodes, *BASE, DeclareQueue(QueueRecord("/", "solo", "classic", leader="c", members=("c",))),
+             Bind(BindingRecord("/", "x", "solo"))])
+    s2, out = m.apply(s, RemoveNode("c"))
+    assert "node c is still a member of 2 queue(s)" in out.refused
+    assert s2 == s
+    s2, out = m.apply(s, RemoveNode("c", force=True))
+    assert out.ok and "c" not in s2.nodes and ("/", "solo") not in s2.queues and s2.bindings == {}
+    assert s2.queues[("/", "q1")].members == ("a", "b")
+    s3, out = m.apply(s2, RemoveNode("c"))
+    assert out.ok and out.changes == () and s3 == s2
+
+
+def test_grow_and_shrink_one_member_at_a_time() -> None:
+    s = run([AddNode("d", "d:1", m.PROTOCOL_VERSION), *BASE])
+    s, out = m.apply(s, AddQueueMember("/", "q1", "d"))
+    assert out.ok and s.queues[("/", "q1")].members == ("a", "b", "c", "d")
+    s2, out = m.apply(s, AddQueueMember("/", "q1", "d"))
+    assert out.changes == () and s2 == s
+    assert "no node" in m.apply(s, AddQueueMember("/", "q1", "zz"))[1].refused
+    s, out = m.apply(s, RemoveQueueMember("/", "q1", "a"))
+    assert s.queues[("/", "q1")].members == ("b", "c", "d") and s.queues[("/", "q1")].leader == "b"
+    for node in "bc":
+        s, _ = m.apply(s, RemoveQueueMember("/", "q1", node))
+    _, out = m.apply(s, RemoveQueueMember("/", "q1", "d"))
+    assert "last member" in out.refused
+
+
 def test_deletes_cascade() -> None:
     bind = Bind(BindingRecord("/", "x", "q1", "queue", "k.#"))
     s = run([*BASE, bind, PutUser("u", "h"), SetPermissions("u", "/"),
@@ -133,7 +164,7 @@ bindings = st.builds(BindingRecord, vhosts, names, names, st.sampled_from(["queu
 
 commands = st.one_of(
     st.builds(AddNode, nodes, st.sampled_from(["h:1", "h:2"]), st.sampled_from([1, 1, 2])),
-    st.builds(RemoveNode, nodes),
+    st.builds(RemoveNode, nodes, st.booleans()),
     st.builds(PutVhost, vhosts, st.sampled_from(["", "d"])),
     st.builds(DeleteVhost, vhosts),
     st.builds(PutUser, names, st.sampled_from(["h1", "h2"]), st.sampled_from([(), ("administrator",)])),
@@ -147,6 +178,8 @@ commands = st.one_of(
     st.builds(DeleteQueue, vhosts, names),
     st.builds(SetQueueLeader, vhosts, names, nodes),
     st.builds(SetQueueMembers, vhosts, names, st.lists(nodes, min_size=1, max_size=3, unique=True).map(tuple)),
+    st.builds(AddQueueMember, vhosts, names, nodes),
+    st.builds(RemoveQueueMember, vhosts, names, nodes),
     st.builds(SetPolicy, st.builds(PolicyRecord, vhosts, names, st.sampled_from(["^a", ".*"]))),
     st.builds(ClearPolicy, vhosts, names),
 )
