@@ -1,11 +1,23 @@
 """The pure queue state machine shared by classic, quorum and mirrored queues.
 
 `Queue(name, args).apply(command) -> list[effect]`; see `machine` for the semantics, `types` for the data.
+`ReplicatedQueue` (`replicated`) wraps it as a replicated state machine fed encoded `Proposal`s.
 """
 
 from __future__ import annotations
 
 from cluster.queue.machine import PUBLISHERS_MAX_DEFAULT, Queue
+from cluster.queue.replicated import (
+    Proposal,
+    ProposalDecodeError,
+    ReplicatedQueue,
+    SnapshotDecodeError,
+    decode_proposal,
+    encode_proposal,
+    parse_queue_group_id,
+    peek_proposal,
+    queue_group_id,
+)
 from cluster.queue.types import (
     Accepted,
     ActiveConsumerChanged,
@@ -57,6 +69,8 @@ __all__ = [
     "GetOk",
     "MsgId",
     "Overflow",
+    "Proposal",
+    "ProposalDecodeError",
     "Purge",
     "Purged",
     "Queue",
@@ -66,6 +80,13 @@ __all__ = [
     "QueuedMessage",
     "Recover",
     "Rejected",
+    "ReplicatedQueue",
     "Return",
     "Settle",
+    "SnapshotDecodeError",
+    "decode_proposal",
+    "encode_proposal",
+    "parse_queue_group_id",
+    "peek_proposal",
+    "queue_group_id",
 ]

@@ -1,0 +1,188 @@
+"""The queue machine as a replicated state machine: apply committed proposals once, snapshot and restore.
+
+Every replica of a queue's Raft group feeds the committed entries, in log order, to `ReplicatedQueue.apply`. A
+proposer retries until its own replica has applied its proposal, so the same `(origin, proposal_id)` may commit
+twice; the second one is skipped (`apply` returns None). The machine itself is deterministic, so replicas that
+apply the same log end in the same state and emit the same effects.
+
+Dedup, per origin (deterministic, bounded):
+- the ids of the last `window` proposals applied from that origin are remembered (in apply order), so a retry is
+  skipped even when later ids of the same origin were applied in between, and ids need not arrive in order (an
+  origin may number its proposals with one counter across many queues);
+- `floor` is the highest id ever forgotten from the window: an id <= floor that is not remembered is treated as
+  applied too (it was proposed before an id that has since been followed by `window` applications, far longer
+  than any retry lasts); the alternative, applying it, could apply a command twice;
+- at most `origins_max` origins are tracked, the least recently applied one is forgotten first (its later retries
+  would be applied again: the machine's own publisher dedup still catches a retried Enqueue).
+A proposal is recorded as applied before the machine runs, so a command the machine rejects with an exception
+(a caller error) is recorded on every replica alike and the exception propagates.
+
+Snapshots are cbor: the machine's snapshot (args, name and all state; ids through `encode_id`) plus the dedup
+tables in their LRU order, so a restored replica behaves exactly like one that applied the whole log.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Final
+
+import cbor2
+
+from cluster.queue.machine import PUBLISHERS_MAX_DEFAULT, Queue
+from cluster.queue.replicated_codec import (
+    DecodePayload,
+    EncodePayload,
+    Proposal,
+    ProposalDecodeError,
+    decode_id,
+    decode_proposal,
+    encode_id,
+    encode_proposal,
+    parse_queue_group_id,
+    peek_proposal,
+    queue_group_id,
+)
+from cluster.queue.types import QueueArgs, QueueEffect
+
+__all__ = [
+    "Proposal",
+    "ProposalDecodeError",
+    "ReplicatedQueue",
+    "SnapshotDecodeError",
+    "decode_id",
+    "decode_proposal",
+    "encode_id",
+    "encode_proposal",
+    "parse_queue_group_id",
+    "peek_proposal",
+    "queue_group_id",
+]
+
+SNAPSHOT_VERSION: Final = 1
+WINDOW_DEFAULT: Final = 4096
+ORIGINS_MAX_DEFAULT: Final = 256
+
+
+class SnapshotDecodeError(ValueError):
+    """The bytes are not a valid replicated queue snapshot (the only exception `restore` raises)."""
+
+
+class _OriginWindow:
+    """The recently applied proposal ids of one origin (see the module header)."""
+
+    __slots__ = ("floor", "ids")
+
+    def __init__(self, floor: int = -1) -> None:
+        self.floor = floor
+        self.ids: dict[int, None] = {}  # insertion (= apply) order
+
+    def seen(self, proposal_id: int) -> bool:
+        return proposal_id <= self.floor or proposal_id in self.ids
+
+    def record(self, proposal_id: int, window: int) -> None:
+        self.ids[proposal_id] = None
+        while len(self.ids) > window:
+            oldest = next(iter(self.ids))
+            del self.ids[oldest]
+            self.floor = max(self.floor, oldest)
+
+
+class ReplicatedQueue:
+    """One replica of a replicated queue: the `Queue` machine behind a dedup envelope."""
+
+    __slots__ = ("_origins", "applied_count", "origins_max", "queue", "skipped_count", "window")
+
+    def __init__(
+        self,
+        name: str,
+        args: QueueArgs | None = None,
+        window: int = WINDOW_DEFAULT,
+        origins_max: int = ORIGINS_MAX_DEFAULT,
+        publishers_max: int = PUBLISHERS_MAX_DEFAULT,
+    ) -> None:
+        if window < 1 or origins_max < 1:
+            raise ValueError("window and origins_max must be >= 1")
+        self.queue = Queue(name, args, publishers_max)
+        self.window = window
+        self.origins_max = origins_max
+        self.applied_count = 0
+        self.skipped_count = 0
+        self._origins: OrderedDict[str, _OriginWindow] = OrderedDict()  # least recently applied first
+
+    @property
+    def name(self) -> str:
+        return self.queue.name
+
+    @property
+    def args(self) -> QueueArgs:
+        return self.queue.args
+
+    def seen(self, origin: str, proposal_id: int) -> bool:
+        """Whether `apply` would skip this proposal as applied already (read-only)."""
+        tracked = self._origins.get(origin)
+        return tracked is not None and tracked.seen(proposal_id)
+
+    def apply(self, proposal: Proposal) -> list[QueueEffect] | None:
+        """Apply one committed proposal; None when this origin's proposal id was applied already."""
+        tracked = self._origins.get(proposal.origin)
+        if tracked is None:
+            tracked = _OriginWindow()
+            self._origins[proposal.origin] = tracked
+            if len(self._origins) > self.origins_max:
+                self._origins.popitem(last=False)
+        elif tracked.seen(proposal.proposal_id):
+            self.skipped_count += 1
+            return None
+        else:
+            self._origins.move_to_end(proposal.origin)
+        tracked.record(proposal.proposal_id, self.window)
+        self.applied_count += 1
+        return self.queue.apply(proposal.command)
+
+    # --- snapshots ------------------------------------------------------------------------------------------
+
+    def snapshot(self, encode_payload: EncodePayload) -> bytes:
+        """cbor bytes of the whole replica: machine state, args, dedup tables, counters."""
+        state = {
+            "version": SNAPSHOT_VERSION,
+            "window": self.window,
+            "origins_max": self.origins_max,
+            "applied": self.applied_count,
+            "skipped": self.skipped_count,
+            "origins": [[origin, w.floor, list(w.ids)] for origin, w in self._origins.items()],
+            "queue": self.queue.snapshot(encode_payload, encode_id),
+        }
+        return cbor2.dumps(state)
+
+    @classmethod
+    def restore(cls, data: bytes, decode_payload: DecodePayload) -> ReplicatedQueue:
+        """Inverse of `snapshot`; raises SnapshotDecodeError (only) for anything malformed."""
+        try:
+            return cls._restore(cbor2.loads(data), decode_payload)
+        except SnapshotDecodeError:
+            raise
+        except Exception as exc:  # malformed input can fail anywhere below; report one type
+            raise SnapshotDecodeError(f"bad replicated queue snapshot: {exc!r:.200}") from exc
+
+    @classmethod
+    def _restore(cls, state: Any, decode_payload: DecodePayload) -> ReplicatedQueue:
+        if not isinstance(state, dict) or state.get("version") != SNAPSHOT_VERSION:
+            raise SnapshotDecodeError("not a replicated queue snapshot of a known version")
+        queue = Queue.restore(state["queue"], decode_payload, decode_id)
+        replica = cls(queue.name, queue.args, state["window"], state["origins_max"], queue.publishers_max)
+        replica.queue = queue
+        replica.applied_count = _count(state["applied"])
+        replica.skipped_count = _count(state["skipped"])
+        for origin, floor, ids in state["origins"]:
+            if not isinstance(origin, str) or not isinstance(ids, list):
+                raise SnapshotDecodeError("bad dedup table")
+            window = _OriginWindow(_count(floor + 1) - 1)
+            window.ids = {_count(proposal_id): None for proposal_id in ids}
+            replica._origins[origin] = window
+        return replica
+
+
+def _count(value: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise SnapshotDecodeError(f"expected a non-negative int, got {value!r:.80}")
+    return value

@@ -1,0 +1,358 @@
+"""Wire form of replicated queue proposals: group ids, the `Proposal` envelope and its cbor codec.
+
+A proposal is one entry of a queue's Raft log: `Proposal(origin, proposal_id, command)`. It is encoded as one cbor
+array `[origin, proposal_id, kind, *fields]`, origin and id first so `peek_proposal` can read them from the first
+few bytes without decoding the command (the runtime peeks at every applied entry to track its own proposals).
+
+Consumer and publisher ids are opaque hashables; the ones we use are tuples of str/int (or plain str/int). cbor
+turns tuples into lists, so ids are encoded with `encode_id` and every list in an id comes back as a tuple. Message
+payloads are opaque to this module: the caller passes `encode_payload(payload) -> cbor-able value` and
+`decode_payload(value) -> payload`.
+
+Decoding treats the bytes as untrusted: any malformed input (bad cbor, wrong shape, wrong field types, or an
+exception from `decode_payload`) raises `ProposalDecodeError` (a ValueError) and nothing else. msg_id lists come
+back as tuples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import cbor2
+
+from cluster.queue.types import (
+    AddCredit,
+    Attach,
+    Detach,
+    Discard,
+    Enqueue,
+    Expire,
+    Get,
+    MsgId,
+    Purge,
+    QueueCommand,
+    QueuedMessage,
+    Recover,
+    Return,
+    Settle,
+)
+
+GROUP_PREFIX: Final = "q/"
+PROPOSAL_ID_MAX: Final = 2**64 - 1
+ID_DEPTH_MAX: Final = 8  # nesting allowed inside one consumer/publisher id
+
+EncodePayload = Callable[[Any], Any]
+DecodePayload = Callable[[Any], Any]
+
+
+class ProposalDecodeError(ValueError):
+    """The bytes are not a valid encoded proposal (the only exception decoding raises)."""
+
+
+# --- group ids ------------------------------------------------------------------------------------------------
+
+
+def _escape(part: str) -> str:
+    return part.replace("%", "%25").replace("/", "%2F")
+
+
+def _unescape(part: str) -> str:
+    return part.replace("%2F", "/").replace("%2f", "/").replace("%25", "%")
+
+
+def queue_group_id(vhost: str, name: str) -> str:
+    """The Raft group id of a queue: "q/<vhost>/<name>" with "%" and "/" percent-escaped in both parts."""
+    return GROUP_PREFIX + _escape(vhost) + "/" + _escape(name)
+
+
+def parse_queue_group_id(group_id: str) -> tuple[str, str]:
+    """Inverse of `queue_group_id`: (vhost, name). Raises ValueError if `group_id` is not a queue group id."""
+    if not group_id.startswith(GROUP_PREFIX):
+        raise ValueError(f"not a queue group id: {group_id!r}")
+    parts = group_id[len(GROUP_PREFIX) :].split("/")
+    if len(parts) != 2:
+        raise ValueError(f"not a queue group id: {group_id!r}")
+    vhost, name = (_unescape(part) for part in parts)
+    if queue_group_id(vhost, name) != group_id:
+        raise ValueError(f"not a canonical queue group id: {group_id!r}")
+    return vhost, name
+
+
+# --- the envelope ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """One command proposed to a queue's group by `origin` (a node), numbered `proposal_id` by that origin."""
+
+    origin: str
+    proposal_id: int
+    command: QueueCommand
+
+
+# --- ids ------------------------------------------------------------------------------------------------------
+
+
+def encode_id(value: Hashable) -> Any:
+    """A consumer/publisher id as a cbor-able value (tuples become lists)."""
+    if isinstance(value, tuple):
+        return [encode_id(item) for item in value]
+    return value
+
+
+def decode_id(value: Any) -> Hashable:
+    """Inverse of `encode_id`: lists come back as tuples. Raises ProposalDecodeError for non-id values."""
+    return _decode_id(value, 0)
+
+
+def _decode_id(value: Any, depth: int) -> Hashable:
+    if value is None or isinstance(value, str | int | bytes):  # bool is an int
+        return value
+    if isinstance(value, list) and depth < ID_DEPTH_MAX:
+        return tuple(_decode_id(item, depth + 1) for item in value)
+    raise ProposalDecodeError(f"bad id {value!r:.80}")
+
+
+# --- field checks ---------------------------------------------------------------------------------------------
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise ProposalDecodeError(f"expected an int, got {value!r:.80}")
+    return value
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else _int(value)
+
+
+def _bool(value: Any) -> bool:
+    if type(value) is not bool:
+        raise ProposalDecodeError(f"expected a bool, got {value!r:.80}")
+    return value
+
+
+def _msg_ids(value: Any) -> tuple[MsgId, ...]:
+    if not isinstance(value, list):
+        raise ProposalDecodeError("expected a list of msg ids")
+    return tuple(MsgId(_int(item)) for item in value)
+
+
+def _fields(row: list[Any], count: int) -> list[Any]:
+    if len(row) != count:
+        raise ProposalDecodeError(f"expected {count} fields, got {len(row)}")
+    return row
+
+
+def _encode_message(message: QueuedMessage, encode_payload: EncodePayload) -> list[Any]:
+    return [
+        encode_payload(message.payload),
+        message.size_bytes,
+        message.persistent,
+        message.priority,
+        message.ttl_ms,
+    ]
+
+
+def _decode_message(value: Any, decode_payload: DecodePayload) -> QueuedMessage:
+    if not isinstance(value, list):
+        raise ProposalDecodeError("expected a message")
+    raw_payload, size_bytes, persistent, priority, ttl_ms = _fields(value, 5)
+    try:
+        payload = decode_payload(raw_payload)
+    except Exception as exc:  # the payload codec is the caller's; its failures are decode errors too
+        raise ProposalDecodeError(f"bad payload: {exc}") from exc
+    return QueuedMessage(payload, _int(size_bytes), _bool(persistent), _int(priority), _opt_int(ttl_ms))
+
+
+# --- commands -------------------------------------------------------------------------------------------------
+
+
+def _encode_command(command: QueueCommand, encode_payload: EncodePayload) -> list[Any]:
+    match command:
+        case Enqueue(message, now_ms, publisher_id, sequence):
+            return [
+                "enq",
+                _encode_message(message, encode_payload),
+                now_ms,
+                encode_id(publisher_id),
+                sequence,
+            ]
+        case Attach(consumer_id, now_ms, prefetch, credit, priority, no_ack):
+            return ["att", encode_id(consumer_id), now_ms, prefetch, credit, priority, no_ack]
+        case Detach(consumer_id, now_ms):
+            return ["det", encode_id(consumer_id), now_ms]
+        case AddCredit(consumer_id, credit):
+            return ["cred", encode_id(consumer_id), credit]
+        case Settle(consumer_id, msg_ids):
+            return ["settle", encode_id(consumer_id), list(msg_ids)]
+        case Return(consumer_id, msg_ids, now_ms):
+            return ["ret", encode_id(consumer_id), list(msg_ids), now_ms]
+        case Discard(consumer_id, msg_ids, now_ms):
+            return ["disc", encode_id(consumer_id), list(msg_ids), now_ms]
+        case Get(consumer_id, no_ack, now_ms):
+            return ["get", encode_id(consumer_id), no_ack, now_ms]
+        case Expire(now_ms):
+            return ["exp", now_ms]
+        case Purge():
+            return ["purge"]
+        case Recover(msg_id, message, delivery_count, expiry_ms):
+            return ["rec", msg_id, _encode_message(message, encode_payload), delivery_count, expiry_ms]
+    raise TypeError(f"not a queue command: {command!r}")
+
+
+def _decode_enqueue(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    message, now_ms, publisher_id, sequence = _fields(f, 4)
+    return Enqueue(_decode_message(message, dp), _int(now_ms), decode_id(publisher_id), _opt_int(sequence))
+
+
+def _decode_attach(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    consumer_id, now_ms, prefetch, credit, priority, no_ack = _fields(f, 6)
+    return Attach(
+        decode_id(consumer_id), _int(now_ms), _int(prefetch), _opt_int(credit), _int(priority), _bool(no_ack)
+    )
+
+
+def _decode_detach(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    consumer_id, now_ms = _fields(f, 2)
+    return Detach(decode_id(consumer_id), _int(now_ms))
+
+
+def _decode_add_credit(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    consumer_id, credit = _fields(f, 2)
+    return AddCredit(decode_id(consumer_id), _int(credit))
+
+
+def _decode_settle(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    consumer_id, msg_ids = _fields(f, 2)
+    return Settle(decode_id(consumer_id), _msg_ids(msg_ids))
+
+
+def _decode_return(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    consumer_id, msg_ids, now_ms = _fields(f, 3)
+    return Return(decode_id(consumer_id), _msg_ids(msg_ids), _int(now_ms))
+
+
+def _decode_discard(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    consumer_id, msg_ids, now_ms = _fields(f, 3)
+    return Discard(decode_id(consumer_id), _msg_ids(msg_ids), _int(now_ms))
+
+
+def _decode_get(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    consumer_id, no_ack, now_ms = _fields(f, 3)
+    return Get(decode_id(consumer_id), _bool(no_ack), _int(now_ms))
+
+
+def _decode_expire(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    (now_ms,) = _fields(f, 1)
+    return Expire(_int(now_ms))
+
+
+def _decode_purge(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    _fields(f, 0)
+    return Purge()
+
+
+def _decode_recover(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    msg_id, message, delivery_count, expiry_ms = _fields(f, 4)
+    return Recover(
+        MsgId(_int(msg_id)), _decode_message(message, dp), _int(delivery_count), _opt_int(expiry_ms)
+    )
+
+
+_DECODERS: Final[dict[str, Callable[[list[Any], DecodePayload], QueueCommand]]] = {
+    "enq": _decode_enqueue,
+    "att": _decode_attach,
+    "det": _decode_detach,
+    "cred": _decode_add_credit,
+    "settle": _decode_settle,
+    "ret": _decode_return,
+    "disc": _decode_discard,
+    "get": _decode_get,
+    "exp": _decode_expire,
+    "purge": _decode_purge,
+    "rec": _decode_recover,
+}
+
+
+# --- proposals ------------------------------------------------------------------------------------------------
+
+
+def _check_header(origin: Any, proposal_id: Any) -> tuple[str, int]:
+    if not isinstance(origin, str) or not origin:
+        raise ProposalDecodeError("origin must be a non-empty str")
+    if type(proposal_id) is not int or not 0 <= proposal_id <= PROPOSAL_ID_MAX:
+        raise ProposalDecodeError(f"proposal id out of range: {proposal_id!r:.80}")
+    return origin, proposal_id
+
+
+def encode_proposal(proposal: Proposal, encode_payload: EncodePayload) -> bytes:
+    """cbor bytes `[origin, proposal_id, kind, *fields]`. ValueError for a bad header, TypeError for a bad command."""
+    try:
+        _check_header(proposal.origin, proposal.proposal_id)
+    except ProposalDecodeError as exc:
+        raise ValueError(str(exc)) from None
+    row = [proposal.origin, proposal.proposal_id, *_encode_command(proposal.command, encode_payload)]
+    return cbor2.dumps(row)
+
+
+def decode_proposal(data: bytes, decode_payload: DecodePayload) -> Proposal:
+    """Inverse of `encode_proposal`; raises ProposalDecodeError (only) for anything malformed."""
+    try:
+        row = cbor2.loads(data)
+    except Exception as exc:  # cbor2 raises several types on garbage; report one
+        raise ProposalDecodeError(f"bad cbor: {exc}") from exc
+    if not isinstance(row, list) or len(row) < 3:
+        raise ProposalDecodeError("a proposal is a list [origin, proposal_id, kind, *fields]")
+    origin, proposal_id = _check_header(row[0], row[1])
+    kind = row[2]
+    decoder = _DECODERS.get(kind) if isinstance(kind, str) else None
+    if decoder is None:
+        raise ProposalDecodeError(f"unknown command kind {kind!r:.80}")
+    try:
+        command = decoder(row[3:], decode_payload)
+    except ProposalDecodeError:
+        raise
+    except (ValueError, TypeError) as exc:  # e.g. a dataclass rejecting a value
+        raise ProposalDecodeError(str(exc)) from exc
+    return Proposal(origin, proposal_id, command)
+
+
+def _read_head(data: bytes, offset: int) -> tuple[int, int, int]:
+    """One cbor item head at `offset`: (major type, argument, offset after the head). Definite lengths only."""
+    if offset >= len(data):
+        raise ProposalDecodeError("truncated proposal header")
+    initial = data[offset]
+    major, info = initial >> 5, initial & 0x1F
+    if info < 24:
+        return major, info, offset + 1
+    if info > 27:
+        raise ProposalDecodeError("unsupported cbor head in proposal header")
+    width = 1 << (info - 24)
+    end = offset + 1 + width
+    if end > len(data):
+        raise ProposalDecodeError("truncated proposal header")
+    return major, int.from_bytes(data[offset + 1 : end], "big"), end
+
+
+def peek_proposal(data: bytes) -> tuple[str, int]:
+    """(origin, proposal_id) of an encoded proposal, reading only the first few bytes.
+
+    It checks the header only: a body that `decode_proposal` would reject is not noticed here.
+    """
+    major, length, offset = _read_head(data, 0)
+    if major != 4 or length < 3:
+        raise ProposalDecodeError("a proposal is a cbor array of at least 3 items")
+    major, origin_size, offset = _read_head(data, offset)
+    if major != 3 or offset + origin_size > len(data):
+        raise ProposalDecodeError("proposal origin must be a text string")
+    try:
+        origin = data[offset : offset + origin_size].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProposalDecodeError("proposal origin is not utf-8") from exc
+    major, proposal_id, _ = _read_head(data, offset + origin_size)
+    if major != 0:
+        raise ProposalDecodeError("proposal id must be an unsigned int")
+    return _check_header(origin, proposal_id)

@@ -1,0 +1,449 @@
+"""The replicated queue envelope: group ids, the proposal codec, dedup of retried proposals, snapshots.
+
+Replica tests run scripted command sequences (hypothesis) through encode/decode and `ReplicatedQueue.apply`, with
+retried proposals inserted, and compare against a plain `Queue` fed each command exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Hashable
+from typing import Any, get_args
+
+import cbor2
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cluster.queue import (
+    AddCredit,
+    Attach,
+    Detach,
+    Discard,
+    Enqueue,
+    Expire,
+    Get,
+    MsgId,
+    Proposal,
+    ProposalDecodeError,
+    Purge,
+    Queue,
+    QueueArgs,
+    QueueCommand,
+    QueuedMessage,
+    QueueEffect,
+    Recover,
+    ReplicatedQueue,
+    Return,
+    Settle,
+    SnapshotDecodeError,
+    decode_proposal,
+    encode_proposal,
+    parse_queue_group_id,
+    peek_proposal,
+    queue_group_id,
+)
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def identity(value: Any) -> Any:
+    return value
+
+
+def roundtrip(proposal: Proposal) -> Proposal:
+    return decode_proposal(encode_proposal(proposal, identity), identity)
+
+
+# --- strategies -----------------------------------------------------------------------------------------------
+
+names = st.text(min_size=1, max_size=12)
+small_ints = st.integers(min_value=0, max_value=2**40)
+ids: st.SearchStrategy[Hashable] = st.one_of(
+    st.integers(min_value=-(2**63), max_value=2**63),
+    st.text(max_size=8),
+    st.tuples(names, small_ints, small_ints),
+    st.tuples(st.just("get"), names, small_ints, small_ints),
+    st.tuples(names, small_ints, small_ints, st.integers(min_value=0, max_value=65535)),
+)
+msg_id_lists = st.lists(st.integers(min_value=1, max_value=2**40).map(MsgId), max_size=5).map(tuple)
+messages = st.builds(
+    QueuedMessage,
+    payload=st.binary(max_size=16),
+    size_bytes=st.integers(min_value=0, max_value=2**31),
+    persistent=st.booleans(),
+    priority=st.integers(min_value=0, max_value=255),
+    ttl_ms=st.none() | st.integers(min_value=0, max_value=2**31),
+)
+now = small_ints
+opt_int = st.none() | small_ints
+commands: st.SearchStrategy[QueueCommand] = st.one_of(
+    st.builds(Enqueue, messages, now, st.none() | ids, opt_int),
+    st.builds(Attach, ids, now, small_ints, opt_int, st.integers(-10, 10), st.booleans()),
+    st.builds(Detach, ids, now),
+    st.builds(AddCredit, ids, small_ints),
+    st.builds(Settle, ids, msg_id_lists),
+    st.builds(Return, ids, msg_id_lists, now),
+    st.builds(Discard, ids, msg_id_lists, now),
+    st.builds(Get, ids, st.booleans(), now),
+    st.builds(Expire, now),
+    st.just(Purge()),
+    st.builds(Recover, st.integers(1, 2**40).map(MsgId), messages, small_ints, opt_int),
+)
+proposals = st.builds(Proposal, names, st.integers(min_value=0, max_value=2**64 - 1), commands)
+
+
+# --- group ids ------------------------------------------------------------------------------------------------
+
+
+def test_group_id_escapes_slash_and_percent() -> None:
+    assert queue_group_id("/", "orders") == "q/%2F/orders"
+    assert queue_group_id("a%b", "x/y") == "q/a%25b/x%2Fy"
+    assert parse_queue_group_id("q/%2F/orders") == ("/", "orders")
+
+
+@given(st.text(max_size=20), st.text(max_size=20))
+@FAST
+def test_group_id_round_trips(vhost: str, name: str) -> None:
+    group = queue_group_id(vhost, name)
+    assert group.count("/") == 2
+    assert parse_queue_group_id(group) == (vhost, name)
+
+
+@pytest.mark.parametrize("bad", ["", "q/", "q/a", "q/a/b/c", "x/a/b", "q/a%2fb/c", "meta"])
+def test_parse_group_id_rejects_non_queue_groups(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_queue_group_id(bad)
+
+
+# --- codec ----------------------------------------------------------------------------------------------------
+
+
+@given(proposals)
+@FAST
+def test_every_command_round_trips(proposal: Proposal) -> None:
+    assert roundtrip(proposal) == proposal
+
+
+def test_codec_covers_every_command_type() -> None:
+    message = QueuedMessage(b"body", 4, True, 3, 500)
+    cid = ("nodeA", 1712, 7)
+    examples: list[QueueCommand] = [
+        Enqueue(message, 10, ("nodeA", 1712, 3, 1), 42),
+        Enqueue(message, 10),
+        Attach(cid, 11, prefetch=5, credit=9, priority=2, no_ack=True),
+        Detach(cid, 12),
+        AddCredit(cid, 3),
+        Settle(cid, (MsgId(1), MsgId(2))),
+        Return(cid, (MsgId(3),), 13),
+        Discard(cid, (), 14),
+        Get(("get", "nodeA", 1712, 3), False, 15),
+        Expire(16),
+        Purge(),
+        Recover(MsgId(9), message, 2, 99),
+    ]
+    assert {type(c) for c in examples} == set(get_args(QueueCommand))
+    for number, command in enumerate(examples):
+        decoded = roundtrip(Proposal("rabbit@host-1", number, command))
+        assert decoded.command == command
+        for field in ("consumer_id", "publisher_id"):
+            if hasattr(command, field) and getattr(command, field) is not None:
+                assert type(getattr(decoded.command, field)) is tuple
+
+
+def test_payload_codec_is_applied_both_ways() -> None:
+    class Payload:
+        def __init__(self, body: bytes) -> None:
+            self.body = body
+
+    proposal = Proposal("n", 1, Enqueue(QueuedMessage(Payload(b"hi"), 2, False), 0))
+    data = encode_proposal(proposal, lambda p: {"b": p.body})
+    decoded = decode_proposal(data, lambda v: Payload(v["b"]))
+    assert isinstance(decoded.command, Enqueue)
+    assert decoded.command.message.payload.body == b"hi"
+
+
+def test_list_msg_ids_come_back_as_a_tuple() -> None:
+    decoded = roundtrip(Proposal("n", 1, Settle(1, [MsgId(4), MsgId(5)])))
+    assert decoded.command == Settle(1, (MsgId(4), MsgId(5)))
+
+
+@pytest.mark.parametrize("origin,proposal_id", [("", 1), ("n", -1), ("n", 2**64)])
+def test_encode_rejects_a_bad_header(origin: str, proposal_id: int) -> None:
+    with pytest.raises(ValueError):
+        encode_proposal(Proposal(origin, proposal_id, Purge()), identity)
+
+
+@given(proposals)
+@FAST
+def test_peek_reads_the_header(proposal: Proposal) -> None:
+    assert peek_proposal(encode_proposal(proposal, identity)) == (proposal.origin, proposal.proposal_id)
+
+
+@pytest.mark.parametrize("origin", ["a", "x" * 23, "x" * 24, "ü" * 200, "n" * 70000])
+@pytest.mark.parametrize("proposal_id", [0, 23, 24, 255, 256, 65536, 2**32, 2**64 - 1])
+def test_peek_at_every_head_width(origin: str, proposal_id: int) -> None:
+    data = encode_proposal(Proposal(origin, proposal_id, Expire(1)), identity)
+    assert peek_proposal(data) == (origin, proposal_id)
+
+
+def _decode_or_error(data: bytes) -> None:
+    for reader in (lambda d: decode_proposal(d, identity), peek_proposal):
+        with contextlib.suppress(ProposalDecodeError):
+            reader(data)
+
+
+@given(st.binary(max_size=64))
+@settings(max_examples=300, deadline=None)
+def test_garbage_bytes_raise_only_the_decode_error(data: bytes) -> None:
+    _decode_or_error(data)
+
+
+cbor_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4) | st.binary(max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=3), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@given(st.lists(cbor_values, max_size=8), st.sampled_from(["enq", "att", "settle", "rec", "purge", "exp"]))
+@settings(max_examples=300, deadline=None)
+def test_well_formed_cbor_of_the_wrong_shape_raises_only_the_decode_error(
+    fields: list[Any], kind: str
+) -> None:
+    _decode_or_error(cbor2.dumps(["node", 1, kind, *fields]))
+    _decode_or_error(cbor2.dumps(fields))
+
+
+@given(proposals, st.data())
+@settings(max_examples=150, deadline=None)
+def test_corrupted_proposals_raise_only_the_decode_error(proposal: Proposal, data: st.DataObject) -> None:
+    encoded = bytearray(encode_proposal(proposal, identity))
+    position = data.draw(st.integers(0, len(encoded) - 1))
+    encoded[position] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(encoded)))
+    _decode_or_error(bytes(encoded))
+    _decode_or_error(bytes(encoded[:cut]))
+
+
+def test_failing_payload_decoder_becomes_the_decode_error() -> None:
+    data = encode_proposal(Proposal("n", 1, Enqueue(QueuedMessage(b"x", 1, False), 0)), identity)
+
+    def broken(value: Any) -> Any:
+        raise KeyError(value)
+
+    with pytest.raises(ProposalDecodeError):
+        decode_proposal(data, broken)
+
+
+def test_tagged_and_deep_cbor_raise_only_the_decode_error() -> None:
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    for value in (
+        ["n", 1, "det", cbor2.CBORTag(1, "not-a-time"), 0],
+        ["n", 1, "det", {"a": 1}, 0],
+        ["n", 1, "det", 1.5, 0],
+        ["n", True, "purge"],
+        ["n", 1, "det", deep, 0],
+    ):
+        with pytest.raises(ProposalDecodeError):
+            decode_proposal(cbor2.dumps(value), identity)
+
+
+# --- dedup ----------------------------------------------------------------------------------------------------
+
+
+def enqueue(body: bytes, now_ms: int = 0) -> Enqueue:
+    return Enqueue(QueuedMessage(body, len(body), False), now_ms)
+
+
+def test_a_retried_proposal_is_skipped_after_a_higher_id() -> None:
+    replica = ReplicatedQueue("q", QueueArgs())
+    assert replica.apply(Proposal("a", 1, enqueue(b"one"))) is not None
+    assert replica.apply(Proposal("a", 2, enqueue(b"two"))) is not None
+    assert replica.apply(Proposal("b", 1, enqueue(b"other origin"))) is not None
+    assert replica.apply(Proposal("a", 1, enqueue(b"one"))) is None
+    assert replica.queue.ready_count == 3
+    assert (replica.applied_count, replica.skipped_count) == (3, 1)
+
+
+def test_ids_may_arrive_out_of_order() -> None:
+    replica = ReplicatedQueue("q")
+    assert replica.apply(Proposal("a", 5001, enqueue(b"late id first"))) is not None
+    assert replica.apply(Proposal("a", 100, enqueue(b"early id"))) is not None
+    assert replica.seen("a", 100) and replica.seen("a", 5001) and not replica.seen("a", 101)
+
+
+def test_window_forgets_old_ids_and_skips_anything_older() -> None:
+    replica = ReplicatedQueue("q", window=3)
+    for proposal_id in (10, 20, 30, 40):
+        assert replica.apply(Proposal("a", proposal_id, Expire(0))) == []
+    assert replica.apply(Proposal("a", 10, Expire(0))) is None  # forgotten, but <= floor: still skipped
+    assert replica.apply(Proposal("a", 5, Expire(0))) is None  # never seen, older than the floor: skipped
+    assert replica.apply(Proposal("a", 15, Expire(0))) == []  # above the floor, not seen: applied
+    assert replica.apply(Proposal("a", 15, Expire(0))) is None
+
+
+def test_origins_are_bounded_least_recently_applied_first() -> None:
+    replica = ReplicatedQueue("q", origins_max=2)
+    replica.apply(Proposal("a", 1, Expire(0)))
+    replica.apply(Proposal("b", 1, Expire(0)))
+    replica.apply(Proposal("a", 2, Expire(0)))  # b is now the least recently applied
+    replica.apply(Proposal("c", 1, Expire(0)))
+    assert replica.seen("a", 1) and replica.seen("c", 1)
+    assert not replica.seen("b", 1)
+    assert replica.apply(Proposal("b", 1, Expire(0))) == []  # forgotten origin: applied again
+
+
+def test_bad_window_is_refused() -> None:
+    with pytest.raises(ValueError):
+        ReplicatedQueue("q", window=0)
+
+
+# --- replicas -------------------------------------------------------------------------------------------------
+
+CONSUMERS = [("nodeA", 1712, 1), ("nodeB", 99, 1), ("nodeA", 1712, 2)]
+PUBLISHERS = [("nodeA", 1712, 1, 1), ("nodeB", 99, 4, 2)]
+SCENARIO_ARGS = [
+    QueueArgs(),
+    QueueArgs(max_length=3, overflow="reject-publish", dead_letter_exchange="dlx"),
+    QueueArgs(message_ttl_ms=50, max_priority=5, delivery_limit=1),
+    QueueArgs(single_active_consumer=True, max_length=4),
+]
+
+
+@st.composite
+def scenario_commands(draw: st.DrawFn) -> list[QueueCommand]:
+    consumers = st.sampled_from(CONSUMERS)
+    msg_ids = st.lists(st.integers(1, 12).map(MsgId), max_size=3).map(tuple)
+    step = st.integers(0, 30)
+    clock = 0
+    out: list[QueueCommand] = [
+        Recover(MsgId(n), QueuedMessage(b"r%d" % n, 2, True), 1)
+        for n in range(1, draw(st.integers(0, 2)) + 1)
+    ]
+    for _ in range(draw(st.integers(1, 40))):
+        clock += draw(step)
+        kind = draw(st.integers(0, 9))
+        cid = draw(consumers)
+        if kind <= 2:
+            message = QueuedMessage(draw(st.binary(min_size=1, max_size=3)), 3, True, draw(st.integers(0, 6)))
+            publisher = draw(st.none() | st.sampled_from(PUBLISHERS))
+            sequence = draw(st.integers(1, 6)) if publisher is not None else None
+            out.append(Enqueue(message, clock, publisher, sequence))
+        elif kind == 3:
+            out.append(Attach(cid, clock, draw(st.integers(0, 2)), draw(st.none() | st.integers(0, 3))))
+        elif kind == 4:
+            others: list[QueueCommand] = [Detach(cid, clock), AddCredit(cid, 2), Expire(clock), Purge()]
+            out.append(draw(st.sampled_from(others)))
+        elif kind <= 6:
+            out.append(Settle(cid, draw(msg_ids)))
+        elif kind == 7:
+            ids_taken = draw(msg_ids)
+            out.append(
+                Return(cid, ids_taken, clock) if draw(st.booleans()) else Discard(cid, ids_taken, clock)
+            )
+        else:
+            out.append(Get(("get", *cid), draw(st.booleans()), clock))
+    return out
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[QueueArgs, list[Proposal], list[Proposal]]:
+    """(args, the proposals once each, the log: with retries of earlier proposals inserted)."""
+    args = draw(st.sampled_from(SCENARIO_ARGS))
+    counters = {"nodeA": 0, "nodeB": 0}
+    unique: list[Proposal] = []
+    log: list[Proposal] = []
+    for command in draw(scenario_commands()):
+        origin = draw(st.sampled_from(sorted(counters)))
+        counters[origin] += draw(st.integers(1, 3))  # one counter across many queues: gaps are normal
+        proposal = Proposal(origin, counters[origin], command)
+        unique.append(proposal)
+        log.append(proposal)
+        if draw(st.integers(0, 3)) == 0:
+            log.append(draw(st.sampled_from(unique)))  # a retry that committed twice
+    return args, unique, log
+
+
+def apply_all(replica: ReplicatedQueue, log: list[Proposal]) -> list[list[QueueEffect] | None]:
+    return [replica.apply(roundtrip(proposal)) for proposal in log]
+
+
+def state(replica: ReplicatedQueue) -> bytes:
+    return replica.snapshot(identity)
+
+
+@given(scenarios())
+@FAST
+def test_replicas_fed_the_same_log_agree_and_skip_exactly_the_retries(
+    scenario: tuple[QueueArgs, list[Proposal], list[Proposal]],
+) -> None:
+    args, unique, log = scenario
+    first, second = ReplicatedQueue("q", args), ReplicatedQueue("q", args)
+    effects_first = apply_all(first, log)
+    assert apply_all(second, log) == effects_first
+    assert state(first) == state(second)
+
+    plain = Queue("q", args)
+    expected = [plain.apply(p.command) for p in unique]
+    assert [e for e in effects_first if e is not None] == expected
+    assert first.skipped_count == len(log) - len(unique)
+    assert plain.snapshot() == first.queue.snapshot()
+
+
+@given(scenarios(), st.data())
+@FAST
+def test_snapshot_restore_midway_changes_nothing(
+    scenario: tuple[QueueArgs, list[Proposal], list[Proposal]], data: st.DataObject
+) -> None:
+    args, _, log = scenario
+    cut = data.draw(st.integers(0, len(log)))
+    straight = ReplicatedQueue("q", args, window=3)
+    effects_straight = apply_all(straight, log)
+
+    before = ReplicatedQueue("q", args, window=3)
+    effects_before = apply_all(before, log[:cut])
+    restored = ReplicatedQueue.restore(before.snapshot(identity), identity)
+    assert state(restored) == state(before)
+    assert restored.args == args and restored.window == 3
+    effects_after = apply_all(restored, log[cut:])
+    assert effects_before + effects_after == effects_straight
+    assert state(restored) == state(straight)
+
+
+def test_snapshot_keeps_tuple_ids_and_payload_codec() -> None:
+    replica = ReplicatedQueue("q", QueueArgs(max_priority=3), window=7, origins_max=5)
+    cid = ("nodeA", 1712, 7)
+    replica.apply(Proposal("nodeA", 1, Attach(cid, 0, prefetch=1)))
+    replica.apply(Proposal("nodeA", 2, Enqueue(QueuedMessage([b"a"], 1, True), 0, ("nodeA", 1712, 1, 1), 1)))
+    replica.apply(Proposal("nodeA", 3, Enqueue(QueuedMessage([b"b"], 1, True), 0)))
+    data = replica.snapshot(lambda p: {"parts": p})
+    restored = ReplicatedQueue.restore(data, lambda v: v["parts"])
+    assert restored.queue.unacked_msg_ids(cid) == [MsgId(1)]
+    assert (restored.window, restored.origins_max) == (7, 5)
+    assert restored.apply(Proposal("nodeA", 2, Purge())) is None
+    effects = restored.apply(Proposal("nodeA", 4, Settle(cid, (MsgId(1),))))
+    assert effects is not None and effects[0].message.payload == [b"b"]  # type: ignore[union-attr]
+    duplicate = restored.apply(
+        Proposal("nodeA", 5, Enqueue(QueuedMessage([b"a"], 1, True), 0, ("nodeA", 1712, 1, 1), 1))
+    )
+    assert duplicate is not None and type(duplicate[0]).__name__ == "Duplicate"
+
+
+@given(st.binary(max_size=64))
+@settings(max_examples=150, deadline=None)
+def test_garbage_snapshots_raise_only_the_snapshot_error(data: bytes) -> None:
+    with contextlib.suppress(SnapshotDecodeError):
+        ReplicatedQueue.restore(data, identity)
+
+
+@given(st.dictionaries(st.sampled_from(["version", "window", "origins", "queue", "applied"]), cbor_values))
+@settings(max_examples=150, deadline=None)
+def test_wrong_shaped_snapshots_raise_only_the_snapshot_error(value: dict[str, Any]) -> None:
+    value.setdefault("version", 1)
+    with pytest.raises(SnapshotDecodeError):
+        ReplicatedQueue.restore(cbor2.dumps(value), identity)
