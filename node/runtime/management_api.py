@@ -1,0 +1,279 @@
+"""The management API's routes: RabbitMQ-compatible paths mapped onto a `ManagementView` (no sockets, no trio).
+
+How it works: `handle_request(view, head, body, peer_is_loopback)` checks basic auth against the view (an
+administrator user, as RabbitMQ's management plugin requires for these endpoints; users in loopback_users only
+from loopback), then dispatches on the method and the percent-decoded path segments. Reads call the view's sync
+list methods and filter by vhost/name here; changes become `await view.run_command(name, args)` with arguments
+checked here first (`COMMAND_ARGS`), so every view receives well-typed arguments. A view refuses a command by
+raising `CommandError(status, reason)` (501 "not in a cluster" for cluster commands on a single node). The answer
+is `Reply(status, payload, headers)`; errors carry RabbitMQ's `{"error": ..., "reason": ...}` shape.
+
+Paths: GET /api/overview, /api/whoami, /api/nodes[/name], /api/vhosts[/vhost], /api/users[/name],
+/api/permissions[/vhost/user], /api/queues[/vhost[/name]], /api/exchanges[/vhost[/name]], /api/bindings[/vhost],
+/api/connections, /api/consumers[/vhost], /api/policies[/vhost[/name]]; PUT /api/vhosts/{vhost},
+/api/users/{name}, /api/permissions/{vhost}/{user}, /api/policies/{vhost}/{name}; DELETE
+/api/policies/{vhost}/{name}; POST /api/raftmq/{command} for the cluster commands (`CLUSTER_COMMANDS`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import decimal
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from node.runtime.management_http import HttpError, RequestHead, parse_json_body
+
+log = logging.getLogger("raftmq.management")
+
+REALM = 'Basic realm="RabbitMQ Management"'
+ADMIN_TAG = "administrator"
+
+# name -> ((arg, type, required), ...); `type` is what the JSON value must be.
+COMMAND_ARGS: dict[str, tuple[tuple[str, type, bool], ...]] = {
+    "add_vhost": (("name", str, True),),
+    "add_user": (("name", str, True), ("password", str, True), ("tags", list, False)),
+    "set_permissions": (("vhost", str, True), ("user", str, True), ("configure", str, True),
+                        ("write", str, True), ("read", str, True)),
+    "set_policy": (("vhost", str, True), ("name", str, True), ("pattern", str, True), ("definition", dict, True),
+                   ("priority", int, False), ("apply_to", str, False)),
+    "clear_policy": (("vhost", str, True), ("name", str, True)),
+    "join_cluster": (("node", str, True),),
+    "leave_cluster": (),
+    "forget_cluster_node": (("node", str, True),),
+    "add_member": (("vhost", str, True), ("queue", str, True), ("node", str, True)),
+    "delete_member": (("vhost", str, True), ("queue", str, True), ("node", str, True)),
+    "grow": (("node", str, True), ("strategy", str, True), ("vhost_pattern", str, False),
+             ("queue_pattern", str, False)),
+    "shrink": (("node", str, True),),
+    "rebalance": (("type", str, False), ("vhost_pattern", str, False), ("queue_pattern", str, False)),
+}
+CLUSTER_COMMANDS = frozenset({"join_cluster", "leave_cluster", "forget_cluster_node", "add_member", "delete_member",
+                              "grow", "shrink", "rebalance"})
+NOT_IN_CLUSTER = "not in a cluster"
+
+
+class CommandError(Exception):
+    """A view refuses a command or a lookup: answered with `status` and `reason`."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class ManagementView(Protocol):
+    """What the management API reads and changes. Reads are sync snapshots (lists of JSON-able dicts with
+    RabbitMQ's field names); changes go through `run_command`, which may wait (for storage or a Raft commit)."""
+
+    def authenticate(self, username: str, password: str, peer_is_loopback: bool) -> tuple[str, ...] | None: ...
+    def overview(self) -> dict[str, Any]: ...
+    def nodes(self) -> list[dict[str, Any]]: ...
+    def vhosts(self) -> list[dict[str, Any]]: ...
+    def users(self) -> list[dict[str, Any]]: ...
+    def permissions(self) -> list[dict[str, Any]]: ...
+    def queues(self) -> list[dict[str, Any]]: ...
+    def exchanges(self) -> list[dict[str, Any]]: ...
+    def bindings(self) -> list[dict[str, Any]]: ...
+    def connections(self) -> list[dict[str, Any]]: ...
+    def consumers(self) -> list[dict[str, Any]]: ...
+    def policies(self) -> list[dict[str, Any]]: ...
+    async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    payload: Any = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def error_reply(status: int, error: str, reason: str, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
+    return Reply(status, {"error": error, "reason": reason}, headers)
+
+
+def jsonable(value: Any) -> Any:
+    """Field-table values (bytes, Decimal, datetime, bytearray, tuples) as plain JSON values."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bytearray):
+        return bytes(value).hex()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, datetime.datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def parse_basic_auth(header: str) -> tuple[str, str] | None:
+    scheme, _, encoded = header.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    user, sep, password = decoded.partition(":")
+    return (user, password) if sep else None
+
+
+def check_command_args(name: str, args: Any) -> dict[str, Any]:
+    """The arguments of command `name`, checked; CommandError 400 naming the first bad one."""
+    spec = COMMAND_ARGS.get(name)
+    if spec is None:
+        raise CommandError(404, f"unknown command {name!r}")
+    if not isinstance(args, dict):
+        raise CommandError(400, "the body must be a JSON object")
+    out: dict[str, Any] = {}
+    for arg, kind, required in spec:
+        if arg not in args or args[arg] is None:
+            if required:
+                raise CommandError(400, f"{name}: missing argument {arg!r}")
+            continue
+        value = args[arg]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise CommandError(400, f"{name}: argument {arg!r} must be a {kind.__name__}")
+        out[arg] = value
+    if "tags" in out and not all(isinstance(t, str) for t in out["tags"]):
+        raise CommandError(400, f"{name}: tags must be strings")
+    return out
+
+
+async def handle_request(view: ManagementView, head: RequestHead, body: bytes, peer_is_loopback: bool) -> Reply:
+    """Authenticate, route and run one request; never raises for a bad request."""
+    credentials = parse_basic_auth(head.headers.get("authorization", ""))
+    if credentials is None:
+        return error_reply(401, "not_authorised", "Login failed", (("WWW-Authenticate", REALM),))
+    tags = view.authenticate(credentials[0], credentials[1], peer_is_loopback)
+    if tags is None:
+        return error_reply(401, "not_authorised", "Login failed", (("WWW-Authenticate", REALM),))
+    if ADMIN_TAG not in tags:
+        return error_reply(401, "not_authorised", "Not administrator user")
+    try:
+        if head.method in ("GET", "HEAD"):
+            return _get(view, head.segments, credentials[0], tags)
+        return await _change(view, head, body)
+    except CommandError as err:
+        return error_reply(err.status, _error_name(err.status), err.reason)
+    except HttpError as err:
+        return error_reply(err.status, _error_name(err.status), err.reason)
+
+
+def _error_name(status: int) -> str:
+    return {400: "bad_request", 404: "Object Not Found", 405: "method_not_allowed", 501: "not_implemented",
+            503: "unavailable"}.get(status, "error")
+
+
+def _filter(rows: list[dict[str, Any]], **wanted: str) -> list[dict[str, Any]]:
+    return [r for r in rows if all(r.get(k) == v for k, v in wanted.items())]
+
+
+def _one(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    if not rows:
+        raise CommandError(404, "Not Found")
+    return rows[0]
+
+
+def _listing(fetch: Callable[[], list[dict[str, Any]]], rest: tuple[str, ...], key: str = "name") -> Any:
+    """/api/<things>, /api/<things>/<vhost>, /api/<things>/<vhost>/<name>."""
+    if len(rest) == 0:
+        return fetch()
+    if len(rest) == 1:
+        return _filter(fetch(), vhost=rest[0])
+    if len(rest) == 2:
+        return _one(_filter(fetch(), vhost=rest[0], **{key: rest[1]}))
+    raise CommandError(404, "Not Found")
+
+
+def _get(view: ManagementView, segments: tuple[str, ...], user: str, tags: tuple[str, ...]) -> Reply:
+    if len(segments) < 2 or segments[0] != "api":
+        raise CommandError(404, "Not Found")
+    what, rest = segments[1], segments[2:]
+    if what == "overview" and not rest:
+        return Reply(200, jsonable(view.overview()))
+    if what == "whoami" and not rest:
+        return Reply(200, {"name": user, "tags": list(tags)})
+    if what in ("nodes", "vhosts", "users"):
+        fetch = {"nodes": view.nodes, "vhosts": view.vhosts, "users": view.users}[what]
+        if not rest:
+            return Reply(200, jsonable(fetch()))
+        if len(rest) == 1:
+            return Reply(200, jsonable(_one(_filter(fetch(), name=rest[0]))))
+    elif what == "permissions":
+        if len(rest) <= 1:
+            return Reply(200, jsonable(_filter(view.permissions(), **({"vhost": rest[0]} if rest else {}))))
+        if len(rest) == 2:
+            return Reply(200, jsonable(_one(_filter(view.permissions(), vhost=rest[0], user=rest[1]))))
+    elif what in ("queues", "exchanges", "policies"):
+        fetch = {"queues": view.queues, "exchanges": view.exchanges, "policies": view.policies}[what]
+        return Reply(200, jsonable(_listing(fetch, rest)))
+    elif what in ("bindings", "consumers") and len(rest) <= 1:
+        fetch = view.bindings if what == "bindings" else view.consumers
+        rows = fetch()
+        if rest:
+            rows = [r for r in rows if _row_vhost(r) == rest[0]]
+        return Reply(200, jsonable(rows))
+    elif what == "connections" and not rest:
+        return Reply(200, jsonable(view.connections()))
+    raise CommandError(404, "Not Found")
+
+
+def _row_vhost(row: dict[str, Any]) -> Any:
+    queue = row.get("queue")
+    return row.get("vhost", queue.get("vhost") if isinstance(queue, dict) else None)
+
+
+def _put_command(segments: tuple[str, ...], body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The command a PUT or DELETE path stands for, with its arguments (RabbitMQ's body field names)."""
+    what, rest = segments[1], segments[2:]
+    if what == "vhosts" and len(rest) == 1:
+        return "add_vhost", {"name": rest[0]}
+    if what == "users" and len(rest) == 1:
+        tags = body.get("tags", [])
+        if isinstance(tags, str):  # RabbitMQ accepts "a,b" as well as ["a", "b"]
+            tags = [t.strip() for t in tags.split(",") if t.strip()]
+        return "add_user", {"name": rest[0], "password": body.get("password"), "tags": tags}
+    if what == "permissions" and len(rest) == 2:
+        return "set_permissions", {"vhost": rest[0], "user": rest[1], "configure": body.get("configure"),
+                                   "write": body.get("write"), "read": body.get("read")}
+    if what == "policies" and len(rest) == 2:
+        return "set_policy", {"vhost": rest[0], "name": rest[1], "pattern": body.get("pattern"),
+                              "definition": body.get("definition"), "priority": body.get("priority"),
+                              "apply_to": body.get("apply-to", body.get("apply_to"))}
+    return None
+
+
+async def _change(view: ManagementView, head: RequestHead, raw_body: bytes) -> Reply:
+    segments = head.segments
+    if len(segments) < 2 or segments[0] != "api":
+        raise CommandError(404, "Not Found")
+    body = parse_json_body(raw_body)
+    if not isinstance(body, dict):
+        raise CommandError(400, "the body must be a JSON object")
+    if head.method == "POST" and segments[1] == "raftmq" and len(segments) == 3:
+        name = segments[2]
+        if name not in CLUSTER_COMMANDS:
+            raise CommandError(404, f"unknown command {name!r}")
+        result = await view.run_command(name, check_command_args(name, body))
+        return Reply(200, jsonable(result))
+    if head.method == "DELETE" and segments[1] == "policies" and len(segments) == 4:
+        await view.run_command("clear_policy", {"vhost": segments[2], "name": segments[3]})
+        return Reply(204)
+    if head.method == "PUT":
+        found = _put_command(segments, body)
+        if found is not None:
+            name, args = found
+            result = await view.run_command(name, check_command_args(name, args))
+            return Reply(201 if result.get("created") else 204)
+    raise CommandError(405 if _put_command(segments, {}) is not None else 404,
+                       f"{head.method} {head.target} is not supported")

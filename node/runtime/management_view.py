@@ -1,0 +1,226 @@
+"""`BrokerView`: the management API's view of what one node's `Broker` knows (single-node mode, and the base the
+cluster mode extends).
+
+How it works: reads walk the broker's own tables (vhosts, users, permissions, exchanges, bindings, queues with
+their queue machines, connections, consumers) on the trio thread, so they see a consistent snapshot without locks,
+and return RabbitMQ-shaped dicts. Changes (`add_vhost`, `add_user`, `set_permissions`) call the broker's admin
+methods, take the `Persist` effects those queue and hand them to `apply_effects`, the callback the runtime gives
+(single node: `Node.dispatch`, which writes them to the store). The callback may be async; it is awaited, so a
+runtime that waits for its storage or its metadata group makes the HTTP answer wait too. Policies and the cluster
+commands answer 501 "not in a cluster": the single-node broker has no policies, and cluster membership and queue
+placement belong to the cluster runtime, which subclasses this view and overrides `nodes`, `queues`, `policies`
+and `run_command`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any
+
+from node.runtime.management_api import CLUSTER_COMMANDS, NOT_IN_CLUSTER, CommandError
+
+PRODUCT = "raftmq"
+MANAGEMENT_VERSION = "3.12.0"  # the RabbitMQ management API generation whose paths and fields we follow
+HASHING_ALGORITHM = "rabbit_password_hashing_sha256"
+
+
+def _text(value: Any, default: str) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else default
+
+
+class BrokerView:
+    """The management view of one node's broker. `apply_effects(effects)` receives every effect an admin change
+    produced (Persist records first of all); it may return an awaitable, which is awaited before answering."""
+
+    def __init__(self, broker: Any, apply_effects: Callable[[list[Any]], Any], *, node_name: str,
+                 amqp_port: int = 5672, management_port: int | None = None, cluster_name: str | None = None,
+                 version: str = "0.1.0") -> None:
+        self.broker = broker
+        self.apply_effects = apply_effects
+        self.node_name = node_name
+        self.amqp_port = amqp_port
+        self.management_port = management_port
+        self.cluster_name = cluster_name or node_name
+        self.version = version
+        self.started_ms = int(time.time() * 1000)
+
+    # --- authentication -------------------------------------------------------------------------------------
+
+    def authenticate(self, username: str, password: str, peer_is_loopback: bool) -> tuple[str, ...] | None:
+        user = self.broker.users.authenticate_plain(username, password, peer_is_loopback)
+        return None if user is None else tuple(user.tags)
+
+    # --- reads ----------------------------------------------------------------------------------------------
+
+    def overview(self) -> dict[str, Any]:
+        queues = self.queues()
+        listeners = [{"node": self.node_name, "protocol": "amqp", "port": self.amqp_port}]
+        if self.management_port is not None:
+            listeners.append({"node": self.node_name, "protocol": "http", "port": self.management_port})
+        return {
+            "management_version": MANAGEMENT_VERSION, "product_name": PRODUCT, "product_version": self.version,
+            "rabbitmq_version": MANAGEMENT_VERSION, "cluster_name": self.cluster_name, "node": self.node_name,
+            "object_totals": {
+                "connections": len(self.broker.conns),
+                "channels": sum(len(c.channels) for c in self.broker.conns.values()),
+                "exchanges": len(self.exchanges()), "queues": len(queues), "consumers": len(self.broker.consumers),
+            },
+            "queue_totals": {
+                "messages": sum(q["messages"] for q in queues),
+                "messages_ready": sum(q["messages_ready"] for q in queues),
+                "messages_unacknowledged": sum(q["messages_unacknowledged"] for q in queues),
+            },
+            "listeners": listeners,
+        }
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return [{"name": self.node_name, "type": "disc", "running": True, "being_drained": False,
+                 "uptime": int(time.time() * 1000) - self.started_ms, "partitions": [],
+                 "mem_alarm": "memory" in self.broker.alarms, "disk_free_alarm": "disk" in self.broker.alarms}]
+
+    def vhosts(self) -> list[dict[str, Any]]:
+        totals: dict[str, list[int]] = {}
+        for q in self.queues():
+            t = totals.setdefault(q["vhost"], [0, 0])
+            t[0] += q["messages_ready"]
+            t[1] += q["messages_unacknowledged"]
+        rows = []
+        for name in sorted(self.broker.vhosts):
+            ready, unacked = totals.get(name, [0, 0])
+            rows.append({"name": name, "description": "", "tracing": False, "messages": ready + unacked,
+                         "messages_ready": ready, "messages_unacknowledged": unacked})
+        return rows
+
+    def users(self) -> list[dict[str, Any]]:
+        return [{"name": u.name, "password_hash": u.password_hash, "hashing_algorithm": HASHING_ALGORITHM,
+                 "tags": list(u.tags), "limits": {}}
+                for u in sorted(self.broker.users.users.values(), key=lambda u: u.name)]
+
+    def permissions(self) -> list[dict[str, Any]]:
+        return [{"user": user, "vhost": vhost, "configure": p.configure, "write": p.write, "read": p.read}
+                for (user, vhost), p in sorted(self.broker.users.permissions.items())]
+
+    def queues(self) -> list[dict[str, Any]]:
+        rows = []
+        for vhost_name in sorted(self.broker.vhosts):
+            vhost = self.broker.vhosts[vhost_name]
+            for name in sorted(vhost.queues):
+                rows.append(self.queue_row(vhost.queues[name]))
+        return rows
+
+    def queue_row(self, queue: Any) -> dict[str, Any]:
+        """One queue, as RabbitMQ's /api/queues lists it; `leader` and `members` are this node here."""
+        machine = queue.machine
+        ready, unacked = machine.ready_count, machine.unacked_count
+        return {
+            "name": queue.name, "vhost": queue.vhost, "type": _text(queue.arguments.get("x-queue-type"), "classic"),
+            "durable": queue.durable, "auto_delete": queue.auto_delete, "exclusive": queue.exclusive_owner is not None,
+            "arguments": queue.arguments, "node": self.node_name, "leader": self.node_name,
+            "members": [self.node_name], "state": "running", "messages": ready + unacked, "messages_ready": ready,
+            "messages_unacknowledged": unacked, "message_bytes_ready": machine.ready_bytes,
+            "consumers": machine.consumer_count, "policy": None,
+        }
+
+    def exchanges(self) -> list[dict[str, Any]]:
+        rows = []
+        for vhost_name in sorted(self.broker.vhosts):
+            rows.append({"name": "", "vhost": vhost_name, "type": "direct", "durable": True, "auto_delete": False,
+                         "internal": False, "arguments": {}})
+            exchanges = self.broker.vhosts[vhost_name].exchanges
+            for name in sorted(exchanges):
+                ex = exchanges[name]
+                rows.append({"name": ex.name, "vhost": vhost_name, "type": ex.type, "durable": ex.durable,
+                             "auto_delete": ex.auto_delete, "internal": ex.internal, "arguments": ex.arguments})
+        return rows
+
+    def bindings(self) -> list[dict[str, Any]]:
+        """Every binding, the default exchange's implicit one per queue first (as RabbitMQ lists them)."""
+        rows = []
+        for vhost_name in sorted(self.broker.vhosts):
+            vhost = self.broker.vhosts[vhost_name]
+            for queue in sorted(vhost.queues):
+                rows.append(_binding_row(vhost_name, "", "queue", queue, queue, {}))
+            for ex_name in sorted(vhost.exchanges):
+                for b in vhost.exchanges[ex_name].bindings.values():
+                    rows.append(_binding_row(vhost_name, b.source, b.dest.kind, b.dest.name, b.routing_key,
+                                             b.arguments))
+        return rows
+
+    def connections(self) -> list[dict[str, Any]]:
+        return [{"name": self.connection_name(c), "conn_id": c.conn_id, "node": self.node_name, "vhost": c.vhost,
+                 "user": c.username, "peer_host": c.peer_host, "channels": len(c.channels),
+                 "state": "blocked" if c.blocked else ("running" if c.opened else "starting"), "protocol": "AMQP 0-9-1"}
+                for c in sorted(self.broker.conns.values(), key=lambda c: c.conn_id)]
+
+    def connection_name(self, conn: Any) -> str:
+        return f"{conn.peer_host or '?'} -> {self.node_name} #{conn.conn_id}"
+
+    def consumers(self) -> list[dict[str, Any]]:
+        rows = []
+        for consumer in sorted(self.broker.consumers.values(), key=lambda c: c.consumer_id):
+            conn = self.broker.conns.get(consumer.conn_id)
+            rows.append({
+                "consumer_tag": consumer.tag,
+                "queue": {"name": consumer.queue.name, "vhost": consumer.queue.vhost},
+                "channel_details": {
+                    "connection_name": self.connection_name(conn) if conn is not None else "",
+                    "number": consumer.channel.number, "node": self.node_name,
+                    "peer_host": conn.peer_host if conn is not None else "",
+                    "user": conn.username if conn is not None else ""},
+                "ack_required": not consumer.no_ack, "prefetch_count": consumer.prefetch,
+                "exclusive": consumer.exclusive, "active": True, "activity_status": "up",
+                "arguments": {"x-priority": consumer.priority} if consumer.priority else {},
+            })
+        return rows
+
+    def policies(self) -> list[dict[str, Any]]:
+        return []
+
+    # --- changes --------------------------------------------------------------------------------------------
+
+    async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        if name == "add_vhost":
+            created = args["name"] not in self.broker.vhosts
+            self.broker.add_vhost(args["name"])
+        elif name == "add_user":
+            created = args["name"] not in self.broker.users.users
+            self.broker.add_user(args["name"], args["password"], tuple(args.get("tags", ())))
+        elif name == "set_permissions":
+            created = self._set_permissions(args)
+        elif name in ("set_policy", "clear_policy"):
+            raise CommandError(501, f"policies are kept by the cluster metadata: {NOT_IN_CLUSTER}")
+        elif name in CLUSTER_COMMANDS:
+            raise CommandError(501, NOT_IN_CLUSTER)
+        else:
+            raise CommandError(404, f"unknown command {name!r}")
+        await self.emit(self.broker.take_effects())
+        return {"created": created}
+
+    def _set_permissions(self, args: dict[str, Any]) -> bool:
+        from node.broker.auth import Permission
+
+        if args["vhost"] not in self.broker.vhosts:
+            raise CommandError(400, f"vhost_not_found: {args['vhost']}")
+        if args["user"] not in self.broker.users.users:
+            raise CommandError(400, f"user_not_found: {args['user']}")
+        created = (args["user"], args["vhost"]) not in self.broker.users.permissions
+        self.broker.set_permissions(args["user"], args["vhost"],
+                                    Permission(args["configure"], args["write"], args["read"]))
+        return created
+
+    async def emit(self, effects: list[Any]) -> None:
+        """Hand effects to the runtime; await its answer when it returns an awaitable."""
+        if not effects:
+            return
+        result = self.apply_effects(effects)
+        if inspect.isawaitable(result):
+            await result
+
+
+def _binding_row(vhost: str, source: str, dest_kind: str, dest: str, key: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"source": source, "vhost": vhost, "destination": dest, "destination_type": dest_kind,
+            "routing_key": key, "arguments": args, "properties_key": key or "~"}

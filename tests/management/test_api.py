@@ -1,0 +1,194 @@
+"""The management API served in-process over a real Broker, spoken to over real TCP sockets."""
+
+from __future__ import annotations
+
+import trio
+
+from node.amqp import methods as m
+from node.broker.effects import Persist
+from node.broker.records import PermissionRecord, UserRecord
+from node.runtime.management import ManagementLimits
+from tests.broker.harness import Client
+from tests.management.helpers import auth_header, raw_exchange, request, served_broker, split_response
+
+
+async def test_overview_and_nodes_name_this_node() -> None:
+    async with served_broker() as s:
+        status, headers, body = await request(s.port, "GET", "/api/overview")
+        assert status == 200 and headers["content-type"] == "application/json"
+        assert body["node"] == "rabbit@test" and body["object_totals"]["queues"] == 0
+        status, _, nodes = await request(s.port, "GET", "/api/nodes")
+        assert status == 200 and [n["name"] for n in nodes] == ["rabbit@test"] and nodes[0]["running"]
+        status, _, me = await request(s.port, "GET", "/api/whoami")
+        assert me == {"name": "guest", "tags": ["administrator"]}
+
+
+async def test_login_required_and_administrator_tag_required() -> None:
+    async with served_broker() as s:
+        status, headers, body = await request(s.port, "GET", "/api/overview", user=None)
+        assert status == 401 and headers["www-authenticate"].startswith("Basic")
+        assert body == {"error": "not_authorised", "reason": "Login failed"}
+        status, _, _ = await request(s.port, "GET", "/api/overview", password="wrong")
+        assert status == 401
+        s.broker.add_user("bob", "pw", ())
+        status, _, body = await request(s.port, "GET", "/api/overview", user="bob", password="pw")
+        assert status == 401 and body["reason"] == "Not administrator user"
+
+
+async def test_put_user_and_permissions_hand_persist_effects_to_the_runtime() -> None:
+    async with served_broker() as s:
+        status, _, _ = await request(s.port, "PUT", "/api/users/alice",
+                                     {"password": "s3cret", "tags": "administrator,monitoring"})
+        assert status == 201
+        status, _, _ = await request(s.port, "PUT", "/api/users/alice", {"password": "s3cret", "tags": ["administrator"]})
+        assert status == 204  # updated, as RabbitMQ answers
+        records = [r for e in s.emitted if isinstance(e, Persist) for r in e.records]
+        assert [type(r) for r in records] == [UserRecord, UserRecord]
+        assert records[0].tags == ("administrator", "monitoring")
+        status, _, user = await request(s.port, "GET", "/api/users/alice", user="alice", password="s3cret")
+        assert status == 200 and user["tags"] == ["administrator"]
+        status, _, _ = await request(s.port, "PUT", "/api/permissions/%2F/alice",
+                                     {"configure": "^a", "write": ".*", "read": ""})
+        assert status == 201
+        assert PermissionRecord("alice", "/", "^a", ".*", "") in [r for e in s.emitted if isinstance(e, Persist)
+                                                                   for r in e.records]
+        status, _, perm = await request(s.port, "GET", "/api/permissions/%2F/alice")
+        assert perm == {"user": "alice", "vhost": "/", "configure": "^a", "write": ".*", "read": ""}
+        status, _, body = await request(s.port, "PUT", "/api/permissions/nope/alice",
+                                        {"configure": ".*", "write": ".*", "read": ".*"})
+        assert status == 400 and "vhost_not_found" in body["reason"]
+        status, _, body = await request(s.port, "PUT", "/api/users/carol", {"tags": "x"})
+        assert status == 400 and "password" in body["reason"]
+
+
+async def test_async_effect_callback_is_awaited_before_answering() -> None:
+    done: list[str] = []
+
+    async def apply_slowly(effects: list[object]) -> None:
+        await trio.sleep(0)
+        done.append("persisted")
+
+    from node.broker.broker import Broker
+    from node.runtime.management_view import BrokerView
+    broker = Broker()
+    view = BrokerView(broker, apply_slowly, node_name="n")
+    async with served_broker(view=view) as s:
+        status, _, _ = await request(s.port, "PUT", "/api/vhosts/v2")
+        assert status == 201 and done == ["persisted"]
+        assert "v2" in broker.vhosts
+
+
+async def test_queues_exchanges_bindings_connections_consumers() -> None:
+    async with served_broker() as s:
+        client = Client(s.broker)
+        client.open()
+        client.declare("jobs", durable=True, arguments={"x-queue-type": "quorum", "x-max-length": 10})
+        client.declare("other")
+        client.bind("jobs", "amq.topic", "a.*")
+        for n in range(3):
+            client.publish("", "jobs", f"m{n}".encode())
+        client.call(m.BasicQos(prefetch_count=1))
+        client.consume("jobs", tag="ctag-1")  # takes one message unacked
+        status, _, queues = await request(s.port, "GET", "/api/queues")
+        assert status == 200 and [q["name"] for q in queues] == ["jobs", "other"]
+        jobs = queues[0]
+        assert jobs["type"] == "quorum" and jobs["durable"] and jobs["vhost"] == "/"
+        assert (jobs["messages_ready"], jobs["messages_unacknowledged"], jobs["consumers"]) == (2, 1, 1)
+        assert jobs["leader"] == "rabbit@test" and jobs["members"] == ["rabbit@test"]
+        assert jobs["arguments"] == {"x-queue-type": "quorum", "x-max-length": 10}
+        status, _, one = await request(s.port, "GET", "/api/queues/%2F/jobs")
+        assert status == 200 and one["name"] == "jobs"
+        status, _, _ = await request(s.port, "GET", "/api/queues/%2F/missing")
+        assert status == 404
+        status, _, in_vhost = await request(s.port, "GET", "/api/queues/%2F")
+        assert len(in_vhost) == 2
+        _, _, exchanges = await request(s.port, "GET", "/api/exchanges/%2F")
+        assert {"", "amq.topic", "amq.direct"} <= {e["name"] for e in exchanges}
+        _, _, bindings = await request(s.port, "GET", "/api/bindings")
+        assert {"source": "amq.topic", "vhost": "/", "destination": "jobs", "destination_type": "queue",
+                "routing_key": "a.*", "arguments": {}, "properties_key": "a.*"} in bindings
+        assert any(b["source"] == "" and b["destination"] == "other" for b in bindings)
+        _, _, conns = await request(s.port, "GET", "/api/connections")
+        assert len(conns) == 1 and conns[0]["user"] == "guest" and conns[0]["channels"] == 1
+        _, _, consumers = await request(s.port, "GET", "/api/consumers/%2F")
+        assert [c["consumer_tag"] for c in consumers] == ["ctag-1"]
+        assert consumers[0]["queue"] == {"name": "jobs", "vhost": "/"} and consumers[0]["prefetch_count"] == 1
+        _, _, overview = await request(s.port, "GET", "/api/overview")
+        assert overview["queue_totals"] == {"messages": 3, "messages_ready": 2, "messages_unacknowledged": 1}
+        _, _, vhosts = await request(s.port, "GET", "/api/vhosts")
+        assert vhosts[0]["name"] == "/" and vhosts[0]["messages"] == 3
+
+
+async def test_cluster_commands_and_policies_answer_not_in_a_cluster() -> None:
+    async with served_broker() as s:
+        for name, args in (("join_cluster", {"node": "rmq2"}), ("add_member", {"vhost": "/", "queue": "q",
+                                                                               "node": "rmq2"}),
+                           ("rebalance", {}), ("leave_cluster", {})):
+            status, _, body = await request(s.port, "POST", f"/api/raftmq/{name}", args)
+            assert status == 501 and body["reason"] == "not in a cluster", name
+        status, _, body = await request(s.port, "POST", "/api/raftmq/grow", {"node": "rmq2"})
+        assert status == 400 and "strategy" in body["reason"]
+        status, _, _ = await request(s.port, "POST", "/api/raftmq/no_such_thing", {})
+        assert status == 404
+        status, _, body = await request(s.port, "PUT", "/api/policies/%2F/p",
+                                        {"pattern": ".*", "definition": {"max-length": 1}})
+        assert status == 501 and "not in a cluster" in body["reason"]
+        status, _, policies = await request(s.port, "GET", "/api/policies")
+        assert status == 200 and policies == []
+
+
+async def test_bad_requests_are_refused_with_the_right_status() -> None:
+    async with served_broker() as s:
+        status, _, _ = split_response(await raw_exchange(s.port, b"NONSENSE\r\n\r\n"))
+        assert status == 400
+        status, _, _ = split_response(await raw_exchange(s.port, b"GET /api/overview HTTP/2.0\r\n\r\n"))
+        assert status == 505
+        huge = b"GET /api/overview HTTP/1.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
+        status, _, _ = split_response(await raw_exchange(s.port, huge))
+        assert status == 431
+        status, _, _ = split_response(await raw_exchange(
+            s.port, b"PUT /api/users/x HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n"))
+        assert status == 413
+        status, _, _ = split_response(await raw_exchange(
+            s.port, b"PUT /api/users/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"))
+        assert status == 411
+        status, _, body = await request(s.port, "GET", "/nothing/here")
+        assert status == 404
+        status, _, body = await request(s.port, "DELETE", "/api/users/guest")
+        assert status == 405
+        bad_json = (f"PUT /api/users/x HTTP/1.1\r\nAuthorization: {auth_header()}\r\nContent-Length: 3\r\n"
+                    "Connection: close\r\n\r\n{{{").encode()
+        status, _, body = split_response(await raw_exchange(s.port, bad_json))
+        assert status == 400 and "JSON" in body["reason"]
+
+
+async def test_keep_alive_serves_several_requests_on_one_connection() -> None:
+    async with served_broker() as s:
+        one = f"GET /api/whoami HTTP/1.1\r\nAuthorization: {auth_header()}\r\n\r\n".encode()
+        last = f"GET /api/nodes HTTP/1.1\r\nAuthorization: {auth_header()}\r\nConnection: close\r\n\r\n".encode()
+        raw = await raw_exchange(s.port, one + one + last)
+        assert raw.count(b"HTTP/1.1 200 OK") == 3
+        assert raw.rstrip().endswith(b"}]")
+
+
+async def test_a_silent_client_is_dropped_with_408() -> None:
+    async with served_broker(ManagementLimits(request_timeout_s=0.2)) as s:
+        raw = await raw_exchange(s.port, b"GET /api/overview HTTP/1.1\r\n")  # head never finishes
+        status, _, _ = split_response(raw)
+        assert status == 408
+        stream = await trio.open_tcp_stream("127.0.0.1", s.port)
+        async with stream:  # an idle keep-alive connection is simply closed
+            assert await stream.receive_some(100) == b""
+
+
+async def test_connections_over_the_limit_get_503() -> None:
+    async with served_broker(ManagementLimits(connections_max=1, request_timeout_s=5)) as s:
+        holder = await trio.open_tcp_stream("127.0.0.1", s.port)
+        async with holder:
+            # A keep-alive request answered: the server now holds the only slot for this connection.
+            await holder.send_all(f"GET /api/whoami HTTP/1.1\r\nAuthorization: {auth_header()}\r\n\r\n".encode())
+            answer = b""
+            while not answer.endswith(b"}"):
+                answer += await holder.receive_some(4096)
+            status, _, body = split_response(await raw_exchange(s.port, b""))
+            assert status == 503 and body["reason"] == "too many connections"
