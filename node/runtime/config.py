@@ -69,6 +69,20 @@ class NodeConfig:
     test_unsafe_confirm_before_fsync: bool = False
     test_drop_unsynced_on_kill: bool = False
     test_fsync_delay_ms: int = 0
+    cluster_nodes: tuple[str, ...] = ()
+    cluster_secret: str = ""
+    raft_port: int = 0
+    metadata_port: int = 0
+    management_port: int = 0
+    node_down_after_ms: int = 5_000
+    proposal_timeout_ms: int = 10_000
+    member_replace_after_ms: int = 0
+    quorum_initial_group_size: int = 3
+
+    @property
+    def clustered(self) -> bool:
+        """True when the node runs in cluster mode (`cluster_nodes` is set)."""
+        return bool(self.cluster_nodes)
 
     def resolved_data_dir(self) -> Path:
         """The data directory: `data_dir` when set, else ./data/<node_name>."""
@@ -127,6 +141,16 @@ SETTINGS: tuple[Setting, ...] = (
             "Testing only: at start, cut the log's files back to their last fsync (simulates losing the page cache)."),
     Setting("test_fsync_delay_ms", "int",
             "Testing only: a slow disk; each commit writes its batch, waits this long, then fsyncs (0 = off)."),
+    Setting("cluster_nodes", "list",
+            "Cluster mode: every node as name=host:amqp_port, this node included (comma-separated). Empty = single node."),
+    Setting("cluster_secret", "str", "Cluster mode: shared secret (>= 16 bytes) authenticating Raft and metadata peers."),
+    Setting("raft_port", "int", "Queue Raft port, the same on every node. 0 = each node's AMQP port + 20000."),
+    Setting("metadata_port", "int", "Metadata Raft port, the same on every node. 0 = each node's AMQP port + 21000."),
+    Setting("management_port", "int", "Management HTTP port. 0 = AMQP port + 10000."),
+    Setting("node_down_after_ms", "int", "Cluster mode: a peer unreachable this long is reported down."),
+    Setting("proposal_timeout_ms", "int", "Cluster mode: a queue command not applied within this is given up (publish nacked)."),
+    Setting("member_replace_after_ms", "int", "Cluster mode: reserved for replacing a long-gone quorum member; 0 = never."),
+    Setting("quorum_initial_group_size", "int", "Default voters of a new quorum queue (x-quorum-initial-group-size)."),
 )
 
 _SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
@@ -262,11 +286,100 @@ def validate(config: NodeConfig) -> NodeConfig:
         (0 <= config.test_fsync_delay_ms <= 60_000, "test_fsync_delay_ms must be 0..60000"),
         (config.log_level in ("debug", "info", "warning", "error"), "log_level must be debug|info|warning|error"),
         (bool(config.node_name), "node_name must not be empty"),
+        (0 <= config.raft_port <= 65535, "raft_port must be 0..65535"),
+        (0 <= config.metadata_port <= 65535, "metadata_port must be 0..65535"),
+        (0 <= config.management_port <= 65535, "management_port must be 0..65535"),
+        (config.node_down_after_ms > 0, "node_down_after_ms must be > 0"),
+        (config.proposal_timeout_ms > 0, "proposal_timeout_ms must be > 0"),
+        (config.member_replace_after_ms >= 0, "member_replace_after_ms must be >= 0"),
+        (config.quorum_initial_group_size >= 1, "quorum_initial_group_size must be >= 1"),
     ]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    if config.clustered:
+        cluster_layout(config)  # raises ConfigError naming what is wrong
     return config
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterMember:
+    """One node of the cluster with every port it serves (derived from its AMQP port unless set)."""
+
+    name: str
+    host: str
+    amqp_port: int
+    raft_port: int
+    metadata_port: int
+    management_port: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterLayout:
+    """The parsed cluster settings: this node's name, every member (in `cluster_nodes` order), the secret."""
+
+    self_name: str
+    members: tuple[ClusterMember, ...]
+    secret: str
+
+    @property
+    def me(self) -> ClusterMember:
+        return next(m for m in self.members if m.name == self.self_name)
+
+    @property
+    def peers(self) -> tuple[ClusterMember, ...]:
+        return tuple(m for m in self.members if m.name != self.self_name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.members)
+
+
+RAFT_PORT_OFFSET = 20_000
+METADATA_PORT_OFFSET = 21_000
+MANAGEMENT_PORT_OFFSET = 10_000
+CLUSTER_SECRET_BYTES_MIN = 16
+
+
+def _derived_port(explicit: int, amqp_port: int, offset: int, what: str) -> int:
+    port = explicit or amqp_port + offset
+    if not 0 < port <= 65535:
+        raise ConfigError(f"cluster_nodes: derived {what} port {port} is out of range; set {what}_port")
+    return port
+
+
+def _parse_member(entry: str, config: NodeConfig) -> ClusterMember:
+    name, sep, address = entry.partition("=")
+    host, colon, port_text = address.rpartition(":")
+    if not sep or not colon or not name.strip() or not host.strip():
+        raise ConfigError(f"cluster_nodes: {entry!r} is not name=host:amqp_port")
+    try:
+        amqp_port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"cluster_nodes: {entry!r}: bad port {port_text!r}") from None
+    if not 0 < amqp_port <= 65535:
+        raise ConfigError(f"cluster_nodes: {entry!r}: port must be 1..65535")
+    host = host.strip().strip("[]")
+    management = config.management_port if name.strip() == config.node_name else 0
+    return ClusterMember(
+        name.strip(), host, amqp_port,
+        _derived_port(config.raft_port, amqp_port, RAFT_PORT_OFFSET, "raft"),
+        _derived_port(config.metadata_port, amqp_port, METADATA_PORT_OFFSET, "metadata"),
+        _derived_port(management, amqp_port, MANAGEMENT_PORT_OFFSET, "management"),
+    )
+
+
+def cluster_layout(config: NodeConfig) -> ClusterLayout:
+    """Parse `cluster_nodes` (name=host:amqp_port, this node included) and check the cluster settings."""
+    members = tuple(_parse_member(entry, config) for entry in config.cluster_nodes)
+    names = [m.name for m in members]
+    if len(set(names)) != len(names):
+        raise ConfigError("cluster_nodes: node names must be distinct")
+    if config.node_name not in names:
+        raise ConfigError(f"cluster_nodes must include this node ({config.node_name!r})")
+    if len(config.cluster_secret.encode()) < CLUSTER_SECRET_BYTES_MIN:
+        raise ConfigError(f"cluster_secret must be at least {CLUSTER_SECRET_BYTES_MIN} bytes in cluster mode")
+    return ClusterLayout(config.node_name, members, config.cluster_secret)
 
 
 def load(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[NodeConfig, argparse.Namespace]:
@@ -287,7 +400,9 @@ def describe(config: NodeConfig) -> str:
     lines = []
     for setting in SETTINGS:
         value = getattr(config, setting.name)
-        if setting.name == "default_pass":
+        if setting.name == "cluster_secret" and not value:
+            continue  # single-node mode: nothing to hide, nothing to show
+        if setting.name in ("default_pass", "cluster_secret"):
             value = "********"
         lines.append(f"{setting.name} = {value!r}")
     return "\n".join(lines)

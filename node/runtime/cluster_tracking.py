@@ -1,0 +1,128 @@
+"""Bookkeeping of cluster mode that needs no I/O: proposals in flight and peer liveness.
+
+What it is for: `ProposalTracker` remembers every queue command this node proposed until its own replica applied
+it (the runtime reports that with `applied(proposal_id)` from the Raft apply callback). It says when to send again
+(`due`: every `retry_ms`, because a leader may have changed or a forwarded proposal may have been dropped) and
+when to give up (`timeout_ms`). A group's proposals are always (re)sent together, oldest first, so a retry never
+puts a later proposal of a queue into the log ahead of an earlier one. At most `pending_max` proposals wait.
+`PeerLiveness` turns "which peers are connected now" samples into down/up transitions after `down_after_ms`.
+Both take time as `now_ms` arguments, so they are unit-tested without clocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+PENDING_MAX = 100_000
+PROPOSAL_IDS_PER_BOOT = 1_000_000  # ids start at boot_id * this, so a restarted node never reuses an old id
+
+
+@dataclass(slots=True)
+class Pending:
+    """One proposal in flight."""
+
+    proposal_id: int
+    group: str
+    vhost: str
+    queue: str
+    data: bytes
+    first_ms: int
+    sent_ms: int | None = None  # None: never handed to Raft (its group was not running yet)
+
+
+@dataclass(slots=True)
+class ProposalTracker:
+    """Proposals in flight, per group in id order."""
+
+    first_id: int
+    retry_ms: int = 500
+    timeout_ms: int = 10_000
+    pending_max: int = PENDING_MAX
+    _next_id: int = 0
+    _by_id: dict[int, Pending] = field(default_factory=dict)
+    _by_group: dict[str, dict[int, Pending]] = field(default_factory=dict)  # insertion (= id) order
+
+    def __post_init__(self) -> None:
+        self._next_id = self.first_id
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def next_id(self) -> int:
+        proposal_id = self._next_id
+        self._next_id += 1
+        return proposal_id
+
+    def full(self) -> bool:
+        return len(self._by_id) >= self.pending_max
+
+    def add(self, pending: Pending) -> None:
+        self._by_id[pending.proposal_id] = pending
+        self._by_group.setdefault(pending.group, {})[pending.proposal_id] = pending
+
+    def applied(self, proposal_id: int) -> Pending | None:
+        """This node's replica applied the proposal: stop tracking it."""
+        pending = self._by_id.pop(proposal_id, None)
+        if pending is not None:
+            group = self._by_group.get(pending.group)
+            if group is not None:
+                group.pop(proposal_id, None)
+                if not group:
+                    del self._by_group[pending.group]
+        return pending
+
+    def of_group(self, group: str) -> list[Pending]:
+        """The group's proposals in id order (to send them all again)."""
+        return list(self._by_group.get(group, {}).values())
+
+    def drop_group(self, group: str) -> list[Pending]:
+        """Forget a group's proposals (its queue is gone); returns them, to be abandoned."""
+        dropped = list(self._by_group.pop(group, {}).values())
+        for pending in dropped:
+            self._by_id.pop(pending.proposal_id, None)
+        return dropped
+
+    def expired(self, now_ms: int) -> list[Pending]:
+        """Proposals older than `timeout_ms`: removed and returned (the caller abandons them)."""
+        old = [p for p in self._by_id.values() if now_ms - p.first_ms >= self.timeout_ms]
+        for pending in old:
+            self.applied(pending.proposal_id)
+        return old
+
+    def groups_due(self, now_ms: int) -> list[str]:
+        """Groups whose oldest proposal was last sent `retry_ms` ago or more (or never sent)."""
+        due = []
+        for group, pendings in self._by_group.items():
+            oldest = next(iter(pendings.values()))
+            if oldest.sent_ms is None or now_ms - oldest.sent_ms >= self.retry_ms:
+                due.append(group)
+        return due
+
+
+@dataclass(slots=True)
+class PeerLiveness:
+    """Peers are down after `down_after_ms` without a connection, and up again at their first connection."""
+
+    peers: tuple[str, ...]
+    down_after_ms: int
+    start_ms: int
+    _last_seen_ms: dict[str, int] = field(default_factory=dict)
+    down: set[str] = field(default_factory=set)
+
+    def observe(self, connected: Iterable[str], now_ms: int) -> tuple[list[str], list[str]]:
+        """One sample of the connected peers; returns (peers now down, peers back up)."""
+        connected = set(connected)
+        went_down, came_up = [], []
+        for peer in self.peers:
+            if peer in connected:
+                self._last_seen_ms[peer] = now_ms
+                if peer in self.down:
+                    self.down.discard(peer)
+                    came_up.append(peer)
+            elif peer not in self.down:
+                seen = self._last_seen_ms.get(peer, self.start_ms)
+                if now_ms - seen >= self.down_after_ms:
+                    self.down.add(peer)
+                    went_down.append(peer)
+        return went_down, came_up
