@@ -23,6 +23,7 @@ tables in their LRU order, so a restored replica behaves exactly like one that a
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from typing import Any, Final
 
@@ -30,6 +31,7 @@ import cbor2
 
 from cluster.queue.machine import PUBLISHERS_MAX_DEFAULT, Queue
 from cluster.queue.replicated_codec import (
+    PROPOSAL_ID_MAX,
     DecodePayload,
     EncodePayload,
     Proposal,
@@ -61,6 +63,8 @@ __all__ = [
 SNAPSHOT_VERSION: Final = 1
 WINDOW_DEFAULT: Final = 4096
 ORIGINS_MAX_DEFAULT: Final = 256
+WINDOW_MAX: Final = 1 << 20  # 8 MiB of ids per origin: a sanity bound, also on restored snapshots
+ORIGINS_MAX_LIMIT: Final = 1 << 16
 
 
 class SnapshotDecodeError(ValueError):
@@ -68,23 +72,39 @@ class SnapshotDecodeError(ValueError):
 
 
 class _OriginWindow:
-    """The recently applied proposal ids of one origin (see the module header)."""
+    """The recently applied proposal ids of one origin (see the module header).
 
-    __slots__ = ("floor", "ids")
+    Compact on purpose (a node holds one per origin per queue): ids live in a ring of 8-byte slots in apply order.
+    A fresh id (above every remembered one, the common case) is known unseen without a scan; an id at or below
+    the highest remembered one is looked up by a linear scan of the ring, which runs in C.
+    """
+
+    __slots__ = ("floor", "high", "ids", "next_slot")
 
     def __init__(self, floor: int = -1) -> None:
-        self.floor = floor
-        self.ids: dict[int, None] = {}  # insertion (= apply) order
+        self.floor = floor  # the highest id forgotten from the ring (-1: none)
+        self.high = -1  # >= every id in the ring
+        self.ids = array("Q")
+        self.next_slot = 0  # once the ring is full: the slot of the oldest id
 
     def seen(self, proposal_id: int) -> bool:
-        return proposal_id <= self.floor or proposal_id in self.ids
+        if proposal_id <= self.floor:
+            return True
+        return proposal_id <= self.high and proposal_id in self.ids
 
     def record(self, proposal_id: int, window: int) -> None:
-        self.ids[proposal_id] = None
-        while len(self.ids) > window:
-            oldest = next(iter(self.ids))
-            del self.ids[oldest]
-            self.floor = max(self.floor, oldest)
+        self.high = max(self.high, proposal_id)
+        if len(self.ids) < window:
+            self.ids.append(proposal_id)
+            return
+        slot = self.next_slot
+        self.floor = max(self.floor, self.ids[slot])
+        self.ids[slot] = proposal_id
+        self.next_slot = (slot + 1) % window
+
+    def in_apply_order(self) -> list[int]:
+        slot = self.next_slot
+        return self.ids[slot:].tolist() + self.ids[:slot].tolist()
 
 
 class ReplicatedQueue:
@@ -100,8 +120,8 @@ class ReplicatedQueue:
         origins_max: int = ORIGINS_MAX_DEFAULT,
         publishers_max: int = PUBLISHERS_MAX_DEFAULT,
     ) -> None:
-        if window < 1 or origins_max < 1:
-            raise ValueError("window and origins_max must be >= 1")
+        if not 1 <= window <= WINDOW_MAX or not 1 <= origins_max <= ORIGINS_MAX_LIMIT:
+            raise ValueError(f"window must be in 1..{WINDOW_MAX} and origins_max in 1..{ORIGINS_MAX_LIMIT}")
         self.queue = Queue(name, args, publishers_max)
         self.window = window
         self.origins_max = origins_max
@@ -124,6 +144,8 @@ class ReplicatedQueue:
 
     def apply(self, proposal: Proposal) -> list[QueueEffect] | None:
         """Apply one committed proposal; None when this origin's proposal id was applied already."""
+        if not 0 <= proposal.proposal_id <= PROPOSAL_ID_MAX:
+            raise ValueError(f"proposal id out of range: {proposal.proposal_id}")
         tracked = self._origins.get(proposal.origin)
         if tracked is None:
             tracked = _OriginWindow()
@@ -149,7 +171,7 @@ class ReplicatedQueue:
             "origins_max": self.origins_max,
             "applied": self.applied_count,
             "skipped": self.skipped_count,
-            "origins": [[origin, w.floor, list(w.ids)] for origin, w in self._origins.items()],
+            "origins": [[origin, w.floor, _runs(w.in_apply_order())] for origin, w in self._origins.items()],
             "queue": self.queue.snapshot(encode_payload, encode_id),
         }
         return cbor2.dumps(state)
@@ -173,13 +195,41 @@ class ReplicatedQueue:
         replica.queue = queue
         replica.applied_count = _count(state["applied"])
         replica.skipped_count = _count(state["skipped"])
-        for origin, floor, ids in state["origins"]:
-            if not isinstance(origin, str) or not isinstance(ids, list):
+        for origin, floor, runs in state["origins"]:
+            if not isinstance(origin, str) or type(floor) is not int or not -1 <= floor <= PROPOSAL_ID_MAX:
                 raise SnapshotDecodeError("bad dedup table")
-            window = _OriginWindow(_count(floor + 1) - 1)
-            window.ids = {_count(proposal_id): None for proposal_id in ids}
-            replica._origins[origin] = window
+            tracked = _OriginWindow(floor)
+            for proposal_id in _ids_from_runs(runs, replica.window):
+                tracked.record(proposal_id, replica.window)
+            replica._origins[origin] = tracked
+        if len(replica._origins) > replica.origins_max:
+            raise SnapshotDecodeError("more origins than origins_max")
         return replica
+
+
+def _runs(ids: list[int]) -> list[list[int]]:
+    """Ids in apply order as [first, length] runs of consecutive ids (one run when an origin counts per queue)."""
+    runs: list[list[int]] = []
+    for proposal_id in ids:
+        if runs and runs[-1][0] + runs[-1][1] == proposal_id:
+            runs[-1][1] += 1
+        else:
+            runs.append([proposal_id, 1])
+    return runs
+
+
+def _ids_from_runs(runs: Any, window: int) -> list[int]:
+    if not isinstance(runs, list):
+        raise SnapshotDecodeError("bad dedup runs")
+    ids: list[int] = []
+    for run in runs:
+        if not isinstance(run, list) or len(run) != 2:
+            raise SnapshotDecodeError("bad dedup run")
+        first, length = _count(run[0]), _count(run[1])
+        if len(ids) + length > window or first + length - 1 > PROPOSAL_ID_MAX:
+            raise SnapshotDecodeError("dedup run out of range")
+        ids.extend(range(first, first + length))
+    return ids
 
 
 def _count(value: Any) -> int:

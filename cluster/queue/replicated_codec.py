@@ -42,6 +42,9 @@ from cluster.queue.types import (
 GROUP_PREFIX: Final = "q/"
 PROPOSAL_ID_MAX: Final = 2**64 - 1
 ID_DEPTH_MAX: Final = 8  # nesting allowed inside one consumer/publisher id
+INT_MIN: Final = -(2**63)  # every int field fits cbor's native 64-bit ints (no bignums)
+INT_MAX: Final = 2**64 - 1
+PRIORITY_MAX: Final = 255
 
 EncodePayload = Callable[[Any], Any]
 DecodePayload = Callable[[Any], Any]
@@ -108,7 +111,9 @@ def decode_id(value: Any) -> Hashable:
 
 
 def _decode_id(value: Any, depth: int) -> Hashable:
-    if value is None or isinstance(value, str | int | bytes):  # bool is an int
+    if isinstance(value, int):  # bool is an int
+        return _int(value, INT_MIN) if type(value) is int else value
+    if value is None or isinstance(value, str | bytes):
         return value
     if isinstance(value, list) and depth < ID_DEPTH_MAX:
         return tuple(_decode_id(item, depth + 1) for item in value)
@@ -118,9 +123,10 @@ def _decode_id(value: Any, depth: int) -> Hashable:
 # --- field checks ---------------------------------------------------------------------------------------------
 
 
-def _int(value: Any) -> int:
-    if type(value) is not int:
-        raise ProposalDecodeError(f"expected an int, got {value!r:.80}")
+def _int(value: Any, low: int = 0, high: int = INT_MAX) -> int:
+    """An int field within [low, high] (the default: non-negative, as counts, sizes and times are)."""
+    if type(value) is not int or not low <= value <= high:
+        raise ProposalDecodeError(f"expected an int in {low}..{high}, got {value!r:.80}")
     return value
 
 
@@ -137,7 +143,7 @@ def _bool(value: Any) -> bool:
 def _msg_ids(value: Any) -> tuple[MsgId, ...]:
     if not isinstance(value, list):
         raise ProposalDecodeError("expected a list of msg ids")
-    return tuple(MsgId(_int(item)) for item in value)
+    return tuple(MsgId(_int(item, 1)) for item in value)
 
 
 def _fields(row: list[Any], count: int) -> list[Any]:
@@ -164,7 +170,9 @@ def _decode_message(value: Any, decode_payload: DecodePayload) -> QueuedMessage:
         payload = decode_payload(raw_payload)
     except Exception as exc:  # the payload codec is the caller's; its failures are decode errors too
         raise ProposalDecodeError(f"bad payload: {exc}") from exc
-    return QueuedMessage(payload, _int(size_bytes), _bool(persistent), _int(priority), _opt_int(ttl_ms))
+    return QueuedMessage(
+        payload, _int(size_bytes), _bool(persistent), _int(priority, 0, PRIORITY_MAX), _opt_int(ttl_ms)
+    )
 
 
 # --- commands -------------------------------------------------------------------------------------------------
@@ -211,7 +219,12 @@ def _decode_enqueue(f: list[Any], dp: DecodePayload) -> QueueCommand:
 def _decode_attach(f: list[Any], dp: DecodePayload) -> QueueCommand:
     consumer_id, now_ms, prefetch, credit, priority, no_ack = _fields(f, 6)
     return Attach(
-        decode_id(consumer_id), _int(now_ms), _int(prefetch), _opt_int(credit), _int(priority), _bool(no_ack)
+        decode_id(consumer_id),
+        _int(now_ms),
+        _int(prefetch),
+        _opt_int(credit),
+        _int(priority, INT_MIN),
+        _bool(no_ack),
     )
 
 
@@ -258,7 +271,7 @@ def _decode_purge(f: list[Any], dp: DecodePayload) -> QueueCommand:
 def _decode_recover(f: list[Any], dp: DecodePayload) -> QueueCommand:
     msg_id, message, delivery_count, expiry_ms = _fields(f, 4)
     return Recover(
-        MsgId(_int(msg_id)), _decode_message(message, dp), _int(delivery_count), _opt_int(expiry_ms)
+        MsgId(_int(msg_id, 1)), _decode_message(message, dp), _int(delivery_count), _opt_int(expiry_ms)
     )
 
 
@@ -288,14 +301,23 @@ def _check_header(origin: Any, proposal_id: Any) -> tuple[str, int]:
     return origin, proposal_id
 
 
+def _keep_payload(value: Any) -> Any:
+    return value
+
+
 def encode_proposal(proposal: Proposal, encode_payload: EncodePayload) -> bytes:
-    """cbor bytes `[origin, proposal_id, kind, *fields]`. ValueError for a bad header, TypeError for a bad command."""
+    """cbor bytes `[origin, proposal_id, kind, *fields]`; what encodes decodes.
+
+    Raises TypeError for a non-command, ValueError for a header or field `decode_proposal` would reject (a
+    negative size, a priority above 255, an id that is not None/int/str/bytes/tuple, ...).
+    """
+    command_row = _encode_command(proposal.command, encode_payload)
     try:
         _check_header(proposal.origin, proposal.proposal_id)
+        _DECODERS[command_row[0]](command_row[1:], _keep_payload)
     except ProposalDecodeError as exc:
-        raise ValueError(str(exc)) from None
-    row = [proposal.origin, proposal.proposal_id, *_encode_command(proposal.command, encode_payload)]
-    return cbor2.dumps(row)
+        raise ValueError(f"cannot encode {proposal!r:.200}: {exc}") from None
+    return cbor2.dumps([proposal.origin, proposal.proposal_id, *command_row])
 
 
 def decode_proposal(data: bytes, decode_payload: DecodePayload) -> Proposal:

@@ -447,3 +447,95 @@ def test_wrong_shaped_snapshots_raise_only_the_snapshot_error(value: dict[str, A
     value.setdefault("version", 1)
     with pytest.raises(SnapshotDecodeError):
         ReplicatedQueue.restore(cbor2.dumps(value), identity)
+
+
+# --- hardening ------------------------------------------------------------------------------------------------
+
+
+class NaiveDedup:
+    """Reference for one origin's dedup: the last `window` applied ids in a list, and the highest one forgotten."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.applied: list[int] = []
+        self.floor = -1
+
+    def apply(self, proposal_id: int) -> bool:
+        if proposal_id <= self.floor or proposal_id in self.applied:
+            return False
+        self.applied.append(proposal_id)
+        if len(self.applied) > self.window:
+            self.floor = max(self.floor, self.applied.pop(0))
+        return True
+
+
+@given(
+    st.integers(1, 6),
+    st.lists(st.integers(0, 40) | st.just(2**64 - 1), max_size=80),
+    st.integers(0, 80),
+)
+@settings(max_examples=200, deadline=None)
+def test_dedup_window_matches_a_naive_reference(window: int, proposal_ids: list[int], cut: int) -> None:
+    reference = NaiveDedup(window)
+    replica = ReplicatedQueue("q", window=window)
+    for position, proposal_id in enumerate(proposal_ids):
+        if position == cut:
+            replica = ReplicatedQueue.restore(replica.snapshot(identity), identity)
+        applied = replica.apply(Proposal("a", proposal_id, Purge())) is not None
+        assert applied == reference.apply(proposal_id)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        Enqueue(QueuedMessage(b"x", -1, False), 0),
+        Enqueue(QueuedMessage(b"x", 1, False, priority=256), 0),
+        Enqueue(QueuedMessage(b"x", 1, False), -5),
+        Enqueue(QueuedMessage(b"x", 1, False), 0, publisher_id=1.5, sequence=1),
+        Attach(frozenset({1}), 0),
+        Attach(("n", 1, 1), 0, prefetch=-1),
+        AddCredit(1, -3),
+        Settle(1, (MsgId(0),)),
+        Recover(MsgId(1), QueuedMessage(b"x", 1, False), delivery_count=-1),
+        Expire(2**64),
+    ],
+)
+def test_encode_refuses_what_decode_would_reject(command: QueueCommand) -> None:
+    with pytest.raises(ValueError):
+        encode_proposal(Proposal("n", 1, command), identity)
+
+
+def test_decode_rejects_out_of_range_fields() -> None:
+    good = ["n", 1, "att", ["n", 1, 1], 0, 0, None, 0, False]
+    assert decode_proposal(cbor2.dumps(good), identity).command == Attach(("n", 1, 1), 0)
+    for position, value in [(5, -1), (6, -2), (4, 2**64), (3, 2**70), (8, 1)]:
+        bad = list(good)
+        bad[position] = value
+        with pytest.raises(ProposalDecodeError):
+            decode_proposal(cbor2.dumps(bad), identity)
+
+
+def test_snapshot_of_consecutive_ids_is_small() -> None:
+    replica = ReplicatedQueue("q")
+    for proposal_id in range(1, 10_001):
+        replica.apply(Proposal("nodeA", proposal_id, Expire(proposal_id)))
+    assert len(replica.snapshot(identity)) < 1000  # the 4096 remembered ids are one run
+    restored = ReplicatedQueue.restore(replica.snapshot(identity), identity)
+    assert restored.seen("nodeA", 1) and restored.seen("nodeA", 10_000) and not restored.seen("nodeA", 10_001)
+
+
+@pytest.mark.parametrize(
+    "origins",
+    [
+        [["a", -2, []]],
+        [["a", -1, [[5, -1]]]],
+        [["a", -1, [[1, 5000]]]],  # more ids than the window
+        [[1, -1, []]],
+        [["a", -1, []], ["b", -1, []], ["c", -1, []]],  # more origins than origins_max
+    ],
+)
+def test_restore_rejects_bad_dedup_tables(origins: list[Any]) -> None:
+    state = cbor2.loads(ReplicatedQueue("q", window=4096, origins_max=2).snapshot(identity))
+    state["origins"] = origins
+    with pytest.raises(SnapshotDecodeError):
+        ReplicatedQueue.restore(cbor2.dumps(state), identity)
