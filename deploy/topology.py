@@ -6,6 +6,10 @@ config used on real hosts and the local runner (`raftmq cluster up`, which also 
 apart. `python -m deploy.topology --write` regenerates the checked-in files; `--check` fails when they are stale
 (a test runs the check).
 
+Every node's other ports derive from its AMQP port as `raftmq node` derives them (node/runtime/config.py):
+management HTTP +10000, queue Raft +20000, metadata Raft +21000 (`derived_ports`); the compose file exposes them
+and passes `cluster_nodes` naming every node, and the secret from the compose secret file.
+
 HAProxy health checks speak AMQP: they send the 0-9-1 protocol header and expect a Connection.Start frame
 (type 1 on channel 0), so a node is in rotation only while it really answers AMQP.
 """
@@ -13,6 +17,7 @@ HAProxy health checks speak AMQP: they send the 0-9-1 protocol header and expect
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -25,6 +30,12 @@ HAPROXY_FILE = HERE / "haproxy.cfg"
 GENERATED_HEADER = "# Generated from deploy/topology.toml by `python -m deploy.topology --write`; do not edit.\n"
 AMQP_PROTOCOL_HEADER_HEX = "414d515000000901"
 CONNECTION_START_PREFIX_HEX = "010000"
+PORT_OFFSETS = {"management": 10_000, "raft": 20_000, "metadata": 21_000}  # as node/runtime/config.py derives them
+
+
+def derived_ports(amqp_port: int) -> dict[str, int]:
+    """The management, Raft and metadata ports of a node listening for AMQP on `amqp_port`."""
+    return {name: amqp_port + offset for name, offset in PORT_OFFSETS.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +48,6 @@ class Topology:
     name: str
     image: str
     amqp_port: int
-    cluster_port: int
     haproxy_port: int
     haproxy_stats_port: int
     nodes: tuple[NodeSpec, ...]
@@ -62,7 +72,6 @@ def load(path: Path = TOPOLOGY_FILE) -> Topology:
         name=str(cluster["name"]),
         image=str(cluster["image"]),
         amqp_port=int(cluster["amqp_port"]),
-        cluster_port=int(cluster["cluster_port"]),
         haproxy_port=int(cluster["haproxy_port"]),
         haproxy_stats_port=int(cluster["haproxy_stats_port"]),
         nodes=nodes,
@@ -114,8 +123,11 @@ def compose_haproxy_cfg(topology: Topology) -> str:
 
 
 def _node_service(topology: Topology, node: NodeSpec) -> list[str]:
-    peers = ",".join(f"{n.name}:{topology.cluster_port}" for n in topology.nodes)
+    members = ",".join(f"{n.name}={n.name}:{topology.amqp_port}" for n in topology.nodes)
     health = f"python -m deploy.healthcheck 127.0.0.1 {topology.amqp_port}"
+    # cluster_secret is a setting, not a file: read the compose secret into the environment at start ($$ = $).
+    start = 'RAFTMQ_CLUSTER_SECRET="$$(cat /run/secrets/cluster_secret)" exec raftmq node'
+    ports = [topology.amqp_port, *derived_ports(topology.amqp_port).values()]
     return [
         f"  {node.name}:",
         f"    image: {topology.image}",
@@ -127,15 +139,14 @@ def _node_service(topology: Topology, node: NodeSpec) -> list[str]:
         f"      RAFTMQ_NODE_NAME: {node.name}",
         f"      RAFTMQ_PORT: \"{topology.amqp_port}\"",
         "      RAFTMQ_DATA_DIR: /var/lib/raftmq",
-        f"      RAFTMQ_CLUSTER_PEERS: \"{peers}\"",
-        "      RAFTMQ_CLUSTER_SECRET_FILE: /run/secrets/cluster_secret",
+        f"      RAFTMQ_CLUSTER_NODES: \"{members}\"",
+        f"    entrypoint: [\"sh\", \"-c\", {json.dumps(start)}]",
         "    secrets:",
         "      - cluster_secret",
         "    volumes:",
         f"      - {node.name}-data:/var/lib/raftmq",
         "    expose:",
-        f"      - \"{topology.amqp_port}\"",
-        f"      - \"{topology.cluster_port}\"",
+        *[f"      - \"{port}\"" for port in ports],
         "    healthcheck:",
         f"      test: [\"CMD-SHELL\", \"{health}\"]",
         "      interval: 5s",

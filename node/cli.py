@@ -12,6 +12,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "node": ("node.runtime.main", "run one broker node"),
     "cluster": ("deploy.runner", "run a local cluster behind HAProxy (up, down, status)"),
+    "ctl": ("node.ctl", "manage a node or cluster through its management API (rabbitmqctl's commands)"),
     "bench": ("bench.cli", "benchmarks side by side with RabbitMQ"),
     "chaos": ("chaos.cli", "Jepsen-style fault injection against real nodes"),
     "lag": ("spark_analytics.cli", "replication lag analysis on Spark"),

@@ -1,0 +1,317 @@
+"""`raftmq ctl`: the command-line client of a node's management HTTP API (rabbitmqctl's commands, one binary).
+
+How it works: every command is one or two HTTP requests to `--node host:port` (default $RAFTMQ_CTL_NODE or
+127.0.0.1:15672, the management port of a node on AMQP port 5672) with basic auth (`--user/--password`, default
+$RAFTMQ_CTL_USER/$RAFTMQ_CTL_PASSWORD or guest/guest). `list_*` commands print aligned tables (columns may be
+named as extra arguments, as rabbitmqctl's info items; dotted names reach into nested fields: `queue.name`), or
+the raw JSON with `--json`. Changes use the RabbitMQ paths (PUT /api/users/..., /api/permissions/...,
+/api/policies/...); cluster and quorum-queue commands POST to /api/raftmq/<command>.
+
+Exit codes (sysexits, as rabbitmqctl): 0 done; 64 bad usage; 65 the node refused the request (bad argument,
+unknown object); 69 the node is unreachable, unavailable, or the command needs a cluster; 70 internal error on
+the node; 77 authentication refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+DEFAULT_NODE = "127.0.0.1:15672"
+EXIT_OK, EXIT_USAGE, EXIT_DATAERR, EXIT_UNAVAILABLE, EXIT_SOFTWARE, EXIT_NOPERM = 0, 64, 65, 69, 70, 77
+RESPONSE_BYTES_MAX = 64 * 1024 * 1024
+
+LIST_COLUMNS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "list_vhosts": ("/api/vhosts", ("name", "messages")),
+    "list_users": ("/api/users", ("name", "tags")),
+    "list_permissions": ("/api/permissions", ("user", "vhost", "configure", "write", "read")),
+    "list_queues": ("/api/queues", ("vhost", "name", "type", "messages_ready", "messages_unacknowledged",
+                                    "consumers", "leader", "members")),
+    "list_exchanges": ("/api/exchanges", ("vhost", "name", "type", "durable", "auto_delete")),
+    "list_bindings": ("/api/bindings", ("vhost", "source", "destination", "destination_type", "routing_key",
+                                        "arguments")),
+    "list_connections": ("/api/connections", ("name", "node", "user", "vhost", "peer_host", "channels", "state")),
+    "list_consumers": ("/api/consumers", ("queue.vhost", "queue.name", "consumer_tag", "ack_required",
+                                          "prefetch_count", "exclusive", "channel_details.connection_name")),
+    "list_policies": ("/api/policies", ("vhost", "name", "pattern", "apply-to", "definition", "priority")),
+}
+VHOST_SCOPED = frozenset({"list_permissions", "list_queues", "list_exchanges", "list_bindings", "list_consumers",
+                          "list_policies"})
+
+
+class CtlError(Exception):
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """A management API client: `call(method, path, body)` returns the decoded JSON (None for 204)."""
+
+    node: str
+    user: str
+    password: str
+    timeout_s: float = 30.0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.node}"
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        request = urllib.request.Request(self.base_url + path, data=data, method=method)
+        token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode("ascii")
+        request.add_header("Authorization", f"Basic {token}")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                raw = response.read(RESPONSE_BYTES_MAX)
+        except urllib.error.HTTPError as err:
+            raise _http_error(err) from None
+        except (urllib.error.URLError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            raise CtlError(f"could not reach the management API at {self.base_url} ({reason}); is the node "
+                           "running? (use --node host:port; the management port is the AMQP port + 10000)",
+                           EXIT_UNAVAILABLE) from None
+        return json.loads(raw) if raw else None
+
+
+def _http_error(err: urllib.error.HTTPError) -> CtlError:
+    try:
+        body = json.loads(err.read(RESPONSE_BYTES_MAX) or b"{}")
+        reason = body.get("reason") or body.get("error") or err.reason
+    except ValueError:
+        reason = err.reason
+    status = err.code
+    if status == 401:
+        return CtlError(f"authentication refused: {reason}", EXIT_NOPERM)
+    if status in (501, 503):
+        return CtlError(f"the node cannot do this: {reason}", EXIT_UNAVAILABLE)
+    if 400 <= status < 500:
+        return CtlError(f"refused ({status}): {reason}", EXIT_DATAERR)
+    return CtlError(f"the node failed ({status}): {reason}", EXIT_SOFTWARE)
+
+
+def q(part: str) -> str:
+    """One path segment, percent-encoded (the vhost "/" becomes %2F)."""
+    return quote(part, safe="")
+
+
+# --- output ---------------------------------------------------------------------------------------------------
+
+
+def field_value(row: dict[str, Any], column: str) -> Any:
+    value: Any = row
+    for part in column.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(cell(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True) if value else ""
+    return str(value)
+
+
+def render_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+    table = [list(columns)] + [[cell(field_value(r, c)) for c in columns] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+    return "\n".join("  ".join(text.ljust(w) for text, w in zip(line, widths, strict=True)).rstrip()
+                     for line in table)
+
+
+# --- commands -------------------------------------------------------------------------------------------------
+
+
+def cmd_list(client: Client, args: argparse.Namespace) -> Any:
+    path, default_columns = LIST_COLUMNS[args.command]
+    if args.command in VHOST_SCOPED and args.vhost is not None:
+        path += "/" + q(args.vhost)
+    rows = client.call("GET", path)
+    if args.json:
+        return rows
+    print(render_table(rows, tuple(args.columns) or default_columns))
+    return None
+
+
+def cmd_cluster_status(client: Client, args: argparse.Namespace) -> Any:
+    overview = client.call("GET", "/api/overview")
+    nodes = client.call("GET", "/api/nodes")
+    report = {"cluster_name": overview.get("cluster_name"), "node": overview.get("node"), "nodes": nodes}
+    if args.json:
+        return report
+    print(f"Cluster status of node {report['node']} (cluster {report['cluster_name']})")
+    print(render_table(nodes, ("name", "running", "type", "uptime")))
+    return None
+
+
+def _done(args: argparse.Namespace, result: Any, message: str) -> Any:
+    if args.json:
+        return result if result is not None else {"ok": True}
+    print(message)
+    return None
+
+
+def cmd_add_vhost(client: Client, args: argparse.Namespace) -> Any:
+    client.call("PUT", f"/api/vhosts/{q(args.name)}", {})
+    return _done(args, None, f"Added vhost {args.name!r}")
+
+
+def cmd_add_user(client: Client, args: argparse.Namespace) -> Any:
+    tags = [t for t in args.tags.split(",") if t] if args.tags else []
+    client.call("PUT", f"/api/users/{q(args.name)}", {"password": args.password, "tags": tags})
+    return _done(args, None, f"Added user {args.name!r}" + (f" with tags {','.join(tags)}" if tags else ""))
+
+
+def cmd_set_permissions(client: Client, args: argparse.Namespace) -> Any:
+    body = {"configure": args.configure, "write": args.write, "read": args.read}
+    client.call("PUT", f"/api/permissions/{q(args.vhost or '/')}/{q(args.user)}", body)
+    return _done(args, None, f"Set permissions for user {args.user!r} in vhost {args.vhost or '/'!r}")
+
+
+def cmd_set_policy(client: Client, args: argparse.Namespace) -> Any:
+    try:
+        definition = json.loads(args.definition)
+    except ValueError as exc:
+        raise CtlError(f"the policy definition is not JSON: {exc}", EXIT_USAGE) from None
+    body = {"pattern": args.pattern, "definition": definition, "priority": args.priority, "apply-to": args.apply_to}
+    client.call("PUT", f"/api/policies/{q(args.vhost or '/')}/{q(args.name)}", body)
+    return _done(args, None, f"Set policy {args.name!r} in vhost {args.vhost or '/'!r}")
+
+
+def cmd_clear_policy(client: Client, args: argparse.Namespace) -> Any:
+    client.call("DELETE", f"/api/policies/{q(args.vhost or '/')}/{q(args.name)}")
+    return _done(args, None, f"Cleared policy {args.name!r} in vhost {args.vhost or '/'!r}")
+
+
+CLUSTER_ARGS: dict[str, tuple[str, ...]] = {
+    "join_cluster": ("node",), "leave_cluster": (), "forget_cluster_node": ("node",),
+    "add_member": ("vhost", "queue", "node"), "delete_member": ("vhost", "queue", "node"),
+    "grow": ("node", "strategy", "vhost_pattern", "queue_pattern"), "shrink": ("node",),
+    "rebalance": ("type", "vhost_pattern", "queue_pattern"),
+}
+
+
+def cmd_cluster(client: Client, args: argparse.Namespace) -> Any:
+    body = {name: getattr(args, name) for name in CLUSTER_ARGS[args.command] if getattr(args, name, None) is not None}
+    if "vhost" in CLUSTER_ARGS[args.command]:
+        body["vhost"] = args.vhost or "/"
+    result = client.call("POST", f"/api/raftmq/{args.command}", body)
+    if args.json:
+        return result
+    if isinstance(result, dict) and isinstance(result.get("rows"), list) and result["rows"]:
+        print(render_table(result["rows"], tuple(result["rows"][0])))
+    else:
+        print(f"{args.command}: done" + (f" ({cell(result)})" if result else ""))
+    return None
+
+
+# --- argument parsing -----------------------------------------------------------------------------------------
+
+
+def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    env = os.environ
+    parser.add_argument("--node", "-n", dest="server", default=default(env.get("RAFTMQ_CTL_NODE", DEFAULT_NODE)),
+                        help="management API host:port (default 127.0.0.1:15672)")
+    parser.add_argument("--user", "-u", dest="ctl_user", default=default(env.get("RAFTMQ_CTL_USER", "guest")))
+    parser.add_argument("--password", dest="ctl_password", default=default(env.get("RAFTMQ_CTL_PASSWORD", "guest")))
+    parser.add_argument("--json", action="store_true", default=default(False), help="print JSON")
+    parser.add_argument("--timeout", type=float, default=default(30.0), help="seconds per request")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raftmq ctl", description="manage a raftmq node or cluster")
+    _common(parser, suppress=False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
+    handlers: dict[str, Callable[[Client, argparse.Namespace], Any]] = {}
+
+    def add(name: str, handler: Callable[[Client, argparse.Namespace], Any], help_text: str,
+            vhost: bool = False) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text)
+        _common(p, suppress=True)
+        if vhost:
+            p.add_argument("-p", "--vhost", default=None, help="virtual host (default: all, or / for changes)")
+        handlers[name] = handler
+        return p
+
+    add("cluster_status", cmd_cluster_status, "nodes of the cluster and their state")
+    for name in LIST_COLUMNS:
+        p = add(name, cmd_list, f"{name.replace('_', ' ')}", vhost=name in VHOST_SCOPED)
+        p.add_argument("columns", nargs="*", help="columns to show (default: a useful set)")
+    add("add_vhost", cmd_add_vhost, "create a virtual host").add_argument("name")
+    p = add("add_user", cmd_add_user, "create or update a user")
+    p.add_argument("name")
+    p.add_argument("password")
+    p.add_argument("--tags", default="", help="comma-separated tags, e.g. administrator")
+    p = add("set_permissions", cmd_set_permissions, "set a user's permissions in a vhost", vhost=True)
+    for arg in ("user", "configure", "write", "read"):
+        p.add_argument(arg)
+    p = add("set_policy", cmd_set_policy, "set a policy", vhost=True)
+    for arg in ("name", "pattern", "definition"):
+        p.add_argument(arg)
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--apply-to", default="all", choices=("all", "queues", "exchanges", "quorum_queues",
+                                                         "classic_queues"))
+    add("clear_policy", cmd_clear_policy, "remove a policy", vhost=True).add_argument("name")
+    add("join_cluster", cmd_cluster, "make this node join the cluster of NODE").add_argument("node")
+    add("leave_cluster", cmd_cluster, "make this node leave its cluster")
+    add("forget_cluster_node", cmd_cluster, "remove a (stopped) node from the cluster").add_argument("node")
+    for name, what in (("add_member", "add a replica of a quorum queue on NODE"),
+                       ("delete_member", "remove the replica of a quorum queue on NODE")):
+        p = add(name, cmd_cluster, what, vhost=True)
+        p.add_argument("queue")
+        p.add_argument("node")
+    p = add("grow", cmd_cluster, "add NODE as a member of quorum queues (strategy all or even)")
+    p.add_argument("node")
+    p.add_argument("strategy", choices=("all", "even"))
+    p.add_argument("--vhost-pattern", dest="vhost_pattern", default=None)
+    p.add_argument("--queue-pattern", dest="queue_pattern", default=None)
+    add("shrink", cmd_cluster, "remove NODE from every quorum queue's members").add_argument("node")
+    p = add("rebalance", cmd_cluster, "spread quorum queue leaders evenly over the nodes")
+    p.add_argument("type", nargs="?", default=None, choices=("all", "quorum", "classic"))
+    p.add_argument("--vhost-pattern", dest="vhost_pattern", default=None)
+    p.add_argument("--queue-pattern", dest="queue_pattern", default=None)
+    parser.set_defaults(handlers=handlers)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return EXIT_OK if exc.code in (0, None) else EXIT_USAGE
+    client = Client(args.server, args.ctl_user, args.ctl_password, args.timeout)
+    try:
+        result = args.handlers[args.command](client, args)
+    except CtlError as err:
+        print(f"Error: {err.message}", file=sys.stderr)
+        return err.exit_code
+    if result is not None:
+        print(json.dumps(result, indent=2))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,110 @@
+"""deploy/runner.py without starting nodes: the port plan, the secret, the per-node cluster config and `status`."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import trio
+
+from deploy import runner
+from deploy import topology as topo
+from node.runtime import config as node_config
+from tests.broker.harness import Client
+from tests.management.helpers import served_broker
+
+
+def test_node_ports_never_collide_across_nodes() -> None:
+    plan = runner.plan_nodes(7, 5672, False, 5672)
+    assert [(name, port) for name, _, port in plan] == [(f"rmq{i}", 5672 + i) for i in range(1, 8)]
+    ports = [p for _, _, amqp in plan for p in (amqp, *topo.derived_ports(amqp).values())]
+    assert len(ports) == len(set(ports))
+    distinct = runner.plan_nodes(3, 5672, True, 5672)
+    assert [(host, port) for _, host, port in distinct] == [(f"127.0.1.{i}", 5672) for i in (1, 2, 3)]
+    with pytest.raises(SystemExit):
+        runner.plan_nodes(3, 50000, False, 5672)  # metadata ports would pass 65535
+    with pytest.raises(SystemExit):
+        runner.plan_nodes(0, 5672, False, 5672)
+
+
+def test_derived_port_offsets_match_the_node_defaults() -> None:
+    offsets = {name: getattr(node_config, f"{name.upper()}_PORT_OFFSET", None) for name in topo.PORT_OFFSETS}
+    if None in offsets.values():
+        pytest.skip("node/runtime/config.py does not define the port offsets yet")
+    assert offsets == topo.PORT_OFFSETS
+
+
+def test_secret_is_generated_private_and_reused(tmp_path: Path) -> None:
+    secret = runner.cluster_secret(tmp_path)
+    path = tmp_path / runner.SECRET_FILE_NAME
+    assert len(secret) >= 32 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert runner.cluster_secret(tmp_path) == secret
+    os.chmod(path, 0o644)
+    assert runner.cluster_secret(tmp_path) == secret and stat.S_IMODE(path.stat().st_mode) == 0o600
+    path.write_text("short\n")
+    with pytest.raises(SystemExit):
+        runner.cluster_secret(tmp_path)
+
+
+def test_cluster_config_names_every_node_and_reaches_the_node_command(tmp_path: Path) -> None:
+    plan = runner.plan_nodes(3, 6000, False, 5672)
+    runner.write_node_configs(tmp_path, plan, cluster=True)
+    cfg = runner.node_config_path("rmq2", str(tmp_path / "rmq2"))
+    assert stat.S_IMODE(cfg.stat().st_mode) == 0o600
+    secret = (tmp_path / runner.SECRET_FILE_NAME).read_text().strip()
+    if runner.cluster_mode_supported():  # the node's own reader accepts the file
+        values = node_config.values_from_toml(cfg)
+        assert values["cluster_nodes"] == ("rmq1=127.0.0.1:6001", "rmq2=127.0.0.1:6002", "rmq3=127.0.0.1:6003")
+        assert values["cluster_secret"] == secret
+    command = runner.node_command("rmq2", "127.0.0.1", 6002, str(tmp_path / "rmq2"))
+    assert command[command.index("--config") + 1] == str(cfg)
+    assert secret not in " ".join(command)  # the secret never shows in ps
+    runner.write_node_configs(tmp_path, plan, cluster=False)
+    assert not cfg.exists() and "--config" not in runner.node_command("rmq2", "127.0.0.1", 6002,
+                                                                     str(tmp_path / "rmq2"))
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_status_lists_queues_from_the_first_node_that_answers(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "answers_amqp", lambda host, port, timeout_s=1.0: True)
+    async with served_broker() as s:
+        client = Client(s.broker)
+        client.open()
+        client.declare("qq", durable=True, arguments={"x-queue-type": "quorum"})
+        client.publish("", "qq", b"x")
+        dead = runner.NodeProcess("rmq1", "127.0.0.1", 5673, os.getpid(), str(tmp_path / "rmq1"), "log1",
+                                  _closed_port())
+        live = runner.NodeProcess("rmq2", "127.0.0.1", 5674, os.getpid(), str(tmp_path / "rmq2"), "log2", s.port)
+        state = runner.ClusterState([dead, live], None, None, None, None)
+        (tmp_path / runner.STATE_FILE_NAME).write_text(json.dumps(
+            {"nodes": [vars_of(dead), vars_of(live)], "haproxy_pid": None, "haproxy_port": None,
+             "haproxy_config": None, "haproxy_log": None}))
+        assert runner.load_state(tmp_path) == state
+        report = await trio.to_thread.run_sync(runner.status_report, tmp_path)
+    assert [n["management_port"] for n in report["nodes"]] == [dead.management_port, s.port]  # type: ignore[index]
+    assert report["queues"] == [{"name": "qq", "vhost": "/", "type": "quorum", "leader": "rabbit@test",
+                                 "members": ["rabbit@test"], "messages_ready": 1, "messages_unacknowledged": 0}]
+
+
+def vars_of(node: runner.NodeProcess) -> dict[str, object]:
+    return {f: getattr(node, f) for f in node.__dataclass_fields__}
+
+
+def test_status_of_an_old_cluster_json_derives_the_management_port(tmp_path: Path) -> None:
+    old = {"nodes": [{"name": "rmq1", "host": "127.0.0.1", "port": 5673, "pid": 0, "data_dir": "d", "log": "l"}],
+           "haproxy_pid": None, "haproxy_port": None, "haproxy_config": None, "haproxy_log": None}
+    (tmp_path / runner.STATE_FILE_NAME).write_text(json.dumps(old))
+    report = runner.status_report(tmp_path)
+    assert report["nodes"][0]["management_port"] == 15673  # type: ignore[index]
+    assert report["nodes"][0]["state"] == "stopped" and report["queues"] == []  # type: ignore[index]
