@@ -59,6 +59,8 @@ def test_cluster_config_names_every_node_and_reaches_the_node_command(tmp_path: 
         values = node_config.values_from_toml(cfg)
         assert values["cluster_nodes"] == ("rmq1=127.0.0.1:6001", "rmq2=127.0.0.1:6002", "rmq3=127.0.0.1:6003")
         assert values["cluster_secret"] == secret
+        loaded, _ = node_config.load(["--config", str(cfg), "--node-name", "rmq2", "--port", "6002"], environ={})
+        assert loaded.cluster_nodes == values["cluster_nodes"]  # and it passes the node's cluster validation
     command = runner.node_command("rmq2", "127.0.0.1", 6002, str(tmp_path / "rmq2"))
     assert command[command.index("--config") + 1] == str(cfg)
     assert secret not in " ".join(command)  # the secret never shows in ps
