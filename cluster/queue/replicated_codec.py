@@ -116,7 +116,7 @@ def _decode_id(value: Any, depth: int) -> Hashable:
     if value is None or isinstance(value, str | bytes):
         return value
     if isinstance(value, list) and depth < ID_DEPTH_MAX:
-        return tuple(_decode_id(item, depth + 1) for item in value)
+        return tuple([_decode_id(item, depth + 1) for item in value])
     raise ProposalDecodeError(f"bad id {value!r:.80}")
 
 

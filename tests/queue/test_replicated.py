@@ -539,3 +539,13 @@ def test_restore_rejects_bad_dedup_tables(origins: list[Any]) -> None:
     state["origins"] = origins
     with pytest.raises(SnapshotDecodeError):
         ReplicatedQueue.restore(cbor2.dumps(state), identity)
+
+
+def test_window_lookup_ignores_byte_matches_across_two_ids() -> None:
+    replica = ReplicatedQueue("q")
+    replica.apply(Proposal("a", 2**56, Purge()))
+    replica.apply(Proposal("a", 1, Purge()))
+    # little endian, the bytes of 2**56 then 1 contain those of 257 at an unaligned offset
+    assert not replica.seen("a", 257)
+    assert replica.seen("a", 1) and replica.seen("a", 2**56)
+    assert replica.apply(Proposal("a", 257, Purge())) == []
