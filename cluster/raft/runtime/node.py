@@ -7,7 +7,7 @@ membership change or leadership transfer goes to the local leader core, is forwa
 `Forward` frame, or is held up to `forward_hold_ms` while no leader is known) and runs the Ready cycle: write every
 group's records, `commit()` them in a worker thread (one fsync for all groups), send the batches, apply committed
 entries (the `on_apply` callback), `advance`. After the cycles it reports groups whose known leader changed to
-`on_leader_change` (groups the cycles touched, and every group on a tick). Replication telemetry (telemetry.py)
+`on_leader_change` (the groups stepped or touched by the cycles, and every group each `LEADER_SCAN_TICKS` ticks). Replication telemetry (telemetry.py)
 is written after each fsync and sampled on the timer. Inbound batches, commands and group changes wait in bounded
 queues (beyond the bound, batches are dropped, commands refused and group changes raise `OverflowError`).
 
@@ -44,6 +44,7 @@ from cluster.raft.runtime.transport import Transport
 INBOX_BATCHES_MAX = 4096
 PROPOSALS_QUEUED_MAX = 65536  # commands waiting to be routed or held (all groups)
 GROUP_CHANGES_QUEUED_MAX = 65536
+LEADER_SCAN_TICKS = 10  # every group's known leader is compared this often (others: when touched)
 
 
 class SnapshotHost(Protocol):
@@ -230,7 +231,8 @@ class RaftNodeRuntime:
             raise KeyError(group)
         core = self.multi.groups[group]
         status: dict[str, Any] = {
-            "group": group, "term": core.term, "role": core.role.value, "leader": core.lead,
+            "group": group, "term": core.term, "leader": core.lead,
+            "role": "learner" if self.node_id in core.membership.learners else core.role.value,
             "voters": sorted(core.membership.voters), "learners": sorted(core.membership.learners),
             "commit": core.log.committed, "applied": core.log.applied, "last_index": core.log.last_index(),
         }
@@ -285,6 +287,7 @@ class RaftNodeRuntime:
             self._wake.set()
 
     _tick_due = False
+    _ticks = 0
 
     async def _loop(self, multi: MultiRaft, storage: RaftStorage) -> None:
         while True:
@@ -298,15 +301,20 @@ class RaftNodeRuntime:
                     self.telemetry.sample(multi.groups)
             if self._group_changes:
                 await self._apply_group_changes(multi, storage)
+            touched: set[GroupId] = set()
             while self._inbox:
-                multi.step(self._inbox.popleft())
+                batch = self._inbox.popleft()
+                multi.step(batch)
+                touched.update(group for group, _ in batch.messages)
             self._route(multi, retry_held=ticked or self._recheck_held)
-            touched: list[GroupId] = []
             for _ in range(4):  # a few cycles: advancing can produce more (commit notices)
                 if not multi.has_ready():
                     break
-                touched += await self._cycle(multi, storage)
-            if self._notice_leaders(multi, list(multi.groups) if ticked else touched):
+                touched.update(await self._cycle(multi, storage))
+            if ticked:
+                self._ticks += 1
+            full_scan = ticked and self._ticks % LEADER_SCAN_TICKS == 0  # catches changes that send nothing
+            if self._notice_leaders(multi, sorted(multi.groups) if full_scan else sorted(touched)):
                 self._recheck_held = True
                 if self.router.held_count:
                     self._wake.set()  # held commands may have a leader to go to now
