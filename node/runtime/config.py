@@ -142,7 +142,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("test_fsync_delay_ms", "int",
             "Testing only: a slow disk; each commit writes its batch, waits this long, then fsyncs (0 = off)."),
     Setting("cluster_nodes", "list",
-            "Cluster mode: every node as name=host:amqp_port, this node included (comma-separated). Empty = single node."),
+            "Cluster mode: every node as name=host:amqp_port[:raft_port[:metadata_port]], this node included "
+            "(comma-separated). Empty = single node."),
     Setting("cluster_secret", "str", "Cluster mode: shared secret (>= 16 bytes) authenticating Raft and metadata peers."),
     Setting("raft_port", "int", "Queue Raft port, the same on every node. 0 = each node's AMQP port + 20000."),
     Setting("metadata_port", "int", "Metadata Raft port, the same on every node. 0 = each node's AMQP port + 21000."),
@@ -348,25 +349,34 @@ def _derived_port(explicit: int, amqp_port: int, offset: int, what: str) -> int:
     return port
 
 
-def _parse_member(entry: str, config: NodeConfig) -> ClusterMember:
-    name, sep, address = entry.partition("=")
-    host, colon, port_text = address.rpartition(":")
-    if not sep or not colon or not name.strip() or not host.strip():
-        raise ConfigError(f"cluster_nodes: {entry!r} is not name=host:amqp_port")
+def _port(text: str, entry: str) -> int:
     try:
-        amqp_port = int(port_text)
+        port = int(text)
     except ValueError:
-        raise ConfigError(f"cluster_nodes: {entry!r}: bad port {port_text!r}") from None
-    if not 0 < amqp_port <= 65535:
+        raise ConfigError(f"cluster_nodes: {entry!r}: bad port {text!r}") from None
+    if not 0 < port <= 65535:
         raise ConfigError(f"cluster_nodes: {entry!r}: port must be 1..65535")
-    host = host.strip().strip("[]")
-    management = config.management_port if name.strip() == config.node_name else 0
-    return ClusterMember(
-        name.strip(), host, amqp_port,
-        _derived_port(config.raft_port, amqp_port, RAFT_PORT_OFFSET, "raft"),
-        _derived_port(config.metadata_port, amqp_port, METADATA_PORT_OFFSET, "metadata"),
-        _derived_port(management, amqp_port, MANAGEMENT_PORT_OFFSET, "management"),
-    )
+    return port
+
+
+def _parse_member(entry: str, config: NodeConfig) -> ClusterMember:
+    """`name=host:amqp_port`, optionally followed by `:raft_port` and `:metadata_port` (then those win)."""
+    name, sep, address = entry.partition("=")
+    name, address = name.strip(), address.strip()
+    if address.startswith("["):  # [IPv6]:ports
+        host, _, ports_text = address[1:].partition("]:")
+    else:
+        host, _, ports_text = address.partition(":")
+    ports = [_port(p, entry) for p in ports_text.split(":")] if ports_text else []
+    if not sep or not name or not host or not 1 <= len(ports) <= 3:
+        raise ConfigError(f"cluster_nodes: {entry!r} is not name=host:amqp_port[:raft_port[:metadata_port]]")
+    amqp_port = ports[0]
+    raft = ports[1] if len(ports) > 1 else _derived_port(config.raft_port, amqp_port, RAFT_PORT_OFFSET, "raft")
+    metadata = ports[2] if len(ports) > 2 else _derived_port(config.metadata_port, amqp_port,
+                                                             METADATA_PORT_OFFSET, "metadata")
+    management = config.management_port if name == config.node_name else 0
+    return ClusterMember(name, host, amqp_port, raft, metadata,
+                         _derived_port(management, amqp_port, MANAGEMENT_PORT_OFFSET, "management"))
 
 
 def cluster_layout(config: NodeConfig) -> ClusterLayout:

@@ -8,6 +8,7 @@ Exit codes: 0 after a graceful shutdown, 2 for a configuration error, 1 if the n
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -18,17 +19,22 @@ from node.runtime.config import ConfigError, NodeConfig, describe, load
 log = logging.getLogger("raftmq.node")
 
 
-def build_broker(config: NodeConfig) -> Any:
-    """The pure broker, configured from the node config; bootstrap users are (re)created at every start."""
+def build_broker(config: NodeConfig, boot_id: int = 0) -> Any:
+    """The pure broker, configured from the node config; bootstrap users are (re)created at every start.
+    `boot_id` > 0: cluster mode (a replicated broker named after the node)."""
     from node.broker.auth import Permission
     from node.broker.broker import Broker, BrokerConfig  # the broker layer, imported when the node starts
 
+    cluster: dict[str, Any] = {}
+    if boot_id:
+        cluster = {"node_name": config.node_name, "boot_id": boot_id, "replicated": True}
     broker = Broker(BrokerConfig(
         default_vhost=config.default_vhost,
         default_user=config.default_user,
         default_pass=config.default_pass,
         loopback_users=frozenset(config.loopback_users),
         rng=os.urandom,
+        **cluster,
     ))  # the message size limit is enforced by the protocol layer (ConnectionLimits.max_message_size)
     for user in config.extra_users:
         broker.add_vhost(user.vhost)
@@ -69,6 +75,51 @@ async def _serve(config: NodeConfig) -> None:
         log.info("data dir %s; %d records recovered", data_dir, len(records))
 
 
+async def _serve_cluster(config: NodeConfig) -> None:
+    """Cluster mode (docs/cluster.md): metadata store, definitions mirrored, Raft groups, then the AMQP listener."""
+    import time
+
+    import trio
+
+    from node.runtime.cluster import ClusterRuntime, bootstrap_records
+    from node.runtime.config import cluster_layout
+    from node.runtime.probes import ResourceProbe
+    from node.runtime.server import Node, run_node
+
+    layout = cluster_layout(config)
+    config = dataclasses.replace(config, port=layout.me.amqp_port)
+    boot_id = int(time.time() * 1000)
+    broker = build_broker(config, boot_id)
+    cluster = ClusterRuntime(config, layout, broker, boot_id)
+    data_dir = config.resolved_data_dir()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    node = Node(config, broker, cluster, ResourceProbe(config, data_dir))
+    cluster.attach(node)
+    await cluster.start(bootstrap_records(config))  # a wrong secret or version raises here, before any change
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cluster.run)
+        async with trio.open_nursery() as server:
+            ports = await server.start(run_node, node)
+            print(f"raftmq node {config.node_name} listening on port {ports[0]}", file=sys.stderr, flush=True)
+            log.info("cluster node %s (boot %d); data dir %s; %d queues", config.node_name, boot_id, data_dir,
+                     len(cluster.group_queues))
+        nursery.cancel_scope.cancel()
+
+
+def _cluster_refusal(exc: BaseException) -> BaseException | None:
+    """The metadata join error inside `exc` (possibly an exception group), if that is why the node stopped."""
+    from cluster.metadata.store import ClusterSecretError, MetadataError
+
+    if isinstance(exc, ClusterSecretError | MetadataError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _cluster_refusal(inner)
+            if found is not None:
+                return found
+    return None
+
+
 def main(argv: list[str]) -> int:
     try:
         config, namespace = load(argv)
@@ -86,9 +137,15 @@ def main(argv: list[str]) -> int:
     import trio
 
     try:
-        trio.run(_serve, config)
+        trio.run(_serve_cluster if config.clustered else _serve, config)
     except OSError as exc:
         print(f"raftmq node: cannot start: {exc}", file=sys.stderr)
         return 1
+    except BaseException as exc:
+        refusal = _cluster_refusal(exc)
+        if refusal is None:
+            raise
+        print(f"raftmq node: cannot join the cluster: {type(refusal).__name__}: {refusal}", file=sys.stderr)
+        return 2
     log.info("node %s stopped", config.node_name)
     return 0

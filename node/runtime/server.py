@@ -102,7 +102,7 @@ def _peer_host(stream: trio.SocketStream) -> str:
 class Node:
     """One broker node: owns the broker, the store and every live connection."""
 
-    def __init__(self, config: NodeConfig, broker: Any, store: Store, probe: ResourceProbe) -> None:
+    def __init__(self, config: NodeConfig, broker: Any, store: Store | Any, probe: ResourceProbe) -> None:
         self.config = config
         self.broker = broker
         self.store = store
@@ -115,6 +115,8 @@ class Node:
             handshake_timeout_ms=config.handshake_timeout_ms,
         )
         self.connections: dict[int, Connection] = {}
+        # Effects that are neither Persist nor for a connection (cluster mode: ProposeQueue), by exact type.
+        self.effect_sinks: dict[type, Callable[[Any], None]] = {}
         self.next_conn_id = 1
         self.listeners: list[trio.SocketListener] = []
         self.bound_ports: list[int] = []
@@ -190,6 +192,10 @@ class Node:
             cls = type(effect)
             if cls is Persist:
                 self.store.persist(effect.token, effect.records)
+                continue
+            sink = self.effect_sinks.get(cls)
+            if sink is not None:
+                sink(effect)
                 continue
             conn = connections.get(effect.conn_id)
             if conn is None or conn.finished:

@@ -187,3 +187,12 @@ def test_liveness_down_after_silence_and_back_up() -> None:
     assert live.observe({"c"}, 9500) == ([], ["c"])
     assert live.observe(set(), 13999) == ([], [])
     assert live.observe(set(), 14000) == (["b"], [])
+
+
+def test_entries_may_name_raft_and_metadata_ports() -> None:
+    layout = cluster_layout(validate(_config(cluster_nodes=(
+        "a=127.0.0.1:5000:7000:7001", "b=[::1]:5001:7100", "c=127.0.0.1:5002"))))
+    a, b, c = layout.members
+    assert (a.raft_port, a.metadata_port) == (7000, 7001)
+    assert (b.host, b.raft_port, b.metadata_port) == ("::1", 7100, 26001)
+    assert (c.raft_port, c.metadata_port) == (25002, 26002)

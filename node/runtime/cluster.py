@@ -1,0 +1,379 @@
+"""Cluster mode of `raftmq node`: metadata mirrored into the broker, one Raft group per queue, proposals.
+
+What it is for: with `cluster_nodes` set, the node's `Broker` runs replicated (`BrokerConfig(replicated=True)`):
+it never applies a queue command itself but emits `ProposeQueue` effects, and its definitions come from the
+cluster metadata. `ClusterRuntime` is the glue (docs/cluster.md, "node/runtime, cluster mode"):
+
+- Metadata (`cluster.metadata.store.MetadataStore`, under <data_dir>/metadata): started first (peers probed with
+  the secret, version checked: a refusal stops the node before anything changed). Its committed state is mirrored
+  into the broker with `Broker.apply_records` (the diff of whole states, `cluster_defs.mirror_records`) and kept
+  mirrored from `store.watch()`. The broker's `Persist` effects (client declares/deletes) become metadata commands
+  (a new queue placed by `cluster.metadata.placement`) applied one Persist at a time, in order, and
+  `on_persisted(token)` releases the client once they committed (or were refused or timed out: logged).
+  `ClusterRuntime` is the `Node`'s store: it has `persist`, `commit_loop` and `flush`.
+- Queues (`cluster.raft.runtime.RaftNodeRuntime`, under <data_dir>/raft): one group per queue, voters = the
+  queue's members, every other cluster node a learner; added after the broker has the queue's definition and
+  removed after it lost it. Committed entries go to `Broker.apply_committed`; leader changes to
+  `Broker.set_queue_leader`; snapshots to `queue_snapshot`/`queue_restore`.
+- Proposals: a `ProposeQueue` becomes `Broker.encode_proposal(node, id, ...)` proposed through Raft and tracked
+  (`cluster_tracking.ProposalTracker`) until this node's replica applied it; a group's proposals are sent again
+  every `RETRY_MS` and at once when its leader changes; after `proposal_timeout_ms` the broker is told
+  (`proposal_abandoned`: a waiting publish is nacked).
+- Liveness: a peer without a Raft connection for `node_down_after_ms` is reported to the broker
+  (`Broker.node_down`); the metadata leader records it (`SetNodeState`) and deletes the exclusive queues it owned.
+
+Everything runs on the trio thread; effects go through `Node.dispatch` (or `Node.apply_effects` when called from
+inside a dispatch), exactly as the single-node path does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+import trio
+
+from cluster.metadata import model as md
+from cluster.metadata.store import MetadataError, MetadataStore, MetadataTimeout, StoreConfig
+from cluster.queue.replicated_codec import peek_proposal, queue_group_id
+from cluster.raft.core.types import Entry, EntryKind, GroupId, Membership, NodeId
+from cluster.raft.runtime.node import RaftNodeRuntime
+from node.broker import records as br
+from node.broker.auth import hash_password
+from node.runtime.cluster_defs import client_local_placement, commands_for, mirror_records, missing_bootstrap
+from node.runtime.cluster_tracking import PROPOSAL_IDS_PER_BOOT, PeerLiveness, Pending, ProposalTracker
+from node.runtime.config import ClusterLayout, NodeConfig
+
+log = logging.getLogger("raftmq.cluster")
+
+RETRY_MS = 500  # a group's unapplied proposals are sent again this often (the leader may have changed)
+RETRY_POLL_S = 0.1
+LIVENESS_POLL_S = 0.25
+PERSIST_QUEUED_MAX = 10_000  # Persist effects waiting for the metadata group; beyond: released with an error
+DEFINITION_TIMEOUT_S = 30.0  # one definition command's total retry time before it is given up (logged)
+FLUSH_TIMEOUT_S = 5.0
+EXCLUSIVE_OWNER_SEPARATORS = ("/", ":", "#", "@")
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ClusterRuntime:
+    """The cluster layer of one node; create it, `attach(node)`, `await start()`, then run `run` in a nursery."""
+
+    def __init__(self, config: NodeConfig, layout: ClusterLayout, broker: Any, boot_id: int) -> None:
+        self.config = config
+        self.layout = layout
+        self.broker = broker
+        self.name = layout.self_name
+        self.boot_id = boot_id
+        self.data_dir = config.resolved_data_dir()
+        self.node: Any = None
+        self.store: MetadataStore | None = None
+        self.raft: RaftNodeRuntime | None = None
+        self.mirrored = md.MetadataState()
+        self.group_queues: dict[GroupId, tuple[str, str]] = {}
+        self.tracker = ProposalTracker(first_id=boot_id * PROPOSAL_IDS_PER_BOOT, retry_ms=RETRY_MS,
+                                       timeout_ms=config.proposal_timeout_ms)
+        self.place = client_local_placement(self.name, config.quorum_initial_group_size)
+        self._persists: deque[tuple[int, tuple[Any, ...]]] = deque()
+        self._persist_wake = trio.Event()
+        self._persist_idle = trio.Event()
+        self._persist_idle.set()
+        self._metadata_tasks: trio.Nursery | None = None
+        self.liveness = PeerLiveness(tuple(m.name for m in layout.peers), config.node_down_after_ms, wall_ms())
+        self.stats = {"proposed": 0, "resent": 0, "abandoned": 0, "applied": 0, "definitions": 0}
+
+    def attach(self, node: Any) -> None:
+        """The `Node` whose dispatch carries out effects; `ProposeQueue` effects are routed here."""
+        self.node = node
+        from node.broker.effects import ProposeQueue
+        node.effect_sinks[ProposeQueue] = self._on_propose
+
+    # ------------------------------------------------------------------------------------------ start-up
+
+    async def start(self, bootstrap: Iterable[Any] = ()) -> None:
+        """Join the metadata group (raises ClusterSecretError / IncompatibleVersionError / MetadataError: the
+        node must stop), mirror the definitions, add our bootstrap definitions the cluster lacks, and declare a
+        Raft group per known queue. The Raft runtime itself starts in `run`."""
+        me = self.layout.me
+        store = self.store = MetadataStore(StoreConfig(
+            node_name=self.name, address=f"{me.host}:{me.metadata_port}",
+            peers=tuple(f"{p.host}:{p.metadata_port}" for p in self.layout.peers),
+            secret=self.layout.secret, data_dir=self.data_dir / "metadata"))
+        await store.start()
+        for rec in missing_bootstrap(list(bootstrap), store.state):
+            for command in commands_for([rec], store.state, self.place):
+                await self._apply_definition(command)
+        self._mirror(store.state)
+        peers = {NodeId(p.name): (p.host, p.raft_port) for p in self.layout.peers}
+        self.raft = RaftNodeRuntime(
+            NodeId(self.name), self.data_dir / "raft", (me.host, me.raft_port), peers,
+            self.layout.secret.encode(), self._on_apply, snapshots=self, on_leader_change=self._on_leader_change)
+        self._sync_groups(self.mirrored)
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The Raft runtime, the metadata watcher, the proposal retry timer and the liveness watch."""
+        assert self.raft is not None and self.store is not None
+        try:
+            async with trio.open_nursery() as nursery:
+                self._metadata_tasks = nursery
+                await nursery.start(self.raft.run)
+                nursery.start_soon(self._watch_metadata)
+                nursery.start_soon(self._retry_timer)
+                nursery.start_soon(self._liveness_watch)
+                task_status.started()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    # ------------------------------------------------------------------------------------------ dispatch
+
+    def _dispatch(self, effects: Iterable[Any]) -> None:
+        """Effects from a timer or callback (not from inside a dispatch); a failure never kills the caller."""
+        try:
+            self.node.dispatch(effects)
+        except Exception:
+            log.exception("cluster: carrying out effects failed")
+            self.node._clear_dirty()
+
+    # ------------------------------------------------------------------------------------------ metadata
+
+    def _mirror(self, state: md.MetadataState) -> None:
+        """Bring the broker's definitions (and the Raft groups) to `state`: definitions first, so a queue is
+        known to the broker before its group applies anything, and forgotten by it before its group goes."""
+        records = mirror_records(self.mirrored, state)
+        if records:
+            self._dispatch(self.broker.apply_records(records))
+        self.mirrored = state
+        if self.raft is not None:
+            self._sync_groups(state)
+
+    def _membership(self, queue: md.QueueRecord) -> Membership:
+        names = set(self.layout.names)
+        voters = frozenset(NodeId(m) for m in queue.members if m in names) or frozenset({NodeId(queue.leader)})
+        learners = frozenset(NodeId(n) for n in names if n not in voters)
+        return Membership(voters, learners)
+
+    def _sync_groups(self, state: md.MetadataState) -> None:
+        assert self.raft is not None
+        wanted = {GroupId(queue_group_id(vhost, name)): q for (vhost, name), q in state.queues.items()}
+        for group, queue in wanted.items():
+            if group not in self.group_queues:
+                self.group_queues[group] = (queue.vhost, queue.name)
+                self.raft.add_group(group, self._membership(queue))
+                self._send_group(group, wall_ms())
+        for group in [g for g in self.group_queues if g not in wanted]:
+            del self.group_queues[group]
+            self.raft.remove_group(group)
+            for pending in self.tracker.drop_group(group):
+                self._abandon(pending)
+
+    async def _watch_metadata(self) -> None:
+        assert self.store is not None
+        while True:
+            state, changes = self.store.watch()
+            self._mirror(state)
+            async with changes:
+                async for _ in changes:
+                    self._mirror(self.store.state)
+            log.warning("cluster: metadata watch fell behind; re-reading the whole state")
+
+    # -------------------------------------------------------------------- definitions (the Node's store)
+
+    def persist(self, token: int, records: Iterable[Any]) -> None:
+        """A broker `Persist`: its definition records go to the metadata group, in order, then on_persisted."""
+        if len(self._persists) >= PERSIST_QUEUED_MAX:
+            log.error("cluster: %d definition changes waiting; releasing token %d unreplicated", PERSIST_QUEUED_MAX,
+                      token)
+            self.node.apply_effects(self.broker.on_persisted(token))
+            return
+        self._persists.append((token, tuple(records)))
+        self._persist_idle = trio.Event()
+        self._persist_wake.set()
+
+    async def commit_loop(self, node: Any) -> None:
+        """Apply the queued Persists one after the other (definition order matters: a queue before its binding)."""
+        while True:
+            await self._persist_wake.wait()
+            self._persist_wake = trio.Event()
+            while self._persists:
+                token, records = self._persists[0]
+                await self._replicate_definitions(records)
+                self._persists.popleft()
+                self._dispatch(self.broker.on_persisted(token))
+            self._persist_idle.set()
+
+    async def flush(self) -> None:
+        with trio.move_on_after(FLUSH_TIMEOUT_S):
+            await self._persist_idle.wait()
+
+    async def _replicate_definitions(self, records: tuple[Any, ...]) -> None:
+        assert self.store is not None
+        for command in commands_for(records, self.store.state, self.place):
+            await self._apply_definition(command)
+
+    async def _apply_definition(self, command: md.Command) -> md.Outcome | None:
+        """Apply one metadata command with a fixed command id (retries are idempotent); bounded in time."""
+        assert self.store is not None
+        command = dataclasses.replace(command, cid=uuid.uuid4().hex)
+        self.stats["definitions"] += 1
+        with trio.move_on_after(DEFINITION_TIMEOUT_S):
+            while True:
+                try:
+                    outcome = await self.store.apply(command, timeout_s=DEFINITION_TIMEOUT_S)
+                except MetadataTimeout:
+                    continue
+                except MetadataError as exc:
+                    log.error("cluster: %s failed: %s", type(command).__name__, exc)
+                    return None
+                if not outcome.ok:
+                    log.warning("cluster: metadata refused %s: %s", type(command).__name__, outcome.refused)
+                return outcome
+        log.error("cluster: %s not committed within %.0f s (no metadata majority?)", type(command).__name__,
+                  DEFINITION_TIMEOUT_S)
+        return None
+
+    # ------------------------------------------------------------------------------------------ Raft host
+
+    def snapshot(self, group: GroupId) -> bytes:
+        key = self.group_queues.get(group)
+        return b"" if key is None else bytes(self.broker.queue_snapshot(*key))
+
+    def restore(self, group: GroupId, data: bytes) -> None:
+        key = self.group_queues.get(group)
+        if key is not None:
+            self._dispatch(self.broker.queue_restore(key[0], key[1], data))
+
+    def _on_apply(self, group: GroupId, entry: Entry) -> None:
+        if entry.kind is not EntryKind.NORMAL or not entry.data:
+            return
+        key = self.group_queues.get(group)
+        if key is None:
+            return
+        try:
+            origin, proposal_id = peek_proposal(entry.data)
+        except ValueError:
+            log.error("cluster: group %s: undecodable entry %d skipped", group, entry.index)
+            return
+        if origin == self.name:
+            self.tracker.applied(proposal_id)
+        self.stats["applied"] += 1
+        try:
+            effects = self.broker.apply_committed(key[0], key[1], entry.data)
+        except Exception:
+            log.exception("cluster: group %s: applying entry %d failed", group, entry.index)
+            return
+        self._dispatch(effects)
+
+    def _on_leader_change(self, group: GroupId, leader: NodeId | None) -> None:
+        key = self.group_queues.get(group)
+        if key is None:
+            return
+        log.info("cluster: queue %s: leader %s", group, leader)
+        self._dispatch(self.broker.set_queue_leader(key[0], key[1], leader == self.name))
+        if leader is not None:
+            self._send_group(group, wall_ms())  # a new leader: what the old one may have dropped, now
+
+    # ------------------------------------------------------------------------------------------ proposals
+
+    def _on_propose(self, effect: Any) -> None:
+        """A `ProposeQueue` effect (called inside a dispatch: effects go through `apply_effects`)."""
+        group = GroupId(queue_group_id(effect.vhost, effect.queue))
+        proposal_id = self.tracker.next_id()
+        data = self.broker.encode_proposal(self.name, proposal_id, effect.vhost, effect.queue, effect.command)
+        pending = Pending(proposal_id, group, effect.vhost, effect.queue, data, wall_ms())
+        if self.tracker.full():
+            log.warning("cluster: %d proposals in flight; refusing one for %s", len(self.tracker), group)
+            self.stats["abandoned"] += 1
+            self.node.apply_effects(self.broker.proposal_abandoned(effect.vhost, effect.queue, data))
+            return
+        self.tracker.add(pending)
+        self.stats["proposed"] += 1
+        if self.raft is not None and group in self.group_queues:
+            pending.sent_ms = pending.first_ms
+            self.raft.propose(group, data)
+
+    def _send_group(self, group: GroupId, now_ms: int) -> None:
+        """(Re)send every unapplied proposal of the group, oldest first."""
+        if self.raft is None or group not in self.group_queues:
+            return
+        for pending in self.tracker.of_group(group):
+            if pending.sent_ms is not None:
+                self.stats["resent"] += 1
+            pending.sent_ms = now_ms
+            self.raft.propose(group, pending.data)
+
+    def _abandon(self, pending: Pending) -> None:
+        self.stats["abandoned"] += 1
+        log.info("cluster: proposal %d for %s/%s not applied in time; abandoned", pending.proposal_id,
+                 pending.vhost, pending.queue)
+        self._dispatch(self.broker.proposal_abandoned(pending.vhost, pending.queue, pending.data))
+
+    async def _retry_timer(self) -> None:
+        while True:
+            await trio.sleep(RETRY_POLL_S)
+            now = wall_ms()
+            for pending in self.tracker.expired(now):
+                self._abandon(pending)
+            for group in self.tracker.groups_due(now):
+                self._send_group(GroupId(group), now)
+
+    # ------------------------------------------------------------------------------------------ liveness
+
+    def _is_metadata_leader(self) -> bool:
+        me = self.layout.me
+        return self.store is not None and self.store.leader() == f"{me.host}:{me.metadata_port}"
+
+    async def _liveness_watch(self) -> None:
+        assert self.raft is not None
+        while True:
+            await trio.sleep(LIVENESS_POLL_S)
+            went_down, came_up = self.liveness.observe(self.raft.connected_peers(), wall_ms())
+            for peer in went_down:
+                log.warning("cluster: node %s unreachable for %d ms: down", peer, self.config.node_down_after_ms)
+                self._dispatch(self.broker.node_down(peer))
+            for peer in came_up:
+                log.info("cluster: node %s is back", peer)
+            if (went_down or came_up) and self._metadata_tasks is not None:
+                self._metadata_tasks.start_soon(self._record_node_states, went_down, came_up)
+
+    async def _record_node_states(self, went_down: list[str], came_up: list[str]) -> None:
+        """On the metadata leader: SetNodeState for each change, and a down node's exclusive queues deleted."""
+        if not self._is_metadata_leader() or self.store is None:
+            return
+        for peer in came_up:
+            await self._apply_definition(md.SetNodeState(peer, "up"))
+        for peer in went_down:
+            await self._apply_definition(md.SetNodeState(peer, "down"))
+            for queue in list(self.store.state.queues.values()):
+                if _owned_by(queue.exclusive_owner, peer):
+                    await self._apply_definition(md.DeleteQueue(queue.vhost, queue.name))
+
+
+def _owned_by(owner: str, node: str) -> bool:
+    """Whether an exclusive owner id names a connection of `node` (ids are "<node><sep>...")."""
+    if not owner:
+        return False
+    return owner == node or any(owner.startswith(node + sep) for sep in EXCLUSIVE_OWNER_SEPARATORS)
+
+
+def bootstrap_records(config: NodeConfig) -> list[Any]:
+    """The configured users (and their vhosts and permissions) as broker records, for the metadata group."""
+    records: list[Any] = [br.VHostRecord(config.default_vhost)]
+    for user in config.all_users():
+        records.append(br.VHostRecord(user.vhost))
+        records.append(br.UserRecord(user.name, hash_password(user.password, os.urandom(4)), tuple(user.tags)))
+        records.append(br.PermissionRecord(user.name, user.vhost, user.configure, user.write, user.read))
+    return records
+

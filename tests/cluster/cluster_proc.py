@@ -1,0 +1,191 @@
+"""Start, kill and restart a cluster of real `raftmq node` processes on loopback for the cluster tests.
+
+Each node is `python -m node.cli node` with its own data directory and log file under the test's tmp dir, the
+cluster secret in the environment (never argv), and ports chosen here: AMQP ports below 11000 whose derived ports
+(+10000 management, +20000 Raft, +21000 metadata) all bind now and stay below Linux's ephemeral range, so a node
+killed and restarted in a test finds its ports free again. `raft_via` lets a test route each node's Raft
+connection to a peer through another port (a fault proxy). `ClusterProcs.stop_all()` kills whatever is left.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SECRET = "cluster-test-secret-0123456789abcdef"
+START_TIMEOUT_S = 60.0
+PORT_LINE = re.compile(rb"listening on port (\d+)")
+LEADER_LINE = re.compile(rb"cluster: queue (\S+): leader (\S+)")
+AMQP_PORT_LOW, AMQP_PORT_HIGH = 3000, 11000
+PORT_OFFSETS = (0, 10_000, 20_000, 21_000)
+
+
+def _binds(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_amqp_ports(n: int, rng: random.Random | None = None) -> list[int]:
+    rng = rng or random.Random()
+    ports: list[int] = []
+    while len(ports) < n:
+        port = rng.randrange(AMQP_PORT_LOW, AMQP_PORT_HIGH)
+        if port not in ports and all(_binds(port + offset) for offset in PORT_OFFSETS):
+            ports.append(port)
+    return ports
+
+
+def free_port() -> int:
+    """A free port below the ephemeral range (for proxies)."""
+    rng = random.Random()
+    while True:
+        port = rng.randrange(12000, 19000)
+        if _binds(port):
+            return port
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@dataclass
+class ClusterNode:
+    name: str
+    port: int
+    workdir: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "node.log"
+
+    @property
+    def raft_port(self) -> int:
+        return self.port + 20_000
+
+    def log_text(self) -> bytes:
+        try:
+            return self.log_path.read_bytes()
+        except OSError:
+            return b""
+
+    def log_tail(self, size_bytes: int = 3000) -> str:
+        return self.log_text()[-size_bytes:].decode(errors="replace")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+@dataclass
+class ClusterProcs:
+    """n nodes named n1..nN; `start_all()` starts them together (the metadata group needs a majority)."""
+
+    root: Path
+    size: int = 3
+    extra: dict[str, str] = field(default_factory=dict)  # more settings, as RAFTMQ_* variables
+    raft_via: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, peer) -> port it dials for peer
+    nodes: list[ClusterNode] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        ports = free_amqp_ports(self.size)
+        self.nodes = [ClusterNode(f"n{i + 1}", port, self.root / f"n{i + 1}") for i, port in enumerate(ports)]
+
+    def node(self, name: str) -> ClusterNode:
+        return next(n for n in self.nodes if n.name == name)
+
+    def cluster_nodes(self, viewer: ClusterNode) -> str:
+        entries = []
+        for n in self.nodes:
+            via = self.raft_via.get((viewer.name, n.name))
+            entries.append(f"{n.name}=127.0.0.1:{n.port}" + (f":{via}" if via else ""))
+        return ",".join(entries)
+
+    def spawn(self, node: ClusterNode) -> None:
+        node.workdir.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
+        env.update({
+            "RAFTMQ_NODE_NAME": node.name,
+            "RAFTMQ_CLUSTER_NODES": self.cluster_nodes(node),
+            "RAFTMQ_CLUSTER_SECRET": SECRET,
+            "RAFTMQ_DATA_DIR": str(node.workdir / "data"),
+            "RAFTMQ_LISTEN_ADDRESS": "127.0.0.1",
+            "RAFTMQ_HEARTBEAT_S": "10",
+            "RAFTMQ_SHUTDOWN_TIMEOUT_MS": "1000",
+            "RAFTMQ_NODE_DOWN_AFTER_MS": "2000",
+            "RAFTMQ_BROKER_TICK_MS": "50",
+        })
+        env.update(self.extra)
+        with node.log_path.open("ab") as log_file:
+            log_file.write(f"---- start {time.time():.3f}\n".encode())
+            node.process = subprocess.Popen([sys.executable, "-m", "node.cli", "node"], cwd=REPO_ROOT, env=env,
+                                            stdout=log_file, stderr=log_file)
+
+    def wait_ready(self, node: ClusterNode, since_bytes: int = 0) -> None:
+        def ready() -> bool:
+            if node.process is None or node.process.poll() is not None:
+                raise AssertionError(f"{node.name} exited:\n{node.log_tail()}")
+            return bool(PORT_LINE.search(node.log_text()[since_bytes:]))
+
+        wait_until(ready, START_TIMEOUT_S, f"{node.name} to listen")
+
+    def start_all(self) -> ClusterProcs:
+        for node in self.nodes:
+            self.spawn(node)
+        for node in self.nodes:
+            self.wait_ready(node)
+        return self
+
+    def kill(self, name: str) -> None:
+        node = self.node(name)
+        if node.process is not None and node.process.poll() is None:
+            node.process.send_signal(signal.SIGKILL)
+            node.process.wait()
+        node.process = None
+
+    def restart(self, name: str) -> None:
+        node = self.node(name)
+        self.kill(name)
+        offset = len(node.log_text())
+        self.spawn(node)
+        self.wait_ready(node, offset)
+
+    def stop_all(self) -> None:
+        for node in self.nodes:
+            if node.process is not None and node.process.poll() is None:
+                node.process.send_signal(signal.SIGKILL)
+                node.process.wait()
+            node.process = None
+
+    def leader_seen_by(self, name: str, queue_group: str) -> str | None:
+        """The last leader `name` logged for the queue group ("q/<vhost>/<queue>" as in docs/cluster.md)."""
+        found = [m for m in LEADER_LINE.findall(self.node(name).log_text()) if m[0].decode() == queue_group]
+        if not found:
+            return None
+        leader = found[-1][1].decode()
+        return None if leader == "None" else leader
+
+    def agreed_leader(self, names: Iterable[str], queue_group: str) -> str | None:
+        seen = {self.leader_seen_by(n, queue_group) for n in names}
+        return seen.pop() if len(seen) == 1 else None
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {n.name}\n{n.log_tail(6000)}" for n in self.nodes)
