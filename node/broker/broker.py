@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.amqp.auth import parse_sasl_response
-from node.broker import definitions, delivery, publish
+from node.broker import definitions, delivery, mirror, publish, replica
 from node.broker.auth import Permission, UserStore
 from node.broker.channel import ChannelState, ConnState, Consumer
 from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Persist, Send, Unblock
@@ -60,6 +60,9 @@ class BrokerConfig:
     consumer_credit_window: int = 256  # deliveries a consumer may be handed ahead of the runtime's writes
     tx_messages_max: int = 65536
     dead_letter_hops_max: int = 10000  # per entry point; bounds dead-letter cascades
+    node_name: str = ""  # replicated mode: this node's name (ids of consumers, getters and publishers)
+    boot_id: int = 0  # replicated mode: different at every start of the node
+    replicated: bool = False  # every queue a replica: commands go out as ProposeQueue (docs/cluster.md)
 
 
 def alarm_reason(kind: str) -> str:
@@ -88,8 +91,8 @@ class Broker:
         self.users = UserStore(loopback_users=self.config.loopback_users)
         self.vhosts: dict[str, VHost[QueueState]] = {}
         self.conns: dict[int, ConnState] = {}
-        self.consumers: dict[int, Consumer] = {}
-        self.getters: dict[int, ChannelState] = {}
+        self.consumers: dict[Hashable, Consumer] = {}
+        self.getters: dict[Hashable, ChannelState] = {}
         self.reply_tokens: dict[str, ChannelState] = {}
         self.persist_waiters: dict[int, list[tuple[ChannelState, int]]] = {}
         self.dirty: dict[tuple[int, int], ChannelState] = {}
@@ -102,6 +105,18 @@ class Broker:
         self.now_ms = 0
         self._next_consumer_id = 1
         self._next_token = 1
+        self.replicated = self.config.replicated
+        self.handlers = _HANDLERS
+        self.publish_route: Callable[..., list[int]] = publish.route_publish
+        self.publishers: dict[Hashable, ChannelState] = {}  # replicated: publisher id -> its channel
+        self.detaching: dict[Hashable, None] = {}  # replicated: local consumer ids whose Detach is proposed
+        self.down_consumers: dict[Hashable, None] = {}  # replicated: ids of down nodes, to detach when leader
+        self.leading: set[tuple[str, str]] = set()  # replicated: (vhost, queue) whose local replica leads
+        self.pending_gets: dict[Hashable, tuple[ChannelState, QueueState]] = {}  # replicated: getter id -> waiter
+        self.confirm_batch: dict[int, tuple[ChannelState, list[int], list[int]]] = {}  # replicated: acks, nacks
+        if self.replicated:
+            self.handlers = {**_HANDLERS, **replica.HANDLERS}
+            self.publish_route = replica.route_publish
         self._bootstrap()
 
     # --- set-up and administration ---------------------------------------------------------------------------
@@ -206,7 +221,10 @@ class Broker:
 
     def tick(self, now_ms: int) -> list[Effect]:
         self.now_ms = max(self.now_ms, now_ms)
-        definitions.expire_queues(self, self.now_ms)
+        if self.replicated:
+            replica.tick(self)
+        else:
+            definitions.expire_queues(self, self.now_ms)
         for conn in self.conns.values():
             for ch in conn.channels.values():
                 self.dirty[(conn.conn_id, ch.number)] = ch
@@ -214,6 +232,8 @@ class Broker:
 
     def next_deadline_ms(self) -> int | None:
         """The earliest time `tick` has work to do (message TTL or x-expires), if any."""
+        if self.replicated:
+            return replica.next_deadline_ms(self)
         best: int | None = None
         for vhost in self.vhosts.values():
             for queue in vhost.queues.values():
@@ -285,12 +305,68 @@ class Broker:
         self.out.clear()
         return []
 
+    # --- replicated mode (docs/cluster.md, "node/broker, replicated mode"; the logic is in `replica`) -------
+
+    def encode_proposal(self, origin: str, proposal_id: int, vhost: str, queue: str, command: Any) -> bytes:
+        """The bytes to propose for a `ProposeQueue(vhost, queue, command)` (the broker owns the payload codec)."""
+        return replica.encode(origin, proposal_id, command)
+
+    def apply_committed(self, vhost: str, queue: str, data: bytes) -> list[Effect]:
+        """One committed entry of the queue's group, in log order (unknown queue or undecodable entry: ignored)."""
+        replica.apply_committed(self, vhost, queue, data)
+        return self._finish_replicated()
+
+    def apply_committed_many(self, entries: Iterable[tuple[str, str, bytes]]) -> list[Effect]:
+        """`apply_committed` for each (vhost, queue, data) in turn; confirms they release are coalesced."""
+        for vhost, queue, data in entries:
+            replica.apply_committed(self, vhost, queue, data)
+        return self._finish_replicated()
+
+    def proposal_abandoned(self, vhost: str, queue: str, data: bytes) -> list[Effect]:
+        """The runtime gave up on a proposal: a publish waiting on it is nacked, a get answered get-empty."""
+        replica.proposal_abandoned(self, vhost, queue, data)
+        return self._finish_replicated()
+
+    def queue_snapshot(self, vhost: str, queue: str) -> bytes:
+        return replica.snapshot(self, vhost, queue)
+
+    def queue_restore(self, vhost: str, queue: str, data: bytes) -> list[Effect]:
+        """Replace the queue's replica with a snapshot (b"": empty); local consumers and waiters resync."""
+        replica.restore(self, vhost, queue, data)
+        return self._finish_replicated()
+
+    def set_queue_leader(self, vhost: str, queue: str, is_local_leader: bool) -> list[Effect]:
+        replica.set_leader(self, vhost, queue, is_local_leader)
+        return self._finish_replicated()
+
+    def node_down(self, node: str) -> list[Effect]:
+        replica.node_down(self, node)
+        return self._finish_replicated()
+
+    def apply_records(self, records: Iterable[Record]) -> list[Effect]:
+        """Definitions committed by other nodes, mirrored without persisting."""
+        mirror.apply_records(self, records)
+        return self._finish_replicated()
+
+    def _finish_replicated(self) -> list[Effect]:
+        replica.flush_confirms(self)
+        return self._finish()
+
     # --- helpers shared by the handler modules --------------------------------------------------------------
 
-    def new_consumer_id(self) -> int:
+    def new_consumer_id(self) -> Hashable:
+        """A fresh consumer id: an int, or in replicated mode the global (node_name, boot_id, n)."""
         cid = self._next_consumer_id
         self._next_consumer_id += 1
+        if self.replicated:
+            return (self.config.node_name, self.config.boot_id, cid)
         return cid
+
+    def new_getter_id(self) -> Hashable:
+        """Replicated mode: a fresh id for one basic.get, ("get", node_name, boot_id, n)."""
+        n = self._next_consumer_id
+        self._next_consumer_id += 1
+        return ("get", self.config.node_name, self.config.boot_id, n)
 
     def new_token(self) -> int:
         token = self._next_token
@@ -368,7 +444,7 @@ class Broker:
 
     @staticmethod
     def _dispatch(broker: Broker, conn: ConnState, ch: ChannelState, method: Any) -> None:
-        handler = _HANDLERS.get(type(method))
+        handler = broker.handlers.get(type(method))
         if handler is None:
             name = type(method).__name__
             raise AmqpError(540, f"method {name} not implemented by the broker", connection=True)
@@ -382,6 +458,9 @@ class Broker:
         ch = ChannelState(conn.conn_id, number, get_id, conn=conn)
         conn.channels[number] = ch
         self.getters[get_id] = ch
+        if self.replicated:
+            ch.publisher_id = (self.config.node_name, self.config.boot_id, conn.conn_id, number)
+            self.publishers[ch.publisher_id] = ch
 
     def close_channel_state(self, conn: ConnState, number: int) -> None:
         ch = conn.channels.pop(number, None)
@@ -390,6 +469,8 @@ class Broker:
         ch.closed = True
         delivery.channel_gone(self, ch)
         self.getters.pop(ch.get_consumer_id, None)
+        if ch.publisher_id is not None and self.publishers.get(ch.publisher_id) is ch:
+            del self.publishers[ch.publisher_id]
         if ch.reply_to_token is not None:
             self.reply_tokens.pop(ch.reply_to_token, None)
         self.dirty.pop((conn.conn_id, number), None)

@@ -9,6 +9,7 @@ channel-global prefetch full). Consumer ids are broker-wide ints; a channel also
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -32,14 +33,14 @@ class Unacked(NamedTuple):
     """What one unacked delivery tag refers to (one per delivery, hence a tuple)."""
 
     queue: QueueState
-    consumer_id: int
+    consumer_id: Hashable
     msg_id: MsgId
     consumer: Consumer | None
 
 
 @dataclass(slots=True)
 class Consumer:
-    consumer_id: int
+    consumer_id: Hashable  # an int; replicated mode: (node, boot_id, n)
     tag: str
     conn_id: int
     channel: ChannelState
@@ -63,6 +64,16 @@ class PendingDelivery:
 
 
 @dataclass(slots=True)
+class PendingPublish:
+    """Replicated mode: a confirmed or transactional publish waiting for its target queues' Accepted."""
+
+    confirm_seq: int  # 0 when not in confirm mode
+    commit_id: int  # 0 outside a transaction
+    targets: dict[tuple[str, str], Any] = field(default_factory=dict)  # (vhost, queue) -> its Enqueue command
+    nacked: bool = False
+
+
+@dataclass(slots=True)
 class TxState:
     publishes: list[tuple[Any, Any, bytes]] = field(default_factory=list)
     acks: list[tuple[int, Unacked, str, bool]] = field(default_factory=list)  # (tag, unacked, kind, requeue)
@@ -72,7 +83,7 @@ class TxState:
 class ChannelState:
     conn_id: int
     number: int
-    get_consumer_id: int
+    get_consumer_id: Hashable
     next_delivery_tag: int = 1
     unacked: dict[int, Unacked] = field(default_factory=dict)  # keys ascending (tags grow; rollback re-sorts)
     consumers: dict[str, Consumer] = field(default_factory=dict)
@@ -95,6 +106,8 @@ class ChannelState:
     closed: bool = False
     conn: ConnState | None = None  # the owning connection (saves a lookup per delivery)
     write_ok: set[str] = field(default_factory=set)  # exchanges this channel may publish to (permission cache)
+    publisher_id: Hashable = None  # replicated mode: (node, boot_id, conn_id, channel)
+    repl_waiting: dict[int, PendingPublish] = field(default_factory=dict)  # replicated: publish sequence -> waiter
 
 
 @dataclass(slots=True)
@@ -111,3 +124,4 @@ class ConnState:
     cancel_notify: bool = False
     blocked: bool = False
     permission_cache: dict[tuple[str, str, str], bool] = field(default_factory=dict)
+    publish_seqs: dict[int, int] = field(default_factory=dict)  # replicated: channel -> last publish sequence

@@ -78,9 +78,9 @@ def exchange_declare(broker: Broker, conn: ConnState, ch: ChannelState, method: 
         exchange = Exchange(name, method.type, method.durable, method.auto_delete, method.internal, args)
         vhost.exchanges[name] = exchange
         vhost.invalidate()
-        if exchange.durable:
+        if exchange.durable or broker.replicated:
             broker.persist((ExchangeRecord(vhost.name, name, exchange.type, exchange.auto_delete,
-                                           exchange.internal, args),))
+                                           exchange.internal, args, durable=exchange.durable),))
     else:
         if existing.type != method.type:
             raise inequivalent("type", resource, f"'{method.type}'", f"'{existing.type}'")
@@ -114,8 +114,9 @@ def delete_exchange(broker: Broker, vhost: VHost[QueueState], exchange: Exchange
     for binding in vhost.bindings_to(Dest("exchange", exchange.name)):
         _forget_binding(broker, vhost, binding)
     vhost.invalidate()
-    if exchange.durable:
-        broker.persist((ExchangeRecord(vhost.name, exchange.name, exchange.type, deleted=True),))
+    if exchange.durable or broker.replicated:
+        broker.persist((ExchangeRecord(vhost.name, exchange.name, exchange.type, deleted=True,
+                                       durable=exchange.durable),))
 
 
 def _lookup_exchange(vhost: VHost[QueueState], name: str) -> Exchange:
@@ -167,7 +168,7 @@ def _bind(broker: Broker, conn: ConnState, source: str, dest: Dest, routing_key:
     if exchange.type == "headers" and x_match_mode(arguments) is None:
         raise precondition(f"Invalid x-match field value {arguments.get('x-match')!r}; "
                            "expected all, any, all-with-x, or any-with-x")
-    if vhost.add_binding(binding) and _binding_durable(vhost, binding):
+    if vhost.add_binding(binding) and (broker.replicated or _binding_durable(vhost, binding)):
         broker.persist((BindingRecord(vhost.name, source, dest.kind, dest.name, routing_key, dict(arguments)),))
 
 
@@ -184,7 +185,7 @@ def _binding_durable(vhost: VHost[QueueState], binding: Binding) -> bool:
 
 def _forget_binding(broker: Broker, vhost: VHost[QueueState], binding: Binding, check_auto_delete: bool = True
                     ) -> None:
-    durable = _binding_durable(vhost, binding)
+    durable = broker.replicated or _binding_durable(vhost, binding)
     if not vhost.remove_binding(binding) and check_auto_delete:
         return
     if durable:
@@ -265,15 +266,23 @@ def queue_declare(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Q
 
 
 def create_queue(broker: Broker, vhost: VHost[QueueState], name: str, durable: bool, auto_delete: bool,
-                 args: dict[str, Any], owner: int | None) -> QueueState:
-    machine = Queue(name, queue_args(args))
+                 args: dict[str, Any], owner: int | str | None) -> QueueState:
     expires = args.get("x-expires")
-    queue = QueueState(vhost.name, name, durable, auto_delete, args, machine, owner,
+    queue = QueueState(vhost.name, name, durable, auto_delete, args, None, owner,
                        expires_ms=expires if isinstance(expires, int) else None, last_used_ms=broker.now_ms)
+    if broker.replicated:
+        from node.broker import replica
+
+        queue.machine = replica.ProposingMachine(broker, queue, queue_args(args))
+        global_owner = replica.global_owner(broker, owner)
+        broker.persist((QueueRecord(vhost.name, name, auto_delete, args, durable=durable,
+                                    exclusive_owner=global_owner),))
+    else:
+        queue.machine = Queue(name, queue_args(args))
+        if queue.stored:
+            broker.persist((QueueRecord(vhost.name, name, auto_delete, args),))
     vhost.queues[name] = queue
     vhost.invalidate()
-    if queue.stored:
-        broker.persist((QueueRecord(vhost.name, name, auto_delete, args),))
     return queue
 
 
@@ -301,7 +310,7 @@ def queue_purge(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Que
 def purge_queue(broker: Broker, queue: QueueState) -> int:
     from node.broker import delivery
 
-    count = 0
+    count = queue.machine.ready_count if broker.replicated else 0  # replicated: the local replica's count
     for effect in queue.machine.apply(Purge()):
         if isinstance(effect, Purged):
             count += effect.count
@@ -348,7 +357,7 @@ def delete_queue(broker: Broker, queue: QueueState, cancels: list[Effect] | None
     del vhost.queues[queue.name]
     vhost.invalidate()
     delivery.cancel_queue_consumers(broker, queue, cancels)
-    if queue.stored:
+    if queue.stored or broker.replicated:
         if queue.persisted_ids:  # keep the queue's own stream consistent even if replayed apart from definitions
             removed = sorted(queue.persisted_ids)
             queue.persisted_ids.clear()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from cluster.queue import (
@@ -142,7 +142,7 @@ def unacked_ids(queue: QueueState) -> set[int]:
 
 
 def _on_deliver(broker: Broker, queue: QueueState, effect: Deliver) -> None:
-    consumer = broker.consumers.get(effect.consumer_id)  # type: ignore[call-overload]
+    consumer = broker.consumers.get(effect.consumer_id)
     if consumer is None:
         return
     credit = consumer.credit = consumer.credit - 1
@@ -187,7 +187,7 @@ def drain_pending(broker: Broker, ch: ChannelState) -> None:
 
 
 def _on_get_ok(broker: Broker, queue: QueueState, effect: GetOk) -> None:
-    ch = broker.getters.get(effect.consumer_id)  # type: ignore[call-overload]
+    ch = broker.getters.get(effect.consumer_id)
     if ch is None:
         return
     msg: Message = effect.message.payload
@@ -322,6 +322,8 @@ def _leave_queue(queue: QueueState, consumer: Consumer, now_ms: int) -> None:
 
 
 def _maybe_auto_delete(broker: Broker, queue: QueueState) -> None:
+    if broker.replicated:
+        return  # the queue's leader decides, from the machine's consumers on every node (replica.py)
     if queue.auto_delete and queue.had_consumer and not queue.consumers:
         delete_queue(broker, queue)
 
@@ -359,10 +361,10 @@ def channel_gone(broker: Broker, ch: ChannelState) -> None:
     """Channel closed: consumers detached (their unacked come back redelivered), gets returned, tx dropped."""
     now_ms = broker.now_ms
     ch.pending.clear()
-    get_queues: dict[int, QueueState] = {}
+    get_holders: dict[tuple[int, Any], tuple[QueueState, Any]] = {}  # (queue, getter id): one per channel or get
     for entry in list(ch.unacked.values()) + [a[1] for a in (ch.tx.acks if ch.tx else [])]:
         if entry.consumer is None:
-            get_queues[id(entry.queue)] = entry.queue
+            get_holders[(id(entry.queue), entry.consumer_id)] = (entry.queue, entry.consumer_id)
     ch.unacked.clear()
     ch.tx = None
     for consumer in list(ch.consumers.values()) + ch.lingering:
@@ -372,8 +374,8 @@ def channel_gone(broker: Broker, ch: ChannelState) -> None:
         _maybe_auto_delete(broker, consumer.queue)
     ch.consumers.clear()
     ch.lingering.clear()
-    for queue in get_queues.values():
-        apply_queue(broker, queue, Detach(ch.get_consumer_id, now_ms))
+    for queue, getter_id in get_holders.values():
+        apply_queue(broker, queue, Detach(getter_id, now_ms))
 
 
 # --- get / ack / nack / reject / recover --------------------------------------------------------------------------
@@ -451,7 +453,7 @@ def _settle_tags(broker: Broker, ch: ChannelState, tags: list[int], kind: str, r
 
 
 def settle_entries(broker: Broker, entries: list[Unacked], kind: str, requeue: bool) -> None:
-    groups: dict[tuple[int, int], list[Unacked]] = {}
+    groups: dict[tuple[int, Hashable], list[Unacked]] = {}
     for entry in entries:
         groups.setdefault((id(entry.queue), entry.consumer_id), []).append(entry)
     now_ms = broker.now_ms

@@ -3,7 +3,8 @@
 `Send`/`SendContent` go to one channel of one connection (`SendContent` with a BasicDeliver method may use the
 connection's fast `send_deliver`), `CloseChannel`/`CloseConnection` ask the protocol layer to close with a reply
 code, `Block`/`Unblock` drive connection.blocked, and `Persist` asks storage to write records durably and then call
-`Broker.on_persisted(token)`.
+`Broker.on_persisted(token)`. In replicated mode (docs/cluster.md) `ProposeQueue` asks the runtime to propose one
+queue command to that queue's Raft group (encoded with `Broker.encode_proposal`).
 """
 
 from __future__ import annotations
@@ -66,4 +67,13 @@ class Persist:
     records: tuple[Record, ...]
 
 
-Effect = Send | SendContent | CloseChannel | CloseConnection | Block | Unblock | Persist
+@dataclass(frozen=True, slots=True)
+class ProposeQueue:
+    """Replicated mode: propose `command` (a cluster.queue command) to the group of queue `queue` in `vhost`."""
+
+    vhost: str
+    queue: str
+    command: Any
+
+
+Effect = Send | SendContent | CloseChannel | CloseConnection | Block | Unblock | Persist | ProposeQueue

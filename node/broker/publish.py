@@ -93,7 +93,7 @@ def handle_publish(broker: Broker, conn: ConnState, ch: ChannelState, event: Any
     if ch.confirm:
         seq = ch.next_publish_seq
         ch.next_publish_seq = seq + 1
-    route_publish(broker, ch, vhost, method, props, event.body, seq, ttl_ms)
+    broker.publish_route(broker, ch, vhost, method, props, event.body, seq, ttl_ms)
 
 
 def route_publish(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], method: Any, props: Any,

@@ -4,7 +4,8 @@
 ("invalid arg 'x-max-length' for queue 'q' in vhost '/': {value_negative,-1}"); `queue_args` turns valid arguments
 into the queue machine's `QueueArgs`. `assert_queue_equivalent` gives the 406 "inequivalent arg" of a redeclare.
 x-queue-type: "classic" is accepted; "quorum" is accepted too and, on a single node, behaves as a classic durable
-queue (the cluster work will give it a Raft group); any other value is refused with 406.
+queue (in replicated mode every queue has a Raft group; x-quorum-initial-group-size, an int >= 1, is validated and
+kept for the runtime's placement); any other value is refused with 406.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "x-dead-letter-exchange": _check_str, "x-dead-letter-routing-key": _check_str,
     "x-max-priority": _check_priority, "x-single-active-consumer": _check_bool,
     "x-queue-type": _check_queue_type, "x-delivery-limit": _check_non_negative,
+    "x-quorum-initial-group-size": _check_expires,  # an int >= 1 (0: value_zero), as rabbit_quorum_queue checks
 }
 
 
@@ -189,13 +191,18 @@ class QueueState:
     auto_delete: bool
     arguments: dict[str, Any]
     machine: Any
-    exclusive_owner: int | None = None
+    exclusive_owner: int | str | None = None  # a local conn_id; replicated: "node/boot/conn" of another node
     consumers: dict[Hashable, Any] = field(default_factory=dict)
     had_consumer: bool = False
     expires_ms: int | None = None
     last_used_ms: int = 0
     persisted_ids: set[int] = field(default_factory=set)
     exclusive_consumer: Hashable | None = None
+    # replicated mode only (node/broker/replica.py); every field below but the last two is a function of the log
+    members: dict[Hashable, None] = field(default_factory=dict)  # consumer and get-holder ids known to the machine
+    dead_letter_seq: int = 0  # DeadLetter effects applied so far: the sequence of their republished copies
+    is_leader: bool = False  # this node's replica belongs to the group's leader
+    expire_proposed_ms: int | None = None  # when the leader last proposed Expire (not applied yet)
 
     @property
     def stored(self) -> bool:

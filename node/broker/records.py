@@ -75,6 +75,7 @@ class ExchangeRecord:
     internal: bool = False
     arguments: dict[str, Any] = field(default_factory=dict)
     deleted: bool = False
+    durable: bool = True  # (appended: older records have no such field and were all durable)
 
     @property
     def stream(self) -> str:
@@ -82,7 +83,7 @@ class ExchangeRecord:
 
     def to_cbor(self) -> list[Any]:
         return ["exchange", self.vhost, self.name, self.type, self.auto_delete, self.internal, self.arguments,
-                self.deleted]
+                self.deleted, self.durable]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +93,16 @@ class QueueRecord:
     auto_delete: bool = False
     arguments: dict[str, Any] = field(default_factory=dict)
     deleted: bool = False
+    durable: bool = True  # (appended fields: older records lack them and were durable, not exclusive)
+    exclusive_owner: str | None = None  # replicated mode: the owning connection as "node/boot_id/conn_id"
 
     @property
     def stream(self) -> str:
         return DEFINITIONS_STREAM
 
     def to_cbor(self) -> list[Any]:
-        return ["queue", self.vhost, self.name, self.auto_delete, self.arguments, self.deleted]
+        return ["queue", self.vhost, self.name, self.auto_delete, self.arguments, self.deleted, self.durable,
+                self.exclusive_owner]
 
 
 @dataclass(frozen=True, slots=True)

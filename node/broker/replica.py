@@ -1,0 +1,622 @@
+"""The broker's replicated mode (docs/cluster.md): queue commands go out as proposals, committed entries come back.
+
+Every queue's `QueueState.machine` is a `ProposingMachine`: its `apply(command)` emits `ProposeQueue` and returns
+no effects, and every read (`ready_count`, `next_expiry_ms()`, `args`, ...) is answered by the local replica
+(`.replica`, a `cluster.queue.replicated.ReplicatedQueue`). So the single-node handlers (consume, ack, credit,
+cancel, channel close) run unchanged and propose instead of applying. Publishing, basic.get and tx.commit have
+their own handlers here: they need to wait for the outcome.
+
+`apply_committed` runs one committed entry on the local replica and acts on its effects for this node's own
+parties only: deliveries to local consumers (ids `(node, boot_id, n)`), get answers to local getters (ids
+`("get", node, boot_id, n)`, fresh per basic.get), Accepted/Duplicate/Rejected to local publishers (ids
+`(node, boot_id, conn_id, channel)`, sequence counted per channel number of the connection). A publish is confirmed
+when every target queue's replica applied Accepted or Duplicate for it (nacked on Rejected or abandonment).
+
+What the machine decides is the same on every replica; what is proposed in reaction is decided by one node:
+the owner of an id (a stray delivery or get answer for a local id that is gone: Detach/Return; an Attach of this
+node's earlier boot: Detach) or the queue's local leader (`set_leader`): Expire for TTL, dead-letter republishing
+(publisher id `("dlx", vhost, queue)`, sequence = the queue's count of DeadLetter effects, the same on every
+replica, so a retried or repeated republish is deduplicated by the target), auto-delete, x-expires, and Detach of
+the consumers of a node reported down. Dead-lettering is at most once across a leader change (as RabbitMQ's
+default for quorum queues). Per-queue bookkeeping that is a function of the log (`members`, `dead_letter_seq`,
+`had_consumer`) travels in the queue snapshot with the replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any, Final
+
+import cbor2
+
+from cluster.queue import (
+    Accepted,
+    AddCredit,
+    Attach,
+    DeadLetter,
+    Deliver,
+    Detach,
+    Discard,
+    Duplicate,
+    Enqueue,
+    Expire,
+    Get,
+    GetEmpty,
+    GetOk,
+    QueueArgs,
+    QueuedMessage,
+    Rejected,
+    Return,
+    Settle,
+)
+from cluster.queue.replicated import (
+    Proposal,
+    ProposalDecodeError,
+    ReplicatedQueue,
+    decode_id,
+    decode_proposal,
+    encode_id,
+    encode_proposal,
+)
+from node.amqp import methods as m
+from node.amqp.properties import BasicProperties
+from node.broker import delivery, publish
+from node.broker.channel import ChannelState, ConnState, Message, PendingPublish, TxState, Unacked
+from node.broker.definitions import check_exclusive, delete_queue, lookup_queue
+from node.broker.effects import ProposeQueue, Send, SendContent
+from node.broker.errors import precondition
+from node.broker.queues import QueueState, queue_args
+from node.broker.vhost import VHost
+
+if TYPE_CHECKING:
+    from node.broker.broker import Broker
+
+SNAPSHOT_VERSION: Final = 1
+EXPIRE_RETRY_MS: Final = 1000  # the leader re-proposes Expire if the last one has not applied after this long
+TRACKED_IDS_MAX: Final = 65536  # bound of the detaching / down-consumer sets (cleared when full)
+
+
+# --- payload codec and ids --------------------------------------------------------------------------------------
+
+
+def encode_payload(msg: Message) -> list[Any]:
+    """A broker message as cbor-able values: [exchange, routing key, properties that are set, body]."""
+    return [msg.exchange, msg.routing_key, delivery.properties_to_dict(msg.properties), msg.body]
+
+
+def decode_payload(value: Any) -> Message:
+    exchange, routing_key, props, body = value
+    if not (isinstance(exchange, str) and isinstance(routing_key, str) and isinstance(props, dict)
+            and isinstance(body, bytes)):
+        raise ValueError("bad message payload")
+    return Message(exchange, routing_key, BasicProperties(**props), body)
+
+
+def encode(origin: str, proposal_id: int, command: Any) -> bytes:
+    return encode_proposal(Proposal(origin, proposal_id, command), encode_payload)
+
+
+def _id_parts(cid: Any) -> tuple[Any, Any]:
+    """(node, boot_id) of a consumer id (node, boot, n) or getter id ("get", node, boot, n); else (None, None)."""
+    if type(cid) is tuple:
+        if len(cid) == 3:
+            return cid[0], cid[1]
+        if len(cid) == 4 and cid[0] == "get":
+            return cid[1], cid[2]
+    return None, None
+
+
+def id_node(cid: Any) -> Any:
+    return _id_parts(cid)[0]
+
+
+def is_local(broker: Broker, cid: Any) -> bool:
+    """An id of this node's current life."""
+    return _id_parts(cid) == (broker.config.node_name, broker.config.boot_id)
+
+
+def is_stale(broker: Broker, cid: Any) -> bool:
+    """An id of an earlier life of this node."""
+    node, boot = _id_parts(cid)
+    return bool(node == broker.config.node_name and boot != broker.config.boot_id)
+
+
+def _is_getter(cid: Any) -> bool:
+    return type(cid) is tuple and len(cid) == 4 and cid[0] == "get"
+
+
+def global_owner(broker: Broker, owner: int | str | None) -> str | None:
+    """An exclusive owner as the cluster knows it: "node/boot_id/conn_id" for a local connection."""
+    if isinstance(owner, int):
+        return f"{broker.config.node_name}/{broker.config.boot_id}/{owner}"
+    return owner
+
+
+def local_owner(broker: Broker, owner: str | None) -> tuple[int | str | None, bool]:
+    """(the owner as QueueState keeps it, whether it is a connection of an earlier life of this node)."""
+    if owner is None:
+        return None, False
+    parts = owner.rsplit("/", 2)
+    if len(parts) == 3 and parts[0] == broker.config.node_name:
+        if parts[1] == str(broker.config.boot_id) and parts[2].isdigit():
+            return int(parts[2]), False
+        return owner, True
+    return owner, False
+
+
+def _track(ids: dict[Hashable, None], cid: Hashable) -> None:
+    if len(ids) >= TRACKED_IDS_MAX:
+        ids.clear()
+    ids[cid] = None
+
+
+# --- the proposing machine ----------------------------------------------------------------------------------------
+
+
+class ProposingMachine:
+    """Stands where the queue machine stands in single-node mode: commands are proposed, reads hit the replica."""
+
+    __slots__ = ("_broker", "_queue", "replica")
+
+    def __init__(self, broker: Broker, queue: QueueState, args: QueueArgs) -> None:
+        self._broker = broker
+        self._queue = queue
+        self.replica = ReplicatedQueue(queue.name, args)
+        queue.is_leader = (queue.vhost, queue.name) in broker.leading
+
+    def apply(self, command: Any) -> list[Any]:
+        propose(self._broker, self._queue, command)
+        return []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.replica.queue, name)
+
+
+def propose(broker: Broker, queue: QueueState, command: Any) -> None:
+    if type(command) is Detach and is_local(broker, command.consumer_id):
+        _track(broker.detaching, command.consumer_id)
+    broker.out.append(ProposeQueue(queue.vhost, queue.name, command))
+
+
+def _queue(broker: Broker, vhost: str, name: str) -> QueueState | None:
+    vh = broker.vhosts.get(vhost)
+    queue = vh.queues.get(name) if vh is not None else None
+    return queue if queue is not None and isinstance(queue.machine, ProposingMachine) else None
+
+
+def _replica(queue: QueueState) -> ReplicatedQueue:
+    machine: ProposingMachine = queue.machine
+    return machine.replica
+
+
+# --- publishing ----------------------------------------------------------------------------------------------
+
+
+def route_publish(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], method: Any, props: Any,
+                  body: bytes, seq: int, ttl_ms: int | None) -> list[int]:
+    """`publish.route_publish` of replicated mode: one Enqueue proposal per target queue."""
+    return _route(broker, ch, vhost, method, props, body, seq, ttl_ms, 0)
+
+
+def _route(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], method: Any, props: Any, body: bytes,
+           seq: int, ttl_ms: int | None, commit_id: int) -> list[int]:
+    """Route and propose; returns [publish sequence] when a confirm or commit now waits for it, else []."""
+    name, routing_key = method.exchange, method.routing_key
+    msg = Message(name, routing_key, props, body)
+    targets: tuple[str, ...] = ()
+    if name == "" and routing_key.startswith(publish.REPLY_TO_PREFIX):
+        routed = publish._deliver_reply(broker, msg)
+    else:
+        targets = vhost.route(name, routing_key, props.headers)
+        routed = bool(targets)
+    if not routed and method.mandatory:
+        ret = m.BasicReturn(reply_code=312, reply_text="NO_ROUTE", exchange=name, routing_key=routing_key)
+        broker.out.append(SendContent(ch.conn_id, ch.number, ret, props, body))
+    pending = PendingPublish(seq, commit_id) if seq or commit_id else None
+    sequence = 0
+    if targets:
+        conn = ch.conn
+        assert conn is not None
+        sequence = conn.publish_seqs.get(ch.number, 0) + 1
+        conn.publish_seqs[ch.number] = sequence
+        message = QueuedMessage(msg, len(body), props.delivery_mode == 2, props.priority or 0, ttl_ms)
+        for queue_name in targets:
+            queue = vhost.queues.get(queue_name)
+            if queue is None:
+                continue
+            command = Enqueue(message, broker.now_ms, ch.publisher_id, sequence)
+            propose(broker, queue, command)
+            if pending is not None:
+                pending.targets[(vhost.name, queue_name)] = command
+    if pending is not None and pending.targets:
+        ch.repl_waiting[sequence] = pending
+        if seq:
+            ch.confirm_waiting[seq] = 1
+        return [sequence]
+    if seq:
+        publish.confirm_ready(broker, ch, (seq,), ())
+    return []
+
+
+def tx_commit(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxCommit) -> None:
+    """commit-ok goes out, in order, once every target queue applied every publish of the commit."""
+    if ch.tx is None:
+        raise precondition("channel is not transactional")
+    tx, ch.tx = ch.tx, TxState()
+    vhost = broker.vhost_of(conn)
+    commit_id = ch.next_commit_id
+    ch.next_commit_id = commit_id + 1
+    waiting = 0
+    for publish_method, props, body in tx.publishes:
+        ttl_ms = publish.parse_expiration(props.expiration)
+        waiting += len(_route(broker, ch, vhost, publish_method, props, body, 0, ttl_ms, commit_id))
+    for _tag, entry, kind, requeue in tx.acks:
+        delivery.settle_entries(broker, [entry], kind, requeue)
+    broker.mark_dirty(ch)
+    ch.commits_waiting[commit_id] = waiting
+    publish._release_commits(broker, ch)
+
+
+def _on_outcome(broker: Broker, key: tuple[str, str], publisher_id: Any, sequence: Any, rejected: bool) -> None:
+    ch = broker.publishers.get(publisher_id) if publisher_id is not None else None
+    if ch is None:
+        return
+    pending = ch.repl_waiting.get(sequence)
+    if pending is None or pending.targets.pop(key, None) is None:
+        return
+    if rejected:
+        pending.nacked = True
+    if not pending.targets:
+        del ch.repl_waiting[sequence]
+        _complete(broker, ch, pending)
+
+
+def _complete(broker: Broker, ch: ChannelState, pending: PendingPublish) -> None:
+    if pending.confirm_seq:
+        ch.confirm_waiting.pop(pending.confirm_seq, None)
+        entry = broker.confirm_batch.get(id(ch))
+        if entry is None:
+            entry = broker.confirm_batch[id(ch)] = (ch, [], [])
+        (entry[2] if pending.nacked else entry[1]).append(pending.confirm_seq)
+    if pending.commit_id:
+        publish._commit_persisted(broker, ch, pending.commit_id)
+
+
+def flush_confirms(broker: Broker) -> None:
+    """Send the confirms released during this entry point, per channel (a contiguous run: one multiple ack)."""
+    if not broker.confirm_batch:
+        return
+    batch, broker.confirm_batch = broker.confirm_batch, {}
+    for ch, acks, nacks in batch.values():
+        if not ch.closed:
+            publish.confirm_ready(broker, ch, acks, tuple(nacks))
+
+
+# --- basic.get -------------------------------------------------------------------------------------------------
+
+
+def basic_get(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicGet) -> None:
+    queue = lookup_queue(broker, conn, ch, method.queue)
+    broker.check_access(conn, "read", "queue", queue.name)
+    check_exclusive(conn, queue)
+    queue.last_used_ms = broker.now_ms
+    getter_id = broker.new_getter_id()
+    broker.pending_gets[getter_id] = (ch, queue)
+    propose(broker, queue, Get(getter_id, method.no_ack, broker.now_ms))
+
+
+def _on_get_ok(broker: Broker, queue: QueueState, effect: GetOk, command: Any) -> None:
+    getter_id = effect.consumer_id
+    no_ack = isinstance(command, Get) and command.no_ack
+    waiting = broker.pending_gets.pop(getter_id, None)
+    if waiting is None or waiting[0].closed:
+        if is_local(broker, getter_id) and not no_ack:  # nobody waits for it any more: give it back
+            propose(broker, queue, Return(getter_id, (effect.msg_id,), broker.now_ms))
+        return
+    ch = waiting[0]
+    msg: Message = effect.message.payload
+    tag = ch.next_delivery_tag
+    ch.next_delivery_tag = tag + 1
+    if not no_ack:
+        ch.unacked[tag] = Unacked(queue, getter_id, effect.msg_id, None)
+    ok = m.BasicGetOk(delivery_tag=tag, redelivered=effect.redelivered, exchange=msg.exchange,
+                      routing_key=msg.routing_key, message_count=effect.remaining)
+    broker.out.append(SendContent(ch.conn_id, ch.number, ok, msg.properties, msg.body))
+
+
+def _answer_get_empty(broker: Broker, getter_id: Hashable) -> None:
+    waiting = broker.pending_gets.pop(getter_id, None)
+    if waiting is not None and not waiting[0].closed:
+        ch = waiting[0]
+        broker.out.append(Send(ch.conn_id, ch.number, m.BasicGetEmpty()))
+
+
+HANDLERS: dict[type, Any] = {m.BasicGet: basic_get, m.TxCommit: tx_commit}
+
+
+# --- committed entries ------------------------------------------------------------------------------------------
+
+
+def apply_committed(broker: Broker, vhost: str, name: str, data: bytes) -> None:
+    queue = _queue(broker, vhost, name)
+    if queue is None:
+        return
+    try:
+        proposal = decode_proposal(data, decode_payload)
+    except ProposalDecodeError:
+        return  # every replica decodes the same bytes alike, so all skip it
+    effects: list[Any] | None = _replica(queue).apply(proposal)
+    if effects is None:
+        return
+    command: Any = proposal.command
+    key = (vhost, name)
+    for effect in effects:
+        kind = type(effect)
+        if kind is Deliver:
+            _on_deliver(broker, queue, effect)
+        elif kind is Accepted or kind is Duplicate:
+            _on_outcome(broker, key, effect.publisher_id, effect.sequence, False)
+        elif kind is Rejected:
+            _on_outcome(broker, key, effect.publisher_id, effect.sequence, True)
+        elif kind is GetOk:
+            _on_get_ok(broker, queue, effect, command)
+        elif kind is GetEmpty:
+            _answer_get_empty(broker, effect.consumer_id)
+        elif kind is DeadLetter:
+            queue.dead_letter_seq += 1
+            if queue.is_leader:
+                _republish_dead_letter(broker, queue, effect)
+    _after_command(broker, queue, command)
+
+
+def _on_deliver(broker: Broker, queue: QueueState, effect: Deliver) -> None:
+    cid = effect.consumer_id
+    consumer = broker.consumers.get(cid)
+    if consumer is None:
+        if is_local(broker, cid) and cid not in broker.detaching:  # its Detach was lost: propose it again
+            propose(broker, queue, Detach(cid, broker.now_ms))
+        return
+    if consumer.cancelled or consumer.channel.closed or consumer.queue is not queue:
+        propose(broker, queue, Return(cid, (effect.msg_id,), broker.now_ms))
+        return
+    delivery._on_deliver(broker, queue, effect)
+
+
+def _after_command(broker: Broker, queue: QueueState, command: Any) -> None:
+    """Bookkeeping every replica does alike (members, counters), then what this node proposes in reaction."""
+    kind = type(command)
+    if kind is Attach:
+        cid = command.consumer_id
+        queue.members[cid] = None
+        queue.had_consumer = True
+        queue.last_used_ms = max(queue.last_used_ms, command.now_ms)
+        if is_stale(broker, cid):
+            propose(broker, queue, Detach(cid, broker.now_ms))
+    elif kind is Detach:
+        _after_detach(broker, queue, command)
+    elif kind is Get:
+        queue.last_used_ms = max(queue.last_used_ms, command.now_ms)
+        if not command.no_ack and queue.machine.unacked_msg_ids(command.consumer_id):
+            queue.members[command.consumer_id] = None
+    elif kind is Settle or kind is Return or kind is Discard:
+        cid = command.consumer_id
+        if _is_getter(cid) and cid in queue.members and not queue.machine.unacked_msg_ids(cid):
+            del queue.members[cid]
+    elif kind is Expire:
+        queue.expire_proposed_ms = None
+
+
+def _after_detach(broker: Broker, queue: QueueState, command: Detach) -> None:
+    cid = command.consumer_id
+    queue.members.pop(cid, None)
+    queue.last_used_ms = max(queue.last_used_ms, command.now_ms)
+    broker.down_consumers.pop(cid, None)
+    expected = broker.detaching.pop(cid, "absent") != "absent"
+    consumer = broker.consumers.get(cid)
+    if consumer is not None and not expected and consumer.queue is queue and not consumer.cancelled:
+        _reattach(broker, queue, consumer)  # detached by a leader that thought this node down: come back
+    _maybe_auto_delete(broker, queue)
+
+
+def _reattach(broker: Broker, queue: QueueState, consumer: Any) -> None:
+    consumer.credit = 0
+    consumer.granted = False
+    propose(broker, queue, Attach(consumer.consumer_id, broker.now_ms, prefetch=consumer.prefetch, credit=0,
+                                  priority=consumer.priority, no_ack=consumer.no_ack))
+    broker.mark_dirty(consumer.channel)
+
+
+def _maybe_auto_delete(broker: Broker, queue: QueueState) -> None:
+    if queue.is_leader and queue.auto_delete and queue.had_consumer and queue.machine.consumer_count == 0:
+        delete_queue(broker, queue)
+
+
+def _republish_dead_letter(broker: Broker, queue: QueueState, effect: DeadLetter) -> None:
+    vhost = broker.vhosts.get(queue.vhost)
+    args = queue.machine.args
+    dlx = args.dead_letter_exchange
+    if vhost is None or dlx is None or (dlx != "" and dlx not in vhost.exchanges):
+        return
+    msg: Message = effect.message.payload
+    props = publish.with_x_death(msg, queue.name, effect.reason, broker.now_ms)
+    routing_key = args.dead_letter_routing_key or msg.routing_key
+    targets = list(vhost.route(dlx, routing_key, props.headers))
+    if effect.reason != "rejected":
+        deaths = props.headers.get("x-death", [])
+        targets = [t for t in targets if not publish.is_cycle(t, deaths)]
+    dead = QueuedMessage(Message(dlx, routing_key, props, msg.body), len(msg.body), effect.message.persistent,
+                         effect.message.priority, None)
+    publisher_id = ("dlx", queue.vhost, queue.name)
+    for target in targets:
+        target_queue = vhost.queues.get(target)
+        if target_queue is not None:
+            propose(broker, target_queue, Enqueue(dead, broker.now_ms, publisher_id, queue.dead_letter_seq))
+
+
+# --- abandoned proposals ----------------------------------------------------------------------------------------
+
+
+def proposal_abandoned(broker: Broker, vhost: str, name: str, data: bytes) -> None:
+    try:
+        command: Any = decode_proposal(data, decode_payload).command
+    except ProposalDecodeError:
+        return
+    kind = type(command)
+    queue = _queue(broker, vhost, name)
+    if kind is Enqueue:
+        _on_outcome(broker, (vhost, name), command.publisher_id, command.sequence, True)
+    elif kind is Get:
+        _answer_get_empty(broker, command.consumer_id)
+    elif kind is AddCredit:
+        consumer = broker.consumers.get(command.consumer_id)
+        if consumer is not None:
+            consumer.credit = max(0, consumer.credit - command.credit)
+            broker.mark_dirty(consumer.channel)
+    elif kind is Attach:
+        consumer = broker.consumers.get(command.consumer_id)
+        if consumer is not None and queue is not None and consumer.queue is queue and not consumer.cancelled:
+            _server_cancel(broker, consumer)
+    elif kind is Detach:
+        broker.detaching.pop(command.consumer_id, None)
+    elif kind is Expire and queue is not None:
+        queue.expire_proposed_ms = None
+
+
+def _server_cancel(broker: Broker, consumer: Any) -> None:
+    """The consumer could not be attached: cancel it as a deleted queue would (basic.cancel if supported)."""
+    ch = consumer.channel
+    delivery.cancel_consumer(broker, consumer)
+    conn = broker.conns.get(ch.conn_id)
+    if conn is not None and conn.cancel_notify and not ch.closed:
+        broker.out.append(Send(ch.conn_id, ch.number, m.BasicCancel(consumer_tag=consumer.tag, nowait=True)))
+
+
+# --- leadership, nodes, time -----------------------------------------------------------------------------------
+
+
+def set_leader(broker: Broker, vhost: str, name: str, is_leader: bool) -> None:
+    key = (vhost, name)
+    if is_leader:
+        broker.leading.add(key)
+    else:
+        broker.leading.discard(key)
+    queue = _queue(broker, vhost, name)
+    if queue is None or queue.is_leader == is_leader:
+        return
+    queue.is_leader = is_leader
+    queue.expire_proposed_ms = None
+    if is_leader:
+        for cid in list(queue.members):
+            if cid in broker.down_consumers:
+                propose(broker, queue, Detach(cid, broker.now_ms))
+        _maybe_auto_delete(broker, queue)
+
+
+def node_down(broker: Broker, node: str) -> None:
+    """Consumers (and get holders) of `node` are detached by each queue's leader; remembered for later leaders."""
+    for vhost in list(broker.vhosts.values()):
+        for queue in list(vhost.queues.values()):
+            if not isinstance(queue.machine, ProposingMachine):
+                continue
+            for cid in list(queue.members):
+                if id_node(cid) == node:
+                    _track(broker.down_consumers, cid)
+                    if queue.is_leader:
+                        propose(broker, queue, Detach(cid, broker.now_ms))
+
+
+def tick(broker: Broker) -> None:
+    """The leader's timers: Expire for due message TTLs, x-expires deletion."""
+    now_ms = broker.now_ms
+    for vhost in list(broker.vhosts.values()):
+        for queue in list(vhost.queues.values()):
+            if not queue.is_leader:
+                continue
+            due = queue.machine.next_expiry_ms()
+            proposed = queue.expire_proposed_ms
+            if due is not None and due <= now_ms and (proposed is None or now_ms - proposed >= EXPIRE_RETRY_MS):
+                queue.expire_proposed_ms = now_ms
+                propose(broker, queue, Expire(now_ms))
+            if (queue.expires_ms is not None and queue.machine.consumer_count == 0
+                    and now_ms - queue.last_used_ms >= queue.expires_ms):
+                delete_queue(broker, queue)
+
+
+def next_deadline_ms(broker: Broker) -> int | None:
+    best: int | None = None
+    for vhost in broker.vhosts.values():
+        for queue in vhost.queues.values():
+            if not queue.is_leader:
+                continue
+            due = queue.machine.next_expiry_ms()
+            if due is not None and queue.expire_proposed_ms is not None:
+                due = max(due, queue.expire_proposed_ms + EXPIRE_RETRY_MS)
+            if queue.expires_ms is not None and queue.machine.consumer_count == 0:
+                expiry = queue.last_used_ms + queue.expires_ms
+                due = expiry if due is None else min(due, expiry)
+            if due is not None and (best is None or due < best):
+                best = due
+    return best
+
+
+# --- snapshots ----------------------------------------------------------------------------------------------------
+
+
+def snapshot(broker: Broker, vhost: str, name: str) -> bytes:
+    queue = _queue(broker, vhost, name)
+    if queue is None:
+        return b""
+    replica = _replica(queue).snapshot(encode_payload)
+    members = [encode_id(cid) for cid in queue.members]
+    return cbor2.dumps([SNAPSHOT_VERSION, replica, queue.dead_letter_seq, queue.had_consumer, members])
+
+
+def restore(broker: Broker, vhost: str, name: str, data: bytes) -> None:
+    """Replace the replica (ValueError for a malformed snapshot), then resync this node's parties with it."""
+    queue = _queue(broker, vhost, name)
+    if queue is None:
+        return
+    machine: ProposingMachine = queue.machine
+    if not data:
+        machine.replica = ReplicatedQueue(name, queue_args(queue.arguments))
+        queue.dead_letter_seq, queue.had_consumer, queue.members = 0, False, {}
+    else:
+        try:
+            version, replica, dead_letter_seq, had_consumer, members = cbor2.loads(data)
+        except Exception as exc:  # cbor2 raises several types on garbage
+            raise ValueError(f"bad queue snapshot: {exc!r:.200}") from exc
+        if version != SNAPSHOT_VERSION or type(dead_letter_seq) is not int:
+            raise ValueError("bad queue snapshot")
+        machine.replica = ReplicatedQueue.restore(replica, decode_payload)
+        queue.dead_letter_seq, queue.had_consumer = dead_letter_seq, bool(had_consumer)
+        queue.members = {decode_id(cid): None for cid in members}
+    queue.expire_proposed_ms = None
+    _resync(broker, queue)
+
+
+def _resync(broker: Broker, queue: QueueState) -> None:
+    """After a restore the replica may hold deliveries, get answers and outcomes this node never saw."""
+    now_ms = broker.now_ms
+    for cid in list(queue.members):
+        if is_stale(broker, cid):
+            propose(broker, queue, Detach(cid, now_ms))
+    for consumer in [c for c in broker.consumers.values() if c.queue is queue]:
+        cid = consumer.consumer_id
+        held = {u.msg_id for u in consumer.channel.unacked.values() if u.consumer_id == cid}
+        held.update(p.msg_id for p in consumer.channel.pending if p.consumer is consumer)
+        lost = [i for i in queue.machine.unacked_msg_ids(cid) if i not in held]
+        if lost:
+            propose(broker, queue, Return(cid, lost, now_ms))
+        _reattach(broker, queue, consumer)
+    for getter_id, (_ch, get_queue) in list(broker.pending_gets.items()):
+        if get_queue is queue:
+            _answer_get_empty(broker, getter_id)
+            lost = queue.machine.unacked_msg_ids(getter_id)
+            if lost:
+                propose(broker, queue, Return(getter_id, lost, now_ms))
+    key = (queue.vhost, queue.name)
+    for ch in list(broker.publishers.values()):
+        for pending in ch.repl_waiting.values():
+            command = pending.targets.get(key)
+            if command is not None:  # Accepted again, or Duplicate if it had been: either way an outcome
+                propose(broker, queue, command)
