@@ -625,6 +625,32 @@ def _remember(applied: Mapping[str, Outcome], cid: str, outcome: Outcome) -> dic
     return new
 
 
+def diff(old: MetadataState, new: MetadataState) -> tuple[Change, ...]:
+    """The changes that turn `old` into `new` (for a replica whose state was replaced by a snapshot)."""
+    changes: list[Change] = []
+    for attr, kind in _KINDS.items():
+        before, after = getattr(old, attr), getattr(new, attr)
+        for key in before:
+            if key not in after:
+                changes.append(Change(kind, _change_key(kind, key), "deleted"))
+        for key, record in after.items():
+            if key not in before:
+                changes.append(Change(kind, _change_key(kind, key), "created"))
+            elif before[key] != record:
+                changes.append(Change(kind, _change_key(kind, key), "updated"))
+    return tuple(changes)
+
+
+_KINDS = {"nodes": "node", "vhosts": "vhost", "users": "user", "permissions": "permission",
+          "exchanges": "exchange", "bindings": "binding", "queues": "queue", "policies": "policy"}
+
+
+def _change_key(kind: str, key: Any) -> tuple[str, ...]:
+    if kind == "binding":
+        return tuple(key[:5])
+    return tuple(key) if isinstance(key, tuple) else (key,)
+
+
 # ---------------------------------------------------------------------------------------------------- codec
 
 _BY_NAME: dict[str, type] = {t.__name__: t for t in (*COMMAND_TYPES, *RECORD_TYPES)}

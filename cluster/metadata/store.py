@@ -54,6 +54,7 @@ ATTEMPT_TIMED_OUT = -1  # our own reason code: no callback within ATTEMPT_TIMEOU
 LEADER_POLL_S = 0.05
 SUBSCRIBER_BUFFER_MAX = 1024
 JOURNAL_NAME = "metadata.journal"
+SNAPSHOT_NAME = "metadata.snapshot"
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,9 @@ class StoreConfig:
     start_timeout_s: float = 30.0
     probe_timeout_s: float = 3.0
     bind_retries: int = 6  # 0.5 s apart: a port still held by a dying process gets a few seconds
+    # Log compaction (durable snapshots, `durable.DurableSnapshot`); only with a data_dir.
+    compaction_min_entries: int = 10_000
+    compaction_min_time_s: float = 3600.0
 
 
 class _Replica(SyncObjConsumer):  # type: ignore[misc]
@@ -121,13 +125,39 @@ class _Replica(SyncObjConsumer):  # type: ignore[misc]
             return self.state, self.changes_seq
 
     def _serialize(self) -> dict[str, bytes]:
-        return {"cbor": cbor2.dumps(model.snapshot(self.state))}
+        return {"cbor": self.take_state()}
 
     def _deserialize(self, data: dict[str, bytes]) -> None:
-        self.state = model.restore(cbor2.loads(data["cbor"]))
+        self.put_state(data["cbor"])
+
+    def take_state(self) -> bytes:
+        return cbor2.dumps(model.snapshot(self.state))
+
+    def put_state(self, data: bytes) -> None:
+        """Replace the state with a snapshot's (restart, or a snapshot from the leader); watchers get the diff."""
+        new_state = model.restore(cbor2.loads(data))
+        with self.lock:
+            outcome = Outcome(model.diff(self.state, new_state))
+            self.state = new_state
+            if outcome.changes:
+                self.changes_seq += 1
+            seq = self.changes_seq
+        if self.on_applied is not None and outcome.changes:
+            self.on_applied(seq, outcome)
 
 
-def _syncobj_conf(config: StoreConfig, secret: bytes) -> SyncObjConf:
+def _compaction(config: StoreConfig, replica: _Replica) -> dict[str, Any]:
+    """Compaction settings: durable snapshots with a data dir; off in memory (tests only)."""
+    if config.data_dir is None:
+        return {"logCompactionMinEntries": 2**62, "logCompactionMinTime": 2**31}
+    journal = str(config.data_dir / JOURNAL_NAME)
+    snapshot = durable.DurableSnapshot(journal, replica.take_state, replica.put_state)
+    return {"fullDumpFile": str(config.data_dir / SNAPSHOT_NAME), "serializer": snapshot.serialize,
+            "deserializer": snapshot.deserialize, "logCompactionMinEntries": config.compaction_min_entries,
+            "logCompactionMinTime": config.compaction_min_time_s}
+
+
+def _syncobj_conf(config: StoreConfig, secret: bytes, replica: _Replica) -> SyncObjConf:
     journal = None
     if config.data_dir is not None:
         config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -146,9 +176,7 @@ def _syncobj_conf(config: StoreConfig, secret: bytes) -> SyncObjConf:
         bindRetryTime=0.5,
         maxBindRetries=config.bind_retries,
         dynamicMembershipChange=False,
-        # Compaction off: pysyncobj's full dump is neither fsynced nor checksummed (docs/metadata.md).
-        logCompactionMinEntries=2**62,
-        logCompactionMinTime=2**31,
+        **_compaction(config, replica),
     )
 
 
@@ -177,7 +205,7 @@ class MetadataStore:
         cfg = self.config
         await trio.to_thread.run_sync(check_peers, list(cfg.peers), self._secret, cfg.probe_timeout_s)
         durable.install()
-        conf = _syncobj_conf(cfg, self._secret)
+        conf = _syncobj_conf(cfg, self._secret, self._replica)
         self._syncobj = await trio.to_thread.run_sync(
             lambda: SyncObj(cfg.address, list(cfg.peers), conf, consumers=[self._replica]))
         try:
