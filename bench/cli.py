@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import datetime
 import functools
+import importlib
 import shutil
 import signal
 import subprocess
@@ -54,8 +55,16 @@ RAFTMQ_CLUSTER_FORCED_NOTE = (
 )
 
 
+# `raftmq bench <name> [options]`: further benchmarks, one module each with `main(argv) -> int` (one line each).
+SUBCOMMANDS: dict[str, str] = {
+    "recovery": "bench.recovery",  # restart time with N persistent messages on disk
+    "memory": "bench.memory",  # resident memory with a backlog of N messages
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="raftmq bench", description="Benchmark raftmq side by side with RabbitMQ.")
+    parser = argparse.ArgumentParser(prog="raftmq bench", description="Benchmark raftmq side by side with RabbitMQ.",
+                                     epilog="Also: " + ", ".join(f"raftmq bench {name} --help" for name in SUBCOMMANDS))
     parser.add_argument("--workloads", default=",".join(ALL_WORKLOADS), help="comma-separated subset of a,b,c,d,e")
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per workload (and per rate)")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each measurement")
@@ -88,6 +97,9 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in SUBCOMMANDS:
+        subcommand: int = importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+        return subcommand
     args = build_parser().parse_args(argv)
     try:
         workloads = parse_workloads(args.workloads)
