@@ -342,7 +342,7 @@ def decode_proposal(data: bytes, decode_payload: DecodePayload) -> Proposal:
     return Proposal(origin, proposal_id, command)
 
 
-def _read_head(data: bytes, offset: int) -> tuple[int, int, int]:
+def _read_head(data: bytes | bytearray | memoryview, offset: int) -> tuple[int, int, int]:
     """One cbor item head at `offset`: (major type, argument, offset after the head). Definite lengths only."""
     if offset >= len(data):
         raise ProposalDecodeError("truncated proposal header")
@@ -359,7 +359,7 @@ def _read_head(data: bytes, offset: int) -> tuple[int, int, int]:
     return major, int.from_bytes(data[offset + 1 : end], "big"), end
 
 
-def peek_proposal(data: bytes) -> tuple[str, int]:
+def peek_proposal(data: bytes | bytearray | memoryview) -> tuple[str, int]:
     """(origin, proposal_id) of an encoded proposal, reading only the first few bytes.
 
     It checks the header only: a body that `decode_proposal` would reject is not noticed here.
@@ -371,7 +371,7 @@ def peek_proposal(data: bytes) -> tuple[str, int]:
     if major != 3 or offset + origin_size > len(data):
         raise ProposalDecodeError("proposal origin must be a text string")
     try:
-        origin = data[offset : offset + origin_size].decode("utf-8")
+        origin = str(data[offset : offset + origin_size], "utf-8")  # bytes, bytearray or memoryview
     except UnicodeDecodeError as exc:
         raise ProposalDecodeError("proposal origin is not utf-8") from exc
     major, proposal_id, _ = _read_head(data, offset + origin_size)

@@ -185,6 +185,7 @@ def test_peek_reads_the_header(proposal: Proposal) -> None:
 def test_peek_at_every_head_width(origin: str, proposal_id: int) -> None:
     data = encode_proposal(Proposal(origin, proposal_id, Expire(1)), identity)
     assert peek_proposal(data) == (origin, proposal_id)
+    assert peek_proposal(memoryview(data)) == peek_proposal(bytearray(data)) == (origin, proposal_id)
 
 
 def _decode_or_error(data: bytes) -> None:
