@@ -1,0 +1,265 @@
+"""`raftmq bench failover`: how long a quorum queue stops confirming when its leader's node is killed (kill -9).
+
+What it measures: a 3-node raftmq cluster on loopback (started here, in a temporary directory) with one quorum
+queue. Each run finds the queue's Raft leader (from the nodes' "cluster: queue <group>: leader <node>" log lines),
+connects a publisher with confirms to a surviving node, publishes one message at a time, kills the leader's process
+with SIGKILL and records:
+- `first_confirm_ms`: from the kill to the first confirm of a message *published after* the kill (the publish in
+  flight at the kill must first get its own confirm, so this is the gap a client sees);
+- `longest_gap_ms`: the longest time between two consecutive confirms around the kill.
+The killed node is restarted and given time to rejoin before the next run. Prints one line per run and the
+median/max; `--json` writes them to a file. Needs nothing but the raftmq sources (it runs `python -m node.cli node`)
+and pika. Independent of the broker's code (import-linter: bench imports no node/cluster modules).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pika
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PORT_LINE = re.compile(rb"listening on port (\d+)")
+LEADER_LINE = re.compile(rb"cluster: queue (\S+): leader (\S+)")
+PORT_OFFSETS = (0, 10_000, 20_000, 21_000)
+QUEUE = "bench-failover"
+GROUP = "q/%2F/bench-failover"  # docs/cluster.md: queue_group_id("/", QUEUE)
+START_TIMEOUT_S = 60.0
+SETTLE_S = 1.0  # after a restart, before the next run (the rejoined node catches up)
+CONFIRM_TIMEOUT_S = 60.0
+
+
+def _binds(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_amqp_ports(n: int) -> list[int]:
+    rng = random.Random()
+    ports: list[int] = []
+    while len(ports) < n:
+        port = rng.randrange(3000, 11000)
+        if port not in ports and all(_binds(port + offset) for offset in PORT_OFFSETS):
+            ports.append(port)
+    return ports
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+@dataclass
+class BenchNode:
+    name: str
+    port: int
+    workdir: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def log(self) -> bytes:
+        try:
+            return (self.workdir / "node.log").read_bytes()
+        except OSError:
+            return b""
+
+    def leader(self) -> str | None:
+        found = [m for m in LEADER_LINE.findall(self.log()) if m[0].decode() == GROUP]
+        return None if not found or found[-1][1] == b"None" else found[-1][1].decode()
+
+
+@dataclass
+class BenchCluster:
+    root: Path
+    size: int = 3
+    nodes: list[BenchNode] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        ports = _free_amqp_ports(self.size)
+        self.nodes = [BenchNode(f"n{i + 1}", p, self.root / f"n{i + 1}") for i, p in enumerate(ports)]
+
+    def spawn(self, node: BenchNode) -> int:
+        node.workdir.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
+        env.update({
+            "RAFTMQ_NODE_NAME": node.name,
+            "RAFTMQ_CLUSTER_NODES": ",".join(f"{n.name}=127.0.0.1:{n.port}" for n in self.nodes),
+            "RAFTMQ_CLUSTER_SECRET": "bench-failover-secret-0123456789",
+            "RAFTMQ_DATA_DIR": str(node.workdir / "data"),
+            "RAFTMQ_LISTEN_ADDRESS": "127.0.0.1",
+        })
+        offset = len(node.log())
+        with (node.workdir / "node.log").open("ab") as log_file:
+            node.process = subprocess.Popen([sys.executable, "-m", "node.cli", "node"], cwd=REPO_ROOT, env=env,
+                                            stdout=log_file, stderr=log_file)
+        return offset
+
+    def wait_ready(self, node: BenchNode, offset: int) -> None:
+        def ready() -> bool:
+            if node.process is None or node.process.poll() is not None:
+                raise RuntimeError(f"{node.name} exited:\n{node.log()[-2000:].decode(errors='replace')}")
+            return bool(PORT_LINE.search(node.log()[offset:]))
+
+        _wait(ready, START_TIMEOUT_S, f"{node.name} to listen")
+
+    def start(self) -> None:
+        offsets = [self.spawn(n) for n in self.nodes]
+        for node, offset in zip(self.nodes, offsets, strict=True):
+            self.wait_ready(node, offset)
+
+    def kill(self, node: BenchNode) -> None:
+        if node.process is not None:
+            node.process.send_signal(signal.SIGKILL)
+            node.process.wait()
+            node.process = None
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            self.kill(node)
+
+    def agreed_leader(self, nodes: list[BenchNode]) -> str | None:
+        seen = {n.leader() for n in nodes}
+        return seen.pop() if len(seen) == 1 else None
+
+
+def _connect(port: int) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=30,
+                                                             blocked_connection_timeout=CONFIRM_TIMEOUT_S))
+
+
+class ConfirmStream(threading.Thread):
+    """Publishes one message at a time with confirms; records (publish start, confirm time) per confirm."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.records: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+        self.nacks = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            conn = _connect(self.port)
+            ch = conn.channel()
+            ch.confirm_delivery()
+            while not self.stop.is_set():
+                started = time.monotonic()
+                try:
+                    ch.basic_publish("", QUEUE, b"x", pika.BasicProperties(delivery_mode=2))
+                except pika.exceptions.NackError:
+                    self.nacks += 1
+                    continue
+                self.records.append((started, time.monotonic()))
+            conn.close()
+        except BaseException as exc:  # reported by the run
+            self.error = exc
+
+
+@dataclass(frozen=True)
+class RunResult:
+    killed: str
+    publisher_node: str
+    first_confirm_ms: float
+    longest_gap_ms: float
+    nacks: int
+
+
+def _one_run(cluster: BenchCluster) -> RunResult:
+    _wait(lambda: cluster.agreed_leader(cluster.nodes) is not None, 60, "all nodes to agree on the queue leader")
+    leader_name = cluster.agreed_leader(cluster.nodes)
+    leader = next(n for n in cluster.nodes if n.name == leader_name)
+    publisher_node = next(n for n in cluster.nodes if n is not leader)
+    stream = ConfirmStream(publisher_node.port)
+    stream.start()
+    _wait(lambda: len(stream.records) >= 20 or stream.error is not None, 60, "confirms before the kill")
+    killed_at = time.monotonic()
+    cluster.kill(leader)
+    _wait(lambda: any(s >= killed_at for s, _ in stream.records) or stream.error is not None, CONFIRM_TIMEOUT_S,
+          "a confirm after the kill")
+    time.sleep(0.2)
+    stream.stop.set()
+    stream.join(CONFIRM_TIMEOUT_S)
+    if stream.error is not None:
+        raise RuntimeError(f"publisher failed: {stream.error!r}")
+    first = min(c for s, c in stream.records if s >= killed_at)
+    confirms = [c for _, c in stream.records]
+    gaps = [b - a for a, b in itertools.pairwise(confirms) if b >= killed_at]
+    offset = cluster.spawn(leader)
+    cluster.wait_ready(leader, offset)
+    time.sleep(SETTLE_S)
+    return RunResult(leader.name, publisher_node.name, (first - killed_at) * 1000,
+                     max(gaps, default=0.0) * 1000, stream.nacks)
+
+
+@contextlib.contextmanager
+def _workdir(keep: str | None) -> Iterator[Path]:
+    if keep:
+        path = Path(keep)
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+    else:
+        with tempfile.TemporaryDirectory(prefix="raftmq-failover-") as tmp:
+            yield Path(tmp)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="raftmq bench failover",
+                                     description="kill -9 of a quorum queue's leader: time to the next confirm")
+    parser.add_argument("--runs", type=int, default=5, help="kills to measure (default 5)")
+    parser.add_argument("--workdir", help="keep the nodes' data and logs here (default: a temporary directory)")
+    parser.add_argument("--json", help="write the results to this file")
+    args = parser.parse_args(argv)
+    results: list[RunResult] = []
+    with _workdir(args.workdir) as root:
+        cluster = BenchCluster(root)
+        try:
+            cluster.start()
+            with contextlib.closing(_connect(cluster.nodes[0].port)) as conn:
+                conn.channel().queue_declare(QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
+            for i in range(args.runs):
+                result = _one_run(cluster)
+                results.append(result)
+                print(f"run {i + 1}: killed {result.killed} (publisher on {result.publisher_node}): first confirm "
+                      f"after {result.first_confirm_ms:.0f} ms, longest confirm gap {result.longest_gap_ms:.0f} ms,"
+                      f" {result.nacks} nacks", flush=True)
+        except (RuntimeError, pika.exceptions.AMQPError, OSError) as exc:
+            print(f"raftmq bench failover: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            cluster.stop()
+    firsts = [r.first_confirm_ms for r in results]
+    gaps = [r.longest_gap_ms for r in results]
+    print(f"first confirm after kill: median {statistics.median(firsts):.0f} ms, max {max(firsts):.0f} ms; "
+          f"longest gap: median {statistics.median(gaps):.0f} ms, max {max(gaps):.0f} ms (n={len(results)})")
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
