@@ -20,8 +20,8 @@ How it works:
   returns the first outcome.
 - Start: the secret is checked (length), the peers are probed with it (`secret.check_peers`: a peer with another
   secret is a clear `ClusterSecretError` and nothing is started), pysyncobj starts with `password` = secret, bound
-  to this node's cluster address only, with the durable journal (`durable.install`). Then the store waits for a
-  leader and applies `AddNode(name, address, version)`: a refusal (another protocol version) stops the store and
+  to this node's cluster address only, with the durable journal and fsynced compaction snapshots (`durable`).
+  Then the store waits for a leader and applies `AddNode(name, address, version)`: a refusal (another protocol version) stops the store and
   raises `IncompatibleVersionError`.
 """
 

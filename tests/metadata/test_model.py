@@ -223,3 +223,19 @@ def test_snapshot_round_trip_through_cbor(cmds: list[Command]) -> None:
 @given(commands)
 def test_command_codec_round_trip(cmd: Command) -> None:
     assert m.command_from_dict(cbor2.loads(cbor2.dumps(m.command_to_dict(cmd)))) == cmd
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(commands, max_size=30), st.lists(commands, max_size=30))
+def test_diff_names_exactly_what_differs(first: list[Command], second: list[Command]) -> None:
+    a, b = run(first), run(second)
+    assert m.diff(a, a) == ()
+    changes = m.diff(a, b)
+    assert len(set(changes)) == len(changes)
+    for attr, kind in m._KINDS.items():
+        before, after = getattr(a, attr), getattr(b, attr)
+        expected = ({k for k in before if k not in after} | {k for k in after if k not in before}
+                    | {k for k in after if k in before and before[k] != after[k]})
+        assert len([c for c in changes if c.kind == kind]) == len(expected)
+    created = {c.key for c in m.diff(MetadataState(), b) if c.action == "created" and c.kind == "queue"}
+    assert created == set(b.queues)
