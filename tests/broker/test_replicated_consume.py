@@ -1,0 +1,310 @@
+"""Replicated mode: consumers, credit, QoS, node failures, TTL, dead letters, snapshots and mirrored definitions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from node.amqp import methods as m
+from node.broker.effects import ProposeQueue, SendContent
+from tests.broker.cluster_harness import Cluster, ClusterClient, cluster_client, take
+from tests.broker.harness import bodies, deliveries, of_type
+
+KEY = ("/", "q")
+
+
+def _setup(**arguments: Any) -> tuple[Cluster, ClusterClient, ClusterClient, ClusterClient]:
+    cluster = Cluster()
+    a, b, c = (cluster_client(cluster, node) for node in ("a", "b", "c"))
+    a.declare("q", durable=True, arguments={"x-queue-type": "quorum", **arguments})
+    cluster.commit()
+    for node in ("a", "b", "c"):
+        take(cluster, node)
+    return cluster, a, b, c
+
+
+def _publish(cluster: Cluster, client: ClusterClient, *payloads: bytes, queue: str = "q") -> None:
+    for body in payloads:
+        client.publish("", queue, body)
+    cluster.commit()
+
+
+def _queue(cluster: Cluster, node: str, name: str = "q") -> Any:
+    return cluster.brokers[node].vhosts["/"].queues[name]
+
+
+def _all_equal(cluster: Cluster, key: tuple[str, str] = KEY) -> bool:
+    return len(set(cluster.snapshots(key).values())) == 1
+
+
+def test_consumers_of_a_node_that_goes_down_are_detached_and_their_messages_redelivered_elsewhere() -> None:
+    cluster, a, b, c = _setup()
+    _publish(cluster, a, b"m1", b"m2")
+    b.consume("q", "tb")
+    cluster.commit()
+    assert bodies(take(cluster, "b")) == [b"m1", b"m2"]
+    cluster.crash("b")  # the leader (a, the declaring node) proposes Detach for b's consumer
+    cluster.commit()
+    c.consume("q", "tc")
+    cluster.commit()
+    redelivered = deliveries(take(cluster, "c"))
+    assert [d.body for d in redelivered] == [b"m1", b"m2"]
+    assert all(d.method.redelivered for d in redelivered)
+
+
+def test_a_later_leader_detaches_consumers_of_a_node_reported_down_earlier() -> None:
+    cluster, a, b, _c = _setup()
+    _publish(cluster, a, b"m1")
+    b.consume("q", "tb")
+    cluster.commit()
+    cluster.hold = True
+    cluster.crash("b")  # a's Detach is lost with a's leadership
+    cluster.held.clear()
+    cluster.hold = False
+    cluster.set_leader(KEY, "c")
+    cluster.commit()
+    assert _queue(cluster, "a").machine.consumer_count == 0
+    assert _queue(cluster, "c").machine.ready_count == 1
+
+
+def test_channel_global_prefetch_bounds_unacked_on_a_quorum_queue() -> None:
+    cluster, a, b, _c = _setup()
+    _publish(cluster, a, *[b"%d" % i for i in range(6)])
+    b.call(m.BasicQos(prefetch_count=2, global_=True))
+    b.consume("q", "t1")
+    b.consume("q", "t2")
+    for _ in range(3):
+        cluster.commit()
+    got = deliveries(take(cluster, "b"))
+    assert len(got) == 2
+    b.ack(got[0].method.delivery_tag)
+    for _ in range(3):
+        cluster.commit()
+    assert len(deliveries(take(cluster, "b"))) == 1
+    channel = cluster.brokers["b"].conns[1].channels[1]
+    assert len(channel.unacked) == 2
+
+
+def test_deliveries_keep_flowing_past_one_credit_window() -> None:
+    cluster = Cluster(consumer_credit_window=4)
+    a, b = cluster_client(cluster, "a"), cluster_client(cluster, "b")
+    a.declare("q", durable=True)
+    _publish(cluster, a, *[b"%d" % i for i in range(20)])
+    b.consume("q", "t", no_ack=True)
+    received: list[bytes] = []
+    for _ in range(20):
+        cluster.commit()
+        received += bodies(take(cluster, "b"))
+        b.writable(True)
+    assert received == [b"%d" % i for i in range(20)]
+
+
+def test_message_ttl_is_expired_by_the_leader_only() -> None:
+    cluster, a, _b, _c = _setup(**{"x-message-ttl": 100})
+    a.now_ms = 0
+    _publish(cluster, a, b"old")
+    assert not [e for e in cluster.brokers["b"].tick(1000) if isinstance(e, ProposeQueue)]
+    assert cluster.brokers["b"].next_deadline_ms() is None
+    assert cluster.brokers["a"].next_deadline_ms() == 100
+    cluster.tick("a", 1000)
+    assert cluster.brokers["a"].next_deadline_ms() == 2000  # proposed, not applied: retry later, not busy-loop
+    cluster.commit()
+    for node in ("a", "b", "c"):
+        assert _queue(cluster, node).machine.ready_count == 0
+    assert cluster.brokers["a"].next_deadline_ms() is None
+
+
+def test_dead_letters_are_republished_once_by_the_leader() -> None:
+    cluster = Cluster()
+    a, b = cluster_client(cluster, "a"), cluster_client(cluster, "b")
+    a.call(m.ExchangeDeclare(exchange="dlx", type="fanout", durable=True))
+    a.declare("dead", durable=True)
+    a.bind("dead", "dlx")
+    a.declare("q", durable=True, arguments={"x-queue-type": "quorum", "x-dead-letter-exchange": "dlx"})
+    _publish(cluster, a, b"bad", b"worse")
+    b.consume("q", "t")
+    cluster.commit()
+    tags = [d.method.delivery_tag for d in deliveries(take(cluster, "b"))]
+    b.call(m.BasicReject(delivery_tag=tags[0], requeue=False))
+    b.call(m.BasicNack(delivery_tag=tags[1], requeue=False))
+    cluster.commit()
+    for node in ("a", "b", "c"):
+        assert _queue(cluster, node, "dead").machine.ready_count == 2
+        assert _queue(cluster, node, "q").dead_letter_seq == 2
+    c = cluster_client(cluster, "c")
+    c.consume("dead", "td")
+    cluster.commit()
+    got = deliveries(take(cluster, "c"))
+    assert [d.body for d in got] == [b"bad", b"worse"]
+    death = got[0].properties.headers["x-death"][0]
+    assert death["queue"] == "q" and death["reason"] == "rejected"
+    assert _all_equal(cluster, ("/", "dead"))
+
+
+def test_replicas_end_equal_after_a_mixed_workload() -> None:
+    cluster, a, b, c = _setup(**{"x-max-length": 50})
+    a.call(m.ConfirmSelect())
+    b.call(m.BasicQos(prefetch_count=3))
+    b.consume("q", "tb")
+    c.consume("q", "tc", no_ack=True)
+    for i in range(30):
+        a.publish("", "q", b"%d" % i)
+        if i % 5 == 0:
+            cluster.commit()
+            for d in deliveries(take(cluster, "b")):
+                b.call(m.BasicNack(delivery_tag=d.method.delivery_tag, requeue=i % 10 == 0))
+    c.call(m.BasicGet(queue="q"), 1)
+    cluster.commit()
+    b.close()
+    cluster.commit()
+    assert _all_equal(cluster)
+    assert _queue(cluster, "a").machine.consumer_count == 1
+
+
+def test_snapshot_restore_mid_stream_keeps_a_node_consuming() -> None:
+    cluster, a, _b, _c = _setup()
+    _publish(cluster, a, b"1", b"2", b"3")
+    cluster.crash("c")
+    cluster.commit()
+    c = cluster.restart("c")
+    client = ClusterClient(cluster, "c")
+    client.open(1)
+    client.consume("q", "tc")
+    _publish(cluster, a, b"4")
+    assert bodies(take(cluster, "c")) == [b"1", b"2", b"3", b"4"]
+    assert c.vhosts["/"].queues["q"].machine.ready_count == 0
+    assert _all_equal(cluster)
+
+
+def test_restore_returns_deliveries_the_node_never_saw() -> None:
+    cluster, a, b, _c = _setup()
+    _publish(cluster, a, b"1", b"2")
+    b.consume("q", "tb")
+    cluster.commit()
+    assert bodies(take(cluster, "b")) == [b"1", b"2"]
+    b.ack(1)
+    cluster.commit()
+    # b installs a snapshot from a taken as if b's deliveries had happened without b seeing them
+    data = cluster.brokers["a"].queue_snapshot(*KEY)
+    channel = cluster.brokers["b"].conns[1].channels[1]
+    channel.unacked.clear()  # b "never delivered" message 2
+    cluster.feed("b", cluster.brokers["b"].queue_restore("/", "q", data))
+    cluster.commit()
+    assert bodies(take(cluster, "b")) == [b"2"]  # returned, then delivered again (redelivered)
+
+
+def test_a_consumer_of_an_earlier_boot_is_detached_when_its_attach_is_replayed() -> None:
+    cluster, a, b, c = _setup()
+    _publish(cluster, a, b"x")
+    b.consume("q", "tb")
+    cluster.commit()
+    cluster.down.add("b")  # b dies without anyone noticing
+    cluster.restart("b", from_snapshots=False)  # b replays the whole log: its old Attach proposes Detach
+    cluster.commit()
+    assert _queue(cluster, "a").machine.consumer_count == 0
+    c.consume("q", "tc")
+    cluster.commit()
+    assert bodies(take(cluster, "c")) == [b"x"]
+
+
+def test_a_consumer_of_an_earlier_boot_is_detached_after_restore() -> None:
+    cluster, a, b, _c = _setup()
+    _publish(cluster, a, b"x")
+    b.consume("q", "tb")
+    cluster.commit()
+    cluster.down.add("b")
+    cluster.restart("b", from_snapshots=True)
+    cluster.commit()
+    assert _queue(cluster, "a").machine.consumer_count == 0
+    assert _queue(cluster, "c").machine.ready_count == 1
+
+
+def test_auto_delete_is_decided_by_the_leader_when_the_last_consumer_anywhere_leaves() -> None:
+    cluster = Cluster()
+    a, b = cluster_client(cluster, "a"), cluster_client(cluster, "b")
+    a.declare("ad", auto_delete=True)
+    cluster.commit()
+    b.consume("ad", "t1")
+    a.consume("ad", "t2")
+    cluster.commit()
+    b.call(m.BasicCancel(consumer_tag="t1"))
+    cluster.commit()
+    assert "ad" in cluster.brokers["c"].vhosts["/"].queues
+    a.call(m.BasicCancel(consumer_tag="t2"))
+    cluster.commit()
+    for broker in cluster.brokers.values():
+        assert "ad" not in broker.vhosts["/"].queues
+
+
+def test_a_queue_deleted_on_another_node_cancels_local_consumers() -> None:
+    cluster, a, b, _c = _setup()
+    b.consume("q", "tb")
+    cluster.commit()
+    take(cluster, "b")
+    a.call(m.QueueDelete(queue="q"))
+    cancels = of_type(take(cluster, "b"), m.BasicCancel)
+    assert [x.consumer_tag for x in cancels] == ["tb"]
+    assert "q" not in cluster.brokers["c"].vhosts["/"].queues
+
+
+def test_x_expires_deletes_an_unused_queue_on_the_leader() -> None:
+    cluster = Cluster()
+    a = cluster_client(cluster, "a")
+    a.declare("exp", arguments={"x-expires": 500})
+    cluster.commit()
+    cluster.tick("b", 10_000)
+    assert "exp" in cluster.brokers["a"].vhosts["/"].queues
+    cluster.tick("a", 10_000)
+    for broker in cluster.brokers.values():
+        assert "exp" not in broker.vhosts["/"].queues
+
+
+def test_an_abandoned_attach_cancels_the_consumer() -> None:
+    cluster, _a, b, _c = _setup()
+    cluster.hold = True
+    b.consume("q", "tb")
+    cluster.abandon()
+    cluster.hold = False
+    assert [x.consumer_tag for x in of_type(take(cluster, "b"), m.BasicCancel)] == ["tb"]
+
+
+def test_stray_deliveries_to_a_closed_channel_are_returned() -> None:
+    cluster, a, b, c = _setup()
+    b.consume("q", "tb")
+    cluster.commit()
+    cluster.hold = True
+    b.close_channel()  # Detach held back: deliveries still arrive for b's consumer
+    cluster.hold = False
+    _publish(cluster, a, b"p")
+    assert not [e for e in take(cluster, "b") if isinstance(e, SendContent)]
+    cluster.release()
+    cluster.commit()
+    c.consume("q", "tc")
+    cluster.commit()
+    assert bodies(take(cluster, "c")) == [b"p"]
+
+
+def test_a_live_consumer_detached_by_a_false_node_down_attaches_again() -> None:
+    cluster, a, b, _c = _setup()
+    b.consume("q", "tb", no_ack=True)
+    cluster.commit()
+    cluster.feed("a", cluster.brokers["a"].node_down("b"))  # a partition: b is alive after all
+    cluster.commit()
+    _publish(cluster, a, b"after")
+    cluster.commit()
+    assert bodies(take(cluster, "b")) == [b"after"]
+    assert _queue(cluster, "a").machine.consumer_count == 1
+
+
+def test_a_lost_detach_is_proposed_again_when_a_stray_delivery_shows_up() -> None:
+    cluster, a, b, c = _setup()
+    b.consume("q", "tb")
+    cluster.commit()
+    cluster.hold = True
+    b.close_channel()
+    cluster.abandon()  # the Detach is given up
+    cluster.hold = False
+    _publish(cluster, a, b"p")  # delivered to the ghost consumer: b proposes Detach again
+    c.consume("q", "tc")
+    cluster.commit()
+    assert bodies(take(cluster, "c")) == [b"p"]
+    assert _queue(cluster, "c").machine.consumer_count == 1
