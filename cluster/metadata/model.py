@@ -281,14 +281,22 @@ class ClearPolicy:
     cid: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Changes nothing and is never remembered in the command-id table: a replica that has applied it has applied
+    everything committed before it (`MetadataStore.sync()`, for reads that must see the latest state)."""
+
+    cid: str = ""
+
+
 Command = (
-    AddNode | RemoveNode | SetNodeState | PutVhost | DeleteVhost | PutUser | DeleteUser | SetPermissions
+    Barrier | AddNode | RemoveNode | SetNodeState | PutVhost | DeleteVhost | PutUser | DeleteUser | SetPermissions
     | ClearPermissions | DeclareExchange | DeleteExchange | Bind | Unbind | DeclareQueue | DeleteQueue
     | SetQueueLeader | SetQueueMembers | AddQueueMember | RemoveQueueMember | SetPolicy | ClearPolicy
 )
 
 COMMAND_TYPES: tuple[type, ...] = (
-    AddNode, RemoveNode, SetNodeState, PutVhost, DeleteVhost, PutUser, DeleteUser, SetPermissions,
+    Barrier, AddNode, RemoveNode, SetNodeState, PutVhost, DeleteVhost, PutUser, DeleteUser, SetPermissions,
     ClearPermissions, DeclareExchange, DeleteExchange, Bind, Unbind, DeclareQueue, DeleteQueue,
     SetQueueLeader, SetQueueMembers, AddQueueMember, RemoveQueueMember, SetPolicy, ClearPolicy,
 )
@@ -596,7 +604,7 @@ def _clear_policy(s: MetadataState, c: ClearPolicy) -> Step:
 
 
 _HANDLERS: dict[type, Callable[[MetadataState, Any], Step]] = {
-    AddNode: _add_node, RemoveNode: _remove_node, SetNodeState: _set_node_state, PutVhost: _put_vhost,
+    Barrier: lambda s, c: (s, Outcome()), AddNode: _add_node, RemoveNode: _remove_node, SetNodeState: _set_node_state, PutVhost: _put_vhost,
     DeleteVhost: _delete_vhost, PutUser: _put_user, DeleteUser: _delete_user,
     SetPermissions: _set_permissions, ClearPermissions: _clear_permissions,
     DeclareExchange: _declare_exchange, DeleteExchange: _delete_exchange, Bind: _bind, Unbind: _unbind,
@@ -608,6 +616,8 @@ _HANDLERS: dict[type, Callable[[MetadataState, Any], Step]] = {
 
 def apply(state: MetadataState, command: Command) -> tuple[MetadataState, Outcome]:
     """Apply one command. Deterministic; a command id seen before returns its first outcome unchanged."""
+    if isinstance(command, Barrier):
+        return state, Outcome()  # not remembered: barriers would push real command ids out of the window
     cid = command.cid
     if cid and cid in state.applied:
         return state, replace(state.applied[cid], duplicate=True)

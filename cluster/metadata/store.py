@@ -274,6 +274,12 @@ class MetadataStore:
         raise MetadataTimeout(f"{type(command).__name__} (cid {command.cid}) had no outcome within {timeout_s} s "
                               f"(last pysyncobj reason {last_error}); it may have been applied; retry it")
 
+    async def sync(self, timeout_s: float = 10.0) -> MetadataState:
+        """A read barrier: once it returns, this replica has applied everything committed before the call (a
+        `Barrier` went through the log and was applied here), and its state is returned."""
+        await self.apply(model.Barrier(), timeout_s)
+        return self.state
+
     async def _submit_once(self, payload: bytes, attempt_timeout_s: float) -> tuple[Any, int]:
         """One submission. pysyncobj drops a command forwarded to a leader whose connection is not up without
         calling back, so an attempt ends as `ATTEMPT_TIMED_OUT` (retried with the same id) after

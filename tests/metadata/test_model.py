@@ -64,6 +64,12 @@ def test_command_id_returns_first_outcome() -> None:
     assert again.duplicate and again.changes == first.changes and s2 == s
 
 
+def test_barrier_changes_nothing_and_is_not_remembered() -> None:
+    s = run(BASE)
+    s2, out = m.apply(s, m.Barrier(cid="b1"))
+    assert s2 is s and out == m.Outcome()
+
+
 def test_dedup_table_is_bounded() -> None:
     s = MetadataState()
     for i in range(m.DEDUP_MAX + 10):
@@ -163,6 +169,7 @@ bindings = st.builds(BindingRecord, vhosts, names, names, st.sampled_from(["queu
                      st.sampled_from(["", "k", "k.*"]), args)
 
 commands = st.one_of(
+    st.just(m.Barrier()),
     st.builds(AddNode, nodes, st.sampled_from(["h:1", "h:2"]), st.sampled_from([1, 1, 2])),
     st.builds(RemoveNode, nodes, st.booleans()),
     st.builds(PutVhost, vhosts, st.sampled_from(["", "d"])),

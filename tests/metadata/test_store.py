@@ -35,6 +35,21 @@ async def test_command_applied_on_one_node_is_visible_on_all() -> None:
             s.close()
 
 
+async def test_sync_is_a_read_barrier_on_a_follower() -> None:
+    addrs = free_addresses(3)
+    stores = await start_all([config(i, addrs) for i in range(3)])
+    try:
+        follower = next(s for s in stores if s.leader() != s.config.address)
+        writer = next(s for s in stores if s is not follower)
+        for i in range(5):
+            assert (await writer.apply(PutVhost(f"v{i}"))).ok
+        state = await follower.sync()  # no waiting loop: after sync the follower has applied all of it
+        assert {f"v{i}" for i in range(5)} <= set(state.vhosts)
+    finally:
+        for s in stores:
+            s.close()
+
+
 async def test_stores_run_alongside_a_busy_trio_loop() -> None:
     # the bridge never blocks trio: a ticker keeps running while commands replicate
     addrs = free_addresses(3)
