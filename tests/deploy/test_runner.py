@@ -17,17 +17,28 @@ from tests.broker.harness import Client
 from tests.management.helpers import served_broker
 
 
-def test_node_ports_never_collide_across_nodes() -> None:
-    plan = runner.plan_nodes(7, 5672, False, 5672)
-    assert [(name, port) for name, _, port in plan] == [(f"rmq{i}", 5672 + i) for i in range(1, 8)]
-    ports = [p for _, _, amqp in plan for p in (amqp, *topo.derived_ports(amqp).values())]
-    assert len(ports) == len(set(ports))
-    distinct = runner.plan_nodes(3, 5672, True, 5672)
-    assert [(host, port) for _, host, port in distinct] == [(f"127.0.1.{i}", 5672) for i in (1, 2, 3)]
-    with pytest.raises(SystemExit):
-        runner.plan_nodes(3, 50000, False, 5672)  # metadata ports would pass 65535
+def _all_ports(plan: list[runner.NodePlan]) -> list[int]:
+    return [p for n in plan for p in (n.port, n.management_port, n.raft_port, n.metadata_port)]
+
+
+@pytest.mark.parametrize("base_port", [5672, 30000, 44000, 60000])
+def test_node_ports_never_collide_across_nodes(base_port: int) -> None:
+    plan = runner.plan_nodes(7, base_port, False, 5672)
+    assert [(n.name, n.port) for n in plan] == [(f"rmq{i}", base_port + i) for i in range(1, 8)]
+    ports = _all_ports(plan)
+    assert len(ports) == len(set(ports)) and all(0 < p <= 65535 for p in ports)
+    if base_port == 5672:  # low ports: exactly what the node derives by itself
+        assert all(n.derived for n in plan) and plan[0].member_spec() == "rmq1=127.0.0.1:5673"
+        assert (plan[0].management_port, plan[0].raft_port, plan[0].metadata_port) == (15673, 25673, 26673)
+
+
+def test_distinct_addresses_share_one_port_set() -> None:
+    plan = runner.plan_nodes(3, 5672, True, 5672)
+    assert [(n.host, n.port, n.management_port) for n in plan] == [(f"127.0.1.{i}", 5672, 15672) for i in (1, 2, 3)]
     with pytest.raises(SystemExit):
         runner.plan_nodes(0, 5672, False, 5672)
+    with pytest.raises(SystemExit):
+        runner.plan_nodes(3, 65534, False, 5672)
 
 
 def test_derived_port_offsets_match_the_node_defaults() -> None:
@@ -49,24 +60,39 @@ def test_secret_is_generated_private_and_reused(tmp_path: Path) -> None:
         runner.cluster_secret(tmp_path)
 
 
-def test_cluster_config_names_every_node_and_reaches_the_node_command(tmp_path: Path) -> None:
-    plan = runner.plan_nodes(3, 6000, False, 5672)
+def _explicit_ports_supported() -> bool:
+    """node/runtime/config.py reads name=host:amqp:raft:metadata entries (needed for high base ports)."""
+    try:
+        probe = node_config.load(["--cluster-nodes", "a=127.0.0.1:1:2:3", "--node-name", "a",
+                                  "--cluster-secret", "s" * 32], environ={})[0]
+        return node_config.cluster_layout(probe).members[0].raft_port == 2
+    except (AttributeError, node_config.ConfigError):
+        return False
+
+
+@pytest.mark.parametrize("base_port", [6000, 50000])
+def test_cluster_config_names_every_node_and_reaches_the_node_command(tmp_path: Path, base_port: int) -> None:
+    plan = runner.plan_nodes(3, base_port, False, 5672)
     runner.write_node_configs(tmp_path, plan, cluster=True)
     cfg = runner.node_config_path("rmq2", str(tmp_path / "rmq2"))
     assert stat.S_IMODE(cfg.stat().st_mode) == 0o600
     secret = (tmp_path / runner.SECRET_FILE_NAME).read_text().strip()
-    if runner.cluster_mode_supported():  # the node's own reader accepts the file
-        values = node_config.values_from_toml(cfg)
-        assert values["cluster_nodes"] == ("rmq1=127.0.0.1:6001", "rmq2=127.0.0.1:6002", "rmq3=127.0.0.1:6003")
-        assert values["cluster_secret"] == secret
-        loaded, _ = node_config.load(["--config", str(cfg), "--node-name", "rmq2", "--port", "6002"], environ={})
-        assert loaded.cluster_nodes == values["cluster_nodes"]  # and it passes the node's cluster validation
-    command = runner.node_command("rmq2", "127.0.0.1", 6002, str(tmp_path / "rmq2"))
+    values = node_config.values_from_toml(cfg)  # the node's own reader accepts the file
+    assert values["cluster_nodes"] == tuple(n.member_spec() for n in plan)
+    assert values["cluster_secret"] == secret and values["management_port"] == plan[1].management_port
+    if _explicit_ports_supported():  # and the node's cluster validation finds the planned ports
+        loaded, _ = node_config.load(["--config", str(cfg), "--node-name", "rmq2", "--port", str(plan[1].port)],
+                                     environ={})
+        layout = node_config.cluster_layout(loaded)
+        assert [(m.name, m.amqp_port, m.raft_port, m.metadata_port) for m in layout.members] == [
+            (n.name, n.port, n.raft_port, n.metadata_port) for n in plan]
+        assert layout.members[1].management_port == plan[1].management_port
+    command = runner.node_command("rmq2", "127.0.0.1", plan[1].port, str(tmp_path / "rmq2"))
     assert command[command.index("--config") + 1] == str(cfg)
     assert secret not in " ".join(command)  # the secret never shows in ps
     runner.write_node_configs(tmp_path, plan, cluster=False)
-    assert not cfg.exists() and "--config" not in runner.node_command("rmq2", "127.0.0.1", 6002,
-                                                                     str(tmp_path / "rmq2"))
+    standalone = node_config.values_from_toml(cfg)
+    assert standalone == {"management_port": plan[1].management_port}
 
 
 def _closed_port() -> int:
