@@ -69,7 +69,9 @@ class PendingPublish:
 
     confirm_seq: int  # 0 when not in confirm mode
     commit_id: int  # 0 outside a transaction
-    targets: dict[tuple[str, str], Any] = field(default_factory=dict)  # (vhost, queue) -> its Enqueue command
+    targets: dict[tuple[str, str], Any] = field(default_factory=dict)  # (vhost, queue) -> its latest Enqueue
+    sequences: list[int] = field(default_factory=list)  # every publish sequence it was proposed under
+    resent: set[tuple[str, str]] = field(default_factory=set)  # re-proposed after a restore: Duplicate = done
     nacked: bool = False
 
 

@@ -260,8 +260,8 @@ def queue_declare(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Q
             assert_args_equivalent(queue.arguments, args, EQUIVALENCE_ARGS, resource)
     queue.last_used_ms = broker.now_ms
     ch.last_queue = queue.name
-    ok = m.QueueDeclareOk(queue=queue.name, message_count=queue.machine.ready_count,
-                          consumer_count=len(queue.consumers))
+    consumer_count = queue.machine.consumer_count if broker.replicated else len(queue.consumers)  # all nodes'
+    ok = m.QueueDeclareOk(queue=queue.name, message_count=queue.machine.ready_count, consumer_count=consumer_count)
     _reply(broker, ch, method.nowait, ok)
 
 
@@ -329,7 +329,7 @@ def queue_delete(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Qu
     count = 0
     if queue is not None:
         check_exclusive(conn, queue)
-        if method.if_unused and queue.consumers:
+        if method.if_unused and (queue.consumers or (broker.replicated and queue.machine.consumer_count)):
             raise precondition(f"{queue.resource} in use")
         if method.if_empty and queue.machine.ready_count:
             raise precondition(f"{queue.resource} not empty")
@@ -357,6 +357,10 @@ def delete_queue(broker: Broker, queue: QueueState, cancels: list[Effect] | None
     del vhost.queues[queue.name]
     vhost.invalidate()
     delivery.cancel_queue_consumers(broker, queue, cancels)
+    if broker.replicated:
+        from node.broker import replica
+
+        replica.forget_queue(broker, queue)
     if queue.stored or broker.replicated:
         if queue.persisted_ids:  # keep the queue's own stream consistent even if replayed apart from definitions
             removed = sorted(queue.persisted_ids)

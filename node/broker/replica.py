@@ -217,8 +217,7 @@ def _route(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], method: A
     if targets:
         conn = ch.conn
         assert conn is not None
-        sequence = conn.publish_seqs.get(ch.number, 0) + 1
-        conn.publish_seqs[ch.number] = sequence
+        sequence = _next_sequence(ch)
         message = QueuedMessage(msg, len(body), props.delivery_mode == 2, props.priority or 0, ttl_ms)
         for queue_name in targets:
             queue = vhost.queues.get(queue_name)
@@ -230,12 +229,23 @@ def _route(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], method: A
                 pending.targets[(vhost.name, queue_name)] = command
     if pending is not None and pending.targets:
         ch.repl_waiting[sequence] = pending
+        pending.sequences.append(sequence)
         if seq:
             ch.confirm_waiting[seq] = 1
         return [sequence]
     if seq:
         publish.confirm_ready(broker, ch, (seq,), ())
     return []
+
+
+def _next_sequence(ch: ChannelState) -> int:
+    """The channel's next publish sequence; counted per channel number of the connection, so a reopened channel
+    (same publisher id) continues above what the queues' publisher dedup has seen."""
+    conn = ch.conn
+    assert conn is not None
+    sequence = conn.publish_seqs.get(ch.number, 0) + 1
+    conn.publish_seqs[ch.number] = sequence
+    return sequence
 
 
 def tx_commit(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxCommit) -> None:
@@ -257,18 +267,48 @@ def tx_commit(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxCom
     publish._release_commits(broker, ch)
 
 
-def _on_outcome(broker: Broker, key: tuple[str, str], publisher_id: Any, sequence: Any, rejected: bool) -> None:
+ACCEPTED, DUPLICATE, REJECTED = "accepted", "duplicate", "rejected"
+
+
+def _on_outcome(broker: Broker, key: tuple[str, str], publisher_id: Any, sequence: Any, outcome: str) -> None:
+    """One target queue's answer to a publish of a local channel."""
     ch = broker.publishers.get(publisher_id) if publisher_id is not None else None
     if ch is None:
         return
     pending = ch.repl_waiting.get(sequence)
-    if pending is None or pending.targets.pop(key, None) is None:
+    command = pending.targets.get(key) if pending is not None else None
+    if pending is None or command is None or command.sequence != sequence:
         return
-    if rejected:
+    if outcome == DUPLICATE and key not in pending.resent:
+        # This replica applied every entry and saw no Accepted for it: a later sequence of the channel committed
+        # first (a retry reordered them) and the machine's high-water took this one for a retry. Send it again.
+        _resend(broker, ch, pending, key, command)
+        return
+    del pending.targets[key]
+    if outcome == REJECTED:
         pending.nacked = True
     if not pending.targets:
-        del ch.repl_waiting[sequence]
-        _complete(broker, ch, pending)
+        _finish_pending(broker, ch, pending)
+
+
+def _resend(broker: Broker, ch: ChannelState, pending: PendingPublish, key: tuple[str, str], command: Enqueue
+            ) -> None:
+    queue = _queue(broker, *key)
+    if queue is None:
+        _on_outcome(broker, key, ch.publisher_id, command.sequence, ACCEPTED)
+        return
+    sequence = _next_sequence(ch)
+    resent = Enqueue(command.message, broker.now_ms, ch.publisher_id, sequence)
+    pending.targets[key] = resent
+    pending.sequences.append(sequence)
+    ch.repl_waiting[sequence] = pending
+    propose(broker, queue, resent)
+
+
+def _finish_pending(broker: Broker, ch: ChannelState, pending: PendingPublish) -> None:
+    for sequence in pending.sequences:
+        ch.repl_waiting.pop(sequence, None)
+    _complete(broker, ch, pending)
 
 
 def _complete(broker: Broker, ch: ChannelState, pending: PendingPublish) -> None:
@@ -354,10 +394,12 @@ def apply_committed(broker: Broker, vhost: str, name: str, data: bytes) -> None:
         kind = type(effect)
         if kind is Deliver:
             _on_deliver(broker, queue, effect)
-        elif kind is Accepted or kind is Duplicate:
-            _on_outcome(broker, key, effect.publisher_id, effect.sequence, False)
+        elif kind is Accepted:
+            _on_outcome(broker, key, effect.publisher_id, effect.sequence, ACCEPTED)
+        elif kind is Duplicate:
+            _on_outcome(broker, key, effect.publisher_id, effect.sequence, DUPLICATE)
         elif kind is Rejected:
-            _on_outcome(broker, key, effect.publisher_id, effect.sequence, True)
+            _on_outcome(broker, key, effect.publisher_id, effect.sequence, REJECTED)
         elif kind is GetOk:
             _on_get_ok(broker, queue, effect, command)
         elif kind is GetEmpty:
@@ -464,7 +506,7 @@ def proposal_abandoned(broker: Broker, vhost: str, name: str, data: bytes) -> No
     kind = type(command)
     queue = _queue(broker, vhost, name)
     if kind is Enqueue:
-        _on_outcome(broker, (vhost, name), command.publisher_id, command.sequence, True)
+        _on_outcome(broker, (vhost, name), command.publisher_id, command.sequence, REJECTED)
     elif kind is Get:
         _answer_get_empty(broker, command.consumer_id)
     elif kind is AddCredit:
@@ -619,4 +661,20 @@ def _resync(broker: Broker, queue: QueueState) -> None:
         for pending in ch.repl_waiting.values():
             command = pending.targets.get(key)
             if command is not None:  # Accepted again, or Duplicate if it had been: either way an outcome
+                pending.resent.add(key)
                 propose(broker, queue, command)
+
+
+def forget_queue(broker: Broker, queue: QueueState) -> None:
+    """The queue was deleted: publishes waiting for it count it as done (as RabbitMQ confirms a message whose
+    queue went away), gets waiting on it are answered empty."""
+    key = (queue.vhost, queue.name)
+    for ch in list(broker.publishers.values()):
+        for pending in list(ch.repl_waiting.values()):
+            command = pending.targets.get(key)
+            if command is not None:
+                _on_outcome(broker, key, ch.publisher_id, command.sequence, ACCEPTED)
+    for getter_id, (_ch, get_queue) in list(broker.pending_gets.items()):
+        if get_queue is queue:
+            _answer_get_empty(broker, getter_id)
+    flush_confirms(broker)  # (this may run inside a client's entry point, which does not flush)

@@ -217,3 +217,34 @@ def test_quorum_arguments_are_validated() -> None:
     record = [r for r in cluster.records if isinstance(r, QueueRecord) and r.name == "good"][-1]
     assert record.arguments["x-quorum-initial-group-size"] == 3
     assert cluster.brokers["b"].vhosts["/"].queues["good"].machine.args.delivery_limit == 5
+
+
+def test_publishes_reordered_by_a_retry_are_sent_again_not_lost() -> None:
+    cluster, a, _b, _c = _setup()
+    a.call(m.ConfirmSelect())
+    cluster.hold = True
+    a.publish("", "q", b"first")
+    a.publish("", "q", b"second")
+    cluster.hold = False
+    (_n1, _k1, first), (_n2, _k2, second) = cluster.held
+    cluster.held.clear()
+    cluster.logs[KEY] += [second, first]  # the first was lost and retried after the second committed
+    cluster.commit()
+    assert _acks(take(cluster, "a")) == [(2, False), (1, False)]
+    c = cluster_client(cluster, "c", conn_id=7)
+    c.consume("q", "t")
+    cluster.commit()
+    assert bodies(take(cluster, "c")) == [b"second", b"first"]
+
+
+def test_publishes_waiting_for_a_deleted_queue_are_confirmed_and_gets_answered() -> None:
+    cluster, a, _b, _c = _setup()
+    a.call(m.ConfirmSelect())
+    a.open(2)
+    cluster.hold = True
+    a.publish("", "q", b"x")
+    a.call(m.BasicGet(queue="q"), 2)
+    cluster.hold = False
+    effects = a.call(m.QueueDelete(queue="q"), 2)
+    assert _acks(effects) == [(1, False)]
+    assert of_type(effects, m.BasicGetEmpty)
