@@ -217,11 +217,24 @@ def cmd_cluster(client: Client, args: argparse.Namespace) -> Any:
     result = client.call("POST", f"/api/raftmq/{args.command}", body)
     if args.json:
         return result
-    if isinstance(result, dict) and isinstance(result.get("rows"), list) and result["rows"]:
-        print(render_table(result["rows"], tuple(result["rows"][0])))
-    else:
-        print(f"{args.command}: done" + (f" ({cell(result)})" if result else ""))
+    print(describe_result(args.command, result))
     return None
+
+
+def describe_result(command: str, result: Any) -> str:
+    """A command's answer for people: scalars as key=value, each list of objects as a table under its key."""
+    if not isinstance(result, dict) or not result:
+        return f"{command}: done"
+    lines = [f"{command}: done"]
+    for key, value in result.items():
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            columns = tuple(dict.fromkeys(k for row in value for k in row))
+            lines += [f"{key}:", render_table(value, columns)]
+        elif isinstance(value, list) and not value:
+            lines.append(f"{key}: none")
+        else:
+            lines.append(f"{key}: {cell(value)}")
+    return "\n".join(lines)
 
 
 # --- argument parsing -----------------------------------------------------------------------------------------

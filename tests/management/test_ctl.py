@@ -86,3 +86,10 @@ def test_table_rendering_units() -> None:
     assert ctl.render_table(rows, ("a", "b", "d", "n.m")).splitlines() == ["a  b    d  n.m", "x  1,2     deep"]
     assert ctl.cell(True) == "true" and ctl.cell({}) == "" and ctl.cell({"k": 1}) == '{"k": 1}'
     assert ctl.q("/") == "%2F"
+
+
+def test_command_results_are_printed_as_tables_under_their_keys() -> None:
+    result = {"moved": [{"vhost": "/", "queue": "qq1", "leader": "rmq2"}], "skipped": [], "total": 1}
+    assert ctl.describe_result("rebalance", result).splitlines() == [
+        "rebalance: done", "moved:", "vhost  queue  leader", "/      qq1    rmq2", "skipped: none", "total: 1"]
+    assert ctl.describe_result("leave_cluster", {}) == "leave_cluster: done"
