@@ -13,6 +13,10 @@ Storage is batched: every record written during one entry point shares one `Pers
 first record was, records in order. `handle_many` (one read's events) and `on_persisted_many` (one commit's tokens)
 let the runtime widen both batches: the effects are those of calling `handle`/`on_persisted` one at a time, except
 for fewer Persist tokens and confirms coalesced into multiple acks.
+
+Replicated mode (`BrokerConfig.replicated`, docs/cluster.md): every queue is a replica of a Raft group; queue
+commands come out as `ProposeQueue` effects and committed entries come back through `apply_committed`. The entry
+points of that mode are thin wrappers over `replica` (queues) and `mirror` (definitions from other nodes).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 A channel numbers its deliveries (`next_delivery_tag`), remembers what each unacked tag refers to (queue, consumer
 id, msg id), holds its consumers, QoS limits, flow state, confirm and tx state, and a bounded `pending` buffer of
 deliveries the queue handed over that the channel may not send yet (flow off, socket not draining, or the
-channel-global prefetch full). Consumer ids are broker-wide ints; a channel also owns one id for basic.get.
+channel-global prefetch full). Consumer ids are broker-wide ints (replicated mode: (node, boot_id, n)); a channel
+also owns one id for basic.get (replicated mode: every basic.get has its own id).
 """
 
 from __future__ import annotations
