@@ -15,6 +15,8 @@ How it works:
   at least two (source count - target count >= 2), picking the most loaded source first; each such move lowers the
   sum of squared leader counts, so the loop ends, and it ends when no single move could help (balanced within one
   wherever membership allows). A queue whose leader is down is first given its least loaded up member.
+- `evacuation_plan` is for a node that leaves (ctl leave/forget without force): every queue it is a member of gets
+  an up non-member in its place, or just loses it when there is no candidate and other members remain.
 - `replacement_plan` replaces at most one member per queue per call (a Raft group changes membership one step at a
   time; call again after the change committed), only for queues that still have a live majority (otherwise the
   membership change could not commit), and only with an up node that is not already a member.
@@ -155,4 +157,26 @@ def replacement_plan(state: MetadataState, down_since_ms: Mapping[str, int], now
         counts[new] += 1
         counts[dead[0]] -= 1
         plan.append((q.vhost, q.name, dead[0], new))
+    return plan
+
+
+def evacuation_plan(state: MetadataState, node: str) -> list[Replacement]:
+    """Move every queue off `node` (before `RemoveNode(node)` without force): (vhost, name, node, new) with `new`
+    the up non-member that is a member of the fewest queues, or "" (shrink only) when there is none and other
+    members remain. A queue whose only member is `node`, with no other up node, cannot move and is left out (so
+    `RemoveNode` still refuses). Every node leaving is assumed still reachable; one entry per queue."""
+    up = [n for n in up_nodes(state) if n != node]
+    counts = member_counts(state.queues.values())
+    plan: list[Replacement] = []
+    for key in sorted(state.queues):
+        q = state.queues[key]
+        if node not in q.members:
+            continue
+        candidates = [n for n in up if n not in q.members]
+        if candidates:
+            new = _least_loaded(candidates, counts)
+            counts[new] += 1
+            plan.append((q.vhost, q.name, node, new))
+        elif len(q.members) > 1:
+            plan.append((q.vhost, q.name, node, ""))
     return plan
