@@ -21,7 +21,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.frames import ProtocolError
-from bench.recovery import NodeUnderTest, declare_queue, fill_queue, queue_message_count, rss_bytes
+from bench.recovery import (
+    READY_TIMEOUT_S,
+    NodeUnderTest,
+    declare_queue,
+    fill_queue,
+    queue_message_count,
+    rss_bytes,
+)
 
 QUEUE = "bench-memory"
 SETTLE_S = 2.0
@@ -65,7 +72,7 @@ def measure_memory(node: NodeUnderTest, messages: int, body_size: int, window: i
     if restart:
         node.kill9()
         node.spawn()
-        node.wait_answers()
+        node.wait_answers(READY_TIMEOUT_S)
         while queue_message_count(node.endpoint, QUEUE) != messages:
             time.sleep(0.1)
         time.sleep(SETTLE_S)

@@ -191,6 +191,7 @@ class RecoveryResult:
     fill_s: float
     fill_msgs_per_s: float
     data_dir_bytes: int
+    rss_before_kill_bytes: int
     restart_to_amqp_s: float
     restart_to_all_ready_s: float
     rss_after_recovery_bytes: int
@@ -209,13 +210,14 @@ def measure_recovery(node: NodeUnderTest, messages: int, body_size: int, window:
     ready = queue_message_count(node.endpoint, QUEUE)
     if ready != messages:
         raise RuntimeError(f"queue reports {ready} ready after confirming {messages}")
+    rss_before_kill = rss_bytes(node.pid)
     node.kill9()
     data_bytes = directory_bytes(node.data_dir)
     print(f"filled in {fill_s:.1f} s; killed with SIGKILL; {data_bytes / 1e6:.0f} MB on disk; restarting ...",
           flush=True)
     started = time.monotonic()
     node.spawn()
-    node.wait_answers()
+    node.wait_answers(READY_TIMEOUT_S)  # the node listens only once recovery has rebuilt every queue
     to_amqp_s = time.monotonic() - started
     deadline = started + READY_TIMEOUT_S
     while queue_message_count(node.endpoint, QUEUE) != messages:
@@ -223,8 +225,8 @@ def measure_recovery(node: NodeUnderTest, messages: int, body_size: int, window:
             raise RuntimeError("recovered queue never reported every message")
         time.sleep(POLL_S)
     to_ready_s = time.monotonic() - started
-    return RecoveryResult(messages, body_size, fill_s, messages / fill_s, data_bytes, to_amqp_s, to_ready_s,
-                          rss_bytes(node.pid))
+    return RecoveryResult(messages, body_size, fill_s, messages / fill_s, data_bytes, rss_before_kill, to_amqp_s,
+                          to_ready_s, rss_bytes(node.pid))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -254,7 +256,8 @@ def main(argv: list[str]) -> int:
     print(f"recovery of {result.messages:,} x {result.body_size_bytes} B: answers AMQP after "
           f"{result.restart_to_amqp_s:.2f} s, all {result.messages:,} ready after {result.restart_to_all_ready_s:.2f} s"
           f"; fill {result.fill_msgs_per_s:,.0f} msg/s; data dir {result.data_dir_bytes / 1e6:.0f} MB; "
-          f"RSS after recovery {result.rss_after_recovery_bytes / 1e6:.0f} MB")
+          f"RSS before the kill {result.rss_before_kill_bytes / 1e6:.0f} MB, after recovery "
+          f"{result.rss_after_recovery_bytes / 1e6:.0f} MB")
     if args.json:
         Path(args.json).write_text(json.dumps(asdict(result), indent=2))
     return 0
