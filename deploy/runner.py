@@ -246,6 +246,40 @@ def plan_nodes(count: int, base_port: int, distinct_addresses: bool, node_port: 
     return plan
 
 
+HAPROXY_FDS_RESERVED = 100
+
+
+def haproxy_maxconn(fd_hard_limit: int) -> int:
+    """The most connections HAProxy can hold under this hard limit on open files (two descriptors each)."""
+    if fd_hard_limit < 0:  # RLIM_INFINITY
+        return topo.HAPROXY_MAXCONN
+    return max(64, min(topo.HAPROXY_MAXCONN, (fd_hard_limit - HAPROXY_FDS_RESERVED) // 2))
+
+
+def _local_maxconn() -> int:
+    import resource
+
+    return haproxy_maxconn(resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+
+
+def wait_haproxy(pid: int, port: int, log_path: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Return once HAProxy accepts on `port`; SystemExit with its log when it exits or never listens."""
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        except OSError:
+            pass
+        if not pid_alive(pid):
+            break
+        time.sleep(0.1)
+    tail = Path(log_path).read_text(errors="replace")[-2000:] if Path(log_path).exists() else ""
+    raise SystemExit(f"raftmq cluster: HAProxy is not serving port {port} (log {log_path}):\n{tail}")
+
+
 def _start_haproxy(cfg_text: str, data_dir: Path) -> tuple[int, str, str]:
     binary = ensure_haproxy()
     cfg_path = data_dir / "haproxy.cfg"
@@ -290,7 +324,8 @@ def up(args: argparse.Namespace) -> int:
     haproxy_pid = haproxy_cfg_path = haproxy_log = None
     haproxy_port = None if args.no_haproxy else args.haproxy_port
     if haproxy_port is not None:
-        cfg = topo.haproxy_cfg(layout, [(n.name, n.host, n.port) for n in nodes], haproxy_port)
+        cfg = topo.haproxy_cfg(layout, [(n.name, n.host, n.port) for n in nodes], haproxy_port,
+                               maxconn=_local_maxconn())
         haproxy_pid, haproxy_cfg_path, haproxy_log = _start_haproxy(cfg, data_dir)
     state = ClusterState(nodes, haproxy_pid, haproxy_port, haproxy_cfg_path, haproxy_log)
     _save_state(data_dir, state)
@@ -299,6 +334,13 @@ def up(args: argparse.Namespace) -> int:
         print(f"raftmq cluster: nodes not ready: {', '.join(late)}; logs in {data_dir}", file=sys.stderr)
         stop(state)
         return 1
+    if haproxy_pid is not None and haproxy_port is not None and haproxy_log is not None:
+        try:
+            wait_haproxy(haproxy_pid, haproxy_port, haproxy_log)
+        except SystemExit as exc:
+            print(exc, file=sys.stderr)
+            stop(state)
+            return 1
     _print_up(state, data_dir)
     if args.detach:
         return 0

@@ -136,3 +136,10 @@ def test_status_of_an_old_cluster_json_derives_the_management_port(tmp_path: Pat
     report = runner.status_report(tmp_path)
     assert report["nodes"][0]["management_port"] == 15673  # type: ignore[index]
     assert report["nodes"][0]["state"] == "stopped" and report["queues"] == []  # type: ignore[index]
+
+
+def test_haproxy_maxconn_fits_the_open_files_limit() -> None:
+    assert runner.haproxy_maxconn(20000) == 9950  # two descriptors per connection, some reserved
+    assert runner.haproxy_maxconn(-1) == topo.HAPROXY_MAXCONN  # unlimited
+    assert runner.haproxy_maxconn(1024) == 462 and runner.haproxy_maxconn(10) == 64
+    assert "maxconn 9950" in topo.haproxy_cfg(topo.load(), [("rmq1", "127.0.0.1", 5673)], 5672, maxconn=9950)
