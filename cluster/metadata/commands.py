@@ -1,0 +1,282 @@
+"""The cluster metadata's records and commands: plain frozen dataclasses, no behaviour.
+
+What it is for: `cluster.metadata.model` applies these commands to a state made of these records; they are split
+out so the state machine stays readable. Everything here is also importable from `cluster.metadata.model`.
+
+How it works: every command carries an optional command id (`cid`) for idempotent retries; declares carry the
+full definition. `COMMAND_TYPES` / `RECORD_TYPES` list them for the codec (`model.to_plain` / `model.from_plain`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Args = dict[str, Any]
+
+# ---------------------------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    name: str
+    address: str
+    version: int
+    state: str = "up"
+
+
+@dataclass(frozen=True, slots=True)
+class VhostRecord:
+    name: str
+    description: str = ""
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class UserRecord:
+    name: str
+    password_hash: str
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionRecord:
+    user: str
+    vhost: str
+    configure: str = ".*"
+    write: str = ".*"
+    read: str = ".*"
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeRecord:
+    vhost: str
+    name: str
+    type: str = "direct"
+    durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: Args = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class BindingRecord:
+    vhost: str
+    source: str
+    destination: str
+    destination_kind: str = "queue"  # "queue" or "exchange"
+    routing_key: str = ""
+    arguments: Args = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRecord:
+    vhost: str
+    name: str
+    type: str = "classic"
+    durable: bool = True
+    auto_delete: bool = False
+    exclusive_owner: str = ""  # "" = not exclusive; else the owning connection's cluster-wide id
+    arguments: Args = field(default_factory=dict)
+    leader: str = ""
+    members: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    vhost: str
+    name: str
+    pattern: str
+    apply_to: str = "all"
+    definition: Args = field(default_factory=dict)
+    priority: int = 0
+
+
+# ---------------------------------------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True, slots=True)
+class AddNode:
+    name: str
+    address: str
+    version: int
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveNode:
+    """Forget a node. Refused while queues list it as a member, unless `force`: then it is dropped from every
+    member list (the leader moves to the next member) and the queues it was the only member of are deleted."""
+
+    name: str
+    force: bool = False
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SetNodeState:
+    name: str
+    state: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PutVhost:
+    name: str
+    description: str = ""
+    tags: tuple[str, ...] = ()
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteVhost:
+    name: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PutUser:
+    name: str
+    password_hash: str
+    tags: tuple[str, ...] = ()
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteUser:
+    name: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SetPermissions:
+    user: str
+    vhost: str
+    configure: str = ".*"
+    write: str = ".*"
+    read: str = ".*"
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClearPermissions:
+    user: str
+    vhost: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareExchange:
+    exchange: ExchangeRecord
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteExchange:
+    vhost: str
+    name: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    binding: BindingRecord
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Unbind:
+    binding: BindingRecord
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareQueue:
+    """The full definition, placement included. Redeclaring an equal definition keeps the current placement."""
+
+    queue: QueueRecord
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteQueue:
+    vhost: str
+    name: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SetQueueLeader:
+    vhost: str
+    name: str
+    leader: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SetQueueMembers:
+    """New member list; the leader is kept if still a member, else the first member becomes leader."""
+
+    vhost: str
+    name: str
+    members: tuple[str, ...]
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AddQueueMember:
+    """Grow: add one known node to a queue's members (already a member: nothing changes)."""
+
+    vhost: str
+    name: str
+    node: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveQueueMember:
+    """Shrink: drop one member (not a member: nothing changes; the last member: refused). A removed leader is
+    replaced by the first remaining member."""
+
+    vhost: str
+    name: str
+    node: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SetPolicy:
+    policy: PolicyRecord
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClearPolicy:
+    vhost: str
+    name: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Changes nothing and is never remembered in the command-id table: a replica that has applied it has applied
+    everything committed before it (`MetadataStore.sync()`, for reads that must see the latest state)."""
+
+    cid: str = ""
+
+
+Command = (
+    Barrier | AddNode | RemoveNode | SetNodeState | PutVhost | DeleteVhost | PutUser | DeleteUser | SetPermissions
+    | ClearPermissions | DeclareExchange | DeleteExchange | Bind | Unbind | DeclareQueue | DeleteQueue
+    | SetQueueLeader | SetQueueMembers | AddQueueMember | RemoveQueueMember | SetPolicy | ClearPolicy
+)
+
+COMMAND_TYPES: tuple[type, ...] = (
+    Barrier, AddNode, RemoveNode, SetNodeState, PutVhost, DeleteVhost, PutUser, DeleteUser, SetPermissions,
+    ClearPermissions, DeclareExchange, DeleteExchange, Bind, Unbind, DeclareQueue, DeleteQueue,
+    SetQueueLeader, SetQueueMembers, AddQueueMember, RemoveQueueMember, SetPolicy, ClearPolicy,
+)
+RECORD_TYPES: tuple[type, ...] = (
+    NodeRecord, VhostRecord, UserRecord, PermissionRecord, ExchangeRecord, BindingRecord, QueueRecord,
+    PolicyRecord,
+)
