@@ -17,7 +17,12 @@ from tests.metadata.helpers import config, free_addresses, wait_until
 def test_journal_fsyncs_every_append_truncation_and_vote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     synced: list[int] = []
     real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+
+    def counting_fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
     path = str(tmp_path / "j")
     journal = DurableFileJournal(path)
     synced.clear()

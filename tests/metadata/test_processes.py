@@ -37,7 +37,11 @@ class NodeProc:
         self.lines = queue.Queue()
         out = self.proc.stdout
         assert out is not None
-        threading.Thread(target=lambda: [self.lines.put(line) for line in out], daemon=True).start()
+        threading.Thread(target=self._pump, args=(out,), daemon=True).start()
+
+    def _pump(self, out: Any) -> None:
+        for line in out:
+            self.lines.put(line)
 
     def wait_ready(self) -> None:
         assert json.loads(self.lines.get(timeout=START_TIMEOUT_S)) == {"ready": True}

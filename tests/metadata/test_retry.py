@@ -55,7 +55,7 @@ def make_store(script: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[Meta
     s = MetadataStore(config(0, free_addresses(1)))
     fake = FakeReplica(script)
     s._replica = fake  # type: ignore[assignment]
-    s._syncobj = object()  # type: ignore[assignment]
+    s._syncobj = object()
     monkeypatch.setattr(MetadataStore, "leader", lambda self: "127.0.0.1:1")
     return s, fake
 
