@@ -7,10 +7,15 @@ Vocabulary from rabbitmq/jepsen's queue checker (REFERENCE.md §5), per payload 
 - recovered: not confirmed (nacked, or the outcome unknown because the connection died) yet delivered;
 - unconfirmed_absent: not confirmed and never delivered (allowed: the broker never promised it);
 - duplicated: delivered more than once (allowed for at-least-once delivery; counted).
+At-least-once (the acks in the history): a payload delivered again must carry redelivered=True (an
+"unflagged redelivery" is a violation: the broker forgot it had handed the message out); a payload delivered again
+after a consumer acked it is counted (redelivered_after_ack: the ack was lost with a node, allowed); and once the
+acking consumer's connection closed cleanly (a "closed" marker: close-ok came back, so the broker took every ack
+sent before it, and the nemesis no longer acts then), a later delivery is a violation (redelivered_after_settled_ack).
 Order: a queue is FIFO and a publisher's channel sends in sequence order, so the first-time deliveries
 (redelivered=False) that one consumer receives from one publisher on one queue must have increasing sequence
 numbers. Redeliveries are exempt (a requeue legitimately moves a message back). Each break is an OrderViolation.
-A run is valid when nothing is lost or unexpected.
+A run is valid when nothing is lost or unexpected, no redelivery is unflagged, and no settled ack is undone.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.history import Delivery, Outcome, Publish
+from chaos.history import Ack, Delivery, Fault, Outcome, Publish
 
 _OUTCOME_RANK: dict[Outcome, int] = {"unknown": 0, "nacked": 1, "confirmed": 2}
 
@@ -49,10 +54,14 @@ class CheckResult:
     unconfirmed_absent: tuple[str, ...]
     duplicated: tuple[tuple[str, int], ...]
     order_violations: tuple[OrderViolation, ...]
+    unflagged_redeliveries: tuple[tuple[str, str], ...] = ()  # (payload id, consumer): again, redelivered=False
+    redelivered_after_ack: tuple[str, ...] = ()  # delivered again after an ack of it was sent (ack lost: allowed)
+    redelivered_after_settled_ack: tuple[str, ...] = ()  # ... after the acking connection closed cleanly
 
     @property
     def valid(self) -> bool:
-        return not self.lost and not self.unexpected
+        return (not self.lost and not self.unexpected and not self.unflagged_redeliveries
+                and not self.redelivered_after_settled_ack)
 
     def summary(self) -> dict[str, Any]:
         """Counts only (the JSON report's headline)."""
@@ -63,6 +72,9 @@ class CheckResult:
             "unconfirmed_absent": len(self.unconfirmed_absent), "duplicated": len(self.duplicated),
             "duplicate_deliveries": sum(count - 1 for _, count in self.duplicated),
             "order_violations": len(self.order_violations),
+            "unflagged_redeliveries": len(self.unflagged_redeliveries),
+            "redelivered_after_ack": len(self.redelivered_after_ack),
+            "redelivered_after_settled_ack": len(self.redelivered_after_settled_ack),
         }
 
 
@@ -94,8 +106,45 @@ def order_violations(publishes: dict[str, Publish], deliveries: Sequence[Deliver
     return violations
 
 
-def check(publishes: Iterable[Publish], deliveries: Sequence[Delivery]) -> CheckResult:
-    """Classify every payload id of the history. `deliveries` must be in the order they were received."""
+def unflagged_redeliveries(deliveries: Sequence[Delivery]) -> list[tuple[str, str]]:
+    """Deliveries of a payload handed out before that do not say redelivered."""
+    seen: set[str] = set()
+    found = []
+    for delivery in deliveries:
+        if delivery.payload_id in seen and not delivery.redelivered:
+            found.append((delivery.payload_id, delivery.consumer))
+        seen.add(delivery.payload_id)
+    return found
+
+
+def redelivered_after_ack(deliveries: Sequence[Delivery], acks: Iterable[Ack],
+                          faults: Iterable[Fault]) -> tuple[list[str], list[str]]:
+    """Payloads delivered again after an ack of them was sent, and those after that ack was settled (the acking
+    consumer's "closed" marker came after the ack and before the delivery)."""
+    closes: dict[str, list[float]] = {}
+    for fault in faults:
+        if fault.kind == "closed":
+            closes.setdefault(fault.target, []).append(fault.at_ms)
+    acked_ms: dict[str, float] = {}
+    settled_ms: dict[str, float] = {}
+    for ack in acks:
+        acked_ms[ack.payload_id] = min(ack.at_ms, acked_ms.get(ack.payload_id, ack.at_ms))
+        settle = min((at for at in closes.get(ack.consumer, []) if at >= ack.at_ms), default=None)
+        if settle is not None:
+            settled_ms[ack.payload_id] = min(settle, settled_ms.get(ack.payload_id, settle))
+    after_ack, after_settled = set(), set()
+    for delivery in deliveries:
+        if delivery.received_ms > acked_ms.get(delivery.payload_id, float("inf")):
+            after_ack.add(delivery.payload_id)
+        if delivery.received_ms > settled_ms.get(delivery.payload_id, float("inf")):
+            after_settled.add(delivery.payload_id)
+    return sorted(after_ack), sorted(after_settled)
+
+
+def check(publishes: Iterable[Publish], deliveries: Sequence[Delivery], acks: Iterable[Ack] = (),
+          faults: Iterable[Fault] = ()) -> CheckResult:
+    """Classify every payload id of the history. `deliveries` must be in the order they were received; `acks` and
+    `faults` (for the consumers' "closed" markers) are optional."""
     published = strongest_outcomes(publishes)
     delivered = Counter(delivery.payload_id for delivery in deliveries)
     outcomes = Counter(publish.outcome for publish in published.values())
@@ -114,9 +163,12 @@ def check(publishes: Iterable[Publish], deliveries: Sequence[Delivery]) -> Check
             absent.append(payload_id)
     unexpected = sorted(payload_id for payload_id in delivered if payload_id not in published)
     duplicated = sorted((payload_id, count) for payload_id, count in delivered.items() if count > 1)
+    after_ack, after_settled = redelivered_after_ack(deliveries, acks, faults)
     return CheckResult(
         attempted=len(published), confirmed=outcomes["confirmed"], nacked=outcomes["nacked"],
         unknown=outcomes["unknown"], deliveries=len(deliveries), ok=ok, lost=tuple(sorted(lost)),
         unexpected=tuple(unexpected), recovered=tuple(sorted(recovered)), unconfirmed_absent=tuple(sorted(absent)),
         duplicated=tuple(duplicated), order_violations=tuple(order_violations(published, deliveries)),
+        unflagged_redeliveries=tuple(unflagged_redeliveries(deliveries)),
+        redelivered_after_ack=tuple(after_ack), redelivered_after_settled_ack=tuple(after_settled),
     )

@@ -151,10 +151,11 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _check(path: Path) -> int:
     from chaos.checker import check
-    from chaos.history import read_history, split
+    from chaos.history import acks_of, read_history, split
 
-    publishes, deliveries, _ = split(read_history(path))
-    result = check(publishes, deliveries)
+    records = list(read_history(path))
+    publishes, deliveries, faults = split(records)
+    result = check(publishes, deliveries, acks_of(records), faults)
     print(json.dumps(result.summary(), indent=2))
     return 0 if result.valid else 1
 

@@ -1,7 +1,8 @@
 """The history of one chaos run: what the workload tried, what it saw, and what the nemesis did.
 
-How it works: three frozen record types — `Publish` (one publish attempt and its confirm outcome), `Delivery` (one
-message received by a consumer) and `Fault` (one nemesis action, or a workload phase marker) — written as JSON lines
+How it works: four frozen record types — `Publish` (one publish attempt and its confirm outcome), `Delivery` (one
+message received by a consumer), `Ack` (the consumer sent basic.ack for it) and `Fault` (one nemesis action, or a
+workload phase marker such as "drain", or "closed" when a consumer's connection closed cleanly) — written as JSON lines
 (one object per line with a "type" field) so a run can be checked, reported and replayed offline. Times are
 milliseconds since the start of the run (`*_ms`), from the workload's monotonic clock.
 """
@@ -43,6 +44,16 @@ class Delivery:
 
 
 @dataclass(frozen=True, slots=True)
+class Ack:
+    """A consumer sent basic.ack for a delivery (written to its socket; AMQP does not confirm acks)."""
+
+    payload_id: str
+    consumer: str
+    queue: str
+    at_ms: float
+
+
+@dataclass(frozen=True, slots=True)
 class Fault:
     """One nemesis action (kill, pause, partition, toxic...) or a phase marker such as "drain"."""
 
@@ -52,9 +63,9 @@ class Fault:
     detail: str = ""
 
 
-Record = Publish | Delivery | Fault
-_TYPES: dict[str, type[Publish] | type[Delivery] | type[Fault]] = {
-    "publish": Publish, "deliver": Delivery, "fault": Fault,
+Record = Publish | Delivery | Ack | Fault
+_TYPES: dict[str, type[Publish] | type[Delivery] | type[Ack] | type[Fault]] = {
+    "publish": Publish, "deliver": Delivery, "ack": Ack, "fault": Fault,
 }
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 
@@ -84,6 +95,7 @@ def read_history(path: Path) -> Iterator[Record]:
 
 
 def split(records: Iterable[Record]) -> tuple[list[Publish], list[Delivery], list[Fault]]:
+    """Publishes, deliveries and faults, each in history order (acks: `acks_of`)."""
     publishes: list[Publish] = []
     deliveries: list[Delivery] = []
     faults: list[Fault] = []
@@ -92,6 +104,10 @@ def split(records: Iterable[Record]) -> tuple[list[Publish], list[Delivery], lis
             publishes.append(record)
         elif isinstance(record, Delivery):
             deliveries.append(record)
-        else:
+        elif isinstance(record, Fault):
             faults.append(record)
     return publishes, deliveries, faults
+
+
+def acks_of(records: Iterable[Record]) -> list[Ack]:
+    return [record for record in records if isinstance(record, Ack)]

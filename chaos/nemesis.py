@@ -4,8 +4,12 @@ How it works: `Cluster` is what the nemesis needs from a deployment — node nam
 restart, and the leader of a queue when the deployment knows it. `LocalCluster` implements it over the state file
 `raftmq cluster up` writes (<data-dir>/cluster.json, deploy/runner.py) — restart starts the same `raftmq node`
 command again on the same address and data directory — and can also spawn its own nodes (tests), writing the same
-state file. `pick_targets` turns a target spec (leader-of-queue, random, minority, majority, all, a node name) into
-node names with a seeded random.Random, so a schedule replays exactly.
+state file and, with `clustered`, the same per-node cluster configs (`deploy.runner.write_node_configs`: every node
+named in cluster_nodes, one secret), so spawned nodes form one cluster with quorum queues. The leader of a queue
+comes from the nodes' management API (`/api/queues`, as `raftmq cluster status` reads it): every live, unpaused
+node is asked and the leader most of them name wins (a partitioned old leader may still believe it leads).
+`pick_targets` turns a target spec (leader-of-queue, follower-of-queue, random, minority, majority, all, a node
+name) into node names with a seeded random.Random, so a schedule replays exactly.
 """
 
 from __future__ import annotations
@@ -17,18 +21,27 @@ import random
 import signal
 import subprocess
 import time
+from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Protocol
 
 from chaos.netns import NetLab
 from deploy.healthcheck import answers_amqp
-from deploy.runner import NodeProcess, pid_alive
+from deploy.runner import (
+    NodePlan,
+    NodeProcess,
+    pid_alive,
+    plan_ports,
+    queues_from_management,
+    write_node_configs,
+)
 from deploy.runner import node_command as runner_node_command
 
 STATE_FILE_NAME = "cluster.json"
 READY_TIMEOUT_S = 30.0
 STOP_GRACE_S = 10.0
+MANAGEMENT_TIMEOUT_S = 2.0
 
 
 class Cluster(Protocol):
@@ -51,6 +64,12 @@ def node_command(spec: NodeSpec, extra_args: tuple[str, ...] = ()) -> list[str]:
     return runner_node_command(spec.name, spec.host, spec.port, spec.data_dir, extra_args)
 
 
+def node_plan(spec: NodeSpec) -> NodePlan:
+    """The node as deploy/runner.py plans it (its other ports derived from the AMQP port the same way)."""
+    ports = plan_ports(spec.port)
+    return NodePlan(spec.name, spec.host, spec.port, ports["management"], ports["raft"], ports["metadata"])
+
+
 class LocalCluster:
     """Nodes on this machine, from cluster.json or spawned here; signals go straight to their pids."""
 
@@ -64,6 +83,7 @@ class LocalCluster:
         self._other_state: dict[str, object] = {"haproxy_pid": None, "haproxy_port": None,
                                                 "haproxy_config": None, "haproxy_log": None}
         self._from_runner = False
+        self._paused: set[str] = set()
 
     @classmethod
     def from_state_file(cls, data_dir: Path) -> LocalCluster:
@@ -75,15 +95,22 @@ class LocalCluster:
 
     @classmethod
     def spawn(cls, data_dir: Path, count: int, base_port: int, extra_args: tuple[str, ...] = (),
-              netlab: NetLab | None = None) -> LocalCluster:
+              netlab: NetLab | None = None, clustered: bool = False) -> LocalCluster:
         """Start `count` nodes on 127.0.0.1:base_port+i (i from 1), or each in its namespace of `netlab` on its
-        own address and base_port, and wait until they answer AMQP."""
+        own address and base_port, and wait until they answer AMQP. `clustered`: one cluster (cluster mode)."""
         names = [f"rmq{i}" for i in range(1, count + 1)]
         hosts = {name: netlab.address(name) if netlab else "127.0.0.1" for name in names}
         prefixes = {name: netlab.exec_argv(name, []) for name in names} if netlab else {}
         specs = [NodeSpec(name, hosts[name], base_port if netlab else base_port + i, 0, str(data_dir / name),
                           str(data_dir / f"{name}.log")) for i, name in enumerate(names, start=1)]
+        if clustered:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            plans = [node_plan(spec) for spec in specs]
+            write_node_configs(data_dir, plans, cluster=True)
+            specs = [replace(spec, management_port=plan.management_port) for spec, plan in zip(specs, plans,
+                                                                                                strict=True)]
         cluster = cls(data_dir, specs, extra_args, prefixes)
+        cluster._from_runner = clustered
         try:
             for spec in specs:
                 cluster._start(spec.name)
@@ -112,30 +139,41 @@ class LocalCluster:
         spec = self._specs[node]
         return f"amqp://guest:guest@{spec.host}:{spec.port}/%2F"
 
+    def management_address(self, node: str) -> tuple[str, int]:
+        spec = self._specs[node]
+        return spec.host, spec.management_port or plan_ports(spec.port)["management"]
+
     def leader_of(self, queue: str) -> str | None:
-        """A one-node deployment's only node leads everything; otherwise the leader `raftmq cluster status`
-        reports for the queue (its "queues" entries with "name" and "leader"), or None when it does not say."""
+        """A one-node deployment's only node leads everything; in a cluster the leader most live, unpaused nodes
+        name for the queue in their /api/queues; None when none names one (or the nodes are not clustered)."""
         if len(self._specs) == 1:
             return self.nodes()[0]
         if not self._from_runner:
             return None
-        from deploy.runner import status_report
+        votes = Counter(leader for node in self.nodes() if (leader := self.leader_seen_by(node, queue)))
+        return votes.most_common(1)[0][0] if votes else None
 
-        queues = status_report(self.data_dir).get("queues") or []
-        for entry in queues if isinstance(queues, list) else []:
-            if isinstance(entry, dict) and entry.get("name") == queue and entry.get("leader") in self._specs:
-                return str(entry["leader"])
+    def leader_seen_by(self, node: str, queue: str) -> str | None:
+        if node in self._paused or self.pid(node) is None:
+            return None
+        rows = queues_from_management(*self.management_address(node), timeout_s=MANAGEMENT_TIMEOUT_S) or []
+        for row in rows:
+            if row.get("name") == queue and row.get("leader") in self._specs:
+                return str(row["leader"])
         return None
 
     def kill(self, node: str) -> None:
         self._signal(node, signal.SIGKILL)
         self._reap(node, wait_s=5.0)
+        self._paused.discard(node)
 
     def pause(self, node: str) -> None:
         self._signal(node, signal.SIGSTOP)
+        self._paused.add(node)
 
     def resume(self, node: str) -> None:
         self._signal(node, signal.SIGCONT)
+        self._paused.discard(node)
 
     def restart(self, node: str) -> None:
         """Kill -9 if still running, then start the same command again and wait until it answers AMQP."""
@@ -205,7 +243,7 @@ class LocalCluster:
             child.wait(timeout=wait_s) if wait_s > 0 else child.poll()
 
 
-TARGET_KINDS = ("leader-of-queue", "random", "minority", "majority", "all")
+TARGET_KINDS = ("leader-of-queue", "follower-of-queue", "random", "minority", "majority", "all")
 
 
 def pick_targets(cluster: Cluster, target: str, rng: random.Random, queue: str | None = None) -> list[str]:
@@ -215,6 +253,9 @@ def pick_targets(cluster: Cluster, target: str, rng: random.Random, queue: str |
     if target == "leader-of-queue":
         leader = cluster.leader_of(queue) if queue else None
         return [leader] if leader else shuffled[:1]
+    if target == "follower-of-queue":
+        leader = cluster.leader_of(queue) if queue else None
+        return [node for node in shuffled if node != leader][:1]
     if target == "random":
         return shuffled[:1]
     if target == "minority":

@@ -40,6 +40,11 @@ def _all_pairs(left: Iterable[str], right: Iterable[str]) -> set[Pair]:
     return {frozenset((a, b)) for a in left for b in right if a != b}
 
 
+def isolate_pairs(node: str, nodes: list[str]) -> set[Pair]:
+    """`node` cut off from every other node."""
+    return _all_pairs([node], nodes)
+
+
 def partition_pairs(shape: str, nodes: list[str], rng: random.Random) -> set[Pair]:
     """The pairs of nodes that cannot talk under a partition shape (Jepsen's nemesis shapes)."""
     shuffled = rng.sample(nodes, len(nodes))
@@ -47,7 +52,7 @@ def partition_pairs(shape: str, nodes: list[str], rng: random.Random) -> set[Pai
         half = len(shuffled) // 2
         return _all_pairs(shuffled[:half], shuffled[half:])
     if shape == "isolate":
-        return _all_pairs(shuffled[:1], shuffled[1:])
+        return isolate_pairs(shuffled[0], nodes)
     if shape == "bridge":
         others = shuffled[1:]
         half = len(others) // 2

@@ -15,11 +15,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from chaos.availability import availability
 from chaos.checker import CheckResult
-from chaos.history import Delivery, Fault, Publish, Record, write_history
+from chaos.history import Delivery, Fault, Publish, Record, split, write_history
 
 IDS_MAX = 100
-HIDDEN_MARKERS = {"purge"}  # in the history, not on the timeline
+HIDDEN_MARKERS = {"purge", "closed"}  # in the history, not on the timeline
 UNDO = {"kill": "up", "restart": "up", "pause": "resume", "partition": "heal", "toxic-add": "toxic-remove"}
 
 
@@ -80,6 +81,7 @@ def fault_spans(records: list[Record]) -> list[FaultSpan]:
 
 
 def report_json(name: str, result: CheckResult, records: list[Record], extra: dict[str, Any]) -> dict[str, Any]:
+    publishes, _, faults = split(records)
     return {
         "scenario": name, **extra,
         "valid": result.valid and extra.get("drained", True) and not extra.get("overflowed", False),
@@ -89,6 +91,9 @@ def report_json(name: str, result: CheckResult, records: list[Record], extra: di
         "duplicated": [list(d) for d in result.duplicated[:IDS_MAX]],
         "order_violations": [asdict(v) for v in result.order_violations[:IDS_MAX]],
         "faults": [asdict(span) for span in fault_spans(records)],
+        "availability": availability(publishes, faults).as_dict(),
+        "redelivered_after_settled_ack": list(result.redelivered_after_settled_ack[:IDS_MAX]),
+        "unflagged_redeliveries": [list(u) for u in result.unflagged_redeliveries[:IDS_MAX]],
     }
 
 
@@ -104,6 +109,10 @@ def report_text(report: dict[str, Any]) -> str:
         f"  LOST {summary['lost']}   UNEXPECTED {summary['unexpected']}   "
         f"order violations {summary['order_violations']}   unconfirmed and absent {summary['unconfirmed_absent']}",
     ]
+    lines.append(f"  at-least-once: unflagged redeliveries {summary.get('unflagged_redeliveries', 0)}, "
+                 f"redelivered after ack {summary.get('redelivered_after_ack', 0)}, "
+                 f"after a settled ack {summary.get('redelivered_after_settled_ack', 0)}")
+    lines.extend(_availability_lines(report.get("availability")))
     for key in ("published_all", "drained", "overflowed", "duration_s"):
         if key in report:
             lines.append(f"  {key}: {report[key]}")
@@ -116,6 +125,18 @@ def report_text(report: dict[str, Any]) -> str:
         end = f"{span['end_ms']:.0f}" if span["end_ms"] is not None else "-"
         lines.append(f"    {span['start_ms']:>9.0f} .. {end:>9} ms  {span['kind']} {span['target']}")
     return "\n".join(lines) + "\n"
+
+
+def _availability_lines(found: dict[str, Any] | None) -> list[str]:
+    if not found:
+        return []
+    lines = [f"  unavailability: longest gap between confirms {found['confirm_gap_ms_max']:.0f} ms"]
+    for fault in found["faults"]:
+        after = fault["first_confirm_after_ms"]
+        waited = f"{after:.0f} ms" if after is not None else "never"
+        lines.append(f"    {fault['kind']} {fault['target']} at {fault['at_ms']:.0f} ms: first confirm of a publish "
+                     f"sent after it {waited} later")
+    return lines
 
 
 def plot_timeline(path: Path, title: str, records: list[Record]) -> None:

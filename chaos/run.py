@@ -11,6 +11,7 @@ partitions are wanted, which needs root) and removes them, and the namespaces, i
 from __future__ import annotations
 
 import json
+import os
 import random
 import socket
 import tempfile
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from chaos.checker import CheckResult, check
 from chaos.faultproxy.background import FaultProxyThread
-from chaos.history import Record, split
+from chaos.history import Record, acks_of, split
 from chaos.nemesis import Cluster, LocalCluster
 from chaos.netns import NetLab
 from chaos.scenario import Nemesis, Partitioner, Scenario
@@ -75,18 +76,26 @@ def run_scenario(scenario: Scenario, env: Environment) -> RunOutcome:
     published_all = workload.wait_published(scenario.publish_timeout_s)
     drained = workload.drain()
     records = workload.records()
-    publishes, deliveries, _ = split(records)
-    return RunOutcome(scenario, records, check(publishes, deliveries), published_all, drained,
+    publishes, deliveries, faults = split(records)
+    return RunOutcome(scenario, records, check(publishes, deliveries, acks_of(records), faults), published_all, drained,
                       workload.recorder.overflowed, time.monotonic() - started_s)
 
 
+PORT_RANGE = (2_000, 11_500)  # node ports and their derived ports (+10000/+20000/+21000) stay below 32768,
+# out of the ephemeral range (a client socket there would keep a restarted node from binding its port)
+DERIVED_OFFSETS = (0, 10_000, 20_000, 21_000)
+
+
 def free_base_port(count: int) -> int:
-    """A port p such that p+1..p+count were free a moment ago (good enough for local runs)."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1]) - 1
-        if base + count < 65535 and all(_port_free(base + i) for i in range(1, count + 1)):
+    """A port p such that p+1..p+count, and the management/Raft/metadata ports the nodes derive from them, were free
+    a moment ago (good enough for local runs). The search starts at a point derived from the process id."""
+    low, high = PORT_RANGE
+    span = high - low - count - 1
+    start = (os.getpid() * 7919) % span
+    for attempt in range(400):
+        base = low + (start + attempt * 97) % span
+        ports = [base + i + offset for i in range(1, count + 1) for offset in DERIVED_OFFSETS]
+        if all(_port_free(port) for port in ports):
             return base
     raise RuntimeError("no free port range found")
 
@@ -102,8 +111,9 @@ def _port_free(port: int) -> bool:
 
 @contextmanager
 def spawned_environment(nodes: int, use_netns: bool = False, toxiproxy_url: str | None = None,
-                        data_dir: Path | None = None) -> Iterator[Environment]:
-    """Nodes started here (in namespaces when use_netns), stopped and removed on the way out."""
+                        data_dir: Path | None = None, clustered: bool | None = None) -> Iterator[Environment]:
+    """Nodes started here (in namespaces when use_netns), stopped and removed on the way out; they form one cluster
+    unless `clustered` is False (default: clustered when more than one node)."""
     with ExitStack() as stack:
         root = data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="raftmq-chaos-")))
         names = [f"rmq{i}" for i in range(1, nodes + 1)]
@@ -111,7 +121,8 @@ def spawned_environment(nodes: int, use_netns: bool = False, toxiproxy_url: str 
         base_port = NETNS_PORT if lab else free_base_port(nodes)
         # In namespaces the workload connects from the bridge, not loopback: let guest in from anywhere.
         extra_args = ("--loopback-users", "") if lab else ()
-        cluster = LocalCluster.spawn(root, nodes, base_port, extra_args, netlab=lab)
+        clustered = nodes > 1 if clustered is None else clustered
+        cluster = LocalCluster.spawn(root, nodes, base_port, extra_args, netlab=lab, clustered=clustered)
         stack.callback(cluster.stop_all)
         urls = tuple(cluster.url(node) for node in cluster.nodes())
         yield Environment(cluster, urls, lab, toxiproxy_url)

@@ -3,11 +3,13 @@
 How it works: a scenario names a workload (queues, publishers, consumers, messages, durability, queue type) and a
 list of steps, run `loop` times while the workload publishes; afterwards every fault is healed (paused nodes
 resumed, killed nodes restarted, partitions healed, toxics removed), the publishers finish, every queue is drained
-and the checker judges the history. Steps (`action`): wait {seconds, or confirmed = N: until N publishes are confirmed}; kill {target} (SIGKILL); pause {target}
+and the checker judges the history. Steps (`action`): wait {seconds, or confirmed = N: until N publishes are confirmed,
+or more_confirmed = N: until N more than when the step began}; kill {target} (SIGKILL); pause {target}
 (SIGSTOP); resume {target} (SIGCONT; target "paused" = every paused node); restart {target} (kill -9 if running,
 then start the same command; target "down" = every killed node); partition {shape}; heal; toxic-add {proxy, toxic
 = {type, stream, attributes, ...}}; toxic-remove {proxy, name}. Targets: leader-of-queue (of the first queue),
-random, minority, majority, all, or a node name. Every random choice comes from one random.Random(seed), so a
+follower-of-queue (a member other than the leader), random, minority, majority, all, or a node name; a partition of
+shape "isolate" cuts off its target (leader-of-queue, a node name...; default random). Every random choice comes from one random.Random(seed), so a
 schedule replays exactly. Every action is recorded in the history as a Fault record.
 """
 
@@ -52,6 +54,7 @@ class Step:
     name: str = ""
     toxic: dict[str, Any] = field(default_factory=dict)
     confirmed: int = 0
+    more_confirmed: int = 0
 
     def describe(self) -> str:
         if self.action == "wait":
@@ -102,7 +105,7 @@ def parse_step(raw: dict[str, Any]) -> Step:
     action = raw.get("action")
     if action not in ACTIONS:
         raise ScenarioError(f"unknown action {action!r}: expected one of {ACTIONS}")
-    known = {"action", "target", "seconds", "shape", "proxy", "name", "toxic", "confirmed"}
+    known = {"action", "target", "seconds", "shape", "proxy", "name", "toxic", "confirmed", "more_confirmed"}
     unknown = set(raw) - known
     if unknown:
         raise ScenarioError(f"step {action}: unknown keys {sorted(unknown)}")
@@ -112,7 +115,7 @@ def parse_step(raw: dict[str, Any]) -> Step:
         raise ScenarioError(f"step {action} needs a proxy name")
     return Step(action, str(raw.get("target", "random")), float(raw.get("seconds", 0.0)),
                 str(raw.get("shape", "halves")), str(raw.get("proxy", "")), str(raw.get("name", "")),
-                dict(raw.get("toxic", {})), int(raw.get("confirmed", 0)))
+                dict(raw.get("toxic", {})), int(raw.get("confirmed", 0)), int(raw.get("more_confirmed", 0)))
 
 
 def parse_scenario(text: str, default_name: str = "scenario") -> Scenario:
@@ -190,20 +193,22 @@ class Nemesis:
         handler(step)
 
     def _wait(self, step: Step) -> None:
-        """Sleep `seconds`; with `confirmed = N`, until N publishes are confirmed (`seconds`, else 60 s, at most)."""
-        if step.confirmed <= 0:
+        """Sleep `seconds`; with `confirmed = N`, until N publishes are confirmed, with `more_confirmed = N` until N
+        more than now (`seconds`, else 60 s, at most)."""
+        if step.confirmed <= 0 and step.more_confirmed <= 0:
             time.sleep(step.seconds)
             return
+        wanted = max(step.confirmed, self.recorder.confirmed_count + step.more_confirmed)
         deadline = time.monotonic() + (step.seconds or WAIT_CONFIRMED_TIMEOUT_S)
         while time.monotonic() < deadline:
-            if self.recorder.confirmed_count >= step.confirmed:
+            if self.recorder.confirmed_count >= wanted:
                 return
             time.sleep(0.02)
-        raise ScenarioError(f"wait: fewer than {step.confirmed} publishes confirmed in time")
+        raise ScenarioError(f"wait: fewer than {wanted} publishes confirmed in time")
 
     def _kill(self, step: Step) -> None:
         for node in self.targets(step.target):
-            self.recorder.fault("kill", node)
+            self.recorder.fault("kill", node, step.target)
             self.cluster.kill(node)
             self.down.add(node)
             self.paused.discard(node)
@@ -211,7 +216,7 @@ class Nemesis:
     def _pause(self, step: Step) -> None:
         for node in self.targets(step.target):
             if node not in self.down:
-                self.recorder.fault("pause", node)
+                self.recorder.fault("pause", node, step.target)
                 self.cluster.pause(node)
                 self.paused.add(node)
 
@@ -224,7 +229,7 @@ class Nemesis:
     def _restart(self, step: Step) -> None:
         for node in self.targets(step.target):
             if node not in self.down:
-                self.recorder.fault("restart", node)
+                self.recorder.fault("restart", node, step.target)
             self.cluster.restart(node)
             self.down.discard(node)
             self.paused.discard(node)
@@ -233,7 +238,10 @@ class Nemesis:
     def _partition(self, step: Step) -> None:
         if self.partitioner is None:
             raise ScenarioError("partition steps need network namespaces (run with --netns, as root)")
-        blocked = netns.partition_pairs(step.shape, self.cluster.nodes(), self.rng)
+        if step.shape == "isolate":
+            blocked = netns.isolate_pairs(self.targets(step.target)[0], self.cluster.nodes())
+        else:
+            blocked = netns.partition_pairs(step.shape, self.cluster.nodes(), self.rng)
         detail = " ".join(sorted("|".join(sorted(pair)) for pair in blocked))
         self.recorder.fault("partition", step.shape, detail)
         self.partitioner.partition(blocked)

@@ -5,8 +5,10 @@ URLs (HAProxy or the nodes themselves), moving to the next URL and backing off (
 connection fails. A publisher sends unique payloads (payload id = "<run>-<publisher>-<sequence>", also the
 message_id) one at a time under publisher confirms and records each attempt's outcome: confirmed (basic.ack),
 nacked, or unknown (the connection died before the answer); it never republishes a payload, so every payload id
-has exactly one attempt. A consumer records every delivery (with the redelivered flag) before acking it. After the
-faults heal, `drain()` stops the consumers and empties every queue with basic.get until it stays empty. All records
+has exactly one attempt. A consumer records every delivery (with the redelivered flag) before acking it, and the ack
+after sending it; when told to stop it closes its connection itself and, once close-ok came back, records a
+"closed" marker (the broker has taken every ack sent before). Publishers start on URL i, consumers on URL
+i + consumer_url_offset, so with one URL per node they can be put on different nodes. After the faults heal, `drain()` stops the consumers and empties every queue with basic.get until it stays empty. All records
 go to a bounded, thread-safe `Recorder` in the order they happened (`chaos.history` record types).
 """
 
@@ -24,7 +26,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from chaos.history import Delivery, Fault, Outcome, Publish, Record
+from chaos.history import Ack, Delivery, Fault, Outcome, Publish, Record
 
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (pika.exceptions.AMQPError, OSError, EOFError)
 
@@ -37,6 +39,7 @@ class WorkloadConfig:
     consumers_per_queue: int = 1
     messages_per_publisher: int = 1000
     publish_interval_ms: float = 0.0
+    consumer_url_offset: int = 0  # consumer i starts on URL i + offset (publisher i on URL i)
     durable: bool = True
     persistent: bool = True
     queue_arguments: dict[str, Any] = field(default_factory=dict)
@@ -213,9 +216,20 @@ class Consumer(_Worker):
                 break
             if method is None:
                 continue
-            self.recorder.add(Delivery(payload_id_of(body), self.name, self.queue, bool(method.redelivered),
+            payload_id = payload_id_of(body)
+            self.recorder.add(Delivery(payload_id, self.name, self.queue, bool(method.redelivered),
                                        self.recorder.now_ms()))
             channel.basic_ack(method.delivery_tag)
+            self.recorder.add(Ack(payload_id, self.name, self.queue, self.recorder.now_ms()))
+        if self.stop_event.is_set():
+            self.close_cleanly(channel)
+
+    def close_cleanly(self, channel: BlockingChannel) -> None:
+        """Close the connection and wait for close-ok; then every ack sent before it reached the broker."""
+        connection = channel.connection
+        connection.close()
+        if connection.is_closed:
+            self.recorder.fault("closed", self.name)
 
 
 class Workload:
@@ -228,7 +242,8 @@ class Workload:
         self._consume_stop = threading.Event()
         self.publishers = [Publisher(i, config, self.recorder, self._publish_stop) for i in range(config.publishers)]
         self.consumers = [
-            Consumer(f"c{qi}-{ci}", qi + ci, queue, config, self.recorder, self._consume_stop)
+            Consumer(f"c{qi}-{ci}", qi + ci + config.consumer_url_offset, queue, config, self.recorder,
+                     self._consume_stop)
             for qi, queue in enumerate(config.queues) for ci in range(config.consumers_per_queue)
         ]
 
@@ -319,7 +334,9 @@ def _get_until_idle(channel: BlockingChannel, queue: str, config: WorkloadConfig
                 return True
             time.sleep(0.05)
             continue
-        recorder.add(Delivery(payload_id_of(body), "drain", queue, bool(method.redelivered), recorder.now_ms()))
+        payload_id = payload_id_of(body)
+        recorder.add(Delivery(payload_id, "drain", queue, bool(method.redelivered), recorder.now_ms()))
         channel.basic_ack(method.delivery_tag)
+        recorder.add(Ack(payload_id, "drain", queue, recorder.now_ms()))
         idle_since = time.monotonic()
     return False

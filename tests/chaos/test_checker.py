@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chaos.checker import check
-from chaos.history import Delivery, Fault, Publish, read_history, split, write_history
+from chaos.history import Ack, Delivery, Fault, Publish, acks_of, read_history, split, write_history
 
 
 def pub(seq: int, outcome: str = "confirmed", publisher: str = "p1", queue: str = "q") -> Publish:
@@ -41,10 +41,36 @@ def test_unconfirmed_but_delivered_is_recovered_and_allowed() -> None:
     assert result.valid and result.unknown == 2 and result.nacked == 1
 
 
-def test_delivered_twice_is_duplicated_and_allowed() -> None:
-    result = check([pub(1)], [dlv("p1-1"), dlv("p1-1", "c2", redelivered=True), dlv("p1-1")])
+def test_delivered_twice_is_duplicated_and_allowed_when_flagged_redelivered() -> None:
+    result = check([pub(1)], [dlv("p1-1"), dlv("p1-1", "c2", redelivered=True), dlv("p1-1", redelivered=True)])
     assert result.duplicated == (("p1-1", 3),) and result.valid
     assert result.summary()["duplicate_deliveries"] == 2
+
+
+def test_a_repeat_delivery_not_flagged_redelivered_is_a_violation() -> None:
+    result = check([pub(1), pub(2)], [dlv("p1-1"), dlv("p1-2"), dlv("p1-1", "c2")])
+    assert result.unflagged_redeliveries == (("p1-1", "c2"),) and not result.valid
+    assert result.summary()["unflagged_redeliveries"] == 1
+
+
+def at(payload_id: str, ms: float, consumer: str = "c1", redelivered: bool = True) -> Delivery:
+    return Delivery(payload_id, consumer, "q", redelivered, ms)
+
+
+def test_redelivery_after_an_ack_is_counted_and_after_a_settled_ack_is_a_violation() -> None:
+    publishes = [pub(1), pub(2)]
+    deliveries = [at("p1-1", 10, redelivered=False), at("p1-2", 11, redelivered=False),
+                  at("p1-1", 20, "c2"), at("p1-2", 60, "drain")]
+    acks = [Ack("p1-1", "c1", "q", 12), Ack("p1-2", "c1", "q", 13)]
+    closed_between = [Fault("closed", "c1", 50.0)]
+    result = check(publishes, deliveries, acks, closed_between)
+    assert result.redelivered_after_ack == ("p1-1", "p1-2")
+    assert result.redelivered_after_settled_ack == ("p1-2",) and not result.valid
+    # The same history without the clean close: the acks may have been lost with a connection; allowed.
+    lenient = check(publishes, deliveries, acks, [Fault("closed", "c2", 50.0)])
+    assert lenient.redelivered_after_ack == ("p1-1", "p1-2") and lenient.valid
+    # A close before the ack does not settle it.
+    assert check(publishes, deliveries, acks, [Fault("closed", "c1", 5.0)]).valid
 
 
 def test_first_deliveries_out_of_publisher_order_are_violations() -> None:
@@ -67,12 +93,14 @@ def test_strongest_outcome_wins_for_a_repeated_payload() -> None:
 
 
 def test_history_round_trips_through_json_lines(tmp_path: Path) -> None:
-    records = [pub(1), dlv("p1-1", redelivered=True), Fault("kill", "rmq1", 12.5, "SIGKILL"), pub(2, "unknown")]
+    records = [pub(1), dlv("p1-1", redelivered=True), Ack("p1-1", "c1", "q", 101.0), Fault("kill", "rmq1", 12.5, "SIGKILL"),
+               pub(2, "unknown")]
     path = tmp_path / "history.jsonl"
     write_history(path, records)
     assert list(read_history(path)) == records
     publishes, deliveries, faults = split(read_history(path))
     assert (len(publishes), len(deliveries), len(faults)) == (2, 1, 1)
+    assert acks_of(read_history(path)) == [Ack("p1-1", "c1", "q", 101.0)]
 
 
 # --- hypothesis: the classes partition the published ids and agree with a naive recount ---------------------
@@ -98,7 +126,12 @@ def test_classes_partition_every_payload(history: tuple[list[str], list[tuple[in
     assert set(result.unexpected) == delivered_ids - published_ids
     assert set(result.recovered) == (published_ids - confirmed_ids) & delivered_ids
     assert result.ok + len(result.lost) + len(result.recovered) + len(result.unconfirmed_absent) == len(published_ids)
-    assert result.valid == (not result.lost and not result.unexpected)
+    assert result.valid == (not result.lost and not result.unexpected and not result.unflagged_redeliveries)
+    seen: set[str] = set()
+    for delivery in deliveries:
+        assert ((delivery.payload_id, delivery.consumer) in result.unflagged_redeliveries or delivery.redelivered
+                or delivery.payload_id not in seen)
+        seen.add(delivery.payload_id)
     assert sum(count for _, count in result.duplicated) - len(result.duplicated) == len(deliveries) - len(delivered_ids)
 
 

@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from chaos.faultproxy.background import FaultProxyThread
-from chaos.history import Fault
+from chaos.history import Fault, Publish
 from chaos.nemesis import pick_targets
 from chaos.scenario import (
     Nemesis,
@@ -17,6 +17,7 @@ from chaos.scenario import (
     bundled_scenarios,
     load_scenario,
     parse_scenario,
+    parse_step,
     random_scenario,
 )
 from chaos.workload import Recorder
@@ -117,6 +118,8 @@ def test_targets() -> None:
     assert len(pick_targets(cluster, "majority", rng)) == 3
     assert pick_targets(cluster, "all", rng) == cluster.names
     assert pick_targets(cluster, "n4", rng) == ["n4"]
+    followers = {pick_targets(cluster, "follower-of-queue", random.Random(seed), "q")[0] for seed in range(30)}
+    assert followers == {"n1", "n3", "n4", "n5"}
     with pytest.raises(ValueError):
         pick_targets(cluster, "n9", rng)
 
@@ -134,6 +137,18 @@ def test_nemesis_applies_steps_records_them_and_heals_everything() -> None:
     assert partitioner.blocked is None
     kinds = [r.kind for r in recorder.records() if isinstance(r, Fault)]
     assert kinds == ["kill", "pause", "partition", "resume", "up", "heal"]
+
+
+def test_isolate_partition_cuts_off_its_target_and_waits_count_more_confirms() -> None:
+    cluster, partitioner, recorder = FakeCluster(3), FakePartitioner(), Recorder()
+    nemesis = Nemesis(cluster, recorder, random.Random(0), "q", partitioner)
+    nemesis.apply(parse_step({"action": "partition", "shape": "isolate", "target": "leader-of-queue"}))
+    assert partitioner.blocked == {frozenset(("n2", "n1")), frozenset(("n2", "n3"))}
+    for sequence in range(5):
+        recorder.add(Publish("p", sequence, f"p-{sequence}", "q", "confirmed", 0.0, 1.0))
+    nemesis.apply(Step("wait", confirmed=5, seconds=1.0))  # already there
+    with pytest.raises(ScenarioError, match="fewer than 6"):
+        nemesis.apply(parse_step({"action": "wait", "more_confirmed": 1, "seconds": 0.05}))
 
 
 def test_partition_without_namespaces_is_a_clear_error() -> None:
