@@ -1,8 +1,8 @@
 """The replication-lag job: telemetry JSON lines in; Parquet, CSV, PNG charts and a text report out.
 
 `run_job(spark, spec)` reads every input path with the explicit schema (any path Spark reads: files, globs,
-directories, hdfs:// or s3a:// URIs; a local node data dir is expanded to `<data_dir>/telemetry/*.jsonl`), runs
-the transforms of transforms.py, and writes one Parquet table and one CSV table per result under the output URI.
+directories, hdfs:// or s3a:// URIs; a local node data dir is expanded to its `telemetry/*.jsonl` and
+`*/telemetry/*.jsonl` files, e.g. a cluster node's `raft/telemetry/`), runs the transforms of transforms.py, and writes one Parquet table and one CSV table per result under the output URI.
 Charts and the report are drawn on the driver from small aggregates only (per-window rows of the charted queues,
 the summaries): raw telemetry is never collected. They are written under the output when it is a local path, else
 into `local_report_dir` on the driver.
@@ -61,12 +61,20 @@ def local_path(uri: str) -> Path | None:
     return None
 
 
-def resolve_input(uri: str) -> str:
-    """A local node data dir becomes its telemetry glob; everything else goes to Spark unchanged."""
+def resolve_input(uri: str) -> list[str]:
+    """A local node data dir becomes its telemetry globs; everything else goes to Spark unchanged.
+
+    A node data dir is a directory with a `telemetry/` subdirectory, or with subdirectories that have one (a
+    cluster node writes its Raft telemetry under `<data_dir>/raft/telemetry/`); one glob per telemetry directory.
+    """
     path = local_path(uri)
-    if path is not None and (path / "telemetry").is_dir():
-        return str(path / TELEMETRY_GLOB)
-    return uri
+    if path is None or not path.is_dir():
+        return [uri]
+    candidates = [path, *sorted(child for child in path.iterdir() if child.is_dir())]
+    globs = [
+        str(directory / TELEMETRY_GLOB) for directory in candidates if (directory / "telemetry").is_dir()
+    ]
+    return globs or [uri]
 
 
 def read_telemetry(spark: SparkSession, inputs: tuple[str, ...]) -> DataFrame:
@@ -74,7 +82,7 @@ def read_telemetry(spark: SparkSession, inputs: tuple[str, ...]) -> DataFrame:
     return (
         spark.read.schema(TELEMETRY_SCHEMA)
         .option("mode", "PERMISSIVE")
-        .json([resolve_input(i) for i in inputs])
+        .json([glob for uri in inputs for glob in resolve_input(uri)])
     )
 
 

@@ -52,5 +52,7 @@ TELEMETRY_SCHEMA = StructType(
         # append only
         StructField("first_index", LongType(), True),
         StructField("bytes", LongType(), True),
+        # append only, optional: the term of the batch's last entry (absent in older telemetry)
+        StructField("entries_term", LongType(), True),
     ]
 )

@@ -12,7 +12,7 @@ is tested on tiny hand-built frames. The pipeline (job.py wires it):
 4. `with_out_of_sync` flags a sample out of sync when its lag exceeds `lag_threshold_entries` or
    `lag_threshold_ms`, and gives it the time until the follower's next sample (`interval_ms`).
 5. `append_to_persist` joins each leader append batch to the follower batch holding its last index (same group and
-   term): persist ts - append ts. `append_to_commit` joins it to the leader's commit record that covered it.
+   entries term, i.e. the same entries): persist ts - append ts. `append_to_commit` joins it to the leader's commit record that covered it.
 6. Windowed percentiles (`follower_windows`, `commit_windows`), out-of-sync episodes (`catch_up_episodes`) and the
    summaries (`follower_summary`, `cluster_summary`).
 
@@ -91,11 +91,21 @@ def follower_samples(records: DataFrame) -> DataFrame:
     )
 
 
+def entries_term() -> Column:
+    """The term of an append record's entries: `entries_term` when written, else the writer's `term`.
+
+    Older telemetry has no `entries_term`; there the writer's term is the best guess (right for a leader, and for a
+    follower except while it catches up on entries of an earlier term).
+    """
+    return F.coalesce(F.col("entries_term"), F.col("term"))
+
+
 def leader_appends(records: DataFrame) -> DataFrame:
-    """The leaders' append batches: group, term, leader, first_index, last_index, append_ts_ms."""
+    """The leaders' append batches: group, term, entries_term, leader, first_index, last_index, append_ts_ms."""
     return records.where((F.col("type") == RECORD_APPEND) & (F.col("role") == ROLE_LEADER)).select(
         "group",
         "term",
+        entries_term().alias("entries_term"),
         F.col("node").alias("leader"),
         "first_index",
         "last_index",
@@ -104,10 +114,11 @@ def leader_appends(records: DataFrame) -> DataFrame:
 
 
 def follower_appends(records: DataFrame) -> DataFrame:
-    """Append batches made durable on non-leaders: group, term, follower, first_index, last_index, persist_ts_ms."""
+    """Batches made durable on non-leaders: group, term, entries_term, follower, first/last_index, persist_ts_ms."""
     return records.where((F.col("type") == RECORD_APPEND) & (F.col("role") != ROLE_LEADER)).select(
         "group",
         "term",
+        entries_term().alias("entries_term"),
         F.col("node").alias("follower"),
         "first_index",
         "last_index",
@@ -148,21 +159,25 @@ def _explode_range_buckets(ranges: DataFrame, bucket_entries: int) -> DataFrame:
 def append_to_persist(records: DataFrame, config: LagConfig) -> DataFrame:
     """Per leader batch and follower: persist_lag_ms = follower's append ts - leader's append ts of that batch.
 
-    The follower batch matched is the one, in the same group and term, that contains the leader batch's last index.
+    The follower batch matched is the one of the same group whose entries have the same term (`entries_term`, so
+    the same entries: Raft's log matching) and that contains the leader batch's last index. Pairing on the entries'
+    term rather than the writer's term keeps a follower that catches up after a leader change paired with the
+    leader that wrote those entries, and never pairs it with a different entry at the same index (one overwritten
+    after a leader change). Without `entries_term` (older telemetry) the writer's term stands in for it.
     """
     leader = leader_appends(records).withColumn(
         "index_bucket", _bucket_of(F.col("last_index"), config.index_bucket_entries)
     )
     follower = _explode_range_buckets(follower_appends(records), config.index_bucket_entries).select(
         "group",
-        "term",
+        "entries_term",
         "index_bucket",
         "follower",
         F.col("first_index").alias("f_first_index"),
         F.col("last_index").alias("f_last_index"),
         "persist_ts_ms",
     )
-    joined = leader.join(follower, ["group", "term", "index_bucket"]).where(
+    joined = leader.join(follower, ["group", "entries_term", "index_bucket"]).where(
         (F.col("f_first_index") <= F.col("last_index")) & (F.col("last_index") <= F.col("f_last_index"))
     )
     return joined.select(
@@ -170,6 +185,7 @@ def append_to_persist(records: DataFrame, config: LagConfig) -> DataFrame:
         "follower",
         "leader",
         "term",
+        "entries_term",
         "first_index",
         "last_index",
         "append_ts_ms",
@@ -209,8 +225,8 @@ def append_to_commit(records: DataFrame, config: LagConfig) -> DataFrame:
 def with_time_lag(samples: DataFrame, records: DataFrame, config: LagConfig) -> DataFrame:
     """Adds lag_ms: age at sample time of the oldest entry the follower lacks (0 when caught up).
 
-    The entry is match_index + 1; its append ts is the leader append record (any leader of the group, latest term
-    not after the sample's) holding it. Null when no such record was read (e.g. rotated away).
+    The entry is match_index + 1; its append ts is the leader append record (any leader of the group, latest
+    entries term not after the sample's term) holding it. Null when no such record was read (e.g. rotated away).
     """
     keys = ["group", "follower", "leader", "term", "ts_ms"]
     behind = samples.where(F.col("lag_entries") > 0).select(
@@ -221,7 +237,7 @@ def with_time_lag(samples: DataFrame, records: DataFrame, config: LagConfig) -> 
     appends = _explode_range_buckets(leader_appends(records), config.index_bucket_entries).select(
         "group",
         "index_bucket",
-        F.col("term").alias("a_term"),
+        F.col("entries_term").alias("a_term"),
         F.col("first_index").alias("a_first_index"),
         F.col("last_index").alias("a_last_index"),
         "append_ts_ms",

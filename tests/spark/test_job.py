@@ -100,7 +100,14 @@ def test_outputs_exist(job: JobResult) -> None:
     assert "%2F/q0000 n3: out of sync" in report
 
 
-def test_a_node_data_dir_is_expanded_to_its_telemetry_files(generated: tuple[Path, GenerateResult]) -> None:
+def test_a_node_data_dir_is_expanded_to_its_telemetry_files(
+    generated: tuple[Path, GenerateResult], tmp_path: Path
+) -> None:
     root = generated[0]
-    assert resolve_input(str(root / "n1")) == str(root / "n1" / "telemetry" / "*.jsonl")
-    assert resolve_input("hdfs://namenode/raftmq/*/telemetry") == "hdfs://namenode/raftmq/*/telemetry"
+    assert resolve_input(str(root / "n1")) == [str(root / "n1" / "telemetry" / "*.jsonl")]
+    assert resolve_input("hdfs://namenode/raftmq/*/telemetry") == ["hdfs://namenode/raftmq/*/telemetry"]
+    # A cluster node's data dir: Raft telemetry one level down, under raft/telemetry.
+    (tmp_path / "raft" / "telemetry").mkdir(parents=True)
+    (tmp_path / "metadata").mkdir()
+    assert resolve_input(str(tmp_path)) == [str(tmp_path / "raft" / "telemetry" / "*.jsonl")]
+    assert resolve_input(str(tmp_path / "metadata")) == [str(tmp_path / "metadata")]

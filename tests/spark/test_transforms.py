@@ -37,9 +37,16 @@ def state(
 
 
 def append(
-    ts: int, node: str, first: int, last: int, role: str = "follower", term: int = 1
+    ts: int,
+    node: str,
+    first: int,
+    last: int,
+    role: str = "follower",
+    term: int = 1,
+    entries_term: int | None = None,
 ) -> dict[str, Any]:
     return {
+        "entries_term": entries_term,
         "type": "append",
         "ts_ms": ts,
         "node": node,
@@ -142,6 +149,52 @@ def test_append_to_persist_matches_the_follower_batch_holding_each_leader_batch(
         ("n3", 2, 100, 200, 100),
         ("n3", 5, 110, 200, 90),
     ]
+
+
+def test_append_to_persist_pairs_on_the_entries_term_across_a_leader_change(spark: SparkSession) -> None:
+    frame = telemetry(
+        spark,
+        [
+            append(100, "n1", 1, 2, role="leader", term=1, entries_term=1),
+            append(110, "n1", 3, 3, role="leader", term=1, entries_term=1),  # overwritten after the change
+            append(105, "n2", 1, 2, term=1, entries_term=1),
+            append(200, "n2", 3, 3, role="leader", term=2, entries_term=2),  # n2 leads term 2
+            # n3 was away; in term 2 it catches up on n1's term-1 entries, then gets n2's index 3.
+            append(300, "n3", 1, 2, term=2, entries_term=1),
+            append(310, "n3", 3, 3, term=2, entries_term=2),
+            append(115, "n4", 3, 3, term=1, entries_term=1),  # n1's index 3 (later overwritten) on n4
+        ],
+    )
+    result = T.append_to_persist(frame, CONFIG)
+    columns = (
+        "follower",
+        "leader",
+        "entries_term",
+        "last_index",
+        "append_ts_ms",
+        "persist_ts_ms",
+        "persist_lag_ms",
+    )
+    assert rows_of(result, *columns) == [
+        ("n2", "n1", 1, 2, 100, 105, 5),
+        ("n3", "n1", 1, 2, 100, 300, 200),
+        ("n3", "n2", 2, 3, 200, 310, 110),
+        ("n4", "n1", 1, 3, 110, 115, 5),
+    ]
+
+
+def test_append_to_persist_falls_back_to_the_writers_term_without_entries_term(spark: SparkSession) -> None:
+    frame = telemetry(
+        spark,
+        [
+            append(100, "n1", 1, 2, role="leader", term=1),
+            append(104, "n2", 1, 2, term=1),  # older telemetry: no entries_term, same term: paired
+            append(300, "n3", 1, 2, term=2),  # caught up in a later term: unknown entries, not paired
+            append(120, "n4", 1, 2, term=2, entries_term=1),  # a mix of old and new writers still pairs
+        ],
+    )
+    result = T.append_to_persist(frame, CONFIG)
+    assert rows_of(result, "follower", "entries_term", "persist_lag_ms") == [("n2", 1, 4), ("n4", 1, 20)]
 
 
 def test_commit_ranges_cover_what_each_commit_record_newly_committed(spark: SparkSession) -> None:
