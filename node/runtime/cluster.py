@@ -58,7 +58,7 @@ LIVENESS_POLL_S = 0.25
 PERSIST_QUEUED_MAX = 10_000  # Persist effects waiting for the metadata group; beyond: released with an error
 DEFINITION_TIMEOUT_S = 30.0  # one definition command's total retry time before it is given up (logged)
 FLUSH_TIMEOUT_S = 5.0
-EXCLUSIVE_OWNER_SEPARATORS = ("/", ":", "#", "@")
+EXCLUSIVE_OWNER_SEPARATOR = "/"  # exclusive owners are "<node>/<boot_id>/<conn_id>" (node/broker/records.py)
 
 
 def wall_ms() -> int:
@@ -82,7 +82,7 @@ class ClusterRuntime:
         self.group_queues: dict[GroupId, tuple[str, str]] = {}
         self.tracker = ProposalTracker(first_id=boot_id * PROPOSAL_IDS_PER_BOOT, retry_ms=RETRY_MS,
                                        timeout_ms=config.proposal_timeout_ms)
-        self.place = client_local_placement(self.name, config.quorum_initial_group_size)
+        self.place = client_local_placement(self.name, config.quorum_initial_group_size, layout.names)
         self._persists: deque[tuple[int, tuple[Any, ...]]] = deque()
         self._persist_wake = trio.Event()
         self._persist_idle = trio.Event()
@@ -111,7 +111,7 @@ class ClusterRuntime:
         await store.start()
         for rec in missing_bootstrap(list(bootstrap), store.state):
             for command in commands_for([rec], store.state, self.place):
-                await self._apply_definition(command)
+                await self.apply_definition(command)
         self._mirror(store.state)
         peers = {NodeId(p.name): (p.host, p.raft_port) for p in self.layout.peers}
         self.raft = RaftNodeRuntime(
@@ -139,7 +139,7 @@ class ClusterRuntime:
 
     # ------------------------------------------------------------------------------------------ dispatch
 
-    def _dispatch(self, effects: Iterable[Any]) -> None:
+    def dispatch(self, effects: Iterable[Any]) -> None:
         """Effects from a timer or callback (not from inside a dispatch); a failure never kills the caller."""
         try:
             self.node.dispatch(effects)
@@ -154,7 +154,7 @@ class ClusterRuntime:
         known to the broker before its group applies anything, and forgotten by it before its group goes."""
         records = mirror_records(self.mirrored, state)
         if records:
-            self._dispatch(self.broker.apply_records(records))
+            self.dispatch(self.broker.apply_records(records))
         self.mirrored = state
         if self.raft is not None:
             self._sync_groups(state)
@@ -209,21 +209,21 @@ class ClusterRuntime:
             self._persist_wake = trio.Event()
             while self._persists:
                 token, records = self._persists[0]
-                await self._replicate_definitions(records)
+                await self.replicate_now(records)
                 self._persists.popleft()
-                self._dispatch(self.broker.on_persisted(token))
+                self.dispatch(self.broker.on_persisted(token))
             self._persist_idle.set()
 
     async def flush(self) -> None:
         with trio.move_on_after(FLUSH_TIMEOUT_S):
             await self._persist_idle.wait()
 
-    async def _replicate_definitions(self, records: tuple[Any, ...]) -> None:
+    async def replicate_now(self, records: tuple[Any, ...]) -> None:
         assert self.store is not None
         for command in commands_for(records, self.store.state, self.place):
-            await self._apply_definition(command)
+            await self.apply_definition(command)
 
-    async def _apply_definition(self, command: md.Command) -> md.Outcome | None:
+    async def apply_definition(self, command: md.Command) -> md.Outcome | None:
         """Apply one metadata command with a fixed command id (retries are idempotent); bounded in time."""
         assert self.store is not None
         command = dataclasses.replace(command, cid=uuid.uuid4().hex)
@@ -253,7 +253,7 @@ class ClusterRuntime:
     def restore(self, group: GroupId, data: bytes) -> None:
         key = self.group_queues.get(group)
         if key is not None:
-            self._dispatch(self.broker.queue_restore(key[0], key[1], data))
+            self.dispatch(self.broker.queue_restore(key[0], key[1], data))
 
     def _on_apply(self, group: GroupId, entry: Entry) -> None:
         if entry.kind is not EntryKind.NORMAL or not entry.data:
@@ -274,14 +274,14 @@ class ClusterRuntime:
         except Exception:
             log.exception("cluster: group %s: applying entry %d failed", group, entry.index)
             return
-        self._dispatch(effects)
+        self.dispatch(effects)
 
     def _on_leader_change(self, group: GroupId, leader: NodeId | None) -> None:
         key = self.group_queues.get(group)
         if key is None:
             return
         log.info("cluster: queue %s: leader %s", group, leader)
-        self._dispatch(self.broker.set_queue_leader(key[0], key[1], leader == self.name))
+        self.dispatch(self.broker.set_queue_leader(key[0], key[1], leader == self.name))
         if leader is not None:
             self._send_group(group, wall_ms())  # a new leader: what the old one may have dropped, now
 
@@ -318,7 +318,7 @@ class ClusterRuntime:
         self.stats["abandoned"] += 1
         log.info("cluster: proposal %d for %s/%s not applied in time; abandoned", pending.proposal_id,
                  pending.vhost, pending.queue)
-        self._dispatch(self.broker.proposal_abandoned(pending.vhost, pending.queue, pending.data))
+        self.dispatch(self.broker.proposal_abandoned(pending.vhost, pending.queue, pending.data))
 
     async def _retry_timer(self) -> None:
         while True:
@@ -337,35 +337,44 @@ class ClusterRuntime:
 
     async def _liveness_watch(self) -> None:
         assert self.raft is not None
+        self.liveness.start_ms = wall_ms()  # peers get node_down_after_ms from now to connect
         while True:
             await trio.sleep(LIVENESS_POLL_S)
             went_down, came_up = self.liveness.observe(self.raft.connected_peers(), wall_ms())
             for peer in went_down:
                 log.warning("cluster: node %s unreachable for %d ms: down", peer, self.config.node_down_after_ms)
-                self._dispatch(self.broker.node_down(peer))
+                self.dispatch(self.broker.node_down(peer))
             for peer in came_up:
                 log.info("cluster: node %s is back", peer)
-            if (went_down or came_up) and self._metadata_tasks is not None:
-                self._metadata_tasks.start_soon(self._record_node_states, went_down, came_up)
+            if not self._reconciling and self._metadata_tasks is not None and self._is_metadata_leader():
+                self._reconciling = True
+                self._metadata_tasks.start_soon(self._reconcile_node_states)
 
-    async def _record_node_states(self, went_down: list[str], came_up: list[str]) -> None:
-        """On the metadata leader: SetNodeState for each change, and a down node's exclusive queues deleted."""
-        if not self._is_metadata_leader() or self.store is None:
-            return
-        for peer in came_up:
-            await self._apply_definition(md.SetNodeState(peer, "up"))
-        for peer in went_down:
-            await self._apply_definition(md.SetNodeState(peer, "down"))
-            for queue in list(self.store.state.queues.values()):
-                if _owned_by(queue.exclusive_owner, peer):
-                    await self._apply_definition(md.DeleteQueue(queue.vhost, queue.name))
+    _reconciling = False
+
+    async def _reconcile_node_states(self) -> None:
+        """On the metadata leader: make each node's recorded state match this node's view (SetNodeState), and
+        delete the exclusive queues of nodes recorded down (their owning connections are gone)."""
+        try:
+            assert self.store is not None
+            for name, record in sorted(self.store.state.nodes.items()):
+                wanted = "down" if name in self.liveness.down else "up"
+                if record.state != wanted and name in self.layout.names:
+                    log.info("cluster: recording node %s %s", name, wanted)
+                    await self.apply_definition(md.SetNodeState(name, wanted))
+            state = self.store.state
+            down = {name for name, record in state.nodes.items() if record.state == "down"}
+            for queue in list(state.queues.values()):
+                if any(_owned_by(queue.exclusive_owner, node) for node in down):
+                    log.info("cluster: deleting exclusive queue %s/%s of a down node", queue.vhost, queue.name)
+                    await self.apply_definition(md.DeleteQueue(queue.vhost, queue.name))
+        finally:
+            self._reconciling = False
 
 
 def _owned_by(owner: str, node: str) -> bool:
-    """Whether an exclusive owner id names a connection of `node` (ids are "<node><sep>...")."""
-    if not owner:
-        return False
-    return owner == node or any(owner.startswith(node + sep) for sep in EXCLUSIVE_OWNER_SEPARATORS)
+    """Whether an exclusive owner id names a connection of `node`."""
+    return bool(owner) and owner.startswith(node + EXCLUSIVE_OWNER_SEPARATOR)
 
 
 def bootstrap_records(config: NodeConfig) -> list[Any]:

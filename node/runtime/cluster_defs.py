@@ -105,13 +105,18 @@ def group_size_of(arguments: Mapping[str, Any], default: int) -> int:
     return wanted if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted > 0 else default
 
 
-def client_local_placement(self_name: str, group_size_default: int) -> Placement:
+def client_local_placement(self_name: str, group_size_default: int, configured: Sequence[str] = ()) -> Placement:
     """`cluster.metadata.placement.place_queue` with the declaring node as leader ("client-local", as RabbitMQ)
-    and `x-quorum-initial-group-size` (else `group_size_default`) voters for a quorum queue."""
+    and `x-quorum-initial-group-size` (else `group_size_default`) voters for a quorum queue. The `configured`
+    nodes (cluster_nodes) that the metadata does not list yet count as up: the membership is static, and this
+    node's replica may not have applied a peer's join yet; a node the metadata marks down is never chosen."""
 
     def place(state: md.MetadataState, vhost: str, name: str, kind: str,
               arguments: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
         size = group_size_of(arguments, group_size_default)
+        missing = {n: md.NodeRecord(n, "", state.protocol_version) for n in configured if n not in state.nodes}
+        if missing:
+            state = dataclasses.replace(state, nodes={**state.nodes, **missing})
         return placement.place_queue(state, vhost, name, kind, self_name, size)
 
     return place

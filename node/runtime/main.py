@@ -70,9 +70,41 @@ async def _serve(config: NodeConfig) -> None:
     node = Node(config, broker, store, ResourceProbe(config, data_dir))
     node.apply_effects(effects)
     async with trio.open_nursery() as nursery:
-        ports = await nursery.start(run_node, node)
-        print(f"raftmq node {config.node_name} listening on port {ports[0]}", file=sys.stderr, flush=True)
-        log.info("data dir %s; %d records recovered", data_dir, len(records))
+        async with trio.open_nursery() as server:
+            ports = await server.start(run_node, node)
+            print(f"raftmq node {config.node_name} listening on port {ports[0]}", file=sys.stderr, flush=True)
+            log.info("data dir %s; %d records recovered", data_dir, len(records))
+            from node.runtime.management_view import BrokerView
+
+            view = BrokerView(broker, node.dispatch, node_name=config.node_name, amqp_port=ports[0])
+            await _start_management(nursery, view, config, management_port(config, config.port))
+        nursery.cancel_scope.cancel()
+
+
+def management_port(config: NodeConfig, amqp_port: int) -> int:
+    """`management_port`, else derived (AMQP port + 10000, docs/cluster.md); 0 (a free port) when the AMQP port
+    was 0 or the derived one would be out of range."""
+    from node.runtime.config import MANAGEMENT_PORT_OFFSET
+
+    if config.management_port:
+        return config.management_port
+    derived = amqp_port + MANAGEMENT_PORT_OFFSET
+    return derived if amqp_port and derived <= 65535 else 0
+
+
+async def _start_management(nursery: Any, view: Any, config: NodeConfig, port: int) -> None:
+    """The management HTTP API (node/runtime/management.py). A port that cannot be bound is logged and the node
+    serves AMQP without it, rather than refusing to start."""
+    from node.runtime.management import serve_management
+
+    view.management_port = port or None
+    try:
+        bound = await nursery.start(serve_management, view, config.listen_address, port)
+    except OSError as exc:
+        log.error("management API not started: cannot listen on port %d: %s", port, exc)
+        return
+    view.management_port = bound
+    print(f"raftmq node {config.node_name} management API on port {bound}", file=sys.stderr, flush=True)
 
 
 async def _serve_cluster(config: NodeConfig) -> None:
@@ -103,6 +135,11 @@ async def _serve_cluster(config: NodeConfig) -> None:
             print(f"raftmq node {config.node_name} listening on port {ports[0]}", file=sys.stderr, flush=True)
             log.info("cluster node %s (boot %d); data dir %s; %d queues", config.node_name, boot_id, data_dir,
                      len(cluster.group_queues))
+            from node.runtime.cluster_view import ClusterView
+
+            view = ClusterView(cluster, node_name=config.node_name, amqp_port=ports[0],
+                               cluster_name=",".join(layout.names))
+            await _start_management(nursery, view, config, layout.me.management_port)
         nursery.cancel_scope.cancel()
 
 

@@ -196,3 +196,14 @@ def test_entries_may_name_raft_and_metadata_ports() -> None:
     assert (a.raft_port, a.metadata_port) == (7000, 7001)
     assert (b.host, b.raft_port, b.metadata_port) == ("::1", 7100, 26001)
     assert (c.raft_port, c.metadata_port) == (25002, 26002)
+
+
+def test_configured_nodes_not_yet_joined_count_as_up_but_down_nodes_do_not() -> None:
+    state = _apply_all(_state_with_nodes("a"), [md.PutVhost("/")])
+    quorum = br.QueueRecord("/", "q", arguments={"x-queue-type": "quorum"})
+    place = client_local_placement("a", 3, ("a", "b", "c"))
+    after = _apply_all(state, commands_for([quorum], state, place))
+    assert sorted(after.queues[("/", "q")].members) == ["a", "b", "c"]
+    state = _apply_all(_state_with_nodes("a", "b"), [md.PutVhost("/"), md.SetNodeState("b", "down")])
+    after = _apply_all(state, commands_for([quorum], state, place))
+    assert sorted(after.queues[("/", "q")].members) == ["a", "c"]
