@@ -40,6 +40,7 @@ from typing import Any
 import trio
 
 from cluster.metadata import model as md
+from cluster.metadata import placement
 from cluster.metadata.store import MetadataError, MetadataStore, MetadataTimeout, StoreConfig
 from cluster.queue.replicated_codec import peek_proposal, queue_group_id
 from cluster.raft.core.types import Entry, EntryKind, GroupId, Membership, NodeId
@@ -47,6 +48,7 @@ from cluster.raft.runtime.node import RaftNodeRuntime
 from node.broker import records as br
 from node.broker.auth import hash_password
 from node.runtime.cluster_defs import client_local_placement, commands_for, mirror_records, missing_bootstrap
+from node.runtime.cluster_members import replace_member
 from node.runtime.cluster_tracking import PROPOSAL_IDS_PER_BOOT, PeerLiveness, Pending, ProposalTracker
 from node.runtime.config import ClusterLayout, NodeConfig
 
@@ -89,6 +91,7 @@ class ClusterRuntime:
         self._persist_idle.set()
         self._metadata_tasks: trio.Nursery | None = None
         self.liveness = PeerLiveness(tuple(m.name for m in layout.peers), config.node_down_after_ms, wall_ms())
+        self._replacing: set[tuple[str, str]] = set()  # queues whose member replacement is running
         self.stats = {"proposed": 0, "resent": 0, "abandoned": 0, "applied": 0, "definitions": 0}
 
     def attach(self, node: Any) -> None:
@@ -368,8 +371,27 @@ class ClusterRuntime:
                 if any(_owned_by(queue.exclusive_owner, node) for node in down):
                     log.info("cluster: deleting exclusive queue %s/%s of a down node", queue.vhost, queue.name)
                     await self.apply_definition(md.DeleteQueue(queue.vhost, queue.name))
+            self._plan_replacements()
         finally:
             self._reconciling = False
+
+    def _plan_replacements(self) -> None:
+        """Start a replacement for each quorum member down longer than member_replace_after_ms (0 = never)."""
+        replace_after_ms = self.config.member_replace_after_ms
+        if not replace_after_ms or self.store is None or self._metadata_tasks is None:
+            return
+        plan = placement.replacement_plan(self.store.state, self.liveness.down_since_ms, wall_ms(), replace_after_ms)
+        for vhost, queue, old, new in plan:
+            if (vhost, queue) not in self._replacing:
+                self._replacing.add((vhost, queue))
+                self._metadata_tasks.start_soon(self._replace, vhost, queue, old, new)
+
+    async def _replace(self, vhost: str, queue: str, old: str, new: str) -> None:
+        try:
+            if await replace_member(self, vhost, queue, old, new):
+                log.warning("cluster: queue %s/%s: member %s replaced by %s", vhost, queue, old, new)
+        finally:
+            self._replacing.discard((vhost, queue))
 
 
 def _owned_by(owner: str, node: str) -> bool:

@@ -109,6 +109,7 @@ class PeerLiveness:
     start_ms: int
     _last_seen_ms: dict[str, int] = field(default_factory=dict)
     down: set[str] = field(default_factory=set)
+    down_since_ms: dict[str, int] = field(default_factory=dict)  # when each down peer was found down
 
     def observe(self, connected: Iterable[str], now_ms: int) -> tuple[list[str], list[str]]:
         """One sample of the connected peers; returns (peers now down, peers back up)."""
@@ -119,10 +120,12 @@ class PeerLiveness:
                 self._last_seen_ms[peer] = now_ms
                 if peer in self.down:
                     self.down.discard(peer)
+                    self.down_since_ms.pop(peer, None)
                     came_up.append(peer)
             elif peer not in self.down:
                 seen = self._last_seen_ms.get(peer, self.start_ms)
                 if now_ms - seen >= self.down_after_ms:
                     self.down.add(peer)
+                    self.down_since_ms[peer] = now_ms
                     went_down.append(peer)
         return went_down, came_up

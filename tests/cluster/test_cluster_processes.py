@@ -295,3 +295,36 @@ def _partition_scenario(procs: ClusterProcs, names: list[str], proxies: dict[fro
     wait_until(lambda: len({_ready_count(procs.node(n).port, queue) for n in names}) == 1, 60,
                "the healed node to agree on the ready count")
     assert _ready_count(procs.node(leader).port, queue) >= 20
+
+
+def test_a_member_down_too_long_is_replaced(tmp_path: Path) -> None:
+    procs = ClusterProcs(tmp_path, size=4, extra={"RAFTMQ_MEMBER_REPLACE_AFTER_MS": "2000"})
+    try:
+        procs.start_all()
+        queue = "q-replace"
+        n1 = procs.nodes[0]
+        with _channel(n1.port) as ch:
+            ch.queue_declare(queue, durable=True, arguments={**QUORUM, "x-quorum-initial-group-size": 3})
+        _wait_queue_everywhere(procs, queue)
+        members = _api_queue(n1.port, queue)["members"]
+        assert len(members) == 3 and "n1" in members
+        spare = next(n.name for n in procs.nodes if n.name not in members)
+        victim = next(m for m in members if m != "n1")
+        procs.kill(victim)
+
+        def replaced() -> bool:
+            row = _api_queue(n1.port, queue)
+            return victim not in row["members"] and spare in row["members"] and spare in row["raft"]["voters"]
+
+        wait_until(replaced, 90, f"{victim} replaced by {spare}")
+        publisher = Publisher(n1.port, queue, 20)
+        publisher.run()
+        assert publisher.confirmed == list(range(20))
+        survivors = [n.name for n in procs.nodes if n.name != victim]
+        wait_until(lambda: all(_ready_count(procs.node(n).port, queue) == 20 for n in survivors), 30,
+                   "the 20 messages on every live replica")
+    except BaseException:
+        print(procs.logs())
+        raise
+    finally:
+        procs.stop_all()

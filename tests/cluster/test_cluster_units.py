@@ -183,8 +183,10 @@ def test_liveness_down_after_silence_and_back_up() -> None:
     live = PeerLiveness(("b", "c"), down_after_ms=5000, start_ms=0)
     assert live.observe({"b"}, 4999) == ([], [])
     assert live.observe({"b"}, 5000) == (["c"], [])
+    assert live.down_since_ms == {"c": 5000}
     assert live.observe({"b"}, 9000) == ([], [])
     assert live.observe({"c"}, 9500) == ([], ["c"])
+    assert live.down_since_ms == {}
     assert live.observe(set(), 13999) == ([], [])
     assert live.observe(set(), 14000) == (["b"], [])
 
