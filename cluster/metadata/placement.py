@@ -14,7 +14,8 @@ How it works:
 - `rebalance_plan` moves a leader only to one of that queue's own up members and only when it narrows the gap by
   at least two (source count - target count >= 2), picking the most loaded source first; each such move lowers the
   sum of squared leader counts, so the loop ends, and it ends when no single move could help (balanced within one
-  wherever membership allows). A queue whose leader is down is first given its least loaded up member.
+  wherever membership allows). A queue whose leader is down is first given its least loaded up member. Queues are
+  grouped by (leader, up members), so each step looks at a handful of groups, not at every queue.
 - `evacuation_plan` is for a node that leaves (ctl leave/forget without force): every queue it is a member of gets
   an up non-member in its place, or just loses it when there is no candidate and other members remain.
 - `replacement_plan` replaces at most one member per queue per call (a Raft group changes membership one step at a
@@ -24,6 +25,7 @@ How it works:
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
@@ -94,42 +96,58 @@ def rebalance_plan(state: MetadataState) -> list[Move]:
     are listed, each once, in (vhost, name) order. Empty when already balanced."""
     up = set(up_nodes(state))
     leaders = {key: q.leader for key, q in state.queues.items()}
-    choices = {key: sorted(m for m in q.members if m in up) for key, q in state.queues.items()}
-    counts: Counter[str] = Counter(leader for leader in leaders.values() if leader in up)
+    choices = {key: tuple(sorted(m for m in q.members if m in up)) for key, q in state.queues.items()}
+    counts: Counter[str] = Counter({n: 0 for n in up})
+    counts.update(leader for leader in leaders.values() if leader in up)
     for key in sorted(leaders):
         if leaders[key] not in up and choices[key]:
             leaders[key] = _least_loaded(choices[key], counts)
             counts[leaders[key]] += 1
-    for _ in range(len(leaders) * max(1, len(up))):  # a bound; each move lowers sum(count^2), so it ends sooner
-        move = _best_move(leaders, choices, counts)
+    led = _led_by_member_set(leaders, choices, up)
+    for _ in range(len(leaders) + 1):  # a bound; each move lowers sum(count^2) by >= 2, so it ends sooner
+        move = _best_move(led, counts)
         if move is None:
             break
-        key, target = move
-        counts[leaders[key]] -= 1
+        source, members, target = move
+        key = led[source][members].pop(0)
+        bisect.insort(led[target].setdefault(members, []), key)
+        counts[source] -= 1
         counts[target] += 1
         leaders[key] = target
     return [(key[0], key[1], leaders[key]) for key in sorted(leaders) if leaders[key] != state.queues[key].leader]
 
 
-def _best_move(leaders: Mapping[QueueKey, str], choices: Mapping[QueueKey, list[str]],
-               counts: Mapping[str, int]) -> tuple[QueueKey, str] | None:
-    """The move from the most loaded source to its least loaded eligible member that narrows the gap by >= 2."""
-    best: tuple[tuple[int, int, QueueKey], QueueKey, str] | None = None
+LedIndex = dict[str, dict[tuple[str, ...], list[QueueKey]]]  # leader -> its queues' up members -> sorted keys
+
+
+def _led_by_member_set(leaders: Mapping[QueueKey, str], choices: Mapping[QueueKey, tuple[str, ...]],
+                       up: set[str]) -> LedIndex:
+    """Queues grouped by leader and by their up members: all queues of one group have the same best target, so a
+    move is chosen per group, not per queue (rebalancing thousands of queues stays fast)."""
+    led: LedIndex = {n: {} for n in up}
     for key in sorted(leaders):
-        source = leaders[key]
-        if source not in choices[key]:
-            continue  # leader down and no up member: nothing to do
-        targets = [m for m in choices[key] if m != source]
-        if not targets:
-            continue
-        target = _least_loaded(targets, counts)
-        gap = counts.get(source, 0) - counts.get(target, 0)
-        if gap < 2:
-            continue
-        rank = (-counts.get(source, 0), -gap, key)
-        if best is None or rank < best[0]:
-            best = (rank, key, target)
-    return None if best is None else (best[1], best[2])
+        if leaders[key] in up:
+            led[leaders[key]].setdefault(choices[key], []).append(key)
+    return led
+
+
+def _best_move(led: LedIndex, counts: Mapping[str, int]) -> tuple[str, tuple[str, ...], str] | None:
+    """From the most loaded source that has one: (source, member set, target) where target is the member set's
+    least loaded other member and narrows the gap by >= 2 (the largest gap, then the smallest queue key)."""
+    for source in sorted(led, key=lambda n: (-counts[n], n)):
+        best: tuple[tuple[int, QueueKey], tuple[str, ...], str] | None = None
+        for members, keys in led[source].items():
+            targets = [m for m in members if m != source]
+            if not keys or not targets:
+                continue
+            target = _least_loaded(targets, counts)
+            gap = counts[source] - counts[target]
+            rank = (-gap, keys[0])
+            if gap >= 2 and (best is None or rank < best[0]):
+                best = (rank, members, target)
+        if best is not None:
+            return source, best[1], best[2]
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------- replacement

@@ -77,6 +77,15 @@ def test_rebalance_spreads_leaders_with_minimal_moves() -> None:
     assert rebalance_plan(after) == []
 
 
+def test_rebalance_of_many_queues_moves_exactly_the_excess() -> None:
+    s = cluster(["a", "b", "c", "d"])
+    for i in range(300):
+        s = declare(s, f"q{i:03}", "a", ("a", "b", "c") if i % 2 else ("a", "c", "d"))
+    plan = rebalance_plan(s)
+    assert len(plan) == 225  # 300 over 4 nodes: 75 each, so 225 leave a
+    assert Counter(q.leader for q in apply_moves(s, plan).queues.values()) == {n: 75 for n in "abcd"}
+
+
 def test_rebalance_moves_a_down_leader_to_an_up_member() -> None:
     s = declare(cluster(["a", "b", "c"]), "q", "a", ("a", "b"))
     s, _ = m.apply(s, SetNodeState("a", "down"))
