@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -14,6 +15,14 @@ import trio
 from node.broker.broker import Broker, BrokerConfig
 from node.runtime.management import ManagementLimits, serve_management
 from node.runtime.management_view import BrokerView
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def management_wired() -> bool:
+    """True once node/runtime starts `serve_management` in the node (tests on real processes need it)."""
+    sources = [REPO_ROOT / "node/runtime" / name for name in ("main.py", "server.py", "cluster.py")]
+    return any("serve_management" in p.read_text() for p in sources if p.exists())
 
 
 @dataclass

@@ -15,17 +15,11 @@ import pika
 import pytest
 
 from node import ctl
-from tests.integration.nodeproc import REPO_ROOT, NodeProcess
+from tests.integration.nodeproc import NodeProcess
+from tests.management.helpers import management_wired
 
 MANAGEMENT_WAIT_S = 30.0
-
-
-def _wired() -> bool:
-    sources = [REPO_ROOT / "node/runtime" / name for name in ("main.py", "server.py", "cluster.py")]
-    return any("serve_management" in p.read_text() for p in sources if p.exists())
-
-
-pytestmark = pytest.mark.skipif(not _wired(), reason="node/runtime does not start serve_management yet")
+pytestmark = pytest.mark.skipif(not management_wired(), reason="node/runtime does not start serve_management yet")
 
 
 def _free_port() -> int:
