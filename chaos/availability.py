@@ -5,7 +5,8 @@ publish was confirmed (from one confirm's settle time to the next; the first and
 starts and tails are not counted). For each fault (kill, pause, partition, restart...), `first_confirm_after_ms`
 is the time from the fault to the settle time of the first confirmed publish *sent* after it: how long a client
 that starts a publish just after the fault waits before the broker takes one again (None when nothing sent after
-it was confirmed). Phase markers ("purge", "drain", "closed", "up") are not faults.
+it was confirmed). `confirm_latency_ms_max` is the longest any one publish waited for its confirm: what the most
+unlucky client saw (e.g. one connected to a node cut off from the majority). Phase markers ("purge", "drain", "closed", "up") are not faults.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ class Availability:
     confirm_gap_ms_max: float
     confirm_gap_start_ms: float | None
     faults: tuple[FaultRecovery, ...]
+    confirm_latency_ms_max: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {"confirm_gap_ms_max": round(self.confirm_gap_ms_max, 1),
+                "confirm_latency_ms_max": round(self.confirm_latency_ms_max, 1),
                 "confirm_gap_start_ms": None if self.confirm_gap_start_ms is None
                 else round(self.confirm_gap_start_ms, 1),
                 "faults": [{"kind": f.kind, "target": f.target, "at_ms": round(f.at_ms, 1),
@@ -66,4 +69,5 @@ def availability(publishes: Iterable[Publish], faults: Iterable[Fault]) -> Avail
     gap, gap_start = longest_gap(confirm_settle_times(publish_list))
     recoveries = tuple(FaultRecovery(f.kind, f.target, f.at_ms, first_confirm_after(publish_list, f.at_ms))
                        for f in faults if f.kind not in MARKERS)
-    return Availability(gap, gap_start, recoveries)
+    latencies = [p.settled_ms - p.sent_ms for p in publish_list if p.outcome == "confirmed" and p.settled_ms is not None]
+    return Availability(gap, gap_start, recoveries, max(latencies, default=0.0))

@@ -6,7 +6,9 @@ runs it, writes the report (text, JSON, PNG timeline, history) to --out, and exi
 was lost and nothing unexpected was delivered; --fault-proxy routes the workload through our Toxiproxy-compatible
 proxy (one proxy "amqp-<node>" per node) so toxic steps apply to client traffic. `sweep --seeds N` runs N random schedules (seeds first-seed ..
 first-seed+N-1) and exits non-zero if any seed failed, naming it. `check HISTORY` re-checks a saved history.
-`list` names the bundled scenarios; `proxy --listen HOST:PORT` serves the Toxiproxy-compatible fault proxy.
+`suite [SCENARIO...]` runs several (default: every bundled one this environment can carry out, skipping the
+others with the reason) and writes a summary table (per scenario: confirmed, delivered, lost, duplicates,
+unavailability) to --out/summary.md; exit 1 if any failed. `list` names the bundled scenarios; `proxy --listen HOST:PORT` serves the Toxiproxy-compatible fault proxy.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from chaos.scenario import Scenario, ScenarioError, bundled_scenarios, load_scenario, random_scenario
 
@@ -36,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--faults", default="kill,pause", help="comma-separated: kill, pause, restart, partition")
     sweep.add_argument("--messages", type=int, default=300, help="messages per publisher")
     _environment_options(sweep)
+    suite = commands.add_parser("suite", help="run several scenarios and summarise them in one table")
+    suite.add_argument("scenarios", nargs="*", help="names or paths (default: every bundled scenario that can run)")
+    _environment_options(suite)
     commands.add_parser("list", help="name the bundled scenarios")
     check = commands.add_parser("check", help="check a saved history.jsonl")
     check.add_argument("history")
@@ -92,6 +98,11 @@ def check_capabilities(args: argparse.Namespace, scenario: Scenario) -> None:
 
 
 def run_one(args: argparse.Namespace, scenario: Scenario, out_dir: Path) -> bool:
+    return bool(run_reported(args, scenario, out_dir)["valid"])
+
+
+def run_reported(args: argparse.Namespace, scenario: Scenario, out_dir: Path) -> dict[str, Any]:
+    """Run one scenario, write and print its report; the JSON report."""
     from chaos.report import report_text, write_report
     from chaos.run import Environment, run_scenario
 
@@ -105,7 +116,7 @@ def run_one(args: argparse.Namespace, scenario: Scenario, out_dir: Path) -> bool
     report = write_report(out_dir, scenario.name, outcome.result, outcome.records, extra)
     print(report_text(report), end="")
     print(f"  report: {out_dir}")
-    return outcome.valid
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,6 +139,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _check(Path(args.history))
     if args.command == "proxy":
         return _proxy(args.listen, args.seed)
+    if args.command == "suite":
+        return _suite(args)
     if args.command == "run":
         scenario = load_scenario(args.scenario)
         if args.seed is not None:
@@ -147,6 +160,29 @@ def _sweep(args: argparse.Namespace) -> int:
     print(f"sweep: {args.seeds - len(failed)}/{args.seeds} seeds passed" +
           (f"; failing seeds: {failed}" if failed else ""))
     return 1 if failed else 0
+
+
+def _suite(args: argparse.Namespace) -> int:
+    from chaos.report import summary_table
+
+    names = args.scenarios or bundled_scenarios()
+    reports, skipped = [], []
+    for name in names:
+        scenario = load_scenario(name)
+        try:
+            check_capabilities(args, scenario)
+        except ScenarioError as error:
+            if args.scenarios:
+                raise
+            skipped.append(f"{scenario.name}: {error}")
+            continue
+        reports.append(run_reported(args, scenario, Path(args.out) / scenario.name))
+    table = summary_table(reports)
+    text = table + "".join(f"\nskipped {line}" for line in skipped) + "\n"
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "summary.md").write_text(text)
+    print(text, end="")
+    return 0 if all(report["valid"] for report in reports) else 1
 
 
 def _check(path: Path) -> int:

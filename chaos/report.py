@@ -127,10 +127,35 @@ def report_text(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+SUMMARY_COLUMNS = ("scenario", "verdict", "published", "confirmed", "delivered", "lost", "unexpected",
+                   "duplicates", "unflagged redeliveries", "undone settled acks", "order violations",
+                   "longest confirm gap ms", "longest confirm wait ms", "slowest first confirm after a fault ms")
+
+
+def summary_row(report: dict[str, Any]) -> list[str]:
+    summary, found = report["summary"], report.get("availability") or {}
+    recoveries = [f["first_confirm_after_ms"] for f in found.get("faults", [])]
+    slowest = "never" if None in recoveries else f"{max(recoveries):.0f}" if recoveries else "-"
+    return [report["scenario"], "PASS" if report["valid"] else "FAIL", str(summary["attempted"]),
+            str(summary["confirmed"]), str(summary["deliveries"]), str(summary["lost"]), str(summary["unexpected"]),
+            f"{summary['duplicated']} ({summary['duplicate_deliveries']} extra)",
+            str(summary.get("unflagged_redeliveries", 0)), str(summary.get("redelivered_after_settled_ack", 0)),
+            str(summary["order_violations"]), f"{found.get('confirm_gap_ms_max', 0):.0f}",
+            f"{found.get('confirm_latency_ms_max', 0):.0f}", slowest]
+
+
+def summary_table(reports: list[dict[str, Any]]) -> str:
+    """One markdown table row per run report."""
+    lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---|" * len(SUMMARY_COLUMNS)]
+    lines += ["| " + " | ".join(summary_row(report)) + " |" for report in reports]
+    return "\n".join(lines) + "\n"
+
+
 def _availability_lines(found: dict[str, Any] | None) -> list[str]:
     if not found:
         return []
-    lines = [f"  unavailability: longest gap between confirms {found['confirm_gap_ms_max']:.0f} ms"]
+    lines = [f"  unavailability: longest gap between confirms {found['confirm_gap_ms_max']:.0f} ms, longest wait "
+             f"for one confirm {found.get('confirm_latency_ms_max', 0):.0f} ms"]
     for fault in found["faults"]:
         after = fault["first_confirm_after_ms"]
         waited = f"{after:.0f} ms" if after is not None else "never"

@@ -238,12 +238,15 @@ class Nemesis:
     def _partition(self, step: Step) -> None:
         if self.partitioner is None:
             raise ScenarioError("partition steps need network namespaces (run with --netns, as root)")
+        label = step.shape
         if step.shape == "isolate":
-            blocked = netns.isolate_pairs(self.targets(step.target)[0], self.cluster.nodes())
+            isolated = self.targets(step.target)[0]
+            blocked = netns.isolate_pairs(isolated, self.cluster.nodes())
+            label = f"isolate {isolated}"
         else:
             blocked = netns.partition_pairs(step.shape, self.cluster.nodes(), self.rng)
         detail = " ".join(sorted("|".join(sorted(pair)) for pair in blocked))
-        self.recorder.fault("partition", step.shape, detail)
+        self.recorder.fault("partition", label, detail)
         self.partitioner.partition(blocked)
         self.partitioned = True
 

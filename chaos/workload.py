@@ -255,18 +255,22 @@ class Workload:
             worker.start()
 
     def purge_queues(self) -> None:
-        """Declare and purge every queue through the first URL that answers (each tried once)."""
+        """Declare every queue and empty it through the first URL that answers (each tried once).
+
+        Emptied with basic.get (auto-ack) until get-empty, not queue.purge: in cluster mode a get is answered once
+        the queue's replica applied it, so the queue is empty at that point of its log, whereas a purge-ok may go
+        out before the Purge is applied, and a late Purge would remove messages confirmed after it."""
         failures: list[str] = []
         for url in self.config.urls:
             try:
                 with open_channel(url, self.config) as channel:
                     for queue in self.config.queues:
-                        purged = channel.queue_purge(queue).method.message_count
-                        self.recorder.fault("purge", queue, f"{purged} messages")
+                        emptied = empty_queue(channel, queue)
+                        self.recorder.fault("purge", queue, f"{emptied} messages")
                 return
             except CONNECTION_ERRORS as error:
                 failures.append(f"{url}: {error!r}")
-        raise RuntimeError(f"could not declare/purge the workload queues: {'; '.join(failures)}")
+        raise RuntimeError(f"could not declare/empty the workload queues: {'; '.join(failures)}")
 
     def publishing_done(self) -> bool:
         return not any(p.is_alive() for p in self.publishers)
@@ -304,6 +308,18 @@ class Workload:
 
     def records(self) -> list[Record]:
         return self.recorder.records()
+
+
+LEFTOVERS_MAX = 1_000_000
+
+
+def empty_queue(channel: BlockingChannel, queue: str) -> int:
+    """basic.get with auto-ack until get-empty (at most LEFTOVERS_MAX); the number of messages taken."""
+    for taken in range(LEFTOVERS_MAX):
+        method, _props, _body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            return taken
+    raise RuntimeError(f"queue {queue} still not empty after {LEFTOVERS_MAX} gets")
 
 
 def drain_queue(queue: str, config: WorkloadConfig, recorder: Recorder, deadline_s: float) -> bool:

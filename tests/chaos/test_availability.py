@@ -23,6 +23,7 @@ def test_first_confirm_after_a_fault_counts_only_publishes_sent_after_it() -> No
               Fault("pause", "rmq2", 800.0)]
     found = availability(publishes, faults)
     assert found.confirm_gap_ms_max == 395.0 and found.confirm_gap_start_ms == 5.0
+    assert found.confirm_latency_ms_max == 310.0
     assert [(f.kind, f.first_confirm_after_ms) for f in found.faults] == [("kill", 600.0), ("pause", None)]
     assert found.as_dict()["faults"][0] == {"kind": "kill", "target": "rmq1", "at_ms": 100.0,
                                             "first_confirm_after_ms": 600.0}

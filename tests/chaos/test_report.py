@@ -61,3 +61,21 @@ def test_text_report_names_the_lost() -> None:
     from chaos.report import report_json
     text = report_text(report_json("demo", result, records, {}))
     assert "FAIL" in text and "LOST 2" in text and "r-p0-0" in text
+
+
+def test_reports_carry_availability_and_the_suite_table_has_a_row_per_run() -> None:
+    from chaos.report import report_json, summary_table
+
+    records = history()
+    publishes = [r for r in records if isinstance(r, Publish)]
+    deliveries = [r for r in records if isinstance(r, Delivery)]
+    report = report_json("demo", check(publishes, deliveries), records, {"drained": True})
+    # Faults: kill (nothing sent after it is confirmed), pause, partition; the 120 ms gap is between the confirms.
+    assert report["availability"]["confirm_gap_ms_max"] == 120.0
+    assert [f["first_confirm_after_ms"] for f in report["availability"]["faults"]] == [None, None, None, None,
+                                                                                      None]
+    assert "unavailability: longest gap between confirms 120 ms, longest wait for one confirm 30 ms" in report_text(
+        report)
+    table = summary_table([report, {**report, "scenario": "other", "valid": False}]).splitlines()
+    assert len(table) == 4 and table[2].startswith("| demo | PASS | 3 | 2 | 2 | 0 | 0 |")
+    assert table[3].startswith("| other | FAIL") and table[2].endswith("| 120 | 30 | never |")
