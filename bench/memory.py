@@ -68,6 +68,7 @@ def measure_memory(node: NodeUnderTest, messages: int, body_size: int, window: i
         raise RuntimeError("the queue does not report the whole backlog")
     time.sleep(SETTLE_S)
     backlog = rss_bytes(node.pid)
+    print(f"with the backlog: RSS {backlog / MB:.0f} MB", flush=True)
     recovered = None
     if restart:
         node.kill9()
