@@ -114,9 +114,10 @@ class Broker:
         self.publish_route: Callable[..., list[int]] = publish.route_publish
         self.publishers: dict[Hashable, ChannelState] = {}  # replicated: publisher id -> its channel
         self.detaching: dict[Hashable, None] = {}  # replicated: local consumer ids whose Detach is proposed
+        self.detach_retries: dict[Hashable, int] = {}  # replicated: abandoned Detach proposals sent again
         self.down_consumers: dict[Hashable, None] = {}  # replicated: ids of down nodes, to detach when leader
         self.leading: set[tuple[str, str]] = set()  # replicated: (vhost, queue) whose local replica leads
-        self.pending_gets: dict[Hashable, tuple[ChannelState, QueueState]] = {}  # replicated: getter id -> waiter
+        self.pending_gets: dict[Hashable, tuple[ChannelState, QueueState, bool]] = {}  # replicated: id -> waiter
         self.confirm_batch: dict[int, tuple[ChannelState, list[int], list[int]]] = {}  # replicated: acks, nacks
         if self.replicated:
             self.handlers = {**_HANDLERS, **replica.HANDLERS}

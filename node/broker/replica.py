@@ -73,6 +73,7 @@ if TYPE_CHECKING:
 
 SNAPSHOT_VERSION: Final = 1
 EXPIRE_RETRY_MS: Final = 1000  # the leader re-proposes Expire if the last one has not applied after this long
+DETACH_RETRIES_MAX: Final = 10  # times an abandoned Detach of a gone local consumer is proposed again
 TRACKED_IDS_MAX: Final = 65536  # bound of the detaching / down-consumer sets (cleared when full)
 
 
@@ -341,23 +342,26 @@ def basic_get(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Basic
     check_exclusive(conn, queue)
     queue.last_used_ms = broker.now_ms
     getter_id = broker.new_getter_id()
-    broker.pending_gets[getter_id] = (ch, queue)
-    propose(broker, queue, Get(getter_id, method.no_ack, broker.now_ms))
+    broker.pending_gets[getter_id] = (ch, queue, method.no_ack)
+    # Always a Get with ack: a no-ack get is settled once its answer reached this node, so an answer this node
+    # never saw (it installed a snapshot past it, or the client left) is returned instead of lost.
+    propose(broker, queue, Get(getter_id, False, broker.now_ms))
 
 
 def _on_get_ok(broker: Broker, queue: QueueState, effect: GetOk, command: Any) -> None:
     getter_id = effect.consumer_id
-    no_ack = isinstance(command, Get) and command.no_ack
     waiting = broker.pending_gets.pop(getter_id, None)
     if waiting is None or waiting[0].closed:
-        if is_local(broker, getter_id) and not no_ack:  # nobody waits for it any more: give it back
-            propose(broker, queue, Return(getter_id, (effect.msg_id,), broker.now_ms))
+        if is_local(broker, getter_id) and not (isinstance(command, Get) and command.no_ack):
+            propose(broker, queue, Return(getter_id, (effect.msg_id,), broker.now_ms))  # nobody waits for it
         return
-    ch = waiting[0]
+    ch, _queue_waited, no_ack = waiting
     msg: Message = effect.message.payload
     tag = ch.next_delivery_tag
     ch.next_delivery_tag = tag + 1
-    if not no_ack:
+    if no_ack:
+        propose(broker, queue, Settle(getter_id, (effect.msg_id,)))
+    else:
         ch.unacked[tag] = Unacked(queue, getter_id, effect.msg_id, None)
     ok = m.BasicGetOk(delivery_tag=tag, redelivered=effect.redelivered, exchange=msg.exchange,
                       routing_key=msg.routing_key, message_count=effect.remaining)
@@ -453,6 +457,7 @@ def _after_detach(broker: Broker, queue: QueueState, command: Detach) -> None:
     queue.members.pop(cid, None)
     queue.last_used_ms = max(queue.last_used_ms, command.now_ms)
     broker.down_consumers.pop(cid, None)
+    broker.detach_retries.pop(cid, None)
     expected = broker.detaching.pop(cid, "absent") != "absent"
     consumer = broker.consumers.get(cid)
     if consumer is not None and not expected and consumer.queue is queue and not consumer.cancelled:
@@ -519,9 +524,22 @@ def proposal_abandoned(broker: Broker, vhost: str, name: str, data: bytes) -> No
         if consumer is not None and queue is not None and consumer.queue is queue and not consumer.cancelled:
             _server_cancel(broker, consumer)
     elif kind is Detach:
-        broker.detaching.pop(command.consumer_id, None)
+        _detach_abandoned(broker, queue, command)
     elif kind is Expire and queue is not None:
         queue.expire_proposed_ms = None
+
+
+def _detach_abandoned(broker: Broker, queue: QueueState | None, command: Detach) -> None:
+    """A local consumer that is gone must leave the machine, or its unacked messages stay stuck: propose the Detach
+    again, at most DETACH_RETRIES_MAX times (after that, the next boot of this node detaches it as stale)."""
+    cid = command.consumer_id
+    broker.detaching.pop(cid, None)
+    tries = broker.detach_retries.pop(cid, 0) + 1
+    if queue is None or not is_local(broker, cid) or cid in broker.consumers or tries > DETACH_RETRIES_MAX:
+        return
+    if len(broker.detach_retries) < TRACKED_IDS_MAX:
+        broker.detach_retries[cid] = tries
+    propose(broker, queue, Detach(cid, broker.now_ms))
 
 
 def _server_cancel(broker: Broker, consumer: Any) -> None:
@@ -650,7 +668,7 @@ def _resync(broker: Broker, queue: QueueState) -> None:
         if lost:
             propose(broker, queue, Return(cid, lost, now_ms))
         _reattach(broker, queue, consumer)
-    for getter_id, (_ch, get_queue) in list(broker.pending_gets.items()):
+    for getter_id, (_ch, get_queue, _no_ack) in list(broker.pending_gets.items()):
         if get_queue is queue:
             _answer_get_empty(broker, getter_id)
             lost = queue.machine.unacked_msg_ids(getter_id)
@@ -674,7 +692,7 @@ def forget_queue(broker: Broker, queue: QueueState) -> None:
             command = pending.targets.get(key)
             if command is not None:
                 _on_outcome(broker, key, ch.publisher_id, command.sequence, ACCEPTED)
-    for getter_id, (_ch, get_queue) in list(broker.pending_gets.items()):
+    for getter_id, (_ch, get_queue, _no_ack) in list(broker.pending_gets.items()):
         if get_queue is queue:
             _answer_get_empty(broker, getter_id)
     flush_confirms(broker)  # (this may run inside a client's entry point, which does not flush)

@@ -7,7 +7,8 @@ kept in `held` for `release()` or `abandon()`); every `Persist` is mirrored into
 `commit()` applies each log's new entries, in order, to every live broker until nothing new was proposed. A queue's
 leader is the node that declared it unless `set_leader` says otherwise. `crash(node)` stops a node (its clients get
 nothing more) and reports it down to the others; `restart(node)` brings it back with a new boot id, definitions
-replayed and every queue restored from a live peer's snapshot.
+replayed and every queue restored from a live peer's snapshot. `pause(node)` / `resume(node)`: a node that lags
+(serves its clients, applies nothing) and then catches up by installing a peer's snapshot.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Cluster:
         self.records: list[Record] = []  # every definition committed, in order
         self.outbox: dict[str, list[Effect]] = {node: [] for node in nodes}
         self.down: set[str] = set()
+        self.paused: set[str] = set()  # alive (clients served, proposals sent) but applying nothing
         self.hold = False
         self.held: list[tuple[str, QueueKey, bytes]] = []
 
@@ -103,7 +105,7 @@ class Cluster:
             progressed = False
             for key in list(self.logs):
                 for node, broker in self.brokers.items():
-                    if node in self.down:
+                    if node in self.down or node in self.paused:
                         continue
                     log = self.logs[key]
                     start = self.applied.get((node, key), 0)
@@ -162,8 +164,22 @@ class Cluster:
                 self.feed(node, broker.set_queue_leader(key[0], key[1], True))
         return broker
 
+    def pause(self, node: str) -> None:
+        self.paused.add(node)
+
+    def resume(self, node: str) -> None:
+        """A lagging node catches up by installing a live peer's snapshot of every queue (Raft InstallSnapshot)."""
+        self.paused.discard(node)
+        peer = next(n for n in self.brokers if n not in self.down and n not in self.paused)
+        broker = self.brokers[node]
+        for key in self.logs:
+            if key[1] in broker.vhosts[key[0]].queues:
+                self.applied[(node, key)] = self.applied.get((peer, key), 0)
+                self.feed(node, broker.queue_restore(key[0], key[1], self.brokers[peer].queue_snapshot(*key)))
+
     def snapshots(self, key: QueueKey) -> dict[str, bytes]:
-        return {node: b.queue_snapshot(*key) for node, b in self.brokers.items() if node not in self.down}
+        return {node: b.queue_snapshot(*key) for node, b in self.brokers.items()
+                if node not in self.down and node not in self.paused}
 
 
 class ClusterClient(Client):

@@ -6,6 +6,7 @@ from typing import Any
 
 from node.amqp import methods as m
 from node.broker.effects import ProposeQueue, SendContent
+from node.broker.replica import DETACH_RETRIES_MAX
 from tests.broker.cluster_harness import Cluster, ClusterClient, cluster_client, take
 from tests.broker.harness import bodies, deliveries, of_type
 
@@ -295,13 +296,29 @@ def test_a_live_consumer_detached_by_a_false_node_down_attaches_again() -> None:
     assert _queue(cluster, "a").machine.consumer_count == 1
 
 
-def test_a_lost_detach_is_proposed_again_when_a_stray_delivery_shows_up() -> None:
+def test_an_abandoned_detach_is_proposed_again() -> None:
+    cluster, a, b, c = _setup()
+    _publish(cluster, a, b"p")
+    b.consume("q", "tb")
+    cluster.commit()
+    cluster.hold = True
+    b.close_channel()
+    cluster.hold = False
+    cluster.abandon()  # the Detach is given up: b proposes it again
+    c.consume("q", "tc")
+    cluster.commit()
+    assert bodies(take(cluster, "c")) == [b"p"]
+
+
+def test_a_detach_given_up_for_good_is_proposed_again_when_a_stray_delivery_shows_up() -> None:
     cluster, a, b, c = _setup()
     b.consume("q", "tb")
     cluster.commit()
     cluster.hold = True
     b.close_channel()
-    cluster.abandon()  # the Detach is given up
+    for _ in range(DETACH_RETRIES_MAX + 1):
+        cluster.abandon()  # every retry is given up too (they stay held)
+    cluster.held.clear()
     cluster.hold = False
     _publish(cluster, a, b"p")  # delivered to the ghost consumer: b proposes Detach again
     c.consume("q", "tc")
