@@ -3,7 +3,8 @@
 `apply_records(broker, records)` applies the storage records (`node/broker/records.py`) in order without writing
 any: the broker's `persist` is shadowed for the duration, so the cascades a local change would persist (a queue's
 bindings, auto-delete exchanges) happen locally and silently, exactly as they did on the node that made the change
-(whose own records say so too; applying one twice is harmless). A queue deleted elsewhere goes through
+(whose own records say so too; applying one twice is harmless). A record for an existing queue or exchange with
+other properties (it was deleted and declared again differently meanwhile) replaces it. A queue deleted elsewhere goes through
 `delete_queue`, so its local consumers are cancelled (basic.cancel when the client supports it) as for a local
 delete. An exclusive queue whose owner is a connection of an earlier life of this node is deleted for real (that
 deletion is persisted), as RabbitMQ deletes exclusive queues whose owner is gone.
@@ -78,6 +79,11 @@ def _apply_exchange(broker: Broker, record: ExchangeRecord) -> None:
     if vhost is None:
         return
     existing = vhost.exchanges.get(record.name)
+    if existing is not None and not record.deleted and (
+            (existing.type, existing.durable, existing.auto_delete, existing.internal, existing.arguments)
+            != (record.type, record.durable, record.auto_delete, record.internal, record.arguments)):
+        delete_exchange(broker, vhost, existing)  # deleted and declared again differently meanwhile
+        existing = None
     if record.deleted:
         if existing is not None:
             delete_exchange(broker, vhost, existing)
@@ -88,12 +94,17 @@ def _apply_exchange(broker: Broker, record: ExchangeRecord) -> None:
 
 
 def _apply_queue(broker: Broker, record: QueueRecord, stale: list[QueueState]) -> None:
-    from node.broker.replica import local_owner
+    from node.broker.replica import global_owner, local_owner
 
     vhost = broker.vhosts.get(record.vhost)
     if vhost is None:
         return
     existing = vhost.queues.get(record.name)
+    if existing is not None and not record.deleted and (
+            (existing.durable, existing.auto_delete, existing.arguments, global_owner(broker, existing.exclusive_owner))
+            != (record.durable, record.auto_delete, record.arguments, record.exclusive_owner)):
+        delete_queue(broker, existing)  # deleted and declared again differently meanwhile
+        existing = None
     if record.deleted:
         if existing is not None:
             delete_queue(broker, existing)

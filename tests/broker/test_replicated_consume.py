@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from node.amqp import methods as m
@@ -325,3 +326,25 @@ def test_a_detach_given_up_for_good_is_proposed_again_when_a_stray_delivery_show
     cluster.commit()
     assert bodies(take(cluster, "c")) == [b"p"]
     assert _queue(cluster, "c").machine.consumer_count == 1
+
+
+def test_mirrored_definitions_echoes_and_redeclarations() -> None:
+    cluster, _a, _b, _c = _setup()
+    b_broker = cluster.brokers["b"]
+    echo = [r for r in cluster.records if getattr(r, "name", None) == "q"]
+    assert b_broker.apply_records(echo) == []  # an echo of a known definition changes nothing
+    queue = b_broker.vhosts["/"].queues["q"]
+    changed = [dataclasses.replace(echo[-1], arguments={"x-queue-type": "quorum", "x-max-length": 3})]
+    b_broker.apply_records(changed)
+    assert b_broker.vhosts["/"].queues["q"] is not queue
+    assert b_broker.vhosts["/"].queues["q"].machine.args.max_length == 3
+
+
+def test_an_exclusive_queue_of_an_earlier_boot_is_deleted_on_restart() -> None:
+    cluster = Cluster()
+    b = cluster_client(cluster, "b")
+    b.declare("mine", exclusive=True)
+    cluster.down.add("b")
+    cluster.restart("b")
+    for broker in cluster.brokers.values():
+        assert "mine" not in broker.vhosts["/"].queues
