@@ -150,7 +150,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("management_port", "int", "Management HTTP port. 0 = AMQP port + 10000."),
     Setting("node_down_after_ms", "int", "Cluster mode: a peer unreachable this long is reported down."),
     Setting("proposal_timeout_ms", "int", "Cluster mode: a queue command not applied within this is given up (publish nacked)."),
-    Setting("member_replace_after_ms", "int", "Cluster mode: reserved for replacing a long-gone quorum member; 0 = never."),
+    Setting("member_replace_after_ms", "int",
+            "Cluster mode: a quorum member down this long is replaced by an up non-member (0 = never, as RabbitMQ)."),
     Setting("quorum_initial_group_size", "int", "Default voters of a new quorum queue (x-quorum-initial-group-size)."),
 )
 
