@@ -16,7 +16,7 @@ for fewer Persist tokens and confirms coalesced into multiple acks.
 
 Replicated mode (`BrokerConfig.replicated`, docs/cluster.md): every queue is a replica of a Raft group; queue
 commands come out as `ProposeQueue` effects and committed entries come back through `apply_committed`. The entry
-points of that mode are thin wrappers over `replica` (queues) and `mirror` (definitions from other nodes).
+points of that mode are thin wrappers over `replica`, `replica_control` (queues) and `mirror` (definitions from other nodes).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.amqp.auth import parse_sasl_response
-from node.broker import definitions, delivery, mirror, publish, replica
+from node.broker import definitions, delivery, mirror, publish, replica, replica_control
 from node.broker.auth import Permission, UserStore
 from node.broker.channel import ChannelState, ConnState, Consumer
 from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Persist, Send, Unblock
@@ -227,7 +227,7 @@ class Broker:
     def tick(self, now_ms: int) -> list[Effect]:
         self.now_ms = max(self.now_ms, now_ms)
         if self.replicated:
-            replica.tick(self)
+            replica_control.tick(self)
         else:
             definitions.expire_queues(self, self.now_ms)
         for conn in self.conns.values():
@@ -238,7 +238,7 @@ class Broker:
     def next_deadline_ms(self) -> int | None:
         """The earliest time `tick` has work to do (message TTL or x-expires), if any."""
         if self.replicated:
-            return replica.next_deadline_ms(self)
+            return replica_control.next_deadline_ms(self)
         best: int | None = None
         for vhost in self.vhosts.values():
             for queue in vhost.queues.values():
@@ -333,19 +333,19 @@ class Broker:
         return self._finish_replicated()
 
     def queue_snapshot(self, vhost: str, queue: str) -> bytes:
-        return replica.snapshot(self, vhost, queue)
+        return replica_control.snapshot(self, vhost, queue)
 
     def queue_restore(self, vhost: str, queue: str, data: bytes) -> list[Effect]:
         """Replace the queue's replica with a snapshot (b"": empty); local consumers and waiters resync."""
-        replica.restore(self, vhost, queue, data)
+        replica_control.restore(self, vhost, queue, data)
         return self._finish_replicated()
 
     def set_queue_leader(self, vhost: str, queue: str, is_local_leader: bool) -> list[Effect]:
-        replica.set_leader(self, vhost, queue, is_local_leader)
+        replica_control.set_leader(self, vhost, queue, is_local_leader)
         return self._finish_replicated()
 
     def node_down(self, node: str) -> list[Effect]:
-        replica.node_down(self, node)
+        replica_control.node_down(self, node)
         return self._finish_replicated()
 
     def apply_records(self, records: Iterable[Record]) -> list[Effect]:

@@ -358,9 +358,9 @@ def delete_queue(broker: Broker, queue: QueueState, cancels: list[Effect] | None
     vhost.invalidate()
     delivery.cancel_queue_consumers(broker, queue, cancels)
     if broker.replicated:
-        from node.broker import replica
+        from node.broker import replica_control
 
-        replica.forget_queue(broker, queue)
+        replica_control.forget_queue(broker, queue)
     if queue.stored or broker.replicated:
         if queue.persisted_ids:  # keep the queue's own stream consistent even if replayed apart from definitions
             removed = sorted(queue.persisted_ids)

@@ -17,8 +17,8 @@ the owner of an id (a stray delivery or get answer for a local id that is gone: 
 node's earlier boot: Detach) or the queue's local leader (`set_leader`): Expire for TTL, dead-letter republishing
 (publisher id `("dlx", vhost, queue)`, sequence = the queue's count of DeadLetter effects, the same on every
 replica, so a retried or repeated republish is deduplicated by the target), auto-delete, x-expires, and Detach of
-the consumers of a node reported down. Dead-lettering is at most once across a leader change (as RabbitMQ's
-default for quorum queues). Per-queue bookkeeping that is a function of the log (`members`, `dead_letter_seq`,
+the consumers of a node reported down (those duties, the timers and the queue snapshots are in `replica_control`).
+Dead-lettering is at most once across a leader change (as RabbitMQ's default for quorum queues). Per-queue bookkeeping that is a function of the log (`members`, `dead_letter_seq`,
 `had_consumer`) travels in the queue snapshot with the replica.
 """
 
@@ -26,8 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Final
-
-import cbor2
 
 from cluster.queue import (
     Accepted,
@@ -53,9 +51,7 @@ from cluster.queue.replicated import (
     Proposal,
     ProposalDecodeError,
     ReplicatedQueue,
-    decode_id,
     decode_proposal,
-    encode_id,
     encode_proposal,
 )
 from node.amqp import methods as m
@@ -65,14 +61,12 @@ from node.broker.channel import ChannelState, ConnState, Message, PendingPublish
 from node.broker.definitions import check_exclusive, delete_queue, lookup_queue
 from node.broker.effects import ProposeQueue, Send, SendContent
 from node.broker.errors import precondition
-from node.broker.queues import QueueState, queue_args
+from node.broker.queues import QueueState
 from node.broker.vhost import VHost
 
 if TYPE_CHECKING:
     from node.broker.broker import Broker
 
-SNAPSHOT_VERSION: Final = 1
-EXPIRE_RETRY_MS: Final = 1000  # the leader re-proposes Expire if the last one has not applied after this long
 DETACH_RETRIES_MAX: Final = 10  # times an abandoned Detach of a gone local consumer is proposed again
 TRACKED_IDS_MAX: Final = 65536  # bound of the detaching / down-consumer sets (cleared when full)
 
@@ -145,7 +139,7 @@ def local_owner(broker: Broker, owner: str | None) -> tuple[int | str | None, bo
     return owner, False
 
 
-def _track(ids: dict[Hashable, None], cid: Hashable) -> None:
+def track(ids: dict[Hashable, None], cid: Hashable) -> None:
     if len(ids) >= TRACKED_IDS_MAX:
         ids.clear()
     ids[cid] = None
@@ -175,17 +169,17 @@ class ProposingMachine:
 
 def propose(broker: Broker, queue: QueueState, command: Any) -> None:
     if type(command) is Detach and is_local(broker, command.consumer_id):
-        _track(broker.detaching, command.consumer_id)
+        track(broker.detaching, command.consumer_id)
     broker.out.append(ProposeQueue(queue.vhost, queue.name, command))
 
 
-def _queue(broker: Broker, vhost: str, name: str) -> QueueState | None:
+def queue_of(broker: Broker, vhost: str, name: str) -> QueueState | None:
     vh = broker.vhosts.get(vhost)
     queue = vh.queues.get(name) if vh is not None else None
     return queue if queue is not None and isinstance(queue.machine, ProposingMachine) else None
 
 
-def _replica(queue: QueueState) -> ReplicatedQueue:
+def replica_of(queue: QueueState) -> ReplicatedQueue:
     machine: ProposingMachine = queue.machine
     return machine.replica
 
@@ -271,7 +265,7 @@ def tx_commit(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxCom
 ACCEPTED, DUPLICATE, REJECTED = "accepted", "duplicate", "rejected"
 
 
-def _on_outcome(broker: Broker, key: tuple[str, str], publisher_id: Any, sequence: Any, outcome: str) -> None:
+def on_outcome(broker: Broker, key: tuple[str, str], publisher_id: Any, sequence: Any, outcome: str) -> None:
     """One target queue's answer to a publish of a local channel."""
     ch = broker.publishers.get(publisher_id) if publisher_id is not None else None
     if ch is None:
@@ -294,9 +288,9 @@ def _on_outcome(broker: Broker, key: tuple[str, str], publisher_id: Any, sequenc
 
 def _resend(broker: Broker, ch: ChannelState, pending: PendingPublish, key: tuple[str, str], command: Enqueue
             ) -> None:
-    queue = _queue(broker, *key)
+    queue = queue_of(broker, *key)
     if queue is None:
-        _on_outcome(broker, key, ch.publisher_id, command.sequence, ACCEPTED)
+        on_outcome(broker, key, ch.publisher_id, command.sequence, ACCEPTED)
         return
     sequence = _next_sequence(ch)
     resent = Enqueue(command.message, broker.now_ms, ch.publisher_id, sequence)
@@ -368,7 +362,7 @@ def _on_get_ok(broker: Broker, queue: QueueState, effect: GetOk, command: Any) -
     broker.out.append(SendContent(ch.conn_id, ch.number, ok, msg.properties, msg.body))
 
 
-def _answer_get_empty(broker: Broker, getter_id: Hashable) -> None:
+def answer_get_empty(broker: Broker, getter_id: Hashable) -> None:
     waiting = broker.pending_gets.pop(getter_id, None)
     if waiting is not None and not waiting[0].closed:
         ch = waiting[0]
@@ -382,14 +376,14 @@ HANDLERS: dict[type, Any] = {m.BasicGet: basic_get, m.TxCommit: tx_commit}
 
 
 def apply_committed(broker: Broker, vhost: str, name: str, data: bytes) -> None:
-    queue = _queue(broker, vhost, name)
+    queue = queue_of(broker, vhost, name)
     if queue is None:
         return
     try:
         proposal = decode_proposal(data, decode_payload)
     except ProposalDecodeError:
         return  # every replica decodes the same bytes alike, so all skip it
-    effects: list[Any] | None = _replica(queue).apply(proposal)
+    effects: list[Any] | None = replica_of(queue).apply(proposal)
     if effects is None:
         return
     command: Any = proposal.command
@@ -399,15 +393,15 @@ def apply_committed(broker: Broker, vhost: str, name: str, data: bytes) -> None:
         if kind is Deliver:
             _on_deliver(broker, queue, effect)
         elif kind is Accepted:
-            _on_outcome(broker, key, effect.publisher_id, effect.sequence, ACCEPTED)
+            on_outcome(broker, key, effect.publisher_id, effect.sequence, ACCEPTED)
         elif kind is Duplicate:
-            _on_outcome(broker, key, effect.publisher_id, effect.sequence, DUPLICATE)
+            on_outcome(broker, key, effect.publisher_id, effect.sequence, DUPLICATE)
         elif kind is Rejected:
-            _on_outcome(broker, key, effect.publisher_id, effect.sequence, REJECTED)
+            on_outcome(broker, key, effect.publisher_id, effect.sequence, REJECTED)
         elif kind is GetOk:
             _on_get_ok(broker, queue, effect, command)
         elif kind is GetEmpty:
-            _answer_get_empty(broker, effect.consumer_id)
+            answer_get_empty(broker, effect.consumer_id)
         elif kind is DeadLetter:
             queue.dead_letter_seq += 1
             if queue.is_leader:
@@ -461,11 +455,11 @@ def _after_detach(broker: Broker, queue: QueueState, command: Detach) -> None:
     expected = broker.detaching.pop(cid, "absent") != "absent"
     consumer = broker.consumers.get(cid)
     if consumer is not None and not expected and consumer.queue is queue and not consumer.cancelled:
-        _reattach(broker, queue, consumer)  # detached by a leader that thought this node down: come back
-    _maybe_auto_delete(broker, queue)
+        reattach(broker, queue, consumer)  # detached by a leader that thought this node down: come back
+    maybe_auto_delete(broker, queue)
 
 
-def _reattach(broker: Broker, queue: QueueState, consumer: Any) -> None:
+def reattach(broker: Broker, queue: QueueState, consumer: Any) -> None:
     consumer.credit = 0
     consumer.granted = False
     propose(broker, queue, Attach(consumer.consumer_id, broker.now_ms, prefetch=consumer.prefetch, credit=0,
@@ -473,7 +467,7 @@ def _reattach(broker: Broker, queue: QueueState, consumer: Any) -> None:
     broker.mark_dirty(consumer.channel)
 
 
-def _maybe_auto_delete(broker: Broker, queue: QueueState) -> None:
+def maybe_auto_delete(broker: Broker, queue: QueueState) -> None:
     if queue.is_leader and queue.auto_delete and queue.had_consumer and queue.machine.consumer_count == 0:
         delete_queue(broker, queue)
 
@@ -509,11 +503,11 @@ def proposal_abandoned(broker: Broker, vhost: str, name: str, data: bytes) -> No
     except ProposalDecodeError:
         return
     kind = type(command)
-    queue = _queue(broker, vhost, name)
+    queue = queue_of(broker, vhost, name)
     if kind is Enqueue:
-        _on_outcome(broker, (vhost, name), command.publisher_id, command.sequence, REJECTED)
+        on_outcome(broker, (vhost, name), command.publisher_id, command.sequence, REJECTED)
     elif kind is Get:
-        _answer_get_empty(broker, command.consumer_id)
+        answer_get_empty(broker, command.consumer_id)
     elif kind is AddCredit:
         consumer = broker.consumers.get(command.consumer_id)
         if consumer is not None:
@@ -549,150 +543,3 @@ def _server_cancel(broker: Broker, consumer: Any) -> None:
     conn = broker.conns.get(ch.conn_id)
     if conn is not None and conn.cancel_notify and not ch.closed:
         broker.out.append(Send(ch.conn_id, ch.number, m.BasicCancel(consumer_tag=consumer.tag, nowait=True)))
-
-
-# --- leadership, nodes, time -----------------------------------------------------------------------------------
-
-
-def set_leader(broker: Broker, vhost: str, name: str, is_leader: bool) -> None:
-    key = (vhost, name)
-    if is_leader:
-        broker.leading.add(key)
-    else:
-        broker.leading.discard(key)
-    queue = _queue(broker, vhost, name)
-    if queue is None or queue.is_leader == is_leader:
-        return
-    queue.is_leader = is_leader
-    queue.expire_proposed_ms = None
-    if is_leader:
-        for cid in list(queue.members):
-            if cid in broker.down_consumers:
-                propose(broker, queue, Detach(cid, broker.now_ms))
-        _maybe_auto_delete(broker, queue)
-
-
-def node_down(broker: Broker, node: str) -> None:
-    """Consumers (and get holders) of `node` are detached by each queue's leader; remembered for later leaders."""
-    for vhost in list(broker.vhosts.values()):
-        for queue in list(vhost.queues.values()):
-            if not isinstance(queue.machine, ProposingMachine):
-                continue
-            for cid in list(queue.members):
-                if id_node(cid) == node:
-                    _track(broker.down_consumers, cid)
-                    if queue.is_leader:
-                        propose(broker, queue, Detach(cid, broker.now_ms))
-
-
-def tick(broker: Broker) -> None:
-    """The leader's timers: Expire for due message TTLs, x-expires deletion."""
-    now_ms = broker.now_ms
-    for vhost in list(broker.vhosts.values()):
-        for queue in list(vhost.queues.values()):
-            if not queue.is_leader:
-                continue
-            due = queue.machine.next_expiry_ms()
-            proposed = queue.expire_proposed_ms
-            if due is not None and due <= now_ms and (proposed is None or now_ms - proposed >= EXPIRE_RETRY_MS):
-                queue.expire_proposed_ms = now_ms
-                propose(broker, queue, Expire(now_ms))
-            if (queue.expires_ms is not None and queue.machine.consumer_count == 0
-                    and now_ms - queue.last_used_ms >= queue.expires_ms):
-                delete_queue(broker, queue)
-
-
-def next_deadline_ms(broker: Broker) -> int | None:
-    best: int | None = None
-    for vhost in broker.vhosts.values():
-        for queue in vhost.queues.values():
-            if not queue.is_leader:
-                continue
-            due = queue.machine.next_expiry_ms()
-            if due is not None and queue.expire_proposed_ms is not None:
-                due = max(due, queue.expire_proposed_ms + EXPIRE_RETRY_MS)
-            if queue.expires_ms is not None and queue.machine.consumer_count == 0:
-                expiry = queue.last_used_ms + queue.expires_ms
-                due = expiry if due is None else min(due, expiry)
-            if due is not None and (best is None or due < best):
-                best = due
-    return best
-
-
-# --- snapshots ----------------------------------------------------------------------------------------------------
-
-
-def snapshot(broker: Broker, vhost: str, name: str) -> bytes:
-    queue = _queue(broker, vhost, name)
-    if queue is None:
-        return b""
-    replica = _replica(queue).snapshot(encode_payload)
-    members = [encode_id(cid) for cid in queue.members]
-    return cbor2.dumps([SNAPSHOT_VERSION, replica, queue.dead_letter_seq, queue.had_consumer, members])
-
-
-def restore(broker: Broker, vhost: str, name: str, data: bytes) -> None:
-    """Replace the replica (ValueError for a malformed snapshot), then resync this node's parties with it."""
-    queue = _queue(broker, vhost, name)
-    if queue is None:
-        return
-    machine: ProposingMachine = queue.machine
-    if not data:
-        machine.replica = ReplicatedQueue(name, queue_args(queue.arguments))
-        queue.dead_letter_seq, queue.had_consumer, queue.members = 0, False, {}
-    else:
-        try:
-            version, replica, dead_letter_seq, had_consumer, members = cbor2.loads(data)
-        except Exception as exc:  # cbor2 raises several types on garbage
-            raise ValueError(f"bad queue snapshot: {exc!r:.200}") from exc
-        if version != SNAPSHOT_VERSION or type(dead_letter_seq) is not int:
-            raise ValueError("bad queue snapshot")
-        machine.replica = ReplicatedQueue.restore(replica, decode_payload)
-        queue.dead_letter_seq, queue.had_consumer = dead_letter_seq, bool(had_consumer)
-        queue.members = {decode_id(cid): None for cid in members}
-    queue.expire_proposed_ms = None
-    _resync(broker, queue)
-
-
-def _resync(broker: Broker, queue: QueueState) -> None:
-    """After a restore the replica may hold deliveries, get answers and outcomes this node never saw."""
-    now_ms = broker.now_ms
-    for cid in list(queue.members):
-        if is_stale(broker, cid):
-            propose(broker, queue, Detach(cid, now_ms))
-    for consumer in [c for c in broker.consumers.values() if c.queue is queue]:
-        cid = consumer.consumer_id
-        held = {u.msg_id for u in consumer.channel.unacked.values() if u.consumer_id == cid}
-        held.update(p.msg_id for p in consumer.channel.pending if p.consumer is consumer)
-        lost = [i for i in queue.machine.unacked_msg_ids(cid) if i not in held]
-        if lost:
-            propose(broker, queue, Return(cid, lost, now_ms))
-        _reattach(broker, queue, consumer)
-    for getter_id, (_ch, get_queue, _no_ack) in list(broker.pending_gets.items()):
-        if get_queue is queue:
-            _answer_get_empty(broker, getter_id)
-            lost = queue.machine.unacked_msg_ids(getter_id)
-            if lost:
-                propose(broker, queue, Return(getter_id, lost, now_ms))
-    key = (queue.vhost, queue.name)
-    for ch in list(broker.publishers.values()):
-        for pending in ch.repl_waiting.values():
-            command = pending.targets.get(key)
-            if command is not None:  # Accepted again, or Duplicate if it had been: either way an outcome
-                pending.resent.add(key)
-                propose(broker, queue, command)
-
-
-def forget_queue(broker: Broker, queue: QueueState) -> None:
-    """The queue was deleted: publishes waiting for it count it as done (as RabbitMQ confirms a message whose
-    queue went away), gets waiting on it are answered empty."""
-    key = (queue.vhost, queue.name)
-    for ch in list(broker.publishers.values()):
-        for pending in list(ch.repl_waiting.values()):
-            command = pending.targets.get(key)
-            if command is not None:
-                _on_outcome(broker, key, ch.publisher_id, command.sequence, ACCEPTED)
-    for getter_id, (_ch, get_queue, _no_ack) in list(broker.pending_gets.items()):
-        if get_queue is queue:
-            _answer_get_empty(broker, getter_id)
-    flush_confirms(broker)  # (this may run inside a client's entry point, which does not flush)

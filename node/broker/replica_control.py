@@ -1,0 +1,190 @@
+"""Replicated mode: what the runtime tells the broker about the queue groups (pure; see `replica` for the rest).
+
+`set_leader` marks the queues whose local replica leads: only those propose Expire for due message TTLs (`tick`,
+re-proposed after EXPIRE_RETRY_MS if not applied yet; `next_deadline_ms` counts leader queues only), delete an
+unused queue after x-expires, and detach the consumers of nodes reported down (`node_down` remembers them, so a
+later leader does it too). `snapshot`/`restore` carry a queue's replica plus the broker's bookkeeping that is a
+function of the log; after a restore this node resyncs its own parties with the replica (`_resync`), since the
+entries the snapshot covered never produced effects here. `forget_queue` releases what waited on a deleted queue.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+import cbor2
+
+from cluster.queue import Detach, Expire, Return
+from cluster.queue.replicated import ReplicatedQueue, decode_id, encode_id
+from node.broker.definitions import delete_queue
+from node.broker.queues import QueueState, queue_args
+from node.broker.replica import (
+    ACCEPTED,
+    ProposingMachine,
+    answer_get_empty,
+    decode_payload,
+    encode_payload,
+    flush_confirms,
+    id_node,
+    is_stale,
+    maybe_auto_delete,
+    on_outcome,
+    propose,
+    queue_of,
+    reattach,
+    replica_of,
+    track,
+)
+
+if TYPE_CHECKING:
+    from node.broker.broker import Broker
+
+SNAPSHOT_VERSION: Final = 1
+EXPIRE_RETRY_MS: Final = 1000  # the leader re-proposes Expire if the last one has not applied after this long
+
+
+# --- leadership, nodes, time -----------------------------------------------------------------------------------
+
+
+def set_leader(broker: Broker, vhost: str, name: str, is_leader: bool) -> None:
+    key = (vhost, name)
+    if is_leader:
+        broker.leading.add(key)
+    else:
+        broker.leading.discard(key)
+    queue = queue_of(broker, vhost, name)
+    if queue is None or queue.is_leader == is_leader:
+        return
+    queue.is_leader = is_leader
+    queue.expire_proposed_ms = None
+    if is_leader:
+        for cid in list(queue.members):
+            if cid in broker.down_consumers:
+                propose(broker, queue, Detach(cid, broker.now_ms))
+        maybe_auto_delete(broker, queue)
+
+
+def node_down(broker: Broker, node: str) -> None:
+    """Consumers (and get holders) of `node` are detached by each queue's leader; remembered for later leaders."""
+    for vhost in list(broker.vhosts.values()):
+        for queue in list(vhost.queues.values()):
+            if not isinstance(queue.machine, ProposingMachine):
+                continue
+            for cid in list(queue.members):
+                if id_node(cid) == node:
+                    track(broker.down_consumers, cid)
+                    if queue.is_leader:
+                        propose(broker, queue, Detach(cid, broker.now_ms))
+
+
+def tick(broker: Broker) -> None:
+    """The leader's timers: Expire for due message TTLs, x-expires deletion."""
+    now_ms = broker.now_ms
+    for vhost in list(broker.vhosts.values()):
+        for queue in list(vhost.queues.values()):
+            if not queue.is_leader:
+                continue
+            due = queue.machine.next_expiry_ms()
+            proposed = queue.expire_proposed_ms
+            if due is not None and due <= now_ms and (proposed is None or now_ms - proposed >= EXPIRE_RETRY_MS):
+                queue.expire_proposed_ms = now_ms
+                propose(broker, queue, Expire(now_ms))
+            if (queue.expires_ms is not None and queue.machine.consumer_count == 0
+                    and now_ms - queue.last_used_ms >= queue.expires_ms):
+                delete_queue(broker, queue)
+
+
+def next_deadline_ms(broker: Broker) -> int | None:
+    best: int | None = None
+    for vhost in broker.vhosts.values():
+        for queue in vhost.queues.values():
+            if not queue.is_leader:
+                continue
+            due = queue.machine.next_expiry_ms()
+            if due is not None and queue.expire_proposed_ms is not None:
+                due = max(due, queue.expire_proposed_ms + EXPIRE_RETRY_MS)
+            if queue.expires_ms is not None and queue.machine.consumer_count == 0:
+                expiry = queue.last_used_ms + queue.expires_ms
+                due = expiry if due is None else min(due, expiry)
+            if due is not None and (best is None or due < best):
+                best = due
+    return best
+
+
+# --- snapshots ----------------------------------------------------------------------------------------------------
+
+
+def snapshot(broker: Broker, vhost: str, name: str) -> bytes:
+    queue = queue_of(broker, vhost, name)
+    if queue is None:
+        return b""
+    replica = replica_of(queue).snapshot(encode_payload)
+    members = [encode_id(cid) for cid in queue.members]
+    return cbor2.dumps([SNAPSHOT_VERSION, replica, queue.dead_letter_seq, queue.had_consumer, members])
+
+
+def restore(broker: Broker, vhost: str, name: str, data: bytes) -> None:
+    """Replace the replica (ValueError for a malformed snapshot), then resync this node's parties with it."""
+    queue = queue_of(broker, vhost, name)
+    if queue is None:
+        return
+    machine: ProposingMachine = queue.machine
+    if not data:
+        machine.replica = ReplicatedQueue(name, queue_args(queue.arguments))
+        queue.dead_letter_seq, queue.had_consumer, queue.members = 0, False, {}
+    else:
+        try:
+            version, replica, dead_letter_seq, had_consumer, members = cbor2.loads(data)
+        except Exception as exc:  # cbor2 raises several types on garbage
+            raise ValueError(f"bad queue snapshot: {exc!r:.200}") from exc
+        if version != SNAPSHOT_VERSION or type(dead_letter_seq) is not int:
+            raise ValueError("bad queue snapshot")
+        machine.replica = ReplicatedQueue.restore(replica, decode_payload)
+        queue.dead_letter_seq, queue.had_consumer = dead_letter_seq, bool(had_consumer)
+        queue.members = {decode_id(cid): None for cid in members}
+    queue.expire_proposed_ms = None
+    _resync(broker, queue)
+
+
+def _resync(broker: Broker, queue: QueueState) -> None:
+    """After a restore the replica may hold deliveries, get answers and outcomes this node never saw."""
+    now_ms = broker.now_ms
+    for cid in list(queue.members):
+        if is_stale(broker, cid):
+            propose(broker, queue, Detach(cid, now_ms))
+    for consumer in [c for c in broker.consumers.values() if c.queue is queue]:
+        cid = consumer.consumer_id
+        held = {u.msg_id for u in consumer.channel.unacked.values() if u.consumer_id == cid}
+        held.update(p.msg_id for p in consumer.channel.pending if p.consumer is consumer)
+        lost = [i for i in queue.machine.unacked_msg_ids(cid) if i not in held]
+        if lost:
+            propose(broker, queue, Return(cid, lost, now_ms))
+        reattach(broker, queue, consumer)
+    for getter_id, (_ch, get_queue, _no_ack) in list(broker.pending_gets.items()):
+        if get_queue is queue:
+            answer_get_empty(broker, getter_id)
+            lost = queue.machine.unacked_msg_ids(getter_id)
+            if lost:
+                propose(broker, queue, Return(getter_id, lost, now_ms))
+    key = (queue.vhost, queue.name)
+    for ch in list(broker.publishers.values()):
+        for pending in ch.repl_waiting.values():
+            command = pending.targets.get(key)
+            if command is not None:  # Accepted again, or Duplicate if it had been: either way an outcome
+                pending.resent.add(key)
+                propose(broker, queue, command)
+
+
+def forget_queue(broker: Broker, queue: QueueState) -> None:
+    """The queue was deleted: publishes waiting for it count it as done (as RabbitMQ confirms a message whose
+    queue went away), gets waiting on it are answered empty."""
+    key = (queue.vhost, queue.name)
+    for ch in list(broker.publishers.values()):
+        for pending in list(ch.repl_waiting.values()):
+            command = pending.targets.get(key)
+            if command is not None:
+                on_outcome(broker, key, ch.publisher_id, command.sequence, ACCEPTED)
+    for getter_id, (_ch, get_queue, _no_ack) in list(broker.pending_gets.items()):
+        if get_queue is queue:
+            answer_get_empty(broker, getter_id)
+    flush_confirms(broker)  # (this may run inside a client's entry point, which does not flush)
