@@ -1,6 +1,7 @@
 """Issue 6, done when: `raftmq cluster up` from nothing, pika through a real HAProxy publishing to a quorum queue
 with confirms, a node killed (the queue's leader), the client reconnecting through HAProxy and carrying on, and
-nothing confirmed lost. Also `cluster status --json` naming the queue's leader and members.
+nothing confirmed lost. Also `cluster status --json` naming the queue's leader and members, and `cluster restart`
+bringing the killed node back and then restarting every node in turn (still nothing confirmed lost).
 
 Real processes on loopback; ports are picked below the ephemeral range so outgoing connections cannot take them.
 No timing is asserted: waits are bounded retries with generous deadlines.
@@ -181,9 +182,17 @@ def test_publish_through_haproxy_survives_killing_the_leader(cluster: tuple[Path
     os.kill(leader.pid, signal.SIGKILL)
     _publish_confirmed(port, range(30, 80), confirmed)
     assert len(confirmed) > 30  # the client carried on through HAProxy after the kill
-    delivered = _drain(port)
-    missing = set(confirmed) - set(delivered)
-    assert not missing, f"confirmed but lost: {sorted(missing)}"
     report = _status(data_dir)
     states = {n["name"]: n["state"] for n in report["nodes"]}  # type: ignore[attr-defined,index]
     assert states[leader.name] == "stopped" and list(states.values()).count("ready") == NODES - 1
+    # The killed node comes back as the same member; then a rolling restart of every node, one at a time.
+    for names in ([leader.name], []):
+        result = subprocess.run([*CLUSTER_CLI, "restart", *names, "--data-dir", str(data_dir)], capture_output=True,
+                                text=True, timeout=600)
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("sees every node running") == NODES
+    states = {n["name"]: n["state"] for n in _status(data_dir)["nodes"]}  # type: ignore[attr-defined,index]
+    assert set(states.values()) == {"ready"}
+    delivered = _drain(port)
+    missing = set(confirmed) - set(delivered)
+    assert not missing, f"confirmed but lost: {sorted(missing)}"
