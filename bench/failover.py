@@ -7,7 +7,7 @@ with SIGKILL and records:
 - `first_confirm_ms`: from the kill to the first confirm of a message *published after* the kill (the publish in
   flight at the kill must first get its own confirm, so this is the gap a client sees);
 - `longest_gap_ms`: the longest time between two consecutive confirms around the kill.
-The killed node is restarted and given time to rejoin before the next run. Prints one line per run and the
+Every run starts a fresh cluster (no restart between runs). Prints one line per run and the
 median/max; `--json` writes them to a file. Needs nothing but the raftmq sources (it runs `python -m node.cli node`)
 and pika. Independent of the broker's code (import-linter: bench imports no node/cluster modules).
 """
@@ -42,7 +42,6 @@ PORT_OFFSETS = (0, 10_000, 20_000, 21_000)
 QUEUE = "bench-failover"
 GROUP = "q/%2F/bench-failover"  # docs/cluster.md: queue_group_id("/", QUEUE)
 START_TIMEOUT_S = 60.0
-SETTLE_S = 1.0  # after a restart, before the next run (the rejoined node catches up)
 CONFIRM_TIMEOUT_S = 60.0
 
 
@@ -60,7 +59,8 @@ def _free_amqp_ports(n: int) -> list[int]:
     ports: list[int] = []
     while len(ports) < n:
         port = rng.randrange(3000, 11000)
-        if port not in ports and all(_binds(port + offset) for offset in PORT_OFFSETS):
+        taken = {p + offset for p in ports for offset in PORT_OFFSETS}  # no node's port is another's derived one
+        if all(port + offset not in taken and _binds(port + offset) for offset in PORT_OFFSETS):
             ports.append(port)
     return ports
 
@@ -103,6 +103,7 @@ class BenchCluster:
         self.nodes = [BenchNode(f"n{i + 1}", p, self.root / f"n{i + 1}") for i, p in enumerate(ports)]
 
     def spawn(self, node: BenchNode) -> int:
+        """Start the node's process; returns its log's size before (to find this start's lines)."""
         node.workdir.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
         env.update({
@@ -189,29 +190,34 @@ class RunResult:
     nacks: int
 
 
-def _one_run(cluster: BenchCluster) -> RunResult:
-    _wait(lambda: cluster.agreed_leader(cluster.nodes) is not None, 60, "all nodes to agree on the queue leader")
-    leader_name = cluster.agreed_leader(cluster.nodes)
-    leader = next(n for n in cluster.nodes if n.name == leader_name)
-    publisher_node = next(n for n in cluster.nodes if n is not leader)
-    stream = ConfirmStream(publisher_node.port)
-    stream.start()
-    _wait(lambda: len(stream.records) >= 20 or stream.error is not None, 60, "confirms before the kill")
-    killed_at = time.monotonic()
-    cluster.kill(leader)
-    _wait(lambda: any(s >= killed_at for s, _ in stream.records) or stream.error is not None, CONFIRM_TIMEOUT_S,
-          "a confirm after the kill")
-    time.sleep(0.2)
-    stream.stop.set()
-    stream.join(CONFIRM_TIMEOUT_S)
-    if stream.error is not None:
-        raise RuntimeError(f"publisher failed: {stream.error!r}")
+def _one_run(root: Path) -> RunResult:
+    """A fresh cluster and queue, one kill of the queue's leader, then everything stopped."""
+    cluster = BenchCluster(root)
+    try:
+        cluster.start()
+        with contextlib.closing(_connect(cluster.nodes[0].port)) as conn:
+            conn.channel().queue_declare(QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
+        _wait(lambda: cluster.agreed_leader(cluster.nodes) is not None, 60, "all nodes to agree on the queue leader")
+        leader_name = cluster.agreed_leader(cluster.nodes)
+        leader = next(n for n in cluster.nodes if n.name == leader_name)
+        publisher_node = next(n for n in cluster.nodes if n is not leader)
+        stream = ConfirmStream(publisher_node.port)
+        stream.start()
+        _wait(lambda: len(stream.records) >= 20 or stream.error is not None, 60, "confirms before the kill")
+        killed_at = time.monotonic()
+        cluster.kill(leader)
+        _wait(lambda: any(s >= killed_at for s, _ in stream.records) or stream.error is not None,
+              CONFIRM_TIMEOUT_S, "a confirm after the kill")
+        time.sleep(0.2)
+        stream.stop.set()
+        stream.join(CONFIRM_TIMEOUT_S)
+        if stream.error is not None:
+            raise RuntimeError(f"publisher failed: {stream.error!r}")
+    finally:
+        cluster.stop()
     first = min(c for s, c in stream.records if s >= killed_at)
     confirms = [c for _, c in stream.records]
     gaps = [b - a for a, b in itertools.pairwise(confirms) if b >= killed_at]
-    offset = cluster.spawn(leader)
-    cluster.wait_ready(leader, offset)
-    time.sleep(SETTLE_S)
     return RunResult(leader.name, publisher_node.name, (first - killed_at) * 1000,
                      max(gaps, default=0.0) * 1000, stream.nacks)
 
@@ -236,22 +242,16 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     results: list[RunResult] = []
     with _workdir(args.workdir) as root:
-        cluster = BenchCluster(root)
-        try:
-            cluster.start()
-            with contextlib.closing(_connect(cluster.nodes[0].port)) as conn:
-                conn.channel().queue_declare(QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
-            for i in range(args.runs):
-                result = _one_run(cluster)
-                results.append(result)
-                print(f"run {i + 1}: killed {result.killed} (publisher on {result.publisher_node}): first confirm "
-                      f"after {result.first_confirm_ms:.0f} ms, longest confirm gap {result.longest_gap_ms:.0f} ms,"
-                      f" {result.nacks} nacks", flush=True)
-        except (RuntimeError, pika.exceptions.AMQPError, OSError) as exc:
-            print(f"raftmq bench failover: {exc}", file=sys.stderr)
-            return 1
-        finally:
-            cluster.stop()
+        for i in range(args.runs):
+            try:
+                result = _one_run(root / f"run{i + 1}")
+            except (RuntimeError, pika.exceptions.AMQPError, OSError) as exc:
+                print(f"raftmq bench failover: run {i + 1}: {exc}", file=sys.stderr)
+                return 1
+            results.append(result)
+            print(f"run {i + 1}: killed {result.killed} (publisher on {result.publisher_node}): first confirm "
+                  f"after {result.first_confirm_ms:.0f} ms, longest confirm gap {result.longest_gap_ms:.0f} ms,"
+                  f" {result.nacks} nacks", flush=True)
     firsts = [r.first_confirm_ms for r in results]
     gaps = [r.longest_gap_ms for r in results]
     print(f"first confirm after kill: median {statistics.median(firsts):.0f} ms, max {max(firsts):.0f} ms; "

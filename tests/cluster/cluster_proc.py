@@ -44,7 +44,8 @@ def free_amqp_ports(n: int, rng: random.Random | None = None) -> list[int]:
     ports: list[int] = []
     while len(ports) < n:
         port = rng.randrange(AMQP_PORT_LOW, AMQP_PORT_HIGH)
-        if port not in ports and all(_binds(port + offset) for offset in PORT_OFFSETS):
+        taken = {p + offset for p in ports for offset in PORT_OFFSETS}  # no node's port is another's derived one
+        if all(port + offset not in taken and _binds(port + offset) for offset in PORT_OFFSETS):
             ports.append(port)
     return ports
 
