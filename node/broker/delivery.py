@@ -248,7 +248,8 @@ def basic_consume(broker: Broker, conn: ConnState, ch: ChannelState, method: m.B
     tag = method.consumer_tag or broker.random_name("amq.ctag-")
     if tag in ch.consumers or tag == ch.reply_to_tag:
         raise AmqpError(530, f"attempt to reuse consumer tag '{tag}'", connection=True)
-    if queue.exclusive_consumer is not None or (method.exclusive and queue.consumers):
+    if queue.exclusive_consumer is not None or (method.exclusive and (
+            queue.consumers or (broker.replicated and queue.machine.consumer_count))):  # replicated: any node's
         raise access_refused(f"{queue.resource} in exclusive use")
     priority = method.arguments.get("x-priority", 0)
     if not isinstance(priority, int) or isinstance(priority, bool):

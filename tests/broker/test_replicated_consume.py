@@ -9,7 +9,7 @@ from node.amqp import methods as m
 from node.broker.effects import ProposeQueue, SendContent
 from node.broker.replica import DETACH_RETRIES_MAX
 from tests.broker.cluster_harness import Cluster, ClusterClient, cluster_client, take
-from tests.broker.harness import bodies, deliveries, of_type
+from tests.broker.harness import bodies, channel_close, deliveries, of_type
 
 KEY = ("/", "q")
 
@@ -348,3 +348,11 @@ def test_an_exclusive_queue_of_an_earlier_boot_is_deleted_on_restart() -> None:
     cluster.restart("b")
     for broker in cluster.brokers.values():
         assert "mine" not in broker.vhosts["/"].queues
+
+
+def test_an_exclusive_consume_is_refused_while_another_node_has_consumers() -> None:
+    cluster, _a, b, c = _setup()
+    b.consume("q", "tb")
+    cluster.commit()
+    code, _text = channel_close(c.consume("q", "tc", exclusive=True))
+    assert code == 403
