@@ -55,6 +55,7 @@ COMMAND_ARGS: dict[str, tuple[tuple[str, type, bool], ...]] = {
 CLUSTER_COMMANDS = frozenset({"join_cluster", "leave_cluster", "forget_cluster_node", "add_member", "delete_member",
                               "grow", "shrink", "rebalance"})
 NOT_IN_CLUSTER = "not in a cluster"
+JSON_TYPE_NAMES: dict[type, str] = {str: "a string", int: "an integer", list: "an array", dict: "an object"}
 
 
 class CommandError(Exception):
@@ -142,7 +143,7 @@ def check_command_args(name: str, args: Any) -> dict[str, Any]:
             continue
         value = args[arg]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise CommandError(400, f"{name}: argument {arg!r} must be a {kind.__name__}")
+            raise CommandError(400, f"{name}: argument {arg!r} must be {JSON_TYPE_NAMES[kind]}")
         out[arg] = value
     if "tags" in out and not all(isinstance(t, str) for t in out["tags"]):
         raise CommandError(400, f"{name}: tags must be strings")
