@@ -39,8 +39,14 @@ class World:
         self.confirmed: set[bytes] = set()
         self.consumed: set[bytes] = set()
         self.next_body = 0
+        self.fanned: set[bytes] = set()  # published to the fanout exchange: to q and to q2 (length-limited)
+        self.consumed2: set[bytes] = set()
         first = self.connect("a", "pub")
         first.client.declare("q", durable=True, arguments={"x-queue-type": "quorum"})
+        first.client.declare("q2", durable=True, arguments={"x-max-length": 15, "x-overflow": "reject-publish"})
+        first.client.call(m.ExchangeDeclare(exchange="fan", type="fanout", durable=True))
+        first.client.bind("q", "fan")
+        first.client.bind("q2", "fan")
         self.cluster.commit()
 
     def connect(self, node: str, role: str) -> Party:
@@ -105,7 +111,11 @@ class World:
         self.next_body += 1
         party.seqs[party.next_seq] = body
         party.next_seq += 1
-        party.client.publish("", "q", body)
+        if self.rng.random() < 0.3:  # confirmed only if both queues took it; nacked when q2 is full
+            self.fanned.add(body)
+            party.client.publish("fan", "", body)
+        else:
+            party.client.publish("", "q", body)
 
     def do_commit(self) -> None:
         self.cluster.commit()
@@ -213,6 +223,16 @@ class World:
         self.cluster.commit()
         self.collect()
         self.consumed.update(last.unacked.values())
+        self.consumed2 = self._drain_q2()
+
+    def _drain_q2(self) -> set[bytes]:
+        party = self.connect("b", "sub")
+        party.client.consume("q2", "final2", no_ack=True)
+        for _ in range(50):
+            self.cluster.commit()
+            self.collect()
+            party.client.writable(True)
+        return set(party.unacked.values())
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -223,7 +243,8 @@ def test_random_interleavings_lose_no_confirmed_message_and_replicas_agree(seed:
     world.drain()
     assert world.confirmed, "the run confirmed nothing: it tests nothing"
     assert world.confirmed <= world.consumed, sorted(world.confirmed - world.consumed)
+    assert world.confirmed & world.fanned <= world.consumed2, sorted((world.confirmed & world.fanned) - world.consumed2)
     machine = world.cluster.brokers["a"].vhosts["/"].queues["q"].machine
     assert (machine.ready_count, machine.unacked_count) == (0, 0)  # nothing stuck with a consumer that is gone
-    snapshots = world.cluster.snapshots(KEY)
-    assert len(set(snapshots.values())) == 1, "replicas differ"
+    for key in (KEY, ("/", "q2")):
+        assert len(set(world.cluster.snapshots(key).values())) == 1, f"replicas of {key} differ"
