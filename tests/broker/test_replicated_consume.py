@@ -356,3 +356,20 @@ def test_an_exclusive_consume_is_refused_while_another_node_has_consumers() -> N
     cluster.commit()
     code, _text = channel_close(c.consume("q", "tc", exclusive=True))
     assert code == 403
+
+
+def test_expired_messages_are_dead_lettered_once_by_whoever_leads_when_the_expiry_applies() -> None:
+    cluster = Cluster()
+    a = cluster_client(cluster, "a")
+    a.call(m.ExchangeDeclare(exchange="dlx", type="fanout", durable=True))
+    a.declare("dead", durable=True)
+    a.bind("dead", "dlx")
+    a.declare("q", durable=True, arguments={"x-message-ttl": 10, "x-dead-letter-exchange": "dlx"})
+    _publish(cluster, a, b"t1", b"t2")
+    cluster.tick("a", 1000)  # a proposes Expire, then loses the lead before it commits
+    cluster.set_leader(KEY, "b")
+    cluster.commit()
+    for node in ("a", "b", "c"):
+        assert _queue(cluster, node).machine.ready_count == 0
+        assert _queue(cluster, node, "dead").machine.ready_count == 2
+    assert _all_equal(cluster, ("/", "dead"))
