@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -20,12 +21,26 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from bench.client import Endpoint, probe
+from bench.clusters import (
+    ClusterNode,
+    Placement,
+    RabbitNodePlan,
+    join_steps,
+    plan_rabbit_nodes,
+    rabbit_node_env,
+    rabbit_placement,
+    raftmq_leader_from_logs,
+    raftmq_placement_from_status,
+    raftmq_ports_free,
+    running_nodes,
+)
 
 RABBITMQ_SBIN = Path("/usr/lib/rabbitmq/bin")
+REPO_ROOT = Path(__file__).resolve().parents[1]  # `python -m node.cli` runs from here
 START_TIMEOUT_S = 90.0
 
 
@@ -97,15 +112,18 @@ def raftmq_node(timeout_s: float = 30.0, extra_args: tuple[str, ...] = ()) -> It
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def free_port_run(count: int, attempts: int = 50) -> int:
-    """A base port P such that P+1 .. P+count are all free now (the cluster runner puts node i on P+i)."""
+RAFTMQ_CLUSTER_BASE_PORTS = (3000, 9000)  # below the ephemeral range; derived ports (+10000..+21000) stay < 32768
+
+
+def free_port_run(count: int, attempts: int = 200) -> int:
+    """A base port P such that nodes P+1 .. P+count and all their derived ports are free now (the cluster runner
+    puts node i on P+i, and its management, Raft and metadata ports 10000, 20000 and 21000 above)."""
+    low, high = RAFTMQ_CLUSTER_BASE_PORTS
     for _ in range(attempts):
-        base = free_port()
-        if base + count > 65535:
-            continue
-        if all(_port_free(base + offset) for offset in range(1, count + 1)):
+        base = random.randrange(low, high)
+        if raftmq_ports_free(base, count, _port_free):
             return base
-    raise BrokerStartError(f"found no run of {count} free ports")
+    raise BrokerStartError(f"found no run of {count} free node ports (with their derived ports)")
 
 
 def _port_free(port: int) -> bool:
@@ -117,23 +135,67 @@ def _port_free(port: int) -> bool:
         return True
 
 
+class RaftmqCluster:
+    """A running `raftmq cluster up` cluster: its nodes (rmq1..), their pids, and queue placement."""
+
+    def __init__(self, workdir: Path, nodes: tuple[ClusterNode, ...]) -> None:
+        self.workdir = workdir
+        self._nodes = nodes
+
+    @property
+    def nodes(self) -> tuple[ClusterNode, ...]:
+        return self._nodes
+
+    def pids(self) -> dict[str, int]:
+        """Node name -> process id, from the runner's cluster.json."""
+        try:
+            state = json.loads((self.workdir / "cluster.json").read_text())
+            return {str(node["name"]): int(node["pid"]) for node in state["nodes"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+
+    def placement(self, queue: str) -> Placement | None:
+        try:
+            status = subprocess.run([*_RUNNER, "status", "--json", "--data-dir", str(self.workdir)],
+                                    capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+        except (OSError, subprocess.TimeoutExpired):
+            status = None
+        found = None if status is None else raftmq_placement_from_status(status.stdout, queue)
+        if found is not None:
+            return found
+        logs = {node.name: _read_text(self.workdir / f"{node.name}.log") for node in self._nodes}
+        leader = raftmq_leader_from_logs(logs, queue)
+        return None if leader is None else Placement(leader, ())  # members unknown without the management API
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+_RUNNER = [sys.executable, "-m", "node.cli", "cluster"]
+
+
 @contextlib.contextmanager
-def raftmq_cluster(nodes: int = 3, timeout_s: float = 120.0) -> Iterator[list[Endpoint]]:
+def raftmq_cluster(nodes: int = 3, timeout_s: float = 120.0) -> Iterator[RaftmqCluster]:
     """A local raftmq cluster through the cluster runner (`raftmq cluster up --detach --no-haproxy`), stopped
-    with `raftmq cluster down`. Whether its nodes replicate is up to raftmq; the bench does not check it."""
+    with `raftmq cluster down` (and its directory removed) however the block ends."""
     workdir = Path(tempfile.mkdtemp(prefix="raftmq-bench-cluster-"))
     base_port = free_port_run(nodes)
-    runner = [sys.executable, "-m", "node.cli", "cluster"]
     data = ["--data-dir", str(workdir)]
-    up = [*runner, "up", "--detach", "--no-haproxy", "--nodes", str(nodes), "--base-port", str(base_port), *data]
+    up = [*_RUNNER, "up", "--detach", "--no-haproxy", "--nodes", str(nodes), "--base-port", str(base_port), *data]
     try:
-        completed = subprocess.run(up, capture_output=True, text=True, timeout=timeout_s)
+        completed = subprocess.run(up, capture_output=True, text=True, timeout=timeout_s, cwd=REPO_ROOT)
         if completed.returncode != 0:
             raise BrokerStartError(f"raftmq cluster up failed: {(completed.stdout + completed.stderr).strip()[-400:]}")
-        yield [Endpoint("127.0.0.1", base_port + index) for index in range(1, nodes + 1)]
+        members = tuple(ClusterNode(f"rmq{index}", Endpoint("127.0.0.1", base_port + index))
+                        for index in range(1, nodes + 1))
+        yield RaftmqCluster(workdir, members)
     finally:
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            subprocess.run([*runner, "down", *data], capture_output=True, timeout=60)
+            subprocess.run([*_RUNNER, "down", *data], capture_output=True, timeout=60, cwd=REPO_ROOT)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -169,14 +231,13 @@ class _RabbitEnvironment:
         self.epmd_port = free_port()
         self.tag = f"raftmqbench{os.getpid()}x{time.monotonic_ns() % 100000}"
 
-    def env(self, node: str | None = None) -> dict[str, str]:
+    def env(self) -> dict[str, str]:
+        """What every node and rabbitmqctl of this cluster share: HOME (the cookie), epmd port, no config/plugins."""
         env = dict(os.environ, HOME=str(self.home), ERL_EPMD_PORT=str(self.epmd_port))
         env["RABBITMQ_ENABLED_PLUGINS_FILE"] = str(self.root / "enabled_plugins")
         env["RABBITMQ_CONF_ENV_FILE"] = str(self.root / "no-env.conf")
         env["RABBITMQ_CONFIG_FILE"] = str(self.root / "no-config")
         env["RABBITMQ_ADVANCED_CONFIG_FILE"] = str(self.root / "no-advanced.config")
-        if node is not None:
-            env["RABBITMQ_NODENAME"] = node
         return env
 
     def ctl(self, node: str, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
@@ -185,23 +246,13 @@ class _RabbitEnvironment:
             env=self.env(), capture_output=True, text=True, timeout=timeout_s,
         )
 
-    def start_node(self, index: int) -> tuple[str, Endpoint, subprocess.Popen[bytes]]:
-        node = f"{self.tag}n{index}@localhost"
-        endpoint = Endpoint("127.0.0.1", free_port())
-        node_dir = self.root / f"n{index}"
-        node_dir.mkdir()
-        env = self.env(node)
-        env.update(
-            RABBITMQ_NODE_PORT=str(endpoint.port), RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
-            RABBITMQ_DIST_PORT=str(free_port()), RABBITMQ_MNESIA_BASE=str(node_dir / "mnesia"),
-            RABBITMQ_LOG_BASE=str(node_dir / "log"), RABBITMQ_PID_FILE=str(node_dir / "pid"),
-        )
-        with (node_dir / "stdout.log").open("wb") as log_file:
-            process = subprocess.Popen(
-                [str(RABBITMQ_SBIN / "rabbitmq-server")], env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=node_dir,
+    def start_node(self, plan: RabbitNodePlan) -> subprocess.Popen[bytes]:
+        plan.directory.mkdir()
+        with (plan.directory / "stdout.log").open("wb") as log_file:
+            return subprocess.Popen(
+                [str(RABBITMQ_SBIN / "rabbitmq-server")], env=rabbit_node_env(self.env(), plan), stdout=log_file,
+                stderr=subprocess.STDOUT, start_new_session=True, cwd=plan.directory,
             )
-        return node, endpoint, process
 
     def stop_node(self, node: str, process: subprocess.Popen[bytes]) -> None:
         if process.poll() is None:
@@ -217,42 +268,61 @@ class _RabbitEnvironment:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+Ctl = Callable[..., subprocess.CompletedProcess[str]]  # ctl(node, *args) -> rabbitmqctl's result
+
+
+class RabbitCluster:
+    """A running private RabbitMQ cluster: its nodes and quorum queue placement (rabbitmqctl list_queues)."""
+
+    def __init__(self, nodes: tuple[ClusterNode, ...], ctl: Ctl) -> None:
+        self._nodes = nodes
+        self._ctl = ctl
+
+    @property
+    def nodes(self) -> tuple[ClusterNode, ...]:
+        return self._nodes
+
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        return [node.endpoint for node in self._nodes]
+
+    def placement(self, queue: str) -> Placement | None:
+        listed = self._ctl(self._nodes[0].name, "-q", "list_queues", "name", "leader", "members", "--formatter", "json")
+        return rabbit_placement(listed.stdout, queue)
+
+
 @contextlib.contextmanager
-def rabbitmq_cluster(nodes: int = 1, timeout_s: float = START_TIMEOUT_S) -> Iterator[list[Endpoint]]:
-    """Debian's RabbitMQ: `nodes` nodes on loopback, clustered when more than one; yields their endpoints."""
+def rabbitmq_cluster(nodes: int = 1, timeout_s: float = START_TIMEOUT_S) -> Iterator[RabbitCluster]:
+    """Debian's RabbitMQ: `nodes` nodes on loopback, clustered when more than one (checked with cluster_status)."""
     if not rabbitmq_available():
         raise BrokerStartError("RabbitMQ is not installed (apt-get install -y rabbitmq-server)")
     environment = _RabbitEnvironment()
-    started: list[tuple[str, Endpoint, subprocess.Popen[bytes]]] = []
+    plans = plan_rabbit_nodes(environment.root, environment.tag, nodes, free_port)
+    started: list[tuple[RabbitNodePlan, subprocess.Popen[bytes]]] = []
     try:
-        for index in range(nodes):
-            started.append(environment.start_node(index))
-        for index, (_, endpoint, process) in enumerate(started):
-            wait_serving(endpoint, process, timeout_s, environment.root / f"n{index}" / "stdout.log")
-        seed = started[0][0]
-        for node, _, _ in started[1:]:
-            _join(environment, node, seed)
-        if nodes > 1:
-            _check_cluster(environment, seed, nodes)
-        yield [endpoint for _, endpoint, _ in started]
+        for plan in plans:
+            started.append((plan, environment.start_node(plan)))
+        for plan, process in started:
+            wait_serving(plan.endpoint, process, timeout_s, plan.directory / "stdout.log")
+        form_cluster(environment.ctl, [plan.name for plan in plans])
+        yield RabbitCluster(tuple(ClusterNode(plan.name, plan.endpoint) for plan in plans), environment.ctl)
     finally:
-        for node, _, process in reversed(started):
-            environment.stop_node(node, process)
+        for plan, process in reversed(started):
+            environment.stop_node(plan.name, process)
         environment.close()
 
 
-def _join(environment: _RabbitEnvironment, node: str, seed: str) -> None:
-    for args in (("stop_app",), ("join_cluster", seed), ("start_app",)):
-        completed = environment.ctl(node, *args)
-        if completed.returncode != 0:
-            raise BrokerStartError(f"rabbitmqctl {' '.join(args)} on {node}: {completed.stderr.strip()[-400:]}")
-
-
-def _check_cluster(environment: _RabbitEnvironment, seed: str, nodes: int) -> None:
-    completed = environment.ctl(seed, "-q", "cluster_status", "--formatter", "json")
-    try:
-        running = json.loads(completed.stdout).get("running_nodes", [])
-    except ValueError:
-        running = []
-    if len(running) != nodes:
-        raise BrokerStartError(f"RabbitMQ cluster has {len(running)} running nodes, wanted {nodes}: {running}")
+def form_cluster(ctl: Ctl, names: list[str]) -> None:
+    """Join every node after the first to the first, then check that all of them run; `BrokerStartError` naming
+    the failed step otherwise. One node is a cluster already."""
+    if len(names) < 2:
+        return
+    seed = names[0]
+    for node in names[1:]:
+        for args in join_steps(seed):
+            completed = ctl(node, *args)
+            if completed.returncode != 0:
+                raise BrokerStartError(f"rabbitmqctl {' '.join(args)} on {node}: {completed.stderr.strip()[-400:]}")
+    running = running_nodes(ctl(seed, "-q", "cluster_status", "--formatter", "json").stdout)
+    if sorted(running) != sorted(names):
+        raise BrokerStartError(f"RabbitMQ cluster runs {running}, wanted {names}")

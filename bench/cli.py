@@ -1,10 +1,10 @@
 """`raftmq bench`: run the workloads against raftmq and RabbitMQ, print the figures and ratios, save JSON + PNG.
 
 Without --target it starts what it needs, afresh for every workload, and stops it afterwards: a raftmq node
-(`raftmq node` on a free port, temporary data dir) and Debian's RabbitMQ, one node for workloads (a), (c), (d), (e)
-and a 3-node loopback cluster for (b). raftmq's (b) needs a replicated 3-node raftmq cluster; `raftmq cluster up`
-starts independent nodes today, so (b) is skipped for raftmq with a note unless --raftmq-cluster forces it onto the
-cluster runner's first node. With --target host:port it measures that one broker, already running, and starts nothing.
+(`raftmq node` on a free port, temporary data dir) and Debian's RabbitMQ, one node for workloads (a), (c), (d), (e);
+for (b) a 3-node raftmq cluster (`raftmq cluster up`) and a 3-node RabbitMQ cluster on loopback, each measured in
+two client layouts by `bench.quorum` ("b": publisher and consumer on the two followers, "b@leader": both on the
+queue's leader). With --target host:port it measures that one broker, already running, and starts nothing.
 Ctrl-C or SIGTERM stops the run; every broker and worker process it started is stopped on the way out.
 """
 
@@ -15,6 +15,7 @@ import contextlib
 import datetime
 import functools
 import importlib
+import os
 import shutil
 import signal
 import subprocess
@@ -32,6 +33,8 @@ from bench.brokers import (
     raftmq_node,
 )
 from bench.client import Endpoint, parse_target
+from bench.clusters import QueueCluster
+from bench.quorum import run_quorum_workload
 from bench.results import (
     RABBITMQ,
     RAFTMQ,
@@ -44,16 +47,6 @@ from bench.results import (
     write_json,
 )
 from bench.workloads import ALL_WORKLOADS, DEFAULT_LATENCY_RATES, Measurement, RunSettings, run_workload
-
-RAFTMQ_CLUSTER_NOTE = (
-    "raftmq (b) needs the cluster runner with replicated quorum queues; `raftmq cluster up` starts 3 independent"
-    " nodes today, so (b) is skipped for raftmq (force it with --raftmq-cluster)"
-)
-RAFTMQ_CLUSTER_FORCED_NOTE = (
-    "raftmq (b) ran on `raftmq cluster up --detach --no-haproxy` (3 nodes, queue on node 1); the bench does not"
-    " verify that raftmq replicates the queue to the other nodes"
-)
-
 
 # `raftmq bench <name> [options]`: further benchmarks, one module each with `main(argv) -> int` (one line each).
 SUBCOMMANDS: dict[str, str] = {
@@ -74,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rabbitmq", action=argparse.BooleanOptionalAction, default=True, help="measure RabbitMQ")
     parser.add_argument("--raftmq", action=argparse.BooleanOptionalAction, default=True, help="measure raftmq")
     parser.add_argument("--raftmq-cluster", action="store_true",
-                        help="run raftmq's (b) on `raftmq cluster up` even though replication is not verified")
+                        help="no effect (kept for old command lines): (b) always runs on a 3-node raftmq cluster")
     parser.add_argument("--output", default="bench-results", help="directory for the JSON and PNG results")
     parser.add_argument("--history", action="store_true",
                         help="print the figures of every earlier run in --output and exit (measures nothing)")
@@ -114,6 +107,7 @@ def main(argv: list[str]) -> int:
     settings = RunSettings(args.duration, args.warmup, rates, args.window, args.prefetch)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     started_at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    load_at_start = os.getloadavg()[0]
     notes: list[str] = []
     measurements: list[Measurement] = []
     try:
@@ -121,7 +115,7 @@ def main(argv: list[str]) -> int:
             measurements += _run_all(args.target_name, parse_target(args.target), workloads, settings)
         else:
             if args.raftmq:
-                measurements += _measure_raftmq(workloads, settings, notes, args.raftmq_cluster)
+                measurements += _measure_raftmq(workloads, settings)
             if args.rabbitmq:
                 measurements += _measure_rabbitmq(workloads, settings, notes)
     except KeyboardInterrupt:
@@ -129,7 +123,7 @@ def main(argv: list[str]) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-    report = RunReport(started_at, ["raftmq", "bench", *argv], _machine(), _settings_dict(args, settings),
+    report = RunReport(started_at, ["raftmq", "bench", *argv], _machine(load_at_start), _settings_dict(args, settings),
                        measurements, notes)
     _publish(report, Path(args.output))
     return 1 if any(m.error for m in measurements) else 0
@@ -151,7 +145,7 @@ def _print_one(m: Measurement) -> None:
         return
     p99 = "-" if m.latency_p99_ms is None else f"{m.latency_p99_ms:.2f}"
     print(f"  {m.label}: confirmed {m.confirmed_msgs_per_s:,.0f} msg/s, delivered {m.delivered_msgs_per_s:,.0f}"
-          f" msg/s, p99 {p99} ms", flush=True)
+          f" msg/s, p99 {p99} ms" + (f" [{m.note}]" if m.note else ""), flush=True)
 
 
 def _with_broker(
@@ -171,32 +165,37 @@ def _with_broker(
     return found
 
 
-def _measure_raftmq(
-    workloads: list[str], settings: RunSettings, notes: list[str], use_cluster: bool
-) -> list[Measurement]:
+def _measure_raftmq(workloads: list[str], settings: RunSettings) -> list[Measurement]:
     found: list[Measurement] = []
     for workload in workloads:
-        if workload != "b":
-            found += _with_broker(RAFTMQ, [workload], settings, raftmq_node)
-        elif use_cluster:
-            notes.append(RAFTMQ_CLUSTER_FORCED_NOTE)
-            found += _with_broker(RAFTMQ, ["b"], settings, _raftmq_cluster_first_node)
+        if workload == "b":
+            found += _on_cluster(RAFTMQ, settings, functools.partial(raftmq_cluster, 3))
         else:
-            print(RAFTMQ_CLUSTER_NOTE, flush=True)
-            notes.append(RAFTMQ_CLUSTER_NOTE)
+            found += _with_broker(RAFTMQ, [workload], settings, raftmq_node)
+    return found
+
+
+def _on_cluster(
+    broker: str, settings: RunSettings, start: Callable[[], contextlib.AbstractContextManager[QueueCluster]]
+) -> list[Measurement]:
+    """Workload (b) on a freshly started 3-node cluster, in both client layouts."""
+    print(f"[{broker}] starting a 3-node cluster for workload (b) ...", flush=True)
+    try:
+        with start() as cluster:
+            print(f"[{broker}] workload (b) on {', '.join(n.endpoint.address for n in cluster.nodes)} ...", flush=True)
+            found = run_quorum_workload(broker, cluster, settings)
+    except BrokerStartError as error:
+        print(f"[{broker}] could not start: {error}", flush=True)
+        return [Measurement("b", "b", broker, error=f"cluster did not start: {error}")]
+    for measurement in found:
+        _print_one(measurement)
     return found
 
 
 @contextlib.contextmanager
-def _raftmq_cluster_first_node() -> Iterator[Endpoint]:
-    with raftmq_cluster(3) as endpoints:
-        yield endpoints[0]
-
-
-@contextlib.contextmanager
 def _rabbit_nodes(count: int) -> Iterator[Endpoint]:
-    with rabbitmq_cluster(count) as endpoints:
-        yield endpoints[0]
+    with rabbitmq_cluster(count) as cluster:
+        yield cluster.endpoints[0]
 
 
 def _measure_rabbitmq(workloads: list[str], settings: RunSettings, notes: list[str]) -> list[Measurement]:
@@ -204,8 +203,10 @@ def _measure_rabbitmq(workloads: list[str], settings: RunSettings, notes: list[s
         return [Measurement(w, w, RABBITMQ, error="RabbitMQ is not installed") for w in workloads]
     found: list[Measurement] = []
     for workload in workloads:
-        nodes = 3 if workload == "b" else 1
-        found += _with_broker(RABBITMQ, [workload], settings, functools.partial(_rabbit_nodes, nodes))
+        if workload == "b":
+            found += _on_cluster(RABBITMQ, settings, functools.partial(rabbitmq_cluster, 3))
+        else:
+            found += _with_broker(RABBITMQ, [workload], settings, functools.partial(_rabbit_nodes, 1))
     return found
 
 
@@ -222,8 +223,9 @@ def _install_rabbitmq(notes: list[str]) -> bool:
     return rabbitmq_available()
 
 
-def _machine() -> dict[str, object]:
+def _machine(load_at_start: float) -> dict[str, object]:
     info = machine_info()
+    info["load_average_1m_at_start"] = load_at_start
     info["rabbitmq_version"] = rabbitmq_version()
     return info
 

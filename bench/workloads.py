@@ -120,12 +120,15 @@ def _split(items: Sequence[str], parts: int) -> list[tuple[str, ...]]:
 
 
 def single_queue_layout(
-    endpoint: Endpoint, queue: str, settings: RunSettings, rate_msgs_per_s: float | None = None, sample_every: int = 4
+    endpoint: Endpoint, queue: str, settings: RunSettings, rate_msgs_per_s: float | None = None, sample_every: int = 4,
+    consumer_endpoint: Endpoint | None = None,
 ) -> list[PublisherSpec | ConsumerSpec]:
+    """1 publisher on `endpoint` + 1 consumer (on `consumer_endpoint`, default the same node)."""
     window = settings.confirm_window if rate_msgs_per_s is None else 4096
     batch_max = max(1, min(window // 4, 256))
+    consumer_at = endpoint if consumer_endpoint is None else consumer_endpoint
     return [
-        ConsumerSpec(endpoint, (queue,), prefetch=settings.prefetch, latency_sample_every=sample_every),
+        ConsumerSpec(consumer_at, (queue,), prefetch=settings.prefetch, latency_sample_every=sample_every),
         PublisherSpec(
             endpoint, (PublishTarget("", queue),), BODY_SIZE, window, batch_max, rate_msgs_per_s=rate_msgs_per_s
         ),

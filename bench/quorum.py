@@ -1,0 +1,101 @@
+"""Workload (b) on a real cluster: persistent 100 B messages through a 3-replica quorum queue, 1 publisher (confirm
+window) + 1 consumer (prefetch, multiple acks), in two client layouts.
+
+For each layout a fresh quorum queue (x-queue-type=quorum) is declared through the cluster's first node; the run
+waits until the cluster reports the queue's leader (and its members: anything but `replicas_wanted` is an error,
+so a figure never comes from an unreplicated queue), then places the clients relative to that leader:
+- "b": the publisher on one follower and the consumer on the other follower (every node works: see
+  `bench.clusters.spread_layout`);
+- "b@leader": publisher and consumer both on the leader's node.
+Each Measurement's `note` says which node got which client and where the leader was. The same code measures
+raftmq (`bench.brokers.RaftmqCluster`) and RabbitMQ (`bench.brokers.RabbitCluster`), so the labels pair up and
+the results table shows both ratios.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from bench.clusters import ClientNodes, ClusterNode, Placement, QueueCluster, leader_layout, spread_layout
+from bench.processes import run_workers
+from bench.workloads import (
+    Measurement,
+    RunSettings,
+    Topology,
+    declare,
+    delete,
+    measure,
+    run_id,
+    single_queue_layout,
+)
+
+QUORUM_ARGUMENTS: dict[str, str | int | bool] = {"x-queue-type": "quorum"}
+PLACEMENT_TIMEOUT_S = 60.0
+PLACEMENT_POLL_S = 0.5
+LAYOUTS: dict[str, Callable[[Sequence[ClusterNode], Placement], ClientNodes]] = {
+    "b": spread_layout,
+    "b@leader": leader_layout,
+}
+
+
+class PlacementError(Exception):
+    """The queue's leader or replicas could not be established."""
+
+
+def wait_placement(
+    cluster: QueueCluster, queue: str, replicas_wanted: int, timeout_s: float = PLACEMENT_TIMEOUT_S,
+    sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+) -> Placement:
+    """Poll the cluster until the queue has a leader and `replicas_wanted` members (members unknown -- an empty
+    tuple -- is accepted only when nothing better shows up before the deadline)."""
+    deadline = clock() + timeout_s
+    best: Placement | None = None
+    while True:
+        placement = cluster.placement(queue)
+        if placement is not None:
+            if len(placement.members) == replicas_wanted:
+                return placement
+            best = placement
+        if clock() >= deadline:
+            break
+        sleep(PLACEMENT_POLL_S)
+    if best is None:
+        raise PlacementError(f"no leader known for queue {queue!r} after {timeout_s:.0f}s")
+    if best.members:
+        raise PlacementError(f"queue {queue!r} has {len(best.members)} replicas {best.members}, wanted"
+                             f" {replicas_wanted}")
+    return best
+
+
+def run_quorum_workload(
+    broker: str, cluster: QueueCluster, settings: RunSettings, labels: Sequence[str] = tuple(LAYOUTS)
+) -> list[Measurement]:
+    """Workload (b) in each layout of `labels`; a failed layout becomes a Measurement with `error` set."""
+    found = []
+    for label in labels:
+        try:
+            found.append(_run_layout(broker, cluster, settings, label))
+        except Exception as error:  # one broken layout must not lose the other's figure
+            found.append(Measurement(label=label, workload="b", broker=broker, error=repr(error)))
+    return found
+
+
+def _run_layout(broker: str, cluster: QueueCluster, settings: RunSettings, label: str) -> Measurement:
+    queue = f"bench-b-{label.replace('@', '-')}-{run_id()}"
+    topology = Topology((queue,), QUORUM_ARGUMENTS)
+    control = cluster.nodes[0].endpoint
+    declare(control, topology)
+    try:
+        placement = wait_placement(cluster, queue, replicas_wanted=min(3, len(cluster.nodes)))
+        clients = LAYOUTS[label](cluster.nodes, placement)
+        print(f"  {label}: {clients.description}", flush=True)
+        load = os.getloadavg()[0]
+        specs = single_queue_layout(clients.publisher.endpoint, queue, settings,
+                                    consumer_endpoint=clients.consumer.endpoint)
+        measured = measure(label, "b", broker, run_workers(specs, settings.warmup_s, settings.duration_s))
+        return dataclasses.replace(measured, note=f"{clients.description}; load average {load:.1f} at start")
+    finally:
+        delete(control, topology)
