@@ -53,6 +53,7 @@ SUBCOMMANDS: dict[str, str] = {
     "recovery": "bench.recovery",  # restart time with N persistent messages on disk
     "memory": "bench.memory",  # resident memory with a backlog of N messages
     "failover": "bench.failover",  # kill -9 of a quorum queue leader to the next confirm (3-node cluster)
+    "profile": "bench.profile",  # py-spy of the 3 raftmq nodes under workload (b)
 }
 
 
