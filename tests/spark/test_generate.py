@@ -27,7 +27,7 @@ def test_records_follow_the_telemetry_schema(tmp_path: Path) -> None:
     assert sorted(Path(path).relative_to(tmp_path).parts[0] for path in result.files) == ["n1", "n2", "n3"]
     required = {
         "state": {"role", "last_index", "commit_index", "log_bytes"},
-        "append": {"role", "first_index", "last_index", "bytes", "log_bytes"},
+        "append": {"role", "first_index", "last_index", "bytes", "log_bytes", "entries_term"},
         "commit": {"commit_index"},
     }
     seen = set()
