@@ -264,16 +264,12 @@ def _local_maxconn() -> int:
 
 
 def wait_haproxy(pid: int, port: int, log_path: str, timeout_s: float = READY_TIMEOUT_S) -> None:
-    """Return once HAProxy accepts on `port`; SystemExit with its log when it exits or never listens."""
-    import socket
-
+    """Return once an AMQP handshake goes through HAProxy on `port` (its health checks marked a node UP, so the
+    first client is not turned away); SystemExit with its log when it exits or never serves."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
-                return
-        except OSError:
-            pass
+        if answers_amqp("127.0.0.1", port, timeout_s=1.0):
+            return
         if not pid_alive(pid):
             break
         time.sleep(0.1)
