@@ -65,11 +65,18 @@ def top_functions(profile: Profile, count: int, inclusive: bool = False) -> list
     return [(name, 100.0 * samples / profile.samples) for name, samples in counts.most_common(count)]
 
 
+# Frames at the root of every stack of a thread (interpreter start-up, the trio run loop, thread bootstrap): their
+# inclusive share is just "this thread was busy", so the inclusive ranking leaves them out.
+ROOT_FRAMES = ("_run_module_as_main (", "_run_code (", "<module> (", "main (node/cli.py)", "main (node/runtime/main.py)",
+               "run (trio/_core/_run.py)", "unrolled_run (trio/_core/_run.py)", "Thread._bootstrap", "Thread.run (")
+
+
 def format_profile(node: str, role: str, profile: Profile, count: int) -> str:
     lines = [f"== {node} ({role}): {profile.samples} samples"]
-    for title, inclusive in (("self", False), ("inclusive (skipping thread/module roots)", True)):
+    for title, inclusive in (("self", False), ("inclusive (thread roots left out)", True)):
         lines.append(f"  top by {title}:")
-        shown = [(name, share) for name, share in top_functions(profile, count * 3, inclusive) if share < 99.5]
+        ranked = top_functions(profile, count + len(ROOT_FRAMES) + 4, inclusive)
+        shown = [(name, share) for name, share in ranked if not (inclusive and name.startswith(ROOT_FRAMES))]
         lines += [f"    {share:5.1f}%  {name}" for name, share in shown[:count]]
     return "\n".join(lines)
 
