@@ -52,6 +52,7 @@ class ClusterView(BrokerView):
         rows = []
         for name in cluster.layout.names:
             if name == cluster.name:
+                own["metadata"] = cluster.store.status() if cluster.store is not None else {}
                 rows.append(own)
                 continue
             running = name in connected and name not in cluster.liveness.down
