@@ -25,7 +25,7 @@ from pathlib import Path
 from bench.brokers import BrokerStartError, RaftmqCluster, raftmq_cluster
 from bench.loadgen import WorkerResult
 from bench.processes import run_workers
-from bench.quorum import LAYOUTS, QUORUM_ARGUMENTS, wait_placement
+from bench.quorum import LAYOUTS, QUORUM_ARGUMENTS, leader_moved, wait_placement
 from bench.workloads import RunSettings, Topology, declare, delete, measure, run_id, single_queue_layout
 
 
@@ -129,11 +129,12 @@ def _profile(args: argparse.Namespace, py_spy: str, output: Path, cluster: Raftm
         time.sleep(args.warmup + 3.0)  # worker set-up, then the warm-up
         raw_files = _record(py_spy, cluster.pids(), args, output)
         load.join()
+        moved = leader_moved(placement, cluster.placement(queue))
     finally:
         delete(cluster.nodes[0].endpoint, topology)
     figure = measure(args.layout, "b", "raftmq", results)
     print(f"load during the profile: confirmed {figure.confirmed_msgs_per_s:,.0f} msg/s, p99"
-          f" {figure.latency_p99_ms} ms, error {figure.error}")
+          f" {figure.latency_p99_ms} ms, error {figure.error}{moved}")
     summary = {}
     for node, path in raw_files.items():
         role = "leader" if node == placement.leader else "follower"
@@ -143,7 +144,8 @@ def _profile(args: argparse.Namespace, py_spy: str, output: Path, cluster: Raftm
         print(format_profile(node, role, profile, args.top))
         summary[node] = {"role": role, "samples": profile.samples,
                          "self": top_functions(profile, args.top), "inclusive": top_functions(profile, args.top, True)}
-    (output / "summary.json").write_text(json.dumps({"layout": clients.description, "nodes": summary}, indent=1))
+    layout = clients.description + moved
+    (output / "summary.json").write_text(json.dumps({"layout": layout, "nodes": summary}, indent=1))
     print(f"raw py-spy files and summary.json in {output}")
     return 0
 

@@ -7,7 +7,8 @@ so a figure never comes from an unreplicated queue), then places the clients rel
 - "b": the publisher on one follower and the consumer on the other follower (every node works: see
   `bench.clusters.spread_layout`);
 - "b@leader": publisher and consumer both on the leader's node.
-Each Measurement's `note` says which node got which client and where the leader was. The same code measures
+Each Measurement's `note` says which node got which client and where the leader was (and whether the leader had
+moved by the end of the run: under CPU starvation an election may move it, and the layout no longer holds). The same code measures
 raftmq (`bench.brokers.RaftmqCluster`) and RabbitMQ (`bench.brokers.RabbitCluster`), so the labels pair up and
 the results table shows both ratios.
 """
@@ -70,6 +71,13 @@ def wait_placement(
     return best
 
 
+def leader_moved(before: Placement, after: Placement | None) -> str:
+    """A note when the queue's leader changed during the run (an election: the layout no longer held)."""
+    if after is None:
+        return "; leader unknown after the run"
+    return "" if after.leader == before.leader else f"; LEADER MOVED to {after.leader} during the run"
+
+
 def run_quorum_workload(
     broker: str, cluster: QueueCluster, settings: RunSettings, labels: Sequence[str] = tuple(LAYOUTS)
 ) -> list[Measurement]:
@@ -96,6 +104,7 @@ def _run_layout(broker: str, cluster: QueueCluster, settings: RunSettings, label
         specs = single_queue_layout(clients.publisher.endpoint, queue, settings,
                                     consumer_endpoint=clients.consumer.endpoint)
         measured = measure(label, "b", broker, run_workers(specs, settings.warmup_s, settings.duration_s))
-        return dataclasses.replace(measured, note=f"{clients.description}; load average {load:.1f} at start")
+        note = f"{clients.description}{leader_moved(placement, cluster.placement(queue))}; load average {load:.1f} at start"
+        return dataclasses.replace(measured, note=note)
     finally:
         delete(control, topology)

@@ -28,7 +28,7 @@ from bench.clusters import (
     running_nodes,
     spread_layout,
 )
-from bench.quorum import PlacementError, wait_placement
+from bench.quorum import PlacementError, leader_moved, wait_placement
 
 NODES = tuple(ClusterNode(f"rmq{i}", Endpoint("127.0.0.1", 5000 + i)) for i in (1, 2, 3))
 
@@ -239,3 +239,10 @@ def test_wait_placement_accepts_a_leader_with_unknown_members_at_the_deadline() 
     clock = FakeClock()
     leader_only = Placement("rmq2", ())
     assert wait_placement(ScriptedCluster([leader_only]), "q", 3, 5, clock.sleep, clock) == leader_only
+
+
+def test_leader_moved_notes_an_election_during_the_run() -> None:
+    before = Placement("rmq1", ("rmq1", "rmq2", "rmq3"))
+    assert leader_moved(before, before) == ""
+    assert leader_moved(before, Placement("rmq3", before.members)) == "; LEADER MOVED to rmq3 during the run"
+    assert "unknown" in leader_moved(before, None)
