@@ -5,7 +5,7 @@ publish was confirmed (from one confirm's settle time to the next; the first and
 starts and tails are not counted). For each fault (kill, pause, partition, restart...), `first_confirm_after_ms`
 is the time from the fault to the settle time of the first confirmed publish *sent* after it: how long a client
 that starts a publish just after the fault waits before the broker takes one again (None when nothing sent after
-it was confirmed). `confirm_latency_ms_max` is the longest any one publish waited for its confirm: what the most
+it was confirmed; `sent_after` says whether anything was sent after it at all: publishers may have finished). `confirm_latency_ms_max` is the longest any one publish waited for its confirm: what the most
 unlucky client saw (e.g. one connected to a node cut off from the majority). Phase markers ("purge", "drain", "closed", "up") are not faults.
 """
 
@@ -26,6 +26,7 @@ class FaultRecovery:
     target: str
     at_ms: float
     first_confirm_after_ms: float | None
+    sent_after: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +43,8 @@ class Availability:
                 else round(self.confirm_gap_start_ms, 1),
                 "faults": [{"kind": f.kind, "target": f.target, "at_ms": round(f.at_ms, 1),
                             "first_confirm_after_ms": None if f.first_confirm_after_ms is None
-                            else round(f.first_confirm_after_ms, 1)} for f in self.faults]}
+                            else round(f.first_confirm_after_ms, 1), "sent_after": f.sent_after}
+                           for f in self.faults]}
 
 
 def confirm_settle_times(publishes: Iterable[Publish]) -> list[float]:
@@ -67,7 +69,8 @@ def first_confirm_after(publishes: list[Publish], at_ms: float) -> float | None:
 def availability(publishes: Iterable[Publish], faults: Iterable[Fault]) -> Availability:
     publish_list = list(publishes)
     gap, gap_start = longest_gap(confirm_settle_times(publish_list))
-    recoveries = tuple(FaultRecovery(f.kind, f.target, f.at_ms, first_confirm_after(publish_list, f.at_ms))
+    recoveries = tuple(FaultRecovery(f.kind, f.target, f.at_ms, first_confirm_after(publish_list, f.at_ms),
+                                     any(p.sent_ms >= f.at_ms for p in publish_list))
                        for f in faults if f.kind not in MARKERS)
     latencies = [p.settled_ms - p.sent_ms for p in publish_list if p.outcome == "confirmed" and p.settled_ms is not None]
     return Availability(gap, gap_start, recoveries, max(latencies, default=0.0))

@@ -112,7 +112,8 @@ def run_reported(args: argparse.Namespace, scenario: Scenario, out_dir: Path) ->
         assert isinstance(env, Environment)
         outcome = run_scenario(scenario, env)
     extra = {"published_all": outcome.published_all, "drained": outcome.drained,
-             "overflowed": outcome.overflowed, "duration_s": round(outcome.duration_s, 2), "seed": scenario.seed}
+             "overflowed": outcome.overflowed, "duration_s": round(outcome.duration_s, 2), "seed": scenario.seed,
+             "error": outcome.error}
     report = write_report(out_dir, scenario.name, outcome.result, outcome.records, extra)
     print(report_text(report), end="")
     print(f"  report: {out_dir}")

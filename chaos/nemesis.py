@@ -208,7 +208,7 @@ class LocalCluster:
             spec = self._specs[node]
             while not answers_amqp(spec.host, spec.port, timeout_s=1.0):
                 if time.monotonic() > deadline or self.pid(node) is None:
-                    raise RuntimeError(f"node {node} did not come up; see {spec.log}")
+                    raise RuntimeError(f"node {node} did not come up; see {spec.log}:\n{log_tail(spec.log)}")
                 time.sleep(0.05)
 
     def _start(self, node: str) -> None:
@@ -241,6 +241,20 @@ class LocalCluster:
             return
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=wait_s) if wait_s > 0 else child.poll()
+
+
+LOG_TAIL_BYTES = 2000
+
+
+def log_tail(path: str) -> str:
+    """The end of a node's log (for error messages), or why it cannot be read."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - LOG_TAIL_BYTES))
+            return log.read().decode(errors="replace")
+    except OSError as error:
+        return f"(log unreadable: {error})"
 
 
 TARGET_KINDS = ("leader-of-queue", "follower-of-queue", "random", "minority", "majority", "all")

@@ -20,7 +20,8 @@ from chaos.checker import CheckResult
 from chaos.history import Delivery, Fault, Publish, Record, split, write_history
 
 IDS_MAX = 100
-HIDDEN_MARKERS = {"purge", "closed"}  # in the history, not on the timeline
+HIDDEN_MARKERS = {"purge", "closed"}
+UNDONE_BY_NOTHING = {"error"}  # in the history, not on the timeline
 UNDO = {"kill": "up", "restart": "up", "pause": "resume", "partition": "heal", "toxic-add": "toxic-remove"}
 
 
@@ -84,7 +85,8 @@ def report_json(name: str, result: CheckResult, records: list[Record], extra: di
     publishes, _, faults = split(records)
     return {
         "scenario": name, **extra,
-        "valid": result.valid and extra.get("drained", True) and not extra.get("overflowed", False),
+        "valid": (result.valid and extra.get("drained", True) and not extra.get("overflowed", False)
+                  and not extra.get("error")),
         "summary": result.summary(),
         "lost": list(result.lost[:IDS_MAX]), "unexpected": list(result.unexpected[:IDS_MAX]),
         "recovered": list(result.recovered[:IDS_MAX]),
@@ -113,8 +115,8 @@ def report_text(report: dict[str, Any]) -> str:
                  f"redelivered after ack {summary.get('redelivered_after_ack', 0)}, "
                  f"after a settled ack {summary.get('redelivered_after_settled_ack', 0)}")
     lines.extend(_availability_lines(report.get("availability")))
-    for key in ("published_all", "drained", "overflowed", "duration_s"):
-        if key in report:
+    for key in ("error", "published_all", "drained", "overflowed", "duration_s"):
+        if key in report and (key != "error" or report[key]):
             lines.append(f"  {key}: {report[key]}")
     if report["lost"]:
         lines.append(f"  first lost: {', '.join(report['lost'][:10])}")
@@ -134,7 +136,7 @@ SUMMARY_COLUMNS = ("scenario", "verdict", "published", "confirmed", "delivered",
 
 def summary_row(report: dict[str, Any]) -> list[str]:
     summary, found = report["summary"], report.get("availability") or {}
-    recoveries = [f["first_confirm_after_ms"] for f in found.get("faults", [])]
+    recoveries = [f["first_confirm_after_ms"] for f in found.get("faults", []) if f.get("sent_after", True)]
     slowest = "never" if None in recoveries else f"{max(recoveries):.0f}" if recoveries else "-"
     return [report["scenario"], "PASS" if report["valid"] else "FAIL", str(summary["attempted"]),
             str(summary["confirmed"]), str(summary["deliveries"]), str(summary["lost"]), str(summary["unexpected"]),
@@ -158,9 +160,11 @@ def _availability_lines(found: dict[str, Any] | None) -> list[str]:
              f"for one confirm {found.get('confirm_latency_ms_max', 0):.0f} ms"]
     for fault in found["faults"]:
         after = fault["first_confirm_after_ms"]
-        waited = f"{after:.0f} ms" if after is not None else "never"
+        waited = f"{after:.0f} ms later" if after is not None else "never"
+        if not fault.get("sent_after", True):
+            waited = "- (nothing was sent after it)"
         lines.append(f"    {fault['kind']} {fault['target']} at {fault['at_ms']:.0f} ms: first confirm of a publish "
-                     f"sent after it {waited} later")
+                     f"sent after it {waited}")
     return lines
 
 

@@ -1,7 +1,9 @@
 """Run one scenario end to end: environment, workload, nemesis, heal, drain, check.
 
 How it works: `run_scenario` starts the workload against the given AMQP URLs, applies the scenario's steps `loop`
-times, heals every fault (also when a step fails), waits for the publishers to finish, drains every queue and
+times, heals every fault (also when a step fails; a step that cannot be carried out, such as a wait for confirms
+that never come, ends the steps, is recorded as an "error" fault and fails the run, which is still drained,
+checked and reported), waits for the publishers to finish, drains every queue and
 checks the history. `spawned_environment` is the environment `raftmq chaos run` uses when not pointed at a running
 cluster: it starts the scenario's nodes itself in a temporary directory (each in its own network namespace when
 partitions are wanted, which needs root) and removes them, and the namespaces, in a finally block.
@@ -27,7 +29,7 @@ from chaos.faultproxy.background import FaultProxyThread
 from chaos.history import Record, acks_of, split
 from chaos.nemesis import Cluster, LocalCluster
 from chaos.netns import NetLab
-from chaos.scenario import Nemesis, Partitioner, Scenario
+from chaos.scenario import Nemesis, Partitioner, Scenario, ScenarioError
 from chaos.workload import Workload
 
 NETNS_PORT = 5672
@@ -42,11 +44,12 @@ class RunOutcome:
     drained: bool
     overflowed: bool
     duration_s: float
+    error: str | None = None
 
     @property
     def valid(self) -> bool:
-        """Nothing lost, nothing unexpected, and the history is complete enough to say so."""
-        return self.result.valid and self.drained and not self.overflowed
+        """Nothing lost, nothing unexpected, every step carried out, and the history complete enough to say so."""
+        return self.result.valid and self.drained and not self.overflowed and self.error is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +67,14 @@ def run_scenario(scenario: Scenario, env: Environment) -> RunOutcome:
                       env.partitioner, env.toxiproxy_url)
     started_s = time.monotonic()
     workload.start()
+    error = None
     try:
         for _ in range(scenario.loop):
             for step in scenario.steps:
                 nemesis.apply(step)
+    except ScenarioError as step_error:
+        error = str(step_error)
+        workload.recorder.fault("error", "nemesis", error)
     except BaseException:
         workload.stop()
         raise
@@ -78,7 +85,7 @@ def run_scenario(scenario: Scenario, env: Environment) -> RunOutcome:
     records = workload.records()
     publishes, deliveries, faults = split(records)
     return RunOutcome(scenario, records, check(publishes, deliveries, acks_of(records), faults), published_all, drained,
-                      workload.recorder.overflowed, time.monotonic() - started_s)
+                      workload.recorder.overflowed, time.monotonic() - started_s, error)
 
 
 PORT_RANGE = (2_000, 11_500)  # node ports and their derived ports (+10000/+20000/+21000) stay below 32768,

@@ -204,7 +204,8 @@ class Nemesis:
             if self.recorder.confirmed_count >= wanted:
                 return
             time.sleep(0.02)
-        raise ScenarioError(f"wait: fewer than {wanted} publishes confirmed in time")
+        raise ScenarioError(f"wait: fewer than {wanted} publishes confirmed in time (the broker stalled, or the "
+                            f"publishers ran out of messages: then raise messages_per_publisher)")
 
     def _kill(self, step: Step) -> None:
         for node in self.targets(step.target):

@@ -26,4 +26,5 @@ def test_first_confirm_after_a_fault_counts_only_publishes_sent_after_it() -> No
     assert found.confirm_latency_ms_max == 310.0
     assert [(f.kind, f.first_confirm_after_ms) for f in found.faults] == [("kill", 600.0), ("pause", None)]
     assert found.as_dict()["faults"][0] == {"kind": "kill", "target": "rmq1", "at_ms": 100.0,
-                                            "first_confirm_after_ms": 600.0}
+                                            "first_confirm_after_ms": 600.0, "sent_after": True}
+    assert [f.sent_after for f in found.faults] == [True, False]  # nothing was published after the pause

@@ -11,6 +11,7 @@ The full scenarios run with `raftmq chaos run qq-leader-kill` etc.; docs/chaos.m
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -24,9 +25,9 @@ from chaos.report import report_json, report_text
 from chaos.run import Environment, RunOutcome, run_scenario, spawned_environment
 from chaos.scenario import Scenario, Step, load_scenario
 
-MESSAGES_PER_PUBLISHER = 60
-MORE_CONFIRMED_MAX = 40
-FAULT_SECONDS_MAX = 3.0
+MESSAGES_PER_PUBLISHER = 45
+MORE_CONFIRMED_MAX = 30
+FAULT_SECONDS_MAX = 2.0
 
 
 def shortened(name: str) -> Scenario:
@@ -58,8 +59,9 @@ class LeaderSpy:
 
 
 @pytest.fixture(scope="module")
-def cluster_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Environment]:
-    with spawned_environment(3, data_dir=tmp_path_factory.mktemp("qq-cluster")) as env:
+def cluster_env() -> Iterator[Environment]:
+    # Its own temp dir: pytest's numbered base dirs are pruned by any other pytest session started meanwhile.
+    with tempfile.TemporaryDirectory(prefix="raftmq-qq-") as root, spawned_environment(3, data_dir=Path(root)) as env:
         yield env
 
 
@@ -104,8 +106,8 @@ def test_pause_of_the_leader_loses_nothing_confirmed(cluster_env: Environment) -
 
 
 @pytest.mark.skipif(netns.available() is not None, reason=f"network namespaces: {netns.available()}")
-def test_partition_isolating_the_leader_loses_nothing_confirmed(tmp_path: Path) -> None:
-    with spawned_environment(3, use_netns=True, data_dir=tmp_path / "nodes") as env:
+def test_partition_isolating_the_leader_loses_nothing_confirmed() -> None:
+    with spawned_environment(3, use_netns=True) as env:
         assert isinstance(env.cluster, LocalCluster)
         spy = LeaderSpy(env.cluster)
         outcome = run_checked(shortened("qq-leader-partition"), replace(env, cluster=spy))  # type: ignore[arg-type]
@@ -114,8 +116,45 @@ def test_partition_isolating_the_leader_loses_nothing_confirmed(tmp_path: Path) 
     assert leader is not None and partition.detail.count(leader) == 2  # cut off from both others
 
 
+PURGE_RACE_ROUNDS = 3
+
+
+@pytest.mark.xfail(strict=False, reason="cluster mode: queue.purge-ok goes out before the Purge is applied "
+                   "(node/broker/definitions.py queue_purge), so a publish confirmed on another node just after it "
+                   "can be removed by the late Purge (seen in about 1 of 6 fresh queues)")
+def test_a_message_confirmed_after_purge_ok_survives_the_purge(cluster_env: Environment) -> None:
+    import pika
+
+    def channel(url: str) -> pika.adapters.blocking_connection.BlockingChannel:
+        return pika.BlockingConnection(pika.URLParameters(url)).channel()
+
+    missing = []
+    for round_number in range(PURGE_RACE_ROUNDS):
+        queue = f"purge-race-{round_number}"
+        purger, publisher = channel(cluster_env.urls[0]), channel(cluster_env.urls[1])
+        try:
+            for ch in (purger, publisher):
+                ch.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+            publisher.confirm_delivery()
+            purger.queue_purge(queue)
+            publisher.basic_publish("", queue, b"confirmed after purge-ok", mandatory=True)
+            purger.connection.sleep(1.0)  # give a late Purge the time to land (not a timing assertion)
+            got = None
+            for _ in range(50):  # a get answers once the replica applied it; retry while the queue settles
+                got = purger.basic_get(queue, auto_ack=True)[0]
+                if got is not None:
+                    break
+                purger.connection.sleep(0.1)
+            if got is None:
+                missing.append(queue)
+        finally:
+            purger.connection.close()
+            publisher.connection.close()
+    assert missing == []
+
+
 def test_shortened_keeps_the_faults() -> None:
     full, short = load_scenario("qq-leader-kill"), shortened("qq-leader-kill")
     assert [s.action for s in full.steps] == [s.action for s in short.steps] and short.loop == 1
     assert all(s.more_confirmed <= MORE_CONFIRMED_MAX for s in short.steps)
-    assert Step("wait", seconds=3.0) in short.steps
+    assert Step("wait", seconds=FAULT_SECONDS_MAX) in short.steps
