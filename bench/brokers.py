@@ -155,17 +155,18 @@ class RaftmqCluster:
             return {}
 
     def placement(self, queue: str) -> Placement | None:
+        """Leader: what a majority of nodes logged as the queue group's Raft leader; members: the management API."""
+        logs = {node.name: _read_text(self.workdir / f"{node.name}.log") for node in self._nodes}
+        leader = raftmq_leader_from_logs(logs, queue, agree_min=len(self._nodes) // 2 + 1)
+        if leader is None:
+            return None
         try:
             status = subprocess.run([*_RUNNER, "status", "--json", "--data-dir", str(self.workdir)],
                                     capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
         except (OSError, subprocess.TimeoutExpired):
-            status = None
-        found = None if status is None else raftmq_placement_from_status(status.stdout, queue)
-        if found is not None:
-            return found
-        logs = {node.name: _read_text(self.workdir / f"{node.name}.log") for node in self._nodes}
-        leader = raftmq_leader_from_logs(logs, queue)
-        return None if leader is None else Placement(leader, ())  # members unknown without the management API
+            return Placement(leader, ())  # members unknown
+        listed = raftmq_placement_from_status(status.stdout, queue)
+        return Placement(leader, () if listed is None else listed.members)
 
 
 def _read_text(path: Path) -> str:

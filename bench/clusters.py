@@ -2,9 +2,11 @@
 plan of a private 3-node RabbitMQ cluster on loopback.
 
 A cluster handle (`QueueCluster`) names its nodes (name + AMQP endpoint) and answers `placement(queue)`: the
-queue's leader node and members, or None while unknown. raftmq's answer comes from `raftmq cluster status --json`
-(the management API of the first node that answers), falling back to the nodes' "cluster: queue <group>: leader
-<node>" log lines; RabbitMQ's from `rabbitmqctl list_queues name leader members --formatter json`. The parsers
+queue's leader node and members, or None while unknown. raftmq's leader comes from the nodes' "cluster: queue
+<group>: leader <node>" log lines (the Raft leader each node knows; a majority of nodes must agree), its members
+from `raftmq cluster status --json` (the management API; its `leader` column falls back to the *planned* leader
+of the metadata while Raft has not elected one, so it is not used for the leader); RabbitMQ's answer from
+`rabbitmqctl list_queues name leader members --formatter json`. The parsers
 here are pure (text in, placement out) so they are unit-tested without brokers; `bench.brokers` runs the commands.
 
 The RabbitMQ plan (`plan_rabbit_nodes`, `rabbit_node_env`, `join_steps`, `running_nodes`) is what
@@ -74,8 +76,9 @@ def raftmq_placement_from_status(status_json: str, queue: str, vhost: str = "/")
     return None
 
 
-def raftmq_leader_from_logs(logs: Mapping[str, str], queue: str, vhost: str = "/") -> str | None:
-    """The leader most nodes last logged for the queue's group (a node's last line is its current view)."""
+def raftmq_leader_from_logs(logs: Mapping[str, str], queue: str, vhost: str = "/", agree_min: int = 1) -> str | None:
+    """The leader most nodes last logged for the queue's group (a node's last line is its current view), if at
+    least `agree_min` nodes name it."""
     group = raftmq_group_id(vhost, queue)
     views: list[str] = []
     for text in logs.values():
@@ -84,7 +87,8 @@ def raftmq_leader_from_logs(logs: Mapping[str, str], queue: str, vhost: str = "/
             views.append(found[-1])
     if not views:
         return None
-    return Counter(views).most_common(1)[0][0]
+    leader, agreeing = Counter(views).most_common(1)[0]
+    return leader if agreeing >= agree_min else None
 
 
 def raftmq_ports_free(base_port: int, count: int, binds: Callable[[int], bool]) -> bool:

@@ -156,6 +156,8 @@ def test_raftmq_leader_from_logs_takes_each_nodes_last_view_and_the_majority() -
         "rmq3": line.format(group=group, leader="rmq1") + line.format(group="q/%2F/other", leader="rmq3"),
     }
     assert raftmq_leader_from_logs(logs, "q") == "rmq2"
+    assert raftmq_leader_from_logs(logs, "q", agree_min=2) == "rmq2"
+    assert raftmq_leader_from_logs(logs, "q", agree_min=3) is None  # rmq3 still names rmq1
     assert raftmq_leader_from_logs({"rmq1": line.format(group=group, leader="None")}, "q") is None
     assert raftmq_leader_from_logs({}, "q") is None
 
