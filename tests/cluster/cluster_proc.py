@@ -104,6 +104,7 @@ class ClusterProcs:
     size: int = 3
     extra: dict[str, str] = field(default_factory=dict)  # more settings, as RAFTMQ_* variables
     raft_via: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, peer) -> port it dials for peer
+    secrets: dict[str, str] = field(default_factory=dict)  # node -> another secret than SECRET
     nodes: list[ClusterNode] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -126,7 +127,7 @@ class ClusterProcs:
         env.update({
             "RAFTMQ_NODE_NAME": node.name,
             "RAFTMQ_CLUSTER_NODES": self.cluster_nodes(node),
-            "RAFTMQ_CLUSTER_SECRET": SECRET,
+            "RAFTMQ_CLUSTER_SECRET": self.secrets.get(node.name, SECRET),
             "RAFTMQ_DATA_DIR": str(node.workdir / "data"),
             "RAFTMQ_LISTEN_ADDRESS": "127.0.0.1",
             "RAFTMQ_HEARTBEAT_S": "10",

@@ -328,3 +328,36 @@ def test_a_member_down_too_long_is_replaced(tmp_path: Path) -> None:
         raise
     finally:
         procs.stop_all()
+
+
+def test_a_node_with_another_secret_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    procs = ClusterProcs(tmp_path, secrets={"n3": "a-different-secret-0123456789abcdef"})
+    n1, n2, n3 = procs.nodes
+    try:
+        for node in (n1, n2):
+            procs.spawn(node)
+        for node in (n1, n2):
+            procs.wait_ready(node)
+        with _channel(n1.port) as ch:
+            ch.queue_declare("q-before", durable=True, arguments=QUORUM)
+        wait_until(lambda: bool(_api_queue(n1.port, "q-before")["members"]), 30, "the queue in the metadata")
+        before = requests.get(f"http://127.0.0.1:{n1.port + 10_000}/api/queues", auth=("guest", "guest"),
+                              timeout=10).json()
+        procs.spawn(n3)
+        assert n3.process is not None
+        assert n3.process.wait(60) == 2
+        assert "cannot join the cluster: ClusterSecretError" in n3.log_tail()
+        after = requests.get(f"http://127.0.0.1:{n1.port + 10_000}/api/queues", auth=("guest", "guest"),
+                             timeout=10).json()
+        assert [(q["name"], q["members"]) for q in after] == [(q["name"], q["members"]) for q in before]
+        nodes = requests.get(f"http://127.0.0.1:{n2.port + 10_000}/api/nodes", auth=("guest", "guest"),
+                             timeout=10).json()
+        assert {r["name"]: r["running"] for r in nodes} == {"n1": True, "n2": True, "n3": False}
+        publisher = Publisher(n2.port, "q-before", 5)
+        publisher.run()
+        assert publisher.confirmed == list(range(5))
+    except BaseException:
+        print(procs.logs())
+        raise
+    finally:
+        procs.stop_all()
