@@ -15,8 +15,11 @@ measured struct+crc32 at ~0.9 us per record encode+decode against ~2.7 us for cb
 - Time index entry: ``timestamp_ms i64 | relative_offset u32`` (max timestamp seen so far, monotone).
 - Snapshot file: ``magic 4s | crc32 u32 | offset i64 | state_len u32 | state``.
 - Recovery point (node-wide, rewritten at each checkpoint): ``magic 4s | crc32 u32 | count u32`` then per stream
-  ``directory 32s | active_base u64 | synced_size u64``: bytes of the active segment known to be fsynced, so
-  ``open`` walks them by header only (no CRC) and validates just the tail written after the checkpoint.
+  ``directory 32s | active_base u64 | synced_size u64 | index_entries u32 | index_crc u32``: bytes of the active
+  segment known to be fsynced, and the entry count and CRC of that prefix's saved sparse index (``active.index``:
+  relative offsets u32[], positions u32[], max timestamps i64[]).  ``open`` loads the saved index, walks the few
+  headers after its last entry (no CRC) and validates just the tail written after the checkpoint.  Version 1
+  (magic ``RMQR``, no index fields) is still read: its prefix is walked by headers.
 
 A scan stops at the first record that is short, has an impossible length or a bad CRC; everything from there
 on is a torn or corrupt tail and the caller truncates the file at ``valid_end``.
@@ -27,6 +30,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import struct
+import sys
 import zlib
 from array import array
 from collections.abc import Iterator
@@ -294,26 +298,77 @@ def decode_snapshot(data: bytes) -> tuple[int, bytes] | None:
 # --- recovery point --------------------------------------------------------------------------------------------
 
 RECOVERY_POINT_HEADER = struct.Struct("<4sII")
-RECOVERY_POINT_ENTRY = struct.Struct("<32sQQ")
-RECOVERY_POINT_MAGIC = b"RMQR"
+RECOVERY_POINT_ENTRY_V1 = struct.Struct("<32sQQ")
+RECOVERY_POINT_ENTRY = struct.Struct("<32sQQII")
+RECOVERY_POINT_MAGIC_V1 = b"RMQR"
+RECOVERY_POINT_MAGIC = b"RMQ2"
 
 
-def encode_recovery_point(entries: dict[str, tuple[int, int]]) -> bytes:
-    body = b"".join(RECOVERY_POINT_ENTRY.pack(name.encode(), base, size)
-                    for name, (base, size) in sorted(entries.items()))
+class RecoveryPoint(NamedTuple):
+    """What the last checkpoint made durable of a stream's active segment.
+
+    ``synced_size_bytes`` of the segment were fsynced; ``index_entries``/``index_crc`` describe the saved sparse
+    index of that prefix (``active.index``, see ``encode_saved_index``); 0 entries = no saved index."""
+
+    active_base: int
+    synced_size_bytes: int
+    index_entries: int = 0
+    index_crc: int = 0
+
+
+def encode_recovery_point(entries: dict[str, RecoveryPoint]) -> bytes:
+    body = b"".join(RECOVERY_POINT_ENTRY.pack(name.encode(), *point) for name, point in sorted(entries.items()))
     return RECOVERY_POINT_HEADER.pack(RECOVERY_POINT_MAGIC, zlib.crc32(body), len(entries)) + body
 
 
-def decode_recovery_point(data: bytes) -> dict[str, tuple[int, int]]:
-    """Directory name -> (active segment base, synced size); empty if the file is damaged (then: full scans)."""
+def decode_recovery_point(data: bytes) -> dict[str, RecoveryPoint]:
+    """Directory name -> recovery point; empty if the file is damaged (then: full scans).  Reads both versions."""
     if len(data) < RECOVERY_POINT_HEADER.size:
         return {}
     magic, crc, count = RECOVERY_POINT_HEADER.unpack_from(data, 0)
+    entry = {RECOVERY_POINT_MAGIC: RECOVERY_POINT_ENTRY, RECOVERY_POINT_MAGIC_V1: RECOVERY_POINT_ENTRY_V1}.get(magic)
     body = data[RECOVERY_POINT_HEADER.size :]
-    if magic != RECOVERY_POINT_MAGIC or len(body) != count * RECOVERY_POINT_ENTRY.size or zlib.crc32(body) != crc:
+    if entry is None or len(body) != count * entry.size or zlib.crc32(body) != crc:
         return {}
-    entries: dict[str, tuple[int, int]] = {}
+    entries: dict[str, RecoveryPoint] = {}
     for i in range(count):
-        name, base, size = RECOVERY_POINT_ENTRY.unpack_from(body, i * RECOVERY_POINT_ENTRY.size)
-        entries[name.decode("ascii", "replace")] = (base, size)
+        name, *point = entry.unpack_from(body, i * entry.size)
+        entries[name.decode("ascii", "replace")] = RecoveryPoint(*point)
     return entries
+
+
+# --- saved sparse index of an active segment -------------------------------------------------------------------
+# The three arrays of a SparseIndex back to back, little-endian; the entry count and a CRC of the bytes live in the
+# recovery point, so a stale, torn or unsynced file is detected (and the prefix is walked by headers instead).
+
+
+def encode_saved_index(index: SparseIndex) -> bytes:
+    parts = [array(a.typecode, a) for a in (index.relative_offsets, index.positions, index.max_timestamps_before)]
+    if sys.byteorder != "little":
+        for part in parts:
+            part.byteswap()
+    return b"".join(part.tobytes() for part in parts)
+
+
+def decode_saved_index(data: bytes, point: RecoveryPoint) -> SparseIndex | None:
+    """The saved index the recovery point describes, or None if ``data`` does not match it or is implausible."""
+    count = point.index_entries
+    size_bytes = count * SAVED_INDEX_ENTRY_BYTES
+    if count <= 0 or len(data) < size_bytes or zlib.crc32(data[:size_bytes]) != point.index_crc:
+        return None
+    index = SparseIndex()
+    arrays = (index.relative_offsets, index.positions, index.max_timestamps_before)
+    start = 0
+    for part in arrays:
+        end = start + count * part.itemsize
+        part.frombytes(data[start:end])
+        if sys.byteorder != "little":
+            part.byteswap()
+        start = end
+    positions = index.positions
+    if any(b <= a for a, b in itertools.pairwise(positions)) or positions[-1] >= point.synced_size_bytes:
+        return None
+    return index
+
+
+SAVED_INDEX_ENTRY_BYTES = 4 + 4 + 8

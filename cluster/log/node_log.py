@@ -29,6 +29,7 @@ must be reopened, which recovers to the last good record.
 
 from __future__ import annotations
 
+import itertools
 import pathlib
 import threading
 from collections.abc import Iterator
@@ -44,7 +45,7 @@ from cluster.log.segment import (
     remove_directory,
     write_file_durably,
 )
-from cluster.log.wal import WalWriter, replay
+from cluster.log.wal import WalWriter, replay_needed
 
 STREAMS_DIRECTORY = "streams"
 WAL_DIRECTORY = "wal"
@@ -103,7 +104,7 @@ class NodeLog:
         self._streams_root.mkdir(parents=True, exist_ok=True)
         self._wal: WalWriter | None = None
         self._closed = False
-        self._recovery_point: dict[str, tuple[int, int]] = {}  # stream directory -> (active base, synced bytes)
+        self._recovery_point: dict[str, fmt.RecoveryPoint] = {}  # stream directory -> its active segment's
 
     # --- opening and recovery --------------------------------------------------------------------------------
 
@@ -138,7 +139,7 @@ class NodeLog:
         runs: dict[str, list[tuple[int, int, bytes]]] = {}
         expected_offsets: dict[str, int] = {}  # per stream: the next offset not yet on disk or in its run
         run_bytes = 0
-        for frame in replay(self.directory / WAL_DIRECTORY):
+        for frame in replay_needed(self.directory / WAL_DIRECTORY, expected_offsets):
             stream = frame.stream
             if frame.kind == fmt.WalKind.TRUNCATE:
                 files = self._files.get(stream)
@@ -155,7 +156,7 @@ class NodeLog:
                 files = self._files.get(stream)
                 if files is None:
                     files = self._files[stream] = StreamFiles.create(self._streams_root, stream, False)
-                expected = files.end_offset
+                expected = expected_offsets[stream] = files.end_offset
             if frame.offset < expected:
                 continue  # already in the segment (or behind the snapshot)
             runs.setdefault(stream, []).append((frame.offset, frame.timestamp_ms, frame.payload))
@@ -305,9 +306,8 @@ class NodeLog:
         try:
             for files in self._files.values():
                 files.sync(self._handles)
-            self._recovery_point = {
-                files.directory.name: (files.segments[-1].base_offset, files.segments[-1].size_bytes)
-                for files in self._files.values() if files.segments}
+            points = {files.directory.name: files.save_active_index() for files in self._files.values()}
+            self._recovery_point = {name: point for name, point in points.items() if point is not None}
             self._write_recovery_point()
             self._wal.start_new_file()
         except OSError as error:
@@ -399,7 +399,7 @@ class NodeLog:
             in_memory = sorted((o, p) for o, (_, p) in state.unwritten.items() if first <= o < end)
         disk_end = in_memory[0][0] if in_memory else end
         disk = files.iter_range(first, disk_end) if files is not None else iter(())
-        return _chain(disk, in_memory)
+        return itertools.chain(disk, in_memory)  # the disk part stops before the first record still in memory
 
     def snapshot_offset(self, stream: str) -> int:
         """Offset the stream's latest snapshot covers (-1: none)."""
@@ -456,12 +456,3 @@ class NodeLog:
                 if self._wal is not None:
                     self._wal.close()
 
-
-def _chain(disk: Iterator[tuple[int, bytes]], in_memory: list[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
-    last = -1
-    for offset, payload in disk:
-        last = offset
-        yield offset, payload
-    for offset, payload in in_memory:
-        if offset > last:
-            yield offset, payload

@@ -16,18 +16,22 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import os
 import pathlib
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NoReturn, TypeVar
 
 from cluster.log import format as fmt
+from cluster.log import scan
 
 NAME_FILE = "stream.name"
 SNAPSHOT_FILE = "snapshot"
-READ_CHUNK_BYTES = 1024 * 1024  # sequential scans
+SAVED_INDEX_FILE = "active.index"  # the active segment's sparse index at the last checkpoint
+READ_CHUNK_BYTES = scan.READ_CHUNK_BYTES  # sequential scans
 RANDOM_READ_CHUNK_BYTES = 16 * 1024  # read_at: covers the default 4 KiB index interval plus a typical record
 T = TypeVar("T")
 
@@ -206,6 +210,7 @@ class StreamFiles:
         self.snapshot_offset = -1
         self.directory_dirty = False  # entries created or removed since the directory's last fsync
         self.new_directory = False  # the stream directory itself (and its name file) not yet fsynced
+        self.saved_recovery_point: fmt.RecoveryPoint | None = None  # as last written by save_active_index
 
     # --- opening ---------------------------------------------------------------------------------------------
 
@@ -225,10 +230,10 @@ class StreamFiles:
 
     @classmethod
     def load(cls, directory: pathlib.Path, index_interval_bytes: int,
-             synced: tuple[int, int] | None = None) -> StreamFiles | None:
+             synced: fmt.RecoveryPoint | None = None) -> StreamFiles | None:
         """Recover a stream directory; None if it never got its name file (a crash while creating it).
 
-        ``synced`` = (active segment base, bytes of it fsynced at the last checkpoint), from the recovery point."""
+        ``synced``: what the last checkpoint made durable of the active segment (from the recovery point)."""
         try:
             name = (directory / NAME_FILE).read_bytes().decode()
         except (FileNotFoundError, UnicodeDecodeError):
@@ -241,8 +246,8 @@ class StreamFiles:
         bases = sorted(int(p.stem) for p in directory.glob("*.log") if p.stem.isdigit())
         for position, base in enumerate(bases):
             is_last = position == len(bases) - 1
-            if is_last and synced is not None and synced[0] == base:
-                segment = stream._load_active_segment(base, index_interval_bytes, synced[1])
+            if is_last and synced is not None and synced.active_base == base:
+                segment = stream._load_active_segment(base, index_interval_bytes, synced)
             else:
                 segment = stream._load_segment(base, index_interval_bytes, scan_fully=is_last)
             stream.segments.append(segment)
@@ -267,35 +272,86 @@ class StreamFiles:
         segment.last_indexed_position = start
         if len(index):
             segment.max_timestamp_ms = index.max_timestamps_before[-1]
-        end = start
-        for record in iter_file_records(segment.log_path, start):
-            segment.next_offset = record.offset + 1
-            segment.max_timestamp_ms = max(segment.max_timestamp_ms, record.timestamp_ms)
-            end = record.position + record.size_bytes
-        segment.size_bytes = end
+        end, last_offset = scan.index_records(segment.log_path, segment, start, None, -1, True, index_interval_bytes)
+        segment.size_bytes, segment.next_offset = end, max(segment.base_offset, last_offset + 1)
         if end != file_size:  # damaged in the middle: trust nothing, rescan
             self._rebuild_segment(segment, index_interval_bytes, persist_indexes=True)
         return segment
 
-    def _load_active_segment(self, base: int, index_interval_bytes: int, synced_size_bytes: int) -> Segment:
-        """Walk the synced prefix by headers only, then validate (CRC) the tail written since; cut a bad tail."""
+    def _load_active_segment(self, base: int, index_interval_bytes: int, synced: fmt.RecoveryPoint) -> Segment:
+        """Index the fsynced prefix without CRCs (from the saved index, else by walking headers), then validate
+        (CRC) the tail written since the checkpoint and cut a bad tail.  Anything inconsistent: full rescan."""
         segment = Segment.at(self.directory, base)
         file_size = segment.log_path.stat().st_size
-        if synced_size_bytes > file_size or not _walk_headers(segment, synced_size_bytes, index_interval_bytes):
+        synced_size = synced.synced_size_bytes
+        if synced_size > file_size:
             self._rebuild_segment(segment, index_interval_bytes, persist_indexes=False)
             return segment
-        previous_offset = segment.next_offset - 1
-        for record in iter_file_records(segment.log_path, synced_size_bytes):
-            if record.offset <= previous_offset:
-                break
-            self._note_record(segment, record.offset, record.timestamp_ms, record.position, index_interval_bytes)
-            segment.size_bytes = record.position + record.size_bytes
-            segment.next_offset = record.offset + 1
-            previous_offset = record.offset
+        saved = self._read_saved_index(synced)
+        if not self._index_synced_prefix(segment, synced_size, saved, index_interval_bytes):
+            self._rebuild_segment(segment, index_interval_bytes, persist_indexes=False)
+            return segment
+        self._index_from(segment, synced_size, index_interval_bytes, verify_crc=True)
+        if segment.size_bytes == synced_size and (saved is not None or synced.index_entries == len(segment.index) == 0):
+            self.saved_recovery_point = synced  # unchanged since the checkpoint: the next one need not save it again
         if segment.size_bytes != file_size:
             os.truncate(segment.log_path, segment.size_bytes)
             segment.dirty = True
         return segment
+
+    def _index_synced_prefix(self, segment: Segment, synced_size: int, saved: fmt.SparseIndex | None,
+                             index_interval_bytes: int) -> bool:
+        """Index the first ``synced_size`` bytes by headers only, starting from the saved index if there is one;
+        False if the headers do not chain exactly to ``synced_size``."""
+        start = 0
+        if saved is not None:
+            segment.index = saved
+            start = segment.last_indexed_position = saved.last_position()
+            segment.max_timestamp_ms = saved.max_timestamps_before[-1]
+            segment.next_offset = segment.base_offset + saved.relative_offsets[-1]
+        self._index_from(segment, start, index_interval_bytes, verify_crc=False, stop_position=synced_size)
+        return segment.size_bytes == synced_size
+
+    def _read_saved_index(self, synced: fmt.RecoveryPoint) -> fmt.SparseIndex | None:
+        if synced.index_entries <= 0:
+            return None
+        try:
+            data = (self.directory / SAVED_INDEX_FILE).read_bytes()
+        except FileNotFoundError:
+            return None
+        return fmt.decode_saved_index(data, synced)
+
+    def _index_from(self, segment: Segment, start_position: int, index_interval_bytes: int, verify_crc: bool,
+                    stop_position: int | None = None) -> None:
+        """Index the records from ``start_position`` (the record there must have offset ``segment.next_offset``)
+        until the first invalid one or ``stop_position``; sets the segment's size and next offset."""
+        end, last_offset = scan.index_records(segment.log_path, segment, start_position, stop_position,
+                                              segment.next_offset - 1, verify_crc, index_interval_bytes)
+        segment.size_bytes, segment.next_offset = end, last_offset + 1
+
+    def save_active_index(self) -> fmt.RecoveryPoint | None:
+        """At a checkpoint (everything fsynced): the active segment's recovery point, saving its sparse index
+        (plain write, no fsync: the recovery point's CRC of it rejects a stale or lost file)."""
+        if not self.segments:
+            return None
+        segment = self.segments[-1]
+        saved = self.saved_recovery_point
+        if saved is not None and saved.active_base == segment.base_offset and \
+                saved.synced_size_bytes == segment.size_bytes:
+            return saved
+        entries, crc = len(segment.index), 0
+        if entries:
+            data = fmt.encode_saved_index(segment.index)
+            crc = zlib.crc32(data)
+            fd = os.open(self.directory / SAVED_INDEX_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                pwrite_all(fd, data, 0)
+            except OSError:
+                entries = crc = 0  # no saved index: the prefix is walked by headers at open
+            finally:
+                os.close(fd)
+        self.saved_recovery_point = fmt.RecoveryPoint(segment.base_offset, segment.size_bytes, entries, crc)
+        return self.saved_recovery_point
 
     def _rebuild_segment(self, segment: Segment, index_interval_bytes: int, persist_indexes: bool) -> None:
         """Scan the whole segment, drop a torn/corrupt tail, rebuild both indexes (and rewrite a sealed one's)."""
@@ -303,12 +359,7 @@ class StreamFiles:
         segment.index = fmt.SparseIndex()
         segment.size_bytes, segment.next_offset, segment.last_indexed_position = 0, segment.base_offset, 0
         segment.max_timestamp_ms = -(2**63)
-        for record in iter_file_records(segment.log_path):
-            if record.offset < segment.base_offset:
-                break
-            self._note_record(segment, record.offset, record.timestamp_ms, record.position, index_interval_bytes)
-            segment.size_bytes = record.position + record.size_bytes
-            segment.next_offset = record.offset + 1
+        self._index_from(segment, 0, index_interval_bytes, verify_crc=True)
         if segment.size_bytes != file_size:
             os.truncate(segment.log_path, segment.size_bytes)
             segment.dirty = True
@@ -438,6 +489,7 @@ class StreamFiles:
                 break
             size, max_timestamp_ms = record.position + record.size_bytes, max(max_timestamp_ms, record.timestamp_ms)
         handles.forget(segment.log_path)
+        self.saved_recovery_point = None  # the bytes it described may be rewritten differently
         os.truncate(segment.log_path, size)
         segment.size_bytes, segment.next_offset, segment.max_timestamp_ms = size, offset + 1, max_timestamp_ms
         segment.index.truncate_at_position(size)
@@ -460,6 +512,7 @@ class StreamFiles:
             self._remove_segment(self.segments.pop(0), handles)
 
     def _remove_segment(self, segment: Segment, handles: FileHandles | None = None) -> None:
+        self.saved_recovery_point = None
         for path in segment.paths:
             if handles is not None:
                 handles.forget(path)
@@ -496,7 +549,12 @@ class StreamFiles:
         return None
 
     def iter_range(self, first_offset: int, end_offset: int) -> Iterator[tuple[int, bytes]]:
-        """Records with ``first_offset <= offset < end_offset``, in order, from disk."""
+        """Records with ``first_offset <= offset < end_offset``, in order, from disk, read lazily in large chunks.
+
+        One flat iterator over per-segment scans (``itertools.chain``): no generator layer per record."""
+        return itertools.chain.from_iterable(self._segment_scans(first_offset, end_offset))
+
+    def _segment_scans(self, first_offset: int, end_offset: int) -> Iterator[Iterator[tuple[int, bytes]]]:
         segments = list(self.segments)
         bases = [s.base_offset for s in segments]
         start_segment = max(0, fmt.segment_for_offset(bases, first_offset))
@@ -504,11 +562,7 @@ class StreamFiles:
             if segment.base_offset >= end_offset:
                 return
             start = segment.index.floor_position(max(0, first_offset - segment.base_offset))
-            for record in iter_file_records(segment.log_path, start):
-                if record.offset >= end_offset:
-                    return
-                if record.offset >= first_offset:
-                    yield record.offset, record.payload
+            yield scan.iter_payloads(segment.log_path, start, first_offset, min(end_offset, segment.next_offset))
 
     def offset_for_time(self, timestamp_ms: int) -> int | None:
         """First offset on disk whose timestamp is >= ``timestamp_ms``, or None."""
@@ -521,29 +575,3 @@ class StreamFiles:
                     return record.offset
         return None
 
-
-def _walk_headers(segment: Segment, size_bytes: int, index_interval_bytes: int) -> bool:
-    """Index ``size_bytes`` of a segment known to be fsynced, reading record headers only (no CRC, no payload
-    copies).  False if the headers do not chain exactly to ``size_bytes`` (then the caller rescans fully)."""
-    header = fmt.RECORD_HEADER
-    fd = os.open(segment.log_path, os.O_RDONLY)
-    try:
-        position, previous_offset = 0, segment.base_offset - 1
-        while position < size_bytes:
-            chunk_start = position
-            chunk = os.pread(fd, min(READ_CHUNK_BYTES, size_bytes - chunk_start), chunk_start)
-            if not chunk:
-                return False
-            while position + header.size <= chunk_start + len(chunk):
-                _, length, offset, timestamp_ms = header.unpack_from(chunk, position - chunk_start)
-                if offset <= previous_offset or length > fmt.PAYLOAD_SIZE_BYTES_MAX:
-                    return False
-                StreamFiles._note_record(segment, offset, timestamp_ms, position, index_interval_bytes)
-                previous_offset = offset
-                position += header.size + length
-            if position == chunk_start:  # less than a header left before size_bytes: the chain is broken
-                return False
-        segment.size_bytes, segment.next_offset = position, previous_offset + 1
-        return position == size_bytes
-    finally:
-        os.close(fd)
