@@ -158,6 +158,18 @@ class Queue:
         """When the runtime should next send Expire (None: no ready message has an expiry)."""
         return self._ready.next_expiry_ms()
 
+    def reserve_msg_id(self) -> MsgId:
+        """Take the next msg id without enqueueing (single-node paging: the message waits on disk and comes
+        back later by `Recover(msg_id, ..., redelivered=False)`). Not for replicated queues: it is no command."""
+        msg_id = MsgId(self._next_msg_id)
+        self._next_msg_id = msg_id + 1
+        return msg_id
+
+    def skip_msg_ids_through(self, msg_id: MsgId) -> None:
+        """Never hand out `msg_id` or a lower id again (single-node paging: ids of messages still on disk)."""
+        if msg_id >= self._next_msg_id:
+            self._next_msg_id = msg_id + 1
+
     def ready_msg_ids(self) -> list[MsgId]:
         """Ready message ids in delivery order (O(n); for tests and tools)."""
         return [entry.msg_id for entry in self._ready.iter_in_order()]
@@ -358,7 +370,8 @@ class Queue:
         msg_id = command.msg_id
         if msg_id >= self._next_msg_id:
             self._next_msg_id = msg_id + 1
-        entry = Entry(msg_id, command.message, command.delivery_count, command.expiry_ms, READY | REDELIVERED)
+        flags = READY | REDELIVERED if command.redelivered else READY
+        entry = Entry(msg_id, command.message, command.delivery_count, command.expiry_ms, flags)
         self._ready.push_returned(entry)
         self._expire_due(out)
         self._deliver(out)

@@ -160,12 +160,15 @@ class Recover:
     """Rebuild after a restart: the message becomes ready and is delivered with redelivered=True.
 
     `expiry_ms` (an extension of the interface) is the absolute expiry the message had, if the broker kept it.
+    `redelivered=False` (single-node paging, node/broker/paging.py) brings back a message paged out to disk before
+    it was ever delivered: it takes its place by msg_id and is delivered unflagged.
     """
 
     msg_id: MsgId
     message: QueuedMessage
     delivery_count: int = 0
     expiry_ms: int | None = None
+    redelivered: bool = True
 
 
 QueueCommand = (

@@ -30,7 +30,7 @@ from typing import Any
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.amqp.auth import parse_sasl_response
-from node.broker import definitions, delivery, mirror, publish, replica, replica_control
+from node.broker import definitions, delivery, mirror, paging, publish, replica, replica_control
 from node.broker.auth import Permission, UserStore
 from node.broker.channel import ChannelState, ConnState, Consumer
 from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Persist, Send, Unblock
@@ -67,6 +67,7 @@ class BrokerConfig:
     node_name: str = ""  # replicated mode: this node's name (ids of consumers, getters and publishers)
     boot_id: int = 0  # replicated mode: different at every start of the node
     replicated: bool = False  # every queue a replica: commands go out as ProposeQueue (docs/cluster.md)
+    queue_messages_in_memory_max: int = 10_000  # per stored queue; past it messages wait on disk (0: never)
 
 
 def alarm_reason(kind: str) -> str:
@@ -119,6 +120,8 @@ class Broker:
         self.leading: set[tuple[str, str]] = set()  # replicated: (vhost, queue) whose local replica leads
         self.pending_gets: dict[Hashable, tuple[ChannelState, QueueState, bool]] = {}  # replicated: id -> waiter
         self.confirm_batch: dict[int, tuple[ChannelState, list[int], list[int]]] = {}  # replicated: acks, nacks
+        self.paging: dict[str, QueueState] = {}  # queue stream -> queue with a paged tail (node/broker/paging.py)
+        self.next_page_request = 0
         if self.replicated:
             self.handlers = {**_HANDLERS, **replica.HANDLERS}
             self.publish_route = replica.route_publish
@@ -303,12 +306,23 @@ class Broker:
         return self._finish()
 
     def recover(self, records: list[Record]) -> list[Effect]:
+        """Rebuild from storage's records; returns the `PageIn` effects of queues recovered with a tail."""
         from node.broker import recovery
 
         recovery.recover(self, records)
         self._batch = None
         self.out.clear()
-        return []
+        return self._finish() if self.paging else []
+
+    def on_tail_offsets(self, items: list[tuple[str, int, int]]) -> list[Effect]:
+        """Storage appended paged-out records: (stream, msg_id, log offset) each, in append order."""
+        paging.on_tail_offsets(self, items)
+        return self._finish()
+
+    def on_paged_in(self, vhost: str, queue: str, request_id: int, records: list[Any]) -> list[Effect]:
+        """The records a `PageIn` asked for, decoded, in its order."""
+        paging.on_paged_in(self, vhost, queue, request_id, records)
+        return self._finish()
 
     # --- replicated mode (docs/cluster.md, "node/broker, replicated mode"; the logic is in `replica`) -------
 
@@ -498,6 +512,8 @@ class Broker:
     def _finish(self) -> list[Effect]:
         if self.dead_letters or self.dirty:
             self._settle_round()
+        if self.paging:
+            paging.request_page_ins(self)
         if self._batch is not None:
             self._close_batch()
         out = self.out

@@ -261,7 +261,8 @@ def queue_declare(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Q
     queue.last_used_ms = broker.now_ms
     ch.last_queue = queue.name
     consumer_count = queue.machine.consumer_count if broker.replicated else len(queue.consumers)  # all nodes'
-    ok = m.QueueDeclareOk(queue=queue.name, message_count=queue.machine.ready_count, consumer_count=consumer_count)
+    count = queue.machine.ready_count if queue.tail is None else _paging().message_count(queue)
+    ok = m.QueueDeclareOk(queue=queue.name, message_count=count, consumer_count=consumer_count)
     _reply(broker, ch, method.nowait, ok)
 
 
@@ -279,6 +280,9 @@ def create_queue(broker: Broker, vhost: VHost[QueueState], name: str, durable: b
                                     exclusive_owner=global_owner),))
     else:
         queue.machine = Queue(name, queue_args(args))
+        from node.broker import paging
+
+        queue.pageable = paging.is_pageable(broker, queue)
         if queue.stored:
             broker.persist((QueueRecord(vhost.name, name, auto_delete, args),))
     vhost.queues[name] = queue
@@ -311,14 +315,25 @@ def purge_queue(broker: Broker, queue: QueueState) -> int:
     from node.broker import delivery
 
     count = queue.machine.ready_count if broker.replicated else 0  # replicated: the local replica's count
+    ready_ids = set(queue.machine.ready_msg_ids()) if queue.persisted_ids and not broker.replicated else set()
     for effect in queue.machine.apply(Purge()):
         if isinstance(effect, Purged):
             count += effect.count
     if queue.persisted_ids:
-        removed = queue.persisted_ids - delivery.unacked_ids(queue)
+        # the ready ones before the purge (computed after it, "unacked" would be every persisted id)
+        removed = queue.persisted_ids & ready_ids if not broker.replicated else (
+            queue.persisted_ids - delivery.unacked_ids(queue))
         queue.persisted_ids -= removed
         broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in sorted(removed)))
+    if queue.tail is not None:
+        count += _paging().forget_tail(broker, queue)
     return count
+
+
+def _paging() -> Any:
+    from node.broker import paging
+
+    return paging
 
 
 def queue_delete(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueueDelete) -> None:
@@ -331,9 +346,9 @@ def queue_delete(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Qu
         check_exclusive(conn, queue)
         if method.if_unused and (queue.consumers or (broker.replicated and queue.machine.consumer_count)):
             raise precondition(f"{queue.resource} in use")
-        if method.if_empty and queue.machine.ready_count:
+        count = queue.machine.ready_count if queue.tail is None else _paging().message_count(queue)
+        if method.if_empty and count:
             raise precondition(f"{queue.resource} not empty")
-        count = queue.machine.ready_count
         # RabbitMQ sends queue.delete-ok before the consumer_cancel_notify basic.cancels (the channel replies when
         # the queue process has gone; the cancels follow from its monitor), so a client waiting for delete-ok on
         # a channel that also consumes from the queue (kombu without on_cancel) sees its reply first.
@@ -362,6 +377,8 @@ def delete_queue(broker: Broker, queue: QueueState, cancels: list[Effect] | None
 
         replica_control.forget_queue(broker, queue)
     if queue.stored or broker.replicated:
+        if queue.tail is not None:
+            _paging().forget_tail(broker, queue)
         if queue.persisted_ids:  # keep the queue's own stream consistent even if replayed apart from definitions
             removed = sorted(queue.persisted_ids)
             queue.persisted_ids.clear()

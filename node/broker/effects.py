@@ -4,7 +4,8 @@
 connection's fast `send_deliver`), `CloseChannel`/`CloseConnection` ask the protocol layer to close with a reply
 code, `Block`/`Unblock` drive connection.blocked, and `Persist` asks storage to write records durably and then call
 `Broker.on_persisted(token)`. In replicated mode (docs/cluster.md) `ProposeQueue` asks the runtime to propose one
-queue command to that queue's Raft group (encoded with `Broker.encode_proposal`).
+queue command to that queue's Raft group (encoded with `Broker.encode_proposal`). `PageIn` (single-node paging,
+`node/broker/paging.py`) asks storage to read back messages a long queue keeps on disk only.
 """
 
 from __future__ import annotations
@@ -68,6 +69,18 @@ class Persist:
 
 
 @dataclass(frozen=True, slots=True)
+class PageIn:
+    """Single-node paging: read the MessageRecords at `offsets` of log stream `stream` (in a worker thread) and
+    hand them, decoded and in this order, to `Broker.on_paged_in(vhost, queue, request_id, records)`."""
+
+    vhost: str
+    queue: str
+    stream: str
+    request_id: int
+    offsets: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ProposeQueue:
     """Replicated mode: propose `command` (a cluster.queue command) to the group of queue `queue` in `vhost`."""
 
@@ -76,4 +89,4 @@ class ProposeQueue:
     command: Any
 
 
-Effect = Send | SendContent | CloseChannel | CloseConnection | Block | Unblock | Persist | ProposeQueue
+Effect = Send | SendContent | CloseChannel | CloseConnection | Block | Unblock | Persist | PageIn | ProposeQueue

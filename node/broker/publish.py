@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.queue import DeadLetter, Enqueue, QueuedMessage
 from node.amqp import methods as m
+from node.broker import paging
 from node.broker.channel import ChannelState, ConnState, Message, TxState
 from node.broker.definitions import REPLY_TO_QUEUE
 from node.broker.delivery import enqueue, settle_entries
@@ -155,6 +156,12 @@ def enqueue_all(broker: Broker, vhost: VHost[QueueState], queue_names: tuple[str
     for queue_name in queue_names:
         queue = queues.get(queue_name)
         if queue is None:
+            continue
+        if queue.tail is not None or (persistent and queue.pageable and ttl_ms is None and queue.machine.ready_count
+                                      >= broker.config.queue_messages_in_memory_max):
+            token = paging.page_out(broker, queue, msg, persistent, ttl_ms)  # node/broker/paging.py
+            if token and token not in tokens:
+                tokens.append(token)
             continue
         if persistent and queue.stored:
             if stored is None:

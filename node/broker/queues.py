@@ -198,6 +198,8 @@ class QueueState:
     last_used_ms: int = 0
     persisted_ids: set[int] = field(default_factory=set)
     exclusive_consumer: Hashable | None = None
+    pageable: bool = False  # single-node paging may keep its backlog on disk (node/broker/paging.py)
+    tail: Any = None  # paging.PagedTail while messages wait on disk
     # replicated mode only (node/broker/replica.py); every field below but the last two is a function of the log
     members: dict[Hashable, None] = field(default_factory=dict)  # consumer and get-holder ids known to the machine
     dead_letter_seq: int = 0  # DeadLetter effects applied so far: the sequence of their republished copies

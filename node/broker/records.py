@@ -160,9 +160,38 @@ class MessageRemovedRecord:
         return ["msg-removed", self.vhost, self.queue, self.msg_id]
 
 
+@dataclass(frozen=True, slots=True)
+class TailMessageRecord(MessageRecord):
+    """A MessageRecord of a message paged out at publish (node/broker/paging.py): written exactly like one (same
+    cbor, read back as MessageRecord); the type only tells storage to report the record's log offset back
+    (`Broker.on_tail_offsets`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MessageIndexRecord:
+    """Not written: what storage returns at recovery, instead of the MessageRecords, for a long queue stream.
+
+    The live messages of the queue as two parallel columns in msg_id order (which is also log order): their ids
+    and the log offsets of their MessageRecords (`array('q')`, 16 bytes a message), so the broker pages them in
+    from the log (`PageIn`) rather than holding every body at once.
+    """
+
+    vhost: str
+    queue: str
+    msg_ids: Any  # array('q')
+    offsets: Any  # array('q')
+
+    @property
+    def stream(self) -> str:
+        return queue_stream(self.vhost, self.queue)
+
+    def to_cbor(self) -> list[Any]:
+        raise TypeError("a MessageIndexRecord is built by storage at recovery and never written")
+
+
 Record = (
     VHostRecord | UserRecord | PermissionRecord | ExchangeRecord | QueueRecord | BindingRecord | MessageRecord
-    | MessageRemovedRecord
+    | MessageRemovedRecord | MessageIndexRecord
 )
 
 _TAGS: dict[str, type[Any]] = {

@@ -2,7 +2,9 @@
 
 Records are folded in the order given (last record per key wins; `deleted=True` and MessageRemoved erase), then
 applied: vhosts, users, permissions, durable exchanges, durable queues, bindings whose ends both survived, then each
-durable queue's persistent messages in msg_id order through the machine's `Recover` command. Recovered messages
+durable queue's persistent messages in msg_id order through the machine's `Recover` command. A long queue stream
+comes from storage as one `MessageIndexRecord` (ids and log offsets, no bodies): it becomes the queue's paged tail
+(node/broker/paging.py) and is read back from the log in batches as consumers need it. Recovered messages
 come back flagged redelivered (the machine's Recover semantics): we do not persist per-delivery state, so the broker
 cannot tell which were delivered before the restart, and RabbitMQ's guidance is that a consumer must treat any
 message after a restart as possibly seen. Their delivery_count is what the record says (0 unless set).
@@ -14,12 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.queue import MsgId, QueuedMessage, Recover
 from node.amqp.properties import BasicProperties
+from node.broker import paging
 from node.broker.auth import Permission, User
 from node.broker.channel import Message
 from node.broker.exchanges import Binding, Dest, Exchange, freeze_args
 from node.broker.records import (
     BindingRecord,
     ExchangeRecord,
+    MessageIndexRecord,
     MessageRecord,
     MessageRemovedRecord,
     PermissionRecord,
@@ -43,6 +47,7 @@ class _Fold:
         self.queues: dict[tuple[str, str], QueueRecord] = {}
         self.bindings: dict[Any, BindingRecord] = {}
         self.messages: dict[tuple[str, str], dict[int, MessageRecord]] = {}
+        self.indexes: dict[tuple[str, str], MessageIndexRecord] = {}
 
     def add(self, record: Record) -> None:
         if isinstance(record, VHostRecord):
@@ -57,6 +62,7 @@ class _Fold:
             self.queues[(record.vhost, record.name)] = record
             if record.deleted:
                 self.messages.pop((record.vhost, record.name), None)
+                self.indexes.pop((record.vhost, record.name), None)
         elif isinstance(record, BindingRecord):
             key = (record.vhost, record.source, record.dest_kind, record.destination, record.routing_key,
                    freeze_args(record.arguments))
@@ -65,6 +71,8 @@ class _Fold:
             self.messages.setdefault((record.vhost, record.queue), {})[record.msg_id] = record
         elif isinstance(record, MessageRemovedRecord):
             self.messages.get((record.vhost, record.queue), {}).pop(record.msg_id, None)
+        elif isinstance(record, MessageIndexRecord):
+            self.indexes[(record.vhost, record.queue)] = record
 
 
 def recover(broker: Broker, records: list[Record]) -> None:
@@ -119,6 +127,9 @@ def _recover_queues(broker: Broker, fold: _Fold) -> None:
             queued = QueuedMessage(msg, len(mrec.body), True, props.priority or 0, None)
             queue.persisted_ids.add(msg_id)
             apply_queue(broker, queue, Recover(MsgId(msg_id), queued, mrec.delivery_count))
+        index = fold.indexes.get((vhost_name, name))
+        if index is not None:
+            paging.attach_recovered_tail(broker, queue, index.msg_ids, index.offsets)
 
 
 def _recover_bindings(broker: Broker, fold: _Fold) -> None:

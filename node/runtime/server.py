@@ -38,6 +38,7 @@ from node.broker.effects import (
     Block,
     CloseChannel,
     CloseConnection,
+    PageIn,
     Persist,
     Send,
     SendContent,
@@ -117,6 +118,9 @@ class Node:
         self.connections: dict[int, Connection] = {}
         # Effects that are neither Persist nor for a connection (cluster mode: ProposeQueue), by exact type.
         self.effect_sinks: dict[type, Callable[[Any], None]] = {}
+        pages = getattr(store, "pages", None)  # single-node paging (node/runtime/paging_io.py)
+        if pages is not None:
+            self.effect_sinks[PageIn] = pages.request
         self.next_conn_id = 1
         self.listeners: list[trio.SocketListener] = []
         self.bound_ports: list[int] = []
@@ -511,6 +515,10 @@ async def run_node(node: Node, *, task_status: Any = trio.TASK_STATUS_IGNORED) -
         nursery.start_soon(node.broker_timer)
         nursery.start_soon(node.resource_watch)
         nursery.start_soon(node.store.commit_loop, node)
+        pages = getattr(node.store, "pages", None)
+        if pages is not None:  # recovered queues' first pages are in memory before the first client
+            await pages.serve_once(node)
+            nursery.start_soon(pages.run, node)
         async with trio.open_nursery() as server_nursery:
             ports = await server_nursery.start(node.serve_connections)
             task_status.started(ports)

@@ -80,16 +80,20 @@ from node.broker.records import (
     PermissionRecord,
     QueueRecord,
     Record,
+    TailMessageRecord,
     UserRecord,
     VHostRecord,
     from_cbor,
     queue_stream,
     to_cbor,
 )
+from node.runtime.live_ids import LiveIds
+from node.runtime.paging_io import PageReader, QueueStreamFold
 
 log = logging.getLogger("raftmq.store")
 
 COMPACT_DEFINITION_RECORDS_MIN = 4096
+RECOVER_INLINE_RECORDS_MAX = 20_000  # a longer queue stream is recovered as an index of offsets (paging)
 DISK_FULL_RETRY_S = 1.0
 PENDING_TOKENS_MAX = 1_000_000  # a bound on bookkeeping; far above what a healthy disk ever accumulates
 EMPTY_SNAPSHOT = cbor2.dumps([])
@@ -201,7 +205,7 @@ class StreamBook:
     bytes_since_snapshot: int = 0
     last_offset: int = -1
     last_snapshot_s: float = float("-inf")
-    live_messages: set[int] = field(default_factory=set)
+    live_messages: LiveIds = field(default_factory=LiveIds)  # a bitmap: ~1 bit per id, not ~60 bytes
 
 
 class Store:
@@ -226,6 +230,7 @@ class Store:
         self._unsafe_wake = trio.Event()
         self.commits = 0
         self.closed = False
+        self.pages = PageReader(node_log)  # single-node paging: offsets to report, PageIn reads
 
     @classmethod
     def open(cls, directory: Path, policy: CompactionPolicy | None = None, *,
@@ -258,7 +263,11 @@ class Store:
 
     # --------------------------------------------------------------------------------------- recovery
     def recover(self) -> list[Record]:
-        """Every record of every stream, definitions first; also primes the compaction bookkeeping."""
+        """Every record of every stream, definitions first; also primes the compaction bookkeeping.
+
+        A queue stream longer than `RECOVER_INLINE_RECORDS_MAX` records is not returned record by record: its live
+        messages come as one `MessageIndexRecord` (ids and offsets; the broker pages the bodies in), so a backlog of
+        millions is never decoded into memory at once (paging_io.QueueStreamFold)."""
         streams = sorted(self.log.streams(), key=lambda name: name != DEFINITIONS_STREAM)
         records: list[Record] = []
         for stream in streams:
@@ -267,11 +276,26 @@ class Store:
             if snapshot is not None:
                 for item in cbor2.loads(snapshot):
                     records.append(self._track(stream, from_cbor(item), book))
+            inline: list[tuple[int, Record]] = []
+            fold: QueueStreamFold | None = None
             for offset, payload in entries:
-                records.append(self._track(stream, decode(payload), book))
+                record = self._track(stream, decode(payload), book)
                 book.last_offset = offset
                 book.records_since_snapshot += 1
                 book.bytes_since_snapshot += len(payload)
+                if fold is not None:
+                    fold.add(offset, record)
+                    continue
+                inline.append((offset, record))
+                if len(inline) > RECOVER_INLINE_RECORDS_MAX and stream.startswith("queue:"):
+                    fold = QueueStreamFold()
+                    for early_offset, early in inline:
+                        fold.add(early_offset, early)
+                    inline = []
+            if fold is None:
+                records.extend(record for _offset, record in inline)
+            else:
+                records.extend(fold.records())
         return records
 
     # ---------------------------------------------------------------------------------------- writing
@@ -285,6 +309,8 @@ class Store:
                 book = books[stream] = StreamBook()
             payload = encode(record)
             book.last_offset = append(stream, payload)
+            if type(record) is TailMessageRecord:  # paged out: the broker wants its offset (paging_io)
+                self.pages.tail_appended(stream, record.msg_id, book.last_offset)
             book.records_since_snapshot += 1
             book.bytes_since_snapshot += len(payload)
             self._track(stream, record, book)
@@ -299,7 +325,7 @@ class Store:
 
     def _track(self, stream: str, record: Record, book: StreamBook) -> Record:
         cls = type(record)
-        if cls is MessageRecord:
+        if cls is MessageRecord or cls is TailMessageRecord:
             book.live_messages.add(record.msg_id)  # type: ignore[union-attr]
         elif cls is MessageRemovedRecord:
             book.live_messages.discard(record.msg_id)  # type: ignore[union-attr]
@@ -313,7 +339,7 @@ class Store:
 
     def _plan_compaction(self, stream: str, record: Record, book: StreamBook) -> None:
         cls = type(record)
-        if cls is MessageRecord or cls is MessageRemovedRecord:
+        if cls is MessageRecord or cls is MessageRemovedRecord or cls is TailMessageRecord:
             if not book.live_messages and self._queue_stream_grown(book):
                 self._compact_drained(stream, book)
             return
