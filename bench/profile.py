@@ -6,7 +6,9 @@ leader and three replicas, puts the publisher and consumer in the chosen layout 
 --nonblocking` against each node's process at once for `--duration` seconds. The raw files (one line per distinct
 stack: "frame;frame;...;frame count") are kept in --output, and for each node it prints the functions with the most
 samples, by self time and inclusive of callees, as a percentage of that node's samples (py-spy counts only
-non-idle samples by default, of every thread). `aggregate_raw` and `top_functions` are pure and unit-tested.
+non-idle samples by default, of every thread). Caution: on a loaded machine py-spy's idle detection counts threads
+blocked in poll/epoll/fsync as busy; `--gil` keeps only samples holding the GIL (Python work: waits in syscalls
+release it). `aggregate_raw` and `top_functions` are pure and unit-tested.
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before sampling")
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default="b", help="where the clients connect")
+    parser.add_argument("--gil", action="store_true",
+                        help="only samples holding the GIL (py-spy --gil): Python CPU work, without waits in syscalls")
     parser.add_argument("--top", type=int, default=15, help="functions shown per node and ranking")
     parser.add_argument("--window", type=int, default=256, help="publisher confirm window")
     parser.add_argument("--prefetch", type=int, default=1000, help="consumer prefetch")
@@ -155,7 +159,8 @@ def _record(py_spy: str, pids: dict[str, int], args: argparse.Namespace, output:
     spies = [
         subprocess.Popen([py_spy, "record", "--pid", str(pid), "--duration", str(int(args.duration)), "--rate",
                           str(args.rate), "--format", "raw", "--nolineno", "--nonblocking", "--output",
-                          str(files[node])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          str(files[node]), *(["--gil"] if args.gil else [])],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for node, pid in pids.items()
     ]
     for spy in spies:
