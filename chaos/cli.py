@@ -5,7 +5,7 @@ network namespaces when it partitions, which needs root) unless --cluster-dir po
 runs it, writes the report (text, JSON, PNG timeline, history) to --out, and exits 0 only when nothing confirmed
 was lost and nothing unexpected was delivered; --fault-proxy routes the workload through our Toxiproxy-compatible
 proxy (one proxy "amqp-<node>" per node) so toxic steps apply to client traffic. `sweep --seeds N` runs N random schedules (seeds first-seed ..
-first-seed+N-1) and exits non-zero if any seed failed, naming it. `check HISTORY` re-checks a saved history.
+first-seed+N-1; a 3-node cluster with a quorum queue unless --nodes says otherwise) and exits non-zero if any seed failed, naming it. `check HISTORY` re-checks a saved history.
 `suite [SCENARIO...]` runs several (default: every bundled one this environment can carry out, skipping the
 others with the reason) and writes a summary table (per scenario: confirmed, delivered, lost, duplicates,
 unavailability) to --out/summary.md; exit 1 if any failed. `list` names the bundled scenarios; `proxy --listen HOST:PORT` serves the Toxiproxy-compatible fault proxy.
@@ -150,12 +150,16 @@ def _dispatch(args: argparse.Namespace) -> int:
     return _sweep(args)
 
 
+SWEEP_NODES = 3
+SWEEP_WORKLOAD = {"queue_type": "quorum", "publishers": 3, "consumers_per_queue": 2, "consumer_url_offset": 1}
+
+
 def _sweep(args: argparse.Namespace) -> int:
     faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
     failed = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        scenario = random_scenario(seed, args.rounds, args.nodes or 1, faults,
-                                   {"messages_per_publisher": args.messages})
+        scenario = random_scenario(seed, args.rounds, args.nodes or SWEEP_NODES, faults,
+                                   {**SWEEP_WORKLOAD, "messages_per_publisher": args.messages})
         if not run_one(args, scenario, Path(args.out) / scenario.name):
             failed.append(seed)
     print(f"sweep: {args.seeds - len(failed)}/{args.seeds} seeds passed" +
