@@ -188,7 +188,10 @@ def raftmq_cluster(nodes: int = 3, timeout_s: float = 120.0) -> Iterator[RaftmqC
     data = ["--data-dir", str(workdir)]
     up = [*_RUNNER, "up", "--detach", "--no-haproxy", "--nodes", str(nodes), "--base-port", str(base_port), *data]
     try:
-        completed = subprocess.run(up, capture_output=True, text=True, timeout=timeout_s, cwd=REPO_ROOT)
+        try:
+            completed = subprocess.run(up, capture_output=True, text=True, timeout=timeout_s, cwd=REPO_ROOT)
+        except subprocess.TimeoutExpired as error:
+            raise BrokerStartError(f"raftmq cluster up did not finish within {timeout_s:.0f}s") from error
         if completed.returncode != 0:
             raise BrokerStartError(f"raftmq cluster up failed: {(completed.stdout + completed.stderr).strip()[-400:]}")
         members = tuple(ClusterNode(f"rmq{index}", Endpoint("127.0.0.1", base_port + index))
