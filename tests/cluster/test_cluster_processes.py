@@ -361,3 +361,20 @@ def test_a_node_with_another_secret_is_refused_and_changes_nothing(tmp_path: Pat
         raise
     finally:
         procs.stop_all()
+
+
+def test_exclusive_queues_of_a_dead_node_are_deleted(cluster: ClusterProcs) -> None:
+    n1, n2, _ = cluster.nodes
+    owner = _connect(n2.port)
+    owner.channel().queue_declare("q-exclusive", exclusive=True)
+
+    def status_on_n1() -> int:
+        try:
+            _ready_count(n1.port, "q-exclusive")
+            return 200
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            return int(exc.reply_code)
+
+    wait_until(lambda: status_on_n1() == 405, 30, "n1 to see the queue locked by n2's connection")
+    cluster.kill(n2.name)
+    wait_until(lambda: status_on_n1() == 404, 60, "the dead node's exclusive queue to be deleted")
