@@ -33,6 +33,7 @@ SNAPSHOT_FILE = "snapshot"
 SAVED_INDEX_FILE = "active.index"  # the active segment's sparse index at the last checkpoint
 READ_CHUNK_BYTES = scan.READ_CHUNK_BYTES  # sequential scans
 RANDOM_READ_CHUNK_BYTES = 16 * 1024  # read_at: covers the default 4 KiB index interval plus a typical record
+READ_MANY_GAP_BYTES_MAX = 256 * 1024  # read_many: wanted records closer than this share one sequential scan
 T = TypeVar("T")
 
 
@@ -547,6 +548,35 @@ class StreamFiles:
             if record.offset > offset:
                 return None
         return None
+
+    def read_many(self, offsets: list[int]) -> dict[int, bytes]:
+        """Payloads of the wanted ``offsets`` (sorted, distinct) found on disk.  Offsets whose sparse-index
+        positions lie within ``READ_MANY_GAP_BYTES_MAX`` of each other share one sequential scan."""
+        found: dict[int, bytes] = {}
+        segments = list(self.segments)
+        bases = [s.base_offset for s in segments]
+        i = 0
+        while i < len(offsets):
+            segment_index = fmt.segment_for_offset(bases, offsets[i])
+            if segment_index < 0:
+                i += 1
+                continue
+            segment = segments[segment_index]
+            start = last_position = segment.index.floor_position(offsets[i] - segment.base_offset)
+            j = i + 1
+            while j < len(offsets) and offsets[j] < segment.next_offset:
+                position = segment.index.floor_position(offsets[j] - segment.base_offset)
+                if position - last_position > READ_MANY_GAP_BYTES_MAX:
+                    break
+                last_position, j = position, j + 1
+            group = offsets[i:j]
+            wanted = set(group)
+            chunk_bytes = min(READ_CHUNK_BYTES, last_position - start + RANDOM_READ_CHUNK_BYTES)
+            for offset, payload in scan.iter_payloads(segment.log_path, start, group[0], group[-1] + 1, chunk_bytes):
+                if offset in wanted:
+                    found[offset] = payload
+            i = j
+        return found
 
     def iter_range(self, first_offset: int, end_offset: int) -> Iterator[tuple[int, bytes]]:
         """Records with ``first_offset <= offset < end_offset``, in order, from disk, read lazily in large chunks.

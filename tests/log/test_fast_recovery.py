@@ -7,6 +7,7 @@ recovery point or the segment tail is in.
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import shutil
 import tracemalloc
@@ -270,3 +271,38 @@ def test_reading_a_large_stream_holds_about_one_chunk(tmp_path: pathlib.Path) ->
     log.close()
     assert count == 20_000
     assert peak_bytes < 4 * scan.READ_CHUNK_BYTES
+
+
+# --- read_many ---------------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(-5, 700), max_size=80))
+def test_read_many_agrees_with_read_at(tmp_path_factory: pytest.TempPathFactory, wanted: list[int]) -> None:
+    directory = tmp_path_factory.mktemp("many")
+    config = LogConfig(segment_size_bytes_max=2048, index_interval_bytes=128)
+    log = NodeLog.open(directory, config)
+    for i in range(600):
+        log.append("q", payload_for(i) * (1 + i % 50))
+        if i == 400:
+            log.commit()
+    log.write_snapshot("q", 99, b"state")  # 0..99 are behind the snapshot; 401.. are still in the append buffer
+    expected = {}
+    for offset in wanted:
+        with contextlib.suppress(KeyError):
+            expected[offset] = log.read_at("q", offset)
+    assert log.read_many("q", wanted) == expected
+    assert set(expected) == {o for o in wanted if 99 < o < 600}
+    assert log.read_many("absent", wanted) == {}
+    log.close()
+
+
+def test_read_many_spans_segments_and_gaps(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, LogConfig(segment_size_bytes_max=64 * 1024, index_interval_bytes=256))
+    for i in range(20_000):
+        log.append("q", payload_for(i) * 4)
+    log.close()
+    log = NodeLog.open(tmp_path)
+    wanted = [*range(0, 20_000, 3), 19_999, 10, 10]
+    assert log.read_many("q", wanted) == {o: payload_for(o) * 4 for o in wanted}
+    log.close()
