@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 import struct
 import sys
 import zlib
@@ -253,17 +254,31 @@ class SparseIndex:
 
     @classmethod
     def decode_files(cls, index_bytes: bytes, time_bytes: bytes, file_size_bytes: int) -> SparseIndex | None:
-        """The index of a sealed segment, or None if the files are implausible (then: rebuild by scanning)."""
-        entries = decode_index(index_bytes, file_size_bytes)
-        times = decode_time_index(time_bytes)
-        if entries is None or len(times) != len(entries) or len(time_bytes) % TIME_INDEX_ENTRY.size:
+        """The index of a sealed segment, or None if the files are implausible (then: rebuild by scanning).
+
+        Decoded with array slicing and C-level comparisons (no Python loop per entry in the offset index): a
+        segment's index is read at every open, ~16k entries per 64 MiB segment at the default interval."""
+        count = len(index_bytes) // INDEX_ENTRY.size
+        if len(index_bytes) % INDEX_ENTRY.size or len(time_bytes) != count * TIME_INDEX_ENTRY.size:
             return None
+        pairs = array("I")
+        pairs.frombytes(index_bytes)
+        if sys.byteorder != "little":
+            pairs.byteswap()
         index = cls()
-        for (relative, position), (timestamp, time_relative) in zip(entries, times, strict=True):
-            if time_relative != relative:
-                return None
-            index.add(relative, position, timestamp)
+        index.relative_offsets, index.positions = pairs[0::2], pairs[1::2]
+        timestamps, time_relatives = zip(*TIME_INDEX_ENTRY.iter_unpack(time_bytes), strict=True) if count else ((), ())
+        index.max_timestamps_before = array("q", timestamps)
+        if array("I", time_relatives) != index.relative_offsets or not (_strictly_increasing(index.relative_offsets)
+                                                            and _strictly_increasing(index.positions)):
+            return None
+        if count and index.positions[-1] >= file_size_bytes:
+            return None
         return index
+
+
+def _strictly_increasing(values: array[int]) -> bool:
+    return all(map(operator.lt, values, itertools.islice(values, 1, None)))
 
 
 def segment_for_offset(bases: list[int], offset: int) -> int:

@@ -306,3 +306,32 @@ def test_read_many_spans_segments_and_gaps(tmp_path: pathlib.Path) -> None:
     wanted = [*range(0, 20_000, 3), 19_999, 10, 10]
     assert log.read_many("q", wanted) == {o: payload_for(o) * 4 for o in wanted}
     log.close()
+
+
+# --- sealed segment indexes decode without a loop per entry -----------------------------------------------------
+
+
+@given(st.lists(st.tuples(st.integers(1, 50), st.integers(1, 5000), st.integers(-(2**40), 2**40)), max_size=60),
+       st.integers(0, 400_000), st.data())
+def test_sealed_index_files_decode_as_the_reference(steps: list[tuple[int, int, int]], file_size: int,
+                                                    data: st.DataObject) -> None:
+    index = fmt.SparseIndex()
+    relative, position = 0, 0
+    for relative_step, position_step, timestamp in steps:
+        relative, position = relative + relative_step, position + position_step
+        index.add(relative, position, timestamp)
+    index_bytes, time_bytes = index.encode_files()
+    if data.draw(st.booleans()) and index_bytes:  # damage one byte of either file
+        which = data.draw(st.sampled_from(["index", "time"]))
+        target = bytearray(index_bytes if which == "index" else time_bytes)
+        target[data.draw(st.integers(0, len(target) - 1))] ^= data.draw(st.integers(1, 255))
+        index_bytes, time_bytes = (bytes(target), time_bytes) if which == "index" else (index_bytes, bytes(target))
+    decoded = fmt.SparseIndex.decode_files(index_bytes, time_bytes, file_size)
+    entries = fmt.decode_index(index_bytes, file_size)  # the reference: one Python step per entry
+    times = fmt.decode_time_index(time_bytes)
+    if entries is None or len(times) != len(entries) or any(r != t for (r, _), (_, t) in zip(entries, times, strict=True)):
+        assert decoded is None
+        return
+    assert decoded is not None
+    assert list(zip(decoded.relative_offsets, decoded.positions, strict=True)) == entries
+    assert list(decoded.max_timestamps_before) == [t for t, _ in times]
