@@ -376,14 +376,15 @@ def delete_queue(broker: Broker, queue: QueueState, cancels: list[Effect] | None
         from node.broker import replica_control
 
         replica_control.forget_queue(broker, queue)
-    if queue.stored or broker.replicated:
-        if queue.tail is not None:
-            _paging().forget_tail(broker, queue)
+    if queue.tail is not None:
+        _paging().forget_tail(broker, queue)
+    if queue.stored or broker.replicated or queue.persisted_ids:  # (not stored: paged-in persistent messages)
         if queue.persisted_ids:  # keep the queue's own stream consistent even if replayed apart from definitions
             removed = sorted(queue.persisted_ids)
             queue.persisted_ids.clear()
             broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in removed))
-        broker.persist((QueueRecord(queue.vhost, queue.name, deleted=True),))
+        if queue.stored or broker.replicated:
+            broker.persist((QueueRecord(queue.vhost, queue.name, deleted=True),))
 
 
 def delete_exclusive_queues(broker: Broker, conn: ConnState) -> None:

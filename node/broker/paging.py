@@ -1,12 +1,16 @@
 """Single-node paging: a long durable queue keeps its backlog on disk, not in memory (pure).
 
-What it is for: a classic durable queue with 10 million 1 KiB messages must not hold 10 GB of bodies. Once a stored
-(durable, non-exclusive) queue's machine holds `BrokerConfig.queue_messages_in_memory_max` ready messages, each
-further persistent message is *paged out* at publish: its msg id is reserved from the machine
-(`Queue.reserve_msg_id`, so ids stay unique and in publish order), its `MessageRecord` is written as usual (as a
-`TailMessageRecord`: same bytes on disk; the confirm still waits for the fsync) and the broker keeps only the id and,
-once storage reports it (`Broker.on_tail_offsets`), the record's log offset: two `array('q')` columns, 16 bytes a
-message (`PagedTail`). While a tail exists every persistent message goes to it, so order is kept.
+What it is for: a classic durable queue with 10 million 1 KiB messages must not hold 10 GB of bodies. Once a
+queue's machine holds `BrokerConfig.queue_messages_in_memory_max` ready messages, each further message is *paged
+out* at publish: its msg id is reserved from the machine (`Queue.reserve_msg_id`, so ids stay unique and in
+publish order), its `MessageRecord` is written to the queue's log stream (as a `TailMessageRecord`: same bytes on
+disk) and the broker keeps only the id and, once storage reports it (`Broker.on_tail_offsets`), the record's log
+offset: two `array('q')` columns, 16 bytes a message (`PagedTail`). While a tail exists every message to the queue
+joins it, so order is kept. A persistent message's confirm waits for the fsync as usual. A transient message (no
+delivery_mode 2; or any message of a non-durable or exclusive queue) is *spilled* the same way: its confirm does not
+wait, and as its record lacks delivery_mode 2, recovery never brings it back (dropped at restart, as RabbitMQ); a
+paged-in message with delivery_mode 2 gets a MessageRemoved record when it goes, in any queue, so storage's count
+of live messages per stream stays right. Messages with a per-message TTL join the tail in memory (`held`).
 
 How messages come back: at the end of every entry point, a queue whose machine fell under half the limit gets a
 `PageIn(vhost, queue, stream, request_id, offsets)` effect for the next batch (at most `PAGE_IN_BATCH_MAX`, one
@@ -17,9 +21,8 @@ streams over as a `MessageIndexRecord` (ids and offsets of the live messages); t
 redelivered like every recovered message.
 
 Opt-outs (such queues keep everything in memory, as before): queues with x-max-length, x-max-length-bytes,
-x-max-priority or x-message-ttl, messages with a per-message TTL (they are enqueued into the machine directly; the
-machine orders by msg id, so they still take their place), transient messages (enqueued into the machine
-directly, also by id) and replicated mode. Purge and delete write a MessageRemovedRecord for every tail message.
+x-max-priority or x-message-ttl, and replicated mode. A message with a per-message TTL never starts a tail. Purge
+and delete write a MessageRemovedRecord for every tail message (harmless for spilled ones).
 """
 
 from __future__ import annotations
@@ -81,14 +84,15 @@ class PagedTail:
 def is_pageable(broker: Broker, queue: QueueState) -> bool:
     """Whether the queue may page (see the module docstring for the opt-outs)."""
     args = queue.arguments
-    return (not broker.replicated and queue.stored and broker.config.queue_messages_in_memory_max > 0
+    return (not broker.replicated and broker.config.queue_messages_in_memory_max > 0
             and not any(key in args for key in ("x-max-length", "x-max-length-bytes", "x-max-priority",
                                                  "x-message-ttl")))
 
 
 def page_out(broker: Broker, queue: QueueState, msg: Message, persistent: bool, ttl_ms: int | None) -> int:
-    """Put a message at the end of the queue's tail instead of into its machine; returns its Persist token (0:
-    none). A persistent message without TTL waits on disk; others wait in memory, in `held`, keeping their place."""
+    """Put a message at the end of the queue's tail instead of into its machine; returns the Persist token its
+    confirm waits for (0: none). A message without TTL waits on disk (a transient one too: spilled, its confirm
+    does not wait, and recovery never brings it back); one with a TTL waits in memory, in `held`, in its place."""
     from node.broker.delivery import properties_to_dict
 
     tail = queue.tail
@@ -98,9 +102,10 @@ def page_out(broker: Broker, queue: QueueState, msg: Message, persistent: bool, 
     msg_id = queue.machine.reserve_msg_id()
     tail.msg_ids.append(msg_id)
     props = msg.properties
-    if persistent and ttl_ms is None:
-        return broker.persist((TailMessageRecord(queue.vhost, queue.name, msg_id, msg.exchange, msg.routing_key,
-                                                 properties_to_dict(props), msg.body),))
+    if ttl_ms is None:  # a record whose properties lack delivery_mode 2 is spilled: never recovered
+        token = broker.persist((TailMessageRecord(queue.vhost, queue.name, msg_id, msg.exchange, msg.routing_key,
+                                                  properties_to_dict(props), msg.body),))
+        return token if persistent else 0
     if len(tail.offsets) == len(tail.msg_ids) - 1:
         tail.offsets.append(HELD)
     expiry_ms = None if ttl_ms is None else broker.now_ms + ttl_ms
@@ -190,11 +195,12 @@ def on_paged_in(broker: Broker, vhost_name: str, queue_name: str, request_id: in
             record = by_id.get(msg_id)
             if record is None:
                 continue  # unreadable: storage logged it; the message cannot come back
+            persistent = record.properties.get("delivery_mode") == 2
             props = BasicProperties(**record.properties)
             msg = Message(record.exchange, record.routing_key, props, record.body)
-            queued = QueuedMessage(msg, len(record.body), True, props.priority or 0, None)
+            queued = QueuedMessage(msg, len(record.body), persistent, props.priority or 0, None)
             delivery_count = record.delivery_count
-        if queued.persistent:
+        if queued.persistent:  # (in a non-stored queue too: its removal keeps the spill stream's count right)
             queue.persisted_ids.add(msg_id)
         apply_queue(broker, queue, Recover(MsgId(msg_id), queued, delivery_count, expiry_ms,
                                            redelivered=index < recovered))

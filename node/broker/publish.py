@@ -157,7 +157,7 @@ def enqueue_all(broker: Broker, vhost: VHost[QueueState], queue_names: tuple[str
         queue = queues.get(queue_name)
         if queue is None:
             continue
-        if queue.tail is not None or (persistent and queue.pageable and ttl_ms is None and queue.machine.ready_count
+        if queue.tail is not None or (queue.pageable and ttl_ms is None and queue.machine.ready_count
                                       >= broker.config.queue_messages_in_memory_max):
             token = paging.page_out(broker, queue, msg, persistent, ttl_ms)  # node/broker/paging.py
             if token and token not in tokens:

@@ -68,6 +68,8 @@ class _Fold:
                    freeze_args(record.arguments))
             self.bindings[key] = record
         elif isinstance(record, MessageRecord):
+            if record.properties.get("delivery_mode") != 2:
+                return  # a transient message spilled by paging: dropped at restart, as RabbitMQ does
             self.messages.setdefault((record.vhost, record.queue), {})[record.msg_id] = record
         elif isinstance(record, MessageRemovedRecord):
             self.messages.get((record.vhost, record.queue), {}).pop(record.msg_id, None)

@@ -47,6 +47,8 @@ class QueueStreamFold:
 
     def add(self, offset: int, record: Record) -> None:
         if isinstance(record, MessageRecord):
+            if record.properties.get("delivery_mode") != 2:
+                return  # a transient message spilled by paging: never recovered
             ids = self._ids
             if not ids or record.msg_id <= ids[-1]:
                 self._run_starts.append(len(ids))

@@ -76,8 +76,8 @@ class FakeStorage:
         records = list(self.streams.get(DEFINITIONS_STREAM, []))
         live: dict[int, int] = {}
         for offset, record in enumerate(self.streams.get(STREAM, [])):
-            if isinstance(record, MessageRecord):
-                live[record.msg_id] = offset
+            if isinstance(record, MessageRecord) and record.properties.get("delivery_mode") == 2:
+                live[record.msg_id] = offset  # (a transient record was spilled: never recovered)
             elif isinstance(record, MessageRemovedRecord):
                 live.pop(record.msg_id, None)
         ids = sorted(live)
@@ -165,6 +165,34 @@ def test_purge_and_delete_remove_the_tail_on_disk() -> None:
     ok2 = of_type(storage.run(client.call(m.QueueDelete(queue="q"))), m.QueueDeleteOk)
     assert ok2[0].message_count == 30
     assert storage.restart_records()[-1].msg_ids.tolist() == []  # type: ignore[union-attr]
+
+
+def test_a_transient_queue_spills_past_the_limit_and_nothing_comes_back_at_restart() -> None:
+    broker = Broker(BrokerConfig(queue_messages_in_memory_max=LIMIT))
+    storage = FakeStorage(broker)
+    client = _client(broker)
+    storage.run(client.declare("q", durable=True))  # transient messages in a durable queue
+    storage.run(client.declare("t", auto_delete=True))  # and any message in a non-durable one
+    for n in range(30):
+        storage.run(client.publish("", "q", b"q%d" % n, delivery_mode=1))
+        storage.run(client.publish("", "t", b"t%d" % n, delivery_mode=2 if n % 2 else 1))
+    for name in ("q", "t"):
+        queue = broker.vhosts["/"].queues[name]
+        assert queue.machine.ready_count == LIMIT and queue.tail is not None and queue.tail.count == 30 - LIMIT
+    assert len([r for r in storage.streams[STREAM] if isinstance(r, TailMessageRecord)]) == 30 - LIMIT
+    assert len(storage.streams[queue_stream("/", "t")]) == 30 - LIMIT
+
+    records = storage.restart_records()
+    assert records[-1].msg_ids.tolist() == []  # type: ignore[union-attr]
+    restarted = Broker(BrokerConfig(queue_messages_in_memory_max=LIMIT))
+    restarted.recover([*records[:-1], *storage.streams[STREAM]])  # record by record: the broker drops them too
+    assert restarted.vhosts["/"].queues["q"].machine.ready_count == 0
+    assert restarted.vhosts["/"].queues["q"].tail is None and "t" not in restarted.vhosts["/"].queues
+
+    storage.run(client.consume("t", "c", no_ack=True))
+    assert [b for _t, _r, b in storage.delivered] == [b"t%d" % n for n in range(30)]
+    storage.run(client.call(m.BasicCancel(consumer_tag="c")))  # auto-delete: the queue and its tail go
+    assert "t" not in broker.vhosts["/"].queues and not [s for s in broker.paging if s.endswith(":t")]
 
 
 def test_queues_with_limits_or_ttl_do_not_page() -> None:

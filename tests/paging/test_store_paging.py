@@ -47,8 +47,10 @@ async def test_a_long_stream_is_recovered_as_an_index_and_read_back(tmp_path: Pa
     store.persist(1, (QueueRecord("/", "q"),))
     store.persist(2, tuple(_message(i) for i in range(1, 31)))
     store.persist(3, tuple(MessageRemovedRecord("/", "q", i) for i in range(1, 11)))
-    store.persist(4, (TailMessageRecord("/", "q", 31, "", "q", {}, b"tail"),))
-    assert store.pages.offsets == [("queue:/:q", 31, 40)]  # 30 messages and 10 removals before it
+    store.persist(4, (TailMessageRecord("/", "q", 31, "", "q", {"delivery_mode": 2}, b"tail"),
+                      TailMessageRecord("/", "q", 32, "", "q", {"delivery_mode": 1}, b"spilled transient")))
+    assert store.pages.offsets == [("queue:/:q", 31, 40), ("queue:/:q", 32, 41)]  # after 30 messages, 10 removals
+    assert len(store.books["queue:/:q"].live_messages) == 21, "a spilled transient message is never live"
     await store.flush()
 
     reopened = Store.open(tmp_path)
@@ -56,7 +58,7 @@ async def test_a_long_stream_is_recovered_as_an_index_and_read_back(tmp_path: Pa
     assert records[0] == QueueRecord("/", "q")
     [index] = [r for r in records if isinstance(r, MessageIndexRecord)]
     assert not [r for r in records if isinstance(r, MessageRecord)]
-    assert index.msg_ids.tolist() == list(range(11, 32))
+    assert index.msg_ids.tolist() == list(range(11, 32)), "the spilled transient message is dropped"
     assert len(reopened.books["queue:/:q"].live_messages) == 21
     read = reopened.pages.read("queue:/:q", (*index.offsets[:2], index.offsets[-1], 999))
     assert [r.msg_id for r in read] == [11, 12, 31]
