@@ -9,6 +9,8 @@ bad CRC, or an offset that does not increase; the caller decides what that means
 - ``iter_payloads``: ``(offset, payload)`` of a segment from a byte position, CRC-checked (full reads).
 - ``index_records``: adds records to a segment's sparse index, with or without the CRC check (recovery indexes a
   trusted, fsynced prefix by headers only and CRC-checks only the tail written after it).
+- ``scan_file``/``iter_file_records``: the generic bounded scanner (decode callbacks, one item object each), for
+  the paths where per-record cost does not matter (whole-WAL ``replay``, truncation, single-record reads).
 - ``iter_wal_needed``: the WAL frames replay must apply; frames a predicate says are already in the segments are
   skipped by header (no CRC, no payload copy).
 """
@@ -18,12 +20,13 @@ from __future__ import annotations
 import os
 import pathlib
 import zlib
-from collections.abc import Iterator, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol, TypeVar
 
 from cluster.log import format as fmt
 
 READ_CHUNK_BYTES = 1024 * 1024
+T = TypeVar("T")
 _GARBAGE_SIZE_BYTES = fmt.PAYLOAD_SIZE_BYTES_MAX + fmt.STREAM_NAME_BYTES_MAX + 4096
 
 
@@ -190,3 +193,54 @@ def iter_wal_needed(path: pathlib.Path, applied_below: Mapping[str, int],
             wanted = max(chunk_bytes, claimed - len(buffer))
     finally:
         os.close(fd)
+
+
+# --- generic bounded scanner (WAL replay in wal.py, truncation and single-record reads in segment.py) ---------
+
+
+def scan_file(path: pathlib.Path, start_position: int, decode_at: Callable[[bytes, int], T | None],
+              size_at: Callable[[bytes, int], int | None], item_size: Callable[[T], int],
+              chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[tuple[int, T]]:
+    """(position, item) for each valid item of a file from ``start_position``, read in bounded chunks.
+
+    Stops at the first item that is corrupt, or torn at the end of the file.  The buffer holds at most one chunk
+    plus one item: an item is only waited for if its claimed size is plausible and not yet all read."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        buffer, buffer_position, cursor, at_eof = b"", start_position, 0, False
+        while True:
+            item = decode_at(buffer, cursor)
+            if item is not None:
+                yield buffer_position + cursor, item
+                cursor += item_size(item)
+                continue
+            claimed = size_at(buffer, cursor)
+            if at_eof or (claimed is not None and claimed <= len(buffer) - cursor):
+                return  # torn at the end, or complete and corrupt
+            if claimed is not None and claimed > fmt.PAYLOAD_SIZE_BYTES_MAX + 4096:
+                return  # a garbage length: do not read the rest of the file hoping for it
+            buffer, buffer_position, cursor = buffer[cursor:], buffer_position + cursor, 0
+            chunk = os.pread(fd, max(chunk_bytes, (claimed or 0) - len(buffer)), buffer_position + len(buffer))
+            at_eof = not chunk
+            buffer += chunk
+    finally:
+        os.close(fd)
+
+
+def iter_file_records(path: pathlib.Path, start_position: int = 0,
+                      chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[fmt.Record]:
+    """Valid records of a segment file from ``start_position`` (offsets must strictly increase)."""
+    previous_offset = -1
+    for position, record in scan_file(path, start_position, fmt.decode_record_at, fmt.record_size_at,
+                                      _record_size, chunk_bytes):
+        if record.offset <= previous_offset:
+            return
+        previous_offset = record.offset
+        yield fmt.Record(record.offset, record.timestamp_ms, record.payload, position, record.size_bytes)
+
+
+def _record_size(record: fmt.Record) -> int:
+    return record.size_bytes

@@ -21,12 +21,13 @@ import os
 import pathlib
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import NoReturn, TypeVar
+from typing import NoReturn
 
 from cluster.log import format as fmt
 from cluster.log import scan
+from cluster.log.scan import iter_file_records
 
 NAME_FILE = "stream.name"
 SNAPSHOT_FILE = "snapshot"
@@ -34,7 +35,6 @@ SAVED_INDEX_FILE = "active.index"  # the active segment's sparse index at the la
 READ_CHUNK_BYTES = scan.READ_CHUNK_BYTES  # sequential scans
 RANDOM_READ_CHUNK_BYTES = 16 * 1024  # read_at: covers the default 4 KiB index interval plus a typical record
 READ_MANY_GAP_BYTES_MAX = 256 * 1024  # read_many: wanted records closer than this share one sequential scan
-T = TypeVar("T")
 
 
 class DiskFullError(OSError):
@@ -151,54 +151,6 @@ class Segment:
     @property
     def paths(self) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
         return (self.log_path, self.index_path, self.time_index_path)
-
-
-def scan_file(path: pathlib.Path, start_position: int, decode_at: Callable[[bytes, int], T | None],
-              size_at: Callable[[bytes, int], int | None], item_size: Callable[[T], int],
-              chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[tuple[int, T]]:
-    """(position, item) for each valid item of a file from ``start_position``, read in bounded chunks.
-
-    Stops at the first item that is corrupt, or torn at the end of the file.  The buffer holds at most one chunk
-    plus one item: an item is only waited for if its claimed size is plausible and not yet all read."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return
-    try:
-        buffer, buffer_position, cursor, at_eof = b"", start_position, 0, False
-        while True:
-            item = decode_at(buffer, cursor)
-            if item is not None:
-                yield buffer_position + cursor, item
-                cursor += item_size(item)
-                continue
-            claimed = size_at(buffer, cursor)
-            if at_eof or (claimed is not None and claimed <= len(buffer) - cursor):
-                return  # torn at the end, or complete and corrupt
-            if claimed is not None and claimed > fmt.PAYLOAD_SIZE_BYTES_MAX + 4096:
-                return  # a garbage length: do not read the rest of the file hoping for it
-            buffer, buffer_position, cursor = buffer[cursor:], buffer_position + cursor, 0
-            chunk = os.pread(fd, max(chunk_bytes, (claimed or 0) - len(buffer)), buffer_position + len(buffer))
-            at_eof = not chunk
-            buffer += chunk
-    finally:
-        os.close(fd)
-
-
-def iter_file_records(path: pathlib.Path, start_position: int = 0,
-                      chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[fmt.Record]:
-    """Valid records of a segment file from ``start_position`` (offsets must strictly increase)."""
-    previous_offset = -1
-    for position, record in scan_file(path, start_position, fmt.decode_record_at, fmt.record_size_at,
-                                      _record_size, chunk_bytes):
-        if record.offset <= previous_offset:
-            return
-        previous_offset = record.offset
-        yield fmt.Record(record.offset, record.timestamp_ms, record.payload, position, record.size_bytes)
-
-
-def _record_size(record: fmt.Record) -> int:
-    return record.size_bytes
 
 
 class StreamFiles:
@@ -344,15 +296,24 @@ class StreamFiles:
         if entries:
             data = fmt.encode_saved_index(segment.index)
             crc = zlib.crc32(data)
-            fd = os.open(self.directory / SAVED_INDEX_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                pwrite_all(fd, data, 0)
-            except OSError:
+            if not self._write_saved_index(data):
                 entries = crc = 0  # no saved index: the prefix is walked by headers at open
-            finally:
-                os.close(fd)
         self.saved_recovery_point = fmt.RecoveryPoint(segment.base_offset, segment.size_bytes, entries, crc)
         return self.saved_recovery_point
+
+    def _write_saved_index(self, data: bytes) -> bool:
+        """Best effort (a full disk must not fail the checkpoint): False if the file could not be written."""
+        try:
+            fd = os.open(self.directory / SAVED_INDEX_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError:
+            return False
+        try:
+            pwrite_all(fd, data, 0)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
 
     def _rebuild_segment(self, segment: Segment, index_interval_bytes: int, persist_indexes: bool) -> None:
         """Scan the whole segment, drop a torn/corrupt tail, rebuild both indexes (and rewrite a sealed one's)."""

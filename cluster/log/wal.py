@@ -16,8 +16,8 @@ import pathlib
 from collections.abc import Iterator, Mapping
 
 from cluster.log import format as fmt
-from cluster.log.scan import iter_wal_needed
-from cluster.log.segment import fsync_directory, pwrite_all, raise_disk_full_or, scan_file
+from cluster.log.scan import iter_wal_needed, scan_file
+from cluster.log.segment import fsync_directory, pwrite_all, raise_disk_full_or
 
 WAL_SUFFIX = ".wal"
 
