@@ -111,12 +111,23 @@ def decode_id(value: Any) -> Hashable:
 
 
 def _decode_id(value: Any, depth: int) -> Hashable:
-    if isinstance(value, int):  # bool is an int
-        return _int(value, INT_MIN) if type(value) is int else value
-    if value is None or isinstance(value, str | bytes):
-        return value
-    if isinstance(value, list) and depth < ID_DEPTH_MAX:
-        return tuple([_decode_id(item, depth + 1) for item in value])
+    kind = type(value)
+    if kind is list:
+        if depth >= ID_DEPTH_MAX:
+            raise ProposalDecodeError(f"id nested deeper than {ID_DEPTH_MAX}")
+        items = tuple(value)
+        for item in items:  # the usual id, a flat tuple of str/int: checked in place, no recursion
+            item_kind = type(item)
+            if item_kind is int:
+                if not INT_MIN <= item <= INT_MAX:
+                    raise ProposalDecodeError(f"id part out of range: {item!r:.80}")
+            elif not (item_kind is str or item_kind is bytes or item is None or item_kind is bool):
+                return tuple([_decode_id(part, depth + 1) for part in items])  # nested: the general path
+        return items
+    if kind is int:
+        return _int(value, INT_MIN)
+    if kind is str or kind is bytes or value is None or kind is bool:
+        return value  # type: ignore[no-any-return]
     raise ProposalDecodeError(f"bad id {value!r:.80}")
 
 
@@ -162,17 +173,29 @@ def _encode_message(message: QueuedMessage, encode_payload: EncodePayload) -> li
     ]
 
 
+def _check_message(value: Any) -> list[Any]:
+    """The 5 fields of an encoded message, every scalar checked (the payload is the caller's)."""
+    if type(value) is not list or len(value) != 5:
+        raise ProposalDecodeError("expected a message [payload, size_bytes, persistent, priority, ttl_ms]")
+    _, size_bytes, persistent, priority, ttl_ms = value
+    if type(size_bytes) is not int or not 0 <= size_bytes <= INT_MAX:
+        _int(size_bytes)  # raises with the usual message
+    if type(persistent) is not bool:
+        _bool(persistent)
+    if type(priority) is not int or not 0 <= priority <= PRIORITY_MAX:
+        _int(priority, 0, PRIORITY_MAX)
+    if ttl_ms is not None:
+        _int(ttl_ms)
+    return value
+
+
 def _decode_message(value: Any, decode_payload: DecodePayload) -> QueuedMessage:
-    if not isinstance(value, list):
-        raise ProposalDecodeError("expected a message")
-    raw_payload, size_bytes, persistent, priority, ttl_ms = _fields(value, 5)
+    raw_payload, size_bytes, persistent, priority, ttl_ms = _check_message(value)
     try:
         payload = decode_payload(raw_payload)
     except Exception as exc:  # the payload codec is the caller's; its failures are decode errors too
         raise ProposalDecodeError(f"bad payload: {exc}") from exc
-    return QueuedMessage(
-        payload, _int(size_bytes), _bool(persistent), _int(priority, 0, PRIORITY_MAX), _opt_int(ttl_ms)
-    )
+    return QueuedMessage(payload, size_bytes, persistent, priority, ttl_ms)
 
 
 # --- commands -------------------------------------------------------------------------------------------------
@@ -305,6 +328,15 @@ def _keep_payload(value: Any) -> Any:
     return value
 
 
+def _check_enqueue(row: list[Any]) -> None:
+    """What `_decode_enqueue` checks of an encoded ["enq", message, now_ms, publisher_id, sequence] row."""
+    _, message, now_ms, publisher_id, sequence = row
+    _check_message(message)
+    _int(now_ms)
+    _decode_id(publisher_id, 0)
+    _opt_int(sequence)
+
+
 def encode_proposal(proposal: Proposal, encode_payload: EncodePayload) -> bytes:
     """cbor bytes `[origin, proposal_id, kind, *fields]`; what encodes decodes.
 
@@ -314,7 +346,10 @@ def encode_proposal(proposal: Proposal, encode_payload: EncodePayload) -> bytes:
     command_row = _encode_command(proposal.command, encode_payload)
     try:
         _check_header(proposal.origin, proposal.proposal_id)
-        _DECODERS[command_row[0]](command_row[1:], _keep_payload)
+        if command_row[0] == "enq":
+            _check_enqueue(command_row)  # the hot path: the same checks, no objects built
+        else:
+            _DECODERS[command_row[0]](command_row[1:], _keep_payload)
     except ProposalDecodeError as exc:
         raise ValueError(f"cannot encode {proposal!r:.200}: {exc}") from None
     return cbor2.dumps([proposal.origin, proposal.proposal_id, *command_row])

@@ -506,6 +506,39 @@ def test_encode_refuses_what_decode_would_reject(command: QueueCommand) -> None:
         encode_proposal(Proposal("n", 1, command), identity)
 
 
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        (["n", 1, 2], ("n", 1, 2)),
+        ([], ()),
+        (["n", ["x", [b"y", None]], True, -(2**63)], ("n", ("x", (b"y", None)), True, -(2**63))),
+        ("plain", "plain"),
+        (7, 7),
+    ],
+)
+def test_ids_decode_flat_and_nested(raw: Any, expected: Hashable) -> None:
+    row = ["n", 1, "det", raw, 0]
+    command = decode_proposal(cbor2.dumps(row), identity).command
+    assert isinstance(command, Detach) and command.consumer_id == expected
+    assert type(command.consumer_id) is type(expected)
+
+
+@pytest.mark.parametrize("raw", [["n", 2**64], ["n", -(2**63) - 1], ["n", 1.5], ["n", {"a": 1}], [[[[[[[[[1]]]]]]]]]])
+def test_bad_ids_raise_the_decode_error(raw: Any) -> None:
+    with pytest.raises(ProposalDecodeError):
+        decode_proposal(cbor2.dumps(["n", 1, "det", raw, 0]), identity)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [[b"p", -1, True, 0, None], [b"p", 1, 1, 0, None], [b"p", 1, True, 256, None], [b"p", 1, True, 0, -5],
+     [b"p", 1, True, 0], "not-a-message"],
+)
+def test_bad_enqueued_messages_raise_the_decode_error(message: Any) -> None:
+    with pytest.raises(ProposalDecodeError):
+        decode_proposal(cbor2.dumps(["n", 1, "enq", message, 0, None, None]), identity)
+
+
 def test_decode_rejects_out_of_range_fields() -> None:
     good = ["n", 1, "att", ["n", 1, 1], 0, 0, None, 0, False]
     assert decode_proposal(cbor2.dumps(good), identity).command == Attach(("n", 1, 1), 0)

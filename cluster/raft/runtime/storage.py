@@ -1,7 +1,7 @@
 """Raft storage on cluster/log's NodeLog: one stream per group, every group's writes in one fsync.
 
-Each group's stream holds one cbor record per Ready (`["r", snapshot?, entries, hard_state?]`; NodeLog's cost is
-per record) replayed by `GroupImage` at open (an `entries` record implicitly truncates the conflicting tail, so the log is
+Each group's stream holds one cbor record per Ready (`["f", snapshot?, hard_state?, *flat entries]`, see
+`_encode_ready`; the older `["r", ...]` records still load; NodeLog's cost is per record) replayed by `GroupImage` at open (an `entries` record implicitly truncates the conflicting tail, so the log is
 append-only). `write_ready` queues a Ready's records (no syscall); `commit()` is NodeLog's group commit (one WAL
 fsync for every group) and must finish before the Ready's messages are sent — that is what puts term and vote on
 disk before any message that depends on them. `compact` stores the group's whole image as the stream's NodeLog
@@ -17,10 +17,12 @@ import cbor2
 
 from cluster.log.node_log import NodeLog
 from cluster.raft.core.image import GroupImage, Record, records_for_ready
-from cluster.raft.core.types import GroupId, Membership, PersistedState, Ready, Snapshot
+from cluster.raft.core.types import Entry, GroupId, Membership, PersistedState, Ready, Snapshot
 from cluster.raft.runtime.codec import (
     decode_hard_state,
     encode_hard_state,
+    entries_from_flat,
+    entries_to_flat,
     entry_from_plain,
     entry_to_plain,
     snapshot_from_plain,
@@ -33,26 +35,36 @@ def stream_name(group: GroupId) -> str:
 
 
 def _encode_ready(group: GroupId, ready: Ready) -> bytes:
-    """One record per group per Ready (NodeLog's cost is per record): ["r", snapshot?, entries, hard_state?]."""
-    return cbor2.dumps([
-        "r",
+    """One record per group per Ready (NodeLog's cost is per record), entries flat (codec.entries_to_flat):
+    ["f", snapshot?, hard_state?, term_0, index_0, kind_0, data_0, term_1, ...]."""
+    head: list[Any] = [
+        "f",
         None if ready.snapshot is None else snapshot_to_plain(ready.snapshot),
-        [entry_to_plain(entry) for entry in ready.entries],
         None if ready.hard_state is None else encode_hard_state(ready.hard_state),
-    ])
+    ]
+    return cbor2.dumps(entries_to_flat(ready.entries, head))
 
 
-def _decode(group: GroupId, payload: bytes) -> list[Record]:
-    kind, snapshot, entries, hard_state = cbor2.loads(payload)
-    assert kind == "r", f"unknown raft record {kind!r}"
+def _records(group: GroupId, snapshot: Any, entries: tuple[Entry, ...], hard_state: Any) -> list[Record]:
     records: list[Record] = []
     if snapshot is not None:
         records.append(Record(group, "install", snapshot=snapshot_from_plain(snapshot)))
     if entries:
-        records.append(Record(group, "entries", entries=tuple(entry_from_plain(item) for item in entries)))
+        records.append(Record(group, "entries", entries=entries))
     if hard_state is not None:
         records.append(Record(group, "hs", hard_state=decode_hard_state(hard_state)))
     return records
+
+
+def _decode(group: GroupId, payload: bytes) -> list[Record]:
+    """A stored record: the flat "f" layout, or the older nested ["r", snapshot?, [entry, ...], hard_state?]."""
+    plain = cbor2.loads(payload)
+    kind = plain[0]
+    if kind == "f":
+        return _records(group, plain[1], entries_from_flat(plain, 3), plain[2])
+    assert kind == "r", f"unknown raft record {kind!r}"
+    _, snapshot, entries, hard_state = plain
+    return _records(group, snapshot, tuple(entry_from_plain(item) for item in entries), hard_state)
 
 
 def _image_to_bytes(image: GroupImage) -> bytes:
