@@ -10,7 +10,10 @@ How it works:
   a cbor-encoded command (pysyncobj wraps those bytes in its own pickle; our payload is cbor) and swaps the state
   reference — so `store.state` readers always see a whole state. A change counter is bumped with the swap under a
   lock held for two assignments, so `watch()` can start each watcher exactly after the state it returns.
-- pysyncobj ticks in its own thread (autoTick). `apply` hands the command to pysyncobj's thread-safe command queue
+- pysyncobj ticks in its own thread (autoTick), which stops for good once the thread that created the `SyncObj`
+  has exited. So the store creates it in a thread of its own (`_SyncObjOwner`) that stays alive until `close()`
+  (a trio worker thread would not do: trio retires idle workers after ~10 s, silently stopping the replica).
+  `apply` hands the command to pysyncobj's thread-safe command queue
   with a callback; the callback runs in the tick thread and only calls `TrioToken.run_sync_soon`, which never
   blocks, to put the result into a one-slot memory channel the trio task waits on. Neither side waits on the other.
 - Retries: MISSING_LEADER, NOT_LEADER, LEADER_CHANGED, DISCARDED, QUEUE_FULL, REQUEST_DENIED and UNKNOWN_OUTCOME are
@@ -30,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -52,6 +56,7 @@ RETRY_BACKOFF_MAX_S = 1.0
 ATTEMPT_TIMEOUT_S = 2.0
 ATTEMPT_TIMED_OUT = -1  # our own reason code: no callback within ATTEMPT_TIMEOUT_S, or the leader went away
 LEADER_POLL_S = 0.05
+OWNER_EXIT_WAIT_S = 5.0  # close(): how long the owner thread waits for pysyncobj's destroy
 SUBSCRIBER_BUFFER_MAX = 1024
 JOURNAL_NAME = "metadata.journal"
 SNAPSHOT_NAME = "metadata.snapshot"
@@ -186,6 +191,50 @@ def _deliver(send: trio.MemorySendChannel[Any], item: Any) -> None:
         send.send_nowait(item)
 
 
+class _SyncObjOwner:
+    """A daemon thread that creates the `SyncObj` and then waits until released: pysyncobj's tick thread runs
+    exactly as long as the thread that created the `SyncObj`, so this one lives as long as the store."""
+
+    def __init__(self, name: str, create: Callable[[], SyncObj]) -> None:
+        self._create = create
+        self._created = threading.Event()
+        self._released = threading.Event()
+        self._syncobj: SyncObj | None = None
+        self._error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self._syncobj = self._create()
+        except BaseException as exc:  # handed to the caller of start()
+            self._error = exc
+        finally:
+            self._created.set()
+        if self._error is None:
+            self._released.wait()
+            self._outlive_the_tick_thread()
+
+    def _outlive_the_tick_thread(self) -> None:
+        """The tick thread checks its creator's liveness before the destroy flag: leaving first would skip
+        pysyncobj's destroy (its sockets would stay open). So wait (bounded) for the tick thread to finish."""
+        syncobj = self._syncobj
+        deadline = time.monotonic() + OWNER_EXIT_WAIT_S
+        while syncobj is not None and syncobj.tick_thread_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def start(self) -> SyncObj:
+        """Blocking (run it in a worker thread): the `SyncObj`, once pysyncobj's tick thread is running."""
+        self.thread.start()
+        self._created.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._syncobj is not None
+        return self._syncobj
+
+    def release(self) -> None:
+        self._released.set()
+
+
 class MetadataStore:
     """Create inside a trio run; `await start()`, then `apply`, `state`, `subscribe`; `close()` at the end."""
 
@@ -197,6 +246,7 @@ class MetadataStore:
         self._replica = _Replica()
         self._replica.on_applied = self._on_applied_in_tick_thread
         self._syncobj: SyncObj | None = None
+        self._owner: _SyncObjOwner | None = None
         self._subscribers: list[tuple[trio.MemorySendChannel[Outcome], int]] = []
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -206,8 +256,9 @@ class MetadataStore:
         await trio.to_thread.run_sync(check_peers, list(cfg.peers), self._secret, cfg.probe_timeout_s)
         durable.install()
         conf = _syncobj_conf(cfg, self._secret, self._replica)
-        self._syncobj = await trio.to_thread.run_sync(
-            lambda: SyncObj(cfg.address, list(cfg.peers), conf, consumers=[self._replica]))
+        owner = self._owner = _SyncObjOwner(
+            f"metadata-{cfg.node_name}", lambda: SyncObj(cfg.address, list(cfg.peers), conf, consumers=[self._replica]))
+        self._syncobj = await trio.to_thread.run_sync(owner.start)
         try:
             await self._wait_bound()
             await self._wait_for_leader(cfg.start_timeout_s)
@@ -245,6 +296,9 @@ class MetadataStore:
         if self._syncobj is not None:
             self._syncobj.destroy()
             self._syncobj = None
+        if self._owner is not None:
+            self._owner.release()  # the tick thread has been told to stop; it also ends once its owner has gone
+            self._owner = None
         self._replica.on_applied = None
         for send, _ in self._subscribers:
             send.close()
@@ -317,11 +371,15 @@ class MetadataStore:
         node = self._syncobj._getLeader()
         return None if node is None else str(node.address if hasattr(node, "address") else node)
 
+    def ticking(self) -> bool:
+        """Whether pysyncobj's tick thread (which does all its networking and applying) is alive."""
+        return self._syncobj is not None and bool(self._syncobj.tick_thread_alive())
+
     def status(self) -> dict[str, Any]:
         if self._syncobj is None:
             return {"running": False}
         raw = self._syncobj.getStatus()
-        return {"running": True, "leader": self.leader(), "self": self.config.address,
+        return {"running": True, "ticking": self.ticking(), "leader": self.leader(), "self": self.config.address,
                 "raft_term": raw.get("raft_term"), "commit_idx": raw.get("commit_idx"),
                 "last_applied": raw.get("last_applied"), "has_quorum": raw.get("has_quorum")}
 

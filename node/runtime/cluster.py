@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import threading
 import time
 import uuid
 from collections import deque
@@ -108,7 +107,6 @@ class ClusterRuntime:
         node must stop), mirror the definitions, add our bootstrap definitions the cluster lacks, and declare a
         Raft group per known queue. The Raft runtime itself starts in `run`."""
         me = self.layout.me
-        _metadata_ticks_with_the_main_thread()
         store = self.store = MetadataStore(StoreConfig(
             node_name=self.name, address=f"{me.host}:{me.metadata_port}",
             peers=tuple(f"{p.host}:{p.metadata_port}" for p in self.layout.peers),
@@ -394,31 +392,6 @@ class ClusterRuntime:
                 log.warning("cluster: queue %s/%s: member %s replaced by %s", vhost, queue, old, new)
         finally:
             self._replacing.discard((vhost, queue))
-
-
-def _metadata_ticks_with_the_main_thread() -> None:
-    """Adapter for a bug in cluster.metadata.store (reported to its owner; remove once fixed there).
-
-    pysyncobj's autoTick thread stops for good as soon as the thread that created the `SyncObj` has exited, and
-    `MetadataStore.start` creates it inside `trio.to_thread.run_sync`: trio retires an idle worker thread after
-    about 10 s, and from then on the node's metadata replica silently stops ticking (no heartbeats, votes or
-    commits; a peer restarted later finds no metadata leader). Found by a kill -9 + restart test. The subclass
-    ties the tick thread's lifetime to the process's main thread instead."""
-    from cluster.metadata import store as store_module
-
-    namespace = vars(store_module)
-    base: Any = namespace["SyncObj"]
-    if getattr(base, "raftmq_main_thread_adapter", False):
-        return
-
-    class MainThreadSyncObj(base):  # type: ignore[misc]
-        raftmq_main_thread_adapter = True
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._SyncObj__mainThread = threading.main_thread()
-
-    namespace["SyncObj"] = MainThreadSyncObj
 
 
 def _owned_by(owner: str, node: str) -> bool:
