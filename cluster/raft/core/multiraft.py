@@ -15,6 +15,7 @@ applies, then calls `advance(node_ready)`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cluster.raft.core.raft import BrokenVariant, RaftConfig, RaftCore, Rng
@@ -157,6 +158,12 @@ class MultiRaft:
         index = core.propose(data)
         self._touch(group)
         return index
+
+    def propose_many(self, group: GroupId, datas: Sequence[bytes]) -> int:
+        """`RaftCore.propose_many`: how many of `datas` (a prefix) the group's leader core accepted."""
+        accepted = self.groups[group].propose_many(datas)
+        self._touch(group)
+        return accepted
 
     def propose_conf_change(self, group: GroupId, change: ConfChange) -> Index | None:
         index = self.groups[group].propose_conf_change(change)

@@ -17,7 +17,7 @@ replaces per-group heartbeats.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cluster.raft.core.log import RaftLog
@@ -133,6 +133,22 @@ class RaftCore:
     def propose(self, data: bytes) -> Index | None:
         """Append a command if this node leads; None means refused (not leader, transferring, or full)."""
         return self._propose(data, EntryKind.NORMAL)
+
+    def propose_many(self, datas: Sequence[bytes]) -> int:
+        """Append several commands as one batch and send one round of appends for all of them (not one per
+        command, as `propose` does). Returns how many were accepted: a prefix of `datas`, cut by the same
+        refusals as `propose` (0 when not leader or transferring; fewer when `uncommitted_entries_max` is hit)."""
+        if self.role is not Role.LEADER or self.lead_transferee is not None or not datas:
+            return 0
+        room = self.config.uncommitted_entries_max - (self.log.last_index() - self.log.committed)
+        count = max(0, min(room, len(datas)))
+        if count == 0:
+            return 0
+        self._wake_self()
+        first, term, normal = self.log.last_index() + 1, self.term, EntryKind.NORMAL
+        self.log.append(tuple(Entry(term, Index(first + offset), datas[offset], normal) for offset in range(count)))
+        self._broadcast_append()
+        return count
 
     def propose_conf_change(self, change: ConfChange) -> Index | None:
         if self.role is not Role.LEADER or self._pending_conf_index > self.log.applied:

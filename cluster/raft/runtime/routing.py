@@ -4,7 +4,9 @@ A command (`codec.Command`: a proposal, a membership change or a leadership tran
 Once per cycle the node driver calls `route(multi, now_ms, ...)`, which looks at each queued command's group:
 
 - this node leads it: the command goes to the core now (a proposal refused only because a leadership transfer is
-  under way is held: the new leader takes it a moment later; any other refusal is dropped and counted);
+  under way is held: the new leader takes it a moment later; any other refusal is dropped and counted). A group's
+  proposals of one `route` call go to the core as one batch (`MultiRaft.propose_many`: one round of appends for
+  all of them), in order, before any later membership change or transfer of that group;
 - another node is the known leader: the command is forwarded to it (one list per leader per cycle, which the
   driver sends as `Forward` frames, at most `frame_commands_max` commands or `frame_bytes_max` bytes each). A
   command forwarded `hops_max` times already (leadership moved while it travelled) is dropped;
@@ -24,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from cluster.raft.core.multiraft import MultiRaft
-from cluster.raft.core.types import ConfChange, NodeId, Role
+from cluster.raft.core.types import ConfChange, GroupId, NodeId, Role
 from cluster.raft.runtime.codec import Command, Forward
 
 FORWARD_HOLD_MS = 2000
@@ -91,40 +93,64 @@ class CommandRouter:
     def route(self, multi: MultiRaft, now_ms: float, retry_held: bool) -> list[Forward]:
         """Carry out, forward or hold every fresh command (and the held ones when `retry_held`)."""
         outgoing: dict[NodeId, list[Command]] = {}
+        proposals: dict[GroupId, list[tuple[float, Command]]] = {}  # for local leaders, proposed in one batch
         if retry_held:
             held, self._held = self._held, deque()
             for deadline_ms, command in held:
-                self._dispatch(multi, command, deadline_ms, now_ms, outgoing)
+                self._dispatch(multi, command, deadline_ms, now_ms, outgoing, proposals)
         while self._fresh:
-            self._dispatch(multi, self._fresh.popleft(), now_ms + self.hold_ms, now_ms, outgoing)
+            self._dispatch(multi, self._fresh.popleft(), now_ms + self.hold_ms, now_ms, outgoing, proposals)
+        for group in list(proposals):
+            self._propose_batch(multi, group, proposals, now_ms)
         return [forward for leader in sorted(outgoing) for forward in self._frames(leader, outgoing[leader])]
 
     def _dispatch(self, multi: MultiRaft, command: Command, deadline_ms: float, now_ms: float,
-                  outgoing: dict[NodeId, list[Command]]) -> None:
+                  outgoing: dict[NodeId, list[Command]],
+                  proposals: dict[GroupId, list[tuple[float, Command]]]) -> None:
         core = multi.groups.get(command.group)
         if core is not None and core.role is Role.LEADER:
+            if command.op == "propose":
+                proposals.setdefault(command.group, []).append((deadline_ms, command))
+                return
+            self._propose_batch(multi, command.group, proposals, now_ms)  # earlier proposals go first
             if self._carry_out(multi, command):
                 return
-            if command.op != "propose" or core.lead_transferee is None:
-                self.stats.refused += 1
-                return
-        elif core is not None and core.lead is not None and core.lead != self.node_id:
+            self.stats.refused += 1
+            return
+        if core is not None and core.lead is not None and core.lead != self.node_id:
             if command.hops >= self.hops_max:
                 self.stats.hops_exceeded += 1
             else:
                 outgoing.setdefault(core.lead, []).append(replace(command, hops=command.hops + 1))
                 self.stats.forwarded += 1
             return
+        self._hold(command, deadline_ms, now_ms)
+
+    def _hold(self, command: Command, deadline_ms: float, now_ms: float) -> None:
         if now_ms >= deadline_ms:
             self.stats.expired += 1
         else:
             self._held.append((deadline_ms, command))
 
+    def _propose_batch(self, multi: MultiRaft, group: GroupId,
+                       proposals: dict[GroupId, list[tuple[float, Command]]], now_ms: float) -> None:
+        """Propose a local leader's queued proposals as one batch (one round of appends, not one per command).
+        What the core refuses only because a leadership transfer is under way is held; the rest is refused."""
+        batch = proposals.pop(group, None)
+        if not batch:
+            return
+        accepted = multi.propose_many(group, [command.data for _, command in batch])
+        self.stats.local += accepted
+        transferring = multi.groups[group].lead_transferee is not None
+        for deadline_ms, command in batch[accepted:]:
+            if transferring:
+                self._hold(command, deadline_ms, now_ms)
+            else:
+                self.stats.refused += 1
+
     def _carry_out(self, multi: MultiRaft, command: Command) -> bool:
-        """Hand the command to the local leader core; False if the core refused it."""
-        if command.op == "propose":
-            accepted = multi.propose(command.group, command.data) is not None
-        elif command.op == "conf":
+        """Hand a membership change or a transfer to the local leader core; False if the core refused it."""
+        if command.op == "conf":
             try:
                 change = ConfChange.decode(command.data)
             except (ValueError, UnicodeDecodeError):
