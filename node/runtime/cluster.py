@@ -49,6 +49,7 @@ from node.broker import records as br
 from node.broker.auth import hash_password
 from node.runtime.cluster_defs import client_local_placement, commands_for, mirror_records, missing_bootstrap
 from node.runtime.cluster_members import replace_member
+from node.runtime.cluster_reconcile import RECONCILE_POLL_S, Transfer, leader_to_record, next_step
 from node.runtime.cluster_tracking import PROPOSAL_IDS_PER_BOOT, PeerLiveness, Pending, ProposalTracker
 from node.runtime.config import ClusterLayout, NodeConfig
 
@@ -92,6 +93,8 @@ class ClusterRuntime:
         self._metadata_tasks: trio.Nursery | None = None
         self.liveness = PeerLiveness(tuple(m.name for m in layout.peers), config.node_down_after_ms, wall_ms())
         self._replacing: set[tuple[str, str]] = set()  # queues whose member replacement is running
+        self._last_steps: dict[GroupId, object] = {}  # the membership step last asked for, per led group (logging)
+        self._leader_recorded_ms: dict[GroupId, int] = {}  # last SetQueueLeader attempt per group (rate limit)
         self.stats = {"proposed": 0, "resent": 0, "abandoned": 0, "applied": 0, "definitions": 0}
 
     def attach(self, node: Any) -> None:
@@ -132,6 +135,7 @@ class ClusterRuntime:
                 nursery.start_soon(self._watch_metadata)
                 nursery.start_soon(self._retry_timer)
                 nursery.start_soon(self._liveness_watch)
+                nursery.start_soon(self._reconcile_groups)
                 task_status.started()
         finally:
             self.close()
@@ -331,6 +335,57 @@ class ClusterRuntime:
                 self._abandon(pending)
             for group in self.tracker.groups_due(now):
                 self._send_group(GroupId(group), now)
+
+    # ------------------------------------------------------------------------------------------ membership
+
+    async def _reconcile_groups(self) -> None:
+        """Every RECONCILE_POLL_S: for each queue group this node leads, one Raft membership step towards the
+        metadata's members, and the metadata's leader brought in step with the Raft leader (`cluster_reconcile`)."""
+        while True:
+            await trio.sleep(RECONCILE_POLL_S)
+            try:
+                self._reconcile_round(wall_ms())
+            except Exception:
+                log.exception("cluster: membership reconciliation failed")
+
+    def _reconcile_round(self, now_ms: int) -> None:
+        raft = self.raft
+        if raft is None:
+            return
+        me = NodeId(self.name)
+        for group, key in list(self.group_queues.items()):
+            record = self.mirrored.queues.get(key)
+            membership = raft.membership_of(group)
+            if raft.leader_of(group) != me or record is None or membership is None:
+                self._last_steps.pop(group, None)
+                continue
+            step = next_step(me, record.members, self.layout.names, membership)
+            if step != self._last_steps.get(group) and step is not None:
+                log.info("cluster: queue %s: membership %s/%s -> members %s: %s", group, sorted(membership.voters),
+                         sorted(membership.learners), list(record.members), step)
+            self._last_steps[group] = step
+            if isinstance(step, Transfer):
+                raft.transfer_leadership(group, self._transfer_target(group, step.candidates))
+            elif step is not None:
+                raft.change_membership(group, step)
+            if leader_to_record(me, me, record.leader, record.members, self._leader_recorded_ms.get(group), now_ms):
+                self._leader_recorded_ms[group] = now_ms
+                if self._metadata_tasks is not None:
+                    log.info("cluster: queue %s: recording Raft leader %s (metadata said %s)", group, me,
+                             record.leader)
+                    self._metadata_tasks.start_soon(self.apply_definition,
+                                                    md.SetQueueLeader(record.vhost, record.name, self.name))
+
+    def _transfer_target(self, group: GroupId, candidates: tuple[NodeId, ...]) -> NodeId:
+        """The reachable candidate whose log matches the leader's furthest (the first candidate if none known)."""
+        assert self.raft is not None
+        try:
+            match: dict[Any, int] = self.raft.group_status(group).get("match") or {}
+        except KeyError:
+            match = {}
+        connected = self.raft.connected_peers()
+        ranked = sorted(candidates, key=lambda n: (n not in connected, -int(match.get(n, 0)), n))
+        return ranked[0]
 
     # ------------------------------------------------------------------------------------------ liveness
 

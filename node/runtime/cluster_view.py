@@ -2,18 +2,23 @@
 
 What it is for: `/api/nodes` lists every cluster member with `running` as this node sees it (itself, and peers with
 a live Raft connection that are not reported down); `/api/queues` fills each queue's `leader` (the Raft leader this
-node knows, else the placement's) and `members` (the placement's voters) and adds `raft` (this node's
+node knows; null while it knows none) and `members` (the placement's voters) and adds `raft` (this node's
 `group_status`: term, commit, applied index...), so a test or an operator can see a replica catch up;
 `/api/policies` comes from the metadata. Admin changes (users, vhosts, permissions) go through the broker as on a
 single node, and their `Persist` effects are replicated through the metadata group before the HTTP answer
 (`apply_effects` is async). Cluster commands: `set_policy`/`clear_policy` (stored in the metadata; the broker does
 not apply policies yet) and `rebalance` (`cluster.metadata.placement.rebalance_plan`: `SetQueueLeader`, then a
-leadership transfer of the queue's group). The other membership commands answer 501 (not built).
+leadership transfer of the queue's group). Membership: `add_member`, `delete_member`, `grow`, `shrink` change
+the queue's metadata members (the queue group's Raft leader then changes the Raft membership to match,
+`cluster_reconcile`); `forget_cluster_node` moves a down node's memberships away and removes it from the metadata;
+`join_cluster` reports whether a node of `cluster_nodes` has joined (the metadata group is static);
+`leave_cluster` answers 501.
 """
 
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from cluster.metadata import model as md
@@ -73,9 +78,10 @@ class ClusterView(BrokerView):
                 raft = cluster.raft.group_status(group)
             except KeyError:
                 raft = {}
-        row["leader"] = leader or (record.leader if record is not None else None)
+        row["leader"] = leader  # the Raft leader this node knows; None while the group has none
         row["members"] = list(record.members) if record is not None else []
-        row["node"] = row["leader"]
+        row["metadata_leader"] = record.leader if record is not None else None
+        row["node"] = leader if leader is not None else (record.leader if record is not None else None)
         row["raft"] = raft
         return row
 
@@ -99,9 +105,112 @@ class ClusterView(BrokerView):
             return {}
         if name == "rebalance":
             return {"moved": await self._rebalance(args)}
+        if name in MEMBER_COMMANDS:
+            return await MEMBER_COMMANDS[name](self, args)
         if name in CLUSTER_COMMANDS:
             raise CommandError(501, f"{name}: {NOT_BUILT}")
         return await super().run_command(name, args)
+
+    # --- membership -----------------------------------------------------------------------------------------
+
+    def _known_node(self, node: str) -> None:
+        if node not in self.cluster.layout.names:
+            raise CommandError(404, f"no node {node!r} in cluster_nodes {list(self.cluster.layout.names)}")
+
+    def _queue(self, vhost: str, queue: str) -> md.QueueRecord:
+        record: md.QueueRecord | None = self.cluster.mirrored.queues.get((vhost, queue))
+        if record is None:
+            raise CommandError(404, f"no queue {queue!r} in vhost {vhost!r}")
+        return record
+
+    def _members_now(self, record: md.QueueRecord) -> list[str]:
+        """The members in this node's metadata replica (which has applied the command just committed)."""
+        now = self.cluster.store.state.queues.get((record.vhost, record.name))
+        return list(now.members) if now is not None else []
+
+    async def _add_member(self, args: dict[str, Any]) -> dict[str, Any]:
+        self._known_node(args["node"])
+        record = self._queue(args["vhost"], args["queue"])
+        await self._metadata(md.AddQueueMember(record.vhost, record.name, args["node"]))
+        return {"members": self._members_now(record)}
+
+    async def _delete_member(self, args: dict[str, Any]) -> dict[str, Any]:
+        record = self._queue(args["vhost"], args["queue"])
+        await self._metadata(md.RemoveQueueMember(record.vhost, record.name, args["node"]))
+        return {"members": self._members_now(record)}
+
+    async def _grow(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Add `node` to every matching quorum queue (strategy "all"), or only to those with an even number of
+        members ("even"), as `rabbitmq-queues grow`."""
+        node, strategy = args["node"], args["strategy"]
+        if strategy not in ("all", "even"):
+            raise CommandError(400, f"strategy must be all or even, not {strategy!r}")
+        self._known_node(node)
+        grown = []
+        for record in self._matching_quorum_queues(args):
+            if node in record.members or (strategy == "even" and len(record.members) % 2):
+                continue
+            await self._metadata(md.AddQueueMember(record.vhost, record.name, node))
+            grown.append({"vhost": record.vhost, "queue": record.name})
+        return {"grown": grown}
+
+    async def _shrink(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Remove `node` from every quorum queue's members (a queue whose only member it is stays)."""
+        node = args["node"]
+        shrunk, skipped = [], []
+        for record in self._matching_quorum_queues({}):
+            if node not in record.members:
+                continue
+            if record.members == (node,):
+                skipped.append({"vhost": record.vhost, "queue": record.name, "reason": "last member"})
+                continue
+            await self._metadata(md.RemoveQueueMember(record.vhost, record.name, node))
+            shrunk.append({"vhost": record.vhost, "queue": record.name})
+        return {"shrunk": shrunk, "skipped": skipped}
+
+    def _matching_quorum_queues(self, args: dict[str, Any]) -> list[md.QueueRecord]:
+        vhost_pattern, queue_pattern = args.get("vhost_pattern") or "*", args.get("queue_pattern") or "*"
+        return [q for _, q in sorted(self.cluster.mirrored.queues.items())
+                if q.type == "quorum" and fnmatch.fnmatchcase(q.vhost, vhost_pattern)
+                and fnmatch.fnmatchcase(q.name, queue_pattern)]
+
+    async def _forget_cluster_node(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Forget a node that is down: its queue memberships move to other up nodes
+        (`placement.evacuation_plan`), then `RemoveNode(force)` drops what could not move (a queue whose only
+        member it was is deleted, as `rabbitmqctl forget_cluster_node`)."""
+        node = args["node"]
+        cluster = self.cluster
+        if node == cluster.name:
+            raise CommandError(400, "a node cannot forget itself; run forget_cluster_node on another node")
+        if node not in cluster.mirrored.nodes:
+            raise CommandError(404, f"no node {node!r} in the cluster metadata")
+        connected = cluster.raft.connected_peers() if cluster.raft is not None else frozenset()
+        if node in connected:
+            raise CommandError(409, f"node {node} is running; stop it before forgetting it")
+        moved = []
+        for vhost, queue, _, new in placement.evacuation_plan(cluster.mirrored, node):
+            record = cluster.mirrored.queues.get((vhost, queue))
+            if record is None:
+                continue
+            members = tuple(m for m in record.members if m != node) + ((new,) if new else ())
+            await self._metadata(md.SetQueueMembers(vhost, queue, members))
+            moved.append({"vhost": vhost, "queue": queue, "to": new or None})
+        await self._metadata(md.RemoveNode(node, force=True))
+        return {"moved": moved}
+
+    async def _join_cluster(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The metadata group's membership is static (`cluster_nodes`): a node listed there joins when it starts.
+        So this only reports whether `node` has joined; a node not listed is refused."""
+        node = args["node"]
+        self._known_node(node)
+        record = self.cluster.mirrored.nodes.get(node)
+        if record is None:
+            raise CommandError(409, f"node {node} is in cluster_nodes but has not joined yet: start it")
+        return {"node": node, "joined": True, "state": record.state}
+
+    async def _leave_cluster(self, args: dict[str, Any]) -> dict[str, Any]:
+        raise CommandError(501, "leave_cluster: the metadata group's membership is static (cluster_nodes); "
+                                "stop the node, then run forget_cluster_node for it on another node")
 
     async def _metadata(self, command: md.Command) -> md.Outcome:
         outcome: md.Outcome | None = await self.cluster.apply_definition(command)
@@ -127,3 +236,11 @@ class ClusterView(BrokerView):
                 self.cluster.raft.transfer_leadership(GroupId(queue_group_id(vhost, queue)), NodeId(leader))
             moved.append({"vhost": vhost, "queue": queue, "leader": leader})
         return moved
+
+
+MEMBER_COMMANDS: dict[str, Callable[[ClusterView, dict[str, Any]], Awaitable[dict[str, Any]]]] = {
+    "add_member": ClusterView._add_member, "delete_member": ClusterView._delete_member,
+    "grow": ClusterView._grow, "shrink": ClusterView._shrink,
+    "forget_cluster_node": ClusterView._forget_cluster_node, "join_cluster": ClusterView._join_cluster,
+    "leave_cluster": ClusterView._leave_cluster,
+}
