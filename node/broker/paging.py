@@ -7,10 +7,10 @@ publish order), its `MessageRecord` is written to the queue's log stream (as a `
 disk) and the broker keeps only the id and, once storage reports it (`Broker.on_tail_offsets`), the record's log
 offset: two `array('q')` columns, 16 bytes a message (`PagedTail`). While a tail exists every message to the queue
 joins it, so order is kept. A persistent message's confirm waits for the fsync as usual. A transient message (no
-delivery_mode 2; or any message of a non-durable or exclusive queue) is *spilled* the same way: its confirm does not
-wait, and as its record lacks delivery_mode 2, recovery never brings it back (dropped at restart, as RabbitMQ); a
-paged-in message with delivery_mode 2 gets a MessageRemoved record when it goes, in any queue, so storage's count
-of live messages per stream stays right. Messages with a per-message TTL join the tail in memory (`held`).
+delivery_mode 2; or any message of a non-durable or exclusive queue) is *spilled* the same way, its delivery_mode
+kept under the key `spilled_delivery_mode` of the record's properties: its confirm does not wait, and as its record
+lacks delivery_mode 2, neither recovery nor storage's count of live messages ever counts it (dropped at restart, as
+RabbitMQ). Messages with a per-message TTL join the tail in memory (`held`).
 
 How messages come back: at the end of every entry point, a queue whose machine fell under half the limit gets a
 `PageIn(vhost, queue, stream, request_id, offsets)` effect for the next batch (at most `PAGE_IN_BATCH_MAX`, one
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 PAGE_IN_BATCH_MAX: Final = 1024  # records per PageIn (one worker-thread hop)
 COMPACT_PREFIX_MIN: Final = 4096  # consumed tail entries dropped from the columns once this many and half
 HELD: Final = -1  # the offset of a tail message kept in memory (`PagedTail.held`)
+SPILLED_DELIVERY_MODE: Final = "spilled_delivery_mode"  # a spilled record's delivery_mode, under another key
 
 
 @dataclass(slots=True)
@@ -102,10 +103,16 @@ def page_out(broker: Broker, queue: QueueState, msg: Message, persistent: bool, 
     msg_id = queue.machine.reserve_msg_id()
     tail.msg_ids.append(msg_id)
     props = msg.properties
-    if ttl_ms is None:  # a record whose properties lack delivery_mode 2 is spilled: never recovered
-        token = broker.persist((TailMessageRecord(queue.vhost, queue.name, msg_id, msg.exchange, msg.routing_key,
-                                                  properties_to_dict(props), msg.body),))
-        return token if persistent else 0
+    if ttl_ms is None:
+        fields = properties_to_dict(props)
+        if persistent and queue.stored:
+            return broker.persist((TailMessageRecord(queue.vhost, queue.name, msg_id, msg.exchange,
+                                                     msg.routing_key, fields, msg.body),))
+        if "delivery_mode" in fields:  # spilled: without delivery_mode 2 the record is never recovered
+            fields[SPILLED_DELIVERY_MODE] = fields.pop("delivery_mode")
+        broker.persist((TailMessageRecord(queue.vhost, queue.name, msg_id, msg.exchange, msg.routing_key, fields,
+                                          msg.body),))
+        return 0
     if len(tail.offsets) == len(tail.msg_ids) - 1:
         tail.offsets.append(HELD)
     expiry_ms = None if ttl_ms is None else broker.now_ms + ttl_ms
@@ -195,12 +202,16 @@ def on_paged_in(broker: Broker, vhost_name: str, queue_name: str, request_id: in
             record = by_id.get(msg_id)
             if record is None:
                 continue  # unreadable: storage logged it; the message cannot come back
-            persistent = record.properties.get("delivery_mode") == 2
-            props = BasicProperties(**record.properties)
+            fields = record.properties
+            persistent = fields.get("delivery_mode") == 2
+            if SPILLED_DELIVERY_MODE in fields:
+                fields = dict(fields)
+                fields["delivery_mode"] = fields.pop(SPILLED_DELIVERY_MODE)
+            props = BasicProperties(**fields)
             msg = Message(record.exchange, record.routing_key, props, record.body)
             queued = QueuedMessage(msg, len(record.body), persistent, props.priority or 0, None)
             delivery_count = record.delivery_count
-        if queued.persistent:  # (in a non-stored queue too: its removal keeps the spill stream's count right)
+        if queued.persistent:
             queue.persisted_ids.add(msg_id)
         apply_queue(broker, queue, Recover(MsgId(msg_id), queued, delivery_count, expiry_ms,
                                            redelivered=index < recovered))

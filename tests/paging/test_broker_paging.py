@@ -189,8 +189,9 @@ def test_a_transient_queue_spills_past_the_limit_and_nothing_comes_back_at_resta
     assert restarted.vhosts["/"].queues["q"].machine.ready_count == 0
     assert restarted.vhosts["/"].queues["q"].tail is None and "t" not in restarted.vhosts["/"].queues
 
-    storage.run(client.consume("t", "c", no_ack=True))
+    seen = storage.run(client.consume("t", "c", no_ack=True))
     assert [b for _t, _r, b in storage.delivered] == [b"t%d" % n for n in range(30)]
+    assert [d.properties.delivery_mode for d in deliveries(seen)] == [2 if n % 2 else 1 for n in range(30)]
     storage.run(client.call(m.BasicCancel(consumer_tag="c")))  # auto-delete: the queue and its tail go
     assert "t" not in broker.vhosts["/"].queues and not [s for s in broker.paging if s.endswith(":t")]
 

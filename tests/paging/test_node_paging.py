@@ -1,7 +1,8 @@
 """A real node pages a long durable queue: 50k persistent messages (five times the default in-memory limit of
 10k, and past the store's inline recovery threshold of 20k records); the first 15k consumed and acked (paged in
 from the log while the node runs), kill -9, restart, the other 35k consumed in order (redelivered, as every
-recovered message) and acked, kill -9 again: nothing comes back.
+recovered message) and acked, kill -9 again: nothing comes back. 2000 transient messages published after the
+persistent ones are spilled to disk (the queue is paging) and are gone after the restart, as in RabbitMQ.
 
 Durability without a confirm per message: the messages go out on channel 1 without confirms, then one confirmed
 marker on channel 2 of the same connection; the broker handles a connection's frames in order and one group
@@ -20,6 +21,7 @@ MESSAGES = 50_000
 QUEUE = "paged"
 MARKERS = "paged-markers"
 FIRST = 15_000  # consumed before the kill
+TRANSIENT = 2_000
 
 
 def _consume(connection: pika.BlockingConnection, count: int) -> tuple[list[int], int]:
@@ -66,8 +68,10 @@ def test_a_long_queue_survives_kill_and_comes_back_in_order(tmp_path: Path) -> N
         persistent = pika.BasicProperties(delivery_mode=2)
         for n in range(MESSAGES):
             channel.basic_publish("", QUEUE, b"%08d" % n + b"." * 200, persistent)
+        for n in range(TRANSIENT):
+            channel.basic_publish("", QUEUE, b"t%07d" % n, pika.BasicProperties(delivery_mode=1))
         _durable_marker(connection)
-        assert queue_message_count(node.endpoint, QUEUE) == MESSAGES
+        assert queue_message_count(node.endpoint, QUEUE) == MESSAGES + TRANSIENT
         received, flagged = _consume(connection, FIRST)
         assert received == list(range(FIRST)) and flagged == 0, "in order, never delivered before: unflagged"
         _durable_marker(connection)  # the acks are durable too
