@@ -144,3 +144,16 @@ def test_image_range_truncation_matches_a_full_scan(appends: list[tuple[int, int
             reference = {index: entry for index, entry in reference.items() if index > first}
         assert image.entries == reference
         assert list(image.entries) == sorted(image.entries)
+
+
+def test_make_entry_builds_an_ordinary_frozen_entry() -> None:
+    from dataclasses import FrozenInstanceError
+
+    from cluster.raft.core.types import make_entry
+
+    for kind in EntryKind:
+        made = make_entry(Term(4), Index(9), b"data", kind)
+        built = Entry(Term(4), Index(9), b"data", kind)
+        assert made == built and hash(made) == hash(built) and repr(made) == repr(built)
+        with pytest.raises(FrozenInstanceError):
+            made.term = Term(5)  # type: ignore[misc]

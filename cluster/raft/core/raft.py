@@ -48,6 +48,7 @@ from cluster.raft.core.types import (
     TimeoutNow,
     Vote,
     VoteResp,
+    make_entry,
 )
 
 Rng = Callable[[int, int], int]  # rng(low, high_exclusive), e.g. random.Random(seed).randrange
@@ -146,7 +147,8 @@ class RaftCore:
             return 0
         self._wake_self()
         first, term, normal = self.log.last_index() + 1, self.term, EntryKind.NORMAL
-        self.log.append(tuple(Entry(term, Index(first + offset), datas[offset], normal) for offset in range(count)))
+        self.log.append(tuple([make_entry(term, Index(first + offset), datas[offset], normal)
+                               for offset in range(count)]))
         self._broadcast_append()
         return count
 

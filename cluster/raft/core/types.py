@@ -71,6 +71,23 @@ class Entry:
         return len(self.data) + 16
 
 
+_new_object = object.__new__
+_ENTRY_SLOTS = tuple(Entry.__dict__[name].__set__ for name in ("term", "index", "data", "kind"))
+
+
+def make_entry(term: Term, index: Index, data: bytes, kind: EntryKind) -> Entry:
+    """`Entry(term, index, data, kind)`, built through the slot descriptors instead of the frozen dataclass
+    `__init__` (its four `object.__setattr__` calls): 2-3x cheaper, for the per-entry hot paths (decoding,
+    batched proposals). The result is an ordinary Entry, equal to the one the constructor makes."""
+    entry = _new_object(Entry)
+    set_term, set_index, set_data, set_kind = _ENTRY_SLOTS
+    set_term(entry, term)
+    set_index(entry, index)
+    set_data(entry, data)
+    set_kind(entry, kind)
+    return entry
+
+
 @dataclass(frozen=True, slots=True)
 class HardState:
     term: Term

@@ -42,6 +42,7 @@ from cluster.raft.core.types import (
     TimeoutNow,
     Vote,
     VoteResp,
+    make_entry,
 )
 
 MESSAGE_TYPES: tuple[type[Any], ...] = (
@@ -85,7 +86,7 @@ def entry_from_plain(plain: Any) -> Entry:
     term, index, data, kind = plain
     if (type(term), type(index), type(data)) != (int, int, bytes):  # a tuple test: no narrowing of the NewTypes
         raise CodecError("bad entry field types")
-    return Entry(term, index, data, _entry_kind(kind))
+    return make_entry(term, index, data, _entry_kind(kind))
 
 
 _FLAT_ENTRY_TYPES: Final = (int, int, int, bytes)
@@ -102,15 +103,14 @@ def entries_from_flat(flat: list[Any], start: int) -> tuple[Entry, ...]:
     """The entries `entries_to_flat` wrote into `flat` from `start` on; CodecError for anything malformed."""
     if (len(flat) - start) % 4:
         raise CodecError("flat entries: length is not a multiple of 4")
-    entries: list[Entry] = []
     kinds = ENTRY_KINDS
+    entries: list[Entry] = []
+    append = entries.append
     for position in range(start, len(flat), 4):
         term, index, kind, data = flat[position : position + 4]
-        if (type(term), type(index), type(kind), type(data)) != _FLAT_ENTRY_TYPES:
-            raise CodecError("bad entry field types")
-        if not 0 <= kind < len(kinds):
-            raise CodecError(f"bad entry kind {kind}")
-        entries.append(Entry(term, index, data, kinds[kind]))
+        if (type(term), type(index), type(kind), type(data)) != _FLAT_ENTRY_TYPES or not 0 <= kind < len(kinds):
+            raise CodecError("bad entry fields")
+        append(make_entry(term, index, data, kinds[kind]))
     return tuple(entries)
 
 
