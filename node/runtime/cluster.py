@@ -43,6 +43,7 @@ from cluster.metadata import model as md
 from cluster.metadata import placement
 from cluster.metadata.store import MetadataError, MetadataStore, MetadataTimeout, StoreConfig
 from cluster.queue.replicated_codec import peek_proposal, queue_group_id
+from cluster.queue.types import Enqueue
 from cluster.raft.core.types import Entry, EntryKind, GroupId, Membership, NodeId
 from cluster.raft.runtime.node import RaftNodeRuntime
 from node.broker import records as br
@@ -95,7 +96,13 @@ class ClusterRuntime:
         self._replacing: set[tuple[str, str]] = set()  # queues whose member replacement is running
         self._last_steps: dict[GroupId, object] = {}  # the membership step last asked for, per led group (logging)
         self._leader_recorded_ms: dict[GroupId, int] = {}  # last SetQueueLeader attempt per group (rate limit)
-        self.stats = {"proposed": 0, "resent": 0, "abandoned": 0, "applied": 0, "definitions": 0}
+        self.stats = {"proposed": 0, "resent": 0, "abandoned": 0, "applied": 0, "definitions": 0,
+                      "applied_before_commit": 0}
+        self.unsafe_confirm_before_commit = config.test_unsafe_confirm_before_commit
+        if self.unsafe_confirm_before_commit:
+            log.warning("TEST-ONLY UNSAFE MODE test_unsafe_confirm_before_commit: this node applies its own publishes "
+                        "to its replica BEFORE Raft commits them; publisher confirms do not mean a majority has the "
+                        "message, and a kill -9 can lose confirmed messages. Never use it in production.")
 
     def attach(self, node: Any) -> None:
         """The `Node` whose dispatch carries out effects; `ProposeQueue` effects are routed here."""
@@ -310,6 +317,21 @@ class ClusterRuntime:
         if self.raft is not None and group in self.group_queues:
             pending.sent_ms = pending.first_ms
             self.raft.propose(group, data)
+            if self.unsafe_confirm_before_commit and isinstance(effect.command, Enqueue):
+                self._apply_before_commit(effect.vhost, effect.queue, data)
+
+    def _apply_before_commit(self, vhost: str, queue: str, data: bytes) -> None:
+        """test_unsafe_confirm_before_commit: the local replica applies the proposal now (so the publish is
+        confirmed); the committed entry is later skipped by the replica's dedup of its proposal id. Still tracked
+        and re-sent until it commits. Unsafe: the message exists only here until then, and this replica's message
+        ids can differ from the others' (it applied the entry out of log order)."""
+        self.stats["applied_before_commit"] += 1
+        try:
+            effects = self.broker.apply_committed(vhost, queue, data)
+        except Exception:
+            log.exception("cluster: applying a proposal before its commit failed")
+            return
+        self.node.apply_effects(effects)
 
     def _send_group(self, group: GroupId, now_ms: int) -> None:
         """(Re)send every unapplied proposal of the group, oldest first."""

@@ -69,6 +69,7 @@ class NodeConfig:
     test_unsafe_confirm_before_fsync: bool = False
     test_drop_unsynced_on_kill: bool = False
     test_fsync_delay_ms: int = 0
+    test_unsafe_confirm_before_commit: bool = False
     cluster_nodes: tuple[str, ...] = ()
     cluster_secret: str = ""
     raft_port: int = 0
@@ -141,6 +142,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Testing only: at start, cut the log's files back to their last fsync (simulates losing the page cache)."),
     Setting("test_fsync_delay_ms", "int",
             "Testing only: a slow disk; each commit writes its batch, waits this long, then fsyncs (0 = off)."),
+    Setting("test_unsafe_confirm_before_commit", "bool",
+            "Testing only, UNSAFE, cluster mode: a node applies its own publishes to its replica before Raft commits "
+            "them, so confirms leave before a majority has the message."),
     Setting("cluster_nodes", "list",
             "Cluster mode: every node as name=host:amqp_port[:raft_port[:metadata_port]], this node included "
             "(comma-separated). Empty = single node."),
@@ -294,6 +298,8 @@ def validate(config: NodeConfig) -> NodeConfig:
         (config.node_down_after_ms > 0, "node_down_after_ms must be > 0"),
         (config.proposal_timeout_ms > 0, "proposal_timeout_ms must be > 0"),
         (config.member_replace_after_ms >= 0, "member_replace_after_ms must be >= 0"),
+        (not config.test_unsafe_confirm_before_commit or bool(config.cluster_nodes),
+         "test_unsafe_confirm_before_commit needs cluster mode (cluster_nodes)"),
         (config.quorum_initial_group_size >= 1, "quorum_initial_group_size must be >= 1"),
     ]
     for ok, message in checks:
