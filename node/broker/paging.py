@@ -115,9 +115,10 @@ def page_out(broker: Broker, queue: QueueState, msg: Message, persistent: bool, 
         return 0
     if len(tail.offsets) == len(tail.msg_ids) - 1:
         tail.offsets.append(HELD)
-    expiry_ms = None if ttl_ms is None else broker.now_ms + ttl_ms
-    tail.held[msg_id] = (QueuedMessage(msg, len(msg.body), persistent, props.priority or 0, ttl_ms), expiry_ms)
-    if not persistent:
+    stored = persistent and queue.stored  # as enqueue_all decides it for the machine
+    tail.held[msg_id] = (QueuedMessage(msg, len(msg.body), stored, props.priority or 0, ttl_ms),
+                         broker.now_ms + ttl_ms)
+    if not stored:
         return 0
     return broker.persist((MessageRecord(queue.vhost, queue.name, msg_id, msg.exchange, msg.routing_key,
                                          properties_to_dict(props), msg.body),))

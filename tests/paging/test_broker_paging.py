@@ -204,3 +204,29 @@ def test_queues_with_limits_or_ttl_do_not_page() -> None:
     _publish_many(storage, client, 20)
     queue = broker.vhosts["/"].queues["q"]
     assert queue.tail is None and queue.machine.ready_count == 20
+
+
+def test_messages_with_a_ttl_wait_in_memory_in_their_place_and_expire() -> None:
+    broker = Broker(BrokerConfig(queue_messages_in_memory_max=LIMIT))
+    storage = FakeStorage(broker)
+    client = _client(broker)
+    storage.run(client.declare("q", durable=True))
+    storage.run(client.declare("t"))
+    for name in ("q", "t"):
+        for n in range(20):
+            expiration = "1000" if n % 4 == 3 else None
+            storage.run(client.publish("", name, b"%s%d" % (name.encode(), n), delivery_mode=2, expiration=expiration))
+    assert len(broker.vhosts["/"].queues["q"].tail.held) == 3  # ids 11, 15, 19
+    records = [r for r in storage.streams[STREAM] if isinstance(r, MessageRecord)]
+    assert len(records) == 20, "persistent messages of a durable queue are written, held ones too"
+    assert queue_stream("/", "t") in storage.streams  # spilled, but nothing recoverable:
+    assert not [r for r in storage.streams[queue_stream("/", "t")]
+                if isinstance(r, MessageRecord) and r.properties.get("delivery_mode") == 2]
+    client.now_ms = 5000  # the held messages (and ids 3 and 7 in memory) expire before delivery
+    storage.run(client.consume("q", "c", no_ack=True))
+    storage.run(client.consume("t", "d", no_ack=True))
+    expected = [n for n in range(20) if n % 4 != 3]
+    assert [b for _t, _r, b in storage.delivered] == [b"q%d" % n for n in expected] + [b"t%d" % n for n in expected]
+    queue = broker.vhosts["/"].queues["q"]
+    assert queue.tail is None and not queue.persisted_ids
+    assert storage.restart_records()[-1].msg_ids.tolist() == []  # type: ignore[union-attr]
