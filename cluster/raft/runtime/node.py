@@ -5,8 +5,8 @@ removes the groups the host asked for (`add_group`/`remove_group` work before an
 stream is deleted in a worker thread), steps every inbound batch, routes queued commands (routing.py: a proposal,
 membership change or leadership transfer goes to the local leader core, is forwarded to the known leader as a
 `Forward` frame, or is held up to `forward_hold_ms` while no leader is known) and runs the Ready cycle: write every
-group's records, `commit()` them in a worker thread (one fsync for all groups), send the batches, apply committed
-entries (the `on_apply` callback), `advance`. After the cycles it reports groups whose known leader changed to
+group's records, `commit()` them in the long-lived fsync thread (sync_thread.py; one fsync for all groups),
+send the batches, apply committed entries (the `on_apply` callback), `advance`. After the cycles it reports groups whose known leader changed to
 `on_leader_change` (the groups stepped or touched by the cycles, and every group each `LEADER_SCAN_TICKS` ticks). Replication telemetry (telemetry.py)
 is written after each fsync and sampled on the timer. Inbound batches, commands and group changes wait in bounded
 queues (beyond the bound, batches are dropped, commands refused and group changes raise `OverflowError`).
@@ -38,6 +38,7 @@ from cluster.raft.core.types import ConfChange, Entry, GroupId, Index, Membershi
 from cluster.raft.runtime.codec import Command, Forward
 from cluster.raft.runtime.routing import FORWARD_HOLD_MS, CommandRouter
 from cluster.raft.runtime.storage import RaftStorage
+from cluster.raft.runtime.sync_thread import SyncThread
 from cluster.raft.runtime.telemetry import TelemetryWriter
 from cluster.raft.runtime.transport import Transport
 
@@ -119,6 +120,7 @@ class RaftNodeRuntime:
         self._known_leaders: dict[GroupId, NodeId | None] = {}  # as last reported to on_leader_change
         self._group_changes: deque[tuple[GroupId, Membership | None]] = deque()  # None: remove
         self._recheck_held = False
+        self._sync_thread: SyncThread | None = None  # the Ready loop's fsyncs (created by `run`)
 
     # --- groups ----------------------------------------------------------------------------------------------
 
@@ -269,6 +271,7 @@ class RaftNodeRuntime:
         for group, membership in list(self._groups.items()):  # from now on add_group queues a change
             await self._load_group(multi, self.storage, group, membership)
         await self._apply_group_changes(multi, self.storage)  # removals asked for before run, adds since
+        self._sync_thread = SyncThread()
         async with trio.open_nursery() as nursery:
             await nursery.start(self.transport.serve, *self.listen)
             nursery.start_soon(self._ticker)
@@ -277,6 +280,7 @@ class RaftNodeRuntime:
                 await self._loop(multi, self.storage)
             finally:
                 nursery.cancel_scope.cancel()
+                self._sync_thread.close()
                 if self.telemetry is not None:
                     self.telemetry.close()
 
@@ -346,7 +350,8 @@ class RaftNodeRuntime:
                 wrote = True
         if wrote:
             started = trio.current_time()
-            await trio.to_thread.run_sync(storage.commit)
+            assert self._sync_thread is not None
+            await self._sync_thread.run(storage.commit)  # one long-lived thread, no hand-off per cycle
             self.stats.fsync_seconds += trio.current_time() - started
             self.stats.fsyncs += 1
         for batch in waiting:

@@ -1,0 +1,64 @@
+"""One long-lived worker thread for the Ready loop's fsync (`RaftStorage.commit`), instead of a thread hand-off
+through `trio.to_thread.run_sync` per cycle.
+
+`to_thread.run_sync` takes the default capacity limiter, copies the context and hands the call to trio's thread
+cache; on a loaded machine the trio thread often asks for the next call before the previous worker has put
+itself back in the cache, so a new OS thread is started per cycle (py-spy showed `start_thread_soon` at 6-15% of
+a node's GIL samples in benchmarks/raft_throughput.py). Here one daemon thread takes jobs from a queue and
+reports each outcome back with `TrioToken.run_sync_soon(reschedule)`. At most one job runs at a time; the queue
+holds at most one per waiting task (the Ready loop awaits each call), so it is bounded by the callers. A call
+cannot be cancelled once queued (like `to_thread.run_sync` without `abandon_on_cancel`): the caller waits for
+the job, so storage is never used by two threads at once. `close()` stops the thread after the queued jobs.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import outcome
+import trio
+
+_STOP = None
+
+
+class SyncThread:
+    def __init__(self, name: str = "raft-fsync") -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], trio.lowlevel.TrioToken,
+                                            trio.lowlevel.Task] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    async def run(self, job: Callable[[], Any]) -> Any:
+        """Run `job()` in the thread and return (or raise) what it did. Not cancellable once called."""
+        if self._closed:
+            raise RuntimeError("SyncThread is closed")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        task = trio.lowlevel.current_task()
+        self._jobs.put((job, trio.lowlevel.current_trio_token(), task))
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            return trio.lowlevel.Abort.FAILED  # the job is running or queued: wait for it
+
+        return await trio.lowlevel.wait_task_rescheduled(abort)  # unwraps the job's outcome: value or raise
+
+    def _work(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is _STOP:
+                return
+            job, token, task = item
+            result = outcome.capture(job)
+            try:
+                token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+            except trio.RunFinishedError:
+                return  # the trio run is gone: nobody waits any more
+
+    def close(self) -> None:
+        """Stop the thread once the queued jobs are done (it does not wait)."""
+        if not self._closed:
+            self._closed = True
+            self._jobs.put(_STOP)

@@ -1,0 +1,57 @@
+"""SyncThread: jobs run in one long-lived thread, results and exceptions come back, a cancelled caller still
+waits for its job."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+
+from cluster.raft.runtime.sync_thread import SyncThread
+
+
+async def test_jobs_run_in_one_other_thread_and_return_or_raise() -> None:
+    worker = SyncThread()
+    try:
+        idents = {await worker.run(threading.get_ident) for _ in range(20)}
+        assert len(idents) == 1 and threading.get_ident() not in idents
+        assert await worker.run(lambda: 41 + 1) == 42
+
+        def fail() -> None:
+            raise OSError("disk gone")
+
+        with pytest.raises(OSError, match="disk gone"):
+            await worker.run(fail)
+        assert await worker.run(lambda: "still alive") == "still alive"
+    finally:
+        worker.close()
+
+
+async def test_a_cancelled_caller_waits_for_its_job() -> None:
+    worker = SyncThread()
+    started, release = threading.Event(), threading.Event()
+    done: list[str] = []
+
+    def job() -> None:
+        started.set()
+        release.wait(10)
+        done.append("job")
+
+    try:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(worker.run, job)
+                await trio.to_thread.run_sync(started.wait)
+                scope.cancel()
+                release.set()
+        assert done == ["job"]  # the job finished before the cancelled caller returned
+    finally:
+        worker.close()
+
+
+async def test_a_closed_worker_refuses_jobs() -> None:
+    worker = SyncThread()
+    worker.close()
+    with pytest.raises(RuntimeError):
+        await worker.run(lambda: None)
