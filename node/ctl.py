@@ -287,9 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--apply-to", default="all", choices=("all", "queues", "exchanges", "quorum_queues",
                                                          "classic_queues"))
     add("clear_policy", cmd_clear_policy, "remove a policy", vhost=True).add_argument("name")
-    add("join_cluster", cmd_cluster, "make this node join the cluster of NODE").add_argument("node")
-    add("leave_cluster", cmd_cluster, "make this node leave its cluster")
-    add("forget_cluster_node", cmd_cluster, "remove a (stopped) node from the cluster").add_argument("node")
+    add("join_cluster", cmd_cluster, "whether NODE (listed in cluster_nodes; it joins when started) has joined"
+        ).add_argument("node")
+    add("leave_cluster", cmd_cluster, "not supported (membership is cluster_nodes): stop the node, then "
+        "forget_cluster_node it")
+    add("forget_cluster_node", cmd_cluster, "remove a stopped node from the cluster (its queue replicas move)"
+        ).add_argument("node")
     for name, what in (("add_member", "add a replica of a quorum queue on NODE"),
                        ("delete_member", "remove the replica of a quorum queue on NODE")):
         p = add(name, cmd_cluster, what, vhost=True)

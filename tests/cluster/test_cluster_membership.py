@@ -9,12 +9,15 @@ new Raft leader. Publishing with confirms and consuming keep working throughout.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import requests
 
-from tests.cluster.cluster_proc import ClusterProcs, wait_until
+from tests.cluster.cluster_proc import REPO_ROOT, ClusterProcs, wait_until
 from tests.cluster.test_cluster_processes import (
     QUORUM,
     Consumer,
@@ -34,6 +37,14 @@ def _command(port: int, name: str, **args: Any) -> dict[str, Any]:
     return result
 
 
+def _ctl(port: int, *argv: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "node.cli", "ctl", "--node", f"127.0.0.1:{port + 10_000}", "--json",
+                           *argv], cwd=REPO_ROOT, capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
 def test_grow_to_a_fourth_node_then_shrink_the_leader_away(tmp_path: Path) -> None:
     procs = ClusterProcs(tmp_path, size=4)
     try:
@@ -48,7 +59,7 @@ def test_grow_to_a_fourth_node_then_shrink_the_leader_away(tmp_path: Path) -> No
         before.run()
         assert before.confirmed == list(range(20))
 
-        grown = _command(n1.port, "add_member", vhost="/", queue=queue, node=spare.name)
+        grown = _ctl(n1.port, "add_member", queue, spare.name)  # raftmq ctl, as an operator would
         assert spare.name in grown["members"]
 
         def promoted() -> bool:
