@@ -8,9 +8,10 @@ How it works:
 - When the WAL reaches ``wal_size_bytes_max`` the commit checkpoints: fsync the dirty segment files, start a new
   WAL file and delete the old ones.  ``write_snapshot`` deletes segments wholly behind the snapshot.
 - ``open`` recovers: load each stream directory (torn segment tails cut off), then replay the WAL on top
-  (appends already on disk are skipped; truncations are re-applied), then checkpoint.  The checkpoint's
-  recovery-point file says how much of each active segment was fsynced: that prefix is indexed by walking record
-  headers only, and just the tail written since is CRC-checked (Kafka's recovery point).
+  (appends already on disk are stepped over by header; truncations are re-applied), then checkpoint.  The
+  checkpoint's recovery-point file says how much of each active segment was fsynced and carries the CRC of that
+  prefix's sparse index, saved beside it: open loads that index instead of reading the prefix, and just the tail
+  written since is CRC-checked (Kafka's recovery point), so recovery work is bounded by ``wal_size_bytes_max``.
 
 Threading contract: three locks, always taken in this order.
 - ``_commit_lock``: one commit/checkpoint/snapshot/delete at a time.

@@ -4,7 +4,8 @@ A stream lives in its own directory (named by a hash of the stream name; the nam
 Inside: ``<base>.log`` segments (records as in ``format.py``), a sparse ``<base>.index`` (relative offset ->
 byte position, one entry per ``index_interval_bytes``), ``<base>.timeindex`` (max timestamp before a record ->
 its relative offset) and ``snapshot`` (latest snapshot, replaced atomically by rename).  Indexes live in memory
-(``format.SparseIndex``); the two index files are written once, when the segment rolls (is sealed).
+(``format.SparseIndex``); the two index files are written once, when the segment rolls (is sealed).  The active
+segment's index is saved at each checkpoint as ``active.index`` (validated by the recovery point's CRC at load).
 
 Durability: segment writes are plain writes; the shared WAL is what makes records durable.  A segment is fsynced
 when it rolls and every dirty segment is fsynced at a WAL checkpoint, so at most the active segment of a stream
