@@ -6,10 +6,12 @@ stream is deleted in a worker thread), steps every inbound batch, routes queued 
 membership change or leadership transfer goes to the local leader core, is forwarded to the known leader as a
 `Forward` frame, or is held up to `forward_hold_ms` while no leader is known) and runs the Ready cycle: write every
 group's records, `commit()` them in the long-lived fsync thread (sync_thread.py; one fsync for all groups),
-send the batches, apply committed entries (the `on_apply` callback), `advance`. After the cycles it reports groups whose known leader changed to
-`on_leader_change` (the groups stepped or touched by the cycles, and every group each `LEADER_SCAN_TICKS` ticks). Replication telemetry (telemetry.py)
-is written after each fsync and sampled on the timer. Inbound batches, commands and group changes wait in bounded
-queues (beyond the bound, batches are dropped, commands refused and group changes raise `OverflowError`).
+send the batches, apply committed entries (`on_apply(group, entry)` per entry or, when given,
+`on_apply_many(group, entries)` once per group per cycle), `advance`. After the cycles it reports groups whose
+known leader changed to `on_leader_change` (the groups stepped or touched by the cycles, and every group each
+`LEADER_SCAN_TICKS` ticks). Replication telemetry (telemetry.py) is written after each fsync and sampled on the
+timer. Inbound batches, commands and group changes wait in bounded queues (beyond the bound, batches are
+dropped, commands refused and group changes raise `OverflowError`).
 
 Automatic compaction (when the host gives a `SnapshotHost`): after `advance`, a group whose applied log holds more
 than `CompactionConfig.entries_max` entries or `bytes_max` bytes of entry data beyond its snapshot gets a new
@@ -95,6 +97,7 @@ class RaftNodeRuntime:
         compaction: CompactionConfig | None = None,
         on_leader_change: Callable[[GroupId, NodeId | None], None] | None = None,
         forward_hold_ms: int = FORWARD_HOLD_MS,
+        on_apply_many: Callable[[GroupId, tuple[Entry, ...]], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self.data_dir = data_dir
@@ -102,6 +105,7 @@ class RaftNodeRuntime:
         self.tick_ms = tick_ms
         self.stats = NodeStats()
         self._on_apply = on_apply
+        self._on_apply_many = on_apply_many  # when given: one call per group per cycle, instead of on_apply
         self._config = config or MultiRaftConfig()
         self._inbox: deque[NodeBatch] = deque()
         self.router = CommandRouter(node_id, forward_hold_ms, PROPOSALS_QUEUED_MAX)
@@ -365,10 +369,17 @@ class RaftNodeRuntime:
                 if self._snapshots is not None:
                     self._snapshots.restore(group, ready.snapshot.data)
                     self.stats.restores += 1
-            for entry in ready.committed_entries:
-                self._on_apply(group, entry)
-                self._applied_bytes[group] = self._applied_bytes.get(group, 0) + len(entry.data)
-                self.stats.applied_entries += 1
+            committed = ready.committed_entries
+            if not committed:
+                continue
+            if self._on_apply_many is not None:
+                self._on_apply_many(group, committed)
+            else:
+                on_apply = self._on_apply
+                for entry in committed:
+                    on_apply(group, entry)
+            self._applied_bytes[group] = self._applied_bytes.get(group, 0) + sum(len(e.data) for e in committed)
+            self.stats.applied_entries += len(committed)
         multi.advance(node_ready)
         self.stats.ready_cycles += 1
         touched = [group for group, ready in node_ready.groups]
