@@ -220,6 +220,12 @@ def test_kill_the_queue_leader_mid_stream(cluster: ClusterProcs) -> None:
     survivors = [n for n in names if n != leader]
     assert cluster.agreed_leader(survivors, group) in survivors
 
+    def recorded_leader_follows() -> bool:  # the new Raft leader records itself in the metadata
+        rows = [_api_queue(cluster.node(n).port, queue) for n in survivors]
+        return all(r["leader"] in survivors and r["metadata_leader"] == r["leader"] for r in rows)
+
+    wait_until(recorded_leader_follows, 30, "the metadata's queue leader to follow the Raft leader")
+
     # Messages that stay in the queue, then the killed node comes back and must catch up.
     tail = Publisher(pub_node.port, queue, 50, tag="t")
     tail.run()
