@@ -9,8 +9,9 @@ offset: two `array('q')` columns, 16 bytes a message (`PagedTail`). While a tail
 joins it, so order is kept. A persistent message's confirm waits for the fsync as usual. A transient message (no
 delivery_mode 2; or any message of a non-durable or exclusive queue) is *spilled* the same way, its delivery_mode
 kept under the key `spilled_delivery_mode` of the record's properties: its confirm does not wait, and as its record
-lacks delivery_mode 2, neither recovery nor storage's count of live messages ever counts it (dropped at restart, as
-RabbitMQ). Messages with a per-message TTL join the tail in memory (`held`).
+lacks delivery_mode 2, recovery never brings it back (dropped at restart, as RabbitMQ). While it waits, storage
+counts it live (so the stream is not truncated under it); once paged in, the broker writes its MessageRemoved.
+Messages with a per-message TTL join the tail in memory (`held`).
 
 How messages come back: at the end of every entry point, a queue whose machine fell under half the limit gets a
 `PageIn(vhost, queue, stream, request_id, offsets)` effect for the next batch (at most `PAGE_IN_BATCH_MAX`, one
@@ -192,6 +193,7 @@ def on_paged_in(broker: Broker, vhost_name: str, queue_name: str, request_id: in
     expected, recovered = tail.pending_ids, tail.pending_recovered
     tail.pending_request, tail.pending_ids, tail.pending_recovered = 0, (), 0
     by_id = {record.msg_id: record for record in records}
+    spilled: list[MessageRemovedRecord] = []
     held = tail.held
     for index, msg_id in enumerate(expected):
         kept = held.pop(msg_id, None) if held else None
@@ -205,6 +207,8 @@ def on_paged_in(broker: Broker, vhost_name: str, queue_name: str, request_id: in
                 continue  # unreadable: storage logged it; the message cannot come back
             fields = record.properties
             persistent = fields.get("delivery_mode") == 2
+            if not persistent:  # its disk copy is garbage now: storage must not keep the stream for it
+                spilled.append(MessageRemovedRecord(queue.vhost, queue.name, msg_id))
             if SPILLED_DELIVERY_MODE in fields:
                 fields = dict(fields)
                 fields["delivery_mode"] = fields.pop(SPILLED_DELIVERY_MODE)
@@ -216,6 +220,8 @@ def on_paged_in(broker: Broker, vhost_name: str, queue_name: str, request_id: in
             queue.persisted_ids.add(msg_id)
         apply_queue(broker, queue, Recover(MsgId(msg_id), queued, delivery_count, expiry_ms,
                                            redelivered=index < recovered))
+    if spilled:
+        broker.persist(tuple(spilled))
     if not tail.count:
         drop_tail(broker, queue)
 

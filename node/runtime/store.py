@@ -281,7 +281,7 @@ class Store:
             for offset, payload in entries:
                 record = self._track(stream, decode(payload), book)
                 if type(record) is MessageRecord and record.properties.get("delivery_mode") != 2:
-                    book.live_messages.discard(record.msg_id)  # a transient message paging spilled: never live
+                    book.live_messages.discard(record.msg_id)  # spilled by paging before the restart: dead now
                 book.last_offset = offset
                 book.records_since_snapshot += 1
                 book.bytes_since_snapshot += len(payload)
@@ -327,9 +327,8 @@ class Store:
 
     def _track(self, stream: str, record: Record, book: StreamBook) -> Record:
         cls = type(record)
-        if cls is MessageRecord or cls is TailMessageRecord:
-            if cls is MessageRecord or record.properties.get("delivery_mode") == 2:  # type: ignore[union-attr]
-                book.live_messages.add(record.msg_id)  # type: ignore[union-attr]
+        if cls is MessageRecord or cls is TailMessageRecord:  # (spilled ones too: live until paged in)
+            book.live_messages.add(record.msg_id)  # type: ignore[union-attr]
         elif cls is MessageRemovedRecord:
             book.live_messages.discard(record.msg_id)  # type: ignore[union-attr]
         elif stream == DEFINITIONS_STREAM:

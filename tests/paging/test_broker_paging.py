@@ -192,6 +192,9 @@ def test_a_transient_queue_spills_past_the_limit_and_nothing_comes_back_at_resta
     seen = storage.run(client.consume("t", "c", no_ack=True))
     assert [b for _t, _r, b in storage.delivered] == [b"t%d" % n for n in range(30)]
     assert [d.properties.delivery_mode for d in deliveries(seen)] == [2 if n % 2 else 1 for n in range(30)]
+    t_log = storage.streams[queue_stream("/", "t")]
+    spilled = {r.msg_id for r in t_log if isinstance(r, TailMessageRecord)}
+    assert spilled == {r.msg_id for r in t_log if isinstance(r, MessageRemovedRecord)}, "paged in: removed"
     storage.run(client.call(m.BasicCancel(consumer_tag="c")))  # auto-delete: the queue and its tail go
     assert "t" not in broker.vhosts["/"].queues and not [s for s in broker.paging if s.endswith(":t")]
 
