@@ -62,6 +62,7 @@ class NodeConfig:
     disk_free_limit_bytes: int = 50_000_000
     resource_probe_interval_ms: int = 1_000
     broker_tick_ms: int = 100
+    queue_messages_in_memory_max: int = 10_000
     shutdown_timeout_ms: int = 5_000
     accept_backoff_ms_max: int = 1_000
     log_level: str = "info"
@@ -132,6 +133,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("disk_free_limit_bytes", "int", "Disk alarm when free space on the data dir falls below this."),
     Setting("resource_probe_interval_ms", "int", "How often memory and disk are probed."),
     Setting("broker_tick_ms", "int", "Period of the broker timer (message TTL, queue expiry)."),
+    Setting("queue_messages_in_memory_max", "int",
+            "Messages a single-node queue keeps in memory; past it the backlog stays on disk (0 = no paging)."),
     Setting("shutdown_timeout_ms", "int", "Graceful shutdown: time clients get to answer connection.close."),
     Setting("accept_backoff_ms_max", "int", "Longest pause of accept when file descriptors run out."),
     Setting("log_level", "str", "debug, info, warning or error."),
@@ -287,6 +290,7 @@ def validate(config: NodeConfig) -> NodeConfig:
         (config.disk_free_limit_bytes >= 0, "disk_free_limit_bytes must be >= 0"),
         (config.resource_probe_interval_ms > 0, "resource_probe_interval_ms must be > 0"),
         (config.broker_tick_ms > 0, "broker_tick_ms must be > 0"),
+        (config.queue_messages_in_memory_max >= 0, "queue_messages_in_memory_max must be >= 0"),
         (config.shutdown_timeout_ms >= 0, "shutdown_timeout_ms must be >= 0"),
         (config.accept_backoff_ms_max > 0, "accept_backoff_ms_max must be > 0"),
         (0 <= config.test_fsync_delay_ms <= 60_000, "test_fsync_delay_ms must be 0..60000"),

@@ -34,6 +34,7 @@ def build_broker(config: NodeConfig, boot_id: int = 0) -> Any:
         default_pass=config.default_pass,
         loopback_users=frozenset(config.loopback_users),
         rng=os.urandom,
+        queue_messages_in_memory_max=config.queue_messages_in_memory_max,
         **cluster,
     ))  # the message size limit is enforced by the protocol layer (ConnectionLimits.max_message_size)
     for user in config.extra_users:
