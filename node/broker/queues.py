@@ -205,6 +205,7 @@ class QueueState:
     dead_letter_seq: int = 0  # DeadLetter effects applied so far: the sequence of their republished copies
     is_leader: bool = False  # this node's replica belongs to the group's leader
     expire_proposed_ms: int | None = None  # when the leader last proposed Expire (not applied yet)
+    purge_waiters: list[tuple[Any, bool]] = field(default_factory=list)  # (channel, nowait) of this node's purges
 
     @property
     def stored(self) -> bool:

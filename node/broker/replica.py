@@ -41,6 +41,8 @@ from cluster.queue import (
     Get,
     GetEmpty,
     GetOk,
+    Purge,
+    Purged,
     QueueArgs,
     QueuedMessage,
     Rejected,
@@ -59,7 +61,7 @@ from node.amqp.properties import BasicProperties
 from node.broker import delivery, publish
 from node.broker.channel import ChannelState, ConnState, Message, PendingPublish, TxState, Unacked
 from node.broker.definitions import check_exclusive, delete_queue, lookup_queue
-from node.broker.effects import ProposeQueue, Send, SendContent
+from node.broker.effects import CloseChannel, ProposeQueue, Send, SendContent
 from node.broker.errors import precondition
 from node.broker.queues import QueueState
 from node.broker.vhost import VHost
@@ -369,7 +371,31 @@ def answer_get_empty(broker: Broker, getter_id: Hashable) -> None:
         broker.out.append(Send(ch.conn_id, ch.number, m.BasicGetEmpty()))
 
 
-HANDLERS: dict[type, Any] = {m.BasicGet: basic_get, m.TxCommit: tx_commit}
+def queue_purge(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueuePurge) -> None:
+    """queue.purge-ok only once this node's replica applied the Purge: a message confirmed after purge-ok was
+    enqueued after the Purge in the log, so the purge cannot take it (purge-ok at once lost such messages)."""
+    queue = lookup_queue(broker, conn, ch, method.queue)
+    broker.check_access(conn, "read", "queue", queue.name)
+    check_exclusive(conn, queue)
+    queue.purge_waiters.append((ch, method.nowait))
+    propose(broker, queue, Purge())
+
+
+def _answer_purge(broker: Broker, queue: QueueState, count: int | None) -> None:
+    """This node's oldest waiting purge: purge-ok with the count, or (None: given up) a channel error."""
+    if not queue.purge_waiters:
+        return
+    ch, nowait = queue.purge_waiters.pop(0)
+    if ch.closed:
+        return
+    if count is None:
+        broker.out.append(CloseChannel(ch.conn_id, ch.number, 541, f"INTERNAL_ERROR - purge of {queue.resource} "
+                                       "was not committed in time", m.QueuePurge.CLASS_ID, m.QueuePurge.METHOD_ID))
+    elif not nowait:
+        broker.out.append(Send(ch.conn_id, ch.number, m.QueuePurgeOk(message_count=count)))
+
+
+HANDLERS: dict[type, Any] = {m.BasicGet: basic_get, m.TxCommit: tx_commit, m.QueuePurge: queue_purge}
 
 
 # --- committed entries ------------------------------------------------------------------------------------------
@@ -402,6 +428,9 @@ def apply_committed(broker: Broker, vhost: str, name: str, data: bytes) -> None:
             _on_get_ok(broker, queue, effect, command)
         elif kind is GetEmpty:
             answer_get_empty(broker, effect.consumer_id)
+        elif kind is Purged:
+            if proposal.origin == broker.config.node_name:
+                _answer_purge(broker, queue, effect.count)
         elif kind is DeadLetter:
             queue.dead_letter_seq += 1
             if queue.is_leader:
@@ -521,6 +550,8 @@ def proposal_abandoned(broker: Broker, vhost: str, name: str, data: bytes) -> No
         _detach_abandoned(broker, queue, command)
     elif kind is Expire and queue is not None:
         queue.expire_proposed_ms = None
+    elif kind is Purge and queue is not None:
+        _answer_purge(broker, queue, None)
 
 
 def _detach_abandoned(broker: Broker, queue: QueueState | None, command: Detach) -> None:

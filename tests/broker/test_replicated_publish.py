@@ -5,7 +5,7 @@ from __future__ import annotations
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.amqp.properties import BasicProperties
-from node.broker.effects import Persist, ProposeQueue
+from node.broker.effects import CloseChannel, Persist, ProposeQueue
 from node.broker.records import MessageRecord, QueueRecord
 from tests.broker.cluster_harness import Cluster, ClusterClient, cluster_client, take
 from tests.broker.harness import bodies, channel_close, of_type
@@ -248,3 +248,35 @@ def test_publishes_waiting_for_a_deleted_queue_are_confirmed_and_gets_answered()
     effects = a.call(m.QueueDelete(queue="q"), 2)
     assert _acks(effects) == [(1, False)]
     assert of_type(effects, m.BasicGetEmpty)
+
+
+def test_purge_ok_waits_for_the_purge_to_apply_so_a_later_confirmed_message_survives() -> None:
+    # The chaos harness found this: purge-ok sent at proposal time let a message confirmed on another node just
+    # after purge-ok be removed by the Purge when it was applied later in the log.
+    cluster, a, b, _c = _setup()
+    a.publish("", "q", b"old")
+    cluster.commit()
+    cluster.hold = True
+    assert of_type(a.call(m.QueuePurge(queue="q")), m.QueuePurgeOk) == []  # not before the Purge applies
+    cluster.hold = False
+    cluster.release()
+    cluster.commit()
+    oks = of_type(take(cluster, "a"), m.QueuePurgeOk)
+    assert [ok.message_count for ok in oks] == [1]  # type: ignore[attr-defined]
+    b.call(m.ConfirmSelect())
+    b.publish("", "q", b"new")
+    cluster.commit()
+    assert _acks(take(cluster, "b")) == [(1, False)]
+    for broker in cluster.brokers.values():
+        assert broker.vhosts["/"].queues["q"].machine.ready_count == 1
+
+
+def test_an_abandoned_purge_closes_the_channel_instead_of_claiming_success() -> None:
+    cluster, a, _b, _c = _setup()
+    cluster.hold = True
+    a.call(m.QueuePurge(queue="q"))
+    cluster.hold = False
+    cluster.abandon()
+    effects = take(cluster, "a")
+    assert of_type(effects, m.QueuePurgeOk) == []
+    assert [e.reply_code for e in effects if isinstance(e, CloseChannel)] == [541]
