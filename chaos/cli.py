@@ -7,7 +7,7 @@ was lost and nothing unexpected was delivered; --fault-proxy routes the workload
 proxy (one proxy "amqp-<node>" per node) so toxic steps apply to client traffic. `sweep --seeds N` runs N random schedules (seeds first-seed ..
 first-seed+N-1; a 3-node cluster with a quorum queue unless --nodes says otherwise) and exits non-zero if any seed failed, naming it. `check HISTORY` re-checks a saved history.
 `suite [SCENARIO...]` runs several (default: every bundled one this environment can carry out, skipping the
-others with the reason) and writes a summary table (per scenario: confirmed, delivered, lost, duplicates,
+others with the reason, and the deliberately unsafe ones, which must fail) and writes a summary table (per scenario: confirmed, delivered, lost, duplicates,
 unavailability) to --out/summary.md; exit 1 if any failed. `list` names the bundled scenarios; `proxy --listen HOST:PORT` serves the Toxiproxy-compatible fault proxy.
 """
 
@@ -76,7 +76,8 @@ def environment(args: argparse.Namespace, scenario: Scenario) -> Iterator[object
         yield Environment(cluster, urls or default_urls, None, args.toxiproxy)
         return
     use_netns = args.netns or "netns" in scenario.needs()
-    with spawned_environment(args.nodes or scenario.nodes, use_netns, args.toxiproxy) as env:
+    with spawned_environment(args.nodes or scenario.nodes, use_netns, args.toxiproxy,
+                             node_args=scenario.node_args()) as env:
         if args.fault_proxy:
             assert isinstance(env.cluster, LocalCluster)
             addresses = {n: (env.cluster.spec(n).host, env.cluster.spec(n).port) for n in env.cluster.nodes()}
@@ -91,6 +92,9 @@ def check_capabilities(args: argparse.Namespace, scenario: Scenario) -> None:
     from chaos import netns
 
     needs = scenario.needs()
+    if scenario.node_settings and (args.cluster_dir or args.urls):
+        raise ScenarioError(f"scenario {scenario.name} sets node settings {sorted(scenario.node_settings)}, which "
+                            "only nodes the harness starts get: run it without --cluster-dir/--urls")
     if "toxiproxy" in needs and not (args.fault_proxy or args.toxiproxy):
         raise ScenarioError(f"scenario {scenario.name} has toxic steps: pass --fault-proxy or --toxiproxy URL")
     if ("netns" in needs or args.netns) and not args.cluster_dir and netns.available() is not None:
@@ -111,9 +115,12 @@ def run_reported(args: argparse.Namespace, scenario: Scenario, out_dir: Path) ->
     with environment(args, scenario) as env:
         assert isinstance(env, Environment)
         outcome = run_scenario(scenario, env)
-    extra = {"published_all": outcome.published_all, "drained": outcome.drained,
-             "overflowed": outcome.overflowed, "duration_s": round(outcome.duration_s, 2), "seed": scenario.seed,
-             "error": outcome.error}
+    extra: dict[str, Any] = {
+        "published_all": outcome.published_all, "drained": outcome.drained, "overflowed": outcome.overflowed,
+        "duration_s": round(outcome.duration_s, 2), "seed": scenario.seed, "error": outcome.error}
+    if scenario.node_settings:
+        extra["node_settings"] = scenario.node_settings
+        extra["expect_loss"] = scenario.expect_loss
     report = write_report(out_dir, scenario.name, outcome.result, outcome.records, extra)
     print(report_text(report), end="")
     print(f"  report: {out_dir}")
@@ -174,6 +181,10 @@ def _suite(args: argparse.Namespace) -> int:
     reports, skipped = [], []
     for name in names:
         scenario = load_scenario(name)
+        if scenario.expect_loss and not args.scenarios:
+            skipped.append(f"{scenario.name}: deliberately unsafe (node settings {scenario.node_settings}); "
+                           "it must fail: run it by name")
+            continue
         try:
             check_capabilities(args, scenario)
         except ScenarioError as error:

@@ -9,7 +9,7 @@ named in cluster_nodes, one secret), so spawned nodes form one cluster with quor
 comes from the nodes' management API (`/api/queues`, as `raftmq cluster status` reads it): every live, unpaused
 node is asked and the leader most of them name wins (a partitioned old leader may still believe it leads).
 `pick_targets` turns a target spec (leader-of-queue, follower-of-queue, random, minority, majority, all, a node
-name) into node names with a seeded random.Random, so a schedule replays exactly.
+name, a comma-separated list of names) into node names with a seeded random.Random, so a schedule replays exactly.
 """
 
 from __future__ import annotations
@@ -182,6 +182,16 @@ class LocalCluster:
         self._start(node)
         self.wait_ready([node])
 
+    def restart_many(self, nodes: list[str]) -> None:
+        """Restart several nodes at once: kill -9 those still running, start them all, then wait until each answers
+        AMQP (a node of a cluster that has lost its majority may only answer once the others are back too)."""
+        for node in nodes:
+            if self.pid(node) is not None:
+                self.kill(node)
+        for node in nodes:
+            self._start(node)
+        self.wait_ready(nodes)
+
     def start_if_down(self, node: str) -> None:
         if self.pid(node) is None:
             self._start(node)
@@ -280,4 +290,8 @@ def pick_targets(cluster: Cluster, target: str, rng: random.Random, queue: str |
         return nodes
     if target in nodes:
         return [target]
-    raise ValueError(f"unknown target {target!r}: expected one of {TARGET_KINDS} or a node in {nodes}")
+    named = [name.strip() for name in target.split(",")]
+    if len(named) > 1 and all(name in nodes for name in named):
+        return sorted(set(named))
+    raise ValueError(f"unknown target {target!r}: expected one of {TARGET_KINDS}, a node in {nodes} "
+                     "or a comma-separated list of them")

@@ -115,6 +115,9 @@ def report_text(report: dict[str, Any]) -> str:
                  f"redelivered after ack {summary.get('redelivered_after_ack', 0)}, "
                  f"after a settled ack {summary.get('redelivered_after_settled_ack', 0)}")
     lines.extend(_availability_lines(report.get("availability")))
+    if report.get("node_settings"):
+        unsafe = "DELIBERATELY UNSAFE, " if report.get("expect_loss") else ""
+        lines.append(f"  node settings ({unsafe}tests only): {report['node_settings']}")
     for key in ("error", "published_all", "drained", "overflowed", "duration_s"):
         if key in report and (key != "error" or report[key]):
             lines.append(f"  {key}: {report[key]}")

@@ -118,16 +118,18 @@ def _port_free(port: int) -> bool:
 
 @contextmanager
 def spawned_environment(nodes: int, use_netns: bool = False, toxiproxy_url: str | None = None,
-                        data_dir: Path | None = None, clustered: bool | None = None) -> Iterator[Environment]:
+                        data_dir: Path | None = None, clustered: bool | None = None,
+                        node_args: tuple[str, ...] = ()) -> Iterator[Environment]:
     """Nodes started here (in namespaces when use_netns), stopped and removed on the way out; they form one cluster
-    unless `clustered` is False (default: clustered when more than one node)."""
+    unless `clustered` is False (default: clustered when more than one node). `node_args`: more `raftmq node`
+    options for every node (a scenario's node settings)."""
     with ExitStack() as stack:
         root = data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="raftmq-chaos-")))
         names = [f"rmq{i}" for i in range(1, nodes + 1)]
         lab = stack.enter_context(NetLab.for_process("rq", names)) if use_netns else None
         base_port = NETNS_PORT if lab else free_base_port(nodes)
         # In namespaces the workload connects from the bridge, not loopback: let guest in from anywhere.
-        extra_args = ("--loopback-users", "") if lab else ()
+        extra_args = (("--loopback-users", "") if lab else ()) + node_args
         clustered = nodes > 1 if clustered is None else clustered
         cluster = LocalCluster.spawn(root, nodes, base_port, extra_args, netlab=lab, clustered=clustered)
         stack.callback(cluster.stop_all)

@@ -4,13 +4,19 @@ How it works: a scenario names a workload (queues, publishers, consumers, messag
 list of steps, run `loop` times while the workload publishes; afterwards every fault is healed (paused nodes
 resumed, killed nodes restarted, partitions healed, toxics removed), the publishers finish, every queue is drained
 and the checker judges the history. Steps (`action`): wait {seconds, or confirmed = N: until N publishes are confirmed,
-or more_confirmed = N: until N more than when the step began}; kill {target} (SIGKILL); pause {target}
+or more_confirmed = N: until N more than when the step began, or queue_leader = true: until the live nodes name
+a leader of the first queue}; kill {target} (SIGKILL); pause {target}
 (SIGSTOP); resume {target} (SIGCONT; target "paused" = every paused node); restart {target} (kill -9 if running,
-then start the same command; target "down" = every killed node); partition {shape}; heal; toxic-add {proxy, toxic
+then start the same command; the targets are all started before waiting for any, so nodes that need each other
+to answer can come back together; target "down" = every killed node); partition {shape}; heal; toxic-add {proxy, toxic
 = {type, stream, attributes, ...}}; toxic-remove {proxy, name}. Targets: leader-of-queue (of the first queue),
-follower-of-queue (a member other than the leader), random, minority, majority, all, or a node name; a partition of
+follower-of-queue (a member other than the leader), random, minority, majority, all, a node name or a
+comma-separated list of node names ("rmq2,rmq3"); a partition of
 shape "isolate" cuts off its target (leader-of-queue, a node name...; default random). Every random choice comes from one random.Random(seed), so a
 schedule replays exactly. Every action is recorded in the history as a Fault record.
+A scenario's `[node_settings]` (node setting name = value, e.g. test_unsafe_confirm_before_commit = true) become
+command-line options of every node the harness starts; a setting named test_unsafe_* marks the scenario as
+deliberately unsafe (`expect_loss`): it exists to show that the checker catches what such a mode loses.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ class Step:
     toxic: dict[str, Any] = field(default_factory=dict)
     confirmed: int = 0
     more_confirmed: int = 0
+    queue_leader: bool = False
 
     def describe(self) -> str:
         if self.action == "wait":
@@ -76,6 +83,20 @@ class Scenario:
     loop: int = 1
     seed: int = 0
     publish_timeout_s: float = 120.0
+    node_settings: dict[str, Any] = field(default_factory=dict)
+
+    def node_args(self) -> tuple[str, ...]:
+        """`[node_settings]` as `raftmq node` options (`--test-unsafe-confirm-before-commit true`)."""
+        args: list[str] = []
+        for name, value in sorted(self.node_settings.items()):
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            args += ["--" + name.replace("_", "-"), text]
+        return tuple(args)
+
+    @property
+    def expect_loss(self) -> bool:
+        """Deliberately unsafe (a truthy test_unsafe_* node setting): the checker is expected to fail the run."""
+        return any(name.startswith("test_unsafe_") and bool(value) for name, value in self.node_settings.items())
 
     def needs(self) -> set[str]:
         """Capabilities the steps need beyond process control: "netns" (partitions), "toxiproxy" (toxics)."""
@@ -105,7 +126,8 @@ def parse_step(raw: dict[str, Any]) -> Step:
     action = raw.get("action")
     if action not in ACTIONS:
         raise ScenarioError(f"unknown action {action!r}: expected one of {ACTIONS}")
-    known = {"action", "target", "seconds", "shape", "proxy", "name", "toxic", "confirmed", "more_confirmed"}
+    known = {"action", "target", "seconds", "shape", "proxy", "name", "toxic", "confirmed", "more_confirmed",
+             "queue_leader"}
     unknown = set(raw) - known
     if unknown:
         raise ScenarioError(f"step {action}: unknown keys {sorted(unknown)}")
@@ -115,7 +137,8 @@ def parse_step(raw: dict[str, Any]) -> Step:
         raise ScenarioError(f"step {action} needs a proxy name")
     return Step(action, str(raw.get("target", "random")), float(raw.get("seconds", 0.0)),
                 str(raw.get("shape", "halves")), str(raw.get("proxy", "")), str(raw.get("name", "")),
-                dict(raw.get("toxic", {})), int(raw.get("confirmed", 0)), int(raw.get("more_confirmed", 0)))
+                dict(raw.get("toxic", {})), int(raw.get("confirmed", 0)), int(raw.get("more_confirmed", 0)),
+                bool(raw.get("queue_leader", False)))
 
 
 def parse_scenario(text: str, default_name: str = "scenario") -> Scenario:
@@ -124,10 +147,14 @@ def parse_scenario(text: str, default_name: str = "scenario") -> Scenario:
     loop = int(raw.get("loop", 1))
     if len(steps) * loop > STEPS_MAX:
         raise ScenarioError(f"too many steps ({len(steps)} x {loop}); at most {STEPS_MAX}")
+    settings = dict(raw.get("node_settings", {}))
+    for name, value in settings.items():
+        if not name.replace("_", "").isalnum() or not isinstance(value, (bool, int, float, str)):
+            raise ScenarioError(f"node setting {name!r}: expected a setting name and a plain value")
     return Scenario(name=str(raw.get("name", default_name)), description=str(raw.get("description", "")),
                     nodes=int(raw.get("nodes", 1)), workload=dict(raw.get("workload", {})), steps=steps,
                     loop=loop, seed=int(raw.get("seed", 0)),
-                    publish_timeout_s=float(raw.get("publish_timeout_s", 120.0)))
+                    publish_timeout_s=float(raw.get("publish_timeout_s", 120.0)), node_settings=settings)
 
 
 def load_scenario(name_or_path: str) -> Scenario:
@@ -194,7 +221,11 @@ class Nemesis:
 
     def _wait(self, step: Step) -> None:
         """Sleep `seconds`; with `confirmed = N`, until N publishes are confirmed, with `more_confirmed = N` until N
-        more than now (`seconds`, else 60 s, at most)."""
+        more than now, with `queue_leader`, until the live nodes name a leader of the queue (`seconds`, else 60 s,
+        at most)."""
+        if step.queue_leader:
+            self._wait_queue_leader(step.seconds or WAIT_CONFIRMED_TIMEOUT_S)
+            return
         if step.confirmed <= 0 and step.more_confirmed <= 0:
             time.sleep(step.seconds)
             return
@@ -206,6 +237,16 @@ class Nemesis:
             time.sleep(0.02)
         raise ScenarioError(f"wait: fewer than {wanted} publishes confirmed in time (the broker stalled, or the "
                             f"publishers ran out of messages: then raise messages_per_publisher)")
+
+    def _wait_queue_leader(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            leader = self.cluster.leader_of(self.queue) if self.queue else None
+            if leader is not None:
+                self.recorder.fault("leader", leader, self.queue or "")
+                return
+            time.sleep(0.1)
+        raise ScenarioError(f"wait: no leader of queue {self.queue} named within {timeout_s} s")
 
     def _kill(self, step: Step) -> None:
         for node in self.targets(step.target):
@@ -228,10 +269,16 @@ class Nemesis:
             self.paused.discard(node)
 
     def _restart(self, step: Step) -> None:
-        for node in self.targets(step.target):
+        nodes = self.targets(step.target)
+        for node in nodes:
             if node not in self.down:
                 self.recorder.fault("restart", node, step.target)
-            self.cluster.restart(node)
+        restart_many = getattr(self.cluster, "restart_many", None)
+        if restart_many is not None:
+            restart_many(nodes)  # all started, then waited for: nodes that need each other come back together
+        for node in nodes:
+            if restart_many is None:
+                self.cluster.restart(node)
             self.down.discard(node)
             self.paused.discard(node)
             self.recorder.fault("up", node)

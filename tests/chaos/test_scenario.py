@@ -169,3 +169,63 @@ def test_toxic_steps_drive_a_toxiproxy_api() -> None:
         assert [t["name"] for t in toxics] == ["latency_downstream"]
         nemesis.heal_all()
         assert requests.get(f"{base}/proxies/amqp/toxics").json() == []
+
+
+def test_node_settings_become_node_options_and_test_unsafe_ones_expect_loss() -> None:
+    scenario = parse_scenario('[node_settings]\ntest_fsync_delay_ms = 20\ntest_unsafe_confirm_before_fsync = false\n'
+                              '[[steps]]\naction = "heal"')
+    assert scenario.node_args() == ("--test-fsync-delay-ms", "20", "--test-unsafe-confirm-before-fsync", "false")
+    assert not scenario.expect_loss
+    assert parse_scenario('[node_settings]\ntest_unsafe_confirm_before_commit = true').expect_loss
+    with pytest.raises(ScenarioError, match="node setting"):
+        parse_scenario('[node_settings]\n"--evil x" = 1')
+    with pytest.raises(ScenarioError, match="node setting"):
+        parse_scenario('[node_settings]\nlisten_address = ["a", "b"]')
+
+
+def test_a_scenario_with_node_settings_is_refused_against_a_running_cluster() -> None:
+    import argparse
+
+    from chaos.cli import check_capabilities
+
+    scenario = load_scenario("qq-unsafe-confirm-before-commit")
+    args = argparse.Namespace(cluster_dir="/tmp/somewhere", urls=None, fault_proxy=False, toxiproxy=None,
+                              netns=False)
+    with pytest.raises(ScenarioError, match="node settings"):
+        check_capabilities(args, scenario)
+    check_capabilities(argparse.Namespace(**{**vars(args), "cluster_dir": None}), scenario)
+
+
+def test_comma_separated_targets_name_several_nodes() -> None:
+    cluster = FakeCluster(3)
+    assert pick_targets(cluster, "n3,n2", random.Random(0)) == ["n2", "n3"]
+    with pytest.raises(ValueError):
+        pick_targets(cluster, "n2,n9", random.Random(0))
+
+
+class FakeClusterRestartingTogether(FakeCluster):
+    def restart_many(self, nodes: list[str]) -> None:
+        self.calls.append(("restart_many", ",".join(nodes)))
+
+
+def test_restart_of_several_nodes_starts_them_together_when_the_cluster_can() -> None:
+    together, recorder = FakeClusterRestartingTogether(3), Recorder()
+    nemesis = Nemesis(together, recorder, random.Random(0), "q")
+    nemesis.apply(parse_step({"action": "kill", "target": "n2,n3"}))
+    nemesis.apply(parse_step({"action": "restart", "target": "down"}))
+    assert together.calls == [("kill", "n2"), ("kill", "n3"), ("restart_many", "n2,n3")]
+    assert [(r.kind, r.target) for r in recorder.records() if isinstance(r, Fault) and r.kind == "up"] == [
+        ("up", "n2"), ("up", "n3")]
+    one_by_one = FakeCluster(3)
+    Nemesis(one_by_one, Recorder(), random.Random(0)).apply(Step("restart", target="n1,n3"))
+    assert one_by_one.calls == [("restart", "n1"), ("restart", "n3")]
+
+
+def test_wait_for_a_queue_leader() -> None:
+    recorder = Recorder()
+    Nemesis(FakeCluster(3, leader="n3"), recorder, random.Random(0), "q").apply(
+        parse_step({"action": "wait", "queue_leader": True, "seconds": 1}))
+    assert [(r.kind, r.target) for r in recorder.records() if isinstance(r, Fault)] == [("leader", "n3")]
+    with pytest.raises(ScenarioError, match="no leader"):
+        Nemesis(FakeCluster(3, leader=None), Recorder(), random.Random(0), "q").apply(
+            Step("wait", queue_leader=True, seconds=0.05))
