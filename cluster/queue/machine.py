@@ -52,6 +52,7 @@ from cluster.queue.types import (
     Purged,
     QueueArgs,
     QueueCommand,
+    QueuedMessage,
     QueueEffect,
     Recover,
     Rejected,
@@ -169,6 +170,13 @@ class Queue:
         """Never hand out `msg_id` or a lower id again (single-node paging: ids of messages still on disk)."""
         if msg_id >= self._next_msg_id:
             self._next_msg_id = msg_id + 1
+
+    def withdraw_newest_ready(self, count_max: int) -> list[tuple[MsgId, QueuedMessage, int, bool]]:
+        """Single-node paging under memory pressure (not a command: never for replicated queues): remove up to
+        `count_max` of the newest ready messages, stopping at one with an expiry; (msg_id, message,
+        delivery_count, redelivered) each, highest msg id first. They come back later by `Recover`."""
+        return [(entry.msg_id, entry.message, entry.delivery_count, entry.redelivered)
+                for entry in self._ready.withdraw_newest(count_max)]
 
     def ready_msg_ids(self) -> list[MsgId]:
         """Ready message ids in delivery order (O(n); for tests and tools)."""

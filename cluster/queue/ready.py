@@ -106,6 +106,13 @@ class _IntColumn:
     def values(self) -> list[int]:
         return self._ids[self._head :].tolist()
 
+    def last(self) -> int:
+        return self._ids[-1]
+
+    def pop(self) -> int:
+        """Remove and return the newest id (the caller checked the column is not empty)."""
+        return self._ids.pop()
+
 
 FreshItem = QueuedMessage | Entry
 
@@ -328,6 +335,44 @@ class ReadyStore:
         self.size_bytes = 0
         self._rebuild_expiry_heap()
         return removed
+
+    def withdraw_newest(self, count_max: int) -> list[Entry]:
+        """Single-node paging under memory pressure: remove up to `count_max` of the NEWEST ready messages
+        (highest msg ids first), stopping at one with an expiry; returns them in descending msg id order.
+
+        Only for a store with one level and no queue TTL (pageable queues); others return nothing.
+        """
+        if self._top_level or self.queue_ttl_ms is not None:
+            return []
+        level = self._levels[0]
+        fresh, fresh_ids = level.fresh, level.fresh_ids
+        returned = sorted(entry for entry in level.returned if entry[1].flags & STATE_MASK == READY)
+        taken: list[Entry] = []
+        while len(taken) < count_max and self.count:
+            while fresh and type(fresh[-1]) is Entry and fresh[-1].flags & STATE_MASK != READY:
+                fresh.pop()
+                fresh_ids.pop()
+                level.garbage -= 1
+            fresh_id = fresh_ids.last() if fresh else -1
+            if returned and returned[-1][0] > fresh_id:
+                entry = returned[-1][1]
+                if entry.expiry_ms is not None:
+                    break
+                returned.pop()
+            else:
+                item = fresh[-1]
+                if type(item) is Entry:
+                    break  # a fresh Entry without queue TTL has a per-message TTL
+                fresh.pop()
+                entry = Entry(MsgId(fresh_ids.pop()), item, 0, None, READY)  # type: ignore[arg-type]
+            entry.flags = (entry.flags & ~STATE_MASK) | GONE
+            level.live -= 1
+            self.count -= 1
+            self.size_bytes -= entry.message.size_bytes
+            taken.append(entry)
+        level.garbage -= len(level.returned) - len(returned)  # (garbage left the heap with the sort)
+        level.returned = returned  # ascending: a valid heap
+        return taken
 
     # --- inspection -----------------------------------------------------------------------------------------
 
