@@ -233,6 +233,7 @@ class Broker:
             replica_control.tick(self)
         else:
             definitions.expire_queues(self, self.now_ms)
+            paging.spill_under_alarm(self)  # (only under the memory alarm)
         for conn in self.conns.values():
             for ch in conn.channels.values():
                 self.dirty[(conn.conn_id, ch.number)] = ch
@@ -288,6 +289,8 @@ class Broker:
                 if conn.blocked:
                     conn.blocked = False
                     self.out.append(Unblock(conn.conn_id))
+        if active and kind == paging.MEMORY_ALARM:
+            paging.spill_under_alarm(self)  # messages already in memory go to disk (then at every tick)
         return self._finish()
 
     def set_writable(self, conn_id: int, writable: bool) -> list[Effect]:

@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 PAGE_IN_BATCH_MAX: Final = 1024  # records per PageIn (one worker-thread hop)
 COMPACT_PREFIX_MIN: Final = 4096  # consumed tail entries dropped from the columns once this many and half
 HELD: Final = -1  # the offset of a tail message kept in memory (`PagedTail.held`)
+UNKNOWN: Final = -2  # the offset of a front message storage has not reported yet (`PagedTail.front_offsets`)
+MEMORY_ALARM: Final = "memory"  # the `Broker.set_alarm` kind that spills messages already in memory
+SPILL_QUEUE_BATCH_MAX: Final = 1024  # messages one queue withdraws from its machine per call
+SPILL_CALL_MAX: Final = 8192  # messages all queues withdraw per call (one set_alarm or tick)
 SPILLED_DELIVERY_MODE: Final = "spilled_delivery_mode"  # a spilled record's delivery_mode, under another key
 
 
@@ -59,21 +63,27 @@ class PagedTail:
     recovered: int = 0  # entries [0, recovered) came from recovery: delivered redelivered=True
     pending_request: int = 0  # the outstanding PageIn's request id (0: none)
     pending_ids: tuple[int, ...] = ()
-    pending_recovered: int = 0  # the first this many of pending_ids are recovered ones
+    pending_redelivered: frozenset[int] = frozenset()  # those of pending_ids to deliver flagged redelivered
     held: dict[int, tuple[QueuedMessage, int | None]] = field(default_factory=dict)  # msg id -> (message, expiry)
+    front_ids: array[int] = field(default_factory=lambda: array("q"))  # spilled under the alarm; newest first
+    front_offsets: dict[int, int] = field(default_factory=dict)  # front msg id -> offset (UNKNOWN: not yet)
+    redelivered: set[int] = field(default_factory=set)  # front msg ids flagged redelivered in the machine
 
     @property
     def count(self) -> int:
         """Messages of the tail not yet in the machine (asked-for ones included)."""
-        return len(self.msg_ids) - self.head + len(self.pending_ids)
+        return len(self.msg_ids) - self.head + len(self.pending_ids) + len(self.front_ids)
 
-    def take_batch(self, size_max: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-        """The next up to `size_max` entries with known offsets: (ids, offsets, how many are recovered ones)."""
+    def take_batch(self, size_max: int) -> tuple[tuple[int, ...], tuple[int, ...], frozenset[int]]:
+        """The next up to `size_max` entries with known offsets: (ids, offsets, those flagged redelivered).
+        The front (older than every other entry) goes first."""
+        if self.front_ids:
+            return self._take_front(size_max)
         head = self.head
         end = min(len(self.offsets), head + size_max)
         ids = tuple(self.msg_ids[head:end])
         offsets = tuple(self.offsets[head:end])
-        recovered = max(0, min(end, self.recovered) - head)
+        recovered = frozenset(ids[:max(0, min(end, self.recovered) - head)])
         self.head = end
         if end >= COMPACT_PREFIX_MIN and end * 2 >= len(self.msg_ids):
             del self.msg_ids[:end]
@@ -81,6 +91,22 @@ class PagedTail:
             self.recovered = max(0, self.recovered - end)
             self.head = 0
         return ids, offsets, recovered
+
+    def _take_front(self, size_max: int) -> tuple[tuple[int, ...], tuple[int, ...], frozenset[int]]:
+        front, known = self.front_ids, self.front_offsets
+        ids: list[int] = []
+        offsets: list[int] = []
+        while front and len(ids) < size_max:
+            offset = known.get(front[-1], UNKNOWN)
+            if offset == UNKNOWN:
+                break  # storage has not reported it yet: nothing behind it may go first
+            msg_id = front.pop()
+            del known[msg_id]
+            ids.append(msg_id)
+            offsets.append(offset)
+        flagged = frozenset(msg_id for msg_id in ids if msg_id in self.redelivered)
+        self.redelivered -= flagged
+        return tuple(ids), tuple(offsets), flagged
 
 
 def is_pageable(broker: Broker, queue: QueueState) -> bool:
@@ -129,6 +155,9 @@ def attach_recovered_tail(broker: Broker, queue: QueueState, msg_ids: Any, offse
     """Recovery: the queue's live messages, on disk, become its tail (delivered redelivered=True)."""
     if not len(msg_ids):
         return
+    if any(msg_ids[i] > msg_ids[i + 1] for i in range(len(msg_ids) - 1)):  # messages spilled under the alarm
+        order = sorted(range(len(msg_ids)), key=msg_ids.__getitem__)  # were written again after newer ones
+        msg_ids, offsets = [msg_ids[i] for i in order], [offsets[i] for i in order]
     tail = PagedTail(queue_stream(queue.vhost, queue.name), array("q", msg_ids), array("q", offsets))
     tail.recovered = len(tail.msg_ids)
     queue.tail = tail
@@ -143,6 +172,9 @@ def on_tail_offsets(broker: Broker, items: list[tuple[str, int, int]]) -> None:
         queue = paging.get(stream)
         tail = queue.tail if queue is not None else None
         if tail is None:
+            continue
+        if tail.front_offsets.get(msg_id) == UNKNOWN:
+            tail.front_offsets[msg_id] = offset
             continue
         known = len(tail.offsets)
         if known < len(tail.msg_ids) and tail.msg_ids[known] == msg_id:
@@ -159,20 +191,22 @@ def _mark_held_known(tail: PagedTail) -> None:
 
 def request_page_ins(broker: Broker) -> None:
     """For every paging queue whose machine ran low and has no request outstanding: ask for the next batch."""
-    limit = broker.config.queue_messages_in_memory_max
+    limit = effective_limit(broker)
     low = limit // 2
     for queue in list(broker.paging.values()):
         tail = queue.tail
         if tail is None or tail.pending_request or queue.machine.ready_count >= max(low, 1):
             continue
         room = min(PAGE_IN_BATCH_MAX, limit - queue.machine.ready_count)
-        if room <= 0 or tail.head >= len(tail.offsets):
+        if room <= 0:
             continue
-        ids, offsets, recovered = tail.take_batch(room)
+        ids, offsets, redelivered = tail.take_batch(room)
+        if not ids:
+            continue
         broker.next_page_request += 1
         tail.pending_request = broker.next_page_request
         tail.pending_ids = ids
-        tail.pending_recovered = recovered
+        tail.pending_redelivered = redelivered
         on_disk = tuple(offset for offset in offsets if offset != HELD)
         if on_disk:
             broker.out.append(PageIn(queue.vhost, queue.name, tail.stream, tail.pending_request, on_disk))
@@ -190,12 +224,12 @@ def on_paged_in(broker: Broker, vhost_name: str, queue_name: str, request_id: in
     tail = queue.tail if queue is not None else None
     if queue is None or tail is None or tail.pending_request != request_id:
         return
-    expected, recovered = tail.pending_ids, tail.pending_recovered
-    tail.pending_request, tail.pending_ids, tail.pending_recovered = 0, (), 0
+    expected, redelivered = tail.pending_ids, tail.pending_redelivered
+    tail.pending_request, tail.pending_ids, tail.pending_redelivered = 0, (), frozenset()
     by_id = {record.msg_id: record for record in records}
     spilled: list[MessageRemovedRecord] = []
     held = tail.held
-    for index, msg_id in enumerate(expected):
+    for msg_id in expected:
         kept = held.pop(msg_id, None) if held else None
         expiry_ms: int | None = None
         delivery_count = 0
@@ -219,7 +253,7 @@ def on_paged_in(broker: Broker, vhost_name: str, queue_name: str, request_id: in
         if queued.persistent:
             queue.persisted_ids.add(msg_id)
         apply_queue(broker, queue, Recover(MsgId(msg_id), queued, delivery_count, expiry_ms,
-                                           redelivered=index < recovered))
+                                           redelivered=msg_id in redelivered))
     if spilled:
         broker.persist(tuple(spilled))
     if not tail.count:
@@ -239,7 +273,7 @@ def forget_tail(broker: Broker, queue: QueueState) -> int:
     tail = queue.tail
     if tail is None:
         return 0
-    ids = [*tail.pending_ids, *tail.msg_ids[tail.head:]]
+    ids = [*tail.pending_ids, *tail.front_ids, *tail.msg_ids[tail.head:]]
     on_disk = [i for i in ids if i not in tail.held or tail.held[i][0].persistent]
     drop_tail(broker, queue)
     if on_disk:
@@ -252,3 +286,66 @@ def message_count(queue: QueueState) -> int:
     tail = queue.tail
     ready: int = queue.machine.ready_count
     return ready + (tail.count if tail is not None else 0)
+
+
+def effective_limit(broker: Broker) -> int:
+    """Ready messages a pageable queue's machine may hold: the limit, or only the floor under the memory alarm."""
+    limit: int = broker.config.queue_messages_in_memory_max
+    return alarm_floor(limit) if MEMORY_ALARM in broker.alarms else limit
+
+
+def alarm_floor(limit: int) -> int:
+    """Ready messages a pageable queue keeps in memory under the memory alarm (at least 1: consumers go on)."""
+    return max(1, limit // 10)
+
+
+def spill_under_alarm(broker: Broker) -> None:
+    """Under the memory alarm (from `set_alarm` and every `tick`): each pageable queue holding more than the
+    floor moves its newest ready messages, in bounded batches, to the front of its tail on disk."""
+    if MEMORY_ALARM not in broker.alarms or broker.replicated:
+        return
+    floor = alarm_floor(broker.config.queue_messages_in_memory_max)
+    budget = SPILL_CALL_MAX
+    for vhost in broker.vhosts.values():
+        for queue in vhost.queues.values():
+            excess = queue.machine.ready_count - floor
+            if budget <= 0:
+                return
+            if excess <= 0 or not queue.pageable or (queue.tail is not None and queue.tail.pending_request):
+                continue  # (with a PageIn outstanding its ids sit between the machine's and the front's)
+            budget -= spill_newest(broker, queue, min(excess, budget, SPILL_QUEUE_BATCH_MAX))
+
+
+def spill_newest(broker: Broker, queue: QueueState, count_max: int) -> int:
+    """Withdraw up to `count_max` of the machine's newest ready messages (stopping at one with a per-message
+    TTL) and write them as tail records at the front of the tail; returns how many moved.
+
+    A persistent one gets a MessageRemoved for its earlier record first, then the same record again (same msg
+    id): storage's fold and recovery keep the latest copy live and the removal kills the old one. A transient
+    one is spilled as by `page_out`. Its delivery count and redelivered flag come back with it at page-in."""
+    from node.broker.delivery import properties_to_dict
+
+    taken = queue.machine.withdraw_newest_ready(count_max)
+    if not taken:
+        return 0
+    tail = queue.tail
+    if tail is None:
+        tail = queue.tail = PagedTail(queue_stream(queue.vhost, queue.name))
+        broker.paging[tail.stream] = queue
+    records: list[MessageRecord | MessageRemovedRecord] = []
+    for msg_id, queued, delivery_count, redelivered in reversed(taken):  # ascending msg id: log order
+        msg: Message = queued.payload
+        if msg_id in queue.persisted_ids:
+            queue.persisted_ids.discard(msg_id)
+            records.append(MessageRemovedRecord(queue.vhost, queue.name, msg_id))
+        fields = properties_to_dict(msg.properties)
+        if not queued.persistent and "delivery_mode" in fields:
+            fields[SPILLED_DELIVERY_MODE] = fields.pop("delivery_mode")
+        records.append(TailMessageRecord(queue.vhost, queue.name, msg_id, msg.exchange, msg.routing_key, fields,
+                                         msg.body, delivery_count))
+        tail.front_offsets[msg_id] = UNKNOWN
+        if redelivered:
+            tail.redelivered.add(msg_id)
+    tail.front_ids.extend(msg_id for msg_id, *_ in taken)  # newest first: each batch is older than the last
+    broker.persist(tuple(records))
+    return len(taken)
