@@ -129,7 +129,8 @@ class ClusterRuntime:
         peers = {NodeId(p.name): (p.host, p.raft_port) for p in self.layout.peers}
         self.raft = RaftNodeRuntime(
             NodeId(self.name), self.data_dir / "raft", (me.host, me.raft_port), peers,
-            self.layout.secret.encode(), self._on_apply, snapshots=self, on_leader_change=self._on_leader_change)
+            self.layout.secret.encode(), self._on_apply, snapshots=self, on_leader_change=self._on_leader_change,
+            on_apply_many=self._on_apply_many)
         self._sync_groups(self.mirrored)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -288,6 +289,39 @@ class ClusterRuntime:
         except Exception:
             log.exception("cluster: group %s: applying entry %d failed", group, entry.index)
             return
+        self.dispatch(effects)
+
+    def _on_apply_many(self, group: GroupId, entries: tuple[Entry, ...]) -> None:
+        """One Ready cycle's committed entries of a group: one broker call (confirms coalesce), one dispatch."""
+        key = self.group_queues.get(group)
+        if key is None:
+            return
+        batch: list[tuple[str, str, bytes]] = []
+        for entry in entries:
+            if entry.kind is not EntryKind.NORMAL or not entry.data:
+                continue
+            try:
+                origin, proposal_id = peek_proposal(entry.data)
+            except ValueError:
+                log.error("cluster: group %s: undecodable entry %d skipped", group, entry.index)
+                continue
+            if origin == self.name:
+                self.tracker.applied(proposal_id)
+            batch.append((key[0], key[1], entry.data))
+        if not batch:
+            return
+        self.stats["applied"] += len(batch)
+        try:
+            effects = self.broker.apply_committed_many(batch)
+        except Exception:
+            log.exception("cluster: group %s: applying entries %d..%d failed; one by one", group,
+                          entries[0].index, entries[-1].index)
+            effects = []
+            for vhost, queue, data in batch:  # the replica skips the proposal ids it applied already
+                try:
+                    effects.extend(self.broker.apply_committed(vhost, queue, data))
+                except Exception:
+                    log.exception("cluster: group %s: an entry failed", group)
         self.dispatch(effects)
 
     def _on_leader_change(self, group: GroupId, leader: NodeId | None) -> None:
