@@ -21,6 +21,17 @@ message takes its place by msg id and is delivered unflagged, as if it had never
 streams over as a `MessageIndexRecord` (ids and offsets of the live messages); those become the tail too, flagged
 redelivered like every recovered message.
 
+Under the memory alarm (`Broker.set_alarm("memory", True)`, then every `tick` while it stays on): messages already
+in memory go to disk too, as RabbitMQ's classic queues page out under memory pressure. Each pageable queue whose
+machine holds more than `alarm_floor(limit)` (limit/10, at least 1) ready messages withdraws its NEWEST ready ones
+(`Queue.withdraw_newest_ready`: never unacked ones; it stops at one with a per-message TTL), at most
+`SPILL_QUEUE_BATCH_MAX` a queue and `SPILL_CALL_MAX` a call, and writes each as a tail record: a transient one
+spilled as above; a persistent one as a MessageRemovedRecord of its earlier record followed by the same record again
+(same msg id: storage's fold keeps the later copy live, and recovery sorts an index that lists it after newer ids).
+They wait at the FRONT of the tail (`PagedTail.front_ids`, newest first; older than every other tail message, so
+FIFO order holds) with their delivery count and redelivered flag, and page in first. While the alarm is on,
+page-in fills a machine only up to the floor (`effective_limit`); when it clears, normal page-in resumes.
+
 Opt-outs (such queues keep everything in memory, as before): queues with x-max-length, x-max-length-bytes,
 x-max-priority or x-message-ttl, and replicated mode. A message with a per-message TTL never starts a tail. Purge
 and delete write a MessageRemovedRecord for every tail message (harmless for spilled ones).
