@@ -138,3 +138,14 @@ def test_the_spill_stops_at_a_message_with_a_per_message_ttl() -> None:
     storage.run(broker.set_alarm("memory", False))
     storage.run(client.consume("q", "c", no_ack=True))
     assert [b for _t, _r, b in storage.delivered] == [b"m%d" % n for n in range(LIMIT - 1)]
+
+
+def test_purge_under_the_alarm_removes_the_spilled_messages_on_disk_too() -> None:
+    broker, storage, _bodies = _filled()
+    storage.run(broker.set_alarm("memory", True))
+    client = _client(broker)
+    ok = of_type(storage.run(client.call(m.QueuePurge(queue="q"))), m.QueuePurgeOk)
+    assert ok[0].message_count == COUNT
+    assert _real_fold_records(storage)[-1].msg_ids.tolist() == []  # type: ignore[union-attr]
+    assert storage.restart_records()[-1].msg_ids.tolist() == []  # type: ignore[union-attr]
+    assert broker.vhosts["/"].queues["q"].tail is None and not broker.paging
