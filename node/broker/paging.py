@@ -24,8 +24,8 @@ redelivered like every recovered message.
 Under the memory alarm (`Broker.set_alarm("memory", True)`, then every `tick` while it stays on): messages already
 in memory go to disk too, as RabbitMQ's classic queues page out under memory pressure. Each pageable queue whose
 machine holds more than `alarm_floor(limit)` (limit/10, at least 1) ready messages withdraws its NEWEST ready ones
-(`Queue.withdraw_newest_ready`: never unacked ones; it stops at one with a per-message TTL), at most
-`SPILL_QUEUE_BATCH_MAX` a queue and `SPILL_CALL_MAX` a call, and writes each as a tail record: a transient one
+(`Queue.withdraw_newest_ready`: never unacked ones; it stops at one with a per-message TTL), in batches of at most
+`SPILL_QUEUE_BATCH_MAX` (one Persist each) and at most `SPILL_CALL_MAX` a call, and writes each as a tail record: a transient one
 spilled as above; a persistent one as a MessageRemovedRecord of its earlier record followed by the same record again
 (same msg id: storage's fold keeps the later copy live, and recovery sorts an index that lists it after newer ids).
 They wait at the FRONT of the tail (`PagedTail.front_ids`, newest first; older than every other tail message, so
@@ -58,7 +58,7 @@ COMPACT_PREFIX_MIN: Final = 4096  # consumed tail entries dropped from the colum
 HELD: Final = -1  # the offset of a tail message kept in memory (`PagedTail.held`)
 UNKNOWN: Final = -2  # the offset of a front message storage has not reported yet (`PagedTail.front_offsets`)
 MEMORY_ALARM: Final = "memory"  # the `Broker.set_alarm` kind that spills messages already in memory
-SPILL_QUEUE_BATCH_MAX: Final = 1024  # messages one queue withdraws from its machine per call
+SPILL_QUEUE_BATCH_MAX: Final = 1024  # messages one queue withdraws from its machine per batch (one Persist)
 SPILL_CALL_MAX: Final = 8192  # messages all queues withdraw per call (one set_alarm or tick)
 SPILLED_DELIVERY_MODE: Final = "spilled_delivery_mode"  # a spilled record's delivery_mode, under another key
 
@@ -319,12 +319,16 @@ def spill_under_alarm(broker: Broker) -> None:
     budget = SPILL_CALL_MAX
     for vhost in broker.vhosts.values():
         for queue in vhost.queues.values():
-            excess = queue.machine.ready_count - floor
+            if not queue.pageable or (queue.tail is not None and queue.tail.pending_request):
+                continue  # (with a PageIn outstanding its ids sit between the machine's and the front's)
+            while budget > 0 and queue.machine.ready_count > floor:
+                moved = spill_newest(broker, queue, min(queue.machine.ready_count - floor, budget,
+                                                        SPILL_QUEUE_BATCH_MAX))
+                if not moved:
+                    break  # (a message with a per-message TTL stops it)
+                budget -= moved
             if budget <= 0:
                 return
-            if excess <= 0 or not queue.pageable or (queue.tail is not None and queue.tail.pending_request):
-                continue  # (with a PageIn outstanding its ids sit between the machine's and the front's)
-            budget -= spill_newest(broker, queue, min(excess, budget, SPILL_QUEUE_BATCH_MAX))
 
 
 def spill_newest(broker: Broker, queue: QueueState, count_max: int) -> int:
