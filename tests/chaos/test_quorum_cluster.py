@@ -119,9 +119,8 @@ def test_partition_isolating_the_leader_loses_nothing_confirmed() -> None:
 PURGE_RACE_ROUNDS = 3
 
 
-@pytest.mark.xfail(strict=False, reason="cluster mode: queue.purge-ok goes out before the Purge is applied "
-                   "(node/broker/definitions.py queue_purge), so a publish confirmed on another node just after it "
-                   "can be removed by the late Purge (seen in about 1 of 6 fresh queues)")
+# Regression test: purge-ok used to go out before the Purge was applied, so a publish confirmed on another node just
+# after it could be removed by the late Purge (about 1 of 6 fresh queues); fixed in node/broker/replica.py.
 def test_a_message_confirmed_after_purge_ok_survives_the_purge(cluster_env: Environment) -> None:
     import pika
 
