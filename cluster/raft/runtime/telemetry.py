@@ -153,6 +153,7 @@ class TelemetryWriter:
             if core.role is Role.LEADER:
                 record["followers"] = followers
             self._write(record)
+        self._file.flush()  # once per sample interval: readers (the lag job, tests) see records within a second
 
     def forget(self, group: GroupId) -> None:
         """A removed group: drop what is tracked for it (a re-added group starts afresh)."""
