@@ -271,25 +271,8 @@ class ClusterRuntime:
             self.dispatch(self.broker.queue_restore(key[0], key[1], data))
 
     def _on_apply(self, group: GroupId, entry: Entry) -> None:
-        if entry.kind is not EntryKind.NORMAL or not entry.data:
-            return
-        key = self.group_queues.get(group)
-        if key is None:
-            return
-        try:
-            origin, proposal_id = peek_proposal(entry.data)
-        except ValueError:
-            log.error("cluster: group %s: undecodable entry %d skipped", group, entry.index)
-            return
-        if origin == self.name:
-            self.tracker.applied(proposal_id)
-        self.stats["applied"] += 1
-        try:
-            effects = self.broker.apply_committed(key[0], key[1], entry.data)
-        except Exception:
-            log.exception("cluster: group %s: applying entry %d failed", group, entry.index)
-            return
-        self.dispatch(effects)
+        """Per-entry callback the Raft runtime requires; it calls `_on_apply_many` instead, as this does."""
+        self._on_apply_many(group, (entry,))
 
     def _on_apply_many(self, group: GroupId, entries: tuple[Entry, ...]) -> None:
         """One Ready cycle's committed entries of a group: one broker call (confirms coalesce), one dispatch."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import pika
 
 from bench.recovery import NodeUnderTest, queue_message_count
-from tests.paging.test_node_paging import _connect, _durable_marker
+from tests.paging.test_node_paging import _connect, _consume, _durable_marker
 
 QUEUE = "paged"
 COUNT = 3000
@@ -35,24 +35,6 @@ def _publish(connection: pika.BlockingConnection, first: int) -> None:
                               pika.BasicProperties(delivery_mode=2 if _is_persistent(n) else 1))
     channel.close()
     _durable_marker(connection)  # every message above is in the store
-
-
-def _consume(connection: pika.BlockingConnection, count: int) -> tuple[list[int], int]:
-    channel = connection.channel()
-    channel.basic_qos(prefetch_count=200)
-    received: list[int] = []
-    flagged = 0
-    for method, _props, body in channel.consume(QUEUE, inactivity_timeout=WAIT_S):
-        assert method is not None, f"stalled after {len(received)} messages"
-        received.append(int(body[:8]))
-        flagged += bool(method.redelivered)
-        if len(received) % 100 == 0 or len(received) == count:
-            channel.basic_ack(method.delivery_tag, multiple=True)
-        if len(received) == count:
-            break
-    channel.cancel()
-    channel.close()
-    return received, flagged
 
 
 def _toggle_memory_alarm(node: NodeUnderTest, log_path: Path, word: str, times_seen: int) -> None:
