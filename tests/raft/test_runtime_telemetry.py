@@ -66,3 +66,17 @@ def test_log_bytes_follow_truncation() -> None:
     assert log_bytes.record(1, [10, 10, 10]) == 30
     assert log_bytes.record(2, [5]) == 15  # index 2 onward replaced
     assert log_bytes.through(1) == 10 and log_bytes.through(2) == 15 and log_bytes.through(9) == 15
+
+
+def test_a_follower_the_new_leader_has_not_heard_from_is_left_out() -> None:
+    """Right after an election every follower is at match 0 in probe: reporting it would be a false lag."""
+    from cluster.raft.core.progress import Inflights, Progress, ProgressState
+    from cluster.raft.core.types import Index
+    from cluster.raft.runtime.telemetry import _position_known
+
+    unknown = Progress(Index(0), Index(11), Inflights(8, 1 << 20))
+    assert not _position_known(unknown)
+    answered = Progress(Index(7), Index(8), Inflights(8, 1 << 20))
+    assert _position_known(answered)
+    replicating_from_empty = Progress(Index(0), Index(1), Inflights(8, 1 << 20), state=ProgressState.REPLICATE)
+    assert _position_known(replicating_from_empty)

@@ -6,7 +6,8 @@ and `sample(now)` from its timer (a `state` record per group every `sample_inter
 and only on change while it is idle). Cumulative log bytes per index are tracked per group (`LogBytes`, bounded by
 `tracked_entries_max`) so a leader can report each follower's `match_bytes`. Files are
 `replication-<node>-<seq>.jsonl`; a file rotates at `file_bytes_max` and the oldest files beyond `files_max` are
-deleted, so telemetry never fills a disk. `forget(group)` drops a removed group's tracking.
+deleted, so telemetry never fills a disk. A leader leaves out followers whose position it has not learned yet
+(match 0, still probing: every follower right after an election), so a new leader shows no false lag. `forget(group)` drops a removed group's tracking.
 """
 
 from __future__ import annotations
@@ -18,8 +19,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.raft.core.progress import Progress, ProgressState
 from cluster.raft.core.raft import RaftCore
 from cluster.raft.core.types import GroupId, Index, Ready, Role
+
+
+def _position_known(progress: Progress) -> bool:
+    """False for a follower whose log position this leader has not learned yet: a new leader starts every follower
+    at match 0 in probe, and reporting that would show a false lag right after each election."""
+    return progress.match > 0 or progress.state is not ProgressState.PROBE
+
 
 ROLE_NAMES = {Role.LEADER: "leader", Role.FOLLOWER: "follower", Role.CANDIDATE: "candidate",
               Role.PRE_CANDIDATE: "candidate"}
@@ -141,7 +150,7 @@ class TelemetryWriter:
             followers = {}
             if core.role is Role.LEADER:
                 followers = {node: {"match_index": pr.match, "match_bytes": log_bytes.through(Index(pr.match))}
-                             for node, pr in sorted(core.prs.items()) if node != core.id}
+                             for node, pr in sorted(core.prs.items()) if node != core.id and _position_known(pr)}
             key = (core.term, core.role, core.log.last_index(), core.log.committed,
                    tuple((node, value["match_index"]) for node, value in followers.items()))
             if self._last_state.get(group) == key:
