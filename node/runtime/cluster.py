@@ -43,7 +43,7 @@ from cluster.metadata import model as md
 from cluster.metadata import placement
 from cluster.metadata.store import MetadataError, MetadataStore, MetadataTimeout, StoreConfig
 from cluster.queue.replicated_codec import peek_proposal, queue_group_id
-from cluster.queue.types import Enqueue
+from cluster.queue.types import Detach, Enqueue
 from cluster.raft.core.types import Entry, EntryKind, GroupId, Membership, NodeId
 from cluster.raft.runtime.node import RaftNodeRuntime
 from node.broker import records as br
@@ -97,7 +97,7 @@ class ClusterRuntime:
         self._last_steps: dict[GroupId, object] = {}  # the membership step last asked for, per led group (logging)
         self._leader_recorded_ms: dict[GroupId, int] = {}  # last SetQueueLeader attempt per group (rate limit)
         self.stats = {"proposed": 0, "resent": 0, "abandoned": 0, "applied": 0, "definitions": 0,
-                      "applied_before_commit": 0}
+                      "applied_before_commit": 0, "barriers_held": 0}
         self.unsafe_confirm_before_commit = config.test_unsafe_confirm_before_commit
         if self.unsafe_confirm_before_commit:
             log.warning("TEST-ONLY UNSAFE MODE test_unsafe_confirm_before_commit: this node applies its own publishes "
@@ -291,6 +291,8 @@ class ClusterRuntime:
             if origin == self.name:
                 self.tracker.applied(proposal_id)
             batch.append((key[0], key[1], entry.data))
+        if self.tracker.has_barriers(group):
+            self._release(group)
         if not batch:
             return
         self.stats["applied"] += len(batch)
@@ -323,7 +325,8 @@ class ClusterRuntime:
         group = GroupId(queue_group_id(effect.vhost, effect.queue))
         proposal_id = self.tracker.next_id()
         data = self.broker.encode_proposal(self.name, proposal_id, effect.vhost, effect.queue, effect.command)
-        pending = Pending(proposal_id, group, effect.vhost, effect.queue, data, wall_ms())
+        pending = Pending(proposal_id, group, effect.vhost, effect.queue, data, wall_ms(),
+                          barrier=isinstance(effect.command, Detach))
         if self.tracker.full():
             log.warning("cluster: %d proposals in flight; refusing one for %s", len(self.tracker), group)
             self.stats["abandoned"] += 1
@@ -331,6 +334,9 @@ class ClusterRuntime:
             return
         self.tracker.add(pending)
         self.stats["proposed"] += 1
+        if self.tracker.held_back(pending):
+            self.stats["barriers_held"] += 1  # sent once the earlier proposals of the group applied (_release)
+            return
         if self.raft is not None and group in self.group_queues:
             pending.sent_ms = pending.first_ms
             self.raft.propose(group, data)
@@ -354,10 +360,19 @@ class ClusterRuntime:
         """(Re)send every unapplied proposal of the group, oldest first."""
         if self.raft is None or group not in self.group_queues:
             return
-        for pending in self.tracker.of_group(group):
+        for pending in self.tracker.sendable(group):
             if pending.sent_ms is not None:
                 self.stats["resent"] += 1
             pending.sent_ms = now_ms
+            self.raft.propose(group, pending.data)
+
+    def _release(self, group: GroupId) -> None:
+        """Send the group's barriers (Detach) whose earlier proposals have all been applied or given up now."""
+        if self.raft is None or group not in self.group_queues:
+            return
+        now = wall_ms()
+        for pending in self.tracker.released(group):
+            pending.sent_ms = now
             self.raft.propose(group, pending.data)
 
     def _abandon(self, pending: Pending) -> None:
@@ -370,8 +385,11 @@ class ClusterRuntime:
         while True:
             await trio.sleep(RETRY_POLL_S)
             now = wall_ms()
-            for pending in self.tracker.expired(now):
+            expired = self.tracker.expired(now)
+            for pending in expired:
                 self._abandon(pending)
+            for group in {pending.group for pending in expired}:
+                self._release(GroupId(group))
             for group in self.tracker.groups_due(now):
                 self._send_group(GroupId(group), now)
 

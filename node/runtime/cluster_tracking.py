@@ -5,6 +5,14 @@ it (the runtime reports that with `applied(proposal_id)` from the Raft apply cal
 (`due`: every `retry_ms`, because a leader may have changed or a forwarded proposal may have been dropped) and
 when to give up (`timeout_ms`). A group's proposals are always (re)sent together, oldest first, so a retry never
 puts a later proposal of a queue into the log ahead of an earlier one. At most `pending_max` proposals wait.
+
+Sending in order is not enough for every command: a copy sent earlier can be lost (a forward dropped with its
+connection, a command held while no leader was known and then overtaken by a fresh one in the Raft router) and
+commit after a later one. For most commands that is harmless; a `Detach` is not: committed before the `Settle` of an
+ack its consumer sent first, it returns the acked message to the queue (redelivered to another consumer, which
+RabbitMQ never does once the ack arrived before the channel closed). So a proposal marked `barrier` (the runtime
+marks every Detach) is held back, unsent, until every earlier proposal of its group is applied by this node's
+replica or given up (`sendable`); only then does it enter the log, necessarily after them.
 `PeerLiveness` turns "which peers are connected now" samples into down/up transitions after `down_after_ms`.
 Both take time as `now_ms` arguments, so they are unit-tested without clocks.
 """
@@ -28,7 +36,8 @@ class Pending:
     queue: str
     data: bytes
     first_ms: int
-    sent_ms: int | None = None  # None: never handed to Raft (its group was not running yet)
+    sent_ms: int | None = None  # None: never handed to Raft (its group was not running yet, or a held barrier)
+    barrier: bool = False  # sent only once every earlier proposal of the group was applied (or given up)
 
 
 @dataclass(slots=True)
@@ -42,6 +51,7 @@ class ProposalTracker:
     _next_id: int = 0
     _by_id: dict[int, Pending] = field(default_factory=dict)
     _by_group: dict[str, dict[int, Pending]] = field(default_factory=dict)  # insertion (= id) order
+    _barriers: dict[str, int] = field(default_factory=dict)  # group -> barriers it tracks (count)
 
     def __post_init__(self) -> None:
         self._next_id = self.first_id
@@ -60,6 +70,8 @@ class ProposalTracker:
     def add(self, pending: Pending) -> None:
         self._by_id[pending.proposal_id] = pending
         self._by_group.setdefault(pending.group, {})[pending.proposal_id] = pending
+        if pending.barrier:
+            self._barriers[pending.group] = self._barriers.get(pending.group, 0) + 1
 
     def applied(self, proposal_id: int) -> Pending | None:
         """This node's replica applied the proposal: stop tracking it."""
@@ -70,7 +82,55 @@ class ProposalTracker:
                 group.pop(proposal_id, None)
                 if not group:
                     del self._by_group[pending.group]
+            if pending.barrier:
+                self._forget_barrier(pending.group)
         return pending
+
+    def _forget_barrier(self, group: str) -> None:
+        count = self._barriers.get(group, 0) - 1
+        if count > 0:
+            self._barriers[group] = count
+        else:
+            self._barriers.pop(group, None)
+
+    def has_barriers(self, group: str) -> bool:
+        """Whether the group tracks a barrier (cheap: the apply path asks after every batch)."""
+        return group in self._barriers
+
+    def sendable(self, group: str) -> list[Pending]:
+        """The group's proposals that may go to Raft now, in id order: every ordinary one, and a barrier only when
+        nothing but barriers precedes it (what comes before it was applied or given up)."""
+        pendings = self._by_group.get(group)
+        if not pendings:
+            return []
+        if group not in self._barriers:
+            return list(pendings.values())
+        out: list[Pending] = []
+        clear = True
+        for pending in pendings.values():
+            if not pending.barrier:
+                clear = False
+                out.append(pending)
+            elif clear:
+                out.append(pending)
+        return out
+
+    def held_back(self, pending: Pending) -> bool:
+        """Whether `pending` (tracked) is a barrier that must wait for an earlier proposal of its group."""
+        if not pending.barrier:
+            return False
+        for earlier in self._by_group.get(pending.group, {}).values():
+            if earlier is pending:
+                return False
+            if not earlier.barrier:
+                return True
+        return False
+
+    def released(self, group: str) -> list[Pending]:
+        """Barriers of the group that may go now and were never sent (to send right after an apply)."""
+        if group not in self._barriers:
+            return []
+        return [p for p in self.sendable(group) if p.barrier and p.sent_ms is None]
 
     def of_group(self, group: str) -> list[Pending]:
         """The group's proposals in id order (to send them all again)."""
@@ -79,6 +139,7 @@ class ProposalTracker:
     def drop_group(self, group: str) -> list[Pending]:
         """Forget a group's proposals (its queue is gone); returns them, to be abandoned."""
         dropped = list(self._by_group.pop(group, {}).values())
+        self._barriers.pop(group, None)
         for pending in dropped:
             self._by_id.pop(pending.proposal_id, None)
         return dropped

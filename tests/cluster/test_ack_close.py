@@ -1,0 +1,223 @@
+"""Regression: an ack followed by a clean channel close must never be redelivered (docs/chaos.md, finding).
+
+The cause: a consumer's ack is proposed as `Settle`, its channel close as `Detach`, in that order, but one copy of
+a proposal can be overtaken by a later proposal on the way into the queue's log. The Raft router holds a command
+while no leader is known and routes fresh commands before the held ones in the loop turn in which the leader
+becomes known (`test_the_raft_router_lets_a_fresh_command_overtake_a_held_one`), and a forward can be lost with
+its connection while the next one gets through; the runtime's retry then puts the lost `Settle` into the log after
+the `Detach`, whose effect (the consumer's unacked messages return, redelivered) has already handed the acked
+message to another consumer. The fix (node/runtime/cluster_tracking.py): a `Detach` is a barrier, proposed only
+once every earlier proposal of its queue was applied (or given up).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import Any
+
+from cluster.queue import (
+    Attach,
+    Deliver,
+    Detach,
+    Enqueue,
+    Proposal,
+    QueuedMessage,
+    ReplicatedQueue,
+    Settle,
+    decode_proposal,
+    encode_proposal,
+)
+from cluster.raft.core.types import Entry, GroupId, NodeId, Role
+from cluster.raft.runtime.codec import Command
+from cluster.raft.runtime.routing import CommandRouter
+from node.broker.effects import ProposeQueue
+from node.runtime.cluster import ClusterRuntime
+from node.runtime.cluster_tracking import Pending, ProposalTracker
+from node.runtime.config import NodeConfig, cluster_layout
+
+SECRET = "0123456789abcdef-secret"
+GROUP = GroupId("q/%2F/orders")
+C1 = ("a", 7, 1)  # the consumer on node a that acks and closes
+C2 = ("b", 9, 1)  # another consumer of the queue, on node b
+
+
+def _payload(value: Any) -> Any:
+    return value
+
+
+# ------------------------------------------------------------------------------------------- the exact cause
+
+
+def test_the_raft_router_lets_a_fresh_command_overtake_a_held_one() -> None:
+    """A follower that knows no leader holds the Settle; in the loop turn in which it learns the leader (from an
+    append it just stepped) the runtime routes without retrying held commands, so the fresh Detach is forwarded
+    first and the Settle follows in the next turn: the leader appends them in the wrong order."""
+    core = SimpleNamespace(role=Role.FOLLOWER, lead=None)
+    multi: Any = SimpleNamespace(groups={GROUP: core})
+    router = CommandRouter(NodeId("a"), hold_ms=2000)
+    router.offer(Command("propose", GROUP, b"settle"))
+    assert router.route(multi, 0.0, retry_held=False) == [] and router.held_count == 1
+    core.lead = NodeId("b")  # learned from the batch stepped in this turn
+    router.offer(Command("propose", GROUP, b"detach"))
+    first = router.route(multi, 10.0, retry_held=False)  # node.py: retry_held only after a tick / notice
+    second = router.route(multi, 20.0, retry_held=True)
+    order = [c.data for f in first + second for c in f.commands]
+    assert order == [b"detach", b"settle"]
+
+
+# ------------------------------------------------------------------------------------------- the runtime fix
+
+
+class FakeBroker:
+    """Just the broker calls the runtime's proposal path makes."""
+
+    def encode_proposal(self, origin: str, proposal_id: int, vhost: str, queue: str, command: Any) -> bytes:
+        return encode_proposal(Proposal(origin, proposal_id, command), _payload)
+
+    def apply_committed_many(self, batch: list[tuple[str, str, bytes]]) -> list[Any]:
+        return []
+
+    def apply_committed(self, vhost: str, queue: str, data: bytes) -> list[Any]:
+        return []
+
+    def proposal_abandoned(self, vhost: str, queue: str, data: bytes) -> list[Any]:
+        return []
+
+
+class FakeNode:
+    def __init__(self) -> None:
+        self.effect_sinks: dict[type, Any] = {}
+
+    def dispatch(self, effects: Any) -> None:
+        self.apply_effects(effects)
+
+    def apply_effects(self, effects: Any) -> None:
+        for effect in effects:
+            self.effect_sinks[type(effect)](effect)
+
+
+class LossyLog:
+    """The queue group: every proposal handed to it is appended in arrival order, except copies the test says
+    are lost on the way (a dropped forward, a held command overtaken). `commit` applies the appended entries to a
+    replica of the queue and reports them to the runtime, as the Raft apply callback does."""
+
+    def __init__(self, runtime: ClusterRuntime, replica: ReplicatedQueue) -> None:
+        self.runtime = runtime
+        self.replica = replica
+        self.inbox: list[bytes] = []
+        self.lose_first: set[type] = set()
+        self.index = 0
+        self.log: list[str] = []
+        self.deliveries: list[Deliver] = []
+
+    def propose(self, group: GroupId, data: bytes) -> bool:
+        kind = type(decode_proposal(data, _payload).command)
+        if kind in self.lose_first:
+            self.lose_first.discard(kind)
+            return True
+        self.inbox.append(data)
+        return True
+
+    def commit(self) -> None:
+        while self.inbox:
+            data = self.inbox.pop(0)
+            self.index += 1
+            proposal = decode_proposal(data, _payload)
+            effects = self.replica.apply(proposal)
+            if effects is not None:
+                self.log.append(type(proposal.command).__name__)
+                self.deliveries.extend(e for e in effects if isinstance(e, Deliver))
+            self.runtime._on_apply_many(GROUP, (Entry(1, self.index, data),))  # may propose (released barriers)
+
+
+def _runtime() -> tuple[ClusterRuntime, LossyLog]:
+    config = dataclasses.replace(
+        NodeConfig(), node_name="a", cluster_secret=SECRET,
+        cluster_nodes=("a=127.0.0.1:5000", "b=127.0.0.1:5001", "c=127.0.0.1:5002"))
+    runtime = ClusterRuntime(config, cluster_layout(config), FakeBroker(), boot_id=7)
+    runtime.attach(FakeNode())
+    replica = ReplicatedQueue("orders")
+    message = QueuedMessage(b"m1", 2, True)
+    for n, command in enumerate([Attach(C1, 0), Enqueue(message, 0, "pub", 1), Attach(C2, 0)], start=1):
+        replica.apply(Proposal("setup", n, command))  # m1 (msg id 1) is delivered to C1 and unacked
+    assert list(replica.queue.unacked_msg_ids(C1)) == [1]
+    log = LossyLog(runtime, replica)
+    runtime.raft = log  # type: ignore[assignment]
+    runtime.group_queues[GROUP] = ("/", "orders")
+    return runtime, log
+
+
+def test_an_acked_message_is_not_redelivered_when_the_settle_copy_is_lost() -> None:
+    runtime, log = _runtime()
+    log.lose_first = {Settle}  # the Settle's first copy is lost on its way to the leader
+    runtime._on_propose(ProposeQueue("/", "orders", Settle(C1, (1,))))  # basic.ack
+    runtime._on_propose(ProposeQueue("/", "orders", Detach(C1, 0)))  # channel.close
+    log.commit()
+    assert runtime.stats["barriers_held"] == 1  # the Detach waits for the Settle
+    runtime._send_group(GROUP, 10_000)  # the retry timer sends the group's proposals again
+    log.commit()
+    assert log.log == ["Settle", "Detach"]
+    assert [d.consumer_id for d in log.deliveries] == []  # m1 was never handed to C2
+    assert log.replica.queue.ready_count == 0 and len(runtime.tracker) == 0
+
+
+def test_a_detach_with_nothing_before_it_goes_at_once() -> None:
+    runtime, log = _runtime()
+    runtime._on_propose(ProposeQueue("/", "orders", Detach(C1, 0)))
+    log.commit()
+    assert log.log == ["Detach"] and runtime.stats["barriers_held"] == 0
+    assert [(d.consumer_id, d.redelivered) for d in log.deliveries] == [(C2, True)]  # unacked: back, flagged
+
+
+def test_a_detach_waits_for_an_earlier_settle_that_is_given_up() -> None:
+    runtime, log = _runtime()
+    log.lose_first = {Settle}
+    runtime._on_propose(ProposeQueue("/", "orders", Settle(C1, (1,))))
+    runtime._on_propose(ProposeQueue("/", "orders", Detach(C1, 0)))
+    log.commit()
+    assert log.log == []
+    settle = runtime.tracker.of_group(GROUP)[0]
+    settle.first_ms -= runtime.config.proposal_timeout_ms  # the Settle alone is past its time
+    expired = runtime.tracker.expired(settle.first_ms + runtime.config.proposal_timeout_ms)
+    assert expired == [settle]
+    runtime._abandon(settle)  # as the retry timer does
+    runtime._release(GROUP)
+    log.commit()
+    assert log.log == ["Detach"]  # the ack is lost (at least once), but the Detach is not stuck behind it
+
+
+# ------------------------------------------------------------------------------------------- the tracker
+
+
+def _pending(tracker: ProposalTracker, barrier: bool = False) -> Pending:
+    pending = Pending(tracker.next_id(), "g", "/", "q", b"x", 0, barrier=barrier)
+    tracker.add(pending)
+    return pending
+
+
+def test_a_barrier_goes_once_everything_before_it_applied() -> None:
+    tracker = ProposalTracker(first_id=1)
+    settle, detach, publish, detach2 = _pending(tracker), _pending(tracker, True), _pending(tracker), \
+        _pending(tracker, True)
+    assert tracker.held_back(detach) and tracker.held_back(detach2) and not tracker.held_back(publish)
+    assert tracker.sendable("g") == [settle, publish]  # later ordinary proposals are not held back
+    assert tracker.released("g") == []
+    tracker.applied(settle.proposal_id)
+    assert tracker.sendable("g") == [detach, publish] and tracker.released("g") == [detach]
+    detach.sent_ms = 5
+    assert tracker.released("g") == []
+    tracker.applied(publish.proposal_id)
+    assert tracker.released("g") == [detach2]  # only barriers before it: both may go, in order
+    assert tracker.sendable("g") == [detach, detach2]
+    tracker.applied(detach.proposal_id)
+    tracker.applied(detach2.proposal_id)
+    assert not tracker.has_barriers("g") and len(tracker) == 0
+
+
+def test_dropping_a_group_forgets_its_barriers() -> None:
+    tracker = ProposalTracker(first_id=1)
+    _pending(tracker)
+    _pending(tracker, True)
+    assert tracker.has_barriers("g")
+    assert len(tracker.drop_group("g")) == 2 and not tracker.has_barriers("g")
