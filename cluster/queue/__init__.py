@@ -25,6 +25,7 @@ from cluster.queue.types import (
     Attach,
     DeadLetter,
     DeadLetterReason,
+    DeadLetterStrategy,
     Deliver,
     Detach,
     Discard,
@@ -46,7 +47,9 @@ from cluster.queue.types import (
     Recover,
     Rejected,
     Return,
+    SetArgs,
     Settle,
+    SettleDeadLettered,
 )
 
 __all__ = [
@@ -57,6 +60,7 @@ __all__ = [
     "Attach",
     "DeadLetter",
     "DeadLetterReason",
+    "DeadLetterStrategy",
     "Deliver",
     "Detach",
     "Discard",
@@ -82,7 +86,9 @@ __all__ = [
     "Rejected",
     "ReplicatedQueue",
     "Return",
+    "SetArgs",
     "Settle",
+    "SettleDeadLettered",
     "SnapshotDecodeError",
     "decode_proposal",
     "encode_proposal",

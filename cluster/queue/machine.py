@@ -20,16 +20,37 @@ Semantics chosen where RabbitMQ leaves room (the reference model in tests/queue 
   least recently used one (a retry from an evicted publisher is then accepted again: at-least-once, never lost).
 - Single active consumer: the first attached is active; when it detaches, the attached consumer with the highest
   priority (then the earliest attached) takes over.
+- SetArgs (policies) replaces the arguments at its point of the log, keeping max_priority and
+  single_active_consumer as declared. A new x-message-ttl applies to messages enqueued from then on; messages
+  already in keep the expiry they got (as RabbitMQ, which stamps the expiry at enqueue). New length limits apply
+  at once: under drop-head the heads over the limit are dead-lettered/dropped ("maxlen"); under reject-publish(-dlx)
+  nothing already in the queue is removed, publishes are refused until it is under the limit (as RabbitMQ).
+- At-least-once dead lettering (`QueueArgs.holds_dead_letters`): a lost message moves to the holding area
+  (`holding.DeadLetterHolding`) and its `DeadLetter` carries `held_seq`; `SettleDeadLettered` removes it. Held
+  messages count against max-length/max-length-bytes; past DEAD_LETTER_HELD_MAX held, publishes are refused
+  (reason "dead_letter_held"). Purge leaves them. A SetArgs that turns the strategy off releases them as
+  at-most-once `DeadLetter`s (or `Dropped` without a DLX), as RabbitMQ does when the strategy changes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, Final
 
 from cluster.queue.consumers import Consumer, ConsumerRings
-from cluster.queue.ready import GONE, READY, REDELIVERED, STATE_MASK, UNACKED, Entry, ReadyStore
+from cluster.queue.holding import DEAD_LETTER_HELD_MAX, DeadLetterHolding
+from cluster.queue.ready import (
+    GONE,
+    IN_EXPIRY_HEAP,
+    READY,
+    REDELIVERED,
+    STATE_MASK,
+    UNACKED,
+    Entry,
+    ReadyStore,
+)
 from cluster.queue.types import (
     Accepted,
     ActiveConsumerChanged,
@@ -57,7 +78,9 @@ from cluster.queue.types import (
     Recover,
     Rejected,
     Return,
+    SetArgs,
     Settle,
+    SettleDeadLettered,
 )
 
 PUBLISHERS_MAX_DEFAULT: Final = 10_000
@@ -75,11 +98,13 @@ class Queue:
         "_consumers",
         "_handlers",
         "_has_limits",
+        "_held",
         "_next_msg_id",
         "_now_ms",
         "_publishers",
         "_ready",
         "_rings",
+        "_ttl_epoch_msg_id",
         "_unacked_count",
         "args",
         "name",
@@ -105,6 +130,8 @@ class Queue:
         self._active: Consumer | None = None
         self._publishers: OrderedDict[Hashable, int] = OrderedDict()  # least recently used first
         self._has_limits = self.args.max_length is not None or self.args.max_length_bytes is not None
+        self._held = DeadLetterHolding()
+        self._ttl_epoch_msg_id = 0  # messages from this id on got their expiry from the current message TTL
         self._handlers: dict[type, Callable[[Any, _Effects], None]] = {
             Enqueue: self._enqueue,
             Settle: self._settle,
@@ -117,6 +144,8 @@ class Queue:
             Expire: self._expire,
             Purge: self._purge,
             Recover: self._recover,
+            SetArgs: self._set_args,
+            SettleDeadLettered: self._settle_dead_lettered,
         }
 
     # --- public API -----------------------------------------------------------------------------------------
@@ -149,6 +178,23 @@ class Queue:
     def active_consumer(self) -> Hashable | None:
         """The single active consumer's id (None without one or when SAC is off)."""
         return self._active.consumer_id if self._active is not None else None
+
+    @property
+    def held_count(self) -> int:
+        """Dead-lettered messages held until their targets accepted them (at-least-once)."""
+        return self._held.count
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held.size_bytes
+
+    def held_letters(self) -> list[tuple[MsgId, int, DeadLetterReason, QueuedMessage, int]]:
+        """(msg_id, hold sequence, reason, message, delivery_count) of every held message, in hold order (O(n))."""
+        return [(h.entry.msg_id, h.seq, h.reason, h.entry.message, h.entry.delivery_count) for h in self._held]
+
+    def held_msg_id(self, held_seq: int) -> MsgId | None:
+        """The msg id held under this hold sequence (None: not held, e.g. settled already)."""
+        return self._held.msg_id_of(held_seq)
 
     @property
     def now_ms(self) -> int:
@@ -221,6 +267,9 @@ class Queue:
                 return
         message = command.message
         args = self.args
+        if self._held.count >= DEAD_LETTER_HELD_MAX:
+            out.append(Rejected(publisher_id, sequence, "dead_letter_held"))
+            return
         if self._has_limits and args.overflow != "drop-head" and self._would_overflow(message.size_bytes):
             out.append(Rejected(publisher_id, sequence, "maxlen"))
             if args.overflow == "reject-publish-dlx" and args.dead_letter_exchange is not None:
@@ -374,6 +423,44 @@ class Queue:
     def _purge(self, command: Purge, out: _Effects) -> None:
         out.append(Purged(self._ready.clear()))
 
+    def _set_args(self, command: SetArgs, out: _Effects) -> None:
+        old = self.args
+        new = dataclasses.replace(
+            command.args, max_priority=old.max_priority, single_active_consumer=old.single_active_consumer
+        )
+        self.args = new
+        self._has_limits = new.max_length is not None or new.max_length_bytes is not None
+        if new.message_ttl_ms != old.message_ttl_ms:
+            self._rebuild_ready(new.message_ttl_ms)
+        if self._held.count and not new.holds_dead_letters:
+            self._release_held(out)
+        if self._has_limits and new.overflow == "drop-head":
+            self._drop_heads_over_limit(out)
+
+    def _rebuild_ready(self, queue_ttl_ms: int | None) -> None:
+        """A new message TTL: existing ready messages keep their expiry, as returned entries of a fresh store (the
+        compact form assumes the current TTL); later messages are compact again."""
+        old = self._ready
+        self._ready = ReadyStore(self.args.max_priority, queue_ttl_ms)
+        for consumer in self._consumers.values():
+            for entry in consumer.unacked.values():
+                entry.flags &= ~IN_EXPIRY_HEAP  # the old store's heap is gone: pushed afresh when returned
+        for entry in old.iter_in_order():
+            entry.flags &= ~IN_EXPIRY_HEAP
+            self._ready.push_returned(entry)
+        self._ttl_epoch_msg_id = self._next_msg_id
+
+    def _release_held(self, out: _Effects) -> None:
+        for letter in self._held.release_all():
+            entry = letter.entry
+            if self.args.dead_letter_exchange is not None:
+                out.append(DeadLetter(entry.message, letter.reason, entry.delivery_count, entry.msg_id))
+            else:
+                out.append(Dropped(entry.msg_id, letter.reason))
+
+    def _settle_dead_lettered(self, command: SettleDeadLettered, out: _Effects) -> None:
+        self._held.settle(command.msg_ids)
+
     def _recover(self, command: Recover, out: _Effects) -> None:
         msg_id = command.msg_id
         if msg_id >= self._next_msg_id:
@@ -460,7 +547,10 @@ class Queue:
 
     def _lose(self, entry: Entry, reason: DeadLetterReason, out: _Effects) -> None:
         entry.flags = (entry.flags & ~STATE_MASK) | GONE
-        if self.args.dead_letter_exchange is not None:
+        if self.args.holds_dead_letters:
+            held_seq = self._held.hold(entry, reason)
+            out.append(DeadLetter(entry.message, reason, entry.delivery_count, entry.msg_id, held_seq))
+        elif self.args.dead_letter_exchange is not None:
             out.append(DeadLetter(entry.message, reason, entry.delivery_count, entry.msg_id))
         else:
             out.append(Dropped(entry.msg_id, reason))
@@ -491,11 +581,13 @@ class Queue:
             self._rings.offer(best)
 
     def _would_overflow(self, size_bytes: int) -> bool:
+        """Held dead letters count too (they are only ever held under reject-publish)."""
+        held = self._held
         max_length = self.args.max_length
-        if max_length is not None and self._ready.count + 1 > max_length:
+        if max_length is not None and self._ready.count + held.count + 1 > max_length:
             return True
         max_bytes = self.args.max_length_bytes
-        return max_bytes is not None and self._ready.size_bytes + size_bytes > max_bytes
+        return max_bytes is not None and self._ready.size_bytes + held.size_bytes + size_bytes > max_bytes
 
     def _drop_heads_over_limit(self, out: _Effects) -> None:
         ready = self._ready

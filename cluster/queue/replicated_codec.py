@@ -11,7 +11,8 @@ payloads are opaque to this module: the caller passes `encode_payload(payload) -
 
 Decoding treats the bytes as untrusted: any malformed input (bad cbor, wrong shape, wrong field types, or an
 exception from `decode_payload`) raises `ProposalDecodeError` (a ValueError) and nothing else. msg_id lists come
-back as tuples.
+back as tuples. `SetArgs` carries the ten `QueueArgs` fields in declaration order, each checked (ints >= 0 or None,
+overflow and strategy among their values, strs or None, max_priority 0..255 or None, a bool).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any, Final
 import cbor2
 
 from cluster.queue.types import (
+    DEAD_LETTER_STRATEGIES,
+    OVERFLOW_MODES,
     AddCredit,
     Attach,
     Detach,
@@ -32,11 +35,14 @@ from cluster.queue.types import (
     Get,
     MsgId,
     Purge,
+    QueueArgs,
     QueueCommand,
     QueuedMessage,
     Recover,
     Return,
+    SetArgs,
     Settle,
+    SettleDeadLettered,
 )
 
 GROUP_PREFIX: Final = "q/"
@@ -163,6 +169,51 @@ def _fields(row: list[Any], count: int) -> list[Any]:
     return row
 
 
+def _opt_str(value: Any) -> str | None:
+    if value is not None and type(value) is not str:
+        raise ProposalDecodeError(f"expected a str or null, got {value!r:.80}")
+    return value
+
+
+def _choice(value: Any, choices: tuple[str, ...]) -> Any:
+    if type(value) is not str or value not in choices:
+        raise ProposalDecodeError(f"expected one of {choices}, got {value!r:.80}")
+    return value
+
+
+def _encode_args(args: QueueArgs) -> list[Any]:
+    return [
+        args.message_ttl_ms,
+        args.max_length,
+        args.max_length_bytes,
+        args.overflow,
+        args.dead_letter_exchange,
+        args.dead_letter_routing_key,
+        args.max_priority,
+        args.single_active_consumer,
+        args.delivery_limit,
+        args.dead_letter_strategy,
+    ]
+
+
+def _decode_args(value: Any) -> QueueArgs:
+    if type(value) is not list or len(value) != 10:
+        raise ProposalDecodeError("expected the 10 queue argument fields")
+    ttl, max_length, max_bytes, overflow, dlx, dlrk, max_priority, sac, delivery_limit, strategy = value
+    return QueueArgs(
+        message_ttl_ms=_opt_int(ttl),
+        max_length=_opt_int(max_length),
+        max_length_bytes=_opt_int(max_bytes),
+        overflow=_choice(overflow, OVERFLOW_MODES),
+        dead_letter_exchange=_opt_str(dlx),
+        dead_letter_routing_key=_opt_str(dlrk),
+        max_priority=None if max_priority is None else _int(max_priority, 0, PRIORITY_MAX),
+        single_active_consumer=_bool(sac),
+        delivery_limit=_opt_int(delivery_limit),
+        dead_letter_strategy=_choice(strategy, DEAD_LETTER_STRATEGIES),
+    )
+
+
 def _encode_message(message: QueuedMessage, encode_payload: EncodePayload) -> list[Any]:
     return [
         encode_payload(message.payload),
@@ -231,6 +282,10 @@ def _encode_command(command: QueueCommand, encode_payload: EncodePayload) -> lis
             return ["purge"]
         case Recover(msg_id, message, delivery_count, expiry_ms):
             return ["rec", msg_id, _encode_message(message, encode_payload), delivery_count, expiry_ms]
+        case SetArgs(args):
+            return ["args", _encode_args(args)]
+        case SettleDeadLettered(msg_ids):
+            return ["dlsettle", list(msg_ids)]
     raise TypeError(f"not a queue command: {command!r}")
 
 
@@ -298,6 +353,16 @@ def _decode_recover(f: list[Any], dp: DecodePayload) -> QueueCommand:
     )
 
 
+def _decode_set_args(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    (args,) = _fields(f, 1)
+    return SetArgs(_decode_args(args))
+
+
+def _decode_settle_dead_lettered(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    (msg_ids,) = _fields(f, 1)
+    return SettleDeadLettered(_msg_ids(msg_ids))
+
+
 _DECODERS: Final[dict[str, Callable[[list[Any], DecodePayload], QueueCommand]]] = {
     "enq": _decode_enqueue,
     "att": _decode_attach,
@@ -310,6 +375,8 @@ _DECODERS: Final[dict[str, Callable[[list[Any], DecodePayload], QueueCommand]]] 
     "exp": _decode_expire,
     "purge": _decode_purge,
     "rec": _decode_recover,
+    "args": _decode_set_args,
+    "dlsettle": _decode_settle_dead_lettered,
 }
 
 

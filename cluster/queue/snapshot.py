@@ -7,7 +7,10 @@ Note that cbor turns tuples into lists: pass `decode_id` to restore if ids are t
 
 The restored machine is identical in behaviour: same ready order, unacked sets, consumer limits, round-robin ring
 positions, active consumer, dedup high-waters (in LRU order), msg_id counter and clock. Internal garbage (lazily
-removed entries) is not carried over, which does not change any future effect.
+removed entries) is not carried over, which does not change any future effect. The dead-letter holding area
+(at-least-once) travels as `held` rows in hold order; `ttl_epoch` is the first msg id whose expiry came from the
+current message TTL (older ones are restored as plain entries, see `_is_compact`). Both keys are optional, so
+snapshots written before them restore.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Final
 
 from cluster.queue.consumers import Consumer
-from cluster.queue.ready import READY, REDELIVERED, UNACKED, Entry
+from cluster.queue.holding import HeldLetter
+from cluster.queue.ready import GONE, READY, REDELIVERED, UNACKED, Entry
 from cluster.queue.types import MsgId, QueueArgs, QueuedMessage
 
 if TYPE_CHECKING:
@@ -54,9 +58,10 @@ def _entry_from_row(row: list[Any], decode_payload: _Encode, state: int) -> Entr
     return Entry(MsgId(msg_id), message, delivery_count, expiry_ms, flags)
 
 
-def _is_compact(entry: Entry, queue_ttl_ms: int | None) -> bool:
-    """Whether the entry was (and can again be) stored in the compact form of a fresh message."""
-    if entry.flags != READY or entry.delivery_count:
+def _is_compact(entry: Entry, queue_ttl_ms: int | None, ttl_epoch_msg_id: int) -> bool:
+    """Whether the entry was (and can again be) stored in the compact form of a fresh message (not if it came in
+    under an earlier message TTL: the compact column needs expiries in msg id order)."""
+    if entry.flags != READY or entry.delivery_count or entry.msg_id < ttl_epoch_msg_id:
         return False
     if entry.expiry_ms is None:
         return True
@@ -102,6 +107,9 @@ def snapshot_queue(
         "has_active": active is not None,
         "active": enc_id(active.consumer_id) if active is not None else None,
         "publishers": [[enc_id(pid), seq] for pid, seq in queue._publishers.items()],
+        "ttl_epoch": queue._ttl_epoch_msg_id,
+        "held_last_seq": queue._held.last_seq,
+        "held": [[h.seq, h.reason, _entry_row(h.entry, enc_payload)] for h in queue._held],
     }
 
 
@@ -119,9 +127,10 @@ def restore_queue(
     queue._next_msg_id = snapshot["next_msg_id"]
     queue._attach_seq = snapshot["attach_seq"]
     queue._now_ms = snapshot["now_ms"]
+    queue._ttl_epoch_msg_id = ttl_epoch = snapshot.get("ttl_epoch", 0)
     for row in snapshot["ready"]:
         entry = _entry_from_row(row, dec_payload, READY)
-        if _is_compact(entry, queue.args.message_ttl_ms):
+        if _is_compact(entry, queue.args.message_ttl_ms, ttl_epoch):
             queue._ready.push_new(entry.msg_id, entry.message, entry.expiry_ms)
         else:
             queue._ready.push_returned(entry)  # same position: delivery order is by msg_id either way
@@ -142,4 +151,9 @@ def restore_queue(
         queue._active = queue._consumers[dec_id(snapshot["active"])]
     for pid_raw, sequence in snapshot["publishers"]:
         queue._publishers[dec_id(pid_raw)] = sequence
+    held = [
+        HeldLetter(seq, reason, _entry_from_row(row, dec_payload, GONE))
+        for seq, reason, row in snapshot.get("held", [])
+    ]
+    queue._held.restore(snapshot.get("held_last_seq", 0), held)
     return queue

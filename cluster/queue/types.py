@@ -21,6 +21,9 @@ OVERFLOW_MODES: Final = ("drop-head", "reject-publish", "reject-publish-dlx")
 
 DeadLetterReason = Literal["rejected", "expired", "maxlen", "delivery_limit"]
 
+DeadLetterStrategy = Literal["at-most-once", "at-least-once"]
+DEAD_LETTER_STRATEGIES: Final = ("at-most-once", "at-least-once")
+
 MAX_PRIORITY_LIMIT: Final = 255
 
 
@@ -30,6 +33,10 @@ class QueueArgs:
 
     A dead-letter exchange of "" (the default exchange) is a valid DLX; None means no DLX, in which case messages
     that would be dead-lettered are reported as `Dropped` instead.
+
+    `dead_letter_strategy` "at-least-once" takes effect only together with a DLX and overflow "reject-publish"
+    (`holds_dead_letters`), as RabbitMQ 3.10 falls back to at-most-once otherwise: dead-lettered messages then stay
+    in the queue's holding area until `SettleDeadLettered` (see cluster.queue.machine).
     """
 
     message_ttl_ms: int | None = None
@@ -41,16 +48,28 @@ class QueueArgs:
     max_priority: int | None = None
     single_active_consumer: bool = False
     delivery_limit: int | None = None
+    dead_letter_strategy: DeadLetterStrategy = "at-most-once"
 
     def __post_init__(self) -> None:
         if self.overflow not in OVERFLOW_MODES:
             raise ValueError(f"unknown overflow mode {self.overflow!r}")
+        if self.dead_letter_strategy not in DEAD_LETTER_STRATEGIES:
+            raise ValueError(f"unknown dead letter strategy {self.dead_letter_strategy!r}")
         for name in ("message_ttl_ms", "max_length", "max_length_bytes", "delivery_limit"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         if self.max_priority is not None and not 0 <= self.max_priority <= MAX_PRIORITY_LIMIT:
             raise ValueError(f"max_priority must be within 0..{MAX_PRIORITY_LIMIT}")
+
+    @property
+    def holds_dead_letters(self) -> bool:
+        """At-least-once dead lettering in effect (strategy, DLX and reject-publish all set)."""
+        return (
+            self.dead_letter_strategy == "at-least-once"
+            and self.overflow == "reject-publish"
+            and self.dead_letter_exchange is not None
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +190,41 @@ class Recover:
     redelivered: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class SetArgs:
+    """Replace the queue's arguments at this point of its log (policies). Limits apply at once; see the machine.
+
+    `max_priority` and `single_active_consumer` are fixed at declaration (as in RabbitMQ, where no policy sets
+    them): the machine keeps its own values of those two fields.
+    """
+
+    args: QueueArgs
+
+
+@dataclass(frozen=True, slots=True)
+class SettleDeadLettered:
+    """At-least-once dead lettering: every target accepted these held messages; they leave the holding area.
+
+    Unknown ids (already settled, or never held) are ignored.
+    """
+
+    msg_ids: tuple[MsgId, ...] | list[MsgId]
+
+
 QueueCommand = (
-    Enqueue | Attach | Detach | AddCredit | Settle | Return | Discard | Get | Expire | Purge | Recover
+    Enqueue
+    | Attach
+    | Detach
+    | AddCredit
+    | Settle
+    | Return
+    | Discard
+    | Get
+    | Expire
+    | Purge
+    | Recover
+    | SetArgs
+    | SettleDeadLettered
 )
 
 # --- effects --------------------------------------------------------------------------------------------------
@@ -228,12 +280,17 @@ class Duplicate:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """Republish `message` to the DLX; the broker builds x-death. msg_id (extension) is None for a refused publish."""
+    """Republish `message` to the DLX; the broker builds x-death. msg_id (extension) is None for a refused publish.
+
+    `held_seq` is set when the message stays held (at-least-once): its hold sequence, a counter of the log (1, 2,
+    ... in hold order, the same on every replica), for the targets' publisher dedup. None: at most once.
+    """
 
     message: QueuedMessage
     reason: DeadLetterReason
     delivery_count: int
     msg_id: MsgId | None = field(default=None)
+    held_seq: int | None = field(default=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,9 @@ from cluster.queue import (
     Recover,
     ReplicatedQueue,
     Return,
+    SetArgs,
     Settle,
+    SettleDeadLettered,
     SnapshotDecodeError,
     decode_proposal,
     encode_proposal,
@@ -141,6 +143,8 @@ def test_codec_covers_every_command_type() -> None:
         Expire(16),
         Purge(),
         Recover(MsgId(9), message, 2, 99),
+        SetArgs(QueueArgs(max_length=3, dead_letter_exchange="", dead_letter_strategy="at-least-once")),
+        SettleDeadLettered((MsgId(4), MsgId(2))),
     ]
     assert {type(c) for c in examples} == set(get_args(QueueCommand))
     for number, command in enumerate(examples):
