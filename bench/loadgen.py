@@ -71,6 +71,7 @@ class ConsumerSpec:
     queues: tuple[str, ...]
     prefetch: int = 1000
     latency_sample_every: int = 1
+    ack_every: int = 0  # 0: one multiple-ack per channel after every read; N: once N deliveries are unacked (or idle)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,24 +85,30 @@ class WorkerResult:
     measured_s: float = 0.0
     cpu_s: float = 0.0  # this worker's CPU time during the measured window: near measured_s means it saturated
     latencies_ns: list[int] = field(default_factory=list)
+    writes: int = 0  # socket writes (sendall) during the measured window: publish blobs, or ack batches
+    reads: int = 0  # socket reads that returned data during the measured window
 
 
 class _Counters:
     """Mutable counters of one worker, plus the snapshot taken when the warm-up ends."""
 
-    __slots__ = ("baseline", "baseline_cpu_s", "baseline_ns", "confirmed", "delivered", "nacked", "published")
+    __slots__ = (
+        "baseline", "baseline_cpu_s", "baseline_ns", "confirmed", "delivered", "nacked", "published", "reads", "writes",
+    )
 
     def __init__(self) -> None:
         self.published = 0
         self.confirmed = 0
         self.nacked = 0
         self.delivered = 0
-        self.baseline: tuple[int, int, int, int] | None = None
+        self.writes = 0
+        self.reads = 0
+        self.baseline: tuple[int, ...] | None = None
         self.baseline_ns = 0
         self.baseline_cpu_s = 0.0
 
-    def snapshot(self) -> tuple[int, int, int, int]:
-        return (self.published, self.confirmed, self.nacked, self.delivered)
+    def snapshot(self) -> tuple[int, ...]:
+        return (self.published, self.confirmed, self.nacked, self.delivered, self.writes, self.reads)
 
     def mark_baseline(self, now_ns: int) -> None:
         self.baseline = self.snapshot()
@@ -111,10 +118,14 @@ class _Counters:
     def result(self, role: str, now_ns: int, latencies_ns: list[int]) -> WorkerResult:
         base = self.baseline or self.snapshot()
         start_ns = self.baseline_ns if self.baseline is not None else now_ns
-        published, confirmed, nacked, delivered = (now - then for now, then in zip(self.snapshot(), base, strict=True))
+        published, confirmed, nacked, delivered, writes, reads = (
+            now - then for now, then in zip(self.snapshot(), base, strict=True)
+        )
         cpu_s = time.process_time() - self.baseline_cpu_s if self.baseline is not None else 0.0
         measured_s = (now_ns - start_ns) / 1e9
-        return WorkerResult(role, None, published, confirmed, nacked, delivered, measured_s, cpu_s, latencies_ns)
+        return WorkerResult(
+            role, None, published, confirmed, nacked, delivered, measured_s, cpu_s, latencies_ns, writes, reads
+        )
 
 
 # --- publisher ----------------------------------------------------------------------------------------------
@@ -161,6 +172,7 @@ def run_publisher(spec: PublisherSpec, connection: BenchConnection, timing: Timi
             allowance -= count
         if blob_parts:
             sock.sendall(b"".join(blob_parts))
+            counters.writes += 1
         wait_s = _read_wait_s(spec, timing, counters.published, sent=bool(blob_parts))
         _read_confirms(sock, buffer, trackers, counters, wait_s)
     return counters.result("publisher", time.monotonic_ns(), [])
@@ -197,6 +209,7 @@ def _read_confirms(
         return
     if not data:
         raise ProtocolError("broker closed the publisher's connection")
+    counters.reads += 1
     buffer += data
     position = 0
     size_total = len(buffer)
@@ -250,6 +263,7 @@ def run_consumer(spec: ConsumerSpec, connection: BenchConnection, timing: Timing
     connection.pending.clear()
     sock.settimeout(0.05)
     sample_every = max(1, spec.latency_sample_every)
+    ack_every = _ack_threshold(spec)
     while True:
         now_ns = time.monotonic_ns()
         if now_ns >= timing.end_ns:
@@ -259,22 +273,39 @@ def run_consumer(spec: ConsumerSpec, connection: BenchConnection, timing: Timing
         try:
             data = sock.recv(RECV_BYTES)
         except TimeoutError:
+            _send_acks(sock, counters, last_tags, acked_tags, 1)  # idle: settle whatever a threshold held back
             continue
         if not data:
             raise ProtocolError("broker closed the consumer's connection")
+        counters.reads += 1
         buffer += data
         now_ns = time.monotonic_ns()
         record = latencies if counters.baseline is not None else None
         _parse_deliveries(buffer, counters, last_tags, record, now_ns, sample_every)
-        acks = [
-            frames.basic_ack(channel, last_tags[channel], True)
-            for channel in range(1, len(last_tags))
-            if last_tags[channel] > acked_tags[channel]
-        ]
-        if acks:
-            sock.sendall(b"".join(acks))
-            acked_tags[:] = last_tags
+        _send_acks(sock, counters, last_tags, acked_tags, ack_every)
     return counters.result("consumer", time.monotonic_ns(), latencies)
+
+
+def _ack_threshold(spec: ConsumerSpec) -> int:
+    """Unacked deliveries per channel that trigger its multiple-ack; below half the prefetch, so that the broker
+    never stops sending while acks are held back."""
+    if spec.ack_every <= 1:
+        return 1
+    return max(1, min(spec.ack_every, spec.prefetch // 2)) if spec.prefetch > 0 else spec.ack_every
+
+
+def _send_acks(
+    sock: socket.socket, counters: _Counters, last_tags: list[int], acked_tags: list[int], threshold: int
+) -> None:
+    """One multiple-ack per channel with at least `threshold` deliveries unacked, all in one write."""
+    acks = []
+    for channel in range(1, len(last_tags)):
+        if last_tags[channel] - acked_tags[channel] >= threshold:
+            acks.append(frames.basic_ack(channel, last_tags[channel], True))
+            acked_tags[channel] = last_tags[channel]
+    if acks:
+        sock.sendall(b"".join(acks))
+        counters.writes += 1
 
 
 def _parse_deliveries(

@@ -1,0 +1,238 @@
+"""Load-generator fidelity: the same single-queue workload under different client settings, interleaved.
+
+`raftmq bench fidelity --target HOST:PORT [--variants ...] [--rounds N]` answers "is the load generator, or the
+broker, the limit?" for workloads (a)/(b)'s layout (one durable queue, publishers in confirm mode, one consumer).
+Each variant changes one client setting against the default (window, write batch, consumer ack pattern, prefetch,
+number of publishers, no consumer, transient messages, queue arguments such as x-queue-version=2). Variants run
+round-robin (round 1: every variant, round 2: every variant, ...) so that load from other jobs on a shared machine
+hits them alike, each on a fresh queue that is deleted afterwards.
+
+Besides the usual figures every run records the broker's CPU (utime+stime of the process listening on the target
+port, read from /proc over the measured window, when that process is local) and the load generator's pattern:
+messages per publish write, deliveries per read, deliveries per ack write. A broker near 1 core per queue process
+with the generator far from it says "broker-bound"; the reverse says "generator-bound".
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from bench.client import Endpoint
+from bench.loadgen import ConsumerSpec, PublisherSpec, PublishTarget, WorkerResult
+from bench.processes import run_workers
+from bench.stats import rate_per_s, summarize_latencies_ns
+from bench.workloads import BODY_SIZE, Topology, declare, delete, run_id
+
+_CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One client setting set for the single-queue layout."""
+
+    name: str
+    window: int = 256
+    batch_max: int = 64
+    publishers: int = 1
+    consumer: bool = True
+    prefetch: int = 1000
+    ack_every: int = 0  # see ConsumerSpec.ack_every
+    persistent: bool = True
+    queue_arguments: dict[str, str | int | bool] = field(default_factory=dict)
+
+
+BASELINE = Variant("default")  # what `raftmq bench` runs for (a)
+VARIANTS: dict[str, Variant] = {
+    variant.name: variant
+    for variant in (
+        BASELINE,
+        Variant("window-1024", window=1024, batch_max=256),
+        Variant("window-4096", window=4096, batch_max=256),
+        Variant("batch-8", batch_max=8),
+        Variant("ack-every-100", ack_every=100),
+        Variant("ack-every-250-prefetch-2000", ack_every=250, prefetch=2000),
+        Variant("prefetch-100", prefetch=100),
+        Variant("publishers-2", publishers=2),
+        Variant("publishers-4", publishers=4, window=128, batch_max=32),
+        Variant("no-consumer", consumer=False),
+        Variant("transient", persistent=False),
+        Variant("cq-v2", queue_arguments={"x-queue-version": 2}),
+        Variant("quorum", queue_arguments={"x-queue-type": "quorum"}),
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FidelityRun:
+    """One variant's figures in one round."""
+
+    variant: str
+    round_index: int
+    confirmed_msgs_per_s: float
+    delivered_msgs_per_s: float
+    latency_p50_ms: float | None
+    latency_p99_ms: float | None
+    broker_cpu_cores: float | None  # broker process CPU seconds per measured second (None: not local)
+    gen_cpu_max_fraction: float  # busiest load-generator process
+    msgs_per_publish_write: float
+    deliveries_per_read: float
+    deliveries_per_ack_write: float
+    load_average_1m: float
+    error: str | None = None
+
+
+def variant_specs(endpoint: Endpoint, queue: str, variant: Variant) -> list[PublisherSpec | ConsumerSpec]:
+    specs: list[PublisherSpec | ConsumerSpec] = []
+    if variant.consumer:
+        specs.append(ConsumerSpec(endpoint, (queue,), variant.prefetch, latency_sample_every=4, ack_every=variant.ack_every))
+    publisher = PublisherSpec(
+        endpoint, (PublishTarget("", queue),), BODY_SIZE, variant.window, variant.batch_max, variant.persistent
+    )
+    specs.extend([publisher] * variant.publishers)
+    return specs
+
+
+def summarize(variant: str, round_index: int, results: Sequence[WorkerResult], broker_cpu_cores: float | None,
+              load_average_1m: float) -> FidelityRun:
+    """Pure: the figures of one run from its workers' results."""
+    publishers = [result for result in results if result.role == "publisher"]
+    consumers = [result for result in results if result.role == "consumer"]
+    errors = [result.error for result in results if result.error]
+    published = sum(result.published for result in publishers)
+    delivered = sum(result.delivered for result in consumers)
+    summary = summarize_latencies_ns([latency for result in consumers for latency in result.latencies_ns])
+    return FidelityRun(
+        variant=variant,
+        round_index=round_index,
+        confirmed_msgs_per_s=sum(rate_per_s(result.confirmed, result.measured_s) for result in publishers),
+        delivered_msgs_per_s=sum(rate_per_s(result.delivered, result.measured_s) for result in consumers),
+        latency_p50_ms=summary.p50_ms,
+        latency_p99_ms=summary.p99_ms,
+        broker_cpu_cores=broker_cpu_cores,
+        gen_cpu_max_fraction=max((r.cpu_s / r.measured_s for r in results if r.measured_s > 0), default=0.0),
+        msgs_per_publish_write=_ratio(published, sum(result.writes for result in publishers)),
+        deliveries_per_read=_ratio(delivered, sum(result.reads for result in consumers)),
+        deliveries_per_ack_write=_ratio(delivered, sum(result.writes for result in consumers)),
+        load_average_1m=load_average_1m,
+        error="; ".join(errors) if errors else None,
+    )
+
+
+def _ratio(count: int, per: int) -> float:
+    return count / per if per > 0 else 0.0
+
+
+def listening_pid(port: int) -> int | None:
+    """The pid of the local process listening on TCP `port` (from `ss -ltnpH`), or None."""
+    try:
+        output = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_ss_pid(output)
+
+
+def parse_ss_pid(ss_output: str) -> int | None:
+    """Pure: the first `pid=N` in `ss -p` output."""
+    marker = "pid="
+    start = ss_output.find(marker)
+    if start < 0:
+        return None
+    digits = ""
+    for char in ss_output[start + len(marker):]:
+        if not char.isdigit():
+            break
+        digits += char
+    return int(digits) if digits else None
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """utime + stime of a process (all its threads), in seconds; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            fields = stat_file.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS_PER_S  # fields 14 and 15 of proc(5)
+
+
+class _CpuWindow:
+    """Samples a process's CPU time when the warm-up ends and when the run ends (a background timer thread)."""
+
+    def __init__(self, pid: int | None, warmup_s: float, duration_s: float) -> None:
+        self._pid = pid
+        self._samples: list[tuple[float, float]] = []
+        self._timers = [threading.Timer(delay, self._sample) for delay in (warmup_s, warmup_s + duration_s)]
+
+    def _sample(self) -> None:
+        if self._pid is not None and (cpu_s := process_cpu_s(self._pid)) is not None:
+            self._samples.append((time.monotonic(), cpu_s))
+
+    def __enter__(self) -> _CpuWindow:
+        for timer in self._timers:
+            timer.daemon = True
+            timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for timer in self._timers:
+            timer.cancel()
+
+    def cores(self) -> float | None:
+        if len(self._samples) < 2:
+            return None
+        (start_s, start_cpu), (end_s, end_cpu) = self._samples[0], self._samples[-1]
+        return (end_cpu - start_cpu) / (end_s - start_s) if end_s > start_s else None
+
+
+def run_variant(endpoint: Endpoint, variant: Variant, round_index: int, warmup_s: float, duration_s: float,
+                broker_pid: int | None) -> FidelityRun:
+    queue = f"bench-fidelity-{run_id()}"
+    topology = Topology((queue,), dict(variant.queue_arguments))
+    load_average_1m = os.getloadavg()[0]
+    try:
+        declare(endpoint, topology)
+        try:
+            # The workers start START_DELAY_S after they are ready; the CPU window is late by their setup time.
+            with _CpuWindow(broker_pid, warmup_s + 0.5, duration_s - 1.0) as window:
+                results = run_workers(variant_specs(endpoint, queue, variant), warmup_s, duration_s)
+            return summarize(variant.name, round_index, results, window.cores(), load_average_1m)
+        finally:
+            delete(endpoint, topology)
+    except Exception as error:  # one failed variant must not lose the others
+        return replace(summarize(variant.name, round_index, [], None, load_average_1m), error=repr(error))
+
+
+def run_rounds(endpoint: Endpoint, variants: Sequence[Variant], rounds: int, warmup_s: float, duration_s: float,
+               report: bool = True) -> list[FidelityRun]:
+    broker_pid = listening_pid(endpoint.port) if endpoint.host in ("127.0.0.1", "localhost") else None
+    runs = []
+    for round_index in range(1, rounds + 1):
+        for variant in variants:
+            run = run_variant(endpoint, variant, round_index, warmup_s, duration_s, broker_pid)
+            runs.append(run)
+            if report:
+                print(format_run(run), flush=True)
+    return runs
+
+
+HEADER = (f"{'variant':<28} {'rnd':>3} {'confirmed/s':>11} {'delivered/s':>11} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'broker':>6} {'gen':>4} {'msg/wr':>6} {'dlv/rd':>6} {'dlv/ack':>7} {'load':>5}")
+
+
+def format_run(run: FidelityRun) -> str:
+    if run.error:
+        return f"{run.variant:<28} {run.round_index:>3} ERROR {run.error[:120]}"
+    cores = "-" if run.broker_cpu_cores is None else f"{run.broker_cpu_cores:.2f}"
+    return (f"{run.variant:<28} {run.round_index:>3} {run.confirmed_msgs_per_s:>11,.0f} "
+            f"{run.delivered_msgs_per_s:>11,.0f} {_ms(run.latency_p50_ms):>7} {_ms(run.latency_p99_ms):>7} "
+            f"{cores:>6} {run.gen_cpu_max_fraction:>4.0%} {run.msgs_per_publish_write:>6.1f} "
+            f"{run.deliveries_per_read:>6.1f} {run.deliveries_per_ack_write:>7.1f} {run.load_average_1m:>5.1f}")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

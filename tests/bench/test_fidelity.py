@@ -1,0 +1,50 @@
+"""bench.fidelity's pure parts: variant layouts, the run summary, the pid in `ss -p` output; the consumer's ack
+threshold in bench.loadgen."""
+
+from __future__ import annotations
+
+from bench.client import Endpoint
+from bench.fidelity import BASELINE, VARIANTS, Variant, parse_ss_pid, summarize, variant_specs
+from bench.loadgen import ConsumerSpec, PublisherSpec, WorkerResult, _ack_threshold
+
+ENDPOINT = Endpoint("127.0.0.1", 5672)
+
+
+def test_baseline_matches_the_bench_defaults_for_a() -> None:
+    consumer, publisher = variant_specs(ENDPOINT, "q", BASELINE)
+    assert isinstance(consumer, ConsumerSpec) and isinstance(publisher, PublisherSpec)
+    assert (publisher.window_per_channel, publisher.batch_max, publisher.persistent) == (256, 64, True)
+    assert (consumer.prefetch, consumer.ack_every) == (1000, 0)
+
+
+def test_variants_change_the_layout() -> None:
+    specs = variant_specs(ENDPOINT, "q", VARIANTS["publishers-4"])
+    assert [type(spec) for spec in specs] == [ConsumerSpec] + [PublisherSpec] * 4
+    assert all(isinstance(spec, PublisherSpec) for spec in variant_specs(ENDPOINT, "q", VARIANTS["no-consumer"]))
+    transient = variant_specs(ENDPOINT, "q", Variant("t", persistent=False))[1]
+    assert isinstance(transient, PublisherSpec) and not transient.persistent
+
+
+def test_summarize_rates_and_patterns() -> None:
+    results = [
+        WorkerResult("publisher", published=1000, confirmed=900, measured_s=2.0, cpu_s=0.2, writes=10, reads=5),
+        WorkerResult("consumer", delivered=800, measured_s=2.0, cpu_s=0.1, latencies_ns=[1_000_000], writes=40, reads=80),
+    ]
+    run = summarize("default", 1, results, 0.5, 3.0)
+    assert (run.confirmed_msgs_per_s, run.delivered_msgs_per_s) == (450.0, 400.0)
+    assert (run.msgs_per_publish_write, run.deliveries_per_read, run.deliveries_per_ack_write) == (100.0, 10.0, 20.0)
+    assert (run.gen_cpu_max_fraction, run.broker_cpu_cores, run.error) == (0.1, 0.5, None)
+    assert summarize("x", 1, [], None, 0.0).msgs_per_publish_write == 0.0
+
+
+def test_parse_ss_pid() -> None:
+    line = 'LISTEN 0 128 127.0.0.1:5672 0.0.0.0:* users:(("beam.smp",pid=4242,fd=77))\n'
+    assert parse_ss_pid(line) == 4242
+    assert parse_ss_pid("") is None
+
+
+def test_ack_threshold_stays_below_half_the_prefetch() -> None:
+    assert _ack_threshold(ConsumerSpec(ENDPOINT, ("q",), prefetch=1000)) == 1
+    assert _ack_threshold(ConsumerSpec(ENDPOINT, ("q",), prefetch=1000, ack_every=100)) == 100
+    assert _ack_threshold(ConsumerSpec(ENDPOINT, ("q",), prefetch=100, ack_every=100)) == 50
+    assert _ack_threshold(ConsumerSpec(ENDPOINT, ("q",), prefetch=0, ack_every=100)) == 100
