@@ -30,13 +30,13 @@ from typing import Any
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.amqp.auth import parse_sasl_response
-from node.broker import definitions, delivery, mirror, paging, publish, replica, replica_control
+from node.broker import definitions, delivery, mirror, paging, policies, publish, replica, replica_control
 from node.broker.auth import Permission, UserStore
 from node.broker.channel import ChannelState, ConnState, Consumer
 from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Persist, Send, Unblock
 from node.broker.errors import AmqpError
 from node.broker.queues import QueueState
-from node.broker.records import PermissionRecord, Record, UserRecord, VHostRecord
+from node.broker.records import PermissionRecord, PolicyRecord, Record, UserRecord, VHostRecord
 from node.broker.vhost import VHost
 
 
@@ -122,6 +122,8 @@ class Broker:
         self.confirm_batch: dict[int, tuple[ChannelState, list[int], list[int]]] = {}  # replicated: acks, nacks
         self.paging: dict[str, QueueState] = {}  # queue stream -> queue with a paged tail (node/broker/paging.py)
         self.next_page_request = 0
+        self.policy_sent: dict[tuple[str, str], tuple[Any, int]] = {}  # replicated: SetArgs proposed, and when
+        self.policy_checked_ms = 0  # replicated: when `tick` last compared leader queues with their policies
         if self.replicated:
             self.handlers = {**_HANDLERS, **replica.HANDLERS}
             self.publish_route = replica.route_publish
@@ -155,6 +157,27 @@ class Broker:
                 ch.write_ok.clear()
         p = permission
         self.persist((PermissionRecord(user, vhost, p.configure, p.write, p.read),))
+
+    def set_policy(self, vhost: str, name: str, pattern: str, apply_to: str | None, definition: dict[str, Any],
+                   priority: int | None) -> bool:
+        """Add or replace a policy and apply it (True: it is new). PolicyError if invalid, KeyError for an unknown
+        vhost; nothing changes then. The record is queued for storage (collect it with `take_effects`)."""
+        policy = policies.make_policy(vhost, name, pattern, apply_to, definition, priority)
+        if vhost not in self.vhosts:
+            raise KeyError(vhost)
+        created = name not in self.vhosts[vhost].policies
+        policies.put_policy(self, policy)
+        self.persist((policies.record_of(policy),))
+        self._settle_round()  # (dead letters a new limit made)
+        return created
+
+    def clear_policy(self, vhost: str, name: str) -> bool:
+        """Remove a policy (False: there was none); objects revert to their own arguments."""
+        if not policies.remove_policy(self, vhost, name):
+            return False
+        self.persist((PolicyRecord(vhost, name, deleted=True),))
+        self._settle_round()
+        return True
 
     def take_effects(self) -> list[Effect]:
         self._close_batch()
@@ -231,6 +254,9 @@ class Broker:
         self.now_ms = max(self.now_ms, now_ms)
         if self.replicated:
             replica_control.tick(self)
+            if self.now_ms - self.policy_checked_ms >= policies.POLICY_RESEND_MS:
+                self.policy_checked_ms = self.now_ms
+                policies.resend_leader_policies(self)
         else:
             definitions.expire_queues(self, self.now_ms)
             paging.spill_under_alarm(self)  # (only under the memory alarm)
@@ -312,10 +338,12 @@ class Broker:
         """Rebuild from storage's records; returns the `PageIn` effects of queues recovered with a tail."""
         from node.broker import recovery
 
-        recovery.recover(self, records)
+        stored_policies = [r for r in records if type(r) is PolicyRecord]
+        recovery.recover(self, [r for r in records if type(r) is not PolicyRecord] if stored_policies else records)
         self._batch = None
         self.out.clear()
-        return self._finish() if self.paging else []
+        policies.apply_records(self, stored_policies)  # (a policy's limits may drop recovered messages)
+        return self._finish()
 
     def on_tail_offsets(self, items: list[tuple[str, int, int]]) -> list[Effect]:
         """Storage appended paged-out records: (stream, msg_id, log offset) each, in append order."""
@@ -359,6 +387,8 @@ class Broker:
 
     def set_queue_leader(self, vhost: str, queue: str, is_local_leader: bool) -> list[Effect]:
         replica_control.set_leader(self, vhost, queue, is_local_leader)
+        if is_local_leader:
+            policies.resend_leader_policies(self, (vhost, queue))
         return self._finish_replicated()
 
     def node_down(self, node: str) -> list[Effect]:
@@ -366,8 +396,11 @@ class Broker:
         return self._finish_replicated()
 
     def apply_records(self, records: Iterable[Record]) -> list[Effect]:
-        """Definitions committed by other nodes, mirrored without persisting."""
-        mirror.apply_records(self, records)
+        """Definitions committed by other nodes, mirrored without persisting (policies after the rest)."""
+        records = list(records)
+        mirrored_policies = [r for r in records if type(r) is PolicyRecord]
+        mirror.apply_records(self, [r for r in records if type(r) is not PolicyRecord])
+        policies.apply_records(self, mirrored_policies)
         return self._finish_replicated()
 
     def _finish_replicated(self) -> list[Effect]:

@@ -3,7 +3,8 @@
 Checks run in RabbitMQ's order: name rules (default exchange, reserved "amq." prefix), permissions, existence,
 exclusivity, then equivalence. Durable definitions produce `Persist` effects on the "definitions" stream. Deleting a
 queue removes its bindings (auto-delete exchanges may follow), cancels its consumers with a server-sent basic.cancel
-and forgets its messages; `expire_queues` applies x-expires and message TTL on `tick`.
+and forgets its messages; `expire_queues` applies x-expires and message TTL on `tick`. A new queue gets the
+arguments of the policy that applies to it (node/broker/policies.py).
 """
 
 from __future__ import annotations
@@ -287,6 +288,10 @@ def create_queue(broker: Broker, vhost: VHost[QueueState], name: str, durable: b
             broker.persist((QueueRecord(vhost.name, name, auto_delete, args),))
     vhost.queues[name] = queue
     vhost.invalidate()
+    if vhost.policies:
+        from node.broker import policies
+
+        policies.apply_to_queue(broker, vhost, queue)  # (replicated: its Raft leader proposes SetArgs)
     return queue
 
 

@@ -125,6 +125,27 @@ class BindingRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    """A policy (node/broker/policies.py); `definition` maps policy keys ("max-length", ...) to values."""
+
+    vhost: str
+    name: str
+    pattern: str = ""
+    apply_to: str = "all"
+    definition: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    deleted: bool = False
+
+    @property
+    def stream(self) -> str:
+        return DEFINITIONS_STREAM
+
+    def to_cbor(self) -> list[Any]:
+        return ["policy", self.vhost, self.name, self.pattern, self.apply_to, self.definition, self.priority,
+                self.deleted]
+
+
+@dataclass(frozen=True, slots=True)
 class MessageRecord:
     """A persistent message in a durable queue; msg_id is the queue machine's id for it."""
 
@@ -191,12 +212,13 @@ class MessageIndexRecord:
 
 Record = (
     VHostRecord | UserRecord | PermissionRecord | ExchangeRecord | QueueRecord | BindingRecord | MessageRecord
-    | MessageRemovedRecord | MessageIndexRecord
+    | MessageRemovedRecord | MessageIndexRecord | PolicyRecord
 )
 
 _TAGS: dict[str, type[Any]] = {
     "vhost": VHostRecord, "user": UserRecord, "perm": PermissionRecord, "exchange": ExchangeRecord,
     "queue": QueueRecord, "binding": BindingRecord, "msg": MessageRecord, "msg-removed": MessageRemovedRecord,
+    "policy": PolicyRecord,
 }
 
 

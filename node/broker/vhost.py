@@ -1,9 +1,11 @@
 """One virtual host: its exchanges, queues and bindings, and routing with a result cache (pure).
 
 `route(exchange, routing_key, headers)` walks exchange-to-exchange bindings breadth-first, each exchange at most once
-(cycle-safe), follows an exchange's alternate-exchange when that exchange alone routed nowhere, and returns each
-queue name at most once, in a stable order. Results for walks that met no headers exchange are cached per
-(exchange, routing key); any change to exchanges, bindings or queues clears the cache. The cache is bounded.
+(cycle-safe), follows an exchange's alternate-exchange when that exchange alone routed nowhere (its own
+`alternate-exchange` argument, else the one of the policy that applies to it), and returns each queue name at most
+once, in a stable order. Results for walks that met no headers exchange are cached per (exchange, routing key);
+any change to exchanges, bindings, queues or policies clears the cache. The cache is bounded. The vhost also holds
+its policies (`policies`, by name; node/broker/policies.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from node.broker.exchanges import Binding, Dest, Exchange
+from node.broker.policies import Policy, effective_alternate_exchange, match_policy
 
 ROUTE_CACHE_ENTRIES_MAX = 8192
 PREDECLARED = (
@@ -28,7 +31,9 @@ class VHost(Generic[Q]):
     name: str
     exchanges: dict[str, Exchange] = field(default_factory=dict)
     queues: dict[str, Q] = field(default_factory=dict)
+    policies: dict[str, Policy] = field(default_factory=dict)
     _route_cache: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    _policy_alternates: dict[str, str | None] = field(default_factory=dict)  # exchange -> AE from its policy
 
     @classmethod
     def create(cls, name: str) -> VHost[Q]:
@@ -39,6 +44,24 @@ class VHost(Generic[Q]):
 
     def invalidate(self) -> None:
         self._route_cache.clear()
+        self._policy_alternates.clear()
+
+    def policy_for(self, kind: str, name: str, queue_type: str = "classic") -> Policy | None:
+        """The policy that applies to the queue or exchange `name` (kind "queue" | "exchange"), if any."""
+        if not self.policies:
+            return None
+        return match_policy(self.policies.values(), kind, name, queue_type)
+
+    def alternate_of(self, exchange: Exchange) -> str | None:
+        """The exchange's alternate exchange: its argument, else its policy's (memoised until `invalidate`)."""
+        own = exchange.alternate_exchange
+        if own is not None or not self.policies:
+            return own
+        name = exchange.name
+        if name not in self._policy_alternates:
+            self._policy_alternates[name] = effective_alternate_exchange(
+                exchange.arguments, self.policy_for("exchange", name))
+        return self._policy_alternates[name]
 
     def add_binding(self, binding: Binding) -> bool:
         added = self.exchanges[binding.source].add_binding(binding)
@@ -99,7 +122,7 @@ class VHost(Generic[Q]):
                 elif dest.name not in seen:
                     seen.add(dest.name)
                     work.append(dest.name)
-            alternate = exchange.alternate_exchange
+            alternate = self.alternate_of(exchange)
             if not routed_any and alternate is not None and alternate not in seen:
                 seen.add(alternate)
                 work.append(alternate)

@@ -1,7 +1,7 @@
 """Definitions between the broker and the cluster metadata: records one way, metadata commands the other.
 
 What it is for: in cluster mode the broker's definitions (vhosts, users, permissions, exchanges, queues,
-bindings) live in the metadata group (`cluster.metadata.model`). Two translations are needed:
+bindings, policies) live in the metadata group (`cluster.metadata.model`). Two translations are needed:
 - `mirror_records(old, new)`: the broker records (`node.broker.records`, `deleted=True` for deletions) that take
   a broker holding metadata state `old` to state `new`, in an order the broker can apply (creations parents
   first, deletions children first). Mirroring by diffing whole states (unchanged maps are the same object, the
@@ -26,7 +26,7 @@ QUEUE_TYPE_ARG = "x-queue-type"
 GROUP_SIZE_ARG = "x-quorum-initial-group-size"
 
 # (metadata state attribute, broker record builder) in creation order; deletions run in reverse.
-_MIRRORED_ATTRS = ("vhosts", "users", "permissions", "exchanges", "queues", "bindings")
+_MIRRORED_ATTRS = ("vhosts", "users", "permissions", "exchanges", "queues", "bindings", "policies")
 
 
 def _build(cls: type[Any], **values: Any) -> Any:
@@ -57,6 +57,9 @@ def broker_record(attr: str, rec: Any, deleted: bool = False) -> Any:
         return _build(br.BindingRecord, vhost=rec.vhost, source=rec.source, dest_kind=rec.destination_kind,
                       destination=rec.destination, routing_key=rec.routing_key, arguments=dict(rec.arguments),
                       deleted=deleted)
+    if attr == "policies":
+        return _build(br.PolicyRecord, vhost=rec.vhost, name=rec.name, pattern=rec.pattern, apply_to=rec.apply_to,
+                      definition=dict(rec.definition), priority=rec.priority, deleted=deleted)
     raise ValueError(f"not a mirrored attribute: {attr}")
 
 
@@ -154,6 +157,12 @@ def command_for(rec: Any, state: md.MetadataState, place: Placement) -> md.Comma
             auto_delete=rec.auto_delete, internal=rec.internal, arguments=dict(rec.arguments)))
     if isinstance(rec, br.QueueRecord):
         return _queue_command(rec, state, place)
+    if isinstance(rec, br.PolicyRecord):
+        if rec.deleted:
+            return md.ClearPolicy(rec.vhost, rec.name)
+        return md.SetPolicy(md.PolicyRecord(vhost=rec.vhost, name=rec.name, pattern=rec.pattern,
+                                            apply_to=rec.apply_to, definition=dict(rec.definition),
+                                            priority=rec.priority))
     if isinstance(rec, br.BindingRecord):
         binding = md.BindingRecord(vhost=rec.vhost, source=rec.source, destination=rec.destination,
                                    destination_kind=rec.dest_kind, routing_key=rec.routing_key,

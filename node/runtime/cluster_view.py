@@ -6,13 +6,13 @@ node knows; null while it knows none) and `members` (the placement's voters) and
 `group_status`: term, commit, applied index...), so a test or an operator can see a replica catch up;
 `/api/policies` comes from the metadata. Admin changes (users, vhosts, permissions) go through the broker as on a
 single node, and their `Persist` effects are replicated through the metadata group before the HTTP answer
-(`apply_effects` is async). Cluster commands: `set_policy`/`clear_policy` (stored in the metadata; the broker does
-not apply policies yet) and `rebalance` (`cluster.metadata.placement.rebalance_plan`: `SetQueueLeader`, then a
-leadership transfer of the queue's group). Membership: `add_member`, `delete_member`, `grow`, `shrink` change
-the queue's metadata members (the queue group's Raft leader then changes the Raft membership to match,
-`cluster_reconcile`); `forget_cluster_node` moves a down node's memberships away and removes it from the metadata;
-`join_cluster` reports whether a node of `cluster_nodes` has joined (the metadata group is static);
-`leave_cluster` answers 501.
+(`apply_effects` is async). Cluster commands: `set_policy`/`clear_policy` (validated here, 400 if invalid; stored in
+the metadata, mirrored into every broker, whose queues' Raft leaders then propose `SetArgs`) and `rebalance`
+(`cluster.metadata.placement.rebalance_plan`: `SetQueueLeader`, then a leadership transfer of the queue's group).
+Membership: `add_member`, `delete_member`, `grow`, `shrink` change the queue's metadata members (the queue
+group's Raft leader then changes the Raft membership to match, `cluster_reconcile`); `forget_cluster_node` moves a
+down node's memberships away and removes it from the metadata; `join_cluster` reports whether a node of
+`cluster_nodes` has joined (the metadata group is static); `leave_cluster` answers 501.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from cluster.metadata import model as md
 from cluster.metadata import placement
 from cluster.queue.replicated_codec import queue_group_id
 from cluster.raft.core.types import GroupId, NodeId
+from node.broker import policies as pol
 from node.broker.effects import Persist
 from node.runtime.management_api import CLUSTER_COMMANDS, CommandError
 from node.runtime.management_view import BrokerView
@@ -94,13 +95,10 @@ class ClusterView(BrokerView):
 
     async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         if name == "set_policy":
-            created = (args["vhost"], args["name"]) not in self.cluster.mirrored.policies
-            await self._metadata(md.SetPolicy(md.PolicyRecord(
-                vhost=args["vhost"], name=args["name"], pattern=args["pattern"],
-                apply_to=args.get("apply_to") or "all", definition=dict(args["definition"]),
-                priority=int(args.get("priority") or 0))))
-            return {"created": created}
+            return await self._set_cluster_policy(args)
         if name == "clear_policy":
+            if (args["vhost"], args["name"]) not in self.cluster.mirrored.policies:
+                raise CommandError(404, f"no policy {args['name']!r} in vhost {args['vhost']!r}")
             await self._metadata(md.ClearPolicy(args["vhost"], args["name"]))
             return {}
         if name == "rebalance":
@@ -110,6 +108,18 @@ class ClusterView(BrokerView):
         if name in CLUSTER_COMMANDS:
             raise CommandError(501, f"{name}: {NOT_BUILT}")
         return await super().run_command(name, args)
+
+    async def _set_cluster_policy(self, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            policy = pol.make_policy(args["vhost"], args["name"], args["pattern"], args.get("apply_to"),
+                                     args["definition"], args.get("priority"))
+        except pol.PolicyError as exc:
+            raise CommandError(400, str(exc)) from None
+        created = (policy.vhost, policy.name) not in self.cluster.mirrored.policies
+        await self._metadata(md.SetPolicy(md.PolicyRecord(
+            vhost=policy.vhost, name=policy.name, pattern=policy.pattern, apply_to=policy.apply_to,
+            definition=dict(policy.definition), priority=policy.priority)))
+        return {"created": created}
 
     # --- membership -----------------------------------------------------------------------------------------
 

@@ -6,10 +6,12 @@ their queue machines, connections, consumers) on the trio thread, so they see a 
 and return RabbitMQ-shaped dicts. Changes (`add_vhost`, `add_user`, `set_permissions`) call the broker's admin
 methods, take the `Persist` effects those queue and hand them to `apply_effects`, the callback the runtime gives
 (single node: `Node.dispatch`, which writes them to the store). The callback may be async; it is awaited, so a
-runtime that waits for its storage or its metadata group makes the HTTP answer wait too. Policies and the cluster
-commands answer 501 "not in a cluster": the single-node broker has no policies, and cluster membership and queue
-placement belong to the cluster runtime, which subclasses this view and overrides `nodes`, `queues`, `policies`
-and `run_command`.
+runtime that waits for its storage or its metadata group makes the HTTP answer wait too. Policies
+(`set_policy`/`clear_policy`, node/broker/policies.py) are the broker's: validated (400 with the reason), applied to
+the vhost's queues and exchanges at once, and stored with the definitions; queue rows show the `policy` that
+applies and its `effective_policy_definition`. The cluster commands answer 501 "not in a cluster": cluster
+membership and queue placement belong to the cluster runtime, which subclasses this view and overrides `nodes`,
+`queues`, `policies` and `run_command`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from node.broker import policies as pol
 from node.runtime.management_api import CLUSTER_COMMANDS, NOT_IN_CLUSTER, CommandError
 
 PRODUCT = "raftmq"
@@ -116,13 +119,16 @@ class BrokerView:
         """One queue, as RabbitMQ's /api/queues lists it; `leader` and `members` are this node here."""
         machine = queue.machine
         ready, unacked = machine.ready_count, machine.unacked_count
+        vhost = self.broker.vhosts.get(queue.vhost)
+        policy = pol.queue_policy(vhost, queue) if vhost is not None else None
         return {
             "name": queue.name, "vhost": queue.vhost, "type": _text(queue.arguments.get("x-queue-type"), "classic"),
             "durable": queue.durable, "auto_delete": queue.auto_delete, "exclusive": queue.exclusive_owner is not None,
             "arguments": queue.arguments, "node": self.node_name, "leader": self.node_name,
             "members": [self.node_name], "state": "running", "messages": ready + unacked, "messages_ready": ready,
             "messages_unacknowledged": unacked, "message_bytes_ready": machine.ready_bytes,
-            "consumers": machine.consumer_count, "policy": None,
+            "consumers": machine.consumer_count, "policy": policy.name if policy is not None else None,
+            "effective_policy_definition": pol.applied_definition(policy, "queue", pol.queue_type_of(queue.arguments)),
         }
 
     def exchanges(self) -> list[dict[str, Any]]:
@@ -130,11 +136,14 @@ class BrokerView:
         for vhost_name in sorted(self.broker.vhosts):
             rows.append({"name": "", "vhost": vhost_name, "type": "direct", "durable": True, "auto_delete": False,
                          "internal": False, "arguments": {}})
-            exchanges = self.broker.vhosts[vhost_name].exchanges
-            for name in sorted(exchanges):
-                ex = exchanges[name]
+            vhost = self.broker.vhosts[vhost_name]
+            for name in sorted(vhost.exchanges):
+                ex = vhost.exchanges[name]
+                policy = vhost.policy_for("exchange", name)
                 rows.append({"name": ex.name, "vhost": vhost_name, "type": ex.type, "durable": ex.durable,
-                             "auto_delete": ex.auto_delete, "internal": ex.internal, "arguments": ex.arguments})
+                             "auto_delete": ex.auto_delete, "internal": ex.internal, "arguments": ex.arguments,
+                             "policy": policy.name if policy is not None else None,
+                             "effective_policy_definition": pol.applied_definition(policy, "exchange")})
         return rows
 
     def bindings(self) -> list[dict[str, Any]]:
@@ -178,7 +187,8 @@ class BrokerView:
         return rows
 
     def policies(self) -> list[dict[str, Any]]:
-        return []
+        return [pol.policy_row(vhost.policies[name])
+                for _, vhost in sorted(self.broker.vhosts.items()) for name in sorted(vhost.policies)]
 
     # --- changes --------------------------------------------------------------------------------------------
 
@@ -191,14 +201,28 @@ class BrokerView:
             self.broker.add_user(args["name"], args["password"], tuple(args.get("tags", ())))
         elif name == "set_permissions":
             created = self._set_permissions(args)
-        elif name in ("set_policy", "clear_policy"):
-            raise CommandError(501, f"policies are kept by the cluster metadata: {NOT_IN_CLUSTER}")
+        elif name == "set_policy":
+            created = self._set_policy(args)
+        elif name == "clear_policy":
+            if not self.broker.clear_policy(args["vhost"], args["name"]):
+                raise CommandError(404, f"no policy {args['name']!r} in vhost {args['vhost']!r}")
+            created = False
         elif name in CLUSTER_COMMANDS:
             raise CommandError(501, NOT_IN_CLUSTER)
         else:
             raise CommandError(404, f"unknown command {name!r}")
         await self.emit(self.broker.take_effects())
         return {"created": created}
+
+    def _set_policy(self, args: dict[str, Any]) -> bool:
+        try:
+            created: bool = self.broker.set_policy(args["vhost"], args["name"], args["pattern"],
+                                                   args.get("apply_to"), args["definition"], args.get("priority"))
+        except pol.PolicyError as exc:
+            raise CommandError(400, str(exc)) from None
+        except KeyError:
+            raise CommandError(400, f"vhost_not_found: {args['vhost']}") from None
+        return created
 
     def _set_permissions(self, args: dict[str, Any]) -> bool:
         from node.broker.auth import Permission

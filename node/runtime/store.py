@@ -78,6 +78,7 @@ from node.broker.records import (
     MessageRecord,
     MessageRemovedRecord,
     PermissionRecord,
+    PolicyRecord,
     QueueRecord,
     Record,
     TailMessageRecord,
@@ -177,6 +178,8 @@ def definition_key(record: Record) -> tuple[Any, ...]:
     if isinstance(record, BindingRecord):
         args = cbor2.dumps(record.arguments, canonical=True)
         return ("binding", record.vhost, record.source, record.dest_kind, record.destination, record.routing_key, args)
+    if isinstance(record, PolicyRecord):
+        return ("policy", record.vhost, record.name)
     return ("other", id(record))
 
 
