@@ -77,6 +77,8 @@ class FidelityRun:
     delivered_msgs_per_s: float
     latency_p50_ms: float | None
     latency_p99_ms: float | None
+    confirm_p50_ms: float | None  # a publish write -> the confirm of its last message (first publisher channel)
+    confirm_mean_ms: float | None
     broker_cpu_cores: float | None  # broker process CPU seconds per measured second (None: not local)
     gen_cpu_max_fraction: float  # busiest load-generator process
     msgs_per_publish_write: float
@@ -106,6 +108,8 @@ def summarize(variant: str, round_index: int, results: Sequence[WorkerResult], b
     published = sum(result.published for result in publishers)
     delivered = sum(result.delivered for result in consumers)
     summary = summarize_latencies_ns([latency for result in consumers for latency in result.latencies_ns])
+    confirm_samples = [latency for result in publishers for latency in result.confirm_latencies_ns]
+    confirms = summarize_latencies_ns(confirm_samples)
     return FidelityRun(
         variant=variant,
         round_index=round_index,
@@ -113,6 +117,8 @@ def summarize(variant: str, round_index: int, results: Sequence[WorkerResult], b
         delivered_msgs_per_s=sum(rate_per_s(result.delivered, result.measured_s) for result in consumers),
         latency_p50_ms=summary.p50_ms,
         latency_p99_ms=summary.p99_ms,
+        confirm_p50_ms=confirms.p50_ms,
+        confirm_mean_ms=sum(confirm_samples) / len(confirm_samples) / 1e6 if confirm_samples else None,
         broker_cpu_cores=broker_cpu_cores,
         gen_cpu_max_fraction=max((r.cpu_s / r.measured_s for r in results if r.measured_s > 0), default=0.0),
         msgs_per_publish_write=_ratio(published, sum(result.writes for result in publishers)),
@@ -221,7 +227,7 @@ def run_rounds(endpoint: Endpoint, variants: Sequence[Variant], rounds: int, war
 
 
 HEADER = (f"{'variant':<28} {'rnd':>3} {'confirmed/s':>11} {'delivered/s':>11} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'broker':>6} {'gen':>4} {'msg/wr':>6} {'dlv/rd':>6} {'dlv/ack':>7} {'load':>5}")
+          f"{'conf50':>6} {'confavg':>7} {'broker':>6} {'gen':>4} {'msg/wr':>6} {'dlv/rd':>6} {'dlv/ack':>7} {'load':>5}")
 
 
 def format_run(run: FidelityRun) -> str:
@@ -230,7 +236,7 @@ def format_run(run: FidelityRun) -> str:
     cores = "-" if run.broker_cpu_cores is None else f"{run.broker_cpu_cores:.2f}"
     return (f"{run.variant:<28} {run.round_index:>3} {run.confirmed_msgs_per_s:>11,.0f} "
             f"{run.delivered_msgs_per_s:>11,.0f} {_ms(run.latency_p50_ms):>7} {_ms(run.latency_p99_ms):>7} "
-            f"{cores:>6} {run.gen_cpu_max_fraction:>4.0%} {run.msgs_per_publish_write:>6.1f} "
+            f"{_ms(run.confirm_p50_ms):>6} {_ms(run.confirm_mean_ms):>7} {cores:>6} {run.gen_cpu_max_fraction:>4.0%} {run.msgs_per_publish_write:>6.1f} "
             f"{run.deliveries_per_read:>6.1f} {run.deliveries_per_ack_write:>7.1f} {run.load_average_1m:>5.1f}")
 
 

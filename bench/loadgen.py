@@ -17,7 +17,8 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, replace
 
 from bench import frames
 from bench.client import BenchConnection, Endpoint
@@ -87,6 +88,7 @@ class WorkerResult:
     latencies_ns: list[int] = field(default_factory=list)
     writes: int = 0  # socket writes (sendall) during the measured window: publish blobs, or ack batches
     reads: int = 0  # socket reads that returned data during the measured window
+    confirm_latencies_ns: list[int] = field(default_factory=list)  # publisher: write of a batch -> its last confirm
 
 
 class _Counters:
@@ -152,6 +154,12 @@ def run_publisher(spec: PublisherSpec, connection: BenchConnection, timing: Timi
     counters = _Counters()
     sock = connection.sock
     buffer = bytearray()
+    batches_in_flight: deque[tuple[int, int]] = deque()  # first target's (last tag, write ns); at most a window's
+    confirm_latencies: list[int] = []
+    # No timeout: with one, CPython polls for readability before every recv and MSG_DONTWAIT no longer stops it
+    # from blocking (each "non-blocking" read waited for the next confirm, so a publisher kept about one batch in
+    # flight whatever its window; found 2026-11-23, see docs/benchmarks.md "Load generator fidelity").
+    sock.settimeout(None)
     _sleep_until(timing.start_ns)
     while True:
         now_ns = time.monotonic_ns()
@@ -173,9 +181,26 @@ def run_publisher(spec: PublisherSpec, connection: BenchConnection, timing: Timi
         if blob_parts:
             sock.sendall(b"".join(blob_parts))
             counters.writes += 1
+            if not batches_in_flight or batches_in_flight[-1][0] < trackers[0].published:  # the first target sent
+                batches_in_flight.append((trackers[0].published, now_ns))
         wait_s = _read_wait_s(spec, timing, counters.published, sent=bool(blob_parts))
         _read_confirms(sock, buffer, trackers, counters, wait_s)
-    return counters.result("publisher", time.monotonic_ns(), [])
+        _time_confirmed_batches(batches_in_flight, trackers[0].settled_upto, counters, confirm_latencies)
+    result = counters.result("publisher", time.monotonic_ns(), [])
+    return replace(result, confirm_latencies_ns=confirm_latencies)
+
+
+def _time_confirmed_batches(
+    batches_in_flight: deque[tuple[int, int]], settled_upto: int, counters: _Counters, latencies: list[int]
+) -> None:
+    """Confirm latency of each batch written on the first target whose last message is now settled."""
+    if not batches_in_flight or batches_in_flight[0][0] > settled_upto:
+        return
+    now_ns = time.monotonic_ns()
+    while batches_in_flight and batches_in_flight[0][0] <= settled_upto:
+        _, written_ns = batches_in_flight.popleft()
+        if counters.baseline is not None:
+            latencies.append(now_ns - written_ns)
 
 
 def _allowance(spec: PublisherSpec, timing: Timing, published: int, now_ns: int) -> int:

@@ -48,3 +48,22 @@ def test_ack_threshold_stays_below_half_the_prefetch() -> None:
     assert _ack_threshold(ConsumerSpec(ENDPOINT, ("q",), prefetch=1000, ack_every=100)) == 100
     assert _ack_threshold(ConsumerSpec(ENDPOINT, ("q",), prefetch=100, ack_every=100)) == 50
     assert _ack_threshold(ConsumerSpec(ENDPOINT, ("q",), prefetch=0, ack_every=100)) == 100
+
+
+def test_publisher_keeps_its_whole_window_in_flight() -> None:
+    """Regression: with a socket timeout left from setup, each 'non-blocking' read waited for a confirm, so a
+    publisher never had more than about one batch outstanding. A broker that confirms nothing must see the window."""
+    import socket
+    import time
+    from types import SimpleNamespace
+
+    from bench.loadgen import PublishTarget, Timing, run_publisher
+
+    ours, broker_side = socket.socketpair()
+    with ours, broker_side:
+        ours.settimeout(30.0)  # what BenchConnection leaves on the socket
+        spec = PublisherSpec(ENDPOINT, (PublishTarget("", "q"),), 100, window_per_channel=256, batch_max=64)
+        timing = Timing(time.monotonic_ns(), 0.0, 0.3)
+        result = run_publisher(spec, SimpleNamespace(sock=ours), timing)  # type: ignore[arg-type]
+    assert result.published == 256
+    assert result.confirmed == 0
