@@ -196,6 +196,11 @@ class Queue:
         """The msg id held under this hold sequence (None: not held, e.g. settled already)."""
         return self._held.msg_id_of(held_seq)
 
+    def held_seq(self, msg_id: MsgId) -> int | None:
+        """The hold sequence of a held message (None: not held)."""
+        letter = self._held.held.get(msg_id)
+        return letter.seq if letter is not None else None
+
     @property
     def now_ms(self) -> int:
         """The latest time seen in a command."""

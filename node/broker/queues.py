@@ -5,7 +5,9 @@
 into the queue machine's `QueueArgs`. `assert_queue_equivalent` gives the 406 "inequivalent arg" of a redeclare.
 x-queue-type: "classic" is accepted; "quorum" is accepted too and, on a single node, behaves as a classic durable
 queue (in replicated mode every queue has a Raft group; x-quorum-initial-group-size, an int >= 1, is validated and
-kept for the runtime's placement); any other value is refused with 406.
+kept for the runtime's placement); any other value is refused with 406. x-dead-letter-strategy ("at-most-once",
+the default, or "at-least-once") becomes `QueueArgs.dead_letter_strategy`; the machine holds dead letters only
+with a DLX and x-overflow reject-publish as well, falling back to at-most-once otherwise, as RabbitMQ 3.10 does.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.queue.types import QueueArgs
+from cluster.queue.types import DEAD_LETTER_STRATEGIES, QueueArgs
 from node.broker.errors import precondition
 
 QUEUE_TYPES = ("classic", "quorum")
 EQUIVALENCE_ARGS = (
     "x-expires", "x-message-ttl", "x-max-length", "x-max-length-bytes", "x-overflow", "x-dead-letter-exchange",
     "x-dead-letter-routing-key", "x-max-priority", "x-single-active-consumer", "x-queue-type", "x-delivery-limit",
+    "x-dead-letter-strategy",
 )
 
 
@@ -101,6 +104,14 @@ def _check_overflow(value: Any) -> str | None:
     return None
 
 
+def _check_dead_letter_strategy(value: Any) -> str | None:
+    text = _as_str(value)
+    if text is None or text not in DEAD_LETTER_STRATEGIES:
+        shown = f"<<\"{text}\">>" if text is not None else repr(value)
+        return f"{{invalid_dead_letter_strategy,{amqp_type_name(value)},{shown}}}"
+    return None
+
+
 def _check_bool(value: Any) -> str | None:
     return None if isinstance(value, bool) else f"{{unacceptable_type,{amqp_type_name(value)}}}"
 
@@ -120,6 +131,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "x-dead-letter-exchange": _check_str, "x-dead-letter-routing-key": _check_str,
     "x-max-priority": _check_priority, "x-single-active-consumer": _check_bool,
     "x-queue-type": _check_queue_type, "x-delivery-limit": _check_non_negative,
+    "x-dead-letter-strategy": _check_dead_letter_strategy,
     "x-quorum-initial-group-size": _check_expires,  # an int >= 1 (0: value_zero), as rabbit_quorum_queue checks
 }
 
@@ -144,6 +156,7 @@ def queue_args(args: dict[str, Any]) -> QueueArgs:
         max_priority=args.get("x-max-priority"),
         single_active_consumer=bool(args.get("x-single-active-consumer", False)),
         delivery_limit=args.get("x-delivery-limit"),
+        dead_letter_strategy=_as_str(args.get("x-dead-letter-strategy")) or "at-most-once",  # type: ignore[arg-type]
     )
 
 
@@ -206,6 +219,7 @@ class QueueState:
     is_leader: bool = False  # this node's replica belongs to the group's leader
     expire_proposed_ms: int | None = None  # when the leader last proposed Expire (not applied yet)
     purge_waiters: list[tuple[Any, bool]] = field(default_factory=list)  # (channel, nowait) of this node's purges
+    held_sends: Any = None  # replica_control.HeldSends: at-least-once dead-letter republishing (volatile)
 
     @property
     def stored(self) -> bool:

@@ -18,7 +18,9 @@ node's earlier boot: Detach) or the queue's local leader (`set_leader`): Expire 
 (publisher id `("dlx", vhost, queue)`, sequence = the queue's count of DeadLetter effects, the same on every
 replica, so a retried or repeated republish is deduplicated by the target), auto-delete, x-expires, and Detach of
 the consumers of a node reported down (those duties, the timers and the queue snapshots are in `replica_control`).
-Dead-lettering is at most once across a leader change (as RabbitMQ's default for quorum queues). Per-queue bookkeeping that is a function of the log (`members`, `dead_letter_seq`,
+Dead-lettering is at most once across a leader change (as RabbitMQ's default for quorum queues); with
+x-dead-letter-strategy at-least-once (and reject-publish) the machine holds the message until the leader saw every
+target accept it (`replica_control`, "at-least-once dead lettering"). Per-queue bookkeeping that is a function of the log (`members`, `dead_letter_seq`,
 `had_consumer`) travels in the queue snapshot with the replica.
 """
 
@@ -48,6 +50,7 @@ from cluster.queue import (
     Rejected,
     Return,
     Settle,
+    SettleDeadLettered,
 )
 from cluster.queue.replicated import (
     Proposal,
@@ -271,6 +274,11 @@ def on_outcome(broker: Broker, key: tuple[str, str], publisher_id: Any, sequence
     """One target queue's answer to a publish of a local channel."""
     ch = broker.publishers.get(publisher_id) if publisher_id is not None else None
     if ch is None:
+        if type(publisher_id) is tuple and len(publisher_id) >= 3 and publisher_id[0] == "dlx-alo":
+            from node.broker import replica_control
+
+            if replica_control.is_dead_letter_publisher(publisher_id):
+                replica_control.on_dead_letter_outcome(broker, key, publisher_id, sequence, outcome)
         return
     pending = ch.repl_waiting.get(sequence)
     command = pending.targets.get(key) if pending is not None else None
@@ -409,10 +417,15 @@ def apply_committed(broker: Broker, vhost: str, name: str, data: bytes) -> None:
         proposal = decode_proposal(data, decode_payload)
     except ProposalDecodeError:
         return  # every replica decodes the same bytes alike, so all skip it
-    effects: list[Any] | None = replica_of(queue).apply(proposal)
+    command: Any = proposal.command
+    replica = replica_of(queue)
+    if type(command) is SettleDeadLettered and not replica.seen(proposal.origin, proposal.proposal_id):
+        from node.broker import replica_control
+
+        replica_control.before_settle_dead_lettered(queue, command.msg_ids)
+    effects: list[Any] | None = replica.apply(proposal)
     if effects is None:
         return
-    command: Any = proposal.command
     key = (vhost, name)
     for effect in effects:
         kind = type(effect)
@@ -433,8 +446,15 @@ def apply_committed(broker: Broker, vhost: str, name: str, data: bytes) -> None:
                 _answer_purge(broker, queue, effect.count)
         elif kind is DeadLetter:
             queue.dead_letter_seq += 1
-            if queue.is_leader:
+            if not queue.is_leader:
+                continue
+            if effect.held_seq is None:
                 _republish_dead_letter(broker, queue, effect)
+            else:
+                from node.broker import replica_control
+
+                replica_control.send_held(broker, queue, effect.msg_id, effect.held_seq, effect.reason,
+                                          effect.message, effect.delivery_count)
     _after_command(broker, queue, command)
 
 
@@ -501,25 +521,33 @@ def maybe_auto_delete(broker: Broker, queue: QueueState) -> None:
         delete_queue(broker, queue)
 
 
-def _republish_dead_letter(broker: Broker, queue: QueueState, effect: DeadLetter) -> None:
+def dead_letter_copy(broker: Broker, queue: QueueState, message: QueuedMessage, reason: str
+                     ) -> tuple[QueuedMessage | None, list[tuple[str, str]]]:
+    """The copy to republish (x-death added) and the queues it routes to now; (None, []) without a DLX."""
     vhost = broker.vhosts.get(queue.vhost)
     args = queue.machine.args
     dlx = args.dead_letter_exchange
     if vhost is None or dlx is None or (dlx != "" and dlx not in vhost.exchanges):
-        return
-    msg: Message = effect.message.payload
-    props = publish.with_x_death(msg, queue.name, effect.reason, broker.now_ms)
+        return None, []
+    msg: Message = message.payload
+    props = publish.with_x_death(msg, queue.name, reason, broker.now_ms)
     routing_key = args.dead_letter_routing_key or msg.routing_key
     targets = list(vhost.route(dlx, routing_key, props.headers))
-    if effect.reason != "rejected":
+    if reason != "rejected":
         deaths = props.headers.get("x-death", [])
         targets = [t for t in targets if not publish.is_cycle(t, deaths)]
-    dead = QueuedMessage(Message(dlx, routing_key, props, msg.body), len(msg.body), effect.message.persistent,
-                         effect.message.priority, None)
+    dead = QueuedMessage(Message(dlx, routing_key, props, msg.body), len(msg.body), message.persistent,
+                         message.priority, None)
+    return dead, [(vhost.name, target) for target in targets if target in vhost.queues]
+
+
+def _republish_dead_letter(broker: Broker, queue: QueueState, effect: DeadLetter) -> None:
+    dead, targets = dead_letter_copy(broker, queue, effect.message, effect.reason)
     publisher_id = ("dlx", queue.vhost, queue.name)
-    for target in targets:
+    vhost = broker.vhosts[queue.vhost]
+    for _vhost, target in targets:
         target_queue = vhost.queues.get(target)
-        if target_queue is not None:
+        if target_queue is not None and dead is not None:
             propose(broker, target_queue, Enqueue(dead, broker.now_ms, publisher_id, queue.dead_letter_seq))
 
 
@@ -552,6 +580,10 @@ def proposal_abandoned(broker: Broker, vhost: str, name: str, data: bytes) -> No
         queue.expire_proposed_ms = None
     elif kind is Purge and queue is not None:
         _answer_purge(broker, queue, None)
+    elif kind is SettleDeadLettered and queue is not None:
+        from node.broker import replica_control
+
+        replica_control.settle_abandoned(queue, command.msg_ids)
 
 
 def _detach_abandoned(broker: Broker, queue: QueueState | None, command: Detach) -> None:
