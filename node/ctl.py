@@ -22,7 +22,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
@@ -210,8 +210,13 @@ CLUSTER_ARGS: dict[str, tuple[str, ...]] = {
 }
 
 
+MEMBERSHIP_TIMEOUT_S = 120.0  # join/leave/forget wait for queue moves and metadata group changes
+
+
 def cmd_cluster(client: Client, args: argparse.Namespace) -> Any:
     body = {name: getattr(args, name) for name in CLUSTER_ARGS[args.command] if getattr(args, name, None) is not None}
+    if args.command in ("join_cluster", "leave_cluster", "forget_cluster_node"):
+        client = replace(client, timeout_s=max(client.timeout_s, MEMBERSHIP_TIMEOUT_S))
     if "vhost" in CLUSTER_ARGS[args.command]:
         body["vhost"] = args.vhost or "/"
     result = client.call("POST", f"/api/raftmq/{args.command}", body)
@@ -287,10 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--apply-to", default="all", choices=("all", "queues", "exchanges", "quorum_queues",
                                                          "classic_queues"))
     add("clear_policy", cmd_clear_policy, "remove a policy", vhost=True).add_argument("name")
-    add("join_cluster", cmd_cluster, "whether NODE (listed in cluster_nodes; it joins when started) has joined"
-        ).add_argument("node")
-    add("leave_cluster", cmd_cluster, "not supported (membership is cluster_nodes): stop the node, then "
-        "forget_cluster_node it")
+    add("join_cluster", cmd_cluster, "make the node addressed by --node (fresh, alone) join the cluster of NODE "
+        "(rabbit@host, host:amqp_port, or name=host:amqp[:raft[:metadata]])").add_argument("node")
+    add("leave_cluster", cmd_cluster, "the node addressed by --node leaves its cluster (queue replicas moved away) "
+        "and stops")
     add("forget_cluster_node", cmd_cluster, "remove a stopped node from the cluster (its queue replicas move)"
         ).add_argument("node")
     for name, what in (("add_member", "add a replica of a quorum queue on NODE"),

@@ -20,9 +20,14 @@ Args = dict[str, Any]
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
     name: str
-    address: str
+    address: str  # host:port of its metadata (pysyncobj) endpoint
     version: int
     state: str = "up"
+    # Its other endpoints (issue 5, online membership; 0/"" = not recorded yet: cluster_nodes has them).
+    host: str = ""
+    amqp_port: int = 0
+    raft_port: int = 0
+    management_port: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +102,16 @@ class PolicyRecord:
 
 @dataclass(frozen=True, slots=True)
 class AddNode:
+    """Record a node (a restarted node: marked up again). Empty endpoints keep the ones already recorded."""
+
     name: str
     address: str
     version: int
     cid: str = ""
+    host: str = ""
+    amqp_port: int = 0
+    raft_port: int = 0
+    management_port: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,11 @@ Compaction (snapshots) is made durable the same way, in three ordered steps that
 A snapshot received from the leader is fsynced (file and directory) in `deserialize`, before pysyncobj clears
 the journal behind it.
 
+Membership: with dynamicMembershipChange pysyncobj hands the group's members (its own node included) to the
+serializer and takes them back from the deserializer (it then *replaces* its partner list with them), so the
+snapshot stores them as metadata addresses ("cluster"); a snapshot written before this field existed gives back
+the members the node runs with now (`members()`), never an empty list.
+
 Known limit (see docs/metadata.md): pysyncobj's journal record format has no checksums, so a torn write of the
 last record on power loss is not detected by pysyncobj (the snapshot file has a crc32).
 """
@@ -47,6 +52,7 @@ from pysyncobj.journal import (
     MetaStorer,
     ResizableFile,
 )
+from pysyncobj.node import TCPNode
 from pysyncobj.pickle import dumps as _pysyncobj_dumps
 from pysyncobj.pickle import to_bytes as _to_bytes
 
@@ -166,22 +172,24 @@ class DurableSnapshot:
     applied entry."""
 
     def __init__(self, journal_path: str, take_state: Callable[[], bytes],
-                 put_state: Callable[[bytes], None]) -> None:
+                 put_state: Callable[[bytes], None], members: Callable[[], tuple[str, ...]] = tuple) -> None:
         self.journal_path = os.path.abspath(journal_path)
         self.take_state = take_state
         self.put_state = put_state
+        self.members = members
 
     def serialize(self, tmp_path: str, data: tuple[Any, ...]) -> None:
         last, prev = data[0], data[1]
+        cluster = sorted(str(getattr(n, "id", n)) for n in data[2]) if len(data) > 2 else list(self.members())
         body = cbor2.dumps({"format": SNAPSHOT_FORMAT, "state": self.take_state(),
-                            "last": list(last), "prev": list(prev)})
+                            "last": list(last), "prev": list(prev), "cluster": cluster})
         with open(tmp_path, "wb") as f:
             f.write(SNAPSHOT_MAGIC + struct.pack("<I", zlib.crc32(body)) + body)
             f.flush()
             os.fsync(f.fileno())
         FSYNC_COUNTER["snapshot"] += 1
 
-    def deserialize(self, path: str) -> tuple[Entry, Entry, None]:
+    def deserialize(self, path: str) -> tuple[Entry, Entry, list[Any] | None]:
         fsync_file(path)  # a snapshot received from the leader was renamed into place without fsync
         fsync_dir(path)
         last, prev, state = read_snapshot(path)
@@ -189,7 +197,8 @@ class DurableSnapshot:
         journal = _JOURNALS.get(self.journal_path)
         if journal is not None:
             roll_forward(journal, last, prev)
-        return last, prev, None
+        cluster = read_snapshot_cluster(path) or list(self.members())
+        return last, prev, ([TCPNode(address) for address in cluster] if cluster else None)  # None: no knowledge
 
 
 def read_snapshot(path: str) -> tuple[Entry, Entry, bytes]:
@@ -203,6 +212,14 @@ def read_snapshot(path: str) -> tuple[Entry, Entry, bytes]:
     doc = cbor2.loads(raw[8:])
     last, prev = doc["last"], doc["prev"]
     return (last[0], last[1], last[2]), (prev[0], prev[1], prev[2]), doc["state"]
+
+
+def read_snapshot_cluster(path: str) -> list[str]:
+    """The group members a snapshot recorded ([] for a snapshot written before they were recorded)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    cluster = cbor2.loads(raw[8:]).get("cluster") or []
+    return [str(a) for a in cluster]
 
 
 def roll_forward(journal: DurableFileJournal, last: Entry, prev: Entry) -> bool:

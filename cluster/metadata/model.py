@@ -195,7 +195,12 @@ def _add_node(s: MetadataState, c: AddNode) -> Step:
                           f"this cluster speaks version {s.protocol_version}")
     if s.protocol_version == 0:
         s = replace(s, protocol_version=c.version)
-    return _upsert(s, "nodes", "node", c.name, NodeRecord(c.name, c.address, c.version), (c.name,))
+    record = NodeRecord(c.name, c.address, c.version, "up", c.host, c.amqp_port, c.raft_port, c.management_port)
+    old = s.nodes.get(c.name)
+    if not c.host and old is not None:  # a start without endpoints keeps the recorded ones
+        record = replace(record, host=old.host, amqp_port=old.amqp_port, raft_port=old.raft_port,
+                         management_port=old.management_port)
+    return _upsert(s, "nodes", "node", c.name, record, (c.name,))
 
 
 def _remove_node(s: MetadataState, c: RemoveNode) -> Step:

@@ -26,6 +26,9 @@ How it works:
   to this node's cluster address only, with the durable journal and fsynced compaction snapshots (`durable`).
   Then the store waits for a leader and applies `AddNode(name, address, version)`: a refusal (another protocol version) stops the store and
   raises `IncompatibleVersionError`.
+- Membership (online join/leave/forget): `StoreMembership` (`store_membership.py`), the base class; pysyncobj
+  runs with dynamicMembershipChange and starts with the member list cached in the data dir (docs/cluster.md,
+  "Metadata membership").
 """
 
 from __future__ import annotations
@@ -45,16 +48,23 @@ import trio
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, SyncObjException, replicated
 
 from cluster.metadata import durable, model
+from cluster.metadata import membership as mb
+from cluster.metadata.errors import (
+    IncompatibleVersionError,
+    JoinRefused,
+    LeftClusterError,
+    MetadataError,
+    MetadataTimeout,
+)
 from cluster.metadata.model import AddNode, Command, MetadataState, Outcome
 from cluster.metadata.secret import ClusterSecretError, check_bind_address, check_peers, secret_bytes
+from cluster.metadata.store_membership import ATTEMPT_TIMED_OUT, ATTEMPT_TIMEOUT_S, StoreMembership, _deliver
 
 RETRYABLE = frozenset({FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.DISCARDED,
                        FAIL_REASON.NOT_LEADER, FAIL_REASON.LEADER_CHANGED, FAIL_REASON.REQUEST_DENIED,
                        FAIL_REASON.UNKNOWN_OUTCOME})
 RETRY_BACKOFF_FIRST_S = 0.05
 RETRY_BACKOFF_MAX_S = 1.0
-ATTEMPT_TIMEOUT_S = 2.0
-ATTEMPT_TIMED_OUT = -1  # our own reason code: no callback within ATTEMPT_TIMEOUT_S, or the leader went away
 LEADER_POLL_S = 0.05
 OWNER_EXIT_WAIT_S = 5.0  # close(): how long the owner thread waits for pysyncobj's destroy
 SUBSCRIBER_BUFFER_MAX = 1024
@@ -63,20 +73,8 @@ SNAPSHOT_NAME = "metadata.snapshot"
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ClusterSecretError", "IncompatibleVersionError", "MetadataError", "MetadataStore",
-           "MetadataTimeout", "StoreConfig"]
-
-
-class MetadataError(Exception):
-    """A metadata command failed for a reason a retry will not fix."""
-
-
-class MetadataTimeout(MetadataError):
-    """No result within the timeout: the command may or may not have been applied; retrying it is safe."""
-
-
-class IncompatibleVersionError(MetadataError):
-    """The cluster refused this node's metadata protocol version."""
+__all__ = ["ClusterSecretError", "IncompatibleVersionError", "JoinRefused", "LeftClusterError", "MetadataError",
+           "MetadataStore", "MetadataTimeout", "StoreConfig"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +98,7 @@ class StoreConfig:
     # Log compaction (durable snapshots, `durable.DurableSnapshot`); only with a data_dir.
     compaction_min_entries: int = 10_000
     compaction_min_time_s: float = 3600.0
+    endpoints: mb.NodeEndpoints | None = None  # recorded with AddNode (None: keep what the metadata has)
 
 
 class _Replica(SyncObjConsumer):  # type: ignore[misc]
@@ -111,6 +110,7 @@ class _Replica(SyncObjConsumer):  # type: ignore[misc]
         self.changes_seq = 0  # how many applied commands changed something; pairs with `state` under `lock`
         self.lock = threading.Lock()  # held for two assignments only, by either thread
         self.on_applied: Callable[[int, Outcome], None] | None = None
+        self.after_apply: Callable[[], None] | None = None  # after every applied command (tick thread)
 
     @replicated  # type: ignore[untyped-decorator]
     def apply_command(self, payload: bytes) -> bytes:
@@ -123,6 +123,8 @@ class _Replica(SyncObjConsumer):  # type: ignore[misc]
             seq = self.changes_seq
         if self.on_applied is not None and outcome.changes:
             self.on_applied(seq, outcome)
+        if self.after_apply is not None:
+            self.after_apply()
         return cbor2.dumps(model.outcome_to_dict(outcome))
 
     def read(self) -> tuple[MetadataState, int]:
@@ -151,18 +153,19 @@ class _Replica(SyncObjConsumer):  # type: ignore[misc]
             self.on_applied(seq, outcome)
 
 
-def _compaction(config: StoreConfig, replica: _Replica) -> dict[str, Any]:
+def _compaction(config: StoreConfig, replica: _Replica, members: Callable[[], tuple[str, ...]]) -> dict[str, Any]:
     """Compaction settings: durable snapshots with a data dir; off in memory (tests only)."""
     if config.data_dir is None:
         return {"logCompactionMinEntries": 2**62, "logCompactionMinTime": 2**31}
     journal = str(config.data_dir / JOURNAL_NAME)
-    snapshot = durable.DurableSnapshot(journal, replica.take_state, replica.put_state)
+    snapshot = durable.DurableSnapshot(journal, replica.take_state, replica.put_state, members)
     return {"fullDumpFile": str(config.data_dir / SNAPSHOT_NAME), "serializer": snapshot.serialize,
             "deserializer": snapshot.deserialize, "logCompactionMinEntries": config.compaction_min_entries,
             "logCompactionMinTime": config.compaction_min_time_s}
 
 
-def _syncobj_conf(config: StoreConfig, secret: bytes, replica: _Replica) -> SyncObjConf:
+def _syncobj_conf(config: StoreConfig, secret: bytes, replica: _Replica,
+                  members: Callable[[], tuple[str, ...]]) -> SyncObjConf:
     journal = None
     if config.data_dir is not None:
         config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -180,15 +183,9 @@ def _syncobj_conf(config: StoreConfig, secret: bytes, replica: _Replica) -> Sync
         appendEntriesUseBatch=False,  # send each command at once: metadata changes are rare, latency matters
         bindRetryTime=0.5,
         maxBindRetries=config.bind_retries,
-        dynamicMembershipChange=False,
-        **_compaction(config, replica),
+        dynamicMembershipChange=True,
+        **_compaction(config, replica, members),
     )
-
-
-def _deliver(send: trio.MemorySendChannel[Any], item: Any) -> None:
-    """Runs in trio (posted by `run_sync_soon`): must never raise, or it would crash the trio run."""
-    with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-        send.send_nowait(item)
 
 
 class _SyncObjOwner:
@@ -235,7 +232,7 @@ class _SyncObjOwner:
         self._released.set()
 
 
-class MetadataStore:
+class MetadataStore(StoreMembership):
     """Create inside a trio run; `await start()`, then `apply`, `state`, `subscribe`; `close()` at the end."""
 
     def __init__(self, config: StoreConfig) -> None:
@@ -243,29 +240,45 @@ class MetadataStore:
         self._secret = secret_bytes(config.secret)
         check_bind_address(config.address)
         self._token = trio.lowlevel.current_trio_token()
-        self._replica = _Replica()
+        self._replica: _Replica = _Replica()
         self._replica.on_applied = self._on_applied_in_tick_thread
+        self._replica.after_apply = self._save_members
         self._syncobj: SyncObj | None = None
         self._owner: _SyncObjOwner | None = None
         self._subscribers: list[tuple[trio.MemorySendChannel[Outcome], int]] = []
+        self._members_saved: tuple[str, ...] = ()
+        self._members_lock = threading.Lock()  # the tick thread and trio may both save the cache
+        self._left = False  # mark_left(): the cache says "left" and is never rewritten by this store
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         cfg = self.config
-        await trio.to_thread.run_sync(check_peers, list(cfg.peers), self._secret, cfg.probe_timeout_s)
+        cache = self.read_members_cache()
+        if cache is not None and cache.left:
+            raise LeftClusterError(f"node {cfg.node_name} left its cluster (leave_cluster); delete its data directory "
+                                   f"{cfg.data_dir} to start it again (then join_cluster)")
+        partners = mb.start_partners(cache, cfg.peers, cfg.address)
+        await trio.to_thread.run_sync(check_peers, list(partners), self._secret, cfg.probe_timeout_s)
         durable.install()
-        conf = _syncobj_conf(cfg, self._secret, self._replica)
+        conf = _syncobj_conf(cfg, self._secret, self._replica, self.members)
         owner = self._owner = _SyncObjOwner(
-            f"metadata-{cfg.node_name}", lambda: SyncObj(cfg.address, list(cfg.peers), conf, consumers=[self._replica]))
+            f"metadata-{cfg.node_name}", lambda: self._create_syncobj(partners, conf))
         self._syncobj = await trio.to_thread.run_sync(owner.start)
         try:
             await self._wait_bound()
             await self._wait_for_leader(cfg.start_timeout_s)
             await self._join()
+            await trio.to_thread.run_sync(self._save_members)
         except BaseException:
             self.close()
             raise
+
+    def _create_syncobj(self, partners: tuple[str, ...], conf: SyncObjConf) -> SyncObj:
+        syncobj = SyncObj(self.config.address, list(partners), conf, consumers=[self._replica])
+        transport = syncobj._SyncObj__transport  # pysyncobj has no public hook for utility messages
+        transport.setOnUtilityMessageCallback(mb.JOIN_COMMAND, self._on_join_request)
+        return syncobj
 
     async def _wait_bound(self) -> None:
         syncobj = self._syncobj
@@ -287,9 +300,27 @@ class MetadataStore:
 
     async def _join(self) -> None:
         cfg = self.config
-        outcome = await self.apply(AddNode(cfg.node_name, cfg.address, cfg.version), cfg.start_timeout_s)
+        command = AddNode(cfg.node_name, cfg.address, cfg.version)
+        if cfg.endpoints is not None:
+            command = mb.add_node_command(cfg.endpoints, cfg.version)
+        outcome = await self.apply(command, cfg.start_timeout_s)
         if not outcome.ok:
             raise IncompatibleVersionError(f"node {cfg.node_name} refused by the cluster: {outcome.refused}")
+
+    def syncobj_for_shutdown(self) -> Any:
+        """The running `SyncObj` (or None), to wait for its tick thread after `stop_replication`."""
+        return self._syncobj
+
+    def stop_replication(self) -> None:
+        """Stop pysyncobj (its port is free once the tick thread ended) but keep the watchers open: `close()` ends
+        them later (a node joining a cluster swaps stores this way, so its runtime never watches a dead store)."""
+        self._replica.after_apply = None
+        if self._syncobj is not None:
+            self._syncobj.destroy()
+            self._syncobj = None
+        if self._owner is not None:
+            self._owner.release()
+            self._owner = None
 
     def close(self) -> None:
         """Stop pysyncobj (its tick thread ends shortly after) and end every subscription."""

@@ -49,7 +49,7 @@ from cluster.raft.runtime.node import RaftNodeRuntime
 from node.broker import records as br
 from node.broker.auth import hash_password
 from node.runtime.cluster_defs import client_local_placement, commands_for, mirror_records, missing_bootstrap
-from node.runtime.cluster_members import replace_member
+from node.runtime.cluster_members import replace_member, watch_membership
 from node.runtime.cluster_reconcile import RECONCILE_POLL_S, Transfer, leader_to_record, next_step
 from node.runtime.cluster_tracking import PROPOSAL_IDS_PER_BOOT, PeerLiveness, Pending, ProposalTracker
 from node.runtime.config import ClusterLayout, NodeConfig
@@ -144,6 +144,7 @@ class ClusterRuntime:
                 nursery.start_soon(self._retry_timer)
                 nursery.start_soon(self._liveness_watch)
                 nursery.start_soon(self._reconcile_groups)
+                nursery.start_soon(watch_membership, self)  # online membership (cluster_members.py)
                 task_status.started()
         finally:
             self.close()
@@ -519,4 +520,3 @@ def bootstrap_records(config: NodeConfig) -> list[Any]:
         records.append(br.UserRecord(user.name, hash_password(user.password, os.urandom(4)), tuple(user.tags)))
         records.append(br.PermissionRecord(user.name, user.vhost, user.configure, user.write, user.read))
     return records
-

@@ -11,8 +11,9 @@ the metadata, mirrored into every broker, whose queues' Raft leaders then propos
 (`cluster.metadata.placement.rebalance_plan`: `SetQueueLeader`, then a leadership transfer of the queue's group).
 Membership: `add_member`, `delete_member`, `grow`, `shrink` change the queue's metadata members (the queue
 group's Raft leader then changes the Raft membership to match, `cluster_reconcile`); `forget_cluster_node` moves a
-down node's memberships away and removes it from the metadata; `join_cluster` reports whether a node of
-`cluster_nodes` has joined (the metadata group is static); `leave_cluster` answers 501.
+down node's memberships away and removes it from the metadata and its group; `join_cluster {node}` (run on the
+joining node) and `leave_cluster` change the cluster's members online (`cluster_members`; docs/cluster.md,
+"Metadata membership").
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from cluster.queue.replicated_codec import queue_group_id
 from cluster.raft.core.types import GroupId, NodeId
 from node.broker import policies as pol
 from node.broker.effects import Persist
+from node.runtime import cluster_members as members
 from node.runtime.management_api import CLUSTER_COMMANDS, CommandError
 from node.runtime.management_view import BrokerView
 
@@ -125,7 +127,7 @@ class ClusterView(BrokerView):
 
     def _known_node(self, node: str) -> None:
         if node not in self.cluster.layout.names:
-            raise CommandError(404, f"no node {node!r} in cluster_nodes {list(self.cluster.layout.names)}")
+            raise CommandError(404, f"no node {node!r} in the cluster {list(self.cluster.layout.names)}")
 
     def _queue(self, vhost: str, queue: str) -> md.QueueRecord:
         record: md.QueueRecord | None = self.cluster.mirrored.queues.get((vhost, queue))
@@ -186,8 +188,9 @@ class ClusterView(BrokerView):
 
     async def _forget_cluster_node(self, args: dict[str, Any]) -> dict[str, Any]:
         """Forget a node that is down: its queue memberships move to other up nodes
-        (`placement.evacuation_plan`), then `RemoveNode(force)` drops what could not move (a queue whose only
-        member it was is deleted, as `rabbitmqctl forget_cluster_node`)."""
+        (`placement.evacuation_plan`), `RemoveNode(force)` drops what could not move (a queue whose only member
+        it was is deleted, as `rabbitmqctl forget_cluster_node`), then it leaves the metadata group
+        (`cluster_members.forget`)."""
         node = args["node"]
         cluster = self.cluster
         if node == cluster.name:
@@ -197,30 +200,16 @@ class ClusterView(BrokerView):
         connected = cluster.raft.connected_peers() if cluster.raft is not None else frozenset()
         if node in connected:
             raise CommandError(409, f"node {node} is running; stop it before forgetting it")
-        moved = []
-        for vhost, queue, _, new in placement.evacuation_plan(cluster.mirrored, node):
-            record = cluster.mirrored.queues.get((vhost, queue))
-            if record is None:
-                continue
-            members = tuple(m for m in record.members if m != node) + ((new,) if new else ())
-            await self._metadata(md.SetQueueMembers(vhost, queue, members))
-            moved.append({"vhost": vhost, "queue": queue, "to": new or None})
-        await self._metadata(md.RemoveNode(node, force=True))
-        return {"moved": moved}
+        return await _membership(members.forget(cluster, node))
 
     async def _join_cluster(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The metadata group's membership is static (`cluster_nodes`): a node listed there joins when it starts.
-        So this only reports whether `node` has joined; a node not listed is refused."""
-        node = args["node"]
-        self._known_node(node)
-        record = self.cluster.mirrored.nodes.get(node)
-        if record is None:
-            raise CommandError(409, f"node {node} is in cluster_nodes but has not joined yet: start it")
-        return {"node": node, "joined": True, "state": record.state}
+        """Run on the joining node (as `rabbitmqctl join_cluster`): `node` is a member to join through
+        (`rabbit@host`, `host:amqp_port`, or a `cluster_nodes` entry `name=host:amqp[:raft[:metadata]]`)."""
+        return await _membership(members.join(self.cluster, args["node"]))
 
     async def _leave_cluster(self, args: dict[str, Any]) -> dict[str, Any]:
-        raise CommandError(501, "leave_cluster: the metadata group's membership is static (cluster_nodes); "
-                                "stop the node, then run forget_cluster_node for it on another node")
+        """This node leaves: queue memberships moved away, removed from the metadata and its group, then it stops."""
+        return await _membership(members.leave(self.cluster))
 
     async def _metadata(self, command: md.Command) -> md.Outcome:
         outcome: md.Outcome | None = await self.cluster.apply_definition(command)
@@ -246,6 +235,13 @@ class ClusterView(BrokerView):
                 self.cluster.raft.transfer_leadership(GroupId(queue_group_id(vhost, queue)), NodeId(leader))
             moved.append({"vhost": vhost, "queue": queue, "leader": leader})
         return moved
+
+
+async def _membership(work: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return await work
+    except members.MembershipError as exc:
+        raise CommandError(exc.status, exc.reason) from None
 
 
 MEMBER_COMMANDS: dict[str, Callable[[ClusterView, dict[str, Any]], Awaitable[dict[str, Any]]]] = {

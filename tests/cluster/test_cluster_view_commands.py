@@ -19,9 +19,12 @@ class FakeCluster:
     def __init__(self, connected: tuple[str, ...] = ("n2", "n3", "n4")) -> None:
         self.name = "n1"
         self.broker = None
-        self.layout = SimpleNamespace(names=NODES)
+        me = SimpleNamespace(name="n1", host="h", amqp_port=5672, raft_port=25672, metadata_port=26672,
+                             management_port=15672)
+        self.layout = SimpleNamespace(names=NODES, me=me, secret="s" * 16)
         self.mirrored = md.MetadataState()
-        self.store = SimpleNamespace(state=self.mirrored)
+        self.group: tuple[str, ...] = ()  # the metadata group's members (metadata addresses)
+        self.store = SimpleNamespace(state=self.mirrored, members=lambda: self.group)
         self.raft = SimpleNamespace(connected_peers=lambda: frozenset(connected))
         self.applied: list[md.Command] = []
         for name in NODES[:3]:
@@ -98,18 +101,19 @@ async def test_forget_a_down_node_moves_its_memberships_and_removes_it() -> None
     assert "n3" not in cluster.mirrored.nodes
 
 
-async def test_join_reports_and_leave_is_not_supported() -> None:
+async def test_join_and_leave_refusals_change_nothing() -> None:
     cluster = FakeCluster()
     view = _view(cluster)
-    assert (await view.run_command("join_cluster", {"node": "n2"}))["joined"] is True
     statuses = []
-    for args in ({"node": "n4"}, {"node": "n9"}):
-        with pytest.raises(CommandError) as refused:
-            await view.run_command("join_cluster", args)
-        statuses.append(refused.value.status)
-    assert statuses == [409, 404]
-    with pytest.raises(CommandError) as leave:
+    with pytest.raises(CommandError) as bad_seed:
+        await view.run_command("join_cluster", {"node": "host:notaport"})
+    statuses.append(bad_seed.value.status)
+    with pytest.raises(CommandError) as alone:  # a lone node has no cluster to leave
         await view.run_command("leave_cluster", {})
-    assert leave.value.status == 501
-
-
+    statuses.append(alone.value.status)
+    cluster.group = ("h:26672", "h2:26672")
+    with pytest.raises(CommandError) as member:  # already in a cluster: leave first
+        await view.run_command("join_cluster", {"node": "h3:5672"})
+    statuses.append(member.value.status)
+    assert statuses == [400, 409, 409]
+    assert cluster.applied == []
