@@ -194,3 +194,19 @@ def test_replicated_new_leader_proposes_what_the_old_one_did_not() -> None:
     cluster.commit()
     for broker in cluster.brokers.values():
         assert replica_args(broker, "q2").max_length == 7
+
+
+def test_replicated_dead_letter_strategy_and_delivery_limit_reach_quorum_replicas_only() -> None:
+    cluster = Cluster()
+    a = cluster_client(cluster, "a")
+    cluster.feed("a", a.declare("qq", durable=True, arguments={"x-queue-type": "quorum",
+                                                                "x-overflow": "reject-publish"}))
+    cluster.feed("a", a.declare("cq", durable=True))
+    cluster.commit()
+    mirror_policy(cluster, PolicyRecord("/", "dlx", "q$", "queues", {
+        "dead-letter-exchange": "dlx", "dead-letter-strategy": "at-least-once", "delivery-limit": 4}))
+    for broker in cluster.brokers.values():
+        qq, cq = replica_args(broker, "qq"), replica_args(broker, "cq")
+        assert (qq.dead_letter_exchange, qq.dead_letter_strategy, qq.delivery_limit) == ("dlx", "at-least-once", 4)
+        assert qq.holds_dead_letters
+        assert (cq.dead_letter_exchange, cq.dead_letter_strategy, cq.delivery_limit) == ("dlx", "at-most-once", None)
