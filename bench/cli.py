@@ -46,7 +46,14 @@ from bench.results import (
     write_chart,
     write_json,
 )
-from bench.workloads import ALL_WORKLOADS, DEFAULT_LATENCY_RATES, Measurement, RunSettings, run_workload
+from bench.workloads import (
+    ALL_WORKLOADS,
+    DEFAULT_CONFIRM_WINDOW,
+    DEFAULT_LATENCY_RATES,
+    Measurement,
+    RunSettings,
+    run_workload,
+)
 
 # `raftmq bench <name> [options]`: further benchmarks, one module each with `main(argv) -> int` (one line each).
 SUBCOMMANDS: dict[str, str] = {
@@ -54,6 +61,7 @@ SUBCOMMANDS: dict[str, str] = {
     "memory": "bench.memory",  # resident memory with a backlog of N messages
     "failover": "bench.failover",  # kill -9 of a quorum queue leader to the next confirm (3-node cluster)
     "profile": "bench.profile",  # py-spy of the 3 raftmq nodes under workload (b)
+    "fidelity": "bench.fidelity",  # one queue under different client settings: is the load generator the limit?
 }
 
 
@@ -74,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the figures of every earlier run in --output and exit (measures nothing)")
     parser.add_argument("--rates", default=",".join(str(rate) for rate in DEFAULT_LATENCY_RATES),
                         help="fixed publish rates (msg/s) for workload (e)")
-    parser.add_argument("--window", type=int, default=256, help="unconfirmed messages per publisher, (a)/(b)")
+    parser.add_argument("--window", type=int, default=DEFAULT_CONFIRM_WINDOW,
+                        help="unconfirmed messages per publisher, (a)/(b)")
     parser.add_argument("--prefetch", type=int, default=1000, help="consumer prefetch, (a)/(b)/(e)")
     return parser
 

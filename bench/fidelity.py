@@ -1,6 +1,7 @@
 """Load-generator fidelity: the same single-queue workload under different client settings, interleaved.
 
-`raftmq bench fidelity --target HOST:PORT [--variants ...] [--rounds N]` answers "is the load generator, or the
+`raftmq bench fidelity [--target NAME=HOST:PORT ...] [--variants ...] [--rounds N]` (without targets it starts a
+raftmq node and a RabbitMQ node and alternates between them) answers "is the load generator, or the
 broker, the limit?" for workloads (a)/(b)'s layout (one durable queue, publishers in confirm mode, one consumer).
 Each variant changes one client setting against the default (window, write batch, consumer ack pattern, prefetch,
 number of publishers, no consumer, transient messages, queue arguments such as x-queue-version=2). Variants run
@@ -15,18 +16,32 @@ with the generator far from it says "broker-bound"; the reverse says "generator-
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
-from bench.client import Endpoint
+from bench.brokers import rabbitmq_cluster, raftmq_node
+from bench.client import Endpoint, parse_target
 from bench.loadgen import ConsumerSpec, PublisherSpec, PublishTarget, WorkerResult
 from bench.processes import run_workers
 from bench.stats import rate_per_s, summarize_latencies_ns
-from bench.workloads import BODY_SIZE, Topology, declare, delete, run_id
+from bench.workloads import (
+    BODY_SIZE,
+    DEFAULT_CONFIRM_WINDOW,
+    Topology,
+    declare,
+    delete,
+    publish_batch_max,
+    run_id,
+)
 
 _CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -36,8 +51,8 @@ class Variant:
     """One client setting set for the single-queue layout."""
 
     name: str
-    window: int = 256
-    batch_max: int = 64
+    window: int = DEFAULT_CONFIRM_WINDOW
+    batch_max: int = publish_batch_max(DEFAULT_CONFIRM_WINDOW)
     publishers: int = 1
     consumer: bool = True
     prefetch: int = 1000
@@ -46,19 +61,19 @@ class Variant:
     queue_arguments: dict[str, str | int | bool] = field(default_factory=dict)
 
 
-BASELINE = Variant("default")  # what `raftmq bench` runs for (a)
+BASELINE = Variant("default")  # what `raftmq bench` runs for (a): window 2048, 256 per write
 VARIANTS: dict[str, Variant] = {
     variant.name: variant
     for variant in (
         BASELINE,
+        Variant("window-256", window=256, batch_max=64),  # the default before 2026-11-23
         Variant("window-1024", window=1024, batch_max=256),
         Variant("window-4096", window=4096, batch_max=256),
-        Variant("batch-8", batch_max=8),
-        Variant("ack-every-100", ack_every=100),
-        Variant("ack-every-250-prefetch-2000", ack_every=250, prefetch=2000),
+        Variant("batch-32", batch_max=32),
+        Variant("ack-every-250", ack_every=250, prefetch=2000),
         Variant("prefetch-100", prefetch=100),
-        Variant("publishers-2", publishers=2),
-        Variant("publishers-4", publishers=4, window=128, batch_max=32),
+        Variant("publishers-4", publishers=4, window=128, batch_max=32),  # 512 in flight in all
+        Variant("publishers-4-window-512", publishers=4, window=512, batch_max=128),
         Variant("no-consumer", consumer=False),
         Variant("transient", persistent=False),
         Variant("cq-v2", queue_arguments={"x-queue-version": 2}),
@@ -71,6 +86,7 @@ VARIANTS: dict[str, Variant] = {
 class FidelityRun:
     """One variant's figures in one round."""
 
+    broker: str
     variant: str
     round_index: int
     confirmed_msgs_per_s: float
@@ -99,8 +115,8 @@ def variant_specs(endpoint: Endpoint, queue: str, variant: Variant) -> list[Publ
     return specs
 
 
-def summarize(variant: str, round_index: int, results: Sequence[WorkerResult], broker_cpu_cores: float | None,
-              load_average_1m: float) -> FidelityRun:
+def summarize(broker: str, variant: str, round_index: int, results: Sequence[WorkerResult],
+              broker_cpu_cores: float | None, load_average_1m: float) -> FidelityRun:
     """Pure: the figures of one run from its workers' results."""
     publishers = [result for result in results if result.role == "publisher"]
     consumers = [result for result in results if result.role == "consumer"]
@@ -111,6 +127,7 @@ def summarize(variant: str, round_index: int, results: Sequence[WorkerResult], b
     confirm_samples = [latency for result in publishers for latency in result.confirm_latencies_ns]
     confirms = summarize_latencies_ns(confirm_samples)
     return FidelityRun(
+        broker=broker,
         variant=variant,
         round_index=round_index,
         confirmed_msgs_per_s=sum(rate_per_s(result.confirmed, result.measured_s) for result in publishers),
@@ -195,8 +212,8 @@ class _CpuWindow:
         return (end_cpu - start_cpu) / (end_s - start_s) if end_s > start_s else None
 
 
-def run_variant(endpoint: Endpoint, variant: Variant, round_index: int, warmup_s: float, duration_s: float,
-                broker_pid: int | None) -> FidelityRun:
+def run_variant(broker: str, endpoint: Endpoint, variant: Variant, round_index: int, warmup_s: float,
+                duration_s: float, broker_pid: int | None) -> FidelityRun:
     queue = f"bench-fidelity-{run_id()}"
     topology = Topology((queue,), dict(variant.queue_arguments))
     load_average_1m = os.getloadavg()[0]
@@ -206,35 +223,38 @@ def run_variant(endpoint: Endpoint, variant: Variant, round_index: int, warmup_s
             # The workers start START_DELAY_S after they are ready; the CPU window is late by their setup time.
             with _CpuWindow(broker_pid, warmup_s + 0.5, duration_s - 1.0) as window:
                 results = run_workers(variant_specs(endpoint, queue, variant), warmup_s, duration_s)
-            return summarize(variant.name, round_index, results, window.cores(), load_average_1m)
+            return summarize(broker, variant.name, round_index, results, window.cores(), load_average_1m)
         finally:
             delete(endpoint, topology)
     except Exception as error:  # one failed variant must not lose the others
-        return replace(summarize(variant.name, round_index, [], None, load_average_1m), error=repr(error))
+        return replace(summarize(broker, variant.name, round_index, [], None, load_average_1m), error=repr(error))
 
 
-def run_rounds(endpoint: Endpoint, variants: Sequence[Variant], rounds: int, warmup_s: float, duration_s: float,
-               report: bool = True) -> list[FidelityRun]:
-    broker_pid = listening_pid(endpoint.port) if endpoint.host in ("127.0.0.1", "localhost") else None
+def run_rounds(brokers: Sequence[tuple[str, Endpoint]], variants: Sequence[Variant], rounds: int, warmup_s: float,
+               duration_s: float, report: bool = True) -> list[FidelityRun]:
+    """Round-robin: every round runs every variant on every broker, so machine load hits them alike."""
+    pids = {name: listening_pid(endpoint.port) if endpoint.host in ("127.0.0.1", "localhost") else None
+            for name, endpoint in brokers}
     runs = []
     for round_index in range(1, rounds + 1):
         for variant in variants:
-            run = run_variant(endpoint, variant, round_index, warmup_s, duration_s, broker_pid)
-            runs.append(run)
-            if report:
-                print(format_run(run), flush=True)
+            for name, endpoint in brokers:
+                run = run_variant(name, endpoint, variant, round_index, warmup_s, duration_s, pids[name])
+                runs.append(run)
+                if report:
+                    print(format_run(run), flush=True)
     return runs
 
 
-HEADER = (f"{'variant':<28} {'rnd':>3} {'confirmed/s':>11} {'delivered/s':>11} {'p50 ms':>7} {'p99 ms':>7} "
+HEADER = (f"{'broker':<9} {'variant':<24} {'rnd':>3} {'confirmed/s':>11} {'delivered/s':>11} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'conf50':>6} {'confavg':>7} {'broker':>6} {'gen':>4} {'msg/wr':>6} {'dlv/rd':>6} {'dlv/ack':>7} {'load':>5}")
 
 
 def format_run(run: FidelityRun) -> str:
     if run.error:
-        return f"{run.variant:<28} {run.round_index:>3} ERROR {run.error[:120]}"
+        return f"{run.broker:<9} {run.variant:<24} {run.round_index:>3} ERROR {run.error[:120]}"
     cores = "-" if run.broker_cpu_cores is None else f"{run.broker_cpu_cores:.2f}"
-    return (f"{run.variant:<28} {run.round_index:>3} {run.confirmed_msgs_per_s:>11,.0f} "
+    return (f"{run.broker:<9} {run.variant:<24} {run.round_index:>3} {run.confirmed_msgs_per_s:>11,.0f} "
             f"{run.delivered_msgs_per_s:>11,.0f} {_ms(run.latency_p50_ms):>7} {_ms(run.latency_p99_ms):>7} "
             f"{_ms(run.confirm_p50_ms):>6} {_ms(run.confirm_mean_ms):>7} {cores:>6} {run.gen_cpu_max_fraction:>4.0%} {run.msgs_per_publish_write:>6.1f} "
             f"{run.deliveries_per_read:>6.1f} {run.deliveries_per_ack_write:>7.1f} {run.load_average_1m:>5.1f}")
@@ -242,3 +262,45 @@ def format_run(run: FidelityRun) -> str:
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raftmq bench fidelity",
+                                     description="One durable queue under different client settings, interleaved.")
+    parser.add_argument("--target", action="append", default=[],
+                        help="NAME=HOST:PORT of a running broker (repeatable); default: start RabbitMQ and raftmq")
+    parser.add_argument("--variants", default="default,window-256,publishers-4,transient",
+                        help=f"comma-separated, from: {', '.join(VARIANTS)}")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=1.5)
+    parser.add_argument("--json", help="write every run to this file")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        variants = [VARIANTS[name.strip()] for name in args.variants.split(",") if name.strip()]
+        targets = [_parse_named_target(text) for text in args.target]
+    except (KeyError, ValueError) as error:
+        print(f"raftmq bench fidelity: unknown variant or bad target: {error}", file=sys.stderr)
+        return 2
+    print(HEADER, flush=True)
+    with contextlib.ExitStack() as stack:
+        if not targets:
+            targets = [("raftmq", stack.enter_context(raftmq_node())),
+                       ("rabbitmq", stack.enter_context(rabbitmq_cluster(1)).endpoints[0])]
+        runs = run_rounds(targets, variants, args.rounds, args.warmup, args.duration)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(run) for run in runs], indent=2))
+    return 1 if any(run.error for run in runs) else 0
+
+
+def _parse_named_target(text: str) -> tuple[str, Endpoint]:
+    name, separator, address = text.partition("=")
+    return (name, parse_target(address)) if separator else ("target", parse_target(text))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

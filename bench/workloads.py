@@ -28,6 +28,10 @@ DEFAULT_LATENCY_RATES = (1000, 2000, 5000)
 BODY_SIZE = 100
 FANOUT_QUEUES = 10
 MANY_QUEUES = 1000
+# RabbitMQ confirms persistent messages once its message store has synced them, about 20 ms after the write here;
+# raftmq after its fsync and (b) replication. A window of 256 capped RabbitMQ near 256 / 20 ms (docs/benchmarks.md,
+# "Load generator fidelity"); 2048 lets both brokers reach their CPU limit on this kind of machine.
+DEFAULT_CONFIRM_WINDOW = 2048
 MANY_QUEUES_WARMUP_S_MIN = 5.0  # a thousand consumers and channels take seconds to reach a steady state
 
 
@@ -68,7 +72,7 @@ class RunSettings:
     duration_s: float = 10.0
     warmup_s: float = 2.0
     latency_rates_msgs_per_s: tuple[int, ...] = DEFAULT_LATENCY_RATES
-    confirm_window: int = 256  # unconfirmed messages per publishing channel, workloads (a) and (b)
+    confirm_window: int = DEFAULT_CONFIRM_WINDOW  # unconfirmed messages per publishing channel, (a)/(b): see DEFAULT_CONFIRM_WINDOW
     prefetch: int = 1000  # per consumer, workloads (a), (b) and (e)
 
 
@@ -119,13 +123,18 @@ def _split(items: Sequence[str], parts: int) -> list[tuple[str, ...]]:
     return [tuple(items[start : start + size]) for start in range(0, len(items), size)]
 
 
+def publish_batch_max(window: int) -> int:
+    """Messages per publish write for a window: a quarter of it, at most 256 (about 40 KiB per write)."""
+    return max(1, min(window // 4, 256))
+
+
 def single_queue_layout(
     endpoint: Endpoint, queue: str, settings: RunSettings, rate_msgs_per_s: float | None = None, sample_every: int = 4,
     consumer_endpoint: Endpoint | None = None,
 ) -> list[PublisherSpec | ConsumerSpec]:
     """1 publisher on `endpoint` + 1 consumer (on `consumer_endpoint`, default the same node)."""
     window = settings.confirm_window if rate_msgs_per_s is None else 4096
-    batch_max = max(1, min(window // 4, 256))
+    batch_max = publish_batch_max(window)
     consumer_at = endpoint if consumer_endpoint is None else consumer_endpoint
     return [
         ConsumerSpec(consumer_at, (queue,), prefetch=settings.prefetch, latency_sample_every=sample_every),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from bench.client import Endpoint
 from bench.fidelity import BASELINE, VARIANTS, Variant, parse_ss_pid, summarize, variant_specs
 from bench.loadgen import ConsumerSpec, PublisherSpec, WorkerResult, _ack_threshold
+from bench.workloads import RunSettings
 
 ENDPOINT = Endpoint("127.0.0.1", 5672)
 
@@ -13,7 +14,8 @@ ENDPOINT = Endpoint("127.0.0.1", 5672)
 def test_baseline_matches_the_bench_defaults_for_a() -> None:
     consumer, publisher = variant_specs(ENDPOINT, "q", BASELINE)
     assert isinstance(consumer, ConsumerSpec) and isinstance(publisher, PublisherSpec)
-    assert (publisher.window_per_channel, publisher.batch_max, publisher.persistent) == (256, 64, True)
+    assert (publisher.window_per_channel, publisher.batch_max, publisher.persistent) == (2048, 256, True)
+    assert RunSettings().confirm_window == publisher.window_per_channel
     assert (consumer.prefetch, consumer.ack_every) == (1000, 0)
 
 
@@ -30,11 +32,11 @@ def test_summarize_rates_and_patterns() -> None:
         WorkerResult("publisher", published=1000, confirmed=900, measured_s=2.0, cpu_s=0.2, writes=10, reads=5),
         WorkerResult("consumer", delivered=800, measured_s=2.0, cpu_s=0.1, latencies_ns=[1_000_000], writes=40, reads=80),
     ]
-    run = summarize("default", 1, results, 0.5, 3.0)
+    run = summarize("rabbitmq", "default", 1, results, 0.5, 3.0)
     assert (run.confirmed_msgs_per_s, run.delivered_msgs_per_s) == (450.0, 400.0)
     assert (run.msgs_per_publish_write, run.deliveries_per_read, run.deliveries_per_ack_write) == (100.0, 10.0, 20.0)
     assert (run.gen_cpu_max_fraction, run.broker_cpu_cores, run.error) == (0.1, 0.5, None)
-    assert summarize("x", 1, [], None, 0.0).msgs_per_publish_write == 0.0
+    assert summarize("b", "x", 1, [], None, 0.0).msgs_per_publish_write == 0.0
 
 
 def test_parse_ss_pid() -> None:
