@@ -34,7 +34,7 @@ import contextlib
 import itertools
 import pathlib
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -194,6 +194,43 @@ class NodeLog:
             except DiskFullError as error:
                 self._deferred_error = error  # commit will report it; the record stays queued
         return offset
+
+    def append_many(self, records: Sequence[tuple[str, bytes]], timestamp_ms: int = 0) -> list[int]:
+        """``append`` of each ``(stream, payload)`` in order, under one lock round; returns their offsets."""
+        offsets: list[int] = []
+        with self._lock:
+            self._check_usable()
+            if self._deferred_error is not None and self._pending_bytes > 4 * self.config.append_buffer_bytes_max:
+                raise DiskFullError(self._deferred_error.errno, "log storage: disk full and append buffer full")
+            pending = self._pending
+            append_kind = fmt.WalKind.APPEND
+            sequence = self._sequence
+            added_bytes = 0
+            last_stream: str | None = None
+            state: _StreamState | None = None
+            try:
+                for stream, payload in records:
+                    if stream != last_stream or state is None:
+                        state = self._states.get(stream) or self._state(stream)
+                        state.has_data = True
+                        last_stream = stream
+                    offset = state.next_offset
+                    state.next_offset = offset + 1
+                    sequence += 1
+                    state.unwritten[offset] = (sequence, payload)
+                    pending.append((append_kind, stream, offset, timestamp_ms, payload, sequence))
+                    added_bytes += len(payload) + OP_OVERHEAD_BYTES
+                    offsets.append(offset)
+            finally:  # a bad stream name stops the batch; what was queued before it stays consistent
+                self._sequence = sequence
+                self._pending_bytes += added_bytes
+            overflow = self._pending_bytes > self.config.append_buffer_bytes_max
+        if overflow:
+            try:
+                self._write_pending()
+            except DiskFullError as error:
+                self._deferred_error = error  # commit will report it; the records stay queued
+        return offsets
 
     def _state(self, stream: str) -> _StreamState:
         state = self._states.get(stream)

@@ -1,4 +1,7 @@
-"""Events `ServerConnection.next_events()` hands up to the broker/runtime (frozen dataclasses, no behaviour)."""
+"""Events `ServerConnection.next_events()` hands up to the broker/runtime (dataclasses, no behaviour).
+
+All frozen but `MethodReceived` and `ContentReceived`, built once per publish or ack: slotted, not frozen (a frozen
+dataclass's `__init__` costs about three times as much); treat them as values all the same."""
 
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ class ChannelOpened:
     channel: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # one per publish/ack: not frozen (see the header)
 class MethodReceived:
     """A channel-level method without content (incl. ChannelFlow, which the broker answers with FlowOk)."""
 
@@ -34,7 +37,7 @@ class MethodReceived:
     method: Method
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # one per publish/ack: not frozen (see the header)
 class ContentReceived:
     """A complete Basic.Publish: method, properties and the whole body."""
 

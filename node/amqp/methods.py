@@ -1,5 +1,8 @@
 """One frozen, slotted dataclass per AMQP 0-9-1 method (RabbitMQ extensions included).
 
+Except `BasicDeliver` and `BasicAck`, built once per delivery or confirm on the hot path: slotted but not frozen
+(a frozen dataclass's `__init__` costs about three times as much); treat them as values all the same.
+
 Each class carries its wire layout as data: `CLASS_ID`, `METHOD_ID` and `WIRE`, a tuple of `(field, kind)` in spec
 order where kind is one of octet/short/long/longlong/shortstr/longstr/text/bit/table, and a field of `None` is a
 reserved field (always encoded as zero/empty, ignored on decode). `node.amqp.codec` compiles these tables into the
@@ -489,7 +492,7 @@ class BasicReturn(Method):
     "Basic.Deliver",
     "consumer_tag:shortstr delivery_tag:longlong redelivered:bit exchange:shortstr routing_key:shortstr",
 )
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # built per message: not frozen (see the header)
 class BasicDeliver(Method):
     HAS_CONTENT: ClassVar[bool] = True
     consumer_tag: str = ""
@@ -529,7 +532,7 @@ class BasicGetEmpty(Method):
 
 
 @_wire(60, 80, "Basic.Ack", "delivery_tag:longlong multiple:bit")
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # built per message: not frozen (see the header)
 class BasicAck(Method):
     delivery_tag: int = 0
     multiple: bool = False

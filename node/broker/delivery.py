@@ -60,11 +60,31 @@ def properties_to_dict(props: Any) -> dict[str, Any]:
     return {name: value for name, value in zip(_PROPERTY_NAMES, values, strict=True) if value is not None}
 
 
+SHARED_PROPERTY_DICTS_MAX = 4096  # cleared when full
+_shared_property_dicts: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(props) -> (props, kept alive; its dict)
+
+
+def shared_properties_dict(props: Any) -> dict[str, Any]:
+    """properties_to_dict, but one dict per `BasicProperties` object without headers (node/amqp shares one such
+    object per distinct property list): the records of many messages share it, and so does their encoding
+    (records.encode_record). The caller must not mutate it."""
+    if props.headers is not None:
+        return properties_to_dict(props)
+    cached = _shared_property_dicts.get(id(props))
+    if cached is not None and cached[0] is props:
+        return cached[1]
+    fields = properties_to_dict(props)
+    if len(_shared_property_dicts) >= SHARED_PROPERTY_DICTS_MAX:
+        _shared_property_dicts.clear()
+    _shared_property_dicts[id(props)] = (props, fields)
+    return fields
+
+
 def _persist_accepted(broker: Broker, queue: QueueState, msg_id: int, message: QueuedMessage) -> int:
     msg: Message = message.payload
     queue.persisted_ids.add(msg_id)
     record = MessageRecord(queue.vhost, queue.name, msg_id, msg.exchange, msg.routing_key,
-                           properties_to_dict(msg.properties), msg.body)
+                           shared_properties_dict(msg.properties), msg.body)
     return broker.persist((record,))
 
 
