@@ -311,11 +311,14 @@ def _propose_if_leader(broker: Broker, queue: QueueState, wanted: QueueArgs) -> 
     queue.machine.apply(SetArgs(wanted))
 
 
-def apply_to_vhost(broker: Broker, vhost: VHost[Any]) -> None:
-    """Re-apply the policies to every queue of the vhost (after a policy changed); routing forgets cached AEs."""
+def apply_to_vhost(broker: Broker, vhost: VHost[Any], changed: Iterable[Policy]) -> None:
+    """Re-apply the policies to the vhost's queues after the `changed` policies (old and new versions) changed:
+    only a queue whose name one of them matches can have another policy now. Routing forgets cached AEs."""
     vhost.invalidate()
+    patterns = [p for p in changed if p.apply_to != "exchanges"]
     for queue in list(vhost.queues.values()):
-        apply_to_queue(broker, vhost, queue)
+        if any(p.matches_name(queue.name) for p in patterns):
+            apply_to_queue(broker, vhost, queue)
 
 
 def resend_leader_policies(broker: Broker, only: tuple[str, str] | None = None) -> None:
@@ -333,17 +336,19 @@ def put_policy(broker: Broker, policy: Policy) -> bool:
     vhost = broker.vhosts.get(policy.vhost)
     if vhost is None:
         return False
+    old = vhost.policies.get(policy.name)
     vhost.policies[policy.name] = policy
-    apply_to_vhost(broker, vhost)
+    apply_to_vhost(broker, vhost, (policy,) if old is None else (policy, old))
     return True
 
 
 def remove_policy(broker: Broker, vhost_name: str, name: str) -> bool:
     """Drop a policy and re-apply (objects revert to their own arguments); False when there was none."""
     vhost = broker.vhosts.get(vhost_name)
-    if vhost is None or vhost.policies.pop(name, None) is None:
+    old = vhost.policies.pop(name, None) if vhost is not None else None
+    if vhost is None or old is None:
         return False
-    apply_to_vhost(broker, vhost)
+    apply_to_vhost(broker, vhost, (old,))
     return True
 
 
