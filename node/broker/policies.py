@@ -14,8 +14,13 @@ the effective value is the minimum of the client's x-argument and the policy's v
 (overflow, dead-letter-exchange, dead-letter-routing-key, dead-letter-strategy, queue-mode) the client's
 x-argument wins and the policy only fills what the client left unset. delivery-limit and dead-letter-strategy
 apply to quorum queues only (a classic queue has neither in RabbitMQ). For exchanges `alternate-exchange` is the
-only key; the exchange's own argument wins. Nothing here touches a queue: the broker compares the result with
-the queue machine's current arguments and changes them (`SetArgs`) when they differ.
+only key; the exchange's own argument wins (`VHost.alternate_of` asks at routing time).
+
+How they reach the queues (the last section, called by the broker): the vhost keeps its policies by name; a
+change re-applies every queue the changed policy's old or new pattern matches (`apply_to_queue`): its effective
+arguments become `QueueArgs`, and when they differ from the machine's, a single node applies `SetArgs` to the
+machine at once while in replicated mode only the queue's Raft leader proposes it (re-proposed from `tick` each
+second while the replica still differs, and on gaining leadership), so all replicas change at one log index.
 """
 
 from __future__ import annotations
