@@ -36,6 +36,8 @@ MEMBERS_MAX = 64  # a bound on the member list we accept from the disk or a peer
 DEFAULT_AMQP_PORT = 5672
 METADATA_PORT_OFFSET = 21_000  # as node/runtime/config.py (the metadata port derived from the AMQP port)
 JOIN_COMMAND = "raftmq_join"  # the pysyncobj utility message a joining node sends to a member
+JOIN_PHASE_RECORD = "record"  # AddNode (version and name checked): nothing else changes
+JOIN_PHASE_ADD = "add"  # addNodeToCluster of a recorded node
 
 
 class MembershipDecodeError(ValueError):

@@ -9,10 +9,12 @@ very first start).
 How it works:
 - Join: the joining node sends the `raftmq_join` utility message to a member (`request_join`), over pysyncobj's
   utility channel, which is encrypted with the cluster secret (the secret is probed first: another secret is a
-  `ClusterSecretError`). The member (`_on_join_request`, tick thread) applies `AddNode` with the node's endpoints
-  (refused for another protocol version or a taken name: nothing changed, `JoinRefused`), and only then
-  `addNodeToCluster`; it answers with the group's members. A refused or not-yet-possible change (pysyncobj takes
-  one at a time) answers "retry" and the joining node asks again, bounded in time.
+  `ClusterSecretError`), in two phases. "record": the member (`_on_join_request`, tick thread) applies `AddNode`
+  with the node's endpoints (refused for another protocol version or a taken name: nothing changed,
+  `JoinRefused`) and answers the group's members. "add": while the joining node starts its store with those
+  members as partners (pysyncobj's procedure; a group of one cannot commit the change without it), the member
+  calls `addNodeToCluster` and answers once it committed. A change not possible now (pysyncobj takes one at a
+  time) answers "retry" and the joining node asks again, bounded in time.
 - Removal: `change_member("remove", address)` from a running member (forget_cluster_node of a dead node);
   `request_removal` asks another member with pysyncobj's `remove` utility message (a node cannot remove itself;
   `transfer_leadership_away` first if it leads). `mark_left` makes the cache say "left": the store then refuses to
@@ -154,9 +156,10 @@ class StoreMembership:
             self.write_members_cache(mb.MembersCache(self._members_saved or (self.config.address,), left=True))
 
     def _on_join_request(self, args: list[Any], callback: Callable[[Any, Any], None]) -> None:
-        """The `raftmq_join` utility message (tick thread; the sender proved it holds the secret): record the node
-        (`AddNode`, refused for another protocol version or a taken name), then add it to the group."""
-        syncobj = self._syncobj
+        """The `raftmq_join` utility message (tick thread; the sender proved it holds the secret). Phase "record":
+        apply `AddNode` with the node's endpoints (refused for another protocol version or a taken name: nothing
+        changed) and answer the group's members. Phase "add": add the recorded node to the group and answer once
+        the change committed (the joining node runs its store meanwhile: a group of one needs it to commit)."""
 
         def reply(**fields: Any) -> None:
             callback(cbor2.dumps(fields), None)
@@ -166,33 +169,55 @@ class StoreMembership:
         except mb.MembershipDecodeError as exc:
             reply(error=str(exc))
             return
+        phase = args[1] if len(args) > 1 else ""
+        if self._syncobj is None:
+            reply(retry="this member is stopping")
+        elif phase == mb.JOIN_PHASE_RECORD:
+            self._record_joining(request, reply)
+        elif phase == mb.JOIN_PHASE_ADD:
+            self._add_joining(request, reply)
+        else:
+            reply(error=f"unknown join phase {phase!r}")
+
+    def _record_joining(self, request: mb.JoinRequest, reply: Callable[..., None]) -> None:
         state = self._replica.state
         refusal = mb.join_refusal(state.nodes, state.protocol_version, request)
-        if refusal or syncobj is None:
-            reply(refused=refusal or "this member is stopping")
+        if refusal:
+            reply(refused=refusal)
             return
-        address = request.endpoints.metadata_address
-
-        def added(_result: Any, error: int) -> None:
-            if error == FAIL_REASON.SUCCESS or address in self.members():
-                reply(members=list(self.members()))
-            else:
-                reply(retry=f"membership change not accepted now (pysyncobj reason {error}); ask again")
 
         def recorded(result: Any, error: int) -> None:
             if error != FAIL_REASON.SUCCESS:
                 reply(retry=f"AddNode not committed (pysyncobj reason {error}); ask again")
                 return
             outcome = model.outcome_from_dict(cbor2.loads(result))
-            if not outcome.ok:
-                reply(refused=outcome.refused)
-            elif address in self.members():
+            if outcome.ok:
                 reply(members=list(self.members()))
             else:
-                syncobj.addNodeToCluster(address, callback=added)
+                reply(refused=outcome.refused)
 
         payload = cbor2.dumps(model.command_to_dict(request.add_node(uuid.uuid4().hex)))
         self._replica.apply_command(payload, callback=recorded)
+
+    def _add_joining(self, request: mb.JoinRequest, reply: Callable[..., None]) -> None:
+        address = request.endpoints.metadata_address
+        record = self._replica.state.nodes.get(request.endpoints.name)
+        if record is None or record.address != address:
+            reply(refused=f"node {request.endpoints.name} at {address} is not recorded: record it first")
+            return
+        if address in self.members():
+            reply(members=list(self.members()))
+            return
+
+        def added(_result: Any, error: int) -> None:
+            if address in self.members() and error == FAIL_REASON.SUCCESS:
+                reply(members=list(self.members()))
+            else:
+                reply(retry=f"membership change not done now (pysyncobj reason {error}); ask again")
+
+        syncobj = self._syncobj
+        assert syncobj is not None
+        syncobj.addNodeToCluster(address, callback=added)
 
     async def change_member(self, op: str, address: str, timeout_s: float = 30.0) -> None:
         """Add (`op` "add") or remove ("remove") one metadata group member, from this running member; returns once
@@ -261,17 +286,18 @@ class StoreMembership:
 
     @staticmethod
     async def request_join(seed: str, secret: str | bytes | None, request: mb.JoinRequest,
-                           timeout_s: float = 30.0) -> tuple[str, ...]:
-        """Ask the member at `seed` (metadata address) to admit the node of `request`; returns the group's members
-        (this node included). Raises ClusterSecretError (the seed refuses our secret), JoinRefused (nothing
-        changed), MetadataTimeout (no answer; asking again is safe)."""
+                           phase: str = mb.JOIN_PHASE_RECORD, timeout_s: float = 30.0) -> tuple[str, ...]:
+        """Ask the member at `seed` (metadata address) to record (`JOIN_PHASE_RECORD`), then to add
+        (`JOIN_PHASE_ADD`) the node of `request`; returns the group's members. Raises ClusterSecretError (the
+        seed refuses our secret), JoinRefused (nothing changed), MetadataTimeout (no answer; asking again is
+        safe)."""
         raw = secret_bytes(secret)
         await trio.to_thread.run_sync(check_peers, [seed], raw, 3.0)
         payload = mb.encode_join_request(request)
         last = "no answer"
         with trio.move_on_after(timeout_s):
             while True:
-                answer = await trio.to_thread.run_sync(_utility, seed, raw, [mb.JOIN_COMMAND, payload])
+                answer = await trio.to_thread.run_sync(_utility, seed, raw, [mb.JOIN_COMMAND, payload, phase])
                 reply = _decode_reply(answer)
                 if "members" in reply:
                     return tuple(str(m) for m in reply["members"])
@@ -279,4 +305,4 @@ class StoreMembership:
                     raise JoinRefused(str(reply.get("refused") or reply.get("error")))
                 last = str(reply.get("retry") or answer)
                 await trio.sleep(MEMBERSHIP_RETRY_S)
-        raise MetadataTimeout(f"joining through {seed}: no admission within {timeout_s} s (last: {last})")
+        raise MetadataTimeout(f"joining through {seed} ({phase}): no answer within {timeout_s} s (last: {last})")

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import shutil
 import time
+from functools import partial
 from typing import Any
 
 import trio
@@ -52,6 +53,7 @@ MEMBERSHIP_POLL_S = 0.5
 ENDPOINTS_RECORD_INTERVAL_S = 5.0  # at most one AddNode (own endpoints) attempt this often
 LEAVE_QUEUES_WAIT_S = 30.0  # leave_cluster: how long to wait for the queue groups to drop this node as a voter
 STOP_AFTER_LEAVE_S = 0.5  # the HTTP answer leaves before the node stops
+JOIN_ADD_TIMEOUT_S = 60.0  # join_cluster: how long the seed may take to add this node to the metadata group
 RAFT_PEER_QUEUE_MAX = 1024  # as the Raft transport's per-peer queue
 
 
@@ -205,26 +207,30 @@ async def join(runtime: Any, seed_text: str) -> dict[str, Any]:
         raise MembershipError(409, f"{runtime.name} holds {len(store.state.queues)} queue(s); a joining node must be "
                                    "empty (its definitions are replaced by the cluster's): delete them, or reset it")
     request = mb.JoinRequest(me, store.config.version)
+    secret = runtime.layout.secret
     try:
-        members = await MetadataStore.request_join(seed, runtime.layout.secret, request)
+        members = await MetadataStore.request_join(seed, secret, request, mb.JOIN_PHASE_RECORD)
     except ClusterSecretError as exc:
         raise MembershipError(403, f"cannot join through {seed}: {exc}") from None
     except JoinRefused as exc:
         raise MembershipError(409, f"the cluster refused {runtime.name}: {exc}") from None
     except MetadataTimeout as exc:
         raise MembershipError(504, str(exc)) from None
-    log.warning("cluster: %s admitted by %s; metadata group %s; restarting the metadata store as a member",
-                runtime.name, seed, list(members))
-    await _become_member(runtime, store, members, me)
+    log.warning("cluster: %s recorded by the cluster through %s (metadata group %s); restarting the metadata store "
+                "as a member", runtime.name, seed, list(members))
+    await _become_member(runtime, store, seed, request, members)
     return {"node": runtime.name, "joined": True, "through": seed, "members": list(runtime.layout.names)}
 
 
-async def _become_member(runtime: Any, old: MetadataStore, members: tuple[str, ...], me: mb.NodeEndpoints) -> None:
+async def _become_member(runtime: Any, old: MetadataStore, seed: str, request: mb.JoinRequest,
+                         members: tuple[str, ...]) -> None:
     """Replace this node's lone metadata store by a member of the cluster's group: stop it (keeping its watchers
-    until the swap), reset its data, start the new one with the group as partners, bring the layout in step, then
-    swap (the runtime's metadata watcher re-watches the new store and mirrors the cluster's definitions)."""
-    config = dataclasses.replace(old.config, peers=tuple(m for m in members if m != me.metadata_address),
-                                 endpoints=me)
+    until the swap), reset its data, start the new one with the group as partners while the seed adds this node
+    to the group (pysyncobj's procedure), bring the layout in step, then swap (the runtime's metadata watcher
+    re-watches the new store and mirrors the cluster's definitions)."""
+    me = request.endpoints
+    partners = tuple(m for m in members if m != me.metadata_address)
+    config = dataclasses.replace(old.config, peers=partners, endpoints=me)
     ticking = old.syncobj_for_shutdown()
     old.stop_replication()
     await trio.to_thread.run_sync(_wait_stopped, ticking)
@@ -232,13 +238,18 @@ async def _become_member(runtime: Any, old: MetadataStore, members: tuple[str, .
     if data_dir is not None:
         await trio.to_thread.run_sync(lambda: shutil.rmtree(data_dir, ignore_errors=True))
     new = MetadataStore(config)
-    new.write_members_cache(mb.MembersCache(members))
+    new.write_members_cache(mb.MembersCache((*partners, me.metadata_address)))
     try:
-        await new.start()
-    except MetadataError as exc:
-        log.error("cluster: %s: the metadata store did not start as a member: %s", runtime.name, exc)
-        raise MembershipError(503, f"admitted, but the metadata store did not start as a member: {exc}; "
-                                   "restart the node") from None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(MetadataStore.request_join, seed, runtime.layout.secret, request,
+                                       mb.JOIN_PHASE_ADD, timeout_s=JOIN_ADD_TIMEOUT_S))
+            await new.start()
+    except* (MetadataError, ClusterSecretError) as group:
+        log.error("cluster: %s: joining the metadata group failed: %s", runtime.name, group.exceptions)
+        new.close()
+        raise MembershipError(503, f"recorded by the cluster, but joining its metadata group failed "
+                                   f"({group.exceptions[0]}); forget_cluster_node {runtime.name} on a member, reset "
+                                   "this node and join again") from None
     layout = desired_layout(runtime, new)
     runtime.store = new
     if layout is not None:
