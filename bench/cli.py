@@ -154,8 +154,9 @@ def _print_one(m: Measurement) -> None:
         print(f"  {m.label}: ERROR {m.error[:300]}", flush=True)
         return
     p99 = "-" if m.latency_p99_ms is None else f"{m.latency_p99_ms:.2f}"
+    cpu = "" if m.broker_cpu_cores is None else f", broker {m.broker_cpu_cores:.2f} cores"
     print(f"  {m.label}: confirmed {m.confirmed_msgs_per_s:,.0f} msg/s, delivered {m.delivered_msgs_per_s:,.0f}"
-          f" msg/s, p99 {p99} ms" + (f" [{m.note}]" if m.note else ""), flush=True)
+          f" msg/s, p99 {p99} ms{cpu}" + (f" [{m.note}]" if m.note else ""), flush=True)
 
 
 def _with_broker(

@@ -20,16 +20,14 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from bench.brokers import rabbitmq_cluster, raftmq_node
 from bench.client import Endpoint, parse_target
+from bench.cpu import CpuWindow, local_listening_pid
 from bench.loadgen import ConsumerSpec, PublisherSpec, PublishTarget, WorkerResult
 from bench.processes import run_workers
 from bench.stats import rate_per_s, summarize_latencies_ns
@@ -42,8 +40,6 @@ from bench.workloads import (
     publish_batch_max,
     run_id,
 )
-
-_CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,68 +146,6 @@ def _ratio(count: int, per: int) -> float:
     return count / per if per > 0 else 0.0
 
 
-def listening_pid(port: int) -> int | None:
-    """The pid of the local process listening on TCP `port` (from `ss -ltnpH`), or None."""
-    try:
-        output = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_ss_pid(output)
-
-
-def parse_ss_pid(ss_output: str) -> int | None:
-    """Pure: the first `pid=N` in `ss -p` output."""
-    marker = "pid="
-    start = ss_output.find(marker)
-    if start < 0:
-        return None
-    digits = ""
-    for char in ss_output[start + len(marker):]:
-        if not char.isdigit():
-            break
-        digits += char
-    return int(digits) if digits else None
-
-
-def process_cpu_s(pid: int) -> float | None:
-    """utime + stime of a process (all its threads), in seconds; None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat_file:
-            fields = stat_file.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS_PER_S  # fields 14 and 15 of proc(5)
-
-
-class _CpuWindow:
-    """Samples a process's CPU time when the warm-up ends and when the run ends (a background timer thread)."""
-
-    def __init__(self, pid: int | None, warmup_s: float, duration_s: float) -> None:
-        self._pid = pid
-        self._samples: list[tuple[float, float]] = []
-        self._timers = [threading.Timer(delay, self._sample) for delay in (warmup_s, warmup_s + duration_s)]
-
-    def _sample(self) -> None:
-        if self._pid is not None and (cpu_s := process_cpu_s(self._pid)) is not None:
-            self._samples.append((time.monotonic(), cpu_s))
-
-    def __enter__(self) -> _CpuWindow:
-        for timer in self._timers:
-            timer.daemon = True
-            timer.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for timer in self._timers:
-            timer.cancel()
-
-    def cores(self) -> float | None:
-        if len(self._samples) < 2:
-            return None
-        (start_s, start_cpu), (end_s, end_cpu) = self._samples[0], self._samples[-1]
-        return (end_cpu - start_cpu) / (end_s - start_s) if end_s > start_s else None
-
-
 def run_variant(broker: str, endpoint: Endpoint, variant: Variant, round_index: int, warmup_s: float,
                 duration_s: float, broker_pid: int | None) -> FidelityRun:
     queue = f"bench-fidelity-{run_id()}"
@@ -221,7 +155,7 @@ def run_variant(broker: str, endpoint: Endpoint, variant: Variant, round_index: 
         declare(endpoint, topology)
         try:
             # The workers start START_DELAY_S after they are ready; the CPU window is late by their setup time.
-            with _CpuWindow(broker_pid, warmup_s + 0.5, duration_s - 1.0) as window:
+            with CpuWindow(broker_pid, warmup_s + 0.5, duration_s - 1.0) as window:
                 results = run_workers(variant_specs(endpoint, queue, variant), warmup_s, duration_s)
             return summarize(broker, variant.name, round_index, results, window.cores(), load_average_1m)
         finally:
@@ -233,7 +167,7 @@ def run_variant(broker: str, endpoint: Endpoint, variant: Variant, round_index: 
 def run_rounds(brokers: Sequence[tuple[str, Endpoint]], variants: Sequence[Variant], rounds: int, warmup_s: float,
                duration_s: float, report: bool = True) -> list[FidelityRun]:
     """Round-robin: every round runs every variant on every broker, so machine load hits them alike."""
-    pids = {name: listening_pid(endpoint.port) if endpoint.host in ("127.0.0.1", "localhost") else None
+    pids = {name: local_listening_pid(endpoint.host, endpoint.port)
             for name, endpoint in brokers}
     runs = []
     for round_index in range(1, rounds + 1):

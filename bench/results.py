@@ -99,14 +99,15 @@ def format_table(measurements: list[Measurement]) -> str:
     """One line per measurement, then raftmq vs RabbitMQ per label with ratios."""
     lines = [
         f"{'label':<10} {'broker':<9} {'confirmed/s':>12} {'delivered/s':>12} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'p99.9 ms':>9} {'gen cpu':>7}  status"
+        f"{'p99.9 ms':>9} {'gen cpu':>7} {'broker':>6} {'us/msg':>6} {'load':>5}  status"
     ]
     for m in measurements:
         status = f"ERROR {m.error}" if m.error else (m.note or "ok")
         lines.append(
             f"{m.label:<10} {m.broker:<9} {m.confirmed_msgs_per_s:>12,.0f} {m.delivered_msgs_per_s:>12,.0f} "
             f"{_ms(m.latency_p50_ms):>8} {_ms(m.latency_p99_ms):>8} {_ms(m.latency_p999_ms):>9} "
-            f"{m.loadgen_cpu_max_fraction:>7.0%}  {status[:200]}"
+            f"{m.loadgen_cpu_max_fraction:>7.0%} {_number(m.broker_cpu_cores, 2):>6} "
+            f"{_number(m.broker_cpu_us_per_msg, 0):>6} {_number(m.load_average_1m, 1):>5}  {status[:200]}"
         )
     pairs = [pair for pair in comparisons(measurements) if pair.raftmq is not None and pair.rabbitmq is not None]
     if pairs:
@@ -118,7 +119,12 @@ def format_table(measurements: list[Measurement]) -> str:
             )
         lines.append("(ratios are raftmq / RabbitMQ: throughput above 1x and p99 below 1x favour raftmq)")
     lines.append("(gen cpu: busiest load-generator process; near 100% it, not the broker, may be the limit)")
+    lines.append("(broker: cores the broker process used; us/msg: its CPU per confirmed message; load: 1-min average)")
     return "\n".join(lines)
+
+
+def _number(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def _ms(value: float | None) -> str:

@@ -11,6 +11,7 @@ A control connection declares the topology (names carry a run id so runs never c
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 from bench import frames
 from bench.client import BenchConnection, Endpoint
+from bench.cpu import CpuWindow, local_listening_pid
 from bench.loadgen import ConsumerSpec, PublisherSpec, PublishTarget, WorkerResult
 from bench.processes import run_workers
 from bench.stats import rate_per_s, summarize_latencies_ns
@@ -32,7 +34,8 @@ MANY_QUEUES = 1000
 # raftmq after its fsync and (b) replication. A window of 256 capped RabbitMQ near 256 / 20 ms (docs/benchmarks.md,
 # "Load generator fidelity"); 2048 lets both brokers reach their CPU limit on this kind of machine.
 DEFAULT_CONFIRM_WINDOW = 2048
-MANY_QUEUES_WARMUP_S_MIN = 5.0  # a thousand consumers and channels take seconds to reach a steady state
+MANY_QUEUES_WARMUP_S_MIN = 5.0
+CPU_WINDOW_MARGIN_S = 0.5  # a thousand consumers and channels take seconds to reach a steady state
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,15 @@ class Measurement:
     loadgen_cpu_max_fraction: float = 0.0  # busiest load-generator process: CPU s / measured s (1.0 = saturated)
     error: str | None = None
     note: str | None = None
+    broker_cpu_cores: float | None = None  # broker process CPU s per measured s (single local node; None otherwise)
+    load_average_1m: float | None = None  # of the machine, when the measurement started
+
+    @property
+    def broker_cpu_us_per_msg(self) -> float | None:
+        """Broker CPU per confirmed message: steadier than throughput when other jobs share the machine."""
+        if self.broker_cpu_cores is None or self.confirmed_msgs_per_s <= 0:
+            return None
+        return self.broker_cpu_cores * 1e6 / self.confirmed_msgs_per_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,9 +217,14 @@ def _run(
     warmup_s_min: float = 0.0,
 ) -> Measurement:
     warmup_s = max(settings.warmup_s, warmup_s_min)
+    load_average_1m = os.getloadavg()[0]
+    broker_pid = local_listening_pid(endpoint.host, endpoint.port)
     declare(endpoint, topology)
     try:
-        return finish(run_workers(specs, warmup_s, settings.duration_s))
+        # The workers start after their setup (a few hundred ms); sample inside the measured window.
+        with CpuWindow(broker_pid, warmup_s + CPU_WINDOW_MARGIN_S, settings.duration_s - CPU_WINDOW_MARGIN_S) as cpu:
+            results = run_workers(specs, warmup_s, settings.duration_s)
+        return dataclasses.replace(finish(results), broker_cpu_cores=cpu.cores(), load_average_1m=load_average_1m)
     finally:
         delete(endpoint, topology)
 

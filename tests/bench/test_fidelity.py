@@ -4,7 +4,8 @@ threshold in bench.loadgen."""
 from __future__ import annotations
 
 from bench.client import Endpoint
-from bench.fidelity import BASELINE, VARIANTS, Variant, parse_ss_pid, summarize, variant_specs
+from bench.cpu import parse_ss_pid
+from bench.fidelity import BASELINE, VARIANTS, Variant, summarize, variant_specs
 from bench.loadgen import ConsumerSpec, PublisherSpec, WorkerResult, _ack_threshold
 from bench.workloads import RunSettings
 
@@ -69,3 +70,12 @@ def test_publisher_keeps_its_whole_window_in_flight() -> None:
         result = run_publisher(spec, SimpleNamespace(sock=ours), timing)  # type: ignore[arg-type]
     assert result.published == 256
     assert result.confirmed == 0
+
+
+def test_broker_cpu_per_message() -> None:
+    from bench.workloads import Measurement
+
+    measurement = Measurement("a", "a", "rabbitmq", confirmed_msgs_per_s=10_000.0, broker_cpu_cores=0.5)
+    assert measurement.broker_cpu_us_per_msg == 50.0
+    assert Measurement("a", "a", "rabbitmq", confirmed_msgs_per_s=10_000.0).broker_cpu_us_per_msg is None
+    assert Measurement("a", "a", "rabbitmq", broker_cpu_cores=0.5).broker_cpu_us_per_msg is None
