@@ -25,7 +25,9 @@ Semantics chosen where RabbitMQ leaves room (the reference model in tests/queue 
   already in keep the expiry they got (as RabbitMQ, which stamps the expiry at enqueue). New length limits apply
   at once: under drop-head the heads over the limit are dead-lettered/dropped ("maxlen"); under reject-publish(-dlx)
   nothing already in the queue is removed, publishes are refused until it is under the limit (as RabbitMQ).
-- At-least-once dead lettering (`QueueArgs.holds_dead_letters`): a lost message moves to the holding area
+- At-least-once dead lettering (`QueueArgs.holds_dead_letters`, and only on a machine made with
+  `hold_dead_letters=True`, as `ReplicatedQueue` makes them: a single node dead-letters synchronously, in one
+  process, so it never holds): a lost message moves to the holding area
   (`holding.DeadLetterHolding`) and its `DeadLetter` carries `held_seq`; `SettleDeadLettered` removes it. Held
   messages count against max-length/max-length-bytes; past DEAD_LETTER_HELD_MAX held, publishes are refused
   (reason "dead_letter_held"). Purge leaves them. A SetArgs that turns the strategy off releases them as
@@ -107,12 +109,17 @@ class Queue:
         "_ttl_epoch_msg_id",
         "_unacked_count",
         "args",
+        "hold_dead_letters",
         "name",
         "publishers_max",
     )
 
     def __init__(
-        self, name: str, args: QueueArgs | None = None, publishers_max: int = PUBLISHERS_MAX_DEFAULT
+        self,
+        name: str,
+        args: QueueArgs | None = None,
+        publishers_max: int = PUBLISHERS_MAX_DEFAULT,
+        hold_dead_letters: bool = False,
     ):
         if publishers_max < 1:
             raise ValueError("publishers_max must be >= 1")
@@ -131,6 +138,7 @@ class Queue:
         self._publishers: OrderedDict[Hashable, int] = OrderedDict()  # least recently used first
         self._has_limits = self.args.max_length is not None or self.args.max_length_bytes is not None
         self._held = DeadLetterHolding()
+        self.hold_dead_letters = hold_dead_letters  # whether at-least-once args make this machine hold
         self._ttl_epoch_msg_id = 0  # messages from this id on got their expiry from the current message TTL
         self._handlers: dict[type, Callable[[Any, _Effects], None]] = {
             Enqueue: self._enqueue,
@@ -437,7 +445,7 @@ class Queue:
         self._has_limits = new.max_length is not None or new.max_length_bytes is not None
         if new.message_ttl_ms != old.message_ttl_ms:
             self._rebuild_ready(new.message_ttl_ms)
-        if self._held.count and not new.holds_dead_letters:
+        if self._held.count and not (self.hold_dead_letters and new.holds_dead_letters):
             self._release_held(out)
         if self._has_limits and new.overflow == "drop-head":
             self._drop_heads_over_limit(out)
@@ -552,7 +560,7 @@ class Queue:
 
     def _lose(self, entry: Entry, reason: DeadLetterReason, out: _Effects) -> None:
         entry.flags = (entry.flags & ~STATE_MASK) | GONE
-        if self.args.holds_dead_letters:
+        if self.hold_dead_letters and self.args.holds_dead_letters:
             held_seq = self._held.hold(entry, reason)
             out.append(DeadLetter(entry.message, reason, entry.delivery_count, entry.msg_id, held_seq))
         elif self.args.dead_letter_exchange is not None:

@@ -122,7 +122,7 @@ class ReplicatedQueue:
     ) -> None:
         if not 1 <= window <= WINDOW_MAX or not 1 <= origins_max <= ORIGINS_MAX_LIMIT:
             raise ValueError(f"window must be in 1..{WINDOW_MAX} and origins_max in 1..{ORIGINS_MAX_LIMIT}")
-        self.queue = Queue(name, args, publishers_max)
+        self.queue = Queue(name, args, publishers_max, hold_dead_letters=True)
         self.window = window
         self.origins_max = origins_max
         self.applied_count = 0
@@ -191,6 +191,7 @@ class ReplicatedQueue:
         if not isinstance(state, dict) or state.get("version") != SNAPSHOT_VERSION:
             raise SnapshotDecodeError("not a replicated queue snapshot of a known version")
         queue = Queue.restore(state["queue"], decode_payload, decode_id)
+        queue.hold_dead_letters = True
         replica = cls(queue.name, queue.args, state["window"], state["origins_max"], queue.publishers_max)
         replica.queue = queue
         replica.applied_count = _count(state["applied"])

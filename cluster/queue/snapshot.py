@@ -108,6 +108,7 @@ def snapshot_queue(
         "active": enc_id(active.consumer_id) if active is not None else None,
         "publishers": [[enc_id(pid), seq] for pid, seq in queue._publishers.items()],
         "ttl_epoch": queue._ttl_epoch_msg_id,
+        "hold_dead_letters": queue.hold_dead_letters,
         "held_last_seq": queue._held.last_seq,
         "held": [[h.seq, h.reason, _entry_row(h.entry, enc_payload)] for h in queue._held],
     }
@@ -156,4 +157,5 @@ def restore_queue(
         for seq, reason, row in snapshot.get("held", [])
     ]
     queue._held.restore(snapshot.get("held_last_seq", 0), held)
+    queue.hold_dead_letters = bool(snapshot.get("hold_dead_letters", False))
     return queue

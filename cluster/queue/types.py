@@ -1,6 +1,9 @@
 """Data types of the queue state machine: arguments, messages, commands and effects.
 
 Everything here is plain data: frozen, slotted dataclasses that the broker builds (commands) or reads (effects).
+The five built once per message (QueuedMessage, Enqueue, Settle, Deliver, Accepted) are slotted but not frozen: a
+frozen dataclass's `__init__` costs about three times as much (workload (a), docs/benchmarks.md); treat them as
+values all the same.
 The machine in `cluster.queue.machine` consumes commands and returns effects; it performs no I/O, so the same
 commands in the same order give the same effects on every replica.
 
@@ -72,7 +75,7 @@ class QueueArgs:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per message: not frozen (see the header)
 class QueuedMessage:
     """One message as the queue sees it; `payload` is opaque (the broker's message or a reference to it)."""
 
@@ -86,7 +89,7 @@ class QueuedMessage:
 # --- commands -------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per message: not frozen (see the header)
 class Enqueue:
     """Publish one message. With (publisher_id, sequence), a sequence <= the publisher's high-water is a Duplicate."""
 
@@ -127,7 +130,7 @@ class AddCredit:
     credit: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per message: not frozen (see the header)
 class Settle:
     """Acknowledge messages delivered to `consumer_id`. Unknown ids are ignored (effects may be replayed)."""
 
@@ -230,7 +233,7 @@ QueueCommand = (
 # --- effects --------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per message: not frozen (see the header)
 class Deliver:
     consumer_id: Hashable
     msg_id: MsgId
@@ -254,7 +257,7 @@ class GetEmpty:
     consumer_id: Hashable
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # per message: not frozen (see the header)
 class Accepted:
     """The message was enqueued as `msg_id` (emitted for every accepted Enqueue, publisher_id may be None)."""
 

@@ -6,8 +6,9 @@ into the queue machine's `QueueArgs`. `assert_queue_equivalent` gives the 406 "i
 x-queue-type: "classic" is accepted; "quorum" is accepted too and, on a single node, behaves as a classic durable
 queue (in replicated mode every queue has a Raft group; x-quorum-initial-group-size, an int >= 1, is validated and
 kept for the runtime's placement); any other value is refused with 406. x-dead-letter-strategy ("at-most-once",
-the default, or "at-least-once") becomes `QueueArgs.dead_letter_strategy`; the machine holds dead letters only
-with a DLX and x-overflow reject-publish as well, falling back to at-most-once otherwise, as RabbitMQ 3.10 does.
+the default, or "at-least-once") becomes `QueueArgs.dead_letter_strategy` for quorum queues (classic ones ignore it,
+as RabbitMQ); the machine holds dead letters only with a DLX and x-overflow reject-publish as well, falling back to
+at-most-once otherwise, as RabbitMQ 3.10 does, and only when replicated (a single node dead-letters synchronously).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.queue.types import DEAD_LETTER_STRATEGIES, QueueArgs
+from cluster.queue.types import DEAD_LETTER_STRATEGIES, DeadLetterStrategy, QueueArgs
 from node.broker.errors import precondition
 
 QUEUE_TYPES = ("classic", "quorum")
@@ -156,8 +157,17 @@ def queue_args(args: dict[str, Any]) -> QueueArgs:
         max_priority=args.get("x-max-priority"),
         single_active_consumer=bool(args.get("x-single-active-consumer", False)),
         delivery_limit=args.get("x-delivery-limit"),
-        dead_letter_strategy=_as_str(args.get("x-dead-letter-strategy")) or "at-most-once",  # type: ignore[arg-type]
+        dead_letter_strategy=_dead_letter_strategy(args),
     )
+
+
+def _dead_letter_strategy(args: dict[str, Any]) -> DeadLetterStrategy:
+    """x-dead-letter-strategy of a quorum queue; classic queues dead-letter at most once (RabbitMQ ignores the
+    argument for them)."""
+    strategy = _as_str(args.get("x-dead-letter-strategy"))
+    if strategy == "at-least-once" and _as_str(args.get("x-queue-type")) == "quorum":
+        return "at-least-once"
+    return "at-most-once"
 
 
 def _fmt_bool(value: bool) -> str:

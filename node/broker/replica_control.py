@@ -156,6 +156,7 @@ def restore(broker: Broker, vhost: str, name: str, data: bytes) -> None:
         queue.dead_letter_seq, queue.had_consumer = dead_letter_seq, bool(had_consumer)
         queue.members = {decode_id(cid): None for cid in members}
     queue.expire_proposed_ms = None
+    _prune_held_sends(queue)
     _resync(broker, queue)
 
 
@@ -322,6 +323,17 @@ def before_settle_dead_lettered(queue: QueueState, msg_ids: tuple[MsgId, ...] | 
             state.accepted.pop(held_seq, None)
         state.sent.pop(msg_id, None)
         state.settling.discard(msg_id)
+
+
+def _prune_held_sends(queue: QueueState) -> None:
+    """After a snapshot install: forget what this node tracked of messages the snapshot no longer holds."""
+    state = queue.held_sends
+    if state is None:
+        return
+    machine = queue.machine
+    state.accepted = {seq: seen for seq, seen in state.accepted.items() if machine.held_msg_id(seq) is not None}
+    state.sent = {msg_id: sent for msg_id, sent in state.sent.items() if machine.held_seq(msg_id) is not None}
+    state.settling = {msg_id for msg_id in state.settling if machine.held_seq(msg_id) is not None}
 
 
 def settle_abandoned(queue: QueueState, msg_ids: tuple[MsgId, ...] | list[MsgId]) -> None:

@@ -41,7 +41,7 @@ def dead_letters(effects: list[object]) -> list[DeadLetter]:
 
 
 def queue_with_rejected(count: int, args: QueueArgs = AT_LEAST_ONCE) -> tuple[Queue, list[DeadLetter]]:
-    queue = Queue("q", args)
+    queue = Queue("q", args, hold_dead_letters=True)
     for index in range(count):
         queue.apply(Enqueue(msg(str(index)), 0))
     queue.apply(Attach("c", 0))
@@ -63,6 +63,14 @@ def test_rejected_messages_are_held_with_sequences_in_hold_order() -> None:
     assert [i for i, *_ in queue.held_letters()] == [3, 1]
 
 
+def test_a_machine_not_made_to_hold_never_holds() -> None:
+    queue = Queue("q", AT_LEAST_ONCE)  # a single node's queue: it dead-letters synchronously
+    queue.apply(Enqueue(msg("a"), 0))
+    queue.apply(Attach("c", 0))
+    [letter] = dead_letters(queue.apply(Discard("c", [MsgId(1)], 1)))
+    assert letter.held_seq is None and queue.held_count == 0
+
+
 def test_other_overflow_modes_fall_back_to_at_most_once() -> None:
     for overflow in ("drop-head", "reject-publish-dlx"):
         args = QueueArgs(dead_letter_exchange="dlx", overflow=overflow, dead_letter_strategy="at-least-once")
@@ -74,7 +82,7 @@ def test_other_overflow_modes_fall_back_to_at_most_once() -> None:
 def test_expired_and_delivery_limit_losses_are_held_too() -> None:
     args = QueueArgs(dead_letter_exchange="dlx", overflow="reject-publish", dead_letter_strategy="at-least-once",
                      message_ttl_ms=10, delivery_limit=0)
-    queue = Queue("q", args)
+    queue = Queue("q", args, hold_dead_letters=True)
     queue.apply(Enqueue(msg("a"), 0))
     queue.apply(Enqueue(msg("b"), 0))
     queue.apply(Attach("c", 0, credit=1))
@@ -131,7 +139,7 @@ def test_snapshot_keeps_the_holding_area() -> None:
 
 
 def test_old_snapshots_without_holding_keys_restore() -> None:
-    snap = Queue("q", AT_LEAST_ONCE).snapshot()
+    snap = Queue("q", AT_LEAST_ONCE, hold_dead_letters=True).snapshot()
     for key in ("held", "held_last_seq", "ttl_epoch"):
         del snap[key]
     del snap["args"]["dead_letter_strategy"]
@@ -164,7 +172,7 @@ holding_scripts = st.lists(
 def test_holding_survives_snapshots_and_counts_add_up(
     args: QueueArgs, before: list[QueueCommand], after: list[QueueCommand]
 ) -> None:
-    original = Queue("q", args)
+    original = Queue("q", args, hold_dead_letters=True)
     script = unique_recover_ids(before + after)
     before, after = script[: len(before)], script[len(before) :]
     held_seqs: list[int] = []
@@ -172,6 +180,7 @@ def test_holding_survives_snapshots_and_counts_add_up(
         held_seqs += [d.held_seq for d in dead_letters(original.apply(command)) if d.held_seq is not None]
     wire = cbor2.dumps(original.snapshot(encode_payload, encode_id))
     restored = Queue.restore(cbor2.loads(wire), Payload, decode_id)
+    assert restored.hold_dead_letters
     for command in after:
         effects = original.apply(command)
         assert restored.apply(command) == effects

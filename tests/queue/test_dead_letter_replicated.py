@@ -180,3 +180,20 @@ def test_settle_lost_with_the_leader_is_proposed_by_the_next_one_without_resendi
     for node in ("b", "c"):
         assert sorted(_dead_bodies(cluster, node)) == [b"m1", b"m2", b"m3"]
         assert _held(cluster, node) == 0
+
+
+def test_a_lagging_node_that_installs_a_snapshot_forgets_settled_messages() -> None:
+    cluster, _a, b = _setup(bind=False)
+    _reject_all(cluster, b)
+    cluster.commit()
+    assert _held(cluster, "c") == 3
+    state = _queue(cluster, "c", "q").held_sends
+    cluster.pause("c")
+    _a.bind("dead", "dlx")
+    cluster.commit()
+    cluster.tick("a", DLX_RETRY_MS + DLX_SCAN_MS)
+    cluster.commit()
+    assert _held(cluster, "a") == 0
+    cluster.resume("c")
+    assert _held(cluster, "c") == 0
+    assert state is None or (not state.accepted and not state.sent)

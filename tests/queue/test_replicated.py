@@ -393,7 +393,7 @@ def test_replicas_fed_the_same_log_agree_and_skip_exactly_the_retries(
     assert apply_all(second, log) == effects_first
     assert state(first) == state(second)
 
-    plain = Queue("q", args)
+    plain = Queue("q", args, hold_dead_letters=True)  # as ReplicatedQueue makes its machine
     expected = [plain.apply(p.command) for p in unique]
     assert [e for e in effects_first if e is not None] == expected
     assert first.skipped_count == len(log) - len(unique)
