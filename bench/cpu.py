@@ -1,7 +1,7 @@
 """CPU time of the broker under test, read from /proc: how much of the machine it actually got during a run.
 
 On a shared machine the broker's throughput follows the CPU share it gets. `CpuWindow` samples a process's
-utime+stime (all threads) when the warm-up ends and when the run ends, on timer threads, and reports cores used
+utime+stime (all threads; summed over a cluster's nodes) when the warm-up ends and when the run ends, on timer threads, and reports cores used
 (CPU seconds per wall second); `listening_pid` finds the local process behind a port with `ss -p`. Throughput
 divided by cores gives a per-message CPU cost that is far less sensitive to other jobs than throughput itself.
 """
@@ -12,6 +12,7 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 
 _CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -51,16 +52,19 @@ def process_cpu_s(pid: int) -> float | None:
 
 
 class CpuWindow:
-    """Samples a process's CPU time when the warm-up ends and when the run ends (a background timer thread)."""
+    """Samples the summed CPU time of some processes (a broker's nodes) when the warm-up ends and when the run ends
+    (on timer threads); `cores()` is None when a process was missing at either sample or there are none."""
 
-    def __init__(self, pid: int | None, warmup_s: float, duration_s: float) -> None:
-        self._pid = pid
+    def __init__(self, pids: Sequence[int | None], warmup_s: float, duration_s: float) -> None:
+        self._pids = [pid for pid in pids if pid is not None]
+        self._complete = len(self._pids) == len(pids) and bool(self._pids)
         self._samples: list[tuple[float, float]] = []
         self._timers = [threading.Timer(delay, self._sample) for delay in (warmup_s, warmup_s + duration_s)]
 
     def _sample(self) -> None:
-        if self._pid is not None and (cpu_s := process_cpu_s(self._pid)) is not None:
-            self._samples.append((time.monotonic(), cpu_s))
+        readings = [process_cpu_s(pid) for pid in self._pids]
+        if self._complete and all(reading is not None for reading in readings):
+            self._samples.append((time.monotonic(), sum(reading or 0.0 for reading in readings)))
 
     def __enter__(self) -> CpuWindow:
         for timer in self._timers:

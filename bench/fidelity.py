@@ -155,7 +155,7 @@ def run_variant(broker: str, endpoint: Endpoint, variant: Variant, round_index: 
         declare(endpoint, topology)
         try:
             # The workers start START_DELAY_S after they are ready; the CPU window is late by their setup time.
-            with CpuWindow(broker_pid, warmup_s + 0.5, duration_s - 1.0) as window:
+            with CpuWindow([broker_pid], warmup_s + 0.5, duration_s - 1.0) as window:
                 results = run_workers(variant_specs(endpoint, queue, variant), warmup_s, duration_s)
             return summarize(broker, variant.name, round_index, results, window.cores(), load_average_1m)
         finally:

@@ -21,8 +21,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from bench.clusters import ClientNodes, ClusterNode, Placement, QueueCluster, leader_layout, spread_layout
+from bench.cpu import CpuWindow, local_listening_pid
 from bench.processes import run_workers
 from bench.workloads import (
+    CPU_WINDOW_MARGIN_S,
     Measurement,
     RunSettings,
     Topology,
@@ -103,7 +105,11 @@ def _run_layout(broker: str, cluster: QueueCluster, settings: RunSettings, label
         load = os.getloadavg()[0]
         specs = single_queue_layout(clients.publisher.endpoint, queue, settings,
                                     consumer_endpoint=clients.consumer.endpoint)
-        measured = measure(label, "b", broker, run_workers(specs, settings.warmup_s, settings.duration_s))
+        pids = [local_listening_pid(node.endpoint.host, node.endpoint.port) for node in cluster.nodes]
+        with CpuWindow(pids, settings.warmup_s + CPU_WINDOW_MARGIN_S, settings.duration_s - CPU_WINDOW_MARGIN_S) as cpu:
+            results = run_workers(specs, settings.warmup_s, settings.duration_s)
+        measured = dataclasses.replace(measure(label, "b", broker, results), broker_cpu_cores=cpu.cores(),
+                                       load_average_1m=load)
         note = f"{clients.description}{leader_moved(placement, cluster.placement(queue))}; load average {load:.1f} at start"
         return dataclasses.replace(measured, note=note)
     finally:

@@ -222,7 +222,7 @@ def _run(
     declare(endpoint, topology)
     try:
         # The workers start after their setup (a few hundred ms); sample inside the measured window.
-        with CpuWindow(broker_pid, warmup_s + CPU_WINDOW_MARGIN_S, settings.duration_s - CPU_WINDOW_MARGIN_S) as cpu:
+        with CpuWindow([broker_pid], warmup_s + CPU_WINDOW_MARGIN_S, settings.duration_s - CPU_WINDOW_MARGIN_S) as cpu:
             results = run_workers(specs, warmup_s, settings.duration_s)
         return dataclasses.replace(finish(results), broker_cpu_cores=cpu.cores(), load_average_1m=load_average_1m)
     finally:

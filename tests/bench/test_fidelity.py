@@ -79,3 +79,16 @@ def test_broker_cpu_per_message() -> None:
     assert measurement.broker_cpu_us_per_msg == 50.0
     assert Measurement("a", "a", "rabbitmq", confirmed_msgs_per_s=10_000.0).broker_cpu_us_per_msg is None
     assert Measurement("a", "a", "rabbitmq", broker_cpu_cores=0.5).broker_cpu_us_per_msg is None
+
+
+def test_cpu_window_of_this_process() -> None:
+    import os
+
+    from bench.cpu import CpuWindow, process_cpu_s
+
+    assert process_cpu_s(os.getpid()) is not None
+    window = CpuWindow([os.getpid()], 0.0, 0.0)
+    window._sample()
+    window._sample()
+    assert len(window._samples) == 2
+    assert CpuWindow([None], 0.0, 0.0).cores() is None
