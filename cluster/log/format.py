@@ -34,7 +34,7 @@ import struct
 import sys
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -130,6 +130,32 @@ def encode_wal_frame(kind: WalKind, stream: str, offset: int, timestamp_ms: int,
     body_header = WAL_BODY_HEADER.pack(int(kind), len(name), len(payload), offset, timestamp_ms)
     crc = zlib.crc32(payload, zlib.crc32(name, zlib.crc32(body_header)))
     return b"".join((struct.pack("<I", crc), body_header, name, payload))
+
+
+_CRC = struct.Struct("<I")
+
+
+def encode_wal_frames(ops: Iterable[tuple[WalKind, str, int, int, bytes, int]]) -> bytes:
+    """``encode_wal_frame`` of every ``(kind, stream, offset, timestamp_ms, payload, _)`` op, joined (the commit's
+    batch: each stream's name encoded once, no call per frame)."""
+    parts: list[bytes] = []
+    append = parts.append
+    names: dict[str, bytes] = {}
+    crc32 = zlib.crc32
+    pack_body_header = WAL_BODY_HEADER.pack
+    pack_crc = _CRC.pack
+    for kind, stream, offset, timestamp_ms, payload, _ in ops:
+        name = names.get(stream)
+        if name is None:
+            name = names[stream] = stream.encode()
+            if len(name) > STREAM_NAME_BYTES_MAX:
+                raise ValueError(f"stream name longer than {STREAM_NAME_BYTES_MAX} bytes")
+        body_header = pack_body_header(kind, len(name), len(payload), offset, timestamp_ms)
+        append(pack_crc(crc32(payload, crc32(name, crc32(body_header)))))
+        append(body_header)
+        append(name)
+        append(payload)
+    return b"".join(parts)
 
 
 def decode_wal_frame_at(data: bytes | memoryview, position: int) -> WalFrame | None:

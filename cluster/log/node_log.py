@@ -283,9 +283,7 @@ class NodeLog:
                 return
             assert self._wal is not None
             try:
-                self._wal.write(b"".join(
-                    fmt.encode_wal_frame(kind, stream, offset, timestamp_ms, payload)
-                    for kind, stream, offset, timestamp_ms, payload, _ in batch))
+                self._wal.write(fmt.encode_wal_frames(batch))
             except DiskFullError:
                 with self._lock:
                     self._pending[:0] = batch
@@ -324,16 +322,23 @@ class NodeLog:
                                 self.config.index_interval_bytes)
 
     def _forget_written(self, batch: list[_Op]) -> None:
+        append_kind = fmt.WalKind.APPEND
+        states = self._states
         with self._lock:
+            last_stream: str | None = None
+            unwritten: dict[int, tuple[int, bytes]] | None = None
             for kind, stream, offset, _, _, sequence in batch:
-                if kind != fmt.WalKind.APPEND:
+                if kind != append_kind:
                     continue
-                state = self._states.get(stream)
-                if state is None:
+                if stream != last_stream:
+                    last_stream = stream
+                    state = states.get(stream)
+                    unwritten = None if state is None else state.unwritten
+                if unwritten is None:
                     continue
-                entry = state.unwritten.get(offset)
+                entry = unwritten.get(offset)
                 if entry is not None and entry[0] == sequence:
-                    del state.unwritten[offset]
+                    del unwritten[offset]
 
     def checkpoint(self) -> None:
         """fsync every dirty segment, then drop the WAL (everything in it is now durable in segments)."""

@@ -248,30 +248,41 @@ def from_cbor(data: list[Any]) -> Record:
 # --- the per-message encoder ------------------------------------------------------------------------------------
 
 ENCODE_CACHE_ENTRIES_MAX = 4096  # per cache below; a full cache is cleared (it refills with what is hot)
-_UINT_HEAD = struct.Struct(">BQ")
+_HEAD_U16 = struct.Struct(">BH")
+_HEAD_U32 = struct.Struct(">BI")
+_HEAD_U64 = struct.Struct(">BQ")
+# cbor heads of the arguments 0..255 for the major types used here: 0 (unsigned int), 2 (bytes), 3 (text)
+_SMALL_HEADS = {major: tuple(bytes((major << 5 | value,)) if value < 24 else bytes((major << 5 | 24, value))
+                             for value in range(256)) for major in (0, 2, 3)}
 _prefixes: dict[tuple[str, str, str], bytes] = {}  # (tag, vhost, queue) -> cbor array head + first 3 items
 _texts: dict[str, bytes] = {}  # exchange names and routing keys -> cbor text strings
 _shared_properties: dict[int, tuple[dict[str, Any], bytes]] = {}  # id(dict) -> (the dict, kept alive; its cbor)
 
 
 def _cbor_head(major: int, value: int) -> bytes:
-    """cbor2's (minimal) head for a major type and an argument in 0..2**64-1."""
-    kind = major << 5
-    if value < 24:
-        return bytes((kind | value,))
+    """cbor2's (minimal) head for a major type (0, 2 or 3) and an argument in 0..2**64-1."""
     if value < 0x100:
-        return bytes((kind | 24, value))
+        return _SMALL_HEADS[major][value]
+    kind = major << 5
     if value < 0x10000:
-        return bytes((kind | 25,)) + value.to_bytes(2, "big")
+        return _HEAD_U16.pack(kind | 25, value)
     if value < 0x100000000:
-        return bytes((kind | 26,)) + value.to_bytes(4, "big")
-    return _UINT_HEAD.pack(kind | 27, value)
+        return _HEAD_U32.pack(kind | 26, value)
+    return _HEAD_U64.pack(kind | 27, value)
 
 
 def _cbor_int(value: int) -> bytes:
+    if 0 <= value < 0x100:
+        return _SMALL_UINTS[value]
+    if 0 <= value < 0x100000000:
+        return _HEAD_U16.pack(0x19, value) if value < 0x10000 else _HEAD_U32.pack(0x1A, value)
     if 0 <= value < 0x10000000000000000:
-        return _cbor_head(0, value)
+        return _HEAD_U64.pack(0x1B, value)
     return cbor2.dumps(value)  # negative or a bignum: rare, cbor2's own
+
+
+_SMALL_UINTS = _SMALL_HEADS[0]
+_SMALL_BYTES_HEADS = _SMALL_HEADS[2]
 
 
 def _cbor_text(text: str) -> bytes:
@@ -325,7 +336,7 @@ def encode_record(record: Record) -> bytes:
             _cbor_text(record.exchange),
             _cbor_text(record.routing_key),
             _cbor_properties(record.properties),
-            _cbor_head(2, len(body)),
+            _SMALL_BYTES_HEADS[len(body)] if len(body) < 0x100 else _cbor_head(2, len(body)),
             body,
             _cbor_int(record.delivery_count),
         ))
