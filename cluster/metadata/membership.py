@@ -11,7 +11,8 @@ What it is for: the cluster's members change while it runs (`raftmq ctl join_clu
 Which source wins (docs/cluster.md, "Metadata membership"): the metadata group's membership is the cached pysyncobj
 member list once a node has one (`cluster_nodes` only seeds the very first start); the cluster's nodes are the
 nodes with a record, plus the `cluster_nodes` entries whose metadata address is in the group (listed nodes that
-have not recorded themselves yet). Endpoints come from the record when it has them, else from `cluster_nodes`.
+have not recorded themselves yet). A node listed in this node's `cluster_nodes` is reached at the endpoints listed
+there (an operator's route, e.g. through a proxy); any other node at the endpoints of its record.
 A node that was removed (forgotten, left) is in neither the group nor the records, so a stale `cluster_nodes`
 entry does not bring it back.
 
@@ -82,7 +83,7 @@ def cluster_endpoints(records: Mapping[str, NodeRecord], configured: Sequence[No
     for name, record in records.items():
         if name in chosen:
             continue
-        found = endpoints_of(record) or by_name.get(name)
+        found = by_name.get(name) or endpoints_of(record)  # this node's own route to a listed node wins
         if found is not None:
             chosen[name] = found
     for entry in configured:

@@ -39,6 +39,12 @@ def test_a_record_without_endpoints_takes_them_from_cluster_nodes_or_is_skipped(
     assert chosen[1] == N2
 
 
+def test_a_listed_node_is_reached_the_way_cluster_nodes_says() -> None:
+    via_proxy = mb.NodeEndpoints("n2", "127.0.0.1", N2.amqp_port, 17000, N2.metadata_port, N2.management_port)
+    chosen = mb.cluster_endpoints({"n2": _record(N2)}, (N1, via_proxy), set(), N1)
+    assert chosen[1] == via_proxy
+
+
 def test_this_node_is_always_in_with_its_own_endpoints() -> None:
     stale = mb.NodeEndpoints("n1", "10.0.0.1", 1, 2, 3, 4)
     chosen = mb.cluster_endpoints({"n1": _record(stale)}, (), set(), N1)
