@@ -74,6 +74,9 @@ VARIANTS: dict[str, Variant] = {
         Variant("transient", persistent=False),
         Variant("cq-v2", queue_arguments={"x-queue-version": 2}),
         Variant("quorum", queue_arguments={"x-queue-type": "quorum"}),
+        Variant("quorum-window-256", window=256, batch_max=64, queue_arguments={"x-queue-type": "quorum"}),
+        Variant("quorum-publishers-4", publishers=4, window=512, batch_max=128,
+                queue_arguments={"x-queue-type": "quorum"}),
     )
 }
 
