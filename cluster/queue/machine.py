@@ -209,6 +209,11 @@ class Queue:
         letter = self._held.held.get(msg_id)
         return letter.seq if letter is not None else None
 
+    def held_letter(self, msg_id: MsgId) -> tuple[int, DeadLetterReason, QueuedMessage] | None:
+        """(hold sequence, reason, message) of a held message (None: not held)."""
+        letter = self._held.held.get(msg_id)
+        return (letter.seq, letter.reason, letter.entry.message) if letter is not None else None
+
     @property
     def now_ms(self) -> int:
         """The latest time seen in a command."""

@@ -454,7 +454,7 @@ def apply_committed(broker: Broker, vhost: str, name: str, data: bytes) -> None:
                 from node.broker import replica_control
 
                 replica_control.send_held(broker, queue, effect.msg_id, effect.held_seq, effect.reason,
-                                          effect.message, effect.delivery_count)
+                                          effect.message)
     _after_command(broker, queue, command)
 
 

@@ -248,8 +248,8 @@ def is_dead_letter_publisher(publisher_id: object) -> bool:
     return type(publisher_id) is tuple and len(publisher_id) in (3, 4) and publisher_id[0] == DLX_PUBLISHER
 
 
-def send_held(broker: Broker, queue: QueueState, msg_id: int, held_seq: int, reason: str, message: QueuedMessage,
-              delivery_count: int) -> None:
+def send_held(broker: Broker, queue: QueueState, msg_id: int, held_seq: int, reason: str, message: QueuedMessage
+              ) -> None:
     """Leader: (re)publish one held message to the targets that have not accepted it yet."""
     state = held_sends(queue)
     dead, targets = dead_letter_copy(broker, queue, message, reason)
@@ -294,10 +294,10 @@ def on_dead_letter_outcome(broker: Broker, target: tuple[str, str], publisher_id
 
 def _resend_alone(broker: Broker, source: QueueState, target: tuple[str, str], msg_id: int, held_seq: int) -> None:
     target_queue = queue_of(broker, *target)
-    letter = next((h for h in source.machine.held_letters() if h[0] == msg_id), None)
+    letter = source.machine.held_letter(msg_id)
     if target_queue is None or letter is None:
         return
-    dead, _targets = dead_letter_copy(broker, source, letter[3], letter[2])
+    dead, _targets = dead_letter_copy(broker, source, letter[2], letter[1])
     if dead is not None:
         publisher_id = (DLX_PUBLISHER, source.vhost, source.name, held_seq)
         propose(broker, target_queue, Enqueue(dead, broker.now_ms, publisher_id, 1))
@@ -355,7 +355,7 @@ def _scan_held(broker: Broker, queue: QueueState) -> None:
     now_ms = broker.now_ms
     state.scanned_ms = now_ms
     budget = DLX_SEND_BATCH_MAX
-    for msg_id, held_seq, reason, message, delivery_count in queue.machine.held_letters():
+    for msg_id, held_seq, reason, message, _delivery_count in queue.machine.held_letters():
         if budget <= 0:
             state.scanned_ms = now_ms - DLX_SCAN_MS  # more to send: come back at the next tick
             return
@@ -363,7 +363,7 @@ def _scan_held(broker: Broker, queue: QueueState) -> None:
         if msg_id in state.settling or (sent is not None and now_ms - sent[0] < DLX_RETRY_MS):
             continue
         budget -= 1
-        send_held(broker, queue, msg_id, held_seq, reason, message, delivery_count)
+        send_held(broker, queue, msg_id, held_seq, reason, message)
 
 
 def _held_deadline_ms(queue: QueueState) -> int | None:

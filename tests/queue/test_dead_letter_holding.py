@@ -57,6 +57,7 @@ def test_rejected_messages_are_held_with_sequences_in_hold_order() -> None:
     assert queue.held_bytes == 30
     assert [(i, s) for i, s, *_ in queue.held_letters()] == [(3, 1), (2, 2), (1, 3)]
     assert queue.held_msg_id(2) == 2
+    assert queue.held_letter(MsgId(2)) == (2, "rejected", msg("1")) and queue.held_letter(MsgId(9)) is None
     queue.apply(SettleDeadLettered([MsgId(2), MsgId(99)]))
     assert queue.held_count == 2 and queue.held_msg_id(2) is None
     queue.apply(SettleDeadLettered([MsgId(2)]))  # again: ignored
