@@ -94,6 +94,7 @@ async def test_queues_exchanges_bindings_connections_consumers() -> None:
         jobs = queues[0]
         assert jobs["type"] == "quorum" and jobs["durable"] and jobs["vhost"] == "/"
         assert (jobs["messages_ready"], jobs["messages_unacknowledged"], jobs["consumers"]) == (2, 1, 1)
+        assert (jobs["messages_dlx"], jobs["message_bytes_dlx"]) == (0, 0)
         assert jobs["leader"] == "rabbit@test" and jobs["members"] == ["rabbit@test"]
         assert jobs["arguments"] == {"x-queue-type": "quorum", "x-max-length": 10}
         status, _, one = await request(s.port, "GET", "/api/queues/%2F/jobs")
