@@ -48,7 +48,7 @@ from bench.results import (
 )
 from bench.workloads import (
     ALL_WORKLOADS,
-    DEFAULT_CONFIRM_WINDOW,
+    DEFAULT_CONFIRM_WINDOWS,
     DEFAULT_LATENCY_RATES,
     Measurement,
     RunSettings,
@@ -82,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the figures of every earlier run in --output and exit (measures nothing)")
     parser.add_argument("--rates", default=",".join(str(rate) for rate in DEFAULT_LATENCY_RATES),
                         help="fixed publish rates (msg/s) for workload (e)")
-    parser.add_argument("--window", type=int, default=DEFAULT_CONFIRM_WINDOW,
-                        help="unconfirmed messages per publisher, (a)/(b)")
+    parser.add_argument("--window", type=int, default=None,
+                        help="unconfirmed messages per publisher in (a)/(b) (default: " +
+                        ", ".join(f"{window} for ({name})" for name, window in DEFAULT_CONFIRM_WINDOWS.items()) + ")")
     parser.add_argument("--prefetch", type=int, default=1000, help="consumer prefetch, (a)/(b)/(e)")
     return parser
 
@@ -244,7 +245,8 @@ def _machine(load_at_start: float) -> dict[str, object]:
 def _settings_dict(args: argparse.Namespace, settings: RunSettings) -> dict[str, object]:
     return {
         "workloads": args.workloads, "duration_s": settings.duration_s, "warmup_s": settings.warmup_s,
-        "latency_rates_msgs_per_s": list(settings.latency_rates_msgs_per_s), "confirm_window": settings.confirm_window,
+        "latency_rates_msgs_per_s": list(settings.latency_rates_msgs_per_s),
+        "confirm_window": settings.confirm_window or DEFAULT_CONFIRM_WINDOWS,
         "prefetch": settings.prefetch, "target": args.target, "body_size_bytes": 100,
     }
 

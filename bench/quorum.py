@@ -104,7 +104,7 @@ def _run_layout(broker: str, cluster: QueueCluster, settings: RunSettings, label
         print(f"  {label}: {clients.description}", flush=True)
         load = os.getloadavg()[0]
         specs = single_queue_layout(clients.publisher.endpoint, queue, settings,
-                                    consumer_endpoint=clients.consumer.endpoint)
+                                    consumer_endpoint=clients.consumer.endpoint, workload="b")
         pids = [local_listening_pid(node.endpoint.host, node.endpoint.port) for node in cluster.nodes]
         with CpuWindow(pids, settings.warmup_s + CPU_WINDOW_MARGIN_S, settings.duration_s - CPU_WINDOW_MARGIN_S) as cpu:
             results = run_workers(specs, settings.warmup_s, settings.duration_s)

@@ -31,9 +31,11 @@ BODY_SIZE = 100
 FANOUT_QUEUES = 10
 MANY_QUEUES = 1000
 # RabbitMQ confirms persistent messages once its message store has synced them, about 20 ms after the write here;
-# raftmq after its fsync and (b) replication. A window of 256 capped RabbitMQ near 256 / 20 ms (docs/benchmarks.md,
-# "Load generator fidelity"); 2048 lets both brokers reach their CPU limit on this kind of machine.
+# raftmq after its fsync (and, in (b), replication). A window of 256 capped RabbitMQ's (a) near 256 / 20 ms
+# (docs/benchmarks.md, "Load generator fidelity"); 2048 lets both brokers reach their CPU limit on (a). On (b),
+# 2048 starved raftmq's deliveries (a growing backlog) while RabbitMQ did the same at 256 and 2048: (b) keeps 256.
 DEFAULT_CONFIRM_WINDOW = 2048
+DEFAULT_CONFIRM_WINDOWS = {"a": DEFAULT_CONFIRM_WINDOW, "b": 256}
 MANY_QUEUES_WARMUP_S_MIN = 5.0
 CPU_WINDOW_MARGIN_S = 0.5  # a thousand consumers and channels take seconds to reach a steady state
 
@@ -84,8 +86,15 @@ class RunSettings:
     duration_s: float = 10.0
     warmup_s: float = 2.0
     latency_rates_msgs_per_s: tuple[int, ...] = DEFAULT_LATENCY_RATES
-    confirm_window: int = DEFAULT_CONFIRM_WINDOW  # unconfirmed messages per publishing channel, (a)/(b): see DEFAULT_CONFIRM_WINDOW
+    confirm_window: int | None = None  # unconfirmed messages per publisher in (a)/(b); None: DEFAULT_CONFIRM_WINDOWS
     prefetch: int = 1000  # per consumer, workloads (a), (b) and (e)
+
+
+    def window_for(self, workload: str) -> int:
+        """The confirm window of an unpaced publisher in `workload` ("a" or "b")."""
+        if self.confirm_window is not None:
+            return self.confirm_window
+        return DEFAULT_CONFIRM_WINDOWS.get(workload, DEFAULT_CONFIRM_WINDOW)
 
 
 def run_id() -> str:
@@ -142,10 +151,10 @@ def publish_batch_max(window: int) -> int:
 
 def single_queue_layout(
     endpoint: Endpoint, queue: str, settings: RunSettings, rate_msgs_per_s: float | None = None, sample_every: int = 4,
-    consumer_endpoint: Endpoint | None = None,
+    consumer_endpoint: Endpoint | None = None, workload: str = "a",
 ) -> list[PublisherSpec | ConsumerSpec]:
     """1 publisher on `endpoint` + 1 consumer (on `consumer_endpoint`, default the same node)."""
-    window = settings.confirm_window if rate_msgs_per_s is None else 4096
+    window = settings.window_for(workload) if rate_msgs_per_s is None else 4096
     batch_max = publish_batch_max(window)
     consumer_at = endpoint if consumer_endpoint is None else consumer_endpoint
     return [
@@ -246,7 +255,7 @@ def _run_workload(workload: str, broker: str, endpoint: Endpoint, settings: RunS
     if workload in ("a", "b"):
         arguments: dict[str, str | int | bool] = {"x-queue-type": "quorum"} if workload == "b" else {}
         topology = Topology((prefix,), arguments)
-        specs = single_queue_layout(endpoint, prefix, settings)
+        specs = single_queue_layout(endpoint, prefix, settings, workload=workload)
         return [_run(endpoint, topology, specs, settings, lambda r: measure(workload, workload, broker, r))]
     if workload == "c":
         queues = tuple(f"{prefix}-{index}" for index in range(FANOUT_QUEUES))

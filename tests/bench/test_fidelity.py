@@ -16,7 +16,8 @@ def test_baseline_matches_the_bench_defaults_for_a() -> None:
     consumer, publisher = variant_specs(ENDPOINT, "q", BASELINE)
     assert isinstance(consumer, ConsumerSpec) and isinstance(publisher, PublisherSpec)
     assert (publisher.window_per_channel, publisher.batch_max, publisher.persistent) == (2048, 256, True)
-    assert RunSettings().confirm_window == publisher.window_per_channel
+    assert RunSettings().window_for("a") == publisher.window_per_channel
+    assert (RunSettings().window_for("b"), RunSettings(confirm_window=100).window_for("b")) == (256, 100)
     assert (consumer.prefetch, consumer.ack_every) == (1000, 0)
 
 
