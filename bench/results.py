@@ -52,6 +52,13 @@ class Comparison:
             return None
         return ratio(self.raftmq.latency_p99_ms, self.rabbitmq.latency_p99_ms)
 
+    @property
+    def cpu_per_msg_ratio(self) -> float | None:
+        """raftmq's broker CPU per confirmed message over RabbitMQ's (below 1x: raftmq is cheaper per message)."""
+        if self.raftmq is None or self.rabbitmq is None:
+            return None
+        return ratio(self.raftmq.broker_cpu_us_per_msg, self.rabbitmq.broker_cpu_us_per_msg)
+
 
 def machine_info() -> dict[str, Any]:
     return {
@@ -111,13 +118,14 @@ def format_table(measurements: list[Measurement]) -> str:
         )
     pairs = [pair for pair in comparisons(measurements) if pair.raftmq is not None and pair.rabbitmq is not None]
     if pairs:
-        lines += ["", f"{'label':<10} {'raftmq':>24} {'rabbitmq':>24} {'throughput':>11} {'p99':>7}"]
+        lines += ["", f"{'label':<10} {'raftmq':>24} {'rabbitmq':>24} {'throughput':>11} {'p99':>7} {'cpu/msg':>8}"]
         for pair in pairs:
             lines.append(
                 f"{pair.label:<10} {_figure(pair.raftmq):>24} {_figure(pair.rabbitmq):>24} "
-                f"{format_ratio(pair.throughput_ratio):>11} {format_ratio(pair.p99_ratio):>7}"
+                f"{format_ratio(pair.throughput_ratio):>11} {format_ratio(pair.p99_ratio):>7} "
+                f"{format_ratio(pair.cpu_per_msg_ratio):>8}"
             )
-        lines.append("(ratios are raftmq / RabbitMQ: throughput above 1x and p99 below 1x favour raftmq)")
+        lines.append("(ratios are raftmq / RabbitMQ: throughput above 1x, p99 and cpu/msg below 1x favour raftmq)")
     lines.append("(gen cpu: busiest load-generator process; near 100% it, not the broker, may be the limit)")
     lines.append("(broker: cores the broker process used; us/msg: its CPU per confirmed message; load: 1-min average)")
     return "\n".join(lines)
@@ -144,7 +152,8 @@ def report_to_dict(report: RunReport) -> dict[str, Any]:
         "notes": report.notes,
         "measurements": [dataclasses.asdict(m) for m in report.measurements],
         "comparisons": [
-            {"label": pair.label, "throughput_ratio": pair.throughput_ratio, "p99_ratio": pair.p99_ratio}
+            {"label": pair.label, "throughput_ratio": pair.throughput_ratio, "p99_ratio": pair.p99_ratio,
+             "cpu_per_msg_ratio": pair.cpu_per_msg_ratio}
             for pair in comparisons(report.measurements)
         ],
     }

@@ -93,3 +93,14 @@ def test_cpu_window_of_this_process() -> None:
     window._sample()
     assert len(window._samples) == 2
     assert CpuWindow([None], 0.0, 0.0).cores() is None
+
+
+def test_cpu_per_message_ratio_in_comparisons() -> None:
+    from bench.results import comparisons, format_table
+    from bench.workloads import Measurement
+
+    ours = Measurement("a", "a", "raftmq", confirmed_msgs_per_s=5_000.0, broker_cpu_cores=0.5)
+    theirs = Measurement("a", "a", "rabbitmq", confirmed_msgs_per_s=10_000.0, broker_cpu_cores=0.5)
+    (pair,) = comparisons([ours, theirs])
+    assert pair.cpu_per_msg_ratio == 2.0
+    assert "2.00x" in format_table([ours, theirs])
