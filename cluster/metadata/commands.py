@@ -85,6 +85,10 @@ class QueueRecord:
     arguments: Args = field(default_factory=dict)
     leader: str = ""
     members: tuple[str, ...] = ()
+    # Which declaration this is (chosen by the declaring command; 0 = recorded before incarnations existed): a
+    # queue deleted and declared again under its name is a new incarnation, and a node holding the Raft group of
+    # an older one deletes that local state before it joins the group again (node/runtime/cluster.py).
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -327,7 +327,7 @@ def _unbind(s: MetadataState, c: Unbind) -> Step:
 
 
 def _same_definition(a: QueueRecord, b: QueueRecord) -> bool:
-    return replace(a, leader="", members=()) == replace(b, leader="", members=())
+    return replace(a, leader="", members=(), incarnation=0) == replace(b, leader="", members=(), incarnation=0)
 
 
 def _declare_queue(s: MetadataState, c: DeclareQueue) -> Step:

@@ -49,9 +49,26 @@ from cluster.raft.runtime.node import RaftNodeRuntime
 from node.broker import records as br
 from node.broker.auth import hash_password
 from node.runtime.cluster_defs import client_local_placement, commands_for, mirror_records, missing_bootstrap
+from node.runtime.cluster_incarnations import (
+    IncarnationFile,
+    deleted_queues,
+    queues_pending_creation,
+    redeclared,
+    without_queue_deletions,
+    without_queues,
+)
 from node.runtime.cluster_members import replace_member, watch_membership
 from node.runtime.cluster_reconcile import RECONCILE_POLL_S, Transfer, leader_to_record, next_step
-from node.runtime.cluster_tracking import PROPOSAL_IDS_PER_BOOT, PeerLiveness, Pending, ProposalTracker
+from node.runtime.cluster_tracking import (
+    PROPOSAL_IDS_PER_BOOT,
+    PeerLiveness,
+    Pending,
+    ProposalTracker,
+    frame,
+    incarnation_of_cid,
+    stale_groups,
+    unframe,
+)
 from node.runtime.config import ClusterLayout, NodeConfig
 
 log = logging.getLogger("raftmq.cluster")
@@ -84,6 +101,14 @@ class ClusterRuntime:
         self.raft: RaftNodeRuntime | None = None
         self.mirrored = md.MetadataState()
         self.group_queues: dict[GroupId, tuple[str, str]] = {}
+        self.group_incarnations: dict[GroupId, int] = {}  # the incarnation each hosted group serves
+        self.incarnation_file = IncarnationFile(self.data_dir)
+        self.recorded_incarnations: dict[str, int] = {}  # what the file says (kept in step with it)
+        self._deferred_groups: set[GroupId] = set()  # stale here at start: added once their old state is deleted
+        self._raft_running = False
+        # group -> first proposal id after a local client deleted its queue: until the metadata settled that
+        # deletion, the group takes no proposal and feeds no entry to the broker (cluster_incarnations.py)
+        self._quarantined: dict[GroupId, int] = {}
         self.tracker = ProposalTracker(first_id=boot_id * PROPOSAL_IDS_PER_BOOT, retry_ms=RETRY_MS,
                                        timeout_ms=config.proposal_timeout_ms)
         self.place = client_local_placement(self.name, config.quorum_initial_group_size, layout.names)
@@ -97,7 +122,7 @@ class ClusterRuntime:
         self._last_steps: dict[GroupId, object] = {}  # the membership step last asked for, per led group (logging)
         self._leader_recorded_ms: dict[GroupId, int] = {}  # last SetQueueLeader attempt per group (rate limit)
         self.stats = {"proposed": 0, "resent": 0, "abandoned": 0, "applied": 0, "definitions": 0,
-                      "applied_before_commit": 0, "barriers_held": 0}
+                      "applied_before_commit": 0, "barriers_held": 0, "stale_entries": 0, "stale_groups_deleted": 0}
         self.unsafe_confirm_before_commit = config.test_unsafe_confirm_before_commit
         if self.unsafe_confirm_before_commit:
             log.warning("TEST-ONLY UNSAFE MODE test_unsafe_confirm_before_commit: this node applies its own publishes "
@@ -131,6 +156,7 @@ class ClusterRuntime:
             NodeId(self.name), self.data_dir / "raft", (me.host, me.raft_port), peers,
             self.layout.secret.encode(), self._on_apply, snapshots=self, on_leader_change=self._on_leader_change,
             on_apply_many=self._on_apply_many)
+        self._drop_stale_groups(self.mirrored)
         self._sync_groups(self.mirrored)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -140,6 +166,7 @@ class ClusterRuntime:
             async with trio.open_nursery() as nursery:
                 self._metadata_tasks = nursery
                 await nursery.start(self.raft.run)
+                self._raft_started()
                 nursery.start_soon(self._watch_metadata)
                 nursery.start_soon(self._retry_timer)
                 nursery.start_soon(self._liveness_watch)
@@ -169,6 +196,11 @@ class ClusterRuntime:
         """Bring the broker's definitions (and the Raft groups) to `state`: definitions first, so a queue is
         known to the broker before its group applies anything, and forgotten by it before its group goes."""
         records = mirror_records(self.mirrored, state)
+        reborn = redeclared(self.mirrored, state)
+        if reborn:  # deleted and declared again in one watch step: the broker drops the old queue first
+            between = without_queues(self.mirrored, reborn)
+            records = mirror_records(self.mirrored, between) + mirror_records(between, state)
+        records = without_queue_deletions(records, queues_pending_creation(self._persists))
         if records:
             self.dispatch(self.broker.apply_records(records))
         self.mirrored = state
@@ -182,18 +214,77 @@ class ClusterRuntime:
         return Membership(voters, learners)
 
     def _sync_groups(self, state: md.MetadataState) -> None:
+        """Host a group per queue of `state` (a redeclared queue's group afresh) and no other queue group."""
         assert self.raft is not None
         wanted = {GroupId(queue_group_id(vhost, name)): q for (vhost, name), q in state.queues.items()}
         for group, queue in wanted.items():
-            if group not in self.group_queues:
-                self.group_queues[group] = (queue.vhost, queue.name)
-                self.raft.add_group(group, self._membership(queue))
-                self._send_group(group, wall_ms())
+            if group in self._deferred_groups and not self._raft_running:
+                continue  # its old state is deleted when Raft starts; added right after (_raft_started)
+            known = self.group_incarnations.get(group)
+            if group in self.group_queues and known == queue.incarnation:
+                continue
+            if group in self.group_queues:  # the queue was deleted and declared again: a new group, same id
+                log.warning("cluster: queue %s: new incarnation %d (was %s); its local Raft state is deleted",
+                            group, queue.incarnation, known)
+                self._remove_group(group)
+            self._record_incarnation(group, queue.incarnation)
+            self.group_queues[group] = (queue.vhost, queue.name)
+            self.group_incarnations[group] = queue.incarnation
+            self.raft.add_group(group, self._membership(queue))
+            self._send_group(group, wall_ms())
         for group in [g for g in self.group_queues if g not in wanted]:
-            del self.group_queues[group]
-            self.raft.remove_group(group)
-            for pending in self.tracker.drop_group(group):
+            self._remove_group(group)
+            self._record_incarnation(group, None)
+
+    def _remove_group(self, group: GroupId) -> None:
+        """Stop hosting a queue group; its proposals are abandoned, except those made for the queue a local client
+        declared again after deleting it (quarantine): they wait for the group's next incarnation."""
+        assert self.raft is not None
+        del self.group_queues[group]
+        self.group_incarnations.pop(group, None)
+        self.raft.remove_group(group)
+        keep_from = self._quarantined.pop(group, None)
+        for pending in self.tracker.drop_group(group):
+            if keep_from is not None and pending.proposal_id >= keep_from:
+                pending.sent_ms = None
+                self.tracker.add(pending)
+            else:
                 self._abandon(pending)
+
+    # ------------------------------------------------------------------------------------------ incarnations
+
+    def _drop_stale_groups(self, state: md.MetadataState) -> None:
+        """Before Raft starts: delete the local state of every queue group recorded here under an incarnation the
+        metadata no longer has (the queue was deleted, or deleted and declared again, while this node was down),
+        so it never joins the new group with the old log. A redeclared one is added once Raft has started."""
+        assert self.raft is not None
+        self.recorded_incarnations = self.incarnation_file.load()
+        wanted = {queue_group_id(vhost, name): q.incarnation for (vhost, name), q in state.queues.items()}
+        for group in stale_groups(self.recorded_incarnations, wanted):
+            log.warning("cluster: queue group %s: local state of incarnation %d is stale (metadata: %s); deleting it",
+                        group, self.recorded_incarnations[group], wanted.get(group, "no such queue"))
+            self.stats["stale_groups_deleted"] += 1
+            self.raft.remove_group(GroupId(group))  # before run: its stream is deleted when Raft starts
+            self._deferred_groups.add(GroupId(group))
+
+    def _record_incarnation(self, group: str, incarnation: int | None) -> None:
+        """Keep the incarnation file in step (written before a group is added: a crash never leaves a hosted
+        group unrecorded)."""
+        if self.recorded_incarnations.get(group) == incarnation:
+            return
+        if incarnation is None:
+            self.recorded_incarnations.pop(group, None)
+        else:
+            self.recorded_incarnations[group] = incarnation
+        self.incarnation_file.save(self.recorded_incarnations)
+
+    def _raft_started(self) -> None:
+        """The stale groups' state is gone now (deleted as Raft started): forget them, add the redeclared ones."""
+        self._raft_running = True
+        deferred, self._deferred_groups = self._deferred_groups, set()
+        for group in deferred:
+            self._record_incarnation(group, None)
+        self._sync_groups(self.mirrored)
 
     async def _watch_metadata(self) -> None:
         assert self.store is not None
@@ -214,7 +305,12 @@ class ClusterRuntime:
                       token)
             self.node.apply_effects(self.broker.on_persisted(token))
             return
-        self._persists.append((token, tuple(records)))
+        records = tuple(records)
+        for vhost, name in deleted_queues(records):
+            group = GroupId(queue_group_id(vhost, name))
+            if group in self.group_queues:
+                self._quarantined.setdefault(group, self.tracker.peek_id())
+        self._persists.append((token, records))
         self._persist_idle = trio.Event()
         self._persist_wake.set()
 
@@ -227,6 +323,10 @@ class ClusterRuntime:
                 token, records = self._persists[0]
                 await self.replicate_now(records)
                 self._persists.popleft()
+                if self.store is not None:  # the client's answer follows: the broker must show the result now
+                    self._mirror(self.store.state)  # (the watcher may still hold an older step, e.g. a delete)
+                for vhost, name in deleted_queues(records):  # the metadata refused or lost the deletion
+                    self._quarantined.pop(GroupId(queue_group_id(vhost, name)), None)
                 self.dispatch(self.broker.on_persisted(token))
             self._persist_idle.set()
 
@@ -243,6 +343,9 @@ class ClusterRuntime:
         """Apply one metadata command with a fixed command id (retries are idempotent); bounded in time."""
         assert self.store is not None
         command = dataclasses.replace(command, cid=uuid.uuid4().hex)
+        if isinstance(command, md.DeclareQueue) and not command.queue.incarnation:
+            command = dataclasses.replace(command, queue=dataclasses.replace(
+                command.queue, incarnation=incarnation_of_cid(command.cid)))
         self.stats["definitions"] += 1
         with trio.move_on_after(DEFINITION_TIMEOUT_S):
             while True:
@@ -264,12 +367,20 @@ class ClusterRuntime:
 
     def snapshot(self, group: GroupId) -> bytes:
         key = self.group_queues.get(group)
-        return b"" if key is None else bytes(self.broker.queue_snapshot(*key))
+        if key is None:
+            return b""
+        return frame(self.group_incarnations.get(group, 0), bytes(self.broker.queue_snapshot(*key)))
 
     def restore(self, group: GroupId, data: bytes) -> None:
         key = self.group_queues.get(group)
-        if key is not None:
-            self.dispatch(self.broker.queue_restore(key[0], key[1], data))
+        if key is None:
+            return
+        incarnation, data = unframe(data)
+        if incarnation != self.group_incarnations.get(group, 0):
+            log.error("cluster: queue %s: snapshot of incarnation %d ignored (this queue is %d)", group,
+                      incarnation, self.group_incarnations.get(group, 0))
+            return
+        self.dispatch(self.broker.queue_restore(key[0], key[1], data))
 
     def _on_apply(self, group: GroupId, entry: Entry) -> None:
         """Per-entry callback the Raft runtime requires; it calls `_on_apply_many` instead, as this does."""
@@ -280,18 +391,26 @@ class ClusterRuntime:
         key = self.group_queues.get(group)
         if key is None:
             return
+        if group in self._quarantined:  # the old queue's entries; the broker's queue may be a new one already
+            self.stats["stale_entries"] += len(entries)
+            return
         batch: list[tuple[str, str, bytes]] = []
+        current = self.group_incarnations.get(group, 0)
         for entry in entries:
             if entry.kind is not EntryKind.NORMAL or not entry.data:
                 continue
+            incarnation, data = unframe(entry.data)
+            if incarnation != current:  # written into the group by an earlier declaration of the queue
+                self.stats["stale_entries"] += 1
+                continue
             try:
-                origin, proposal_id = peek_proposal(entry.data)
+                origin, proposal_id = peek_proposal(data)
             except ValueError:
                 log.error("cluster: group %s: undecodable entry %d skipped", group, entry.index)
                 continue
             if origin == self.name:
                 self.tracker.applied(proposal_id)
-            batch.append((key[0], key[1], entry.data))
+            batch.append((key[0], key[1], data))
         if self.tracker.has_barriers(group):
             self._release(group)
         if not batch:
@@ -338,9 +457,9 @@ class ClusterRuntime:
         if self.tracker.held_back(pending):
             self.stats["barriers_held"] += 1  # sent once the earlier proposals of the group applied (_release)
             return
-        if self.raft is not None and group in self.group_queues:
+        if self.raft is not None and group in self.group_queues and group not in self._quarantined:
             pending.sent_ms = pending.first_ms
-            self.raft.propose(group, data)
+            self._propose_raw(group, data)
             if self.unsafe_confirm_before_commit and isinstance(effect.command, Enqueue):
                 self._apply_before_commit(effect.vhost, effect.queue, data)
 
@@ -359,22 +478,26 @@ class ClusterRuntime:
 
     def _send_group(self, group: GroupId, now_ms: int) -> None:
         """(Re)send every unapplied proposal of the group, oldest first."""
-        if self.raft is None or group not in self.group_queues:
+        if self.raft is None or group not in self.group_queues or group in self._quarantined:
             return
         for pending in self.tracker.sendable(group):
             if pending.sent_ms is not None:
                 self.stats["resent"] += 1
             pending.sent_ms = now_ms
-            self.raft.propose(group, pending.data)
+            self._propose_raw(group, pending.data)
+
+    def _propose_raw(self, group: GroupId, data: bytes) -> None:
+        assert self.raft is not None
+        self.raft.propose(group, frame(self.group_incarnations.get(group, 0), data))
 
     def _release(self, group: GroupId) -> None:
         """Send the group's barriers (Detach) whose earlier proposals have all been applied or given up now."""
-        if self.raft is None or group not in self.group_queues:
+        if self.raft is None or group not in self.group_queues or group in self._quarantined:
             return
         now = wall_ms()
         for pending in self.tracker.released(group):
             pending.sent_ms = now
-            self.raft.propose(group, pending.data)
+            self._propose_raw(group, pending.data)
 
     def _abandon(self, pending: Pending) -> None:
         self.stats["abandoned"] += 1
@@ -520,3 +643,4 @@ def bootstrap_records(config: NodeConfig) -> list[Any]:
         records.append(br.UserRecord(user.name, hash_password(user.password, os.urandom(4)), tuple(user.tags)))
         records.append(br.PermissionRecord(user.name, user.vhost, user.configure, user.write, user.read))
     return records
+

@@ -13,17 +13,57 @@ ack its consumer sent first, it returns the acked message to the queue (redelive
 RabbitMQ never does once the ack arrived before the channel closed). So a proposal marked `barrier` (the runtime
 marks every Detach) is held back, unsent, until every earlier proposal of its group is applied by this node's
 replica or given up (`sendable`); only then does it enter the log, necessarily after them.
+
 `PeerLiveness` turns "which peers are connected now" samples into down/up transitions after `down_after_ms`.
 Both take time as `now_ms` arguments, so they are unit-tested without clocks.
+
+Queue incarnations (a queue deleted and declared again under its name keeps its Raft group id, so a node that
+missed the deletion still holds the old queue's log under that id): every entry and snapshot this node writes into
+a queue group is framed with the queue's incarnation (`frame`: the byte 0xFF, which never starts a cbor item, then
+8 bytes big-endian; unframed data is incarnation 0, as written before incarnations existed), and a replica skips
+what carries another incarnation than the queue's (`unframe`). `stale_groups` says which local groups to delete at
+start: those the node recorded (group -> incarnation, persisted by the runtime) that the metadata no longer has, or
+has under another incarnation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 PENDING_MAX = 100_000
 PROPOSAL_IDS_PER_BOOT = 1_000_000  # ids start at boot_id * this, so a restarted node never reuses an old id
+FRAME_MARK = b"\xff"  # cbor's "break": never the first byte of an encoded item, so framed and plain data differ
+FRAME_BYTES = 9
+INCARNATION_MAX = 2**64 - 1
+
+
+def frame(incarnation: int, data: bytes) -> bytes:
+    """`data` tagged with a queue incarnation (incarnation 0 is left plain, as written before incarnations)."""
+    if not incarnation:
+        return data
+    return FRAME_MARK + incarnation.to_bytes(8, "big") + data
+
+
+def unframe(data: bytes) -> tuple[int, bytes]:
+    """(incarnation, data) of what `frame` wrote; plain data is incarnation 0."""
+    if data[:1] == FRAME_MARK and len(data) >= FRAME_BYTES:
+        return int.from_bytes(data[1:FRAME_BYTES], "big"), data[FRAME_BYTES:]
+    return 0, data
+
+
+def incarnation_of_cid(cid: str) -> int:
+    """A declaration's incarnation from its command id (a uuid's hex): 63 bits of it, never 0."""
+    try:
+        value = int(cid[:16], 16) & (2**63 - 1)
+    except ValueError:
+        value = 0
+    return value or 1
+
+
+def stale_groups(recorded: Mapping[str, int], wanted: Mapping[str, int]) -> list[str]:
+    """Local groups to delete: recorded here under an incarnation the metadata does not have (anymore)."""
+    return sorted(g for g, incarnation in recorded.items() if wanted.get(g) != incarnation)
 
 
 @dataclass(slots=True)
@@ -63,6 +103,10 @@ class ProposalTracker:
         proposal_id = self._next_id
         self._next_id += 1
         return proposal_id
+
+    def peek_id(self) -> int:
+        """The id the next proposal will get (proposals from then on have ids >= it)."""
+        return self._next_id
 
     def full(self) -> bool:
         return len(self._by_id) >= self.pending_max

@@ -4,7 +4,7 @@ One cluster of three `raftmq node` processes (cluster mode, started the way `raf
 the process-fault scenarios in turn, each on its own quorum queue: kill -9 of the queue leader's node and restart,
 kill -9 of a follower's node, SIGSTOP of the leader's node and SIGCONT. Publishers (confirms) are on every node,
 consumers (manual acks) on other nodes than their publisher. Every run must lose nothing confirmed, deliver
-nothing unexpected, flag every redelivery, undo no settled ack and keep each publisher's order for first
+nothing unexpected, flag every redelivery, undo no settled ack (see `settled_acks_undone`) and keep each publisher's order for first
 deliveries. The partition scenario needs network namespaces (root, ip, nft) and its own cluster inside them.
 The full scenarios run with `raftmq chaos run qq-leader-kill` etc.; docs/chaos.md has the numbers of a full run.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from chaos import netns
-from chaos.history import Fault
+from chaos.history import Ack, Fault
 from chaos.nemesis import LocalCluster
 from chaos.report import report_json, report_text
 from chaos.run import Environment, RunOutcome, run_scenario, spawned_environment
@@ -75,14 +75,32 @@ def run_checked(scenario: Scenario, env: Environment) -> RunOutcome:
     assert outcome.drained and outcome.published_all
     assert result.lost == () and result.unexpected == ()
     assert result.unflagged_redeliveries == ()
-    # Not asserted (reported above, and in docs/chaos.md's findings): a redelivery after an ack whose connection
-    # then closed cleanly. AMQP acks are not confirmed, so at-least-once allows it, but RabbitMQ's channel order
-    # would not redeliver; in cluster mode an ack's Settle proposal can still be in flight at close-ok, and was
-    # seen redelivered about once in 5 short follower-kill runs on a loaded machine.
+    # A message acked and then closed cleanly is never delivered again (RabbitMQ's channel order). Fixed in
+    # node/runtime (a Detach waits for the earlier Settles of its queue; docs/chaos.md, findings). The checker
+    # counts a close of the consumer's *last* connection for acks sent on an earlier one, so an ack sent before a
+    # kill or partition (possibly lost with the node it went to) is not held to it here.
+    assert settled_acks_undone(outcome) == []
     assert result.order_violations == ()
     assert outcome.drained and not outcome.overflowed and outcome.error is None
     assert result.confirmed >= MORE_CONFIRMED_MAX
     return outcome
+
+
+FAULTS_THAT_MAY_LOSE_ACKS = ("kill", "partition")
+
+
+def settled_acks_undone(outcome: RunOutcome) -> list[str]:
+    """Payloads the checker saw delivered after their ack's connection closed cleanly, except those acked before
+    a node kill or partition (the workload records no reconnects, so such an ack may have gone down with a
+    connection other than the one whose close is recorded)."""
+    last_fault_ms = max((r.at_ms for r in outcome.records
+                         if isinstance(r, Fault) and r.kind in FAULTS_THAT_MAY_LOSE_ACKS), default=None)
+    acked_ms: dict[str, list[float]] = {}
+    for record in outcome.records:
+        if isinstance(record, Ack):
+            acked_ms.setdefault(record.payload_id, []).append(record.at_ms)
+    return [payload for payload in outcome.result.redelivered_after_settled_ack
+            if last_fault_ms is None or max(acked_ms.get(payload, [0.0])) > last_fault_ms]
 
 
 def faults_of(outcome: RunOutcome, kind: str) -> list[Fault]:

@@ -21,14 +21,16 @@ from cluster.queue import (
     Deliver,
     Detach,
     Enqueue,
+    MsgId,
     Proposal,
+    QueueCommand,
     QueuedMessage,
     ReplicatedQueue,
     Settle,
     decode_proposal,
     encode_proposal,
 )
-from cluster.raft.core.types import Entry, GroupId, NodeId, Role
+from cluster.raft.core.types import Entry, GroupId, Index, NodeId, Role, Term
 from cluster.raft.runtime.codec import Command
 from cluster.raft.runtime.routing import CommandRouter
 from node.broker.effects import ProposeQueue
@@ -128,7 +130,7 @@ class LossyLog:
             if effects is not None:
                 self.log.append(type(proposal.command).__name__)
                 self.deliveries.extend(e for e in effects if isinstance(e, Deliver))
-            self.runtime._on_apply_many(GROUP, (Entry(1, self.index, data),))  # may propose (released barriers)
+            self.runtime._on_apply_many(GROUP, (Entry(Term(1), Index(self.index), data),))  # may propose (released barriers)
 
 
 def _runtime() -> tuple[ClusterRuntime, LossyLog]:
@@ -139,7 +141,8 @@ def _runtime() -> tuple[ClusterRuntime, LossyLog]:
     runtime.attach(FakeNode())
     replica = ReplicatedQueue("orders")
     message = QueuedMessage(b"m1", 2, True)
-    for n, command in enumerate([Attach(C1, 0), Enqueue(message, 0, "pub", 1), Attach(C2, 0)], start=1):
+    setup: list[QueueCommand] = [Attach(C1, 0), Enqueue(message, 0, "pub", 1), Attach(C2, 0)]
+    for n, command in enumerate(setup, start=1):
         replica.apply(Proposal("setup", n, command))  # m1 (msg id 1) is delivered to C1 and unacked
     assert list(replica.queue.unacked_msg_ids(C1)) == [1]
     log = LossyLog(runtime, replica)
@@ -151,7 +154,7 @@ def _runtime() -> tuple[ClusterRuntime, LossyLog]:
 def test_an_acked_message_is_not_redelivered_when_the_settle_copy_is_lost() -> None:
     runtime, log = _runtime()
     log.lose_first = {Settle}  # the Settle's first copy is lost on its way to the leader
-    runtime._on_propose(ProposeQueue("/", "orders", Settle(C1, (1,))))  # basic.ack
+    runtime._on_propose(ProposeQueue("/", "orders", Settle(C1, (MsgId(1),))))  # basic.ack
     runtime._on_propose(ProposeQueue("/", "orders", Detach(C1, 0)))  # channel.close
     log.commit()
     assert runtime.stats["barriers_held"] == 1  # the Detach waits for the Settle
@@ -173,7 +176,7 @@ def test_a_detach_with_nothing_before_it_goes_at_once() -> None:
 def test_a_detach_waits_for_an_earlier_settle_that_is_given_up() -> None:
     runtime, log = _runtime()
     log.lose_first = {Settle}
-    runtime._on_propose(ProposeQueue("/", "orders", Settle(C1, (1,))))
+    runtime._on_propose(ProposeQueue("/", "orders", Settle(C1, (MsgId(1),))))
     runtime._on_propose(ProposeQueue("/", "orders", Detach(C1, 0)))
     log.commit()
     assert log.log == []

@@ -1,0 +1,328 @@
+"""Queue incarnations: a queue deleted and declared again under its name must not come back with its old log.
+
+Every quorum queue is the Raft group `q/<vhost>/<name>`, so a redeclared queue reuses its group id. A node that was
+down while the queue was deleted and declared again still holds the old queue's log under that id. The fix
+(node/runtime/cluster.py, cluster_incarnations.py, cluster_tracking.py): each declaration has an incarnation
+(`QueueRecord.incarnation`), each node records the incarnation of the groups it hosts, deletes a stale group's local
+state before Raft starts, and every entry/snapshot carries the incarnation, so a replica skips those of another one.
+Unit tests first, then three real `raftmq node` processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+import requests
+
+from cluster.metadata import model as md
+from cluster.queue import MsgId, Proposal, Settle, encode_proposal
+from cluster.raft.core.types import Entry, GroupId, Index, Membership, Term
+from node.broker import records as br
+from node.broker.effects import ProposeQueue
+from node.runtime.cluster import ClusterRuntime
+from node.runtime.cluster_incarnations import (
+    IncarnationFile,
+    deleted_queues,
+    queues_pending_creation,
+    redeclared,
+    without_queue_deletions,
+    without_queues,
+)
+from node.runtime.cluster_tracking import frame, incarnation_of_cid, stale_groups, unframe
+from node.runtime.config import NodeConfig, cluster_layout
+from tests.cluster.cluster_proc import ClusterProcs, wait_until
+
+SECRET = "0123456789abcdef-secret"
+QUORUM = {"x-queue-type": "quorum"}
+
+# ------------------------------------------------------------------------------------------------ pure parts
+
+
+def test_frames_carry_the_incarnation_and_plain_data_is_incarnation_0() -> None:
+    data = encode_proposal(Proposal("a", 1, Settle(("a", 1, 1), (MsgId(1),))), lambda p: p)
+    assert frame(0, data) == data and unframe(data) == (0, data)
+    assert unframe(frame(2**63 - 1, data)) == (2**63 - 1, data)
+    assert unframe(frame(5, b"")) == (5, b"")  # an empty snapshot of incarnation 5
+
+
+def test_incarnations_from_command_ids_are_never_0() -> None:
+    assert incarnation_of_cid("ffffffffffffffff0000") == 2**63 - 1
+    assert incarnation_of_cid("") == 1 and incarnation_of_cid("not hex") == 1
+    assert incarnation_of_cid("0" * 32) == 1
+    assert incarnation_of_cid("00000000000000ab") == 0xAB
+
+
+def test_stale_groups_are_gone_or_of_another_incarnation() -> None:
+    recorded = {"q/%2F/a": 1, "q/%2F/b": 2, "q/%2F/c": 3}
+    wanted = {"q/%2F/a": 1, "q/%2F/b": 7, "q/%2F/d": 4}
+    assert stale_groups(recorded, wanted) == ["q/%2F/b", "q/%2F/c"]
+    assert stale_groups({}, wanted) == []  # nothing recorded (a node from before incarnations): nothing deleted
+
+
+def test_the_incarnation_file_round_trips(tmp_path: Path) -> None:
+    store = IncarnationFile(tmp_path / "data")
+    assert store.load() == {}
+    store.save({"q/%2F/a": 12})
+    assert IncarnationFile(tmp_path / "data").load() == {"q/%2F/a": 12}
+    store.path.write_text("{not json")
+    assert store.load() == {}
+
+
+def _state_with_queue(incarnation: int) -> md.MetadataState:
+    state = md.MetadataState()
+    for command in (md.AddNode("a", "127.0.0.1:1", 1), md.PutVhost("/"), md.DeclareExchange(md.ExchangeRecord("/", "x")),
+                    md.DeclareQueue(md.QueueRecord("/", "q", "quorum", leader="a", members=("a",),
+                                                   incarnation=incarnation), cid=f"c{incarnation}"),
+                    md.Bind(md.BindingRecord("/", "x", "q", "queue", "k"))):
+        state, outcome = md.apply(state, command)
+        assert outcome.ok, (command, outcome)
+    return state
+
+
+def test_the_model_keeps_the_incarnation_of_an_equal_redeclare_and_takes_a_new_one_after_a_delete() -> None:
+    state = _state_with_queue(5)
+    queue = state.queues[("/", "q")]
+    again, outcome = md.apply(state, md.DeclareQueue(dataclasses.replace(queue, incarnation=9), cid="x"))
+    assert outcome.ok and again.queues[("/", "q")].incarnation == 5  # the same queue: nothing changes
+    gone, _ = md.apply(state, md.DeleteQueue("/", "q", cid="y"))
+    back, outcome = md.apply(gone, md.DeclareQueue(dataclasses.replace(queue, incarnation=9), cid="z"))
+    assert outcome.ok and back.queues[("/", "q")].incarnation == 9
+    assert redeclared(state, back) == {("/", "q")} and redeclared(state, again) == set()
+    between = without_queues(state, {("/", "q")})
+    assert ("/", "q") not in between.queues and not any(k[3] == "q" for k in between.bindings)
+
+
+# ------------------------------------------------------------------------------------------------ the runtime
+
+
+class FakeRaft:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def add_group(self, group: GroupId, membership: Membership) -> None:
+        self.calls.append(("add", group))
+
+    def remove_group(self, group: GroupId) -> None:
+        self.calls.append(("remove", group))
+
+    def propose(self, group: GroupId, data: bytes) -> bool:
+        self.calls.append(("propose", unframe(data)[0]))
+        return True
+
+
+class FakeBroker:
+    def __init__(self) -> None:
+        self.applied: list[bytes] = []
+        self.records: list[Any] = []
+
+    def apply_records(self, records: list[Any]) -> list[Any]:
+        self.records.extend(records)
+        return []
+
+    def apply_committed_many(self, batch: list[tuple[str, str, bytes]]) -> list[Any]:
+        self.applied.extend(data for _, _, data in batch)
+        return []
+
+    def encode_proposal(self, origin: str, proposal_id: int, vhost: str, queue: str, command: Any) -> bytes:
+        return encode_proposal(Proposal(origin, proposal_id, command), lambda p: p)
+
+    def proposal_abandoned(self, vhost: str, queue: str, data: bytes) -> list[Any]:
+        return []
+
+
+class FakeNode:
+    effect_sinks: dict[type, Any] = {}
+
+    def dispatch(self, effects: Any) -> None:
+        list(effects)
+
+
+def _runtime(tmp_path: Path) -> tuple[ClusterRuntime, FakeRaft, FakeBroker]:
+    config = dataclasses.replace(NodeConfig(), node_name="a", cluster_secret=SECRET, data_dir=str(tmp_path),
+                                 cluster_nodes=("a=127.0.0.1:5000", "b=127.0.0.1:5001", "c=127.0.0.1:5002"))
+    broker = FakeBroker()
+    runtime = ClusterRuntime(config, cluster_layout(config), broker, boot_id=7)
+    runtime.node = FakeNode()
+    raft = FakeRaft()
+    runtime.raft = raft  # type: ignore[assignment]
+    runtime._raft_running = True
+    return runtime, raft, broker
+
+
+def test_a_redeclared_queue_gets_a_fresh_group_and_old_entries_are_skipped(tmp_path: Path) -> None:
+    runtime, raft, broker = _runtime(tmp_path)
+    group = GroupId("q/%2F/q")
+    runtime._mirror(_state_with_queue(5))
+    assert raft.calls == [("add", group)] and runtime.incarnation_file.load() == {group: 5}
+    old = broker.encode_proposal("b", 1, "/", "q", Settle(("b", 1, 1), (MsgId(1),)))
+    runtime._on_apply_many(group, (Entry(Term(1), Index(1), frame(5, old)),))
+    assert broker.applied == [old]
+    runtime._mirror(_state_with_queue(9))  # deleted and declared again, seen in one step
+    assert raft.calls[1:] == [("remove", group), ("add", group)]
+    assert [type(r).__name__ + ("-" if r.deleted else "+") for r in broker.records if r.__class__.__name__ ==
+            "QueueRecord"] == ["QueueRecord+", "QueueRecord-", "QueueRecord+"]  # the broker dropped the old queue
+    assert runtime.incarnation_file.load() == {group: 9}
+    runtime._on_apply_many(group, (Entry(Term(2), Index(2), frame(5, old)), Entry(Term(2), Index(3), old)))  # old incarnation, unframed
+    assert broker.applied == [old] and runtime.stats["stale_entries"] == 2
+    runtime._on_apply_many(group, (Entry(Term(2), Index(4), frame(9, old)),))
+    assert broker.applied == [old, old]
+    runtime._on_propose(ProposeQueue("/", "q", Settle(("a", 7, 1), (MsgId(2),))))
+    assert raft.calls[-1] == ("propose", 9)  # proposals carry the queue's incarnation
+
+
+def test_at_start_a_stale_group_is_deleted_before_raft_runs_and_added_after(tmp_path: Path) -> None:
+    runtime, raft, _ = _runtime(tmp_path)
+    runtime._raft_running = False
+    runtime.incarnation_file.save({"q/%2F/q": 5, "q/%2F/gone": 3})
+    runtime.mirrored = _state_with_queue(9)
+    runtime._drop_stale_groups(runtime.mirrored)
+    runtime._sync_groups(runtime.mirrored)
+    assert raft.calls == [("remove", "q/%2F/gone"), ("remove", "q/%2F/q")]  # nothing added over the old state
+    assert runtime.incarnation_file.load() == {"q/%2F/q": 5, "q/%2F/gone": 3}  # a crash now: deleted again
+    runtime._raft_started()
+    assert raft.calls[2:] == [("add", "q/%2F/q")]
+    assert runtime.incarnation_file.load() == {"q/%2F/q": 9}
+
+
+def test_a_local_delete_and_redeclare_keeps_the_new_queues_proposals_away_from_the_old_group(tmp_path: Path) -> None:
+    runtime, raft, broker = _runtime(tmp_path)
+    group = GroupId("q/%2F/q")
+    runtime._mirror(_state_with_queue(5))
+    before = runtime._on_propose
+    ack = Settle(("a", 7, 1), (MsgId(1),))
+    before(ProposeQueue("/", "q", ack))  # for the old queue: abandoned when the group goes
+    runtime._persists.clear()
+    runtime.persist(1, [br.QueueRecord("/", "q", deleted=True)])  # the client deletes ...
+    runtime.persist(2, [br.QueueRecord("/", "q")])  # ... and declares it again at once
+    assert group in runtime._quarantined
+    before(ProposeQueue("/", "q", Settle(("a", 7, 2), (MsgId(1),))))  # the new queue's: held
+    assert [c for c in raft.calls if c[0] == "propose"] == [("propose", 5)]
+    old = broker.encode_proposal("b", 1, "/", "q", ack)
+    runtime._on_apply_many(group, (Entry(Term(1), Index(1), frame(5, old)),))
+    assert broker.applied == []  # the old group feeds nothing to the broker's (new) queue
+    gone = without_queues(_state_with_queue(5), {("/", "q")})
+    runtime._persists.popleft()  # the deletion committed; the metadata step is mirrored
+    runtime._mirror(gone)
+    deleted = [r for r in broker.records if isinstance(r, br.QueueRecord) and r.deleted]
+    assert deleted == []  # the client's new queue is not deleted from the broker
+    assert group not in runtime._quarantined and group not in runtime.group_queues
+    assert [p.proposal_id for p in runtime.tracker.of_group(group)] == [runtime.tracker.peek_id() - 1]
+    runtime._persists.popleft()
+    runtime._mirror(_state_with_queue(9))  # the new declaration committed
+    assert raft.calls[-2:] == [("add", group), ("propose", 9)]  # the held proposal goes to the new group
+
+
+def test_pending_creations_and_deletions() -> None:
+    persists = [(1, (br.QueueRecord("/", "a", deleted=True), br.QueueRecord("/", "b"))),
+                (2, (br.QueueRecord("/", "a"), br.QueueRecord("/", "b", deleted=True)))]
+    assert queues_pending_creation(persists) == {("/", "a")}
+    assert deleted_queues(persists[1][1]) == [("/", "b")]
+    records = [br.QueueRecord("/", "a", deleted=True), br.QueueRecord("/", "c", deleted=True)]
+    assert without_queue_deletions(records, {("/", "a")}) == records[1:]
+
+
+# ------------------------------------------------------------------------------------------------ real processes
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[ClusterProcs]:
+    procs = ClusterProcs(tmp_path)
+    try:
+        yield procs.start_all()
+    except BaseException:
+        print(procs.logs())
+        raise
+    finally:
+        procs.stop_all()
+
+
+@contextlib.contextmanager
+def _channel(port: int) -> Iterator[Any]:
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=30,
+                                                             connection_attempts=3, retry_delay=0.5))
+    try:
+        yield conn.channel()
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+def _ready(port: int, queue: str) -> int | None:
+    """The queue's ready count in the node's own replica (management API), None while the node has no such queue."""
+    try:
+        reply = requests.get(f"http://127.0.0.1:{port + 10_000}/api/queues", auth=("guest", "guest"), timeout=5)
+        reply.raise_for_status()
+    except requests.RequestException:
+        return None
+    rows = [row for row in reply.json() if row["name"] == queue]
+    return int(rows[0]["messages_ready"]) if rows else None
+
+
+def _api_row(port: int, queue: str) -> Any:
+    try:
+        reply = requests.get(f"http://127.0.0.1:{port + 10_000}/api/queues", auth=("guest", "guest"), timeout=5)
+        return [row for row in reply.json() if row["name"] == queue]
+    except (requests.RequestException, ValueError) as error:
+        return repr(error)
+
+
+def _wait_ready_count(port: int, queue: str, count: int, name: str) -> None:
+    def reached() -> bool:
+        return _ready(port, queue) == count
+
+    wait_until(reached, 30, f"{count} ready in {queue} on {name}")
+
+
+def _publish(port: int, queue: str, bodies: list[bytes]) -> None:
+    with _channel(port) as ch:
+        ch.confirm_delivery()
+        for body in bodies:
+            ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+
+
+def test_a_node_down_during_delete_and_redeclare_catches_up_with_the_new_queue_only(cluster: ClusterProcs) -> None:
+    queue = "q-incarnation"
+    n1, n3 = cluster.nodes[0], cluster.node("n3")
+    with _channel(n1.port) as ch:
+        ch.queue_declare(queue, durable=True, arguments=QUORUM)
+    _publish(n1.port, queue, [f"old-{i}".encode() for i in range(20)])
+    for node in cluster.nodes:
+        _wait_ready_count(node.port, queue, 20, node.name)
+
+    cluster.kill("n3")
+    with _channel(n1.port) as ch:
+        ch.queue_delete(queue)
+        ch.queue_declare(queue, durable=True, arguments=QUORUM)
+    _publish(n1.port, queue, [f"new-{i}".encode() for i in range(5)])
+    wait_until(lambda: _ready(n1.port, queue) == 5, 30, "5 new messages on n1")
+
+    offset = len(n3.log_text())
+    cluster.restart("n3")
+    seen: list[int | None] = []
+
+    def caught_up() -> bool:
+        seen.append(_ready(n3.port, queue))
+        return seen[-1] == 5
+
+    try:
+        wait_until(caught_up, 60, "n3's replica to hold the 5 new messages")
+    except AssertionError:
+        print(cluster.logs())
+        for node in cluster.nodes:
+            print(node.name, _api_row(node.port, queue))
+        raise
+    assert all(count is None or count <= 5 for count in seen), seen  # never an old message in n3's replica
+    assert b"is stale" in n3.log_text()[offset:]  # the old group's local state was deleted at start
+    got = []
+    with _channel(n3.port) as ch:  # basic.get on n3 is answered from n3's own replica
+        while (answer := ch.basic_get(queue, auto_ack=True))[0] is not None:
+            got.append(answer[2])
+    assert got == [f"new-{i}".encode() for i in range(5)]
+    for node in cluster.nodes:
+        _wait_ready_count(node.port, queue, 0, node.name)
