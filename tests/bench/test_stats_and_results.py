@@ -144,7 +144,7 @@ def test_json_round_trip_and_chart(tmp_path: Path) -> None:
     write_json(report, path)
     data = json.loads(path.read_text())
     assert data["schema"] == 1
-    assert {"label": "a", "throughput_ratio": 0.5, "p99_ratio": 0.5} in data["comparisons"]
+    assert {"label": "a", "throughput_ratio": 0.5, "p99_ratio": 0.5, "cpu_per_msg_ratio": None} in data["comparisons"]
     assert read_json(path) == report
     chart = tmp_path / "run.png"
     write_chart(report, chart)
