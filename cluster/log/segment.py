@@ -377,8 +377,11 @@ class StreamFiles:
         pending: list[bytes] = []
         segment: Segment | None = None
         start_size = 0
+        snapshot_offset = self.snapshot_offset
+        encode = fmt.encode_record_parts
+        note_record = self._note_record
         for offset, timestamp_ms, payload in records:
-            if offset <= self.snapshot_offset:
+            if offset <= snapshot_offset:
                 continue
             segment = self.segments[-1] if self.segments else None
             if segment is None or (segment.size_bytes >= segment_size_bytes_max and segment.size_bytes > 0):
@@ -390,10 +393,11 @@ class StreamFiles:
                 pending = []
             elif not pending:
                 start_size = segment.size_bytes
-            encoded = fmt.encode_record(offset, timestamp_ms, payload)
-            self._note_record(segment, offset, timestamp_ms, segment.size_bytes, index_interval_bytes)
-            pending.append(encoded)
-            segment.size_bytes += len(encoded)
+            head = encode(offset, timestamp_ms, payload)  # fmt.encode_record, without the copy of the payload
+            note_record(segment, offset, timestamp_ms, segment.size_bytes, index_interval_bytes)
+            pending.append(head)
+            pending.append(payload)
+            segment.size_bytes += len(head) + len(payload)
             segment.next_offset = offset + 1
         if segment is not None and pending:
             self._flush(segment, start_size, pending, handles)

@@ -18,7 +18,12 @@ Content = tuple[BasicPublish, BasicProperties, bytes]
 
 
 class ChannelAssembly:
-    __slots__ = ("body_parts", "body_received", "body_size", "closing", "properties", "publish")
+    """One channel's content assembly. The last content header that decoded to properties without a `headers`
+    table is remembered (its payload bytes, properties and body size): a publisher repeating it (the common case)
+    gets the same shared `BasicProperties` without a decode, after the same checks passed for those very bytes."""
+
+    __slots__ = ("body_parts", "body_received", "body_size", "closing", "last_header", "last_header_content",
+                 "properties", "publish")
 
     def __init__(self) -> None:
         self.closing = False
@@ -27,6 +32,8 @@ class ChannelAssembly:
         self.body_size = 0
         self.body_received = 0
         self.body_parts: list[bytes] = []
+        self.last_header = b""  # never a valid header payload (those are >= 14 bytes)
+        self.last_header_content: tuple[BasicProperties, int] | None = None
 
     def reset_content(self) -> None:
         self.publish = None
@@ -64,6 +71,12 @@ class ChannelAssembly:
         return self.take_content() if self.body_received == self.body_size else None
 
     def _content_header(self, payload: bytes, max_message_size: int) -> Content | None:
+        if payload == self.last_header and self.last_header_content is not None:
+            properties, body_size = self.last_header_content
+            if body_size <= max_message_size:
+                self.properties = properties
+                self.body_size = body_size
+                return self.take_content() if body_size == 0 else None
         try:
             class_id, body_size, properties = decode_content_header(payload)
         except DecodeError as error:
@@ -84,6 +97,9 @@ class ChannelAssembly:
             )
         self.properties = properties
         self.body_size = body_size
+        if properties.headers is None:
+            self.last_header = payload
+            self.last_header_content = (properties, body_size)
         return self.take_content() if body_size == 0 else None
 
     def take_content(self) -> Content:

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from node.broker.broker import Broker
 
 
+_new_tuple = tuple.__new__  # _new_tuple(Unacked, (...)): a NamedTuple without its Python-level __new__
 _PROPERTY_NAMES = tuple(f.name for f in dataclasses.fields(BasicProperties))
 _property_values = operator.attrgetter(*_PROPERTY_NAMES)
 
@@ -193,7 +194,7 @@ def _send_delivery(broker: Broker, ch: ChannelState, consumer: Consumer, msg_id:
     tag = ch.next_delivery_tag
     ch.next_delivery_tag = tag + 1
     if not consumer.no_ack:
-        ch.unacked[tag] = Unacked(consumer.queue, consumer.consumer_id, msg_id, consumer)
+        ch.unacked[tag] = _new_tuple(Unacked, (consumer.queue, consumer.consumer_id, msg_id, consumer))
         consumer.unacked_count += 1
     deliver = m.BasicDeliver(consumer.tag, tag, redelivered, msg.exchange, msg.routing_key)
     broker.out.append(SendContent(ch.conn_id, ch.number, deliver, msg.properties, msg.body))

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from node.broker.broker import Broker
 
 REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
+_new_tuple = tuple.__new__
 WRITE_OK_ENTRIES_MAX = 1024  # per channel: exchanges known to be writable
 
 
@@ -101,7 +102,7 @@ def route_publish(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], me
                   body: bytes, seq: int, ttl_ms: int | None) -> list[int]:
     """Route and enqueue one message; returns the Persist tokens that make it durable."""
     name, routing_key = method.exchange, method.routing_key
-    msg = Message(name, routing_key, props, body)
+    msg = _new_tuple(Message, (name, routing_key, props, body))  # Message(...) without the Python-level __new__
     tokens: list[int]
     if name == "" and routing_key.startswith(REPLY_TO_PREFIX):
         routed = _deliver_reply(broker, msg)

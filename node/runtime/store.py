@@ -312,11 +312,10 @@ class Store:
         """Append the records (one `NodeLog.append_many` for the whole batch) and queue the token for the next
         commit. The two per-message records (MessageRecord, MessageRemovedRecord) take an inlined path."""
         batch = records if isinstance(records, (list, tuple)) else list(records)
-        streams = [record.stream for record in batch]
-        payloads = [encode_record(record) for record in batch]
-        offsets = self.log.append_many(list(zip(streams, payloads, strict=True)))
+        items = [(record.stream, encode_record(record)) for record in batch]
+        offsets = self.log.append_many(items)
         books = self.books
-        for record, stream, payload, offset in zip(batch, streams, payloads, offsets, strict=True):
+        for record, (stream, payload), offset in zip(batch, items, offsets, strict=True):
             book = books.get(stream)
             if book is None:
                 book = books[stream] = StreamBook()
