@@ -272,16 +272,25 @@ class StoreMembership:
 
     async def request_removal(self, timeout_s: float = 30.0) -> None:
         """Ask another member (any that answers) to remove this node from the metadata group (pysyncobj's
-        `remove` utility message, encrypted with the secret). Hand leadership away first."""
+        `remove` utility message, encrypted with the secret). The leader cannot remove itself, so whenever this node
+        leads (again) it hands leadership away first. Done when a member confirms the removal, or reports (its
+        status) that this node is no longer its partner (a confirmation that got lost)."""
         me = self.config.address
+        peers = [m for m in self.members() if m != me]
         with trio.move_on_after(timeout_s):
-            while me in self.members():
-                for peer in [m for m in self.members() if m != me]:
+            while True:
+                if self.leader() == me:
+                    with contextlib.suppress(MetadataTimeout):
+                        await self.transfer_leadership_away(timeout_s=5.0)
+                for peer in peers:
                     answer = await trio.to_thread.run_sync(_utility, peer, self._secret, ["remove", me])
                     if isinstance(answer, str) and answer.startswith("SUCCESS"):
                         return
+                    status = await trio.to_thread.run_sync(_utility, peer, self._secret, ["status"])
+                    if isinstance(status, dict) and f"partner_node_status_server_{me}" not in status:
+                        return  # the peer answers and no longer counts this node among its partners
+                log.info("%s: no member removed it yet; asking again", self.config.node_name)
                 await trio.sleep(MEMBERSHIP_RETRY_S)
-            return
         raise MetadataTimeout(f"no member removed {me} from the metadata group within {timeout_s} s")
 
     @staticmethod

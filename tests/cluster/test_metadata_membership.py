@@ -4,8 +4,9 @@ Three nodes start as a cluster (`cluster_nodes` lists n1..n3). A 4th node starts
 only itself) and is told `raftmq ctl join_cluster n1=...` (run against the new node, as `rabbitmqctl`): it becomes a
 member of the metadata group, every node lists it, a quorum queue is grown onto it (`raftmq ctl grow`), and a
 publisher with confirms and a consumer both use the 4th node. A node with another secret is refused and changes
-nothing. Then n3 runs `leave_cluster`: its queue membership moves, it is removed from the metadata group, it stops,
-and the cluster serves without it. Finally n1 (whose `cluster_nodes` still lists n3) and n4 (which lists only
+nothing. Then the metadata leader (if one of n1..n3, else n3) runs `leave_cluster`: its queue membership moves,
+it hands leadership over, it is removed from the metadata group, it stops, and the cluster serves without it.
+Finally a remaining original node (whose `cluster_nodes` still lists the node that left) and n4 (which lists only
 itself) are killed and restarted: both come back with the membership the metadata says. No assertion is about
 timing.
 """
@@ -84,6 +85,20 @@ class AloneProcs(ClusterProcs):
         return ",".join(f"{n.name}=127.0.0.1:{n.port}" for n in self.nodes if n.name not in alone)
 
 
+def _metadata_leader(procs: ClusterProcs, among: list[ClusterNode]) -> ClusterNode | None:
+    """The node among `among` that leads the metadata group (its /api/nodes row: metadata leader == self)."""
+    for node in among:
+        try:
+            rows = requests.get(f"http://127.0.0.1:{node.port + 10_000}/api/nodes", auth=("guest", "guest"),
+                                timeout=5).json()
+        except requests.RequestException:
+            continue
+        meta = next((r.get("metadata") or {} for r in rows if r["name"] == node.name), {})
+        if meta.get("leader") and meta.get("leader") == meta.get("self"):
+            return node
+    return None
+
+
 def _publish_and_consume(port: int, queue: str, tag: str) -> None:
     publisher = Publisher(port, queue, 20, tag=tag)
     publisher.run()
@@ -132,17 +147,21 @@ def test_join_grow_leave_and_restart(tmp_path: Path) -> None:
         wait_until(n4_votes, 60, "n4 a voter of the queue")
         _publish_and_consume(n4.port, queue, "a")
 
-        left = _ok(n3.port, "leave_cluster")
+        leader = _metadata_leader(procs, [n1, n2, n3])
+        leaving = leader or n3  # the harder case: the metadata leader leaves
+        print(f"leaving: {leaving.name} (metadata leader: {leader.name if leader else 'n4'})")
+        left = _ok(leaving.port, "leave_cluster")
         assert left["left"] is True
-        wait_until(lambda: not n3.alive(), 30, "n3 to stop after leaving")
-        remaining = [n1, n2, n4]
-        wait_until(lambda: _all_see(remaining, {"n1", "n2", "n4"}), 60, "n3 gone from every node's status")
-        assert "n3" not in _api_queue(n1.port, queue)["members"]
-        _publish_and_consume(n1.port, queue, "b")
+        wait_until(lambda: not leaving.alive(), 30, f"{leaving.name} to stop after leaving")
+        remaining = [n for n in (n1, n2, n3, n4) if n is not leaving]
+        names = {n.name for n in remaining}
+        wait_until(lambda: _all_see(remaining, names), 60, f"{leaving.name} gone from every node's status")
+        assert leaving.name not in _api_queue(remaining[0].port, queue)["members"]
+        _publish_and_consume(remaining[0].port, queue, "b")
 
-        for node in (n1, n4):  # n1 still lists n3 in cluster_nodes; n4 lists only itself
+        for node in (remaining[0], n4):  # the first still lists the node that left in cluster_nodes; n4 only itself
             procs.restart(node.name)
-            wait_until(lambda: _all_see(remaining, {"n1", "n2", "n4"}), 60, f"membership after {node.name}'s restart")
+            wait_until(lambda: _all_see(remaining, names), 60, f"membership after {node.name}'s restart")
         wait_until(lambda: _api_queue(n4.port, queue)["leader"] is not None, 60, "a queue leader after the restarts")
         _publish_and_consume(n4.port, queue, "c")
         wait_until(lambda: all(_ready_count(n.port, queue) == 0 for n in remaining), 30, "acks everywhere")
