@@ -40,6 +40,7 @@ from bench.results import (
     RAFTMQ,
     RunReport,
     format_history,
+    format_markdown,
     format_table,
     load_history,
     machine_info,
@@ -80,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", default="bench-results", help="directory for the JSON and PNG results")
     parser.add_argument("--history", action="store_true",
                         help="print the figures of every earlier run in --output and exit (measures nothing)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="with --history: a Markdown table of the raftmq/RabbitMQ pairs (for docs/benchmarks.md)")
     parser.add_argument("--rates", default=",".join(str(rate) for rate in DEFAULT_LATENCY_RATES),
                         help="fixed publish rates (msg/s) for workload (e)")
     parser.add_argument("--window", type=int, default=None,
@@ -113,7 +116,8 @@ def main(argv: list[str]) -> int:
         print(f"raftmq bench: {error}", file=sys.stderr)
         return 2
     if args.history:
-        print(format_history(load_history(Path(args.output))))
+        history = load_history(Path(args.output))
+        print(format_markdown(history) if args.markdown else format_history(history))
         return 0
     settings = RunSettings(args.duration, args.warmup, rates, args.window, args.prefetch)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)

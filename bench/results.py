@@ -194,8 +194,9 @@ def load_history(directory: Path) -> list[tuple[Path, RunReport]]:
 
 
 def format_history(history: list[tuple[Path, RunReport]]) -> str:
-    """One line per run and broker/label: confirmed msg/s and p99, so that a regression stands out."""
-    lines = [f"{'started (UTC)':<22} {'label':<10} {'broker':<9} {'confirmed/s':>12} {'p99 ms':>9}  ratio"]
+    """One line per run and broker/label: confirmed msg/s, p99 and broker CPU per message, so that a regression
+    stands out."""
+    lines = [f"{'started (UTC)':<22} {'label':<10} {'broker':<9} {'confirmed/s':>12} {'p99 ms':>9} {'us/msg':>6}  ratio"]
     for _, report in history:
         pairs = {pair.label: pair for pair in comparisons(report.measurements)}
         for m in report.measurements:
@@ -203,8 +204,41 @@ def format_history(history: list[tuple[Path, RunReport]]) -> str:
             pair = pairs.get(m.label)
             shown = format_ratio(pair.throughput_ratio) if pair and m.broker == RAFTMQ else ""
             lines.append(f"{report.started_at:<22} {m.label:<10} {m.broker:<9} {figure:>12} "
-                         f"{_ms(m.latency_p99_ms):>9}  {shown}")
+                         f"{_ms(m.latency_p99_ms):>9} {_number(m.broker_cpu_us_per_msg, 0):>6}  {shown}")
     return "\n".join(lines)
+
+
+def format_markdown(history: list[tuple[Path, RunReport]]) -> str:
+    """A Markdown table of the raftmq/RabbitMQ pairs of every run, for docs/benchmarks.md."""
+    lines = [
+        "| run (UTC) | workload | raftmq confirmed/s | RabbitMQ confirmed/s | throughput ratio | p99 ms raftmq / RabbitMQ "
+        "| p99 ratio | broker CPU us/msg raftmq / RabbitMQ | CPU/msg ratio | load raftmq / RabbitMQ |",
+        "|---|---|---:|---:|---:|---|---:|---|---:|---|",
+    ]
+    for _, report in history:
+        for pair in comparisons(report.measurements):
+            ours, theirs = pair.raftmq, pair.rabbitmq
+            if ours is None or theirs is None:
+                continue
+            lines.append(
+                f"| {report.started_at[:16].replace('T', ' ')} | {pair.label} | {_markdown_rate(ours)} "
+                f"| {_markdown_rate(theirs)} | {format_ratio(pair.throughput_ratio)} "
+                f"| {_number(ours.latency_p99_ms, 1)} / {_number(theirs.latency_p99_ms, 1)} "
+                f"| {format_ratio(pair.p99_ratio)} "
+                f"| {_number(ours.broker_cpu_us_per_msg, 0)} / {_number(theirs.broker_cpu_us_per_msg, 0)} "
+                f"| {format_ratio(pair.cpu_per_msg_ratio)} "
+                f"| {_number(ours.load_average_1m, 1)} / {_number(theirs.load_average_1m, 1)} |"
+            )
+    return "\n".join(lines)
+
+
+def _markdown_rate(m: Measurement) -> str:
+    """Confirmed/s; deliveries too when they differ from what the workload should deliver (a backlog grew)."""
+    if m.error:
+        return "error"
+    expected = m.confirmed_msgs_per_s * (10 if m.workload == "c" else 1)
+    differs = abs(m.delivered_msgs_per_s - expected) > 0.05 * max(1.0, expected)
+    return f"{m.confirmed_msgs_per_s:,.0f}" + (f" ({m.delivered_msgs_per_s:,.0f} delivered)" if differs else "")
 
 
 # --- chart --------------------------------------------------------------------------------------------------

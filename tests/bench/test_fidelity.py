@@ -104,3 +104,20 @@ def test_cpu_per_message_ratio_in_comparisons() -> None:
     (pair,) = comparisons([ours, theirs])
     assert pair.cpu_per_msg_ratio == 2.0
     assert "2.00x" in format_table([ours, theirs])
+
+
+def test_markdown_history_table() -> None:
+    from pathlib import Path
+
+    from bench.results import RunReport, format_markdown
+    from bench.workloads import Measurement
+
+    ours = Measurement("c", "c", "raftmq", confirmed_msgs_per_s=1_000.0, delivered_msgs_per_s=5_000.0,
+                       latency_p99_ms=20.0, broker_cpu_cores=0.5, load_average_1m=3.0)
+    theirs = Measurement("c", "c", "rabbitmq", confirmed_msgs_per_s=2_000.0, delivered_msgs_per_s=20_000.0,
+                         latency_p99_ms=10.0, broker_cpu_cores=0.5, load_average_1m=4.0)
+    report = RunReport("2026-11-23T03:00:00Z", ["raftmq", "bench"], {}, {}, [ours, theirs], [])
+    table = format_markdown([(Path("x.json"), report)])
+    row = table.splitlines()[-1]
+    assert row.startswith("| 2026-11-23 03:00 | c | 1,000 (5,000 delivered) | 2,000 | 0.50x | 20.0 / 10.0 | 2.00x")
+    assert "| 500 / 250 | 2.00x | 3.0 / 4.0 |" in row
