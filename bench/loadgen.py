@@ -4,12 +4,15 @@ Publisher: every target (a channel publishing to one exchange/routing key) is in
 outstanding messages. Each turn it sends, per target, as many messages as the window (and, for paced runs, the
 rate) allows, as one `bytes` blob: the pre-encoded basic.publish + header + body-frame head, then a body whose
 first 8 bytes are the send time (`time.monotonic_ns`, shared by every process on Linux), repeated. It then reads
-and parses only basic.ack/nack frames. Consumer: basic.qos prefetch, basic.consume on every channel, reads big
-chunks, walks frames with `struct`, takes the delivery tag of basic.deliver and the timestamp of body frames, and
-after each chunk acks everything received per channel with one `multiple` ack.
+(without blocking while it could still send; the socket has no timeout, see `run_publisher`) and parses only
+basic.ack/nack frames, timing each write of the first target until its last message is confirmed. Consumer:
+basic.qos prefetch, basic.consume on every channel, reads big chunks, walks frames with `struct`, takes the
+delivery tag of basic.deliver and the timestamp of body frames, and after each chunk (or, with `ack_every`, once
+that many deliveries are unacked on a channel, or when idle) acks per channel with one `multiple` ack.
 
-Counts are snapshotted when the warm-up ends and when the run ends; `WorkerResult` carries both, plus latency
-samples (ns) taken after the warm-up. A worker never raises across the process boundary: errors are reported.
+Counts (messages, socket writes and reads) are snapshotted when the warm-up ends and when the run ends;
+`WorkerResult` carries the difference, plus latency samples (ns) taken after the warm-up. A worker never raises
+across the process boundary: errors are reported.
 """
 
 from __future__ import annotations
