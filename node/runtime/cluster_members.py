@@ -1,12 +1,24 @@
-"""Quorum member replacement: a member gone longer than `member_replace_after_ms` is swapped for an up node.
+"""Cluster membership in the runtime: online join/leave/forget, and quorum member replacement.
 
-What it is for: a quorum queue keeps its voters on the nodes chosen at declaration. When one of them has been down
-(no Raft connection, `PeerLiveness`) for `member_replace_after_ms`, the metadata leader asks
-`cluster.metadata.placement.replacement_plan` which up node replaces it (one member per queue at a time, and only
-while the queue still has a live majority, so the change can commit), and records the new member list in the
-metadata (`SetQueueMembers`). The Raft side follows from there like every other member change: the queue group's
-leader reconciles its membership with the metadata (`cluster_reconcile`: the new node is promoted once caught up,
-then the old one is removed and kept as a learner).
+What it is for:
+- Online membership (docs/cluster.md, "Metadata membership"). The cluster's nodes are what the metadata says
+  (node records + the metadata group, `cluster.metadata.membership.cluster_endpoints`), not the static
+  `cluster_nodes`. `watch_membership` (started by `ClusterRuntime.run`) polls every `MEMBERSHIP_POLL_S`: it records
+  this node's endpoints if the metadata lacks them and brings the runtime's `layout` (queue group learners,
+  reconciliation, `/api/nodes`), placement, liveness and the queue Raft transport's peers in step. `join` (run on a
+  lone node: two-phase admission through a member, then its metadata store is replaced by a member of the cluster's
+  group), `leave` (queue memberships moved away, removed from the metadata and the group, marked left, stopped) and
+  `forget` (a dead node: moved, removed from the metadata and the group) back `raftmq ctl`; refusals raise
+  `MembershipError(status, reason)`, which the management view answers with.
+- Member replacement: when a quorum queue's member has been down (no Raft connection, `PeerLiveness`) for
+  `member_replace_after_ms`, the metadata leader asks `cluster.metadata.placement.replacement_plan` which up node
+  replaces it (one member per queue at a time, and only while the queue still has a live majority, so the change
+  can commit), and records the new member list (`SetQueueMembers`). The Raft side follows like every other member
+  change (`cluster_reconcile`: the new node is promoted once caught up, then the old one removed, kept a learner).
+
+How it works: the runtime object is duck-typed (`ClusterRuntime`); the Raft transport has no API to add or drop a
+peer while running, so `_add_raft_peer` / `_remove_raft_peer` set its peer table and run its dial loop under our
+own cancel scope (a request for `Transport.add_peer/remove_peer` is in docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -55,6 +67,7 @@ LEAVE_QUEUES_WAIT_S = 30.0  # leave_cluster: how long to wait for the queue grou
 STOP_AFTER_LEAVE_S = 0.5  # the HTTP answer leaves before the node stops
 JOIN_ADD_TIMEOUT_S = 60.0  # join_cluster: how long the seed may take to add this node to the metadata group
 RAFT_PEER_QUEUE_MAX = 1024  # as the Raft transport's per-peer queue
+NEW_PEER_GRACE_MS = 10_000  # a peer added while running is not reported down before this (plus node_down_after_ms)
 
 
 def own_endpoints(runtime: Any) -> mb.NodeEndpoints:
@@ -96,8 +109,8 @@ def apply_layout(runtime: Any, layout: ClusterLayout, now_ms: int) -> None:
     runtime.place = client_local_placement(runtime.name, runtime.config.quorum_initial_group_size, layout.names)
     liveness = runtime.liveness
     liveness.peers = tuple(p.name for p in layout.peers)
-    for name in added:
-        liveness._last_seen_ms[name] = now_ms  # a new peer gets node_down_after_ms to connect
+    for name in added:  # a new peer gets NEW_PEER_GRACE_MS + node_down_after_ms to connect (a joining node
+        liveness._last_seen_ms[name] = now_ms + NEW_PEER_GRACE_MS  # restarts its metadata store first)
     for name in removed:
         liveness.down.discard(name)
         liveness.down_since_ms.pop(name, None)

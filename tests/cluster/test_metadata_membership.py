@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,9 +123,13 @@ def test_join_grow_leave_and_restart(tmp_path: Path) -> None:
         procs.wait_ready(n4)
         wait_until(lambda: set(_nodes(n4.port)) == {"n4"}, 30, "n4 alone before the join")
 
+        started = time.monotonic()
         joined = _ok(n4.port, "join_cluster", f"n1=127.0.0.1:{n1.port}")
         assert joined["joined"] is True
+        answered = time.monotonic()
         wait_until(lambda: _all_see([n1, n2, n3, n4], {"n1", "n2", "n3", "n4"}), 60, "every node lists n4")
+        print(f"join_cluster answered after {answered - started:.2f} s; every node lists n4 as running after "
+              f"{time.monotonic() - started:.2f} s")  # reported, never asserted
 
         intruder = _extra_node(procs, "n5", secret="another-secret-0123456789abcdef")
         procs.spawn(intruder)
@@ -150,8 +155,10 @@ def test_join_grow_leave_and_restart(tmp_path: Path) -> None:
         leader = _metadata_leader(procs, [n1, n2, n3])
         leaving = leader or n3  # the harder case: the metadata leader leaves
         print(f"leaving: {leaving.name} (metadata leader: {leader.name if leader else 'n4'})")
+        started = time.monotonic()
         left = _ok(leaving.port, "leave_cluster")
         assert left["left"] is True
+        print(f"leave_cluster answered after {time.monotonic() - started:.2f} s (moved {left['moved']})")
         wait_until(lambda: not leaving.alive(), 30, f"{leaving.name} to stop after leaving")
         remaining = [n for n in (n1, n2, n3, n4) if n is not leaving]
         names = {n.name for n in remaining}
