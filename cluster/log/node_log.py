@@ -298,23 +298,31 @@ class NodeLog:
             self._forget_written(batch)
 
     def _apply_to_segments(self, batch: list[_Op]) -> None:
-        by_stream: dict[str, list[_Op]] = {}
-        for op in batch:
-            by_stream.setdefault(op[1], []).append(op)
-        for stream, ops in by_stream.items():
-            files = self._files.get(stream)
-            if files is None:
-                files = self._files[stream] = StreamFiles.create(self._streams_root, stream, False)
-            run: list[tuple[int, int, bytes]] = []
-            for kind, _, offset, timestamp_ms, payload, _ in ops:
-                if kind == fmt.WalKind.APPEND:
-                    run.append((offset, timestamp_ms, payload))
-                    continue
-                self._write_run(files, run)
-                run = []
-                self._forget_recovery_point(files)
-                files.truncate_after(offset, self._handles)
+        """Each stream's ops in order, in one pass: appends gather into a run per stream, written when a
+        truncation of that stream comes (then the truncation) and at the end. Streams are independent files."""
+        runs: dict[str, list[tuple[int, int, bytes]]] = {}
+        append_kind = fmt.WalKind.APPEND
+        for kind, stream, offset, timestamp_ms, payload, _ in batch:
+            run = runs.get(stream)
+            if run is None:
+                run = runs[stream] = []
+            if kind == append_kind:
+                run.append((offset, timestamp_ms, payload))
+                continue
+            files = self._files_for(stream)
             self._write_run(files, run)
+            run.clear()
+            self._forget_recovery_point(files)
+            files.truncate_after(offset, self._handles)
+        for stream, run in runs.items():
+            if run:
+                self._write_run(self._files_for(stream), run)
+
+    def _files_for(self, stream: str) -> StreamFiles:
+        files = self._files.get(stream)
+        if files is None:
+            files = self._files[stream] = StreamFiles.create(self._streams_root, stream, False)
+        return files
 
     def _write_run(self, files: StreamFiles, run: list[tuple[int, int, bytes]]) -> None:
         if run:

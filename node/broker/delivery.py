@@ -44,7 +44,7 @@ from node.broker.definitions import REPLY_TO_QUEUE, check_exclusive, delete_queu
 from node.broker.effects import Effect, Send, SendContent
 from node.broker.errors import AmqpError, access_refused, precondition
 from node.broker.queues import QueueState
-from node.broker.records import MessageRecord, MessageRemovedRecord
+from node.broker.records import MessageRecord, MessageRemovedRecord, Record
 
 if TYPE_CHECKING:
     from node.broker.broker import Broker
@@ -148,12 +148,15 @@ def _handle_effects(broker: Broker, queue: QueueState, effects: list[Any]) -> li
 
 
 def forget_persisted(broker: Broker, queue: QueueState, msg_ids: Iterable[int]) -> None:
-    if not queue.persisted_ids:
+    persisted = queue.persisted_ids
+    if not persisted:
         return
-    gone = [i for i in msg_ids if i in queue.persisted_ids]
+    gone = [i for i in msg_ids if i in persisted]
     if gone:
-        queue.persisted_ids.difference_update(gone)
-        broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in gone))
+        persisted.difference_update(gone)
+        vhost, name = queue.vhost, queue.name
+        removed: list[Record] = [MessageRemovedRecord(vhost, name, i) for i in gone]
+        broker.persist(removed)
 
 
 def unacked_ids(queue: QueueState) -> set[int]:
