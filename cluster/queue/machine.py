@@ -66,6 +66,7 @@ from cluster.queue.types import (
     Dropped,
     Duplicate,
     Enqueue,
+    EnqueueMany,
     Expire,
     Get,
     GetEmpty,
@@ -142,6 +143,7 @@ class Queue:
         self._ttl_epoch_msg_id = 0  # messages from this id on got their expiry from the current message TTL
         self._handlers: dict[type, Callable[[Any, _Effects], None]] = {
             Enqueue: self._enqueue,
+            EnqueueMany: self._enqueue_many,
             Settle: self._settle,
             Attach: self._attach,
             Detach: self._detach,
@@ -274,16 +276,22 @@ class Queue:
     # --- commands -------------------------------------------------------------------------------------------
 
     def _enqueue(self, command: Enqueue, out: _Effects) -> None:
-        now_ms = self._advance(command.now_ms, out)
-        publisher_id = command.publisher_id
-        sequence = command.sequence
+        self._enqueue_message(command.message, command.now_ms, command.publisher_id, command.sequence, out)
+
+    def _enqueue_many(self, command: EnqueueMany, out: _Effects) -> None:
+        publisher_id, now_ms = command.publisher_id, command.now_ms
+        for message, sequence in zip(command.messages, command.sequences, strict=True):
+            self._enqueue_message(message, now_ms, publisher_id, sequence, out)
+
+    def _enqueue_message(self, message: QueuedMessage, command_now_ms: int, publisher_id: Hashable | None,
+                         sequence: int | None, out: _Effects) -> None:
+        now_ms = self._advance(command_now_ms, out)
         tracked = publisher_id is not None and sequence is not None
         if tracked:
             high_water = self._publishers.get(publisher_id)
             if high_water is not None and sequence <= high_water:  # type: ignore[operator]
                 out.append(Duplicate(publisher_id, sequence))  # type: ignore[arg-type]
                 return
-        message = command.message
         args = self.args
         if self._held.count >= DEAD_LETTER_HELD_MAX:
             out.append(Rejected(publisher_id, sequence, "dead_letter_held"))

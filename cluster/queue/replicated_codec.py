@@ -9,6 +9,10 @@ turns tuples into lists, so ids are encoded with `encode_id` and every list in a
 payloads are opaque to this module: the caller passes `encode_payload(payload) -> cbor-able value` and
 `decode_payload(value) -> payload`.
 
+`EnqueueMany` (kind "enqm": publisher id and now_ms once, then the sequences -- just the first one when they are
+consecutive -- and the messages) is how a run of one channel's publishes travels as one entry; single `Enqueue`
+entries ("enq") stay valid, so logs written before it decode.
+
 Decoding treats the bytes as untrusted: any malformed input (bad cbor, wrong shape, wrong field types, or an
 exception from `decode_payload`) raises `ProposalDecodeError` (a ValueError) and nothing else. msg_id lists come
 back as tuples. `SetArgs` carries the ten `QueueArgs` fields in declaration order, each checked (ints >= 0 or None,
@@ -31,6 +35,7 @@ from cluster.queue.types import (
     Detach,
     Discard,
     Enqueue,
+    EnqueueMany,
     Expire,
     Get,
     MsgId,
@@ -51,6 +56,7 @@ ID_DEPTH_MAX: Final = 8  # nesting allowed inside one consumer/publisher id
 INT_MIN: Final = -(2**63)  # every int field fits cbor's native 64-bit ints (no bignums)
 INT_MAX: Final = 2**64 - 1
 PRIORITY_MAX: Final = 255
+ENQUEUE_MANY_MAX: Final = 4096  # messages in one EnqueueMany (the broker batches far fewer)
 
 EncodePayload = Callable[[Any], Any]
 DecodePayload = Callable[[Any], Any]
@@ -262,6 +268,14 @@ def _encode_command(command: QueueCommand, encode_payload: EncodePayload) -> lis
                 encode_id(publisher_id),
                 sequence,
             ]
+        case EnqueueMany(publisher_id, now_ms, messages, sequences):
+            return [
+                "enqm",
+                encode_id(publisher_id),
+                now_ms,
+                _encode_sequences(sequences),
+                [_encode_message(message, encode_payload) for message in messages],
+            ]
         case Attach(consumer_id, now_ms, prefetch, credit, priority, no_ack):
             return ["att", encode_id(consumer_id), now_ms, prefetch, credit, priority, no_ack]
         case Detach(consumer_id, now_ms):
@@ -292,6 +306,38 @@ def _encode_command(command: QueueCommand, encode_payload: EncodePayload) -> lis
 def _decode_enqueue(f: list[Any], dp: DecodePayload) -> QueueCommand:
     message, now_ms, publisher_id, sequence = _fields(f, 4)
     return Enqueue(_decode_message(message, dp), _int(now_ms), decode_id(publisher_id), _opt_int(sequence))
+
+
+def _encode_sequences(sequences: tuple[int, ...] | list[int]) -> int | list[int]:
+    """A consecutive run (the usual case: one channel's publishes to one queue) as its first sequence."""
+    first = sequences[0]
+    if sequences[-1] - first == len(sequences) - 1 and all(
+        sequence == first + offset for offset, sequence in enumerate(sequences)
+    ):
+        return first
+    return list(sequences)
+
+
+def _decode_sequences(value: Any, count: int) -> tuple[int, ...]:
+    if type(value) is int:
+        first = _int(value)
+        _int(first + count - 1)
+        return tuple(range(first, first + count))
+    if type(value) is not list or len(value) != count:
+        raise ProposalDecodeError("expected a sequence per message")
+    return tuple([_int(sequence) for sequence in value])
+
+
+def _decode_enqueue_many(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    publisher_id, now_ms, sequences, messages = _fields(f, 4)
+    if type(messages) is not list or not 1 <= len(messages) <= ENQUEUE_MANY_MAX:
+        raise ProposalDecodeError(f"expected 1..{ENQUEUE_MANY_MAX} messages")
+    return EnqueueMany(
+        decode_id(publisher_id),
+        _int(now_ms),
+        tuple([_decode_message(message, dp) for message in messages]),
+        _decode_sequences(sequences, len(messages)),
+    )
 
 
 def _decode_attach(f: list[Any], dp: DecodePayload) -> QueueCommand:
@@ -365,6 +411,7 @@ def _decode_settle_dead_lettered(f: list[Any], dp: DecodePayload) -> QueueComman
 
 _DECODERS: Final[dict[str, Callable[[list[Any], DecodePayload], QueueCommand]]] = {
     "enq": _decode_enqueue,
+    "enqm": _decode_enqueue_many,
     "att": _decode_attach,
     "det": _decode_detach,
     "cred": _decode_add_credit,
@@ -404,6 +451,18 @@ def _check_enqueue(row: list[Any]) -> None:
     _opt_int(sequence)
 
 
+def _check_enqueue_many(row: list[Any]) -> None:
+    """What `_decode_enqueue_many` checks of an encoded ["enqm", publisher_id, now_ms, sequences, messages] row."""
+    _, publisher_id, now_ms, sequences, messages = row
+    _decode_id(publisher_id, 0)
+    _int(now_ms)
+    if not 1 <= len(messages) <= ENQUEUE_MANY_MAX:
+        raise ProposalDecodeError(f"expected 1..{ENQUEUE_MANY_MAX} messages")
+    _decode_sequences(sequences, len(messages))
+    for message in messages:
+        _check_message(message)
+
+
 def encode_proposal(proposal: Proposal, encode_payload: EncodePayload) -> bytes:
     """cbor bytes `[origin, proposal_id, kind, *fields]`; what encodes decodes.
 
@@ -415,6 +474,8 @@ def encode_proposal(proposal: Proposal, encode_payload: EncodePayload) -> bytes:
         _check_header(proposal.origin, proposal.proposal_id)
         if command_row[0] == "enq":
             _check_enqueue(command_row)  # the hot path: the same checks, no objects built
+        elif command_row[0] == "enqm":
+            _check_enqueue_many(command_row)
         else:
             _DECODERS[command_row[0]](command_row[1:], _keep_payload)
     except ProposalDecodeError as exc:

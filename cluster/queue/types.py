@@ -100,6 +100,26 @@ class Enqueue:
 
 
 @dataclass(frozen=True, slots=True)
+class EnqueueMany:
+    """A run of one publisher's messages, applied exactly as `Enqueue(message, now_ms, publisher_id, sequence)` for
+    each `(message, sequence)` pair in turn (the same effects, in the same order).
+
+    Replicated mode proposes one per channel per queue per socket read, so a run of publishes is one log entry.
+    `messages` and `sequences` have the same length (at least 1); the proposer may still be appending to them
+    (lists) until it hands the command on: treat a command that left its builder as a value.
+    """
+
+    publisher_id: Hashable
+    now_ms: int
+    messages: tuple[QueuedMessage, ...] | list[QueuedMessage]
+    sequences: tuple[int, ...] | list[int]
+
+    def __post_init__(self) -> None:
+        if len(self.messages) != len(self.sequences) or not self.messages:
+            raise ValueError("EnqueueMany needs as many sequences as messages, at least one")
+
+
+@dataclass(frozen=True, slots=True)
 class Attach:
     """Add a consumer. prefetch 0 = no per-consumer unacked limit; credit None = unlimited.
 
@@ -216,6 +236,7 @@ class SettleDeadLettered:
 
 QueueCommand = (
     Enqueue
+    | EnqueueMany
     | Attach
     | Detach
     | AddCredit

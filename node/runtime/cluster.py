@@ -43,7 +43,7 @@ from cluster.metadata import model as md
 from cluster.metadata import placement
 from cluster.metadata.store import MetadataError, MetadataStore, MetadataTimeout, StoreConfig
 from cluster.queue.replicated_codec import peek_proposal, queue_group_id
-from cluster.queue.types import Detach, Enqueue
+from cluster.queue.types import Detach, Enqueue, EnqueueMany
 from cluster.raft.core.types import Entry, EntryKind, GroupId, Membership, NodeId
 from cluster.raft.runtime.node import RaftNodeRuntime
 from node.broker import records as br
@@ -460,7 +460,7 @@ class ClusterRuntime:
         if self.raft is not None and group in self.group_queues and group not in self._quarantined:
             pending.sent_ms = pending.first_ms
             self._propose_raw(group, data)
-            if self.unsafe_confirm_before_commit and isinstance(effect.command, Enqueue):
+            if self.unsafe_confirm_before_commit and isinstance(effect.command, (Enqueue, EnqueueMany)):
                 self._apply_before_commit(effect.vhost, effect.queue, data)
 
     def _apply_before_commit(self, vhost: str, queue: str, data: bytes) -> None:

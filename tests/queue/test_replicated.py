@@ -21,6 +21,7 @@ from cluster.queue import (
     Detach,
     Discard,
     Enqueue,
+    EnqueueMany,
     Expire,
     Get,
     MsgId,
@@ -81,6 +82,14 @@ now = small_ints
 opt_int = st.none() | small_ints
 commands: st.SearchStrategy[QueueCommand] = st.one_of(
     st.builds(Enqueue, messages, now, st.none() | ids, opt_int),
+    st.builds(
+        lambda pid, at, pairs: EnqueueMany(pid, at, tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)),
+        st.none() | ids, now, st.lists(st.tuples(messages, small_ints), min_size=1, max_size=4),
+    ),
+    st.builds(
+        lambda pid, at, msgs, first: EnqueueMany(pid, at, tuple(msgs), tuple(range(first, first + len(msgs)))),
+        ids, now, st.lists(messages, min_size=1, max_size=4), small_ints,
+    ),
     st.builds(Attach, ids, now, small_ints, opt_int, st.integers(-10, 10), st.booleans()),
     st.builds(Detach, ids, now),
     st.builds(AddCredit, ids, small_ints),
@@ -133,6 +142,8 @@ def test_codec_covers_every_command_type() -> None:
     examples: list[QueueCommand] = [
         Enqueue(message, 10, ("nodeA", 1712, 3, 1), 42),
         Enqueue(message, 10),
+        EnqueueMany(("nodeA", 1712, 3, 1), 10, (message, message, message), (43, 44, 45)),
+        EnqueueMany(("nodeA", 1712, 3, 1), 10, (message, message), (50, 47)),
         Attach(cid, 11, prefetch=5, credit=9, priority=2, no_ack=True),
         Detach(cid, 12),
         AddCredit(cid, 3),
