@@ -57,7 +57,7 @@ from node.runtime.cluster_incarnations import (
     without_queue_deletions,
     without_queues,
 )
-from node.runtime.cluster_members import replace_member, watch_membership
+from node.runtime.cluster_members import adopt_metadata_layout, replace_member, watch_membership
 from node.runtime.cluster_reconcile import RECONCILE_POLL_S, Transfer, leader_to_record, next_step
 from node.runtime.cluster_tracking import (
     PROPOSAL_IDS_PER_BOOT,
@@ -147,6 +147,7 @@ class ClusterRuntime:
             peers=tuple(f"{p.host}:{p.metadata_port}" for p in self.layout.peers),
             secret=self.layout.secret, data_dir=self.data_dir / "metadata"))
         await store.start()
+        adopt_metadata_layout(self)  # the metadata's members, before any group is declared (cluster_members.py)
         for rec in missing_bootstrap(list(bootstrap), store.state):
             for command in commands_for([rec], store.state, self.place):
                 await self.apply_definition(command)

@@ -162,6 +162,17 @@ def _remove_raft_peer(runtime: Any, peer: NodeId) -> None:
     transport.abort(peer)
 
 
+def adopt_metadata_layout(runtime: Any) -> None:
+    """At start, once the metadata store runs and before the Raft runtime and any queue group exist: use the
+    metadata's members. A queue group's stored log is replayed on top of the membership its node declares it with
+    (`_membership`, from the layout), so a node whose `cluster_nodes` is stale (a joined node lists only itself)
+    would otherwise declare wrong voters and could even elect itself alone."""
+    store: MetadataStore | None = runtime.store
+    layout = None if store is None else desired_layout(runtime, store)
+    if layout is not None and layout.members != runtime.layout.members:
+        apply_layout(runtime, layout, wall_ms())
+
+
 async def watch_membership(runtime: Any) -> None:
     """Every MEMBERSHIP_POLL_S: record this node's endpoints if the metadata lacks them, and bring the runtime's
     layout in step with the metadata. Started by `ClusterRuntime.run`."""

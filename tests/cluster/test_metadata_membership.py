@@ -7,8 +7,9 @@ publisher with confirms and a consumer both use the 4th node. A node with anothe
 nothing. Then the metadata leader (if one of n1..n3, else n3) runs `leave_cluster`: its queue membership moves,
 it hands leadership over, it is removed from the metadata group, it stops, and the cluster serves without it.
 Finally a remaining original node (whose `cluster_nodes` still lists the node that left) and n4 (which lists only
-itself) are killed and restarted: both come back with the membership the metadata says. No assertion is about
-timing.
+itself) are killed and restarted: both come back with the membership the metadata says. Last, the third node is
+killed and `forget_cluster_node`-ed: the group shrinks to the two live nodes, which go on serving. No assertion is
+about timing.
 """
 
 from __future__ import annotations
@@ -172,6 +173,17 @@ def test_join_grow_leave_and_restart(tmp_path: Path) -> None:
         wait_until(lambda: _api_queue(n4.port, queue)["leader"] is not None, 60, "a queue leader after the restarts")
         _publish_and_consume(n4.port, queue, "c")
         wait_until(lambda: all(_ready_count(n.port, queue) == 0 for n in remaining), 30, "acks everywhere")
+
+        dead, keeper = remaining[1], remaining[0]  # forget_cluster_node of a dead node shrinks the group to two
+        procs.kill(dead.name)
+        wait_until(lambda: _nodes(keeper.port).get(dead.name) is False, 60, f"{dead.name} seen down")
+        forgot = _ok(keeper.port, "forget_cluster_node", dead.name)
+        assert forgot["removed_from_group"]
+        survivors = [keeper, n4]
+        wait_until(lambda: _all_see(survivors, {keeper.name, "n4"}), 60, f"{dead.name} forgotten everywhere")
+        assert dead.name not in _api_queue(keeper.port, queue)["members"]
+        wait_until(lambda: _api_queue(n4.port, queue)["leader"] is not None, 60, "a queue leader of two")
+        _publish_and_consume(keeper.port, queue, "d")
     except BaseException:
         print(procs.logs())
         raise
