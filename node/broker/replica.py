@@ -22,6 +22,10 @@ Dead-lettering is at most once across a leader change (as RabbitMQ's default for
 x-dead-letter-strategy at-least-once (and reject-publish) the machine holds the message until the leader saw every
 target accept it (`replica_control`, "at-least-once dead lettering"). Per-queue bookkeeping that is a function of the log (`members`, `dead_letter_seq`,
 `had_consumer`) travels in the queue snapshot with the replica.
+
+What goes into the log and how it is read back cheaply (the payload codec, decode-once, publish batching into
+`EnqueueMany`) is in `replica_wire`; `apply_committed` skips an entry whose proposal id the replica has seen
+(a retry) before decoding anything.
 """
 
 from __future__ import annotations
@@ -57,25 +61,20 @@ from cluster.queue.replicated import (
     Proposal,
     ProposalDecodeError,
     ReplicatedQueue,
-    decode_proposal,
-    encode_proposal,
     peek_proposal,
 )
 from node.amqp import methods as m
-from node.amqp.properties import (
-    EMPTY_PROPERTIES,
-    HEADER_PREFIX,
-    BasicProperties,
-    decode_content_header,
-    encode_properties,
-)
-from node.amqp.spec import CLASS_BASIC
 from node.broker import delivery, publish
 from node.broker.channel import ChannelState, ConnState, Message, PendingPublish, TxState, Unacked
 from node.broker.definitions import check_exclusive, delete_queue, lookup_queue
 from node.broker.effects import CloseChannel, ProposeQueue, Send, SendContent
 from node.broker.errors import precondition
 from node.broker.queues import QueueState
+from node.broker.replica_wire import BATCH_BYTES_MAX as BATCH_BYTES_MAX
+from node.broker.replica_wire import BATCH_MESSAGES_MAX as BATCH_MESSAGES_MAX
+from node.broker.replica_wire import Batch, decoded, kept_proposal, propose_enqueue
+from node.broker.replica_wire import decode_payload as decode_payload
+from node.broker.replica_wire import encode as encode
 from node.broker.vhost import VHost
 
 if TYPE_CHECKING:
@@ -83,94 +82,9 @@ if TYPE_CHECKING:
 
 DETACH_RETRIES_MAX: Final = 10  # times an abandoned Detach of a gone local consumer is proposed again
 TRACKED_IDS_MAX: Final = 65536  # bound of the detaching / down-consumer sets (cleared when full)
-BATCH_MESSAGES_MAX: Final = 256  # publishes of one channel to one queue in one EnqueueMany entry
-BATCH_BYTES_MAX: Final = 1024 * 1024  # a batch takes no more messages once its bodies reach this size
 
 
-# --- payload codec and ids --------------------------------------------------------------------------------------
-
-
-def encode_payload(msg: Message) -> list[Any]:
-    """A broker message as cbor-able values, the snapshot form: [exchange, routing key, properties that are set,
-    body]. Snapshots use it because it depends only on the properties' values, so replicas that applied the same
-    log write byte-identical snapshots whether they hold the publisher's objects or decoded ones."""
-    return [msg.exchange, msg.routing_key, delivery.properties_to_dict(msg.properties), msg.body]
-
-
-def encode_payload_wire(msg: Message) -> list[Any]:
-    """The proposal form: [exchange, routing key, property flags + encoded property list (bytes), body]. The
-    property bytes are the publisher's own when node/amqp still remembers them (no encoding at all), and every
-    replica's decoded properties remember them in turn, so deliveries anywhere write them verbatim."""
-    props = msg.properties
-    if props is EMPTY_PROPERTIES:
-        return [msg.exchange, msg.routing_key, _NO_PROPERTIES, msg.body]
-    flags, encoded = encode_properties(props)
-    return [msg.exchange, msg.routing_key, _FLAGS[flags] + encoded, msg.body]
-
-
-_NO_PROPERTIES: Final = b"\x00\x00"
-_FLAGS: Final = tuple(flags.to_bytes(2, "big") for flags in range(1 << 16))
-_HEADER_BEFORE_FLAGS: Final = HEADER_PREFIX.pack(CLASS_BASIC, 0, 0, 0)[:-2]  # class, weight, body size 0
-
-
-def decode_payload(value: Any) -> Message:
-    """Either form: property bytes (proposals) or a dict of properties (snapshots, and entries of older nodes)."""
-    exchange, routing_key, props, body = value
-    if not (isinstance(exchange, str) and isinstance(routing_key, str) and isinstance(body, bytes)):
-        raise ValueError("bad message payload")
-    if type(props) is bytes:
-        if props == _NO_PROPERTIES:
-            return Message(exchange, routing_key, EMPTY_PROPERTIES, body)
-        if len(props) < 2:
-            raise ValueError("bad message properties")
-        return Message(exchange, routing_key, decode_content_header(_HEADER_BEFORE_FLAGS + props)[2], body)
-    if not isinstance(props, dict):
-        raise ValueError("bad message payload")
-    return Message(exchange, routing_key, BasicProperties(**props), body)
-
-
-# Decode once: the proposing node keeps the proposals it encoded, keyed by their bytes, and applies those objects
-# when the entry commits instead of decoding its own bytes back. Keyed by content, so a hit is always the same
-# proposal whichever broker encoded it; only a broker applying its own origin's entry looks (one pop per entry).
-# Bounded by count and bytes; the oldest go first (a proposal never applied, e.g. abandoned, ages out).
-ENCODED_KEPT_MAX: Final = 4096
-ENCODED_KEPT_BYTES_MAX: Final = 64 * 1024 * 1024
-_encoded_kept: dict[bytes, Proposal] = {}
-_encoded_kept_bytes = [0]
-
-
-def encode(origin: str, proposal_id: int, command: Any) -> bytes:
-    proposal = Proposal(origin, proposal_id, command)
-    data = encode_proposal(proposal, encode_payload_wire)
-    if len(data) <= ENCODED_KEPT_BYTES_MAX // 16:
-        while _encoded_kept and (len(_encoded_kept) >= ENCODED_KEPT_MAX
-                                 or _encoded_kept_bytes[0] + len(data) > ENCODED_KEPT_BYTES_MAX):
-            oldest = next(iter(_encoded_kept))
-            del _encoded_kept[oldest]
-            _encoded_kept_bytes[0] -= len(oldest)
-        if data not in _encoded_kept:
-            _encoded_kept_bytes[0] += len(data)
-        _encoded_kept[data] = proposal
-    return data
-
-
-def _kept_proposal(data: bytes) -> Proposal | None:
-    proposal = _encoded_kept.pop(data, None)
-    if proposal is not None:
-        _encoded_kept_bytes[0] -= len(data)
-    return proposal
-
-
-def _decoded(broker: Broker, data: bytes, origin: str, keep: bool = False) -> Proposal | None:
-    """The proposal of an entry: this node's own object when it proposed it, else decoded (None: undecodable)."""
-    if origin == broker.config.node_name:
-        proposal = _encoded_kept.get(data) if keep else _kept_proposal(data)
-        if proposal is not None:
-            return proposal
-    try:
-        return decode_proposal(data, decode_payload)
-    except ProposalDecodeError:
-        return None
+# --- ids --------------------------------------------------------------------------------------
 
 
 def _id_parts(cid: Any) -> tuple[Any, Any]:
@@ -239,7 +153,7 @@ class ProposingMachine:
         self._broker = broker
         self._queue = queue
         self.replica = ReplicatedQueue(queue.name, args)
-        self.batch: _Batch | None = None  # the open publish batch (propose_enqueue)
+        self.batch: Batch | None = None  # the open publish batch (propose_enqueue)
         queue.is_leader = (queue.vhost, queue.name) in broker.leading
 
     def apply(self, command: Any) -> list[Any]:
@@ -257,53 +171,6 @@ def propose(broker: Broker, queue: QueueState, command: Any) -> None:
     if type(machine) is ProposingMachine:
         machine.batch = None  # a later publish must not overtake this command: it starts a new batch
     broker.out.append(ProposeQueue(queue.vhost, queue.name, command))
-
-
-class _Batch:
-    """The publish proposal of a queue still open for more of the same channel's messages (see propose_enqueue)."""
-
-    __slots__ = ("effect", "index", "messages", "out", "sequences", "size_bytes")
-
-    def __init__(self, out: list[Any], index: int, effect: ProposeQueue, size_bytes: int) -> None:
-        self.out = out  # broker.out when it was opened: once the runtime took that list, the batch is closed
-        self.index = index  # where its ProposeQueue sits in `out`
-        self.effect = effect
-        self.messages: list[QueuedMessage] = []
-        self.sequences: list[int] = []
-        self.size_bytes = size_bytes
-
-    def still_open(self, out: list[Any], command: Enqueue) -> bool:
-        if out is not self.out or self.index >= len(out) or out[self.index] is not self.effect:
-            return False
-        first: Any = self.effect.command
-        return bool(first.publisher_id == command.publisher_id and first.now_ms == command.now_ms
-                    and len(self.sequences) < BATCH_MESSAGES_MAX and self.size_bytes < BATCH_BYTES_MAX)
-
-
-def propose_enqueue(broker: Broker, queue: QueueState, command: Enqueue) -> None:
-    """Propose a publish; consecutive publishes of one channel to one queue within one broker call (one socket
-    read) become one `EnqueueMany` entry, which every replica applies exactly as the Enqueues in turn. Only a
-    batch with nothing proposed to its queue since it opened takes more (`propose` closes it), so a queue's
-    commands keep their order; the batch's messages move ahead of other queues' proposals only, and of effects
-    for other parties. Bounded by BATCH_MESSAGES_MAX and BATCH_BYTES_MAX."""
-    machine = queue.machine
-    out = broker.out
-    batch = machine.batch
-    if command.sequence is None or batch is None or not batch.still_open(out, command):
-        effect = ProposeQueue(queue.vhost, queue.name, command)
-        out.append(effect)
-        machine.batch = _Batch(out, len(out) - 1, effect, command.message.size_bytes)
-        return
-    if not batch.messages:
-        first: Any = batch.effect.command
-        batch.messages.append(first.message)
-        batch.sequences.append(first.sequence)
-        batch.effect = ProposeQueue(queue.vhost, queue.name, EnqueueMany(
-            first.publisher_id, first.now_ms, batch.messages, batch.sequences))
-        out[batch.index] = batch.effect
-    batch.messages.append(command.message)
-    batch.sequences.append(command.sequence)
-    batch.size_bytes += command.message.size_bytes
 
 
 def queue_of(broker: Broker, vhost: str, name: str) -> QueueState | None:
@@ -551,10 +418,10 @@ def apply_committed(broker: Broker, vhost: str, name: str, data: bytes) -> None:
         return  # every replica decodes the same bytes alike, so all skip it
     if replica.seen(origin, proposal_id):  # a retried proposal applied before: skipped without decoding it
         if origin == broker.config.node_name:
-            _kept_proposal(data)
+            kept_proposal(data)
         replica.apply(Proposal(origin, proposal_id, _SKIPPED))  # counts the skip; the command is not looked at
         return
-    proposal = _decoded(broker, data, origin)
+    proposal = decoded(broker, data, origin)
     if proposal is None:
         return
     command: Any = proposal.command
@@ -698,7 +565,7 @@ def proposal_abandoned(broker: Broker, vhost: str, name: str, data: bytes) -> No
         origin, _proposal_id = peek_proposal(data)
     except ProposalDecodeError:
         return
-    proposal = _decoded(broker, data, origin, keep=True)  # kept: the entry may still commit
+    proposal = decoded(broker, data, origin, keep=True)  # kept: the entry may still commit
     if proposal is None:
         return
     command: Any = proposal.command

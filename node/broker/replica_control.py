@@ -26,8 +26,6 @@ from node.broker.replica import (
     ProposingMachine,
     answer_get_empty,
     dead_letter_copy,
-    decode_payload,
-    encode_payload,
     flush_confirms,
     id_node,
     is_stale,
@@ -39,6 +37,7 @@ from node.broker.replica import (
     replica_of,
     track,
 )
+from node.broker.replica_wire import decode_payload, encode_payload
 
 if TYPE_CHECKING:
     from node.broker.broker import Broker

@@ -9,7 +9,7 @@ from cluster.queue import Enqueue, EnqueueMany, Proposal, QueuedMessage, encode_
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.amqp.properties import BasicProperties, decode_content_header, encode_content_header
-from node.broker import replica
+from node.broker import replica, replica_wire
 from node.broker.channel import Message
 from node.broker.effects import ProposeQueue
 from tests.broker.cluster_harness import Cluster, ClusterClient, cluster_client, take
@@ -129,19 +129,36 @@ def test_the_proposer_applies_its_own_objects_and_other_replicas_the_publishers_
 def test_payload_property_bytes_decode_to_equal_properties_and_old_entries_still_apply() -> None:
     props = BasicProperties(content_type="a", headers={"x": [1, "two"], "b": bytearray(b"\x00")}, priority=4)
     msg = Message("ex", "rk", props, b"body")
-    wire = replica.encode_payload_wire(msg)
+    wire = replica_wire.encode_payload_wire(msg)
     assert isinstance(wire[2], bytes)
     decoded = replica.decode_payload(wire)
     assert decoded == msg
     header = encode_content_header(4, decoded.properties)
     assert decode_content_header(header)[2] == props
-    assert replica.decode_payload(replica.encode_payload(msg)) == msg  # the snapshot (and old entries') form
+    assert replica.decode_payload(replica_wire.encode_payload(msg)) == msg  # the snapshot (and old entries') form
     cluster, _a, b = _setup()
     old = encode_proposal(Proposal("z", 1, Enqueue(QueuedMessage(Message("", "q", props, b"old"), 3, True), 0,
-                                                   ("z", 1, 1, 1), 1)), replica.encode_payload)
+                                                   ("z", 1, 1, 1), 1)), replica_wire.encode_payload)
     cluster.logs[KEY].append(old)
     cluster.commit()
     b.consume("q", "t")
     cluster.commit()
     delivered = [d for d in deliveries(take(cluster, "b")) if d.body == b"old"]
     assert [d.properties for d in delivered] == [props]
+
+
+def test_property_bytes_without_headers_decode_to_one_shared_object() -> None:
+    plain = replica_wire.encode_payload_wire(Message("", "q", BasicProperties(delivery_mode=2), b"1"))
+    first, second = replica_wire.decode_payload(plain), replica_wire.decode_payload(list(plain))
+    assert first.properties is second.properties
+    with_headers = replica_wire.encode_payload_wire(Message("", "q", BasicProperties(headers={"a": 1}), b"1"))
+    one, two = replica_wire.decode_payload(with_headers), replica_wire.decode_payload(with_headers)
+    assert one.properties == two.properties and one.properties is not two.properties  # headers: never shared
+
+
+def test_the_kept_proposals_are_bounded() -> None:
+    message = QueuedMessage(Message("", "q", BasicProperties(), b"x"), 1, False)
+    for n in range(replica_wire.ENCODED_KEPT_MAX + 10):
+        replica_wire.encode("bound-test", n, Enqueue(message, 0, ("p",), n))
+    assert len(replica_wire._encoded_kept) <= replica_wire.ENCODED_KEPT_MAX
+    assert replica_wire._encoded_kept_bytes[0] == sum(len(data) for data in replica_wire._encoded_kept)

@@ -1,0 +1,192 @@
+"""What travels in a queue's log in replicated mode, and the cheap ways in and out of it (issue 7, workload (b)).
+
+- Payload codec: a message goes out as [exchange, routing key, property bytes, body] (`encode_payload_wire`): the
+  property flags and list exactly as AMQP encodes them, the publisher's own bytes when node/amqp still remembers
+  them, so nothing is encoded per publish, and a replica's decoded properties (shared when they have no headers)
+  remember those bytes, so its deliveries write them verbatim. Snapshots use the value form [exchange, routing
+  key, dict of set properties, body] (`encode_payload`), which depends only on the properties' values, so
+  replicas that applied the same log write byte-identical snapshots. `decode_payload` reads both (entries written
+  before the property bytes existed are in the value form).
+- Decode once: `encode` keeps each proposal it encodes (keyed by its bytes, bounded), and the proposing node's
+  `decoded` takes that object back when the entry commits instead of decoding it; other nodes decode.
+- Publish batching: `propose_enqueue` folds consecutive publishes of one channel to one queue made within one
+  broker call (one socket read) into one `EnqueueMany` proposal, which every replica applies exactly as the
+  Enqueues in turn; confirms stay per message.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from cluster.queue import Enqueue, EnqueueMany, QueuedMessage
+from cluster.queue.replicated import Proposal, ProposalDecodeError, decode_proposal, encode_proposal
+from node.amqp.properties import (
+    EMPTY_PROPERTIES,
+    HEADER_PREFIX,
+    BasicProperties,
+    decode_content_header,
+    encode_properties,
+)
+from node.amqp.spec import CLASS_BASIC
+from node.broker import delivery
+from node.broker.channel import Message
+from node.broker.effects import ProposeQueue
+
+if TYPE_CHECKING:
+    from node.broker.broker import Broker
+    from node.broker.queues import QueueState
+
+BATCH_MESSAGES_MAX: Final = 256  # publishes of one channel to one queue in one EnqueueMany entry
+BATCH_BYTES_MAX: Final = 1024 * 1024  # a batch takes no more messages once its bodies reach this size
+
+
+# --- payload codec ---------------------------------------------------------------------------------------------
+
+
+def encode_payload(msg: Message) -> list[Any]:
+    """A broker message as cbor-able values, the snapshot form: [exchange, routing key, properties that are set,
+    body]. Snapshots use it because it depends only on the properties' values, so replicas that applied the same
+    log write byte-identical snapshots whether they hold the publisher's objects or decoded ones."""
+    return [msg.exchange, msg.routing_key, delivery.properties_to_dict(msg.properties), msg.body]
+
+
+def encode_payload_wire(msg: Message) -> list[Any]:
+    """The proposal form: [exchange, routing key, property flags + encoded property list (bytes), body]. The
+    property bytes are the publisher's own when node/amqp still remembers them (no encoding at all), and every
+    replica's decoded properties remember them in turn, so deliveries anywhere write them verbatim."""
+    props = msg.properties
+    if props is EMPTY_PROPERTIES:
+        return [msg.exchange, msg.routing_key, _NO_PROPERTIES, msg.body]
+    flags, encoded = encode_properties(props)
+    return [msg.exchange, msg.routing_key, _FLAGS[flags] + encoded, msg.body]
+
+
+_NO_PROPERTIES: Final = b"\x00\x00"
+_FLAGS: Final = tuple(flags.to_bytes(2, "big") for flags in range(1 << 16))
+_HEADER_BEFORE_FLAGS: Final = HEADER_PREFIX.pack(CLASS_BASIC, 0, 0, 0)[:-2]  # class, weight, body size 0
+
+
+PROPERTIES_KEPT_MAX: Final = 4096  # distinct property lists without headers decoded once (cleared when full)
+_properties_by_bytes: dict[bytes, BasicProperties] = {b"\x00\x00": EMPTY_PROPERTIES}
+
+
+def _decode_properties(data: bytes) -> BasicProperties:
+    """Property bytes -> properties; those without headers (immutable) are shared, as node/amqp shares them."""
+    if len(data) < 2:
+        raise ValueError("bad message properties")
+    properties = decode_content_header(_HEADER_BEFORE_FLAGS + data)[2]
+    if properties.headers is None:
+        if len(_properties_by_bytes) >= PROPERTIES_KEPT_MAX:
+            _properties_by_bytes.clear()
+            _properties_by_bytes[_NO_PROPERTIES] = EMPTY_PROPERTIES
+        _properties_by_bytes[data] = properties
+    return properties
+
+
+def decode_payload(value: Any) -> Message:
+    """Either form: property bytes (proposals) or a dict of properties (snapshots, and entries of older nodes)."""
+    exchange, routing_key, props, body = value
+    if not (isinstance(exchange, str) and isinstance(routing_key, str) and isinstance(body, bytes)):
+        raise ValueError("bad message payload")
+    if type(props) is bytes:
+        properties = _properties_by_bytes.get(props)
+        if properties is None:
+            properties = _decode_properties(props)
+        return Message(exchange, routing_key, properties, body)
+    if not isinstance(props, dict):
+        raise ValueError("bad message payload")
+    return Message(exchange, routing_key, BasicProperties(**props), body)
+
+
+# Decode once: the proposing node keeps the proposals it encoded, keyed by their bytes, and applies those objects
+# when the entry commits instead of decoding its own bytes back. Keyed by content, so a hit is always the same
+# proposal whichever broker encoded it; only a broker applying its own origin's entry looks (one pop per entry).
+# Bounded by count and bytes; the oldest go first (a proposal never applied, e.g. abandoned, ages out).
+ENCODED_KEPT_MAX: Final = 4096
+ENCODED_KEPT_BYTES_MAX: Final = 64 * 1024 * 1024
+_encoded_kept: dict[bytes, Proposal] = {}
+_encoded_kept_bytes = [0]
+
+
+def encode(origin: str, proposal_id: int, command: Any) -> bytes:
+    proposal = Proposal(origin, proposal_id, command)
+    data = encode_proposal(proposal, encode_payload_wire)
+    if len(data) <= ENCODED_KEPT_BYTES_MAX // 16:
+        while _encoded_kept and (len(_encoded_kept) >= ENCODED_KEPT_MAX
+                                 or _encoded_kept_bytes[0] + len(data) > ENCODED_KEPT_BYTES_MAX):
+            oldest = next(iter(_encoded_kept))
+            del _encoded_kept[oldest]
+            _encoded_kept_bytes[0] -= len(oldest)
+        if data not in _encoded_kept:
+            _encoded_kept_bytes[0] += len(data)
+        _encoded_kept[data] = proposal
+    return data
+
+
+def kept_proposal(data: bytes) -> Proposal | None:
+    proposal = _encoded_kept.pop(data, None)
+    if proposal is not None:
+        _encoded_kept_bytes[0] -= len(data)
+    return proposal
+
+
+def decoded(broker: Broker, data: bytes, origin: str, keep: bool = False) -> Proposal | None:
+    """The proposal of an entry: this node's own object when it proposed it, else decoded (None: undecodable)."""
+    if origin == broker.config.node_name:
+        proposal = _encoded_kept.get(data) if keep else kept_proposal(data)
+        if proposal is not None:
+            return proposal
+    try:
+        return decode_proposal(data, decode_payload)
+    except ProposalDecodeError:
+        return None
+
+
+# --- publish batching ------------------------------------------------------------------------------------------
+
+
+class Batch:
+    """The publish proposal of a queue still open for more of the same channel's messages (see propose_enqueue)."""
+
+    __slots__ = ("effect", "index", "messages", "out", "sequences", "size_bytes")
+
+    def __init__(self, out: list[Any], index: int, effect: ProposeQueue, size_bytes: int) -> None:
+        self.out = out  # broker.out when it was opened: once the runtime took that list, the batch is closed
+        self.index = index  # where its ProposeQueue sits in `out`
+        self.effect = effect
+        self.messages: list[QueuedMessage] = []
+        self.sequences: list[int] = []
+        self.size_bytes = size_bytes
+
+    def still_open(self, out: list[Any], command: Enqueue) -> bool:
+        if out is not self.out or self.index >= len(out) or out[self.index] is not self.effect:
+            return False
+        first: Any = self.effect.command
+        return bool(first.publisher_id == command.publisher_id and first.now_ms == command.now_ms
+                    and len(self.sequences) < BATCH_MESSAGES_MAX and self.size_bytes < BATCH_BYTES_MAX)
+
+
+def propose_enqueue(broker: Broker, queue: QueueState, command: Enqueue) -> None:
+    """Propose a publish; consecutive publishes of one channel to one queue within one broker call (one socket
+    read) become one `EnqueueMany` entry, which every replica applies exactly as the Enqueues in turn. Only a
+    batch with nothing proposed to its queue since it opened takes more (`propose` closes it), so a queue's
+    commands keep their order; the batch's messages move ahead of other queues' proposals only, and of effects
+    for other parties. Bounded by BATCH_MESSAGES_MAX and BATCH_BYTES_MAX."""
+    machine = queue.machine
+    out = broker.out
+    batch = machine.batch
+    if command.sequence is None or batch is None or not batch.still_open(out, command):
+        effect = ProposeQueue(queue.vhost, queue.name, command)
+        out.append(effect)
+        machine.batch = Batch(out, len(out) - 1, effect, command.message.size_bytes)
+        return
+    if not batch.messages:
+        first: Any = batch.effect.command
+        batch.messages.append(first.message)
+        batch.sequences.append(first.sequence)
+        batch.effect = ProposeQueue(queue.vhost, queue.name, EnqueueMany(
+            first.publisher_id, first.now_ms, batch.messages, batch.sequences))
+        out[batch.index] = batch.effect
+    batch.messages.append(command.message)
+    batch.sequences.append(command.sequence)
+    batch.size_bytes += command.message.size_bytes
