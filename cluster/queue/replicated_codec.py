@@ -51,6 +51,8 @@ from cluster.queue.types import (
 )
 
 GROUP_PREFIX: Final = "q/"
+INCARNATION_SEPARATOR: Final = "/i"  # queue_group_id: "q/<vhost>/<name>/i<hex incarnation>"
+INCARNATION_LIMIT: Final = 2**64  # incarnations are 63-bit (node/runtime/cluster_tracking.incarnation_of_cid)
 PROPOSAL_ID_MAX: Final = 2**64 - 1
 ID_DEPTH_MAX: Final = 8  # nesting allowed inside one consumer/publisher id
 INT_MIN: Final = -(2**63)  # every int field fits cbor's native 64-bit ints (no bignums)
@@ -77,22 +79,37 @@ def _unescape(part: str) -> str:
     return part.replace("%2F", "/").replace("%2f", "/").replace("%25", "%")
 
 
-def queue_group_id(vhost: str, name: str) -> str:
-    """The Raft group id of a queue: "q/<vhost>/<name>" with "%" and "/" percent-escaped in both parts."""
-    return GROUP_PREFIX + _escape(vhost) + "/" + _escape(name)
+def queue_group_id(vhost: str, name: str, incarnation: int = 0) -> str:
+    """The Raft group id of a queue declaration: "q/<vhost>/<name>" with "%" and "/" percent-escaped in both parts,
+    then, for an incarnation other than 0, "/i" + the incarnation in lowercase hex (no leading zeros). An escaped part
+    never holds "/", so the suffix cannot collide with a name; incarnation 0 (queues declared before incarnations)
+    keeps the original two-part form, so their stored groups open unchanged."""
+    group = GROUP_PREFIX + _escape(vhost) + "/" + _escape(name)
+    if incarnation:
+        if not 0 < incarnation < INCARNATION_LIMIT:
+            raise ValueError(f"queue incarnation out of range: {incarnation}")
+        group += INCARNATION_SEPARATOR + format(incarnation, "x")
+    return group
 
 
-def parse_queue_group_id(group_id: str) -> tuple[str, str]:
-    """Inverse of `queue_group_id`: (vhost, name). Raises ValueError if `group_id` is not a queue group id."""
+def parse_queue_group_id(group_id: str) -> tuple[str, str, int]:
+    """Inverse of `queue_group_id`: (vhost, name, incarnation). Raises ValueError if `group_id` is not a canonical
+    queue group id."""
     if not group_id.startswith(GROUP_PREFIX):
         raise ValueError(f"not a queue group id: {group_id!r}")
     parts = group_id[len(GROUP_PREFIX) :].split("/")
-    if len(parts) != 2:
+    incarnation = 0
+    if len(parts) == 3 and parts[2].startswith(INCARNATION_SEPARATOR[1:]):
+        try:
+            incarnation = int(parts.pop()[1:], 16)
+        except ValueError:
+            raise ValueError(f"not a queue group id: {group_id!r}") from None
+    if len(parts) != 2 or not 0 <= incarnation < INCARNATION_LIMIT:
         raise ValueError(f"not a queue group id: {group_id!r}")
     vhost, name = (_unescape(part) for part in parts)
-    if queue_group_id(vhost, name) != group_id:
+    if queue_group_id(vhost, name, incarnation) != group_id:
         raise ValueError(f"not a canonical queue group id: {group_id!r}")
-    return vhost, name
+    return vhost, name, incarnation
 
 
 # --- the envelope ---------------------------------------------------------------------------------------------

@@ -19,9 +19,11 @@ from typing import Any
 import pika
 import pytest
 import requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cluster.metadata import model as md
-from cluster.queue import MsgId, Proposal, Settle, encode_proposal
+from cluster.queue import MsgId, Proposal, Settle, encode_proposal, parse_queue_group_id, queue_group_id
 from cluster.raft.core.types import Entry, GroupId, Index, Membership, Term
 from node.broker import records as br
 from node.broker.effects import ProposeQueue
@@ -42,6 +44,34 @@ SECRET = "0123456789abcdef-secret"
 QUORUM = {"x-queue-type": "quorum"}
 
 # ------------------------------------------------------------------------------------------------ pure parts
+
+
+def test_group_ids_carry_the_incarnation_and_incarnation_0_keeps_the_legacy_form() -> None:
+    assert queue_group_id("/", "orders") == queue_group_id("/", "orders", 0) == "q/%2F/orders"
+    assert queue_group_id("/", "orders", 0xAB) == "q/%2F/orders/iab"
+    assert queue_group_id("v/h", "a%b/i1", 2**63 - 1) == "q/v%2Fh/a%25b%2Fi1/i7fffffffffffffff"
+    assert parse_queue_group_id("q/%2F/orders/iab") == ("/", "orders", 0xAB)
+    assert parse_queue_group_id("q/%2F/orders") == ("/", "orders", 0)
+    assert parse_queue_group_id("q/v%2Fh/a%25b%2Fi1/i7fffffffffffffff") == ("v/h", "a%b/i1", 2**63 - 1)
+    with pytest.raises(ValueError):
+        queue_group_id("/", "q", -1)
+
+
+@pytest.mark.parametrize("bad", ["q/a/b/i", "q/a/b/i0", "q/a/b/iAB", "q/a/b/i0ab", "q/a/b/ab", "q/a/b/i+1",
+                                 "q/a/b/i1_0", "q/a/b/i1/i2", "q/ia", "q/a/b/i" + "f" * 17])
+def test_non_canonical_incarnation_suffixes_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_queue_group_id(bad)
+
+
+@given(st.text(max_size=12), st.text(max_size=12), st.integers(0, 2**63 - 1))
+@settings(max_examples=300, deadline=None)
+def test_group_ids_round_trip_and_incarnations_never_collide(vhost: str, name: str, incarnation: int) -> None:
+    group = queue_group_id(vhost, name, incarnation)
+    assert parse_queue_group_id(group) == (vhost, name, incarnation)
+    assert group.count("/") == (3 if incarnation else 2)
+    if incarnation:  # no name, however spelled, has the id of another incarnation (or of the legacy form)
+        assert group != queue_group_id(vhost, name, 0) and group != queue_group_id(vhost, name + "/i1", 0)
 
 
 def test_frames_carry_the_incarnation_and_plain_data_is_incarnation_0() -> None:

@@ -110,7 +110,7 @@ proposals = st.builds(Proposal, names, st.integers(min_value=0, max_value=2**64 
 def test_group_id_escapes_slash_and_percent() -> None:
     assert queue_group_id("/", "orders") == "q/%2F/orders"
     assert queue_group_id("a%b", "x/y") == "q/a%25b/x%2Fy"
-    assert parse_queue_group_id("q/%2F/orders") == ("/", "orders")
+    assert parse_queue_group_id("q/%2F/orders") == ("/", "orders", 0)
 
 
 @given(st.text(max_size=20), st.text(max_size=20))
@@ -118,7 +118,7 @@ def test_group_id_escapes_slash_and_percent() -> None:
 def test_group_id_round_trips(vhost: str, name: str) -> None:
     group = queue_group_id(vhost, name)
     assert group.count("/") == 2
-    assert parse_queue_group_id(group) == (vhost, name)
+    assert parse_queue_group_id(group) == (vhost, name, 0)
 
 
 @pytest.mark.parametrize("bad", ["", "q/", "q/a", "q/a/b/c", "x/a/b", "q/a%2fb/c", "meta"])
