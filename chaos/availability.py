@@ -6,7 +6,7 @@ starts and tails are not counted). For each fault (kill, pause, partition, resta
 is the time from the fault to the settle time of the first confirmed publish *sent* after it: how long a client
 that starts a publish just after the fault waits before the broker takes one again (None when nothing sent after
 it was confirmed; `sent_after` says whether anything was sent after it at all: publishers may have finished). `confirm_latency_ms_max` is the longest any one publish waited for its confirm: what the most
-unlucky client saw (e.g. one connected to a node cut off from the majority). Phase markers ("purge", "drain", "closed", "up", "leader") are not faults.
+unlucky client saw (e.g. one connected to a node cut off from the majority). Phase markers ("purge", "drain", "closed", "connection-lost", "up", "leader") are not faults.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from itertools import pairwise
 
 from chaos.history import Fault, Publish
 
-MARKERS = frozenset({"purge", "drain", "closed", "up", "leader"})
+MARKERS = frozenset({"purge", "drain", "closed", "connection-lost", "up", "leader"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,9 @@ At-least-once (the acks in the history): a payload delivered again must carry re
 "unflagged redelivery" is a violation: the broker forgot it had handed the message out); a payload delivered again
 after a consumer acked it is counted (redelivered_after_ack: the ack was lost with a node, allowed); and once the
 acking consumer's connection closed cleanly (a "closed" marker: close-ok came back, so the broker took every ack
-sent before it, and the nemesis no longer acts then), a later delivery is a violation (redelivered_after_settled_ack).
+sent before it on that connection, and the nemesis no longer acts then), a later delivery is a violation
+(redelivered_after_settled_ack). A consumer's "connection-lost" marker ends a connection: an ack sent before it is
+settled by no later close (that close is of another connection; the ack may have died with the first one).
 Order: a queue is FIFO and a publisher's channel sends in sequence order, so the first-time deliveries
 (redelivered=False) that one consumer receives from one publisher on one queue must have increasing sequence
 numbers. Redeliveries are exempt (a requeue legitimately moves a message back). Each break is an OrderViolation.
@@ -25,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.history import Ack, Delivery, Fault, Outcome, Publish
+from chaos.history import CLOSED, CONNECTION_LOST, Ack, Delivery, Fault, Outcome, Publish
 
 _OUTCOME_RANK: dict[Outcome, int] = {"unknown": 0, "nacked": 1, "confirmed": 2}
 
@@ -117,19 +119,37 @@ def unflagged_redeliveries(deliveries: Sequence[Delivery]) -> list[tuple[str, st
     return found
 
 
+def connection_ends(faults: Iterable[Fault]) -> dict[str, list[tuple[float, bool]]]:
+    """Per consumer, the ends of its connections in time order: (at_ms, True for a clean close, False for a lost
+    connection)."""
+    ends: dict[str, list[tuple[float, bool]]] = {}
+    for fault in faults:
+        if fault.kind in (CLOSED, CONNECTION_LOST):
+            ends.setdefault(fault.target, []).append((fault.at_ms, fault.kind == CLOSED))
+    for consumer_ends in ends.values():
+        consumer_ends.sort(key=lambda end: (end[0], end[1]))  # a loss at the same ms as a close counts first
+    return ends
+
+
+def settled_at_ms(ack: Ack, ends: dict[str, list[tuple[float, bool]]]) -> float | None:
+    """When the ack was settled: the end of its connection (the first end of its consumer's connections at or
+    after the ack) if that was a clean close; None if the connection was lost (or never closed)."""
+    for at_ms, clean in ends.get(ack.consumer, ()):
+        if at_ms >= ack.at_ms:
+            return at_ms if clean else None
+    return None
+
+
 def redelivered_after_ack(deliveries: Sequence[Delivery], acks: Iterable[Ack],
                           faults: Iterable[Fault]) -> tuple[list[str], list[str]]:
-    """Payloads delivered again after an ack of them was sent, and those after that ack was settled (the acking
-    consumer's "closed" marker came after the ack and before the delivery)."""
-    closes: dict[str, list[float]] = {}
-    for fault in faults:
-        if fault.kind == "closed":
-            closes.setdefault(fault.target, []).append(fault.at_ms)
+    """Payloads delivered again after an ack of them was sent, and those after that ack was settled (the clean
+    close of the connection it was sent on came after the ack and before the delivery)."""
+    ends = connection_ends(faults)
     acked_ms: dict[str, float] = {}
     settled_ms: dict[str, float] = {}
     for ack in acks:
         acked_ms[ack.payload_id] = min(ack.at_ms, acked_ms.get(ack.payload_id, ack.at_ms))
-        settle = min((at for at in closes.get(ack.consumer, []) if at >= ack.at_ms), default=None)
+        settle = settled_at_ms(ack, ends)
         if settle is not None:
             settled_ms[ack.payload_id] = min(settle, settled_ms.get(ack.payload_id, settle))
     after_ack, after_settled = set(), set()
@@ -144,7 +164,7 @@ def redelivered_after_ack(deliveries: Sequence[Delivery], acks: Iterable[Ack],
 def check(publishes: Iterable[Publish], deliveries: Sequence[Delivery], acks: Iterable[Ack] = (),
           faults: Iterable[Fault] = ()) -> CheckResult:
     """Classify every payload id of the history. `deliveries` must be in the order they were received; `acks` and
-    `faults` (for the consumers' "closed" markers) are optional."""
+    `faults` (for the consumers' "closed" and "connection-lost" markers) are optional."""
     published = strongest_outcomes(publishes)
     delivered = Counter(delivery.payload_id for delivery in deliveries)
     outcomes = Counter(publish.outcome for publish in published.values())

@@ -2,7 +2,8 @@
 
 How it works: four frozen record types — `Publish` (one publish attempt and its confirm outcome), `Delivery` (one
 message received by a consumer), `Ack` (the consumer sent basic.ack for it) and `Fault` (one nemesis action, or a
-workload phase marker such as "drain", or "closed" when a consumer's connection closed cleanly) — written as JSON lines
+workload phase marker such as "drain", "closed" when a consumer's connection closed cleanly, or "connection-lost" when a
+consumer's connection failed) — written as JSON lines
 (one object per line with a "type" field) so a run can be checked, reported and replayed offline. Times are
 milliseconds since the start of the run (`*_ms`), from the workload's monotonic clock.
 """
@@ -62,6 +63,9 @@ class Fault:
     at_ms: float
     detail: str = ""
 
+
+CLOSED = "closed"  # Fault.kind: the consumer (target) closed its connection and close-ok came back
+CONNECTION_LOST = "connection-lost"  # Fault.kind: the consumer's (target's) connection failed; it reconnects
 
 Record = Publish | Delivery | Ack | Fault
 _TYPES: dict[str, type[Publish] | type[Delivery] | type[Ack] | type[Fault]] = {

@@ -20,7 +20,7 @@ from chaos.checker import CheckResult
 from chaos.history import Delivery, Fault, Publish, Record, split, write_history
 
 IDS_MAX = 100
-HIDDEN_MARKERS = {"purge", "closed"}
+HIDDEN_MARKERS = {"purge", "closed", "connection-lost"}
 UNDONE_BY_NOTHING = {"error"}  # in the history, not on the timeline
 UNDO = {"kill": "up", "restart": "up", "pause": "resume", "partition": "heal", "toxic-add": "toxic-remove"}
 

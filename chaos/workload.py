@@ -7,7 +7,8 @@ message_id) one at a time under publisher confirms and records each attempt's ou
 nacked, or unknown (the connection died before the answer); it never republishes a payload, so every payload id
 has exactly one attempt. A consumer records every delivery (with the redelivered flag) before acking it, and the ack
 after sending it; when told to stop it closes its connection itself and, once close-ok came back, records a
-"closed" marker (the broker has taken every ack sent before). Publishers start on URL i, consumers on URL
+"closed" marker (the broker has taken every ack sent before on that connection); when its connection fails it
+records a "connection-lost" marker before reconnecting (acks sent before it may have died with the connection). Publishers start on URL i, consumers on URL
 i + consumer_url_offset, so with one URL per node they can be put on different nodes. After the faults heal, `drain()` stops the consumers and empties every queue with basic.get until it stays empty. All records
 go to a bounded, thread-safe `Recorder` in the order they happened (`chaos.history` record types).
 """
@@ -26,7 +27,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from chaos.history import Ack, Delivery, Fault, Outcome, Publish, Record
+from chaos.history import CLOSED, CONNECTION_LOST, Ack, Delivery, Fault, Outcome, Publish, Record
 
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (pika.exceptions.AMQPError, OSError, EOFError)
 
@@ -150,16 +151,23 @@ class _Worker(threading.Thread):
 
     def run(self) -> None:
         while not self.stop_event.is_set() and not self.finished():
+            connected = False
             try:
                 with open_channel(self.next_url(), self.config) as channel:
+                    connected = True
                     self.backoff.reset()
                     self.work(channel)
-            except CONNECTION_ERRORS:
+            except CONNECTION_ERRORS as error:
                 self.connection_failures += 1
+                if connected:
+                    self.connection_lost(error)
                 self.backoff.wait()
 
     def finished(self) -> bool:
         return False
+
+    def connection_lost(self, error: BaseException) -> None:
+        """The connection this worker had open failed (it reconnects next)."""
 
     def work(self, channel: BlockingChannel) -> None:
         raise NotImplementedError
@@ -224,12 +232,16 @@ class Consumer(_Worker):
         if self.stop_event.is_set():
             self.close_cleanly(channel)
 
+    def connection_lost(self, error: BaseException) -> None:
+        """Marks the end of this connection: a later clean close settles no ack sent before this marker."""
+        self.recorder.fault(CONNECTION_LOST, self.name, type(error).__name__)
+
     def close_cleanly(self, channel: BlockingChannel) -> None:
         """Close the connection and wait for close-ok; then every ack sent before it reached the broker."""
         connection = channel.connection
         connection.close()
         if connection.is_closed:
-            self.recorder.fault("closed", self.name)
+            self.recorder.fault(CLOSED, self.name)
 
 
 class Workload:

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chaos.checker import check
-from chaos.history import Ack, Delivery, Fault, Publish, acks_of, read_history, split, write_history
+from chaos.history import Ack, Delivery, Fault, Publish, Record, acks_of, read_history, split, write_history
 
 
 def pub(seq: int, outcome: str = "confirmed", publisher: str = "p1", queue: str = "q") -> Publish:
@@ -93,7 +93,7 @@ def test_strongest_outcome_wins_for_a_repeated_payload() -> None:
 
 
 def test_history_round_trips_through_json_lines(tmp_path: Path) -> None:
-    records = [pub(1), dlv("p1-1", redelivered=True), Ack("p1-1", "c1", "q", 101.0), Fault("kill", "rmq1", 12.5, "SIGKILL"),
+    records: list[Record] = [pub(1), dlv("p1-1", redelivered=True), Ack("p1-1", "c1", "q", 101.0), Fault("kill", "rmq1", 12.5, "SIGKILL"),
                pub(2, "unknown")]
     path = tmp_path / "history.jsonl"
     write_history(path, records)
@@ -145,3 +145,62 @@ def test_in_order_first_deliveries_never_violate(sequences: list[int]) -> None:
     if len(sequences) >= 2:
         backwards = [dlv(f"p1-{seq}") for seq in sorted(sequences, reverse=True)]
         assert len(check(publishes, backwards).order_violations) == len(sequences) - 1
+
+
+# --- connections: a clean close settles only the acks sent on the connection it closed ----------------------
+
+
+def test_a_clean_close_after_a_lost_connection_settles_no_ack_of_the_lost_one() -> None:
+    publishes = [pub(1), pub(2)]
+    deliveries = [at("p1-1", 10, redelivered=False), at("p1-2", 25, redelivered=False),
+                  at("p1-1", 60, "drain"), at("p1-2", 61, "drain")]
+    acks = [Ack("p1-1", "c1", "q", 12), Ack("p1-2", "c1", "q", 26)]
+    # c1's first connection died (with its node) after the ack of p1-1; it reconnected, acked p1-2, closed cleanly.
+    faults = [Fault("connection-lost", "c1", 20.0), Fault("closed", "c1", 50.0)]
+    result = check(publishes, deliveries, acks, faults)
+    assert result.redelivered_after_ack == ("p1-1", "p1-2")
+    assert result.redelivered_after_settled_ack == ("p1-2",) and not result.valid
+    # Without the marker (older histories) the close counts for both acks.
+    assert check(publishes, deliveries, acks, faults[1:]).redelivered_after_settled_ack == ("p1-1", "p1-2")
+    # Another consumer's lost connection changes nothing for c1.
+    other = [Fault("connection-lost", "c2", 20.0), Fault("closed", "c1", 50.0)]
+    assert check(publishes, deliveries, acks, other).redelivered_after_settled_ack == ("p1-1", "p1-2")
+
+
+def test_a_connection_lost_at_the_ack_time_leaves_the_ack_unsettled() -> None:
+    deliveries = [at("p1-1", 10, redelivered=False), at("p1-1", 60, "drain")]
+    acks = [Ack("p1-1", "c1", "q", 12)]
+    faults = [Fault("connection-lost", "c1", 12.0), Fault("closed", "c1", 12.0)]
+    result = check([pub(1)], deliveries, acks, faults)
+    assert result.redelivered_after_ack == ("p1-1",) and result.valid
+
+
+def test_an_ack_settled_before_a_later_connection_loss_stays_settled() -> None:
+    deliveries = [at("p1-1", 10, redelivered=False), at("p1-1", 90, "drain")]
+    acks = [Ack("p1-1", "c1", "q", 12)]
+    faults = [Fault("closed", "c1", 30.0), Fault("connection-lost", "c1", 70.0), Fault("closed", "c1", 80.0)]
+    assert check([pub(1)], deliveries, acks, faults).redelivered_after_settled_ack == ("p1-1",)
+
+
+ack_histories = st.lists(st.tuples(st.sampled_from(["ack", "closed", "connection-lost", "deliver"]),
+                                   st.integers(0, 4), st.sampled_from(["c1", "c2"])), max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ack_histories)
+def test_connection_lost_markers_only_ever_excuse(events: list[tuple[str, int, str]]) -> None:
+    """Dropping every "connection-lost" marker can only add settled acks, never remove any (and they never change
+    what counts as redelivered after an ack)."""
+    acks, deliveries, faults = [], [], []
+    for time_ms, (kind, seq, consumer) in enumerate(events):
+        if kind == "ack":
+            acks.append(Ack(f"p1-{seq}", consumer, "q", float(time_ms)))
+        elif kind == "deliver":
+            deliveries.append(at(f"p1-{seq}", float(time_ms), consumer))
+        else:
+            faults.append(Fault(kind, consumer, float(time_ms)))
+    publishes = [pub(seq) for seq in range(5)]
+    with_markers = check(publishes, deliveries, acks, faults)
+    without = check(publishes, deliveries, acks, [f for f in faults if f.kind != "connection-lost"])
+    assert set(with_markers.redelivered_after_settled_ack) <= set(without.redelivered_after_settled_ack)
+    assert with_markers.redelivered_after_ack == without.redelivered_after_ack
