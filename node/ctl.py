@@ -289,8 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     for arg in ("name", "pattern", "definition"):
         p.add_argument(arg)
     p.add_argument("--priority", type=int, default=0)
-    p.add_argument("--apply-to", default="all", choices=("all", "queues", "exchanges", "quorum_queues",
-                                                         "classic_queues"))
+    p.add_argument("--apply-to", default="all", choices=("all", "queues", "exchanges"))  # RabbitMQ 3.10's values
     add("clear_policy", cmd_clear_policy, "remove a policy", vhost=True).add_argument("name")
     add("join_cluster", cmd_cluster, "make the node addressed by --node (fresh, alone) join the cluster of NODE "
         "(rabbit@host, host:amqp_port, or name=host:amqp[:raft[:metadata]])").add_argument("node")
