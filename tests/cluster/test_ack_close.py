@@ -2,8 +2,8 @@
 
 The cause: a consumer's ack is proposed as `Settle`, its channel close as `Detach`, in that order, but one copy of
 a proposal can be overtaken by a later proposal on the way into the queue's log. The Raft router holds a command
-while no leader is known and routes fresh commands before the held ones in the loop turn in which the leader
-becomes known (`test_the_raft_router_lets_a_fresh_command_overtake_a_held_one`), and a forward can be lost with
+while no leader is known and the runtime used to route fresh commands before the held ones in the loop turn in which
+the leader becomes known (fixed: `test_the_raft_runtime_routes_held_commands_before_fresh_ones`), and a forward can be lost with
 its connection while the next one gets through; the runtime's retry then puts the lost `Settle` into the log after
 the `Detach`, whose effect (the consumer's unacked messages return, redelivered) has already handed the acked
 message to another consumer. The fix (node/runtime/cluster_tracking.py): a `Detach` is a barrier, proposed only
@@ -13,6 +13,7 @@ once every earlier proposal of its queue was applied (or given up).
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,8 +32,8 @@ from cluster.queue import (
     encode_proposal,
 )
 from cluster.raft.core.types import Entry, GroupId, Index, NodeId, Role, Term
-from cluster.raft.runtime.codec import Command
-from cluster.raft.runtime.routing import CommandRouter
+from cluster.raft.runtime.codec import Command, Forward
+from cluster.raft.runtime.node import RaftNodeRuntime
 from node.broker.effects import ProposeQueue
 from node.runtime.cluster import ClusterRuntime
 from node.runtime.cluster_tracking import Pending, ProposalTracker
@@ -51,21 +52,32 @@ def _payload(value: Any) -> Any:
 # ------------------------------------------------------------------------------------------- the exact cause
 
 
-def test_the_raft_router_lets_a_fresh_command_overtake_a_held_one() -> None:
-    """A follower that knows no leader holds the Settle; in the loop turn in which it learns the leader (from an
-    append it just stepped) the runtime routes without retrying held commands, so the fresh Detach is forwarded
-    first and the Settle follows in the next turn: the leader appends them in the wrong order."""
+async def test_the_raft_runtime_routes_held_commands_before_fresh_ones() -> None:
+    """A follower that knows no leader holds the Settle. In the loop turn in which it learns the leader (from an
+    append it steps in that turn; no tick, no recheck) it routes before it notices leaders after the cycles: the
+    held Settle must still go before the fresh Detach (cluster/raft/runtime/node.py `_step_inbox`, `_route`; it
+    used to forward the Detach first and the Settle one turn later, so the leader appended them out of order)."""
     core = SimpleNamespace(role=Role.FOLLOWER, lead=None)
-    multi: Any = SimpleNamespace(groups={GROUP: core})
-    router = CommandRouter(NodeId("a"), hold_ms=2000)
-    router.offer(Command("propose", GROUP, b"settle"))
-    assert router.route(multi, 0.0, retry_held=False) == [] and router.held_count == 1
-    core.lead = NodeId("b")  # learned from the batch stepped in this turn
-    router.offer(Command("propose", GROUP, b"detach"))
-    first = router.route(multi, 10.0, retry_held=False)  # node.py: retry_held only after a tick / notice
-    second = router.route(multi, 20.0, retry_held=True)
-    order = [c.data for f in first + second for c in f.commands]
-    assert order == [b"detach", b"settle"]
+
+    def step(batch: Any) -> None:
+        core.lead = batch.src  # an append from the new leader
+
+    multi: Any = SimpleNamespace(groups={GROUP: core}, step=step)
+    runtime = RaftNodeRuntime(NodeId("a"), Path("unused"), ("127.0.0.1", 0), {}, b"secret", lambda g, e: None,
+                              telemetry=False, forward_hold_ms=2000)
+    sent: list[Forward] = []
+    runtime.transport = SimpleNamespace(send_forward=sent.append)  # type: ignore[assignment]
+    runtime.router.offer(Command("propose", GROUP, b"settle"))
+    assert runtime._step_inbox(multi) == (set(), False)
+    runtime._route(multi, retry_held=False)
+    assert sent == [] and runtime.router.held_count == 1
+    runtime._inbox.append(SimpleNamespace(src=NodeId("b"), messages=[(GROUP, None)]))  # type: ignore[arg-type]
+    runtime.router.offer(Command("propose", GROUP, b"detach"))
+    touched, leader_learned = runtime._step_inbox(multi)  # the _loop turn: step, then route
+    runtime._route(multi, retry_held=leader_learned)  # no tick, no recheck in this turn
+    assert touched == {GROUP} and leader_learned
+    assert [c.data for f in sent for c in f.commands] == [b"settle", b"detach"]
+    assert runtime.router.held_count == 0
 
 
 # ------------------------------------------------------------------------------------------- the runtime fix

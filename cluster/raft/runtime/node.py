@@ -2,7 +2,8 @@
 
 One task owns the MultiRaft. It wakes when a batch arrives, a command is queued or a tick is due; it then adds and
 removes the groups the host asked for (`add_group`/`remove_group` work before and during `run`; a removed group's
-stream is deleted in a worker thread), steps every inbound batch, routes queued commands (routing.py: a proposal,
+stream is deleted in a worker thread), steps every inbound batch, routes queued commands (held ones again, before
+fresh ones, whenever a group may have got a leader, so a group's commands keep their order; routing.py: a proposal,
 membership change or leadership transfer goes to the local leader core, is forwarded to the known leader as a
 `Forward` frame, or is held up to `forward_hold_ms` while no leader is known) and runs the Ready cycle: write every
 group's records, `commit()` them in the long-lived fsync thread (sync_thread.py; one fsync for all groups),
@@ -309,12 +310,8 @@ class RaftNodeRuntime:
                     self.telemetry.sample(multi.groups)
             if self._group_changes:
                 await self._apply_group_changes(multi, storage)
-            touched: set[GroupId] = set()
-            while self._inbox:
-                batch = self._inbox.popleft()
-                multi.step(batch)
-                touched.update(group for group, _ in batch.messages)
-            self._route(multi, retry_held=ticked or self._recheck_held)
+            touched, leader_learned = self._step_inbox(multi)
+            self._route(multi, retry_held=ticked or self._recheck_held or leader_learned)
             for _ in range(4):  # a few cycles: advancing can produce more (commit notices)
                 if not multi.has_ready():
                     break
@@ -331,7 +328,35 @@ class RaftNodeRuntime:
                 if self._compaction_pending:
                     self._wake.set()  # the rest next time round (never more than the allowance per wake)
 
+    def _step_inbox(self, multi: MultiRaft) -> tuple[set[GroupId], bool]:
+        """Step every inbound batch: the groups they touched, and whether one of them got a new known leader while
+        commands were held (then the held ones must be routed again, before any fresh one)."""
+        touched: set[GroupId] = set()
+        leader_learned = False
+        while self._inbox:
+            batch = self._inbox.popleft()
+            watch = self.router.held_count > 0 and not leader_learned
+            leads_before = [(group, self._lead(multi, group)) for group, _ in batch.messages] if watch else []
+            multi.step(batch)
+            touched.update(group for group, _ in batch.messages)
+            if watch:
+                leader_learned = any(self._lead(multi, group) not in (None, lead) for group, lead in leads_before)
+        return touched, leader_learned
+
+    @staticmethod
+    def _lead(multi: MultiRaft, group: GroupId) -> NodeId | None:
+        core = multi.groups.get(group)
+        return None if core is None else core.lead
+
     def _route(self, multi: MultiRaft, retry_held: bool) -> None:
+        """Route the queued commands, the held ones first when `retry_held`.
+
+        A group's commands keep their order (per group FIFO) because held commands are retried whenever one of
+        their groups may have a leader to go to, before the fresh ones: on a tick (an election of this node), a
+        recheck (a group added, a leader change noticed after the cycles) and a leader learned from a batch
+        stepped in this very turn (`_step_inbox`; without it the fresh commands of that turn were forwarded while
+        the earlier, held ones waited for the next turn: tests/cluster/test_ack_close.py). Otherwise no held
+        command has a leader yet, so a fresh one of its group is held behind it."""
         if not (self.router.has_fresh() or (retry_held and self.router.held_count)):
             return
         self._recheck_held = False
