@@ -40,7 +40,7 @@ PORT_LINE = re.compile(rb"listening on port (\d+)")
 LEADER_LINE = re.compile(rb"cluster: queue (\S+): leader (\S+)")
 PORT_OFFSETS = (0, 10_000, 20_000, 21_000)
 QUEUE = "bench-failover"
-GROUP = "q/%2F/bench-failover"  # docs/cluster.md: queue_group_id("/", QUEUE)
+GROUP = "q/%2F/bench-failover"  # the leader log line names the queue as queue_group_id("/", QUEUE) (docs/cluster.md)
 START_TIMEOUT_S = 60.0
 CONFIRM_TIMEOUT_S = 60.0
 

@@ -11,8 +11,9 @@ cluster metadata. `ClusterRuntime` is the glue (docs/cluster.md, "node/runtime, 
   (a new queue placed by `cluster.metadata.placement`) applied one Persist at a time, in order, and
   `on_persisted(token)` releases the client once they committed (or were refused or timed out: logged).
   `ClusterRuntime` is the `Node`'s store: it has `persist`, `commit_loop` and `flush`.
-- Queues (`cluster.raft.runtime.RaftNodeRuntime`, under <data_dir>/raft): one group per queue, voters = the
-  queue's members, every other cluster node a learner; added after the broker has the queue's definition and
+- Queues (`cluster.raft.runtime.RaftNodeRuntime`, under <data_dir>/raft): one group per queue declaration (its
+  incarnation is in the group id, `cluster_incarnations.py`), voters = the queue's members, every other cluster
+  node a learner; added after the broker has the queue's definition and
   removed after it lost it. Committed entries go to `Broker.apply_committed`; leader changes to
   `Broker.set_queue_leader`; snapshots to `queue_snapshot`/`queue_restore`.
 - Proposals: a `ProposeQueue` becomes `Broker.encode_proposal(node, id, ...)` proposed through Raft and tracked
@@ -42,7 +43,7 @@ import trio
 from cluster.metadata import model as md
 from cluster.metadata import placement
 from cluster.metadata.store import MetadataError, MetadataStore, MetadataTimeout, StoreConfig
-from cluster.queue.replicated_codec import peek_proposal, queue_group_id
+from cluster.queue.replicated_codec import peek_proposal
 from cluster.queue.types import Detach, Enqueue, EnqueueMany
 from cluster.raft.core.types import Entry, EntryKind, GroupId, Membership, NodeId
 from cluster.raft.runtime.node import RaftNodeRuntime
@@ -51,7 +52,10 @@ from node.broker.auth import hash_password
 from node.runtime.cluster_defs import client_local_placement, commands_for, mirror_records, missing_bootstrap
 from node.runtime.cluster_incarnations import (
     IncarnationFile,
+    QueueGroups,
     deleted_queues,
+    group_of_record,
+    queue_key,
     queues_pending_creation,
     redeclared,
     without_queue_deletions,
@@ -100,7 +104,7 @@ class ClusterRuntime:
         self.store: MetadataStore | None = None
         self.raft: RaftNodeRuntime | None = None
         self.mirrored = md.MetadataState()
-        self.group_queues: dict[GroupId, tuple[str, str]] = {}
+        self.group_queues = QueueGroups()  # group -> (vhost, name), and the queue's current group (group_of)
         self.group_incarnations: dict[GroupId, int] = {}  # the incarnation each hosted group serves
         self.incarnation_file = IncarnationFile(self.data_dir)
         self.recorded_incarnations: dict[str, int] = {}  # what the file says (kept in step with it)
@@ -215,37 +219,33 @@ class ClusterRuntime:
         return Membership(voters, learners)
 
     def _sync_groups(self, state: md.MetadataState) -> None:
-        """Host a group per queue of `state` (a redeclared queue's group afresh) and no other queue group."""
+        """Host a group per queue of `state` and no other queue group. A redeclared queue's group id differs from
+        the old one's (its incarnation is in it): the old group is removed first, then the new one added."""
         assert self.raft is not None
-        wanted = {GroupId(queue_group_id(vhost, name)): q for (vhost, name), q in state.queues.items()}
+        wanted = {group_of_record(q): q for q in state.queues.values()}
+        for group in [g for g in self.group_queues if g not in wanted]:
+            self._remove_group(group)
+            self._record_incarnation(group, None)
         for group, queue in wanted.items():
+            if group in self.group_queues:
+                continue
             if group in self._deferred_groups and not self._raft_running:
                 continue  # its old state is deleted when Raft starts; added right after (_raft_started)
-            known = self.group_incarnations.get(group)
-            if group in self.group_queues and known == queue.incarnation:
-                continue
-            if group in self.group_queues:  # the queue was deleted and declared again: a new group, same id
-                log.warning("cluster: queue %s: new incarnation %d (was %s); its local Raft state is deleted",
-                            group, queue.incarnation, known)
-                self._remove_group(group)
             self._record_incarnation(group, queue.incarnation)
             self.group_queues[group] = (queue.vhost, queue.name)
             self.group_incarnations[group] = queue.incarnation
             self.raft.add_group(group, self._membership(queue))
-            self._send_group(group, wall_ms())
-        for group in [g for g in self.group_queues if g not in wanted]:
-            self._remove_group(group)
-            self._record_incarnation(group, None)
+            self._send_queue(queue_key(queue.vhost, queue.name), wall_ms())
 
     def _remove_group(self, group: GroupId) -> None:
         """Stop hosting a queue group; its proposals are abandoned, except those made for the queue a local client
         declared again after deleting it (quarantine): they wait for the group's next incarnation."""
         assert self.raft is not None
-        del self.group_queues[group]
+        vhost, name = self.group_queues.pop(group)
         self.group_incarnations.pop(group, None)
         self.raft.remove_group(group)
         keep_from = self._quarantined.pop(group, None)
-        for pending in self.tracker.drop_group(group):
+        for pending in self.tracker.drop_group(queue_key(vhost, name)):
             if keep_from is not None and pending.proposal_id >= keep_from:
                 pending.sent_ms = None
                 self.tracker.add(pending)
@@ -255,15 +255,16 @@ class ClusterRuntime:
     # ------------------------------------------------------------------------------------------ incarnations
 
     def _drop_stale_groups(self, state: md.MetadataState) -> None:
-        """Before Raft starts: delete the local state of every queue group recorded here under an incarnation the
-        metadata no longer has (the queue was deleted, or deleted and declared again, while this node was down),
-        so it never joins the new group with the old log. A redeclared one is added once Raft has started."""
+        """Before Raft starts: delete the local state of every queue group recorded here that the metadata no longer
+        has (the queue was deleted, maybe declared again under a new group id, while this node was down), so no
+        stream is left behind. (A recorded group whose id is wanted again is added once Raft has started; with the
+        incarnation in the id that is only a group recorded by an older build under its legacy id.)"""
         assert self.raft is not None
         self.recorded_incarnations = self.incarnation_file.load()
-        wanted = {queue_group_id(vhost, name): q.incarnation for (vhost, name), q in state.queues.items()}
+        wanted: dict[str, int] = {group_of_record(q): q.incarnation for q in state.queues.values()}
         for group in stale_groups(self.recorded_incarnations, wanted):
-            log.warning("cluster: queue group %s: local state of incarnation %d is stale (metadata: %s); deleting it",
-                        group, self.recorded_incarnations[group], wanted.get(group, "no such queue"))
+            log.warning("cluster: queue group %s: local state of incarnation %d is stale (the metadata has no such "
+                        "group); deleting it", group, self.recorded_incarnations[group])
             self.stats["stale_groups_deleted"] += 1
             self.raft.remove_group(GroupId(group))  # before run: its stream is deleted when Raft starts
             self._deferred_groups.add(GroupId(group))
@@ -308,8 +309,8 @@ class ClusterRuntime:
             return
         records = tuple(records)
         for vhost, name in deleted_queues(records):
-            group = GroupId(queue_group_id(vhost, name))
-            if group in self.group_queues:
+            group = self.group_queues.group_of(queue_key(vhost, name))
+            if group is not None:
                 self._quarantined.setdefault(group, self.tracker.peek_id())
         self._persists.append((token, records))
         self._persist_idle = trio.Event()
@@ -327,7 +328,9 @@ class ClusterRuntime:
                 if self.store is not None:  # the client's answer follows: the broker must show the result now
                     self._mirror(self.store.state)  # (the watcher may still hold an older step, e.g. a delete)
                 for vhost, name in deleted_queues(records):  # the metadata refused or lost the deletion
-                    self._quarantined.pop(GroupId(queue_group_id(vhost, name)), None)
+                    group = self.group_queues.group_of(queue_key(vhost, name))
+                    if group is not None:
+                        self._quarantined.pop(group, None)
                 self.dispatch(self.broker.on_persisted(token))
             self._persist_idle.set()
 
@@ -412,8 +415,9 @@ class ClusterRuntime:
             if origin == self.name:
                 self.tracker.applied(proposal_id)
             batch.append((key[0], key[1], data))
-        if self.tracker.has_barriers(group):
-            self._release(group)
+        tracked_as = queue_key(*key)
+        if self.tracker.has_barriers(tracked_as):
+            self._release(tracked_as)
         if not batch:
             return
         self.stats["applied"] += len(batch)
@@ -434,7 +438,7 @@ class ClusterRuntime:
         key = self.group_queues.get(group)
         if key is None:
             return
-        log.info("cluster: queue %s: leader %s", group, leader)
+        log.info("cluster: queue %s: leader %s (group %s)", queue_key(*key), leader, group)
         self.dispatch(self.broker.set_queue_leader(key[0], key[1], leader == self.name))
         if leader is not None:
             self._send_group(group, wall_ms())  # a new leader: what the old one may have dropped, now
@@ -443,13 +447,14 @@ class ClusterRuntime:
 
     def _on_propose(self, effect: Any) -> None:
         """A `ProposeQueue` effect (called inside a dispatch: effects go through `apply_effects`)."""
-        group = GroupId(queue_group_id(effect.vhost, effect.queue))
+        tracked_as = queue_key(effect.vhost, effect.queue)  # the tracker follows the queue across incarnations
+        group = self.group_queues.group_of(tracked_as)
         proposal_id = self.tracker.next_id()
         data = self.broker.encode_proposal(self.name, proposal_id, effect.vhost, effect.queue, effect.command)
-        pending = Pending(proposal_id, group, effect.vhost, effect.queue, data, wall_ms(),
+        pending = Pending(proposal_id, tracked_as, effect.vhost, effect.queue, data, wall_ms(),
                           barrier=isinstance(effect.command, Detach))
         if self.tracker.full():
-            log.warning("cluster: %d proposals in flight; refusing one for %s", len(self.tracker), group)
+            log.warning("cluster: %d proposals in flight; refusing one for %s", len(self.tracker), tracked_as)
             self.stats["abandoned"] += 1
             self.node.apply_effects(self.broker.proposal_abandoned(effect.vhost, effect.queue, data))
             return
@@ -458,7 +463,7 @@ class ClusterRuntime:
         if self.tracker.held_back(pending):
             self.stats["barriers_held"] += 1  # sent once the earlier proposals of the group applied (_release)
             return
-        if self.raft is not None and group in self.group_queues and group not in self._quarantined:
+        if self.raft is not None and group is not None and group not in self._quarantined:
             pending.sent_ms = pending.first_ms
             self._propose_raw(group, data)
             if self.unsafe_confirm_before_commit and isinstance(effect.command, (Enqueue, EnqueueMany)):
@@ -478,10 +483,17 @@ class ClusterRuntime:
         self.node.apply_effects(effects)
 
     def _send_group(self, group: GroupId, now_ms: int) -> None:
-        """(Re)send every unapplied proposal of the group, oldest first."""
-        if self.raft is None or group not in self.group_queues or group in self._quarantined:
+        """(Re)send every unapplied proposal for the queue of the group, oldest first."""
+        key = self.group_queues.get(group)
+        if key is not None:
+            self._send_queue(queue_key(*key), now_ms)
+
+    def _send_queue(self, tracked_as: str, now_ms: int) -> None:
+        """(Re)send every unapplied proposal for the queue (its `queue_key`) to its current group, oldest first."""
+        group = self.group_queues.group_of(tracked_as)
+        if self.raft is None or group is None or group in self._quarantined:
             return
-        for pending in self.tracker.sendable(group):
+        for pending in self.tracker.sendable(tracked_as):
             if pending.sent_ms is not None:
                 self.stats["resent"] += 1
             pending.sent_ms = now_ms
@@ -491,12 +503,13 @@ class ClusterRuntime:
         assert self.raft is not None
         self.raft.propose(group, frame(self.group_incarnations.get(group, 0), data))
 
-    def _release(self, group: GroupId) -> None:
-        """Send the group's barriers (Detach) whose earlier proposals have all been applied or given up now."""
-        if self.raft is None or group not in self.group_queues or group in self._quarantined:
+    def _release(self, tracked_as: str) -> None:
+        """Send the queue's barriers (Detach) whose earlier proposals have all been applied or given up now."""
+        group = self.group_queues.group_of(tracked_as)
+        if self.raft is None or group is None or group in self._quarantined:
             return
         now = wall_ms()
-        for pending in self.tracker.released(group):
+        for pending in self.tracker.released(tracked_as):
             pending.sent_ms = now
             self._propose_raw(group, pending.data)
 
@@ -513,10 +526,10 @@ class ClusterRuntime:
             expired = self.tracker.expired(now)
             for pending in expired:
                 self._abandon(pending)
-            for group in {pending.group for pending in expired}:
-                self._release(GroupId(group))
-            for group in self.tracker.groups_due(now):
-                self._send_group(GroupId(group), now)
+            for tracked_as in {pending.group for pending in expired}:
+                self._release(tracked_as)
+            for tracked_as in self.tracker.groups_due(now):
+                self._send_queue(tracked_as, now)
 
     # ------------------------------------------------------------------------------------------ membership
 

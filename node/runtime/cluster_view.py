@@ -3,7 +3,8 @@
 What it is for: `/api/nodes` lists every cluster member with `running` as this node sees it (itself, and peers with
 a live Raft connection that are not reported down); `/api/queues` fills each queue's `leader` (the Raft leader this
 node knows; null while it knows none) and `members` (the placement's voters) and adds `raft` (this node's
-`group_status`: term, commit, applied index...), so a test or an operator can see a replica catch up;
+`group_status`: term, commit, applied index...) and `group` (the queue's Raft group id here, incarnation included), so
+a test or an operator can see a replica catch up;
 `/api/policies` comes from the metadata. Admin changes (users, vhosts, permissions) go through the broker as on a
 single node, and their `Persist` effects are replicated through the metadata group before the HTTP answer
 (`apply_effects` is async). Cluster commands: `set_policy`/`clear_policy` (validated here, 400 if invalid; stored in
@@ -24,11 +25,11 @@ from typing import Any
 
 from cluster.metadata import model as md
 from cluster.metadata import placement
-from cluster.queue.replicated_codec import queue_group_id
-from cluster.raft.core.types import GroupId, NodeId
+from cluster.raft.core.types import NodeId
 from node.broker import policies as pol
 from node.broker.effects import Persist
 from node.runtime import cluster_members as members
+from node.runtime.cluster_incarnations import queue_key
 from node.runtime.management_api import CLUSTER_COMMANDS, CommandError
 from node.runtime.management_view import BrokerView
 
@@ -72,10 +73,10 @@ class ClusterView(BrokerView):
         row = super().queue_row(queue)
         cluster = self.cluster
         record = cluster.mirrored.queues.get((queue.vhost, queue.name))
-        group = GroupId(queue_group_id(queue.vhost, queue.name))
+        group = cluster.group_queues.group_of(queue_key(queue.vhost, queue.name))
         leader = None
         raft: dict[str, Any] = {}
-        if cluster.raft is not None:
+        if cluster.raft is not None and group is not None:
             leader = cluster.raft.leader_of(group)
             try:
                 raft = cluster.raft.group_status(group)
@@ -86,6 +87,7 @@ class ClusterView(BrokerView):
         row["metadata_leader"] = record.leader if record is not None else None
         row["node"] = leader if leader is not None else (record.leader if record is not None else None)
         row["raft"] = raft
+        row["group"] = group  # the queue's Raft group id on this node (incarnation included); None while it has none
         return row
 
     def policies(self) -> list[dict[str, Any]]:
@@ -231,8 +233,9 @@ class ClusterView(BrokerView):
             if not (fnmatch.fnmatchcase(vhost, vhost_pattern) and fnmatch.fnmatchcase(queue, queue_pattern)):
                 continue
             await self._metadata(md.SetQueueLeader(vhost, queue, leader))
-            if self.cluster.raft is not None:
-                self.cluster.raft.transfer_leadership(GroupId(queue_group_id(vhost, queue)), NodeId(leader))
+            group = self.cluster.group_queues.group_of(queue_key(vhost, queue))
+            if self.cluster.raft is not None and group is not None:
+                self.cluster.raft.transfer_leadership(group, NodeId(leader))
             moved.append({"vhost": vhost, "queue": queue, "leader": leader})
         return moved
 

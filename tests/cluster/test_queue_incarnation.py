@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,9 @@ from node.broker.effects import ProposeQueue
 from node.runtime.cluster import ClusterRuntime
 from node.runtime.cluster_incarnations import (
     IncarnationFile,
+    QueueGroups,
     deleted_queues,
+    queue_key,
     queues_pending_creation,
     redeclared,
     without_queue_deletions,
@@ -142,7 +146,7 @@ class FakeRaft:
         self.calls.append(("remove", group))
 
     def propose(self, group: GroupId, data: bytes) -> bool:
-        self.calls.append(("propose", unframe(data)[0]))
+        self.calls.append(("propose", group, unframe(data)[0]))
         return True
 
 
@@ -185,44 +189,47 @@ def _runtime(tmp_path: Path) -> tuple[ClusterRuntime, FakeRaft, FakeBroker]:
     return runtime, raft, broker
 
 
-def test_a_redeclared_queue_gets_a_fresh_group_and_old_entries_are_skipped(tmp_path: Path) -> None:
+OLD, NEW = GroupId("q/%2F/q/i5"), GroupId("q/%2F/q/i9")  # the group ids of incarnations 5 and 9 of queue "/" "q"
+
+
+def test_a_redeclared_queue_is_another_group_and_stale_entries_are_skipped(tmp_path: Path) -> None:
     runtime, raft, broker = _runtime(tmp_path)
-    group = GroupId("q/%2F/q")
     runtime._mirror(_state_with_queue(5))
-    assert raft.calls == [("add", group)] and runtime.incarnation_file.load() == {group: 5}
+    assert raft.calls == [("add", OLD)] and runtime.incarnation_file.load() == {OLD: 5}
     old = broker.encode_proposal("b", 1, "/", "q", Settle(("b", 1, 1), (MsgId(1),)))
-    runtime._on_apply_many(group, (Entry(Term(1), Index(1), frame(5, old)),))
+    runtime._on_apply_many(OLD, (Entry(Term(1), Index(1), frame(5, old)),))
     assert broker.applied == [old]
     runtime._mirror(_state_with_queue(9))  # deleted and declared again, seen in one step
-    assert raft.calls[1:] == [("remove", group), ("add", group)]
+    assert raft.calls[1:] == [("remove", OLD), ("add", NEW)]
     assert [type(r).__name__ + ("-" if r.deleted else "+") for r in broker.records if r.__class__.__name__ ==
             "QueueRecord"] == ["QueueRecord+", "QueueRecord-", "QueueRecord+"]  # the broker dropped the old queue
-    assert runtime.incarnation_file.load() == {group: 9}
-    runtime._on_apply_many(group, (Entry(Term(2), Index(2), frame(5, old)), Entry(Term(2), Index(3), old)))  # old incarnation, unframed
-    assert broker.applied == [old] and runtime.stats["stale_entries"] == 2
-    runtime._on_apply_many(group, (Entry(Term(2), Index(4), frame(9, old)),))
+    assert runtime.incarnation_file.load() == {NEW: 9}
+    runtime._on_apply_many(OLD, (Entry(Term(2), Index(2), frame(5, old)),))  # a late callback of the removed group
+    assert broker.applied == [old]
+    runtime._on_apply_many(NEW, (Entry(Term(2), Index(1), frame(5, old)), Entry(Term(2), Index(2), old)))
+    assert broker.applied == [old] and runtime.stats["stale_entries"] == 2  # the framing check is kept
+    runtime._on_apply_many(NEW, (Entry(Term(2), Index(4), frame(9, old)),))
     assert broker.applied == [old, old]
     runtime._on_propose(ProposeQueue("/", "q", Settle(("a", 7, 1), (MsgId(2),))))
-    assert raft.calls[-1] == ("propose", 9)  # proposals carry the queue's incarnation
+    assert raft.calls[-1] == ("propose", NEW, 9)  # proposals go to the new group, framed with its incarnation
 
 
-def test_at_start_a_stale_group_is_deleted_before_raft_runs_and_added_after(tmp_path: Path) -> None:
+def test_at_start_stale_groups_are_deleted_before_raft_runs(tmp_path: Path) -> None:
     runtime, raft, _ = _runtime(tmp_path)
     runtime._raft_running = False
-    runtime.incarnation_file.save({"q/%2F/q": 5, "q/%2F/gone": 3})
+    runtime.incarnation_file.save({OLD: 5, "q/%2F/gone/i3": 3, "q/%2F/q": 7})  # "q/%2F/q": an older build's id
     runtime.mirrored = _state_with_queue(9)
     runtime._drop_stale_groups(runtime.mirrored)
     runtime._sync_groups(runtime.mirrored)
-    assert raft.calls == [("remove", "q/%2F/gone"), ("remove", "q/%2F/q")]  # nothing added over the old state
-    assert runtime.incarnation_file.load() == {"q/%2F/q": 5, "q/%2F/gone": 3}  # a crash now: deleted again
+    assert raft.calls == [("remove", "q/%2F/gone/i3"), ("remove", "q/%2F/q"), ("remove", OLD), ("add", NEW)]
+    assert runtime.incarnation_file.load() == {OLD: 5, "q/%2F/gone/i3": 3, "q/%2F/q": 7, NEW: 9}  # crash: again
     runtime._raft_started()
-    assert raft.calls[2:] == [("add", "q/%2F/q")]
-    assert runtime.incarnation_file.load() == {"q/%2F/q": 9}
+    assert raft.calls[4:] == []
+    assert runtime.incarnation_file.load() == {NEW: 9}
 
 
 def test_a_local_delete_and_redeclare_keeps_the_new_queues_proposals_away_from_the_old_group(tmp_path: Path) -> None:
     runtime, raft, broker = _runtime(tmp_path)
-    group = GroupId("q/%2F/q")
     runtime._mirror(_state_with_queue(5))
     before = runtime._on_propose
     ack = Settle(("a", 7, 1), (MsgId(1),))
@@ -230,22 +237,34 @@ def test_a_local_delete_and_redeclare_keeps_the_new_queues_proposals_away_from_t
     runtime._persists.clear()
     runtime.persist(1, [br.QueueRecord("/", "q", deleted=True)])  # the client deletes ...
     runtime.persist(2, [br.QueueRecord("/", "q")])  # ... and declares it again at once
-    assert group in runtime._quarantined
+    assert OLD in runtime._quarantined
     before(ProposeQueue("/", "q", Settle(("a", 7, 2), (MsgId(1),))))  # the new queue's: held
-    assert [c for c in raft.calls if c[0] == "propose"] == [("propose", 5)]
+    assert [c for c in raft.calls if c[0] == "propose"] == [("propose", OLD, 5)]
     old = broker.encode_proposal("b", 1, "/", "q", ack)
-    runtime._on_apply_many(group, (Entry(Term(1), Index(1), frame(5, old)),))
+    runtime._on_apply_many(OLD, (Entry(Term(1), Index(1), frame(5, old)),))
     assert broker.applied == []  # the old group feeds nothing to the broker's (new) queue
     gone = without_queues(_state_with_queue(5), {("/", "q")})
     runtime._persists.popleft()  # the deletion committed; the metadata step is mirrored
     runtime._mirror(gone)
     deleted = [r for r in broker.records if isinstance(r, br.QueueRecord) and r.deleted]
     assert deleted == []  # the client's new queue is not deleted from the broker
-    assert group not in runtime._quarantined and group not in runtime.group_queues
-    assert [p.proposal_id for p in runtime.tracker.of_group(group)] == [runtime.tracker.peek_id() - 1]
+    assert OLD not in runtime._quarantined and OLD not in runtime.group_queues
+    assert [p.proposal_id for p in runtime.tracker.of_group("q/%2F/q")] == [runtime.tracker.peek_id() - 1]
     runtime._persists.popleft()
     runtime._mirror(_state_with_queue(9))  # the new declaration committed
-    assert raft.calls[-2:] == [("add", group), ("propose", 9)]  # the held proposal goes to the new group
+    assert raft.calls[-2:] == [("add", NEW), ("propose", NEW, 9)]  # the held proposal goes to the new group
+    assert runtime.group_queues.group_of("q/%2F/q") == NEW
+
+
+def test_queue_groups_map_both_ways() -> None:
+    groups = QueueGroups()
+    groups[OLD] = ("/", "q")
+    assert groups.group_of("q/%2F/q") == OLD and groups.get(OLD) == ("/", "q") and OLD in groups
+    groups[NEW] = ("/", "q")  # both hosted for a moment: the newest one is the queue's group
+    assert groups.group_of(queue_key("/", "q")) == NEW
+    del groups[OLD]
+    assert groups.group_of("q/%2F/q") == NEW and list(groups) == [NEW] and len(groups) == 1
+    assert groups.pop(NEW) == ("/", "q") and groups.group_of("q/%2F/q") is None and groups.get(NEW) is None
 
 
 def test_pending_creations_and_deletions() -> None:
@@ -349,6 +368,68 @@ def test_a_node_down_during_delete_and_redeclare_catches_up_with_the_new_queue_o
         raise
     assert all(count is None or count <= 5 for count in seen), seen  # never an old message in n3's replica
     assert b"is stale" in n3.log_text()[offset:]  # the old group's local state was deleted at start
+    got = []
+    with _channel(n3.port) as ch:  # basic.get on n3 is answered from n3's own replica
+        while (answer := ch.basic_get(queue, auto_ack=True))[0] is not None:
+            got.append(answer[2])
+    assert got == [f"new-{i}".encode() for i in range(5)]
+    for node in cluster.nodes:
+        _wait_ready_count(node.port, queue, 0, node.name)
+
+
+def _row(port: int, queue: str) -> dict[str, Any]:
+    rows = _api_row(port, queue)
+    return rows[0] if isinstance(rows, list) and rows else {}
+
+
+def test_a_paused_node_holding_the_old_incarnation_cannot_disturb_the_new_group(cluster: ClusterProcs) -> None:
+    """n3 is frozen (SIGSTOP: not down, just silent) while the queue is deleted and declared again, then resumed:
+    it wakes up still running the old queue's group, a voter with a longer log (40 entries against the new group's
+    few), its election timer long expired. With the old shared group id its pre-vote and vote would be granted and
+    its log would overwrite the new queue's; with the incarnation in the group id nobody hosts that group, its
+    messages are dropped, and it removes the old group once its metadata catches up."""
+    queue = "q-paused"
+    n1, n2, n3 = cluster.nodes
+    with _channel(n1.port) as ch:
+        ch.queue_declare(queue, durable=True, arguments=QUORUM)
+    _publish(n1.port, queue, [f"old-{i}".encode() for i in range(40)])
+    for node in cluster.nodes:
+        _wait_ready_count(node.port, queue, 40, node.name)
+    old = _row(n3.port, queue)
+    assert n3.name in old["members"] and old["group"].startswith("q/%2F/q-paused/i"), old
+
+    assert n3.process is not None
+    os.kill(n3.process.pid, signal.SIGSTOP)
+    try:
+        with _channel(n1.port) as ch:
+            ch.queue_delete(queue)
+            ch.queue_declare(queue, durable=True, arguments=QUORUM)
+        _publish(n1.port, queue, [f"new-{i}".encode() for i in range(5)])
+        for node in (n1, n2):
+            _wait_ready_count(node.port, queue, 5, node.name)
+        new = _row(n1.port, queue)
+    finally:
+        os.kill(n3.process.pid, signal.SIGCONT)
+    assert new["group"] != old["group"] and new["group"].startswith("q/%2F/q-paused/i"), (old, new)
+    print("old group on n3:", old["group"], old["raft"], "new group on n1:", new["group"], new["raft"])
+
+    seen: dict[str, list[int | None]] = {node.name: [] for node in cluster.nodes}
+
+    def converged() -> bool:
+        for node in cluster.nodes:
+            seen[node.name].append(_ready(node.port, queue))
+        return all(counts[-1] == 5 for counts in seen.values()) and _row(n3.port, queue).get("group") == new["group"]
+
+    try:
+        wait_until(converged, 60, "n3 to serve the new queue's group with the 5 new messages")
+    except AssertionError:
+        print(cluster.logs())
+        for node in cluster.nodes:
+            print(node.name, _api_row(node.port, queue))
+        raise
+    for name in ("n1", "n2"):  # the new queue's content was never disturbed on the majority
+        assert all(count == 5 for count in seen[name]), (name, seen[name])
+    assert all(count is None or count <= 5 or count == 40 for count in seen["n3"]), seen["n3"]  # old or new, not mixed
     got = []
     with _channel(n3.port) as ch:  # basic.get on n3 is answered from n3's own replica
         while (answer := ch.basic_get(queue, auto_ack=True))[0] is not None:

@@ -44,7 +44,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
 CONFIG = LagConfig()  # documented defaults: out of sync beyond 10 s or 10,000 entries
 QUEUE = "lag-e2e"
-# cluster.queue.queue_group_id("/", QUEUE), spelled out: spark_analytics and its tests never import cluster/.
+# cluster.queue.queue_group_id("/", QUEUE), spelled out: spark_analytics and its tests never import cluster/. The
+# queue's Raft group id is this plus "/i<hex incarnation>" (docs/cluster.md, "Ids"); the run finds it in the telemetry.
 GROUP = "q/%2F/lag-e2e"
 NODES = 3
 PAUSE_S = 20.0  # twice the time threshold: the oldest entry the follower lacks ages past it during the pause
@@ -70,6 +71,7 @@ class ClusterNode:
 class PauseRun:
     """What the cluster run did: who was paused and when (wall clock ms, as in the telemetry)."""
 
+    group: str  # the queue's Raft group id (GROUP + its incarnation)
     leader: str
     victim: str
     other_follower: str
@@ -171,20 +173,24 @@ def _telemetry_records(data_dir: Path) -> Iterator[dict[str, Any]]:
                     yield record
 
 
-def queue_leader(nodes: list[ClusterNode]) -> tuple[str, list[str]]:
-    """The queue's current leader and its followers, from the latest leader `state` record in the telemetry."""
+def _is_queue_group(group: object) -> bool:
+    return group == GROUP or (isinstance(group, str) and group.startswith(GROUP + "/i"))
+
+
+def queue_leader(nodes: list[ClusterNode]) -> tuple[str, str, list[str]]:
+    """The queue's group, current leader and followers, from the latest leader `state` record in the telemetry."""
     deadline = time.monotonic() + LEADER_WAIT_S
     while time.monotonic() < deadline:
         latest: dict[str, Any] | None = None
         for node in nodes:
             for record in _telemetry_records(node.data_dir):
                 is_leader_state = record.get("type") == "state" and record.get("role") == "leader"
-                if is_leader_state and record.get("group") == GROUP and record.get("followers"):
+                if is_leader_state and _is_queue_group(record.get("group")) and record.get("followers"):
                     key = (record["term"], record["ts_ms"])
                     if latest is None or key > (latest["term"], latest["ts_ms"]):
                         latest = record
         if latest is not None:
-            return latest["node"], sorted(latest["followers"])
+            return latest["group"], latest["node"], sorted(latest["followers"])
         time.sleep(0.5)
     raise AssertionError(f"no leader of {GROUP} in the telemetry after {LEADER_WAIT_S} s")
 
@@ -226,7 +232,7 @@ def run_with_paused_follower(cluster_dir: Path) -> PauseRun:
     with running_cluster(cluster_dir) as nodes:
         by_name = {node.name: node for node in nodes}
         declare_and_warm_up(nodes[0].port)
-        leader, followers = queue_leader(nodes)
+        group, leader, followers = queue_leader(nodes)
         victim, other_follower = followers
         publisher = Publisher(by_name[leader].port)
         publisher.start()
@@ -244,6 +250,7 @@ def run_with_paused_follower(cluster_dir: Path) -> PauseRun:
         publisher.stop()
         time.sleep(SETTLE_S)
     return PauseRun(
+        group=group,
         leader=leader,
         victim=victim,
         other_follower=other_follower,
@@ -281,14 +288,14 @@ def test_only_the_paused_follower_lags_and_falls_out_of_sync(
     spark: SparkSession, job: JobResult, pause_run: PauseRun
 ) -> None:
     followers = {(row["group"], row["follower"]): row for row in table_rows(spark, job, "follower_summary")}
-    victim = followers.pop((GROUP, pause_run.victim))
+    victim = followers.pop((pause_run.group, pause_run.victim))
     print(f"\npaused follower {pause_run.victim}: {victim}")
     assert victim["lag_entries_max"] > 0
     assert victim["lag_ms_max"] > CONFIG.lag_threshold_ms
     assert victim["persist_lag_ms_max"] > CONFIG.lag_threshold_ms
     assert victim["out_of_sync_ms"] > 0
     assert victim["episodes"] == 1
-    assert (GROUP, pause_run.other_follower) in followers
+    assert (pause_run.group, pause_run.other_follower) in followers
     for key, healthy in followers.items():
         print(f"healthy follower {key}: {healthy}")
         assert healthy["out_of_sync_ms"] == 0, key
@@ -302,12 +309,12 @@ def test_the_one_catch_up_episode_spans_the_pause(
 ) -> None:
     (episode,) = table_rows(spark, job, "catch_up_episodes")
     print(f"\nepisode: {episode}; pause {pause_run.pause_start_ms}..{pause_run.resume_ms}")
-    assert (episode["group"], episode["follower"]) == (GROUP, pause_run.victim)
+    assert (episode["group"], episode["follower"]) == (pause_run.group, pause_run.victim)
     assert episode["recovered"]
     assert pause_run.pause_start_ms <= episode["start_ts_ms"] < pause_run.resume_ms <= episode["end_ts_ms"]
 
 
 def test_the_report_names_only_the_paused_follower(job: JobResult, pause_run: PauseRun) -> None:
     print("\n" + job.report)
-    assert f"{GROUP} {pause_run.victim}: out of sync" in job.report
-    assert f"{GROUP} {pause_run.other_follower}: out of sync" not in job.report
+    assert f"{pause_run.group} {pause_run.victim}: out of sync" in job.report
+    assert f"{pause_run.group} {pause_run.other_follower}: out of sync" not in job.report
