@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from chaos import netns
-from chaos.history import Ack, Fault
+from chaos.checker import check
+from chaos.history import CONNECTION_LOST, Fault, acks_of, split
 from chaos.nemesis import LocalCluster
 from chaos.report import report_json, report_text
 from chaos.run import Environment, RunOutcome, run_scenario, spawned_environment
@@ -77,8 +78,9 @@ def run_checked(scenario: Scenario, env: Environment) -> RunOutcome:
     assert result.unflagged_redeliveries == ()
     # A message acked and then closed cleanly is never delivered again (RabbitMQ's channel order). Fixed in
     # node/runtime (a Detach waits for the earlier Settles of its queue; docs/chaos.md, findings). The checker
-    # counts a close of the consumer's *last* connection for acks sent on an earlier one, so an ack sent before (or
-    # just after) a kill or partition, possibly lost with the node it went to, is not held to it here.
+    # holds an ack only to the clean close of the connection it was sent on (the workload marks lost connections),
+    # so an ack that died with a killed node is not counted.
+    print(connection_marker_summary(outcome))
     assert settled_acks_undone(outcome) == []
     assert result.order_violations == ()
     assert outcome.drained and not outcome.overflowed and outcome.error is None
@@ -86,38 +88,31 @@ def run_checked(scenario: Scenario, env: Environment) -> RunOutcome:
     return outcome
 
 
-FAULTS_THAT_MAY_LOSE_ACKS = ("kill", "partition")
-# A consumer of a killed node notices its dead connection only at its next read, so an ack it writes just after
-# the kill is recorded as sent and goes nowhere. Seen (histories printed below): an ack 0.4 to 26 ms before a
-# follower's kill by a consumer of that node, lost with it; the message came back when the node restarted (its
-# earlier life's consumer detached), in the drain, after the consumer's clean close on its next connection.
-ACK_LOSS_GRACE_MS = 1000.0
+SHOWN_WITH_AN_UNDONE_ACK = ("kill", "partition", "closed", "connection-lost", "up", "drain")
 
 
 def settled_acks_undone(outcome: RunOutcome) -> list[str]:
-    """Payloads the checker saw delivered after their ack's connection closed cleanly, except those acked before
-    (or within ACK_LOSS_GRACE_MS after) a node kill or partition: the workload records no reconnects, and the
-    checker counts the close of a consumer's *last* connection for acks sent on an earlier one that may have died
-    with its node. Every payload it returns is printed with its history."""
-    last_fault_ms = max((r.at_ms for r in outcome.records
-                         if isinstance(r, Fault) and r.kind in FAULTS_THAT_MAY_LOSE_ACKS), default=None)
-    closes: dict[str, list[float]] = {}
-    for record in outcome.records:
-        if isinstance(record, Fault) and record.kind == "closed":
-            closes.setdefault(record.target, []).append(record.at_ms)
-    settled_ack_ms: dict[str, list[float]] = {}  # acks followed by a clean close of their consumer (the checker's)
-    for record in outcome.records:
-        if isinstance(record, Ack) and any(at >= record.at_ms for at in closes.get(record.consumer, [])):
-            settled_ack_ms.setdefault(record.payload_id, []).append(record.at_ms)
-    undone = [payload for payload in outcome.result.redelivered_after_settled_ack
-              if last_fault_ms is None or max(settled_ack_ms.get(payload, [0.0])) > last_fault_ms + ACK_LOSS_GRACE_MS]
-    for payload in outcome.result.redelivered_after_settled_ack:
-        print(f"redelivered after a settled ack: {payload} ({'counted' if payload in undone else 'excused'})")
+    """The checker's payloads delivered again after the clean close of the connection their ack was sent on, each
+    printed with its history (its records, the faults, and the consumers' connection markers)."""
+    undone = list(outcome.result.redelivered_after_settled_ack)
+    for payload in undone:
+        print(f"redelivered after a settled ack: {payload}")
         for record in outcome.records:
-            if getattr(record, "payload_id", None) == payload or (isinstance(record, Fault) and record.kind in (
-                    *FAULTS_THAT_MAY_LOSE_ACKS, "closed", "up", "drain")):
+            if getattr(record, "payload_id", None) == payload or (
+                    isinstance(record, Fault) and record.kind in SHOWN_WITH_AN_UNDONE_ACK):
                 print("   ", record)
     return undone
+
+
+def connection_marker_summary(outcome: RunOutcome) -> str:
+    """How many connections the consumers lost, and what the checker would have counted without those markers
+    (a close then settled every earlier ack of its consumer: the former 1-second exception covered these)."""
+    publishes, deliveries, faults = split(outcome.records)
+    lost = [f for f in faults if f.kind == CONNECTION_LOST]
+    by_name_only = check(publishes, deliveries, acks_of(outcome.records), [f for f in faults if f not in lost])
+    return (f"consumer connections lost: {len(lost)}; redelivered after a settled ack without the markers: "
+            f"{len(by_name_only.redelivered_after_settled_ack)}, with them: "
+            f"{len(outcome.result.redelivered_after_settled_ack)}")
 
 
 def faults_of(outcome: RunOutcome, kind: str) -> list[Fault]:
