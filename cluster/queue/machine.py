@@ -106,6 +106,7 @@ class Queue:
         "_now_ms",
         "_publishers",
         "_ready",
+        "_recent_publisher",
         "_rings",
         "_ttl_epoch_msg_id",
         "_unacked_count",
@@ -137,6 +138,7 @@ class Queue:
         self._now_ms = 0
         self._active: Consumer | None = None
         self._publishers: OrderedDict[Hashable, int] = OrderedDict()  # least recently used first
+        self._recent_publisher: Hashable = None  # the id object last remembered (its key is the most recent)
         self._has_limits = self.args.max_length is not None or self.args.max_length_bytes is not None
         self._held = DeadLetterHolding()
         self.hold_dead_letters = hold_dead_letters  # whether at-least-once args make this machine hold
@@ -629,6 +631,10 @@ class Queue:
 
     def _remember_publisher(self, publisher_id: Hashable, sequence: int) -> None:
         publishers = self._publishers
+        if publisher_id is self._recent_publisher:  # already the most recently used (a batch's run): no reorder
+            publishers[publisher_id] = sequence
+            return
+        self._recent_publisher = publisher_id
         if publisher_id in publishers:
             publishers.move_to_end(publisher_id)
         elif len(publishers) >= self.publishers_max:

@@ -105,3 +105,15 @@ def test_malformed_batches_are_refused_both_ways() -> None:
     ):
         with pytest.raises(ProposalDecodeError):
             decode_proposal(cbor2.dumps(bad), _keep)
+
+
+def test_publisher_dedup_order_is_unchanged_by_runs_of_one_publisher() -> None:
+    queue = Queue("q", publishers_max=2)
+    first, second, third = ("n", 1, 1, 1), ("n", 1, 1, 2), ("n", 1, 1, 3)
+    queue.apply(EnqueueMany(first, 0, (_message(1), _message(2)), (1, 2)))
+    queue.apply(Enqueue(_message(3), 0, second, 1))
+    queue.apply(EnqueueMany(("n", 1, 1, 1), 0, (_message(4),), (3,)))  # an equal id, another object: now newest
+    queue.apply(Enqueue(_message(5), 0, third, 1))  # evicts the least recently used: `second`
+    assert [row[0] for row in queue.snapshot()["publishers"]] == [first, third]
+    assert [type(e).__name__ for e in queue.apply(Enqueue(_message(6), 0, first, 3))] == ["Duplicate"]
+    assert [type(e).__name__ for e in queue.apply(Enqueue(_message(7), 0, second, 1))] == ["Accepted"]
