@@ -26,8 +26,10 @@ in memory go to disk too, as RabbitMQ's classic queues page out under memory pre
 machine holds more than `alarm_floor(limit)` (limit/10, at least 1) ready messages withdraws its NEWEST ready ones
 (`Queue.withdraw_newest_ready`: never unacked ones; it stops at one with a per-message TTL), in batches of at most
 `SPILL_QUEUE_BATCH_MAX` (one Persist each) and at most `SPILL_CALL_MAX` a call, and writes each as a tail record: a transient one
-spilled as above; a persistent one as a MessageRemovedRecord of its earlier record followed by the same record again
-(same msg id: storage's fold keeps the later copy live, and recovery sorts an index that lists it after newer ids).
+spilled as above; a persistent one as the same record again (same msg id), ONE record and no removal of the old
+one: both recovery folds take a later record of a live id as the message's new place (the old copy dies), so no
+crash point can lose it (a removal followed by the copy could be cut between the two: the "alarm-spill crash
+window"); recovery sorts an index that lists the copy after newer ids.
 They wait at the FRONT of the tail (`PagedTail.front_ids`, newest first; older than every other tail message, so
 FIFO order holds) with their delivery count and redelivered flag, and page in first. While the alarm is on,
 page-in fills a machine only up to the floor (`effective_limit`); when it clears, normal page-in resumes.
@@ -335,9 +337,10 @@ def spill_newest(broker: Broker, queue: QueueState, count_max: int) -> int:
     """Withdraw up to `count_max` of the machine's newest ready messages (stopping at one with a per-message
     TTL) and write them as tail records at the front of the tail; returns how many moved.
 
-    A persistent one gets a MessageRemoved for its earlier record first, then the same record again (same msg
-    id): storage's fold and recovery keep the latest copy live and the removal kills the old one. A transient
-    one is spilled as by `page_out`. Its delivery count and redelivered flag come back with it at page-in."""
+    A persistent one is written again as one record (same msg id), with no MessageRemoved of its earlier
+    record: storage's fold and recovery take a record of an id already live as the message's new place, so every
+    crash point finds one live copy (a removal then a copy could be cut between the two). A transient one is
+    spilled as by `page_out`. Its delivery count and redelivered flag come back with it at page-in."""
     from node.broker.delivery import properties_to_dict
 
     taken = queue.machine.withdraw_newest_ready(count_max)
@@ -347,12 +350,10 @@ def spill_newest(broker: Broker, queue: QueueState, count_max: int) -> int:
     if tail is None:
         tail = queue.tail = PagedTail(queue_stream(queue.vhost, queue.name))
         broker.paging[tail.stream] = queue
-    records: list[MessageRecord | MessageRemovedRecord] = []
+    records: list[MessageRecord] = []
     for msg_id, queued, delivery_count, redelivered in reversed(taken):  # ascending msg id: log order
         msg: Message = queued.payload
-        if msg_id in queue.persisted_ids:
-            queue.persisted_ids.discard(msg_id)
-            records.append(MessageRemovedRecord(queue.vhost, queue.name, msg_id))
+        queue.persisted_ids.discard(msg_id)  # (its old record needs no removal: the copy below replaces it)
         fields = properties_to_dict(msg.properties)
         if not queued.persistent and "delivery_mode" in fields:
             fields[SPILLED_DELIVERY_MODE] = fields.pop("delivery_mode")

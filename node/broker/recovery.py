@@ -1,6 +1,8 @@
 """Rebuild the broker from the records storage returned at start (`Broker.recover`), pure.
 
-Records are folded in the order given (last record per key wins; `deleted=True` and MessageRemoved erase), then
+Records are folded in the order given (last record per key wins; `deleted=True` and MessageRemoved erase; a
+message record of an id already live is that message's new place: a persistent message spilled under the memory
+alarm is written again as one record, never as a removal then a copy, so no crash point loses it), then
 applied: vhosts, users, permissions, durable exchanges, durable queues, bindings whose ends both survived, then each
 durable queue's persistent messages in msg_id order through the machine's `Recover` command. A long queue stream
 comes from storage as one `MessageIndexRecord` (ids and log offsets, no bodies): it becomes the queue's paged tail

@@ -3,7 +3,9 @@ offsets of paged-out records, and the reads behind `PageIn` effects.
 
 `QueueStreamFold` folds a queue stream at recovery without keeping bodies: message records become two parallel
 `array('q')` columns (msg id, offset; 16 bytes a record), and a MessageRemoved record marks the latest earlier
-record with its id dead. Within one run of the queue's id counter, ids grow with the offset, so that record is
+record with its id dead. So does a message record whose id is not above every id seen so far: a persistent message
+spilled under the memory alarm is written again as one record with its id (no removal first, so that no crash
+point loses it), and that copy is its new place; only the latest record of an id can be live. Within one run of the queue's id counter, ids grow with the offset, so that record is
 found by binary search; the counter restarts only after a restart that left no higher id live (or a
 re-declare), which starts a new run, searched newest first. The live messages come out in log order, which is
 also msg id order (any message live at a restart has a lower id than everything written after it), as one
@@ -36,12 +38,13 @@ DEAD = -1
 class QueueStreamFold:
     """The live messages of one queue stream, as ids and offsets, built one record at a time in log order."""
 
-    __slots__ = ("_ids", "_name", "_offsets", "_others", "_run_starts")
+    __slots__ = ("_id_max", "_ids", "_name", "_offsets", "_others", "_run_starts")
 
     def __init__(self) -> None:
         self._ids = array("q")
         self._offsets = array("q")
         self._run_starts: list[int] = []  # index where each run of ascending ids starts
+        self._id_max = -1  # the highest message id seen so far (a lower one may be a moved message)
         self._name: tuple[str, str] | None = None
         self._others: list[Record] = []
 
@@ -50,6 +53,10 @@ class QueueStreamFold:
             if record.properties.get("delivery_mode") != 2:
                 return  # a transient message spilled by paging: never recovered
             ids = self._ids
+            if record.msg_id <= self._id_max:
+                self._remove(record.msg_id)  # spilled under the alarm: this copy is the message's new place
+            else:
+                self._id_max = record.msg_id
             if not ids or record.msg_id <= ids[-1]:
                 self._run_starts.append(len(ids))
             ids.append(record.msg_id)
