@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cluster.metadata.membership import NodeEndpoints
+
 ENV_PREFIX = "RAFTMQ_"
 MIB = 1024 * 1024
 
@@ -314,16 +316,9 @@ def validate(config: NodeConfig) -> NodeConfig:
     return config
 
 
-@dataclass(frozen=True, slots=True)
-class ClusterMember:
-    """One node of the cluster with every port it serves (derived from its AMQP port unless set)."""
-
-    name: str
-    host: str
-    amqp_port: int
-    raft_port: int
-    metadata_port: int
-    management_port: int
+# One node of the cluster with every port it serves (derived from its AMQP port unless set): the same value the
+# metadata records for a node, so a configured member and a joined one are one type.
+ClusterMember = NodeEndpoints
 
 
 @dataclass(frozen=True, slots=True)
