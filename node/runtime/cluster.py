@@ -20,8 +20,8 @@ cluster metadata. `ClusterRuntime` is the glue (docs/cluster.md, "node/runtime, 
   (`cluster_tracking.ProposalTracker`) until this node's replica applied it; a group's proposals are sent again
   every `RETRY_MS` and at once when its leader changes; after `proposal_timeout_ms` the broker is told
   (`proposal_abandoned`: a waiting publish is nacked).
-- Liveness: a peer without a Raft connection for `node_down_after_ms` is reported to the broker
-  (`Broker.node_down`); the metadata leader records it (`SetNodeState`) and deletes the exclusive queues it owned.
+- Liveness: a peer without a Raft connection for `node_down_after_ms`, or at once one that refuses connections
+  (the Raft transport's `refusing_peers()`: its process is gone), is reported to the broker (`Broker.node_down`); the metadata leader records it (`SetNodeState`) and deletes the exclusive queues it owned.
 
 Everything runs on the trio thread; effects go through `Node.dispatch` (or `Node.apply_effects` when called from
 inside a dispatch), exactly as the single-node path does.
@@ -593,9 +593,13 @@ class ClusterRuntime:
         self.liveness.start_ms = wall_ms()  # peers get node_down_after_ms from now to connect
         while True:
             await trio.sleep(LIVENESS_POLL_S)
-            went_down, came_up = self.liveness.observe(self.raft.connected_peers(), wall_ms())
+            refusing = self.raft.transport.refusing_peers()
+            went_down, came_up = self.liveness.observe(self.raft.connected_peers(), wall_ms(), refusing)
             for peer in went_down:
-                log.warning("cluster: node %s unreachable for %d ms: down", peer, self.config.node_down_after_ms)
+                if peer in refusing:
+                    log.warning("cluster: node %s refuses connections (its process is gone): down", peer)
+                else:
+                    log.warning("cluster: node %s unreachable for %d ms: down", peer, self.config.node_down_after_ms)
                 self.dispatch(self.broker.node_down(peer))
             for peer in came_up:
                 log.info("cluster: node %s is back", peer)

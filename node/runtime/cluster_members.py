@@ -16,9 +16,9 @@ What it is for:
   can commit), and records the new member list (`SetQueueMembers`). The Raft side follows like every other member
   change (`cluster_reconcile`: the new node is promoted once caught up, then the old one removed, kept a learner).
 
-How it works: the runtime object is duck-typed (`ClusterRuntime`); the Raft transport has no API to add or drop a
-peer while running, so `_add_raft_peer` / `_remove_raft_peer` set its peer table and run its dial loop under our
-own cancel scope (a request for `Transport.add_peer/remove_peer` is in docs/cluster.md).
+How it works: the runtime object is duck-typed (`ClusterRuntime`); `_add_raft_peer` / `_remove_raft_peer` use the
+Raft transport's `add_peer` / `remove_peer` and run its dial loop (`dial_forever`) for a peer this node dials
+under a cancel scope of ours.
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ ENDPOINTS_RECORD_INTERVAL_S = 5.0  # at most one AddNode (own endpoints) attempt
 LEAVE_QUEUES_WAIT_S = 30.0  # leave_cluster: how long to wait for the queue groups to drop this node as a voter
 STOP_AFTER_LEAVE_S = 0.5  # the HTTP answer leaves before the node stops
 JOIN_ADD_TIMEOUT_S = 60.0  # join_cluster: how long the seed may take to add this node to the metadata group
-RAFT_PEER_QUEUE_MAX = 1024  # as the Raft transport's per-peer queue
 NEW_PEER_GRACE_MS = 10_000  # a peer added while running is not reported down before this (plus node_down_after_ms)
 
 
@@ -130,13 +129,10 @@ def _raft_address(member: ClusterMember) -> tuple[str, int]:
 
 
 def _add_raft_peer(runtime: Any, peer: NodeId, address: tuple[str, int]) -> None:
-    """Teach the Raft transport a peer while it runs. The transport has no API for this yet (request filed in
-    docs/cluster.md): its peer table and per-peer queue are set here, and the dialing side's dial loop runs in the
-    cluster runtime's nursery under a cancel scope of ours."""
+    """Teach the Raft transport a peer while it runs; the dialing side's dial loop runs in the cluster runtime's
+    nursery under a cancel scope of ours."""
     transport = runtime.raft.transport
-    transport.peers[peer] = address
-    if peer not in transport._channels:
-        transport._channels[peer] = trio.open_memory_channel[bytes](RAFT_PEER_QUEUE_MAX)
+    transport.add_peer(peer, address)
     dialers: dict[NodeId, trio.CancelScope] = runtime.__dict__.setdefault("membership_dialers", {})
     nursery = runtime._metadata_tasks
     if transport.dials(peer) and nursery is not None:
@@ -148,18 +144,16 @@ def _add_raft_peer(runtime: Any, peer: NodeId, address: tuple[str, int]) -> None
 
 async def _dial(transport: Any, peer: NodeId, scope: trio.CancelScope) -> None:
     with scope:
-        await transport._dial_forever(peer)
+        await transport.dial_forever(peer)
 
 
 def _remove_raft_peer(runtime: Any, peer: NodeId) -> None:
     """Forget a peer: inbound connections from it are refused from now on, ours is closed and not redialed (a
     statically configured peer's dial loop keeps trying its old address: harmless, nothing listens there)."""
-    transport = runtime.raft.transport
-    transport.peers.pop(peer, None)  # its queue stays: a connection being torn down may still read it
     dialers: dict[NodeId, trio.CancelScope] = runtime.__dict__.get("membership_dialers", {})
     if peer in dialers:
         dialers.pop(peer).cancel()
-    transport.abort(peer)
+    runtime.raft.transport.remove_peer(peer)
 
 
 def adopt_metadata_layout(runtime: Any) -> None:

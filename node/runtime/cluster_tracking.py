@@ -14,7 +14,8 @@ RabbitMQ never does once the ack arrived before the channel closed). So a propos
 marks every Detach) is held back, unsent, until every earlier proposal of its group is applied by this node's
 replica or given up (`sendable`); only then does it enter the log, necessarily after them.
 
-`PeerLiveness` turns "which peers are connected now" samples into down/up transitions after `down_after_ms`.
+`PeerLiveness` turns "which peers are connected now" samples into down/up transitions after `down_after_ms`, or at
+once for a peer the transport reports refusing connections (its process is gone: docs/cluster.md, "Liveness").
 Both take time as `now_ms` arguments, so they are unit-tested without clocks.
 
 Queue incarnations (a queue deleted and declared again under its name keeps its Raft group id, so a node that
@@ -207,7 +208,8 @@ class ProposalTracker:
 
 @dataclass(slots=True)
 class PeerLiveness:
-    """Peers are down after `down_after_ms` without a connection, and up again at their first connection."""
+    """Peers are down after `down_after_ms` without a connection, or at once while refusing connections (the
+    transport's `refusing_peers()`), and up again at their first connection."""
 
     peers: tuple[str, ...]
     down_after_ms: int
@@ -216,9 +218,12 @@ class PeerLiveness:
     down: set[str] = field(default_factory=set)
     down_since_ms: dict[str, int] = field(default_factory=dict)  # when each down peer was found down
 
-    def observe(self, connected: Iterable[str], now_ms: int) -> tuple[list[str], list[str]]:
-        """One sample of the connected peers; returns (peers now down, peers back up)."""
+    def observe(self, connected: Iterable[str], now_ms: int,
+                refusing: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+        """One sample of the connected peers (and of those refusing connections); returns (peers now down, peers
+        back up)."""
         connected = set(connected)
+        refusing = set(refusing)
         went_down, came_up = [], []
         for peer in self.peers:
             if peer in connected:
@@ -229,7 +234,7 @@ class PeerLiveness:
                     came_up.append(peer)
             elif peer not in self.down:
                 seen = self._last_seen_ms.get(peer, self.start_ms)
-                if now_ms - seen >= self.down_after_ms:
+                if now_ms - seen >= self.down_after_ms or peer in refusing:
                     self.down.add(peer)
                     self.down_since_ms[peer] = now_ms
                     went_down.append(peer)

@@ -26,6 +26,14 @@ map frame of a kind this version does not know is counted and ignored (a newer p
 
 Outgoing batches wait in one channel per peer of `queue_batches_max`, whichever connection is current; when it is
 full, `send` drops the batch (Raft retransmits; a slow or absent peer must not grow our memory).
+
+Refusals (fast detection of a dead peer, docs/cluster.md "Liveness"): a peer whose process is gone refuses TCP
+connections (ECONNREFUSED), while a paused or partitioned one does not (connects hang, time out, or complete at the
+kernel and then stall in the handshake). After the link to a peer drops, the dialer's redials, and on the listener
+side a probe loop (a bare TCP connect, closed at once, with the dialer's backoff, until the peer dials us again),
+feed a `RefusalTracker`: `refusing_peers()` are those whose link was lost and whose last `REFUSALS_MIN` connection
+attempts, spanning at least `REFUSAL_SPAN_MS_MIN`, were all refused. Any attempt that is not refused resets the
+count; a new connection clears the state. A peer never connected since we started is never reported refusing.
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ IDLE_TIMEOUT_S = 30.0
 BACKOFF_S_MIN = 0.05
 BACKOFF_S_MAX = 2.0
 WRITE_COALESCE_MAX = 256
+REFUSALS_MIN = 2  # consecutive refused connection attempts after a lost link that make a peer "refusing"
+REFUSAL_SPAN_MS_MIN = 200  # ... and how far apart the first and last of them must be at least
+PROBE_CONNECT_TIMEOUT_S = 2.0
 log = logging.getLogger(__name__)
 
 
@@ -78,6 +89,58 @@ class TransportStats:
     connections_replaced: int = 0  # an older connection from the same peer closed in favour of a new one
     connections_closed: int = 0
     received_from: dict[NodeId, int] = field(default_factory=dict)  # batches per peer
+
+
+@dataclass(slots=True)
+class RefusalTracker:
+    """Which lost peers refuse connections now (pure: time is an argument). Fed by the dialer and the prober."""
+
+    refusals_min: int = REFUSALS_MIN
+    span_ms_min: int = REFUSAL_SPAN_MS_MIN
+    _lost: set[NodeId] = field(default_factory=set)  # the link was up once and is down now
+    _refused_ms: dict[NodeId, tuple[int, int, int]] = field(default_factory=dict)  # (count, first_ms, last_ms)
+
+    def connected(self, peer: NodeId) -> None:
+        self._lost.discard(peer)
+        self._refused_ms.pop(peer, None)
+
+    def lost(self, peer: NodeId) -> None:
+        self._lost.add(peer)
+        self._refused_ms.pop(peer, None)
+
+    def forget(self, peer: NodeId) -> None:
+        self.connected(peer)
+
+    def attempt(self, peer: NodeId, refused: bool, now_ms: int) -> None:
+        """One connection attempt to `peer`: refused (ECONNREFUSED), or anything else (connected, timed out...)."""
+        if not refused:
+            self._refused_ms.pop(peer, None)
+            return
+        count, first_ms, _ = self._refused_ms.get(peer, (0, now_ms, now_ms))
+        self._refused_ms[peer] = (count + 1, first_ms, now_ms)
+
+    def is_refusing(self, peer: NodeId) -> bool:
+        if peer not in self._lost or peer not in self._refused_ms:
+            return False
+        count, first_ms, last_ms = self._refused_ms[peer]
+        return count >= self.refusals_min and last_ms - first_ms >= self.span_ms_min
+
+    def refusing(self) -> frozenset[NodeId]:
+        return frozenset(peer for peer in self._lost if self.is_refusing(peer))
+
+
+def is_refusal(error: BaseException) -> bool:
+    """True if a failed connect was refused by the peer's host (every address tried answered ECONNREFUSED)."""
+    if isinstance(error, ConnectionRefusedError):
+        return True
+    cause = error.__cause__
+    if isinstance(cause, BaseExceptionGroup):
+        return all(is_refusal(inner) for inner in cause.exceptions)
+    return False
+
+
+def _now_ms() -> int:
+    return int(trio.current_time() * 1000)
 
 
 def _proof(secret: bytes, role: bytes, challenge: bytes, node_id: str) -> bytes:
@@ -134,11 +197,15 @@ class Transport:
         self._on_batch = on_batch
         self._on_forward = on_forward
         self._idle_timeout_s = idle_timeout_s
+        self._queue_batches_max = queue_batches_max
         self.stats = TransportStats()
         self._channels: dict[NodeId, tuple[trio.MemorySendChannel[bytes], trio.MemoryReceiveChannel[bytes]]] = {
             peer: trio.open_memory_channel[bytes](queue_batches_max) for peer in peers
         }
         self._current: dict[NodeId, _Connection] = {}
+        self.refusals = RefusalTracker()
+        self._probing: set[NodeId] = set()
+        self._nursery: trio.Nursery | None = None
 
     def dials(self, peer: NodeId) -> bool:
         """True if this node opens the pair's connection (the smaller id dials)."""
@@ -146,6 +213,23 @@ class Transport:
 
     def connected_peers(self) -> frozenset[NodeId]:
         return frozenset(self._current)
+
+    def add_peer(self, peer: NodeId, address: tuple[str, int]) -> None:
+        """Learn a peer (or its new address) while running. The caller runs `dial_forever(peer)` if `dials(peer)`."""
+        self.peers[peer] = address
+        if peer not in self._channels:
+            self._channels[peer] = trio.open_memory_channel[bytes](self._queue_batches_max)
+
+    def remove_peer(self, peer: NodeId) -> None:
+        """Forget a peer: its inbound connections are refused from now on and ours is closed (its queue stays: a
+        connection being torn down may still read it). The caller cancels the dial loop it runs for it."""
+        self.peers.pop(peer, None)
+        self.refusals.forget(peer)
+        self.abort(peer)
+
+    def refusing_peers(self) -> frozenset[NodeId]:
+        """Peers whose link was lost and which now refuse connections: their process is gone (see the header)."""
+        return self.refusals.refusing()
 
     def abort(self, peer: NodeId) -> bool:
         """Close the current connection to `peer` (tests, operators); the dialer side reconnects."""
@@ -181,9 +265,10 @@ class Transport:
     async def serve(self, host: str, port: int, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(partial(trio.serve_tcp, self._handle_inbound, port, host=host))
+            self._nursery = nursery
             for peer in sorted(self.peers):
                 if self.dials(peer):
-                    nursery.start_soon(self._dial_forever, peer)
+                    nursery.start_soon(self.dial_forever, peer)
             task_status.started()
 
     # --- listener side ---------------------------------------------------------------------------------------
@@ -196,7 +281,9 @@ class Transport:
                 with trio.fail_after(HANDSHAKE_TIMEOUT_S):
                     await stream.send_all(frame(challenge))
                     hello = await reader.read(HANDSHAKE_BYTES_MAX)
-                    verified = None if hello is None else self._verify_hello(hello, challenge)
+                    if hello is None:
+                        return  # closed before saying anything (e.g. a peer's refusal probe): not an auth failure
+                    verified = self._verify_hello(hello, challenge)
                     if verified is None:
                         self.stats.auth_failures += 1
                         return
@@ -225,7 +312,8 @@ class Transport:
 
     # --- dialer side -----------------------------------------------------------------------------------------
 
-    async def _dial_forever(self, peer: NodeId) -> None:
+    async def dial_forever(self, peer: NodeId) -> None:
+        """Keep a connection to `peer` (which this node dials), redialing with backoff; runs until cancelled."""
         host, port = self.peers[peer]
         backoff_s = BACKOFF_S_MIN
         while True:
@@ -233,7 +321,9 @@ class Transport:
                 stream = await trio.open_tcp_stream(host, port)
             except OSError as error:
                 log.debug("dial %s failed: %r", peer, error)
+                self.refusals.attempt(peer, is_refusal(error), _now_ms())
             else:
+                self.refusals.attempt(peer, False, _now_ms())
                 async with stream:
                     reader = FrameReader(stream)
                     if await self._dialer_handshake(peer, stream, reader):
@@ -282,6 +372,7 @@ class Transport:
             older.scope.cancel()
             self.stats.connections_replaced += 1
         self._current[peer] = connection
+        self.refusals.connected(peer)
         try:
             with connection.scope:
                 async with trio.open_nursery() as nursery:
@@ -291,7 +382,43 @@ class Transport:
         finally:
             if self._current.get(peer) is connection:
                 del self._current[peer]
+                self._link_lost(peer)
             self.stats.connections_closed += 1
+
+    def _link_lost(self, peer: NodeId) -> None:
+        """Start watching for refusals: the dialer's redials do it on that side; the listener probes."""
+        self.refusals.lost(peer)
+        if not self.dials(peer) and peer not in self._probing and self._nursery is not None:
+            try:
+                self._nursery.start_soon(self._probe_until_back, peer)
+            except RuntimeError:  # the transport has stopped
+                return
+            self._probing.add(peer)
+
+    async def _probe_until_back(self, peer: NodeId) -> None:
+        """Listener side: connect to the lost peer's port (and close at once) with the dialer's backoff, recording
+        refusals, until it dials us again or is no longer a peer."""
+        backoff_s = BACKOFF_S_MIN
+        try:
+            while True:
+                await trio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)
+                address = self.peers.get(peer)
+                if address is None or peer in self._current:
+                    return
+                refused = False
+                with trio.move_on_after(PROBE_CONNECT_TIMEOUT_S):
+                    try:
+                        probe = await trio.open_tcp_stream(*address)
+                    except OSError as error:
+                        refused = is_refusal(error)
+                    else:
+                        await probe.aclose()
+                if peer in self._current:
+                    return  # it dialed us meanwhile: the connection is proof of life
+                self.refusals.attempt(peer, refused, _now_ms())
+        finally:
+            self._probing.discard(peer)
 
     async def _read_loop(self, peer: NodeId, reader: FrameReader) -> None:
         try:
