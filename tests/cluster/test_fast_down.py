@@ -8,6 +8,8 @@
   kill -9: n1's consumer gets every message, flagged redelivered, long before 30 s (the time is printed, not
   asserted). n3 restarted, a new consumer there holds messages, n3 killed and restarted at once: its earlier
   life's messages come back to n1 too and the queue ends empty everywhere (nothing lost).
+- The listening side: n1 (which dials both others, so they only listen for it) killed while its consumer holds
+  messages: n2 and n3 find its port refusing with their probes, and n2's consumer gets the messages.
 """
 
 from __future__ import annotations
@@ -191,6 +193,37 @@ def test_killed_node_consumers_messages_come_back_at_once_but_not_a_paused_nodes
         acker.finish()
         assert {b for b, _ in acker.got} == set(second)
         wait_until(lambda: all(_ready_count(n.port) == 0 for n in procs.nodes), 30, "an empty queue everywhere")
+    except BaseException:
+        print(procs.logs())
+        raise
+    finally:
+        procs.stop_all()
+
+
+def test_a_killed_node_that_others_only_listen_for_is_found_by_their_probes(tmp_path: Path) -> None:
+    procs = ClusterProcs(tmp_path, extra={"RAFTMQ_NODE_DOWN_AFTER_MS": str(DOWN_AFTER_MS)})
+    try:
+        procs.start_all()
+        n1, n2 = procs.node("n1"), procs.node("n2")
+        conn = _connect(n2.port)
+        conn.channel().queue_declare(QUEUE, durable=True, arguments=QUORUM)
+        conn.close()
+        wait_until(lambda: all(_ready_count(n.port) == 0 for n in procs.nodes), 30, "the queue on every node")
+        bodies = [f"c-{i}".encode() for i in range(10)]
+        _publish(n2.port, bodies)
+        holder = Holder(n1.port, prefetch=10)
+        holder.take(10)
+        acker = Acker(n2.port)
+        acker.start()
+        procs.kill("n1")
+        elapsed_s = _wait_redelivered(acker, bodies, "the killed dialer's unacked messages on n2")
+        print(f"\nkill -9 of n1 (the dialer): {len(bodies)} messages redelivered on n2 after {elapsed_s:.2f} s")
+        holder.abandon()
+        for survivor in (n2, procs.node("n3")):
+            wait_until(partial(_logged, survivor, b"node n1 refuses connections"), REDELIVERY_WAIT_S,
+                       f"{survivor.name} to report n1 down as refusing")
+        acker.finish()
+        assert {b for b, _ in acker.got} == set(bodies)
     except BaseException:
         print(procs.logs())
         raise

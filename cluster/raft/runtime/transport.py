@@ -387,6 +387,8 @@ class Transport:
 
     def _link_lost(self, peer: NodeId) -> None:
         """Start watching for refusals: the dialer's redials do it on that side; the listener probes."""
+        if peer not in self.peers:
+            return  # removed (remove_peer): nothing to watch
         self.refusals.lost(peer)
         if not self.dials(peer) and peer not in self._probing and self._nursery is not None:
             try:
