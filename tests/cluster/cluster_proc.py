@@ -5,10 +5,16 @@ cluster secret in the environment (never argv), and ports chosen here: AMQP port
 (+10000 management, +20000 Raft, +21000 metadata) all bind now and stay below Linux's ephemeral range, so a node
 killed and restarted in a test finds its ports free again. `raft_via` lets a test route each node's Raft
 connection to a peer through another port (a fault proxy). `ClusterProcs.stop_all()` kills whatever is left.
+
+Shared by the real-process tests: `supervised(procs)` (print the logs if the body fails, kill every node at the end),
+the `cluster` fixture (three started nodes, supervised; a test module imports `cluster_fixture`), and the client
+helpers every such test uses: pika `connect`/`channel`, `ready_count`/`queue_known` (passive declare) and
+`api_queue_rows`/`api_queue` (a node's own replica's view through its management API).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -17,9 +23,15 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+import requests
+from pika.adapters.blocking_connection import BlockingChannel
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SECRET = "cluster-test-secret-0123456789abcdef"
@@ -191,3 +203,66 @@ class ClusterProcs:
 
     def logs(self) -> str:
         return "\n".join(f"===== {n.name}\n{n.log_tail(6000)}" for n in self.nodes)
+
+
+@contextlib.contextmanager
+def supervised(procs: ClusterProcs) -> Iterator[ClusterProcs]:
+    """Prints every node's log tail if the body fails; kills every node at the end either way."""
+    try:
+        yield procs
+    except BaseException:
+        print(procs.logs())
+        raise
+    finally:
+        procs.stop_all()
+
+
+@pytest.fixture(name="cluster")
+def cluster_fixture(tmp_path: Path) -> Iterator[ClusterProcs]:
+    """Three started nodes (`supervised`). Import `cluster_fixture` to use it; tests take it as `cluster`."""
+    with supervised(ClusterProcs(tmp_path)) as procs:
+        yield procs.start_all()
+
+
+def connect(port: int) -> pika.BlockingConnection:
+    params = pika.ConnectionParameters("127.0.0.1", port, heartbeat=30, blocked_connection_timeout=60,
+                                       connection_attempts=3, retry_delay=0.5)
+    return pika.BlockingConnection(params)
+
+
+@contextlib.contextmanager
+def channel(port: int) -> Iterator[BlockingChannel]:
+    """A channel on a fresh connection to the node, closed (errors ignored) at the end."""
+    conn = connect(port)
+    try:
+        yield conn.channel()
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+def ready_count(port: int, queue: str) -> int:
+    """The queue's ready count by passive declare (raises ChannelClosedByBroker if the node has no such queue)."""
+    with channel(port) as ch:
+        return int(ch.queue_declare(queue, passive=True).method.message_count)
+
+
+def queue_known(port: int, queue: str) -> bool:
+    try:
+        ready_count(port, queue)
+        return True
+    except pika.exceptions.ChannelClosedByBroker:
+        return False
+
+
+def api_queue_rows(port: int, timeout_s: float = 10) -> list[dict[str, Any]]:
+    """The node's /api/queues rows (its own replica's view); raises on an HTTP error."""
+    reply = requests.get(f"http://127.0.0.1:{port + 10_000}/api/queues", auth=("guest", "guest"), timeout=timeout_s)
+    reply.raise_for_status()
+    rows: list[dict[str, Any]] = reply.json()
+    return rows
+
+
+def api_queue(port: int, queue: str) -> dict[str, Any]:
+    """The queue's /api/queues row on the node (raises StopIteration if the node does not list it)."""
+    return next(row for row in api_queue_rows(port) if row["name"] == queue)

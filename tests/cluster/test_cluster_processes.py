@@ -16,62 +16,35 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pika
-import pytest
 import requests
 from pika.adapters.blocking_connection import BlockingChannel
 
 from cluster.queue.replicated_codec import queue_group_id
-from tests.cluster.cluster_proc import ClusterProcs, free_port, wait_until
+from tests.cluster.cluster_proc import (
+    ClusterProcs,
+    api_queue,
+    api_queue_rows,
+    channel,
+    cluster_fixture,  # noqa: F401 (the `cluster` fixture)
+    connect,
+    free_port,
+    queue_known,
+    ready_count,
+    supervised,
+    wait_until,
+)
 
 QUORUM = {"x-queue-type": "quorum"}
 
 
-def _connect(port: int) -> pika.BlockingConnection:
-    params = pika.ConnectionParameters("127.0.0.1", port, heartbeat=30, blocked_connection_timeout=60,
-                                       connection_attempts=3, retry_delay=0.5)
-    return pika.BlockingConnection(params)
-
-
-@contextlib.contextmanager
-def _channel(port: int) -> Iterator[BlockingChannel]:
-    conn = _connect(port)
-    try:
-        yield conn.channel()
-    finally:
-        with contextlib.suppress(Exception):
-            conn.close()
-
-
-def _ready_count(port: int, queue: str) -> int:
-    with _channel(port) as ch:
-        return int(ch.queue_declare(queue, passive=True).method.message_count)
-
-
-def _api_queue(port: int, queue: str) -> dict[str, Any]:
-    """The queue's /api/queues row from a node's management API (its own replica's view)."""
-    reply = requests.get(f"http://127.0.0.1:{port + 10_000}/api/queues", auth=("guest", "guest"), timeout=10)
-    reply.raise_for_status()
-    return next(row for row in reply.json() if row["name"] == queue)
-
-
-def _wait_queue_everywhere(cluster: ClusterProcs, queue: str, names: list[str] | None = None) -> None:
+def _wait_queue_everywhere(cluster: ClusterProcs, queue: str) -> None:
     for node in cluster.nodes:
-        if names is not None and node.name not in names:
-            continue
-
-        def known(port: int = node.port) -> bool:
-            try:
-                _ready_count(port, queue)
-                return True
-            except pika.exceptions.ChannelClosedByBroker:
-                return False
-
-        wait_until(known, 30, f"queue {queue} on {node.name}")
+        wait_until(partial(queue_known, node.port, queue), 30, f"queue {queue} on {node.name}")
 
 
 class Consumer(threading.Thread):
@@ -86,7 +59,7 @@ class Consumer(threading.Thread):
 
     def run(self) -> None:
         try:
-            conn = _connect(self.port)
+            conn = connect(self.port)
             ch = conn.channel()
             ch.basic_qos(prefetch_count=50)
 
@@ -115,7 +88,7 @@ class Publisher(threading.Thread):
         self.deadline_s = time.monotonic() + 240
 
     def _open(self) -> tuple[pika.BlockingConnection, BlockingChannel]:
-        conn = _connect(self.port)
+        conn = connect(self.port)
         ch = conn.channel()
         ch.confirm_delivery()
         return conn, ch
@@ -159,21 +132,9 @@ def _check_delivery(bodies: list[bytes], tag: str, confirmed: list[int]) -> None
     assert first_seen == sorted(first_seen), "per-publisher order broken"
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ClusterProcs]:
-    procs = ClusterProcs(tmp_path)
-    try:
-        yield procs.start_all()
-    except BaseException:
-        print(procs.logs())
-        raise
-    finally:
-        procs.stop_all()
-
-
 def test_quorum_queue_publish_on_one_node_consume_on_another(cluster: ClusterProcs) -> None:
     n1, n2, n3 = cluster.nodes
-    with _channel(n1.port) as ch:
+    with channel(n1.port) as ch:
         ch.queue_declare("q-basic", durable=True, arguments=QUORUM)
     _wait_queue_everywhere(cluster, "q-basic")
     publisher = Publisher(n1.port, "q-basic", 100)
@@ -185,8 +146,8 @@ def test_quorum_queue_publish_on_one_node_consume_on_another(cluster: ClusterPro
     consumer.stop.set()
     consumer.join(10)
     assert consumer.bodies == [f"p-{i}".encode() for i in range(100)]
-    wait_until(lambda: all(_ready_count(n.port, "q-basic") == 0 for n in (n1, n2, n3)), 30, "acks everywhere")
-    rows = [_api_queue(n.port, "q-basic") for n in (n1, n2, n3)]
+    wait_until(lambda: all(ready_count(n.port, "q-basic") == 0 for n in (n1, n2, n3)), 30, "acks everywhere")
+    rows = [api_queue(n.port, "q-basic") for n in (n1, n2, n3)]
     assert {r["type"] for r in rows} == {"quorum"}
     assert all(sorted(r["members"]) == ["n1", "n2", "n3"] for r in rows), [(r["members"], r["leader"]) for r in rows]
     assert len({r["leader"] for r in rows}) == 1 and rows[0]["leader"] in ("n1", "n2", "n3")
@@ -195,7 +156,7 @@ def test_quorum_queue_publish_on_one_node_consume_on_another(cluster: ClusterPro
 def test_kill_the_queue_leader_mid_stream(cluster: ClusterProcs) -> None:
     queue, names = "q-failover", [n.name for n in cluster.nodes]
     group = queue_group_id("/", queue)
-    with _channel(cluster.nodes[0].port) as ch:
+    with channel(cluster.nodes[0].port) as ch:
         ch.queue_declare(queue, durable=True, arguments=QUORUM)
     _wait_queue_everywhere(cluster, queue)
     wait_until(lambda: cluster.agreed_leader(names, group) is not None, 30, "an agreed queue leader")
@@ -221,7 +182,7 @@ def test_kill_the_queue_leader_mid_stream(cluster: ClusterProcs) -> None:
     assert cluster.agreed_leader(survivors, group) in survivors
 
     def recorded_leader_follows() -> bool:  # the new Raft leader records itself in the metadata
-        rows = [_api_queue(cluster.node(n).port, queue) for n in survivors]
+        rows = [api_queue(cluster.node(n).port, queue) for n in survivors]
         return all(r["leader"] in survivors and r["metadata_leader"] == r["leader"] for r in rows)
 
     wait_until(recorded_leader_follows, 30, "the metadata's queue leader to follow the Raft leader")
@@ -231,9 +192,9 @@ def test_kill_the_queue_leader_mid_stream(cluster: ClusterProcs) -> None:
     tail.run()
     assert tail.confirmed == list(range(50))
     cluster.restart(leader)
-    wait_until(lambda: all(_ready_count(n.port, queue) == 50 for n in cluster.nodes), 90,
+    wait_until(lambda: all(ready_count(n.port, queue) == 50 for n in cluster.nodes), 90,
                "every replica (the restarted one too) to hold the 50 ready messages")
-    wait_until(lambda: len({_api_queue(n.port, queue)["raft"]["applied"] for n in cluster.nodes}) == 1, 30,
+    wait_until(lambda: len({api_queue(n.port, queue)["raft"]["applied"] for n in cluster.nodes}) == 1, 30,
                "the restarted node's applied index to reach the others'")
 
 
@@ -252,14 +213,9 @@ def test_partition_leaves_the_leader_in_the_minority(tmp_path: Path) -> None:
                     "name": name, "listen": f"127.0.0.1:{port}", "upstream": f"127.0.0.1:{b.raft_port}"})
                 procs.raft_via[(a.name, b.name)] = port
                 proxies[frozenset((a.name, b.name))] = name
-        try:
+        with supervised(procs):
             procs.start_all()
             _partition_scenario(procs, names, proxies, proxy_thread.api_port)
-        except BaseException:
-            print(procs.logs())
-            raise
-        finally:
-            procs.stop_all()
 
 
 def _proxy_api(api_port: int, path: str, body: dict[str, Any]) -> None:
@@ -271,7 +227,7 @@ def _partition_scenario(procs: ClusterProcs, names: list[str], proxies: dict[fro
                         api_port: int) -> None:
     queue = "q-partition"
     group = queue_group_id("/", queue)
-    with _channel(procs.nodes[0].port) as ch:
+    with channel(procs.nodes[0].port) as ch:
         ch.queue_declare(queue, durable=True, arguments=QUORUM)
     _wait_queue_everywhere(procs, queue)
     wait_until(lambda: procs.agreed_leader(names, group) is not None, 30, "an agreed queue leader")
@@ -298,28 +254,28 @@ def _partition_scenario(procs: ClusterProcs, names: list[str], proxies: dict[fro
     for pair, proxy in proxies.items():
         if leader in pair:
             _proxy_api(api_port, f"/proxies/{proxy}", {"enabled": True})
-    wait_until(lambda: len({_ready_count(procs.node(n).port, queue) for n in names}) == 1, 60,
+    wait_until(lambda: len({ready_count(procs.node(n).port, queue) for n in names}) == 1, 60,
                "the healed node to agree on the ready count")
-    assert _ready_count(procs.node(leader).port, queue) >= 20
+    assert ready_count(procs.node(leader).port, queue) >= 20
 
 
 def test_a_member_down_too_long_is_replaced(tmp_path: Path) -> None:
     procs = ClusterProcs(tmp_path, size=4, extra={"RAFTMQ_MEMBER_REPLACE_AFTER_MS": "2000"})
-    try:
+    with supervised(procs):
         procs.start_all()
         queue = "q-replace"
         n1 = procs.nodes[0]
-        with _channel(n1.port) as ch:
+        with channel(n1.port) as ch:
             ch.queue_declare(queue, durable=True, arguments={**QUORUM, "x-quorum-initial-group-size": 3})
         _wait_queue_everywhere(procs, queue)
-        members = _api_queue(n1.port, queue)["members"]
+        members = api_queue(n1.port, queue)["members"]
         assert len(members) == 3 and "n1" in members
         spare = next(n.name for n in procs.nodes if n.name not in members)
         victim = next(m for m in members if m != "n1")
         procs.kill(victim)
 
         def replaced() -> bool:
-            row = _api_queue(n1.port, queue)
+            row = api_queue(n1.port, queue)
             return victim not in row["members"] and spare in row["members"] and spare in row["raft"]["voters"]
 
         wait_until(replaced, 90, f"{victim} replaced by {spare}")
@@ -327,34 +283,27 @@ def test_a_member_down_too_long_is_replaced(tmp_path: Path) -> None:
         publisher.run()
         assert publisher.confirmed == list(range(20))
         survivors = [n.name for n in procs.nodes if n.name != victim]
-        wait_until(lambda: all(_ready_count(procs.node(n).port, queue) == 20 for n in survivors), 30,
+        wait_until(lambda: all(ready_count(procs.node(n).port, queue) == 20 for n in survivors), 30,
                    "the 20 messages on every live replica")
-    except BaseException:
-        print(procs.logs())
-        raise
-    finally:
-        procs.stop_all()
 
 
 def test_a_node_with_another_secret_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     procs = ClusterProcs(tmp_path, secrets={"n3": "a-different-secret-0123456789abcdef"})
     n1, n2, n3 = procs.nodes
-    try:
+    with supervised(procs):
         for node in (n1, n2):
             procs.spawn(node)
         for node in (n1, n2):
             procs.wait_ready(node)
-        with _channel(n1.port) as ch:
+        with channel(n1.port) as ch:
             ch.queue_declare("q-before", durable=True, arguments=QUORUM)
-        wait_until(lambda: bool(_api_queue(n1.port, "q-before")["members"]), 30, "the queue in the metadata")
-        before = requests.get(f"http://127.0.0.1:{n1.port + 10_000}/api/queues", auth=("guest", "guest"),
-                              timeout=10).json()
+        wait_until(lambda: bool(api_queue(n1.port, "q-before")["members"]), 30, "the queue in the metadata")
+        before = api_queue_rows(n1.port)
         procs.spawn(n3)
         assert n3.process is not None
         assert n3.process.wait(60) == 2
         assert "cannot join the cluster: ClusterSecretError" in n3.log_tail()
-        after = requests.get(f"http://127.0.0.1:{n1.port + 10_000}/api/queues", auth=("guest", "guest"),
-                             timeout=10).json()
+        after = api_queue_rows(n1.port)
         assert [(q["name"], q["members"]) for q in after] == [(q["name"], q["members"]) for q in before]
         nodes = requests.get(f"http://127.0.0.1:{n2.port + 10_000}/api/nodes", auth=("guest", "guest"),
                              timeout=10).json()
@@ -362,21 +311,16 @@ def test_a_node_with_another_secret_is_refused_and_changes_nothing(tmp_path: Pat
         publisher = Publisher(n2.port, "q-before", 5)
         publisher.run()
         assert publisher.confirmed == list(range(5))
-    except BaseException:
-        print(procs.logs())
-        raise
-    finally:
-        procs.stop_all()
 
 
 def test_exclusive_queues_of_a_dead_node_are_deleted(cluster: ClusterProcs) -> None:
     n1, n2, _ = cluster.nodes
-    owner = _connect(n2.port)
+    owner = connect(n2.port)
     owner.channel().queue_declare("q-exclusive", exclusive=True)
 
     def status_on_n1() -> int:
         try:
-            _ready_count(n1.port, "q-exclusive")
+            ready_count(n1.port, "q-exclusive")
             return 200
         except pika.exceptions.ChannelClosedByBroker as exc:
             return int(exc.reply_code)
