@@ -1,7 +1,8 @@
 """The trio driver of one node's MultiRaft: timers, inbound batches, proposals, and the Ready cycle.
 
 One task owns the MultiRaft. It wakes when a batch arrives, a command is queued or a tick is due; it then adds and
-removes the groups the host asked for (`add_group`/`remove_group` work before and during `run`; a removed group's
+removes the groups the host asked for (`add_group`/`remove_group` work before and during `run`; a new group's
+initial membership is committed before it runs and a restarted group keeps its stored one; a removed group's
 stream is deleted in a worker thread), steps every inbound batch, routes queued commands (held ones again, before
 fresh ones, whenever a group may have got a leader, so a group's commands keep their order; routing.py: a proposal,
 membership change or leadership transfer goes to the local leader core, is forwarded to the known leader as a
@@ -40,7 +41,7 @@ from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, s
 from cluster.raft.core.types import ConfChange, Entry, GroupId, Index, Membership, NodeId, Role
 from cluster.raft.runtime.codec import Command, Forward
 from cluster.raft.runtime.routing import FORWARD_HOLD_MS, CommandRouter
-from cluster.raft.runtime.storage import RaftStorage
+from cluster.raft.runtime.storage import RaftStorage, committed_membership
 from cluster.raft.runtime.sync_thread import SyncThread
 from cluster.raft.runtime.telemetry import TelemetryWriter
 from cluster.raft.runtime.transport import Transport
@@ -131,7 +132,8 @@ class RaftNodeRuntime:
 
     def add_group(self, group: GroupId, membership: Membership) -> None:
         """Host a group: before `run` it is loaded at start; while running, at the next cycle. Loaded from storage
-        if it has a stream, else created with `membership`. Adding a hosted group does nothing."""
+        if it has a stream (then its stored membership wins over `membership`: storage.py), else created with
+        `membership`, made durable before the group runs. Adding a hosted group does nothing."""
         if self.multi is None:
             self._groups[group] = membership
             self._group_changes = deque(change for change in self._group_changes if change[0] != group)
@@ -157,13 +159,15 @@ class RaftNodeRuntime:
                 await self._drop_group(multi, storage, group)
             elif group not in multi.groups:
                 await self._load_group(multi, storage, group, membership)
+        if storage.bytes_queued:  # new groups' initial memberships: durable before they send anything
+            await trio.to_thread.run_sync(storage.commit)
         self._recheck_held = True  # held commands may be for a group that is here now
 
     async def _load_group(self, multi: MultiRaft, storage: RaftStorage, group: GroupId,
                           membership: Membership) -> None:
-        self._groups[group] = membership
         persisted = await trio.to_thread.run_sync(storage.load, group, membership)
-        multi.add_group(group, membership if persisted is None else None, persisted)
+        self._groups[group] = membership if persisted is None else committed_membership(persisted)
+        multi.add_group(group, membership if persisted is None else None, persisted)  # stored membership wins
         if persisted is not None and persisted.snapshot.index > 0 and self._snapshots is not None:
             self._snapshots.restore(group, persisted.snapshot.data)
             self.stats.restores += 1

@@ -6,10 +6,19 @@ append-only). `write_ready` queues a Ready's records (no syscall); `commit()` is
 fsync for every group) and must finish before the Ready's messages are sent — that is what puts term and vote on
 disk before any message that depends on them. `compact` stores the group's whole image as the stream's NodeLog
 snapshot, so older segments are deleted. Blocking calls (`open`, `load`, `commit`, `compact`, `delete`) belong in worker threads.
+
+A group's membership comes from its own durable state once it exists, never from whoever re-declares it: `load`
+of a group without a stream queues a `["m", voters, learners]` record first (the initial membership; the caller
+commits it before the group runs), and on reopen that record (or, after compaction or a received snapshot, the
+snapshot's membership) is the base the log's membership changes replay on. The membership the caller passes is
+then ignored (a WARNING when it differs from the stored one with the committed changes applied): changing a
+group's membership takes the Raft membership-change path. A stream from before this record gets one (the declared
+membership, pinned) the first time it is loaded.
 """
 
 from __future__ import annotations
 
+import logging
 import pathlib
 from typing import Any
 
@@ -17,8 +26,22 @@ import cbor2
 
 from cluster.log.node_log import NodeLog
 from cluster.raft.core.image import GroupImage, Record, records_for_ready
-from cluster.raft.core.types import Entry, GroupId, Membership, PersistedState, Ready, Snapshot
+from cluster.raft.core.types import (
+    INDEX_ZERO,
+    TERM_ZERO,
+    ConfChange,
+    ConfOp,
+    Entry,
+    EntryKind,
+    GroupId,
+    Membership,
+    NodeId,
+    PersistedState,
+    Ready,
+    Snapshot,
+)
 from cluster.raft.runtime.codec import (
+    CodecError,
     decode_hard_state,
     encode_hard_state,
     entries_from_flat,
@@ -28,6 +51,9 @@ from cluster.raft.runtime.codec import (
     snapshot_from_plain,
     snapshot_to_plain,
 )
+
+log = logging.getLogger(__name__)
+MEMBERSHIP_RECORD = "m"
 
 
 def stream_name(group: GroupId) -> str:
@@ -56,9 +82,25 @@ def _records(group: GroupId, snapshot: Any, entries: tuple[Entry, ...], hard_sta
     return records
 
 
+def _encode_membership(membership: Membership) -> bytes:
+    return cbor2.dumps([MEMBERSHIP_RECORD, sorted(membership.voters), sorted(membership.learners)])
+
+
+def _membership_from_plain(plain: Any) -> Membership:
+    if len(plain) != 3 or not all(type(nodes) is list for nodes in plain[1:]):
+        raise CodecError("a membership record is [\"m\", voters, learners]")
+    voters, learners = plain[1], plain[2]
+    if not all(type(node) is str for node in voters + learners):
+        raise CodecError("membership node ids are strings")
+    return Membership(frozenset(NodeId(node) for node in voters), frozenset(NodeId(node) for node in learners))
+
+
 def _decode(group: GroupId, payload: bytes) -> list[Record]:
+    return _decode_plain(group, cbor2.loads(payload))
+
+
+def _decode_plain(group: GroupId, plain: Any) -> list[Record]:
     """A stored record: the flat "f" layout, or the older nested ["r", snapshot?, [entry, ...], hard_state?]."""
-    plain = cbor2.loads(payload)
     kind = plain[0]
     if kind == "f":
         return _records(group, plain[1], entries_from_flat(plain, 3), plain[2])
@@ -83,6 +125,31 @@ def _image_from_bytes(data: bytes) -> GroupImage:
     return image
 
 
+def committed_membership(state: PersistedState) -> Membership:
+    """The membership a restarted core reaches once it has re-applied its committed entries: the snapshot's, with
+    every committed membership change after it (a change takes effect when applied, as in RaftCore)."""
+    voters, learners = set(state.snapshot.membership.voters), set(state.snapshot.membership.learners)
+    for entry in state.entries:
+        if entry.index > state.hard_state.commit:
+            break
+        if entry.kind is not EntryKind.CONF_CHANGE:
+            continue
+        change = ConfChange.decode(entry.data)
+        if change.op is ConfOp.ADD_LEARNER:
+            learners.add(change.node)
+        elif change.op is ConfOp.PROMOTE:
+            learners.discard(change.node)
+            voters.add(change.node)
+        else:
+            voters.discard(change.node)
+            learners.discard(change.node)
+    return Membership(frozenset(voters), frozenset(learners))
+
+
+def _describe(membership: Membership) -> str:
+    return f"voters={sorted(membership.voters)} learners={sorted(membership.learners)}"
+
+
 class RaftStorage:
     def __init__(self, log: NodeLog) -> None:
         self.log = log
@@ -93,19 +160,52 @@ class RaftStorage:
     def open(cls, directory: pathlib.Path) -> RaftStorage:
         return cls(NodeLog.open(directory))
 
-    def load(self, group: GroupId, membership: Membership) -> PersistedState | None:
-        """The group's persisted state, or None if it has never written anything."""
+    def load(self, group: GroupId, declared: Membership) -> PersistedState | None:
+        """The group's persisted state, or None if it is new: then `declared` is its initial membership, queued as
+        the stream's first record (`commit` makes it durable; do so before the group runs). For a group that
+        exists, the stored membership wins over `declared`."""
         stream = stream_name(group)
         if stream not in self.log.streams():
-            self._images[group] = GroupImage.empty(membership)
+            self._images[group] = GroupImage.empty(declared)
+            self._queue_membership(stream, declared)
             return None
-        snapshot_state, records = self.log.read(stream)
-        image = _image_from_bytes(snapshot_state) if snapshot_state else GroupImage.empty(membership)
-        for _, payload in records:
-            for record in _decode(group, payload):
-                image.apply(record)
+        image, pinned = self._replay(group, stream, declared)
         self._images[group] = image
-        return image.persisted_state()
+        state = image.persisted_state()
+        if not pinned:
+            log.warning("raft group %s: its stream holds no membership record (written before they existed); "
+                        "pinning the declared membership %s", group, _describe(declared))
+            self._queue_membership(stream, declared)
+            return state
+        stored = committed_membership(state)
+        if stored != declared:
+            log.warning("raft group %s: declared membership %s differs from its stored membership %s; the stored "
+                        "one is used (change membership through Raft membership changes)", group,
+                        _describe(declared), _describe(stored))
+        return state
+
+    def _replay(self, group: GroupId, stream: str, declared: Membership) -> tuple[GroupImage, bool]:
+        """The group's image from its stream, and whether its membership came from the stream (a membership record
+        or a snapshot) rather than from `declared`."""
+        snapshot_state, records = self.log.read(stream)
+        image = _image_from_bytes(snapshot_state) if snapshot_state else GroupImage.empty(declared)
+        pinned = snapshot_state is not None and len(snapshot_state) > 0
+        for _, payload in records:
+            plain = cbor2.loads(payload)
+            if plain[0] == MEMBERSHIP_RECORD:
+                if image.snapshot.index == INDEX_ZERO:  # a later snapshot carries the membership in force there
+                    image.snapshot = Snapshot(INDEX_ZERO, TERM_ZERO, _membership_from_plain(plain))
+                pinned = True
+                continue
+            for record in _decode_plain(group, plain):
+                image.apply(record)
+                pinned = pinned or record.kind == "install"
+        return image, pinned
+
+    def _queue_membership(self, stream: str, membership: Membership) -> None:
+        payload = _encode_membership(membership)
+        self.bytes_queued += len(payload)
+        self.log.append(stream, payload)
 
     def write_ready(self, group: GroupId, ready: Ready) -> None:
         records = records_for_ready(group, ready)
