@@ -13,59 +13,32 @@ the same cluster, without a failure.
 from __future__ import annotations
 
 import collections
-import contextlib
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import pika
-import pytest
-import requests
 from pika.adapters.blocking_connection import BlockingChannel
 
-from tests.cluster.cluster_proc import ClusterProcs, wait_until
+from tests.cluster.cluster_proc import (
+    ClusterProcs,
+    api_queue,
+    channel,
+    cluster_fixture,  # noqa: F401 (the `cluster` fixture)
+    connect,
+    queue_known,
+    ready_count,
+    wait_until,
+)
 
 COUNT = 200
 SOURCE_ARGS = {"x-queue-type": "quorum", "x-dead-letter-exchange": "dlx", "x-overflow": "reject-publish",
                "x-dead-letter-strategy": "at-least-once", "x-max-length": COUNT}
 
 
-def _connect(port: int) -> pika.BlockingConnection:
-    params = pika.ConnectionParameters("127.0.0.1", port, heartbeat=30, blocked_connection_timeout=60,
-                                       connection_attempts=3, retry_delay=0.5)
-    return pika.BlockingConnection(params)
-
-
-@contextlib.contextmanager
-def _channel(port: int) -> Iterator[BlockingChannel]:
-    conn = _connect(port)
-    try:
-        yield conn.channel()
-    finally:
-        with contextlib.suppress(Exception):
-            conn.close()
-
-
-def _ready_count(port: int, queue: str) -> int:
-    with _channel(port) as ch:
-        return int(ch.queue_declare(queue, passive=True).method.message_count)
-
-
-def _known(port: int, queue: str) -> bool:
-    try:
-        _ready_count(port, queue)
-        return True
-    except pika.exceptions.ChannelClosedByBroker:
-        return False
-
-
 def _leader(port: int, queue: str) -> str | None:
-    reply = requests.get(f"http://127.0.0.1:{port + 10_000}/api/queues", auth=("guest", "guest"), timeout=10)
-    reply.raise_for_status()
-    row: dict[str, Any] = next(r for r in reply.json() if r["name"] == queue)
-    leader: str | None = row["leader"]
+    leader: str | None = api_queue(port, queue)["leader"]
     return leader
 
 
@@ -77,7 +50,7 @@ def _agreed_leader(cluster: ClusterProcs, queue: str, names: list[str]) -> str |
 def _publish_confirmed(port: int, queue: str, bodies: list[bytes], deadline_s: float) -> int:
     """Publish each body with confirms, again after a nack (the queue may be full for a while); returns nacks."""
     nacks = 0
-    with _channel(port) as ch:
+    with channel(port) as ch:
         ch.confirm_delivery()
         pending = collections.deque(bodies)
         while pending and time.monotonic() < deadline_s:
@@ -103,7 +76,7 @@ class Rejecter(threading.Thread):
 
     def run(self) -> None:
         try:
-            conn = _connect(self.port)
+            conn = connect(self.port)
             ch = conn.channel()
             ch.basic_qos(prefetch_count=10)
 
@@ -123,7 +96,7 @@ def _drain(port: int, queue: str, deadline_s: float) -> list[bytes]:
     """Every message of the queue, by basic.get with acks (stops when the queue reads empty twice)."""
     bodies: list[bytes] = []
     empty = 0
-    with _channel(port) as ch:
+    with channel(port) as ch:
         while empty < 2 and time.monotonic() < deadline_s:
             method, _props, body = ch.basic_get(queue, auto_ack=True)
             if method is None:
@@ -135,20 +108,8 @@ def _drain(port: int, queue: str, deadline_s: float) -> list[bytes]:
     return bodies
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ClusterProcs]:
-    procs = ClusterProcs(tmp_path)
-    try:
-        yield procs.start_all()
-    except BaseException:
-        print(procs.logs())
-        raise
-    finally:
-        procs.stop_all()
-
-
 def _declare(cluster: ClusterProcs) -> None:
-    with _channel(cluster.nodes[0].port) as ch:
+    with channel(cluster.nodes[0].port) as ch:
         ch.exchange_declare("dlx", "fanout", durable=True)
         ch.exchange_declare("dlx-amo", "fanout", durable=True)
         for target in ("dead", "dead-amo"):
@@ -159,7 +120,7 @@ def _declare(cluster: ClusterProcs) -> None:
                                                              "x-dead-letter-exchange": "dlx-amo"})
     for node in cluster.nodes:
         for queue in ("dead", "dead-amo", "src", "src-amo"):
-            wait_until(lambda port=node.port, q=queue: _known(port, q), 30, f"queue {queue} on {node.name}")
+            wait_until(partial(queue_known, node.port, queue), 30, f"queue {queue} on {node.name}")
 
 
 def test_at_least_once_dead_letters_survive_a_leader_kill(cluster: ClusterProcs) -> None:
@@ -171,7 +132,7 @@ def test_at_least_once_dead_letters_survive_a_leader_kill(cluster: ClusterProcs)
     _publish_confirmed(cluster.nodes[0].port, "src-amo", [f"a-{i}".encode() for i in range(20)], deadline_s)
     rejecter = Rejecter(cluster.nodes[1].port, "src-amo")
     rejecter.start()
-    wait_until(lambda: _ready_count(cluster.nodes[2].port, "dead-amo") == 20, 60, "20 at-most-once dead letters")
+    wait_until(lambda: ready_count(cluster.nodes[2].port, "dead-amo") == 20, 60, "20 at-most-once dead letters")
     rejecter.stop.set()
     rejecter.join(10)
 
@@ -186,10 +147,10 @@ def test_at_least_once_dead_letters_survive_a_leader_kill(cluster: ClusterProcs)
     rejecter.start()
     wait_until(lambda: len(rejecter.rejected) >= COUNT // 2, 60, "100 rejections before the kill")
     cluster.kill(leader)
-    with _channel(pub_node.port) as ch:
+    with channel(pub_node.port) as ch:
         ch.queue_bind("dead", "dlx")
     wait_until(lambda: len(set(rejecter.rejected)) >= COUNT, 120, "every message rejected")
-    wait_until(lambda: _ready_count(pub_node.port, "dead") >= COUNT, 120, "every dead letter at the target")
+    wait_until(lambda: ready_count(pub_node.port, "dead") >= COUNT, 120, "every dead letter at the target")
     rejecter.stop.set()
     rejecter.join(10)
     assert rejecter.error is None
@@ -197,12 +158,12 @@ def test_at_least_once_dead_letters_survive_a_leader_kill(cluster: ClusterProcs)
     # Held messages count against x-max-length: 200 new publishes all fit only once the holding area is empty.
     refill = [f"r-{i}".encode() for i in range(COUNT)]
     nacks = _publish_confirmed(pub_node.port, "src", refill, deadline_s)
-    assert _ready_count(pub_node.port, "src") == COUNT
+    assert ready_count(pub_node.port, "src") == COUNT
 
     cluster.restart(leader)
     restarted = cluster.node(leader)
-    target_count = _ready_count(pub_node.port, "dead")
-    wait_until(lambda: _ready_count(restarted.port, "dead") == target_count, 90,
+    target_count = ready_count(pub_node.port, "dead")
+    wait_until(lambda: ready_count(restarted.port, "dead") == target_count, 90,
                "the restarted node's replica of the target to catch up")
 
     got = _drain(con_node.port, "dead", deadline_s)

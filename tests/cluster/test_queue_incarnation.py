@@ -10,11 +10,10 @@ Unit tests first, then three real `raftmq node` processes.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,13 @@ from node.runtime.cluster_incarnations import (
 )
 from node.runtime.cluster_tracking import frame, incarnation_of_cid, stale_groups, unframe
 from node.runtime.config import NodeConfig, cluster_layout
-from tests.cluster.cluster_proc import ClusterProcs, wait_until
+from tests.cluster.cluster_proc import (
+    ClusterProcs,
+    api_queue_rows,
+    channel,
+    cluster_fixture,  # noqa: F401 (the `cluster` fixture)
+    wait_until,
+)
 
 SECRET = "0123456789abcdef-secret"
 QUORUM = {"x-queue-type": "quorum"}
@@ -137,7 +142,7 @@ def test_the_model_keeps_the_incarnation_of_an_equal_redeclare_and_takes_a_new_o
 
 class FakeRaft:
     def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
+        self.calls: list[tuple[Any, ...]] = []
 
     def add_group(self, group: GroupId, membership: Membership) -> None:
         self.calls.append(("add", group))
@@ -279,46 +284,32 @@ def test_pending_creations_and_deletions() -> None:
 # ------------------------------------------------------------------------------------------------ real processes
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ClusterProcs]:
-    procs = ClusterProcs(tmp_path)
-    try:
-        yield procs.start_all()
-    except BaseException:
-        print(procs.logs())
-        raise
-    finally:
-        procs.stop_all()
-
-
-@contextlib.contextmanager
-def _channel(port: int) -> Iterator[Any]:
-    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=30,
-                                                             connection_attempts=3, retry_delay=0.5))
-    try:
-        yield conn.channel()
-    finally:
-        with contextlib.suppress(Exception):
-            conn.close()
-
-
 def _ready(port: int, queue: str) -> int | None:
     """The queue's ready count in the node's own replica (management API), None while the node has no such queue."""
     try:
-        reply = requests.get(f"http://127.0.0.1:{port + 10_000}/api/queues", auth=("guest", "guest"), timeout=5)
-        reply.raise_for_status()
+        rows = [row for row in api_queue_rows(port, timeout_s=5) if row["name"] == queue]
     except requests.RequestException:
         return None
-    rows = [row for row in reply.json() if row["name"] == queue]
     return int(rows[0]["messages_ready"]) if rows else None
 
 
 def _api_row(port: int, queue: str) -> Any:
     try:
-        reply = requests.get(f"http://127.0.0.1:{port + 10_000}/api/queues", auth=("guest", "guest"), timeout=5)
-        return [row for row in reply.json() if row["name"] == queue]
+        return [row for row in api_queue_rows(port, timeout_s=5) if row["name"] == queue]
     except (requests.RequestException, ValueError) as error:
         return repr(error)
+
+
+def _wait_or_dump(cluster: ClusterProcs, queue: str, predicate: Callable[[], bool], timeout_s: float,
+                  what: str) -> None:
+    """`wait_until`; on a timeout, prints the logs and every node's row of the queue first."""
+    try:
+        wait_until(predicate, timeout_s, what)
+    except AssertionError:
+        print(cluster.logs())
+        for node in cluster.nodes:
+            print(node.name, _api_row(node.port, queue))
+        raise
 
 
 def _wait_ready_count(port: int, queue: str, count: int, name: str) -> None:
@@ -329,7 +320,7 @@ def _wait_ready_count(port: int, queue: str, count: int, name: str) -> None:
 
 
 def _publish(port: int, queue: str, bodies: list[bytes]) -> None:
-    with _channel(port) as ch:
+    with channel(port) as ch:
         ch.confirm_delivery()
         for body in bodies:
             ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
@@ -338,14 +329,14 @@ def _publish(port: int, queue: str, bodies: list[bytes]) -> None:
 def test_a_node_down_during_delete_and_redeclare_catches_up_with_the_new_queue_only(cluster: ClusterProcs) -> None:
     queue = "q-incarnation"
     n1, n3 = cluster.nodes[0], cluster.node("n3")
-    with _channel(n1.port) as ch:
+    with channel(n1.port) as ch:
         ch.queue_declare(queue, durable=True, arguments=QUORUM)
     _publish(n1.port, queue, [f"old-{i}".encode() for i in range(20)])
     for node in cluster.nodes:
         _wait_ready_count(node.port, queue, 20, node.name)
 
     cluster.kill("n3")
-    with _channel(n1.port) as ch:
+    with channel(n1.port) as ch:
         ch.queue_delete(queue)
         ch.queue_declare(queue, durable=True, arguments=QUORUM)
     _publish(n1.port, queue, [f"new-{i}".encode() for i in range(5)])
@@ -359,17 +350,11 @@ def test_a_node_down_during_delete_and_redeclare_catches_up_with_the_new_queue_o
         seen.append(_ready(n3.port, queue))
         return seen[-1] == 5
 
-    try:
-        wait_until(caught_up, 60, "n3's replica to hold the 5 new messages")
-    except AssertionError:
-        print(cluster.logs())
-        for node in cluster.nodes:
-            print(node.name, _api_row(node.port, queue))
-        raise
+    _wait_or_dump(cluster, queue, caught_up, 60, "n3's replica to hold the 5 new messages")
     assert all(count is None or count <= 5 for count in seen), seen  # never an old message in n3's replica
     assert b"is stale" in n3.log_text()[offset:]  # the old group's local state was deleted at start
     got = []
-    with _channel(n3.port) as ch:  # basic.get on n3 is answered from n3's own replica
+    with channel(n3.port) as ch:  # basic.get on n3 is answered from n3's own replica
         while (answer := ch.basic_get(queue, auto_ack=True))[0] is not None:
             got.append(answer[2])
     assert got == [f"new-{i}".encode() for i in range(5)]
@@ -390,7 +375,7 @@ def test_a_paused_node_holding_the_old_incarnation_cannot_disturb_the_new_group(
     messages are dropped, and it removes the old group once its metadata catches up."""
     queue = "q-paused"
     n1, n2, n3 = cluster.nodes
-    with _channel(n1.port) as ch:
+    with channel(n1.port) as ch:
         ch.queue_declare(queue, durable=True, arguments=QUORUM)
     _publish(n1.port, queue, [f"old-{i}".encode() for i in range(40)])
     for node in cluster.nodes:
@@ -401,7 +386,7 @@ def test_a_paused_node_holding_the_old_incarnation_cannot_disturb_the_new_group(
     assert n3.process is not None
     os.kill(n3.process.pid, signal.SIGSTOP)
     try:
-        with _channel(n1.port) as ch:
+        with channel(n1.port) as ch:
             ch.queue_delete(queue)
             ch.queue_declare(queue, durable=True, arguments=QUORUM)
         _publish(n1.port, queue, [f"new-{i}".encode() for i in range(5)])
@@ -420,18 +405,12 @@ def test_a_paused_node_holding_the_old_incarnation_cannot_disturb_the_new_group(
             seen[node.name].append(_ready(node.port, queue))
         return all(counts[-1] == 5 for counts in seen.values()) and _row(n3.port, queue).get("group") == new["group"]
 
-    try:
-        wait_until(converged, 60, "n3 to serve the new queue's group with the 5 new messages")
-    except AssertionError:
-        print(cluster.logs())
-        for node in cluster.nodes:
-            print(node.name, _api_row(node.port, queue))
-        raise
+    _wait_or_dump(cluster, queue, converged, 60, "n3 to serve the new queue's group with the 5 new messages")
     for name in ("n1", "n2"):  # the new queue's content was never disturbed on the majority
         assert all(count == 5 for count in seen[name]), (name, seen[name])
     assert all(count is None or count <= 5 or count == 40 for count in seen["n3"]), seen["n3"]  # old or new, not mixed
     got = []
-    with _channel(n3.port) as ch:  # basic.get on n3 is answered from n3's own replica
+    with channel(n3.port) as ch:  # basic.get on n3 is answered from n3's own replica
         while (answer := ch.basic_get(queue, auto_ack=True))[0] is not None:
             got.append(answer[2])
     assert got == [f"new-{i}".encode() for i in range(5)]
