@@ -381,15 +381,18 @@ def delete_queue(broker: Broker, queue: QueueState, cancels: list[Effect] | None
         from node.broker import replica_control
 
         replica_control.forget_queue(broker, queue)
+    # The definition's deletion is written first, its messages' removals after it (one Persist): a crash that
+    # cuts the batch leaves a deleted queue, never a live one missing some messages. Removals a crash cut off
+    # cannot bring a message back: a queue declared again under this name starts its stream afresh (the store
+    # writes a QueueStreamStartRecord before its QueueRecord; recovery drops what precedes it).
+    if queue.stored or broker.replicated:
+        broker.persist((QueueRecord(queue.vhost, queue.name, deleted=True),))
     if queue.tail is not None:
         _paging().forget_tail(broker, queue)
-    if queue.stored or broker.replicated or queue.persisted_ids:  # (not stored: paged-in persistent messages)
-        if queue.persisted_ids:  # keep the queue's own stream consistent even if replayed apart from definitions
-            removed = sorted(queue.persisted_ids)
-            queue.persisted_ids.clear()
-            broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in removed))
-        if queue.stored or broker.replicated:
-            broker.persist((QueueRecord(queue.vhost, queue.name, deleted=True),))
+    if queue.persisted_ids:  # (not stored: paged-in persistent messages; the stream stays consistent on its own)
+        removed = sorted(queue.persisted_ids)
+        queue.persisted_ids.clear()
+        broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in removed))
 
 
 def delete_exclusive_queues(broker: Broker, conn: ConnState) -> None:

@@ -12,7 +12,8 @@ as values all the same. Each record
 names its storage `stream`: "definitions" for vhosts, users, permissions, exchanges, queues and bindings, and
 "queue:<vhost>:<queue>" for one durable queue's persistent messages, so a queue's stream can be truncated behind a
 snapshot on its own. Deletions are records too (`deleted=True` / MessageRemoved); replaying a stream in order and
-keeping the last record per key gives the current state.
+keeping the last record per key gives the current state. A `QueueStreamStartRecord` in a queue stream kills every
+record before it (the stream of a deleted queue, re-declared under the same name).
 """
 
 from __future__ import annotations
@@ -190,6 +191,26 @@ class MessageRemovedRecord:
         return ["msg-removed", self.vhost, self.queue, self.msg_id]
 
 
+@dataclass(frozen=True, slots=True)
+class QueueStreamStartRecord:
+    """A queue's stream starts afresh here: every earlier record of the stream is dead (a deleted queue's).
+
+    Storage writes one before the QueueRecord of a queue declared under a name whose stream already exists
+    (node/runtime/store.py), in the same append batch, so that the old queue's records can never come back in the
+    new one, whatever a crash cut off (its removals, the truncation of its stream). Both recovery folds drop
+    what precedes it."""
+
+    vhost: str
+    queue: str
+
+    @property
+    def stream(self) -> str:
+        return queue_stream(self.vhost, self.queue)
+
+    def to_cbor(self) -> list[Any]:
+        return ["queue-start", self.vhost, self.queue]
+
+
 @dataclass(slots=True, unsafe_hash=True)
 class TailMessageRecord(MessageRecord):
     """A MessageRecord of a message paged out at publish (node/broker/paging.py): written exactly like one (same
@@ -221,13 +242,13 @@ class MessageIndexRecord:
 
 Record = (
     VHostRecord | UserRecord | PermissionRecord | ExchangeRecord | QueueRecord | BindingRecord | MessageRecord
-    | MessageRemovedRecord | MessageIndexRecord | PolicyRecord
+    | MessageRemovedRecord | MessageIndexRecord | PolicyRecord | QueueStreamStartRecord
 )
 
 _TAGS: dict[str, type[Any]] = {
     "vhost": VHostRecord, "user": UserRecord, "perm": PermissionRecord, "exchange": ExchangeRecord,
     "queue": QueueRecord, "binding": BindingRecord, "msg": MessageRecord, "msg-removed": MessageRemovedRecord,
-    "policy": PolicyRecord,
+    "policy": PolicyRecord, "queue-start": QueueStreamStartRecord,
 }
 
 

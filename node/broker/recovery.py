@@ -1,6 +1,8 @@
 """Rebuild the broker from the records storage returned at start (`Broker.recover`), pure.
 
-Records are folded in the order given (last record per key wins; `deleted=True` and MessageRemoved erase; a
+Records are folded in the order given (last record per key wins; `deleted=True` and MessageRemoved erase, and so
+does a `QueueStreamStartRecord` for every earlier record of its queue's stream: the queue was deleted and declared
+again, so those were the old queue's, whatever removals a crash cut off; a
 message record of an id already live is that message's new place: a persistent message spilled under the memory
 alarm is written again as one record, never as a removal then a copy, so no crash point loses it), then
 applied: vhosts, users, permissions, durable exchanges, durable queues, bindings whose ends both survived, then each
@@ -30,6 +32,7 @@ from node.broker.records import (
     MessageRemovedRecord,
     PermissionRecord,
     QueueRecord,
+    QueueStreamStartRecord,
     Record,
     UserRecord,
     VHostRecord,
@@ -77,6 +80,9 @@ class _Fold:
             self.messages.get((record.vhost, record.queue), {}).pop(record.msg_id, None)
         elif isinstance(record, MessageIndexRecord):
             self.indexes[(record.vhost, record.queue)] = record
+        elif isinstance(record, QueueStreamStartRecord):  # a re-declared queue: what came before was the old one's
+            self.messages.pop((record.vhost, record.queue), None)
+            self.indexes.pop((record.vhost, record.queue), None)
 
 
 def recover(broker: Broker, records: list[Record]) -> None:

@@ -82,6 +82,7 @@ from node.broker.records import (
     PermissionRecord,
     PolicyRecord,
     QueueRecord,
+    QueueStreamStartRecord,
     Record,
     TailMessageRecord,
     UserRecord,
@@ -212,6 +213,7 @@ class StreamBook:
     last_offset: int = -1
     last_snapshot_s: float = float("-inf")
     live_messages: LiveIds = field(default_factory=LiveIds)  # a bitmap: ~1 bit per id, not ~60 bytes
+    truncated_through: int = -1  # the offset of the latest snapshot written or planned (-1: none)
 
 
 class Store:
@@ -230,6 +232,7 @@ class Store:
         self.books: dict[str, StreamBook] = {}
         self.candidates: set[str] = set()  # drained streams past a threshold, held back by the interval
         self.definitions: dict[tuple[Any, ...], Record] = {}
+        self.doomed: dict[str, None] = {}  # streams of queues deleted in the batch being persisted
         self.jobs: list[Callable[[], None]] = []
         self._wake = trio.Event()
         self.unsafe_tokens: list[int] = []  # test only: appended, not yet reported (unsafe confirm mode)
@@ -279,6 +282,7 @@ class Store:
         records: list[Record] = []
         for stream in streams:
             book = self.books.setdefault(stream, StreamBook())
+            book.truncated_through = self.log.snapshot_offset(stream)
             snapshot, entries = self.log.read(stream)
             if snapshot is not None:
                 for item in cbor2.loads(snapshot):
@@ -292,6 +296,8 @@ class Store:
                 book.last_offset = offset
                 book.records_since_snapshot += 1
                 book.bytes_since_snapshot += len(payload)
+                if type(record) is QueueStreamStartRecord:  # a re-declared queue: the old one's records are dead
+                    inline, fold = [], None
                 if fold is not None:
                     fold.add(offset, record)
                     continue
@@ -312,6 +318,8 @@ class Store:
         """Append the records (one `NodeLog.append_many` for the whole batch) and queue the token for the next
         commit. The two per-message records (MessageRecord, MessageRemovedRecord) take an inlined path."""
         batch = records if isinstance(records, (list, tuple)) else list(records)
+        if any(type(record) is QueueRecord for record in batch):
+            batch = self._with_stream_starts(batch)
         items = [(record.stream, encode_record(record)) for record in batch]
         offsets = self.log.append_many(items)
         books = self.books
@@ -336,6 +344,8 @@ class Store:
                 self.pages.tail_appended(stream, record.msg_id, offset)
             self._track(stream, record, book)
             self._plan_compaction(stream, record, book)
+        if self.doomed:
+            self._truncate_doomed()
         if len(self.pending_tokens) >= PENDING_TOKENS_MAX:
             log.error("store: %d tokens pending; storage is not keeping up", len(self.pending_tokens))
         self.pending_tokens.append(token)
@@ -344,12 +354,36 @@ class Store:
             self.unsafe_tokens.append(token)
             self._unsafe_wake.set()
 
+    def _with_stream_starts(self, batch: list[Record] | tuple[Record, ...]) -> list[Record]:
+        """The batch with a `QueueStreamStartRecord` before the QueueRecord of each queue declared anew (not live
+        at that point of the batch) whose stream exists: what the stream holds is a deleted queue's, and no crash
+        point may give it back to the new queue (not the removals a crash cut off, not a truncation job that never
+        ran). One batch is one append: the marker is never durable without what follows it, nor the reverse."""
+        out: list[Record] = []
+        live: dict[tuple[Any, ...], bool] = {}  # queue definition key -> live, as of this point of the batch
+        streams: set[str] = set()  # streams the batch appended to so far
+        for record in batch:
+            if type(record) is QueueRecord:
+                key = definition_key(record)
+                if not record.deleted:
+                    stream = queue_stream(record.vhost, record.name)
+                    if not live.get(key, key in self.definitions) and (stream in self.books or stream in streams):
+                        out.append(QueueStreamStartRecord(record.vhost, record.name))
+                        streams.add(stream)
+                live[key] = not record.deleted
+            else:
+                streams.add(record.stream)
+            out.append(record)
+        return out
+
     def _track(self, stream: str, record: Record, book: StreamBook) -> Record:
         cls = type(record)
         if cls is MessageRecord or cls is TailMessageRecord:  # (spilled ones too: live until paged in)
             book.live_messages.add(record.msg_id)  # type: ignore[union-attr]
         elif cls is MessageRemovedRecord:
             book.live_messages.discard(record.msg_id)  # type: ignore[union-attr]
+        elif cls is QueueStreamStartRecord:
+            book.live_messages.clear()  # what came before was a deleted queue's
         elif stream == DEFINITIONS_STREAM:
             key = definition_key(record)
             if getattr(record, "deleted", False):
@@ -365,12 +399,15 @@ class Store:
                 self._compact_drained(stream, book)
             return
         if isinstance(record, QueueRecord) and record.deleted:
-            # Truncate (not delete) the queue's stream: a queue re-declared under the same name before the
-            # job runs appends to the same stream, and those later records must survive.
-            doomed = self.books.get(queue_stream(record.vhost, record.name))
-            if doomed is not None and doomed.last_offset >= 0:
-                doomed.live_messages.clear()
-                self._schedule_snapshot(queue_stream(record.vhost, record.name), doomed, EMPTY_SNAPSHOT)
+            # Truncate (not delete) the queue's stream, at the end of this batch (its removal records follow the
+            # deletion) or just before a re-declared queue's first record, whichever comes first: a queue
+            # re-declared under the same name appends to the same stream, and those later records must survive.
+            self.doomed[queue_stream(record.vhost, record.name)] = None
+            return
+        if cls is QueueStreamStartRecord:
+            self.doomed.pop(stream, None)
+            if book.last_offset - 1 > book.truncated_through:  # the old queue's records: truncate them
+                self._schedule_snapshot(stream, book, EMPTY_SNAPSHOT, book.last_offset - 1)
             return
         if stream == DEFINITIONS_STREAM:
             dead = book.records_since_snapshot - len(self.definitions)
@@ -379,6 +416,15 @@ class Store:
                 self._schedule_snapshot(stream, book, state)
         elif not book.live_messages and self._queue_stream_grown(book):
             self._compact_drained(stream, book)
+
+    def _truncate_doomed(self) -> None:
+        """End of a persist batch: truncate the streams of the queues it deleted (not declared again in it)."""
+        for stream in self.doomed:
+            book = self.books.get(stream)
+            if book is not None and book.last_offset > book.truncated_through:
+                book.live_messages.clear()
+                self._schedule_snapshot(stream, book, EMPTY_SNAPSHOT)
+        self.doomed.clear()
 
     def _queue_stream_grown(self, book: StreamBook) -> bool:
         policy = self.policy
@@ -404,8 +450,9 @@ class Store:
         if self.jobs:
             self._wake.set()
 
-    def _schedule_snapshot(self, stream: str, book: StreamBook, state: bytes) -> None:
-        offset = book.last_offset
+    def _schedule_snapshot(self, stream: str, book: StreamBook, state: bytes, offset: int | None = None) -> None:
+        offset = book.last_offset if offset is None else offset
+        book.truncated_through = offset
         book.records_since_snapshot = 0
         book.bytes_since_snapshot = 0
         book.last_snapshot_s = self.clock()
