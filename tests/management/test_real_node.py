@@ -39,8 +39,9 @@ def _wait_accepts(port: int, node: NodeProcess) -> None:
     raise AssertionError(f"management port {port} never opened:\n{node.log_tail()}")
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[tuple[NodeProcess, int]]:
+@pytest.fixture(name="node")
+def node_fixture(tmp_path: Path) -> Iterator[tuple[NodeProcess, int]]:
+    """One started node and its management port (open). Other modules import `node_fixture`; tests take `node`."""
     management_port = _free_port()
     proc = NodeProcess(tmp_path, extra_args=("--management-port", str(management_port))).start()
     try:

@@ -7,42 +7,28 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pika
-import pytest
 import requests
 
 from cluster.queue.replicated_codec import queue_group_id
-from tests.cluster.cluster_proc import ClusterProcs, wait_until
+from tests.cluster.cluster_proc import (
+    ClusterProcs,
+    cluster_fixture,  # noqa: F401 (the `cluster` fixture)
+    wait_until,
+)
+from tests.cluster.cluster_proc import channel as plain_channel
 
 WAIT_S = 30.0
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ClusterProcs]:
-    procs = ClusterProcs(tmp_path)
-    try:
-        yield procs.start_all()
-    except BaseException:
-        print(procs.logs())
-        raise
-    finally:
-        procs.stop_all()
-
-
 @contextlib.contextmanager
 def channel(port: int) -> Iterator[Any]:
-    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=30,
-                                                             connection_attempts=3, retry_delay=0.5))
-    try:
-        ch = conn.channel()
+    """A channel in confirm mode."""
+    with plain_channel(port) as ch:
         ch.confirm_delivery()
         yield ch
-    finally:
-        with contextlib.suppress(Exception):
-            conn.close()
 
 
 def api(port: int, method: str, path: str, body: Any = None) -> requests.Response:

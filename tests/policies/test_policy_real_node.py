@@ -8,28 +8,17 @@ import base64
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import pika
-import pytest
 
 from node import ctl
 from tests.integration.nodeproc import NodeProcess
-from tests.management.test_real_node import _free_port, _wait_accepts
+from tests.management.test_real_node import (
+    _wait_accepts,
+    node_fixture,  # noqa: F401 (the `node` fixture)
+)
 
 POLL_S = 15.0
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[tuple[NodeProcess, int]]:
-    management_port = _free_port()
-    proc = NodeProcess(tmp_path, extra_args=("--management-port", str(management_port))).start()
-    try:
-        _wait_accepts(management_port, proc)
-        yield proc, management_port
-    finally:
-        proc.stop()
 
 
 def http(port: int, method: str, path: str, body: object = None) -> tuple[int, object]:
@@ -93,7 +82,7 @@ def test_policies_apply_clear_and_survive_a_restart(node: tuple[NodeProcess, int
     proc.restart()
     _wait_accepts(mport, proc)
     _, policies = http(mport, "GET", "/api/policies/%2F")
-    assert sorted(p["name"] for p in policies) == ["cap", "short"]  # type: ignore[union-attr,index]
+    assert sorted(p["name"] for p in policies) == ["cap", "short"]  # type: ignore[attr-defined]
     conn, ch = channel(proc.port)
     with conn:
         assert ready(ch, "pol-jobs") == 3
