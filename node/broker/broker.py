@@ -39,6 +39,8 @@ from node.broker.queues import QueueState
 from node.broker.records import PermissionRecord, PolicyRecord, Record, UserRecord, VHostRecord
 from node.broker.vhost import VHost
 
+FLOW_ROUTES_MAX = 64  # queues remembered per publishing connection for `publish_flow_behind`
+
 
 def counter_rng(seed: bytes = b"raftmq") -> Callable[[int], bytes]:
     """A deterministic byte source (sha256 of seed + counter); the runtime may inject os.urandom instead."""
@@ -68,6 +70,7 @@ class BrokerConfig:
     boot_id: int = 0  # replicated mode: different at every start of the node
     replicated: bool = False  # every queue a replica: commands go out as ProposeQueue (docs/cluster.md)
     queue_messages_in_memory_max: int = 10_000  # per stored queue; past it messages wait on disk (0: never)
+    publish_flow_ready_max: int = 1024  # a publisher is read more slowly while its queue has more ready (0: never)
 
 
 def alarm_reason(kind: str) -> str:
@@ -124,6 +127,8 @@ class Broker:
         self.next_page_request = 0
         self.policy_sent: dict[tuple[str, str], tuple[Any, int]] = {}  # replicated: SetArgs proposed, and when
         self.policy_checked_ms = 0  # replicated: when `tick` last compared leader queues with their policies
+        self.flow_touched: dict[int, QueueState] = {}  # queues enqueued into by the running entry point, by id
+        self.flow_routes: dict[int, list[QueueState]] = {}  # conn_id -> queues its last read published to
         if self.replicated:
             self.handlers = {**_HANDLERS, **replica.HANDLERS}
             self.publish_route = replica.route_publish
@@ -224,13 +229,30 @@ class Broker:
         """`handle` for each event in turn (one read's worth), with the same effects in the same order, except
         that every record written for the whole list shares one `Persist` (one token, one confirm round)."""
         self.now_ms = max(self.now_ms, now_ms)
+        touched = self.flow_touched
+        touched.clear()
         for event in events:
             conn = self.conns.get(conn_id)
             if conn is None:
                 break
             self._handle_event(conn, event)
             self._settle_round()
+        if touched:
+            self.flow_routes[conn_id] = list(touched.values())[:FLOW_ROUTES_MAX]
+            touched.clear()
+        elif self.flow_routes:
+            self.flow_routes.pop(conn_id, None)
         return self._finish()
+
+    def publish_flow_behind(self, conn_id: int) -> bool:
+        """Credit flow for the runtime: True while a queue this connection's last read published to has more than
+        `publish_flow_ready_max` ready messages and a consumer whose connection drains (so deliveries, not the
+        consumer, are behind). The runtime then reads the publisher more slowly, as RabbitMQ's credit flow does."""
+        queues = self.flow_routes.get(conn_id)
+        limit = self.config.publish_flow_ready_max
+        if not queues or limit <= 0:
+            return False
+        return any(queue.machine.ready_count > limit and _has_draining_consumer(queue) for queue in queues)
 
     def _handle_event(self, conn: ConnState, event: Any) -> None:
         kind = type(event)
@@ -535,6 +557,7 @@ class Broker:
             self.close_channel_state(conn, number)
         definitions.delete_exclusive_queues(self, conn)
         self.conns.pop(conn.conn_id, None)
+        self.flow_routes.pop(conn.conn_id, None)
 
     def _settle_round(self) -> None:
         """What every entry point ends with: dead letters republished, credit topped up, pending drained."""
@@ -555,6 +578,14 @@ class Broker:
         out = self.out
         self.out = []
         return out
+
+
+def _has_draining_consumer(queue: QueueState) -> bool:
+    for consumer in queue.consumers.values():
+        conn = consumer.channel.conn
+        if conn is not None and conn.writable and not consumer.cancelled and not consumer.channel.closed:
+            return True
+    return False
 
 
 def _send(broker: Broker, ch: ChannelState, method: Any) -> None:

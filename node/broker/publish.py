@@ -154,10 +154,12 @@ def enqueue_all(broker: Broker, vhost: VHost[QueueState], queue_names: tuple[str
     rejected = False
     now_ms = broker.now_ms
     queues = vhost.queues
+    touched = broker.flow_touched
     for queue_name in queue_names:
         queue = queues.get(queue_name)
         if queue is None:
             continue
+        touched[id(queue)] = queue  # for the runtime's credit flow (Broker.publish_flow_behind)
         if queue.tail is not None or (queue.pageable and ttl_ms is None and queue.machine.ready_count
                                       >= broker.config.queue_messages_in_memory_max):
             token = paging.page_out(broker, queue, msg, persistent, ttl_ms)  # node/broker/paging.py

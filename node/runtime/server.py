@@ -14,7 +14,12 @@ All of this runs on the trio thread, so the broker needs no locks. Output per co
 `output_buffer_high_bytes` the broker is told the connection is not writable (it stops delivering to it) and
 below `output_buffer_low_bytes` it is told again that it is. A connection the broker blocked (a publisher during
 a memory or disk alarm) is not read until the alarm clears, as in RabbitMQ, so a client that ignores
-connection.blocked cannot push more data into the node.
+connection.blocked cannot push more data into the node. Credit flow (as RabbitMQ's between readers and queues):
+after a read, a publisher whose target queue is behind its draining consumers (`Broker.publish_flow_behind`) is not
+read again until the queue caught up, for at most `FLOW_PAUSE_MAX_S`; a pause that times out (the consumer, not the
+node, is slow) turns pausing off for that connection for `FLOW_QUIET_S`. Without it a publisher's read (up to
+RECEIVE_SIZE_BYTES, ~1,400 small publishes) outweighs a consumer's (acks that free at most its prefetch), so the
+queue grew without bound while the consumer waited for turns.
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ RECEIVE_SIZE_BYTES = 256 * 1024
 BLOCKED_POLL_S = 0.1  # how often a blocked connection looks whether its alarm cleared (and sends heartbeats)
 DISPATCH_ROUNDS_MAX = 100_000  # events+effects cascades longer than this indicate a bug; stop and log
 BROKER_TICK_MS_MAX = 1_000
+FLOW_POLL_S = 0.001  # how often a paused publisher looks whether its queues caught up
+FLOW_PAUSE_MAX_S = 0.05  # longest pause of a publisher behind its queues, per read
+FLOW_QUIET_S = 0.5  # after a pause that timed out: no pauses for this long (a slow consumer must not throttle)
 SHUTDOWN_REPLY_TEXT = "broker forced connection closure with reason 'shutdown'"
 ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
@@ -87,6 +95,7 @@ class Connection:
     broker_told_closed: bool = False
     output_ready: trio.Event = field(default_factory=trio.Event)
     send_lock: trio.Lock = field(default_factory=trio.Lock)
+    flow_quiet_until_s: float = 0.0  # credit flow: no pauses before this trio time
     cancel_scope: trio.CancelScope | None = None
 
 
@@ -131,6 +140,9 @@ class Node:
         self.all_closed = trio.Event()
         self.stop_requested = trio.Event()  # set by a signal or `request_stop`; starts the graceful shutdown
         self._dirty: deque[Connection] = deque()
+        self._flow_behind: Callable[[int], bool] | None = getattr(broker, "publish_flow_behind", None)
+        self.flow_pauses = 0  # credit flow: publisher reads held back, and those that timed out
+        self.flow_pauses_timed_out = 0
         self._server_scope: trio.CancelScope | None = None
 
     # ----------------------------------------------------------------------------------------- dispatch
@@ -292,7 +304,25 @@ class Node:
             self.dispatch_guarded(conn)
             if conn.core.blocked:
                 await self._wait_unblocked(conn)
+            elif self._flow_behind is not None and self._flow_behind(conn.conn_id):
+                await self._wait_for_queues(conn, self._flow_behind)
         await self._wait_flushed(conn)
+
+    async def _wait_for_queues(self, conn: Connection, behind: Callable[[int], bool]) -> None:
+        """Credit flow: hold a publisher's next read while a queue it published to is behind its consumers, so
+        the consumers' reads and writes get the turns that publishes took. Bounded by FLOW_PAUSE_MAX_S; when the
+        queue does not catch up in that time its consumers are slow, and pausing stops for FLOW_QUIET_S."""
+        now_s = trio.current_time()
+        if now_s < conn.flow_quiet_until_s:
+            return
+        self.flow_pauses += 1
+        deadline_s = now_s + FLOW_PAUSE_MAX_S
+        while trio.current_time() < deadline_s:
+            await trio.sleep(FLOW_POLL_S)
+            if conn.finished or conn.core.blocked or not behind(conn.conn_id):
+                return
+        self.flow_pauses_timed_out += 1
+        conn.flow_quiet_until_s = trio.current_time() + FLOW_QUIET_S
 
     async def _wait_unblocked(self, conn: Connection) -> None:
         """A blocked connection (a publisher during a resource alarm) is not read until the alarm clears, as in
