@@ -318,7 +318,7 @@ class Store:
         """Append the records (one `NodeLog.append_many` for the whole batch) and queue the token for the next
         commit. The two per-message records (MessageRecord, MessageRemovedRecord) take an inlined path."""
         batch = records if isinstance(records, (list, tuple)) else list(records)
-        if any(type(record) is QueueRecord for record in batch):
+        if QueueRecord in map(type, batch):  # (C-level scan: this is the publish path)
             batch = self._with_stream_starts(batch)
         items = [(record.stream, encode_record(record)) for record in batch]
         offsets = self.log.append_many(items)
@@ -370,6 +370,8 @@ class Store:
                     if not live.get(key, key in self.definitions) and (stream in self.books or stream in streams):
                         out.append(QueueStreamStartRecord(record.vhost, record.name))
                         streams.add(stream)
+                        # tail offsets not yet reported are the old queue's: never hand them to the new one
+                        self.pages.offsets = [item for item in self.pages.offsets if item[0] != stream]
                 live[key] = not record.deleted
             else:
                 streams.add(record.stream)
