@@ -7,9 +7,10 @@ killed and restarted in a test finds its ports free again. `raft_via` lets a tes
 connection to a peer through another port (a fault proxy). `ClusterProcs.stop_all()` kills whatever is left.
 
 Shared by the real-process tests: `supervised(procs)` (print the logs if the body fails, kill every node at the end),
-the `cluster` fixture (three started nodes, supervised; a test module imports `cluster_fixture`), and the client
-helpers every such test uses: pika `connect`/`channel`, `ready_count`/`queue_known` (passive declare) and
-`api_queue_rows`/`api_queue` (a node's own replica's view through its management API).
+the `cluster` fixture (three started nodes, supervised; a test module imports `cluster_fixture`), `ConsumingThread`
+(a consumer on its own thread, each delivery handled by a subclass), and the client helpers every such test uses:
+pika `connect`/`channel`, `ready_count`/`queue_known` (passive declare) and `api_queue_rows`/`api_queue` (a node's
+own replica's view through its management API).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -266,3 +268,33 @@ def api_queue_rows(port: int, timeout_s: float = 10) -> list[dict[str, Any]]:
 def api_queue(port: int, queue: str) -> dict[str, Any]:
     """The queue's /api/queues row on the node (raises StopIteration if the node does not list it)."""
     return next(row for row in api_queue_rows(port) if row["name"] == queue)
+
+
+class ConsumingThread(threading.Thread):
+    """Consumes `queue` on one node (manual acks, `prefetch_count`) until `stop` is set; a subclass settles each
+    delivery in `handle`. An error ends the thread and is kept in `error` for the test to report."""
+
+    def __init__(self, port: int, queue: str, prefetch_count: int) -> None:
+        super().__init__(daemon=True)
+        self.port, self.queue, self.prefetch_count = port, queue, prefetch_count
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def handle(self, ch: BlockingChannel, delivery_tag: int, body: bytes) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        try:
+            conn = connect(self.port)
+            ch = conn.channel()
+            ch.basic_qos(prefetch_count=self.prefetch_count)
+
+            def on_message(ch: BlockingChannel, method: Any, props: Any, body: bytes) -> None:
+                self.handle(ch, method.delivery_tag, body)
+
+            ch.basic_consume(self.queue, on_message)
+            while not self.stop.is_set():
+                conn.process_data_events(time_limit=0.1)
+            conn.close()
+        except BaseException as exc:  # reported by the test
+            self.error = exc

@@ -27,6 +27,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from cluster.queue.replicated_codec import queue_group_id
 from tests.cluster.cluster_proc import (
     ClusterProcs,
+    ConsumingThread,
     api_queue,
     api_queue_rows,
     channel,
@@ -50,32 +51,16 @@ def _wait_queue_everywhere(cluster: ClusterProcs, queue: str) -> None:
         wait_until(partial(queue_known, node.port, queue), 30, f"queue {queue} on {node.name}")
 
 
-class Consumer(threading.Thread):
+class Consumer(ConsumingThread):
     """Consumes `queue` on one node with manual acks, collecting bodies until told to stop."""
 
     def __init__(self, port: int, queue: str) -> None:
-        super().__init__(daemon=True)
-        self.port, self.queue = port, queue
+        super().__init__(port, queue, prefetch_count=50)
         self.bodies: list[bytes] = []
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
 
-    def run(self) -> None:
-        try:
-            conn = connect(self.port)
-            ch = conn.channel()
-            ch.basic_qos(prefetch_count=50)
-
-            def on_message(ch: BlockingChannel, method: object, props: object, body: bytes) -> None:
-                self.bodies.append(body)
-                ch.basic_ack(method.delivery_tag)  # type: ignore[attr-defined]
-
-            ch.basic_consume(self.queue, on_message)
-            while not self.stop.is_set():
-                conn.process_data_events(time_limit=0.1)
-            conn.close()
-        except BaseException as exc:  # reported by the test
-            self.error = exc
+    def handle(self, ch: BlockingChannel, delivery_tag: int, body: bytes) -> None:
+        self.bodies.append(body)
+        ch.basic_ack(delivery_tag)
 
 
 class Publisher(threading.Thread):

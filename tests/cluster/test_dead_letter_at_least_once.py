@@ -13,20 +13,18 @@ the same cluster, without a failure.
 from __future__ import annotations
 
 import collections
-import threading
 import time
 from functools import partial
-from typing import Any
 
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
 from tests.cluster.cluster_proc import (
     ClusterProcs,
+    ConsumingThread,
     api_queue,
     channel,
     cluster_fixture,  # noqa: F401 (the `cluster` fixture)
-    connect,
     queue_known,
     ready_count,
     wait_until,
@@ -64,32 +62,16 @@ def _publish_confirmed(port: int, queue: str, bodies: list[bytes], deadline_s: f
     return nacks
 
 
-class Rejecter(threading.Thread):
+class Rejecter(ConsumingThread):
     """Consumes a queue on one node and rejects (requeue=False) every delivery."""
 
     def __init__(self, port: int, queue: str) -> None:
-        super().__init__(daemon=True)
-        self.port, self.queue = port, queue
+        super().__init__(port, queue, prefetch_count=10)
         self.rejected: list[bytes] = []
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
 
-    def run(self) -> None:
-        try:
-            conn = connect(self.port)
-            ch = conn.channel()
-            ch.basic_qos(prefetch_count=10)
-
-            def on_message(ch: BlockingChannel, method: Any, props: Any, body: bytes) -> None:
-                ch.basic_reject(method.delivery_tag, requeue=False)
-                self.rejected.append(body)
-
-            ch.basic_consume(self.queue, on_message)
-            while not self.stop.is_set():
-                conn.process_data_events(time_limit=0.1)
-            conn.close()
-        except BaseException as exc:  # reported by the test
-            self.error = exc
+    def handle(self, ch: BlockingChannel, delivery_tag: int, body: bytes) -> None:
+        ch.basic_reject(delivery_tag, requeue=False)
+        self.rejected.append(body)
 
 
 def _drain(port: int, queue: str, deadline_s: float) -> list[bytes]:

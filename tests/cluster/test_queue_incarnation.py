@@ -326,6 +326,18 @@ def _publish(port: int, queue: str, bodies: list[bytes]) -> None:
             ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
 
 
+def _n3_gives_the_new_messages_only(cluster: ClusterProcs, queue: str) -> None:
+    """Takes every message by basic.get on n3 (answered from n3's own replica): the 5 new ones, in order; then the
+    queue reads empty on every node."""
+    got = []
+    with channel(cluster.node("n3").port) as ch:
+        while (answer := ch.basic_get(queue, auto_ack=True))[0] is not None:
+            got.append(answer[2])
+    assert got == [f"new-{i}".encode() for i in range(5)]
+    for node in cluster.nodes:
+        _wait_ready_count(node.port, queue, 0, node.name)
+
+
 def test_a_node_down_during_delete_and_redeclare_catches_up_with_the_new_queue_only(cluster: ClusterProcs) -> None:
     queue = "q-incarnation"
     n1, n3 = cluster.nodes[0], cluster.node("n3")
@@ -353,13 +365,7 @@ def test_a_node_down_during_delete_and_redeclare_catches_up_with_the_new_queue_o
     _wait_or_dump(cluster, queue, caught_up, 60, "n3's replica to hold the 5 new messages")
     assert all(count is None or count <= 5 for count in seen), seen  # never an old message in n3's replica
     assert b"is stale" in n3.log_text()[offset:]  # the old group's local state was deleted at start
-    got = []
-    with channel(n3.port) as ch:  # basic.get on n3 is answered from n3's own replica
-        while (answer := ch.basic_get(queue, auto_ack=True))[0] is not None:
-            got.append(answer[2])
-    assert got == [f"new-{i}".encode() for i in range(5)]
-    for node in cluster.nodes:
-        _wait_ready_count(node.port, queue, 0, node.name)
+    _n3_gives_the_new_messages_only(cluster, queue)
 
 
 def _row(port: int, queue: str) -> dict[str, Any]:
@@ -409,10 +415,4 @@ def test_a_paused_node_holding_the_old_incarnation_cannot_disturb_the_new_group(
     for name in ("n1", "n2"):  # the new queue's content was never disturbed on the majority
         assert all(count == 5 for count in seen[name]), (name, seen[name])
     assert all(count is None or count <= 5 or count == 40 for count in seen["n3"]), seen["n3"]  # old or new, not mixed
-    got = []
-    with channel(n3.port) as ch:  # basic.get on n3 is answered from n3's own replica
-        while (answer := ch.basic_get(queue, auto_ack=True))[0] is not None:
-            got.append(answer[2])
-    assert got == [f"new-{i}".encode() for i in range(5)]
-    for node in cluster.nodes:
-        _wait_ready_count(node.port, queue, 0, node.name)
+    _n3_gives_the_new_messages_only(cluster, queue)
