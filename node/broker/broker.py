@@ -244,15 +244,21 @@ class Broker:
             self.flow_routes.pop(conn_id, None)
         return self._finish()
 
-    def publish_flow_behind(self, conn_id: int) -> bool:
-        """Credit flow for the runtime: True while a queue this connection's last read published to has more than
-        `publish_flow_ready_max` ready messages and a consumer whose connection drains (so deliveries, not the
-        consumer, are behind). The runtime then reads the publisher more slowly, as RabbitMQ's credit flow does."""
+    def publish_flow_behind(self, conn_id: int) -> int:
+        """Credit flow for the runtime: the ready messages of the fullest queue this connection's last read
+        published to that has more than `publish_flow_ready_max` of them and a consumer whose connection drains (so
+        deliveries, not the socket, are behind); 0 when there is none. The runtime then reads the publisher more
+        slowly, as RabbitMQ's credit flow does, while the count goes down."""
         queues = self.flow_routes.get(conn_id)
         limit = self.config.publish_flow_ready_max
         if not queues or limit <= 0:
-            return False
-        return any(queue.machine.ready_count > limit and _has_draining_consumer(queue) for queue in queues)
+            return 0
+        backlog = 0
+        for queue in queues:
+            ready = queue.machine.ready_count
+            if ready > limit and ready > backlog and _has_draining_consumer(queue):
+                backlog = ready
+        return backlog
 
     def _handle_event(self, conn: ConnState, event: Any) -> None:
         kind = type(event)

@@ -16,8 +16,9 @@ below `output_buffer_low_bytes` it is told again that it is. A connection the br
 a memory or disk alarm) is not read until the alarm clears, as in RabbitMQ, so a client that ignores
 connection.blocked cannot push more data into the node. Credit flow (as RabbitMQ's between readers and queues):
 after a read, a publisher whose target queue is behind its draining consumers (`Broker.publish_flow_behind`) is not
-read again until the queue caught up, for at most `FLOW_PAUSE_MAX_S`; a pause that times out (the consumer, not the
-node, is slow) turns pausing off for that connection for `FLOW_QUIET_S`. Without it a publisher's read (up to
+read again until the queue caught up, as long as the backlog keeps going down (at most `FLOW_PAUSE_MAX_S`); a pause
+in which it stopped going down for `FLOW_STALL_S` (the consumer, not the node, is slow) turns pausing off for that
+connection for `FLOW_QUIET_S`. Without it a publisher's read (up to
 RECEIVE_SIZE_BYTES, ~1,400 small publishes) outweighs a consumer's (acks that free at most its prefetch), so the
 queue grew without bound while the consumer waited for turns.
 """
@@ -62,8 +63,9 @@ BLOCKED_POLL_S = 0.1  # how often a blocked connection looks whether its alarm c
 DISPATCH_ROUNDS_MAX = 100_000  # events+effects cascades longer than this indicate a bug; stop and log
 BROKER_TICK_MS_MAX = 1_000
 FLOW_POLL_S = 0.001  # how often a paused publisher looks whether its queues caught up
-FLOW_PAUSE_MAX_S = 0.05  # longest pause of a publisher behind its queues, per read
-FLOW_QUIET_S = 0.5  # after a pause that timed out: no pauses for this long (a slow consumer must not throttle)
+FLOW_PAUSE_MAX_S = 0.25  # longest pause of a publisher behind its queues, per read
+FLOW_STALL_S = 0.05  # a pause ends when the backlog did not go down for this long (the consumer is slow)
+FLOW_QUIET_S = 0.5  # after a stalled pause: no pauses for this long (a stalled consumer must not throttle)
 SHUTDOWN_REPLY_TEXT = "broker forced connection closure with reason 'shutdown'"
 ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
@@ -140,9 +142,9 @@ class Node:
         self.all_closed = trio.Event()
         self.stop_requested = trio.Event()  # set by a signal or `request_stop`; starts the graceful shutdown
         self._dirty: deque[Connection] = deque()
-        self._flow_behind: Callable[[int], bool] | None = getattr(broker, "publish_flow_behind", None)
-        self.flow_pauses = 0  # credit flow: publisher reads held back, and those that timed out
-        self.flow_pauses_timed_out = 0
+        self._flow_behind: Callable[[int], int] | None = getattr(broker, "publish_flow_behind", None)
+        self.flow_pauses = 0  # credit flow: publisher reads held back, and those that stalled
+        self.flow_pauses_stalled = 0
         self._server_scope: trio.CancelScope | None = None
 
     # ----------------------------------------------------------------------------------------- dispatch
@@ -304,25 +306,37 @@ class Node:
             self.dispatch_guarded(conn)
             if conn.core.blocked:
                 await self._wait_unblocked(conn)
-            elif self._flow_behind is not None and self._flow_behind(conn.conn_id):
-                await self._wait_for_queues(conn, self._flow_behind)
+            elif self._flow_behind is not None:
+                backlog = self._flow_behind(conn.conn_id)
+                if backlog:
+                    await self._wait_for_queues(conn, self._flow_behind, backlog)
         await self._wait_flushed(conn)
 
-    async def _wait_for_queues(self, conn: Connection, behind: Callable[[int], bool]) -> None:
+    async def _wait_for_queues(self, conn: Connection, behind: Callable[[int], int], backlog: int) -> None:
         """Credit flow: hold a publisher's next read while a queue it published to is behind its consumers, so
         the consumers' reads and writes get the turns that publishes took. Bounded by FLOW_PAUSE_MAX_S; when the
-        queue does not catch up in that time its consumers are slow, and pausing stops for FLOW_QUIET_S."""
+        backlog stops going down for FLOW_STALL_S its consumers are slow, and pausing stops for FLOW_QUIET_S."""
         now_s = trio.current_time()
         if now_s < conn.flow_quiet_until_s:
             return
         self.flow_pauses += 1
         deadline_s = now_s + FLOW_PAUSE_MAX_S
-        while trio.current_time() < deadline_s:
+        stall_s = now_s + FLOW_STALL_S
+        while now_s < deadline_s:
             await trio.sleep(FLOW_POLL_S)
-            if conn.finished or conn.core.blocked or not behind(conn.conn_id):
+            if conn.finished or conn.core.blocked:
                 return
-        self.flow_pauses_timed_out += 1
-        conn.flow_quiet_until_s = trio.current_time() + FLOW_QUIET_S
+            now_s = trio.current_time()
+            current = behind(conn.conn_id)
+            if not current:
+                return
+            if current < backlog:  # the consumers are draining it
+                backlog = current
+                stall_s = now_s + FLOW_STALL_S
+            elif now_s >= stall_s:
+                self.flow_pauses_stalled += 1
+                conn.flow_quiet_until_s = now_s + FLOW_QUIET_S
+                return
 
     async def _wait_unblocked(self, conn: Connection) -> None:
         """A blocked connection (a publisher during a resource alarm) is not read until the alarm clears, as in
