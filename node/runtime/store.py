@@ -19,7 +19,12 @@ per `interval_s` per stream, so a steady drained flow does not write (and fsync)
 messages; disk per drained stream stays bounded by those thresholds. A stream that passed a threshold while the
 interval held it back is a candidate, re-checked by the commit loop at least every `interval_s`. The definitions
 stream is rewritten as a snapshot of its live records once dead records dominate. A deleted durable queue's stream is truncated the same
-way (an empty snapshot), so a queue re-declared under the same name keeps what it appends afterwards.
+way (an empty snapshot, at the end of the batch that deleted it: after its removal records), so a queue re-declared
+under the same name keeps what it appends afterwards. Truncation is late (a job after the commit), so the re-declare
+does not rely on it: before the QueueRecord of a queue declared anew whose stream exists, `persist` appends a
+`QueueStreamStartRecord` to the stream (same batch: the log recovers a prefix of the append order, so the marker is
+durable whenever the new definition is), recovery drops every record of the stream before it, and the records before
+it are truncated (a snapshot just before it) if nothing had yet.
 Recovery reads every stream back (snapshot first, then the entries after it) for `Broker.recover`.
 
 Test-only modes (settings `test_unsafe_confirm_before_fsync` and `test_drop_unsynced_on_kill`; never for
@@ -318,6 +323,8 @@ class Store:
         """Append the records (one `NodeLog.append_many` for the whole batch) and queue the token for the next
         commit. The two per-message records (MessageRecord, MessageRemovedRecord) take an inlined path."""
         batch = records if isinstance(records, (list, tuple)) else list(records)
+        if self.doomed:
+            self.doomed.clear()  # (left by a batch that raised half-way: its truncation is only skipped)
         if QueueRecord in map(type, batch):  # (C-level scan: this is the publish path)
             batch = self._with_stream_starts(batch)
         items = [(record.stream, encode_record(record)) for record in batch]

@@ -188,3 +188,21 @@ async def test_no_crash_point_of_delete_and_redeclare_resurrects_old_messages(
             again = _peek(directory, limit)
             assert again == [*(found or []), *AFTER], f"cut {cut} (snapshot jobs run: {with_jobs}): {again}"
 
+
+
+def test_broker_recovery_drops_what_precedes_a_stream_start() -> None:
+    """`Broker.recover`'s own fold honours the marker too (records straight from the streams, as a store that
+    returns every record would)."""
+    from node.broker.records import MessageRecord, QueueRecord, QueueStreamStartRecord, Record
+
+    def message(msg_id: int, body: bytes) -> MessageRecord:
+        return MessageRecord("/", "q", msg_id, "", "q", {"delivery_mode": 2}, body)
+
+    records: list[Record] = [QueueRecord("/", "q"), QueueRecord("/", "q", deleted=True), QueueRecord("/", "q"),
+                             message(1, b"old1"), message(2, b"old2"), QueueStreamStartRecord("/", "q"),
+                             message(1, b"new1")]
+    broker = Broker(BrokerConfig())
+    client = Client(broker)
+    client.open(1)
+    broker.recover(records)
+    assert [d.body for d in deliveries(client.consume("q", "c", no_ack=True))] == [b"new1"]
