@@ -17,14 +17,11 @@ from typing import Any
 
 import requests
 
-from tests.cluster.cluster_proc import REPO_ROOT, ClusterProcs, wait_until
+from tests.cluster.cluster_proc import REPO_ROOT, ClusterProcs, api_queue, channel, ready_count, wait_until
 from tests.cluster.test_cluster_processes import (
     QUORUM,
     Consumer,
     Publisher,
-    _api_queue,
-    _channel,
-    _ready_count,
     _wait_queue_everywhere,
 )
 
@@ -50,10 +47,10 @@ def test_grow_to_a_fourth_node_then_shrink_the_leader_away(tmp_path: Path) -> No
     try:
         procs.start_all()
         queue, n1 = "q-members", procs.nodes[0]
-        with _channel(n1.port) as ch:
+        with channel(n1.port) as ch:
             ch.queue_declare(queue, durable=True, arguments={**QUORUM, "x-quorum-initial-group-size": 3})
         _wait_queue_everywhere(procs, queue)
-        members = _api_queue(n1.port, queue)["members"]
+        members = api_queue(n1.port, queue)["members"]
         spare = next(n for n in procs.nodes if n.name not in members)
         before = Publisher(n1.port, queue, 20, tag="a")
         before.run()
@@ -63,23 +60,23 @@ def test_grow_to_a_fourth_node_then_shrink_the_leader_away(tmp_path: Path) -> No
         assert spare.name in grown["members"]
 
         def promoted() -> bool:
-            row = _api_queue(spare.port, queue)
+            row = api_queue(spare.port, queue)
             return spare.name in row["members"] and spare.name in row["raft"]["voters"] and row["leader"] is not None
 
         wait_until(promoted, 60, f"{spare.name} promoted to voter")
         after = Publisher(spare.port, queue, 20, tag="b")
         after.run()
         assert after.confirmed == list(range(20))
-        wait_until(lambda: all(_ready_count(n.port, queue) == 40 for n in procs.nodes), 30, "40 ready everywhere")
+        wait_until(lambda: all(ready_count(n.port, queue) == 40 for n in procs.nodes), 30, "40 ready everywhere")
 
-        leader = _api_queue(n1.port, queue)["leader"]
+        leader = api_queue(n1.port, queue)["leader"]
         assert leader is not None
         gone = procs.node(leader)
         shrunk = _command(n1.port, "delete_member", vhost="/", queue=queue, node=leader)
         assert leader not in shrunk["members"] and len(shrunk["members"]) == 3
 
         def removed() -> bool:
-            rows = [_api_queue(n.port, queue) for n in procs.nodes]
+            rows = [api_queue(n.port, queue) for n in procs.nodes]
             return all(leader not in r["raft"]["voters"] and leader in r["raft"]["learners"]
                        and r["leader"] is not None and r["leader"] != leader
                        and r["metadata_leader"] == r["leader"] for r in rows)
@@ -97,8 +94,8 @@ def test_grow_to_a_fourth_node_then_shrink_the_leader_away(tmp_path: Path) -> No
         for tag in "abc":
             assert {b for b in consumer.bodies if b.startswith(tag.encode() + b"-")} == \
                 {f"{tag}-{i}".encode() for i in range(20)}
-        wait_until(lambda: all(_ready_count(n.port, queue) == 0 for n in procs.nodes), 30, "acks everywhere")
-        wait_until(lambda: len({_api_queue(n.port, queue)["raft"]["applied"] for n in procs.nodes}) == 1, 30,
+        wait_until(lambda: all(ready_count(n.port, queue) == 0 for n in procs.nodes), 30, "acks everywhere")
+        wait_until(lambda: len({api_queue(n.port, queue)["raft"]["applied"] for n in procs.nodes}) == 1, 30,
                    "every replica (the grown one too) at the same applied index")
     except BaseException:
         print(procs.logs())

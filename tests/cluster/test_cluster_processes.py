@@ -43,7 +43,6 @@ from tests.cluster.cluster_proc import (
 QUORUM = {"x-queue-type": "quorum"}
 # Old names of the helpers now in cluster_proc, still imported from here by test_cluster_membership,
 # test_cluster_unsafe and test_metadata_membership (those should import them from cluster_proc).
-_api_queue, _channel, _ready_count = api_queue, channel, ready_count
 
 
 def _wait_queue_everywhere(cluster: ClusterProcs, queue: str) -> None:

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.cluster.cluster_proc import ClusterProcs, wait_until
+from tests.cluster.cluster_proc import ClusterProcs, api_queue, channel, wait_until
 from tests.cluster.test_cluster_processes import (
     QUORUM,
     Publisher,
-    _api_queue,
-    _channel,
     _wait_queue_everywhere,
 )
 
@@ -27,18 +25,18 @@ def test_confirms_leave_without_a_majority_in_the_unsafe_mode(tmp_path: Path) ->
         n1 = procs.nodes[0]
         assert b"TEST-ONLY UNSAFE MODE test_unsafe_confirm_before_commit" in n1.log_text()
         queue = "q-unsafe"
-        with _channel(n1.port) as ch:
+        with channel(n1.port) as ch:
             ch.queue_declare(queue, durable=True, arguments=QUORUM)
         _wait_queue_everywhere(procs, queue)
-        assert sorted(_api_queue(n1.port, queue)["members"]) == ["n1", "n2", "n3"]
+        assert sorted(api_queue(n1.port, queue)["members"]) == ["n1", "n2", "n3"]
         procs.kill("n2")
         procs.kill("n3")
-        wait_until(lambda: _api_queue(n1.port, queue)["leader"] in (None, "n1"), 30, "n1 alone")
-        commit_before = _api_queue(n1.port, queue)["raft"]["commit"]
+        wait_until(lambda: api_queue(n1.port, queue)["leader"] in (None, "n1"), 30, "n1 alone")
+        commit_before = api_queue(n1.port, queue)["raft"]["commit"]
         publisher = Publisher(n1.port, queue, 10)
         publisher.run()
         assert publisher.confirmed == list(range(10))
-        assert _api_queue(n1.port, queue)["raft"]["commit"] == commit_before  # confirmed, yet nothing committed
+        assert api_queue(n1.port, queue)["raft"]["commit"] == commit_before  # confirmed, yet nothing committed
     except BaseException:
         print(procs.logs())
         raise

@@ -23,14 +23,20 @@ from typing import Any
 
 import requests
 
-from tests.cluster.cluster_proc import REPO_ROOT, ClusterNode, ClusterProcs, free_amqp_ports, wait_until
+from tests.cluster.cluster_proc import (
+    REPO_ROOT,
+    ClusterNode,
+    ClusterProcs,
+    api_queue,
+    channel,
+    free_amqp_ports,
+    ready_count,
+    wait_until,
+)
 from tests.cluster.test_cluster_processes import (
     QUORUM,
     Consumer,
     Publisher,
-    _api_queue,
-    _channel,
-    _ready_count,
 )
 
 
@@ -142,12 +148,12 @@ def test_join_grow_leave_and_restart(tmp_path: Path) -> None:
         procs.kill("n5")
 
         queue = "q-joined"
-        with _channel(n1.port) as ch:
+        with channel(n1.port) as ch:
             ch.queue_declare(queue, durable=True, arguments={**QUORUM, "x-quorum-initial-group-size": 3})
         _ok(n1.port, "grow", "n4", "all")
 
         def n4_votes() -> bool:
-            row = _api_queue(n4.port, queue)
+            row = api_queue(n4.port, queue)
             return "n4" in row["members"] and "n4" in row["raft"]["voters"] and row["leader"] is not None
 
         wait_until(n4_votes, 60, "n4 a voter of the queue")
@@ -164,15 +170,15 @@ def test_join_grow_leave_and_restart(tmp_path: Path) -> None:
         remaining = [n for n in (n1, n2, n3, n4) if n is not leaving]
         names = {n.name for n in remaining}
         wait_until(lambda: _all_see(remaining, names), 60, f"{leaving.name} gone from every node's status")
-        assert leaving.name not in _api_queue(remaining[0].port, queue)["members"]
+        assert leaving.name not in api_queue(remaining[0].port, queue)["members"]
         _publish_and_consume(remaining[0].port, queue, "b")
 
         for node in (remaining[0], n4):  # the first still lists the node that left in cluster_nodes; n4 only itself
             procs.restart(node.name)
             wait_until(lambda: _all_see(remaining, names), 60, f"membership after {node.name}'s restart")
-        wait_until(lambda: _api_queue(n4.port, queue)["leader"] is not None, 60, "a queue leader after the restarts")
+        wait_until(lambda: api_queue(n4.port, queue)["leader"] is not None, 60, "a queue leader after the restarts")
         _publish_and_consume(n4.port, queue, "c")
-        wait_until(lambda: all(_ready_count(n.port, queue) == 0 for n in remaining), 30, "acks everywhere")
+        wait_until(lambda: all(ready_count(n.port, queue) == 0 for n in remaining), 30, "acks everywhere")
 
         dead, keeper = remaining[1], remaining[0]  # forget_cluster_node of a dead node shrinks the group to two
         procs.kill(dead.name)
@@ -181,8 +187,8 @@ def test_join_grow_leave_and_restart(tmp_path: Path) -> None:
         assert forgot["removed_from_group"]
         survivors = [keeper, n4]
         wait_until(lambda: _all_see(survivors, {keeper.name, "n4"}), 60, f"{dead.name} forgotten everywhere")
-        assert dead.name not in _api_queue(keeper.port, queue)["members"]
-        wait_until(lambda: _api_queue(n4.port, queue)["leader"] is not None, 60, "a queue leader of two")
+        assert dead.name not in api_queue(keeper.port, queue)["members"]
+        wait_until(lambda: api_queue(n4.port, queue)["leader"] is not None, 60, "a queue leader of two")
         _publish_and_consume(keeper.port, queue, "d")
     except BaseException:
         print(procs.logs())
