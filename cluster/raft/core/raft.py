@@ -619,16 +619,8 @@ class RaftCore:
         return change.node in members.members and members.voters != {change.node}
 
     def _apply_conf_change(self, change: ConfChange) -> None:
-        voters, learners = set(self.membership.voters), set(self.membership.learners)
-        if change.op is ConfOp.ADD_LEARNER:
-            learners.add(change.node)
-        elif change.op is ConfOp.PROMOTE:
-            learners.discard(change.node)
-            voters.add(change.node)
-        else:
-            voters.discard(change.node)
-            learners.discard(change.node)
-        self.membership = Membership(frozenset(voters), frozenset(learners))
+        self.membership = self.membership.changed(change)
+        voters = self.membership.voters
         if self.role in (Role.PRE_CANDIDATE, Role.CANDIDATE) and self.id not in voters:
             self._become_follower(self.term, None)  # removed while campaigning: stop (a sim-found bug)
         if self.role is not Role.LEADER:

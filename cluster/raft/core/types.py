@@ -104,6 +104,19 @@ class Membership:
     def members(self) -> frozenset[NodeId]:
         return self.voters | self.learners
 
+    def changed(self, change: ConfChange) -> Membership:
+        """The membership after `change` (add a learner, promote a learner to voter, or remove a node)."""
+        voters, learners = set(self.voters), set(self.learners)
+        if change.op is ConfOp.ADD_LEARNER:
+            learners.add(change.node)
+        elif change.op is ConfOp.PROMOTE:
+            learners.discard(change.node)
+            voters.add(change.node)
+        else:
+            voters.discard(change.node)
+            learners.discard(change.node)
+        return Membership(frozenset(voters), frozenset(learners))
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:

@@ -30,7 +30,6 @@ from cluster.raft.core.types import (
     INDEX_ZERO,
     TERM_ZERO,
     ConfChange,
-    ConfOp,
     Entry,
     EntryKind,
     GroupId,
@@ -128,22 +127,13 @@ def _image_from_bytes(data: bytes) -> GroupImage:
 def committed_membership(state: PersistedState) -> Membership:
     """The membership a restarted core reaches once it has re-applied its committed entries: the snapshot's, with
     every committed membership change after it (a change takes effect when applied, as in RaftCore)."""
-    voters, learners = set(state.snapshot.membership.voters), set(state.snapshot.membership.learners)
+    membership = state.snapshot.membership
     for entry in state.entries:
         if entry.index > state.hard_state.commit:
             break
-        if entry.kind is not EntryKind.CONF_CHANGE:
-            continue
-        change = ConfChange.decode(entry.data)
-        if change.op is ConfOp.ADD_LEARNER:
-            learners.add(change.node)
-        elif change.op is ConfOp.PROMOTE:
-            learners.discard(change.node)
-            voters.add(change.node)
-        else:
-            voters.discard(change.node)
-            learners.discard(change.node)
-    return Membership(frozenset(voters), frozenset(learners))
+        if entry.kind is EntryKind.CONF_CHANGE:
+            membership = membership.changed(ConfChange.decode(entry.data))
+    return membership
 
 
 def _describe(membership: Membership) -> str:
