@@ -4,7 +4,6 @@ entries in the same order; a burst of proposals on a leader goes out as batches 
 from __future__ import annotations
 
 import pathlib
-import socket
 
 import trio
 
@@ -12,22 +11,13 @@ from cluster.raft.core.multiraft import MultiRaftConfig
 from cluster.raft.core.raft import RaftConfig
 from cluster.raft.core.types import Entry, GroupId, Membership, NodeId
 from cluster.raft.runtime.node import RaftNodeRuntime
+from tests.raft.test_runtime_cluster import _free_ports
 
 NODES = [NodeId("n1"), NodeId("n2"), NodeId("n3")]
 GROUPS = [GroupId("g0"), GroupId("g1")]
 CONFIG = MultiRaftConfig(raft=RaftConfig(election_ticks=30, quiesce=True), node_heartbeat_ticks=2,
                          node_timeout_ticks=10)
 PER_GROUP = 200
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 async def test_apply_many_sees_every_entry_in_order(tmp_path: pathlib.Path) -> None:
