@@ -189,10 +189,7 @@ class NodeLog:
             self._queue(state, fmt.WalKind.APPEND, stream, offset, timestamp_ms, payload)
             overflow = self._pending_bytes > self.config.append_buffer_bytes_max
         if overflow:
-            try:
-                self._write_pending()
-            except DiskFullError as error:
-                self._deferred_error = error  # commit will report it; the record stays queued
+            self._write_pending_deferring_disk_full()
         return offset
 
     def append_many(self, records: Sequence[tuple[str, bytes]], timestamp_ms: int = 0) -> list[int]:
@@ -226,11 +223,16 @@ class NodeLog:
                 self._pending_bytes += added_bytes
             overflow = self._pending_bytes > self.config.append_buffer_bytes_max
         if overflow:
-            try:
-                self._write_pending()
-            except DiskFullError as error:
-                self._deferred_error = error  # commit will report it; the records stay queued
+            self._write_pending_deferring_disk_full()
         return offsets
+
+    def _write_pending_deferring_disk_full(self) -> None:
+        """Write the append buffer out early (it went over its bound); a full disk is kept for commit to report,
+        and the records stay queued."""
+        try:
+            self._write_pending()
+        except DiskFullError as error:
+            self._deferred_error = error
 
     def _state(self, stream: str) -> _StreamState:
         state = self._states.get(stream)
