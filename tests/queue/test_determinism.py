@@ -127,11 +127,10 @@ def test_same_commands_give_same_effects(args: QueueArgs, script: list[QueueComm
     assert first.snapshot(encode_payload, encode_id) == second.snapshot(encode_payload, encode_id)
 
 
-@settings(max_examples=150, deadline=None)
-@given(args=all_args, before=st.lists(commands, max_size=40), after=st.lists(commands, max_size=40))
-def test_restored_snapshot_behaves_identically(
-    args: QueueArgs, before: list[QueueCommand], after: list[QueueCommand]
-) -> None:
+def restore_and_replay(args: QueueArgs, before: list[QueueCommand],
+                       after: list[QueueCommand]) -> tuple[Queue, Queue]:
+    """Run `before` on a queue, restore a second one from its snapshot's wire form (asserting the snapshots are
+    equal), then run `after` on both asserting equal effects; returns (original, restored)."""
     original = Queue("q", args)
     script = unique_recover_ids(before + after)
     before, after = script[: len(before)], script[len(before) :]
@@ -142,6 +141,15 @@ def test_restored_snapshot_behaves_identically(
     assert restored.snapshot(encode_payload, encode_id) == original.snapshot(encode_payload, encode_id)
     for command in after:
         assert restored.apply(command) == original.apply(command)
+    return original, restored
+
+
+@settings(max_examples=150, deadline=None)
+@given(args=all_args, before=st.lists(commands, max_size=40), after=st.lists(commands, max_size=40))
+def test_restored_snapshot_behaves_identically(
+    args: QueueArgs, before: list[QueueCommand], after: list[QueueCommand]
+) -> None:
+    original, restored = restore_and_replay(args, before, after)
     assert restored.ready_count == original.ready_count
     assert restored.unacked_count == original.unacked_count
     assert restored.next_expiry_ms() == original.next_expiry_ms()

@@ -33,12 +33,11 @@ from cluster.queue import (
 )
 from tests.queue.helpers import msg
 from tests.queue.test_determinism import (
-    Payload,
     all_args,
     commands,
-    decode_id,
     encode_id,
     encode_payload,
+    restore_and_replay,
     unique_recover_ids,
 )
 
@@ -151,16 +150,7 @@ def test_set_args_scripts_are_deterministic_and_expire_everything_due(
 def test_restore_after_set_args_behaves_identically(
     args: QueueArgs, before: list[QueueCommand], after: list[QueueCommand]
 ) -> None:
-    original = Queue("q", args)
-    script = unique_recover_ids(before + after)
-    before, after = script[: len(before)], script[len(before) :]
-    for command in before:
-        original.apply(command)
-    wire = cbor2.dumps(original.snapshot(encode_payload, encode_id))
-    restored = Queue.restore(cbor2.loads(wire), Payload, decode_id)
-    assert restored.snapshot(encode_payload, encode_id) == original.snapshot(encode_payload, encode_id)
-    for command in after:
-        assert restored.apply(command) == original.apply(command)
+    original, restored = restore_and_replay(args, before, after)
     assert restored.next_expiry_ms() == original.next_expiry_ms()
 
 
