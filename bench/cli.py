@@ -5,6 +5,8 @@ Without --target it starts what it needs, afresh for every workload, and stops i
 for (b) a 3-node raftmq cluster (`raftmq cluster up`) and a 3-node RabbitMQ cluster on loopback, each measured in
 two client layouts by `bench.quorum` ("b": publisher and consumer on the two followers, "b@leader": both on the
 queue's leader). With --target host:port it measures that one broker, already running, and starts nothing.
+With --rounds N (N > 1) each workload's brokers are started once and measured N times, alternately in ABBA order
+(`bench.interleaved`); the table and the JSON then give each round's ratios and their median and range.
 Ctrl-C or SIGTERM stops the run; every broker and worker process it started is stopped on the way out.
 """
 
@@ -34,6 +36,7 @@ from bench.brokers import (
 )
 from bench.client import Endpoint, parse_target
 from bench.clusters import QueueCluster
+from bench.interleaved import BrokerUnderTest, MeasureOnce, run_in_rounds
 from bench.quorum import run_quorum_workload
 from bench.results import (
     RABBITMQ,
@@ -43,10 +46,12 @@ from bench.results import (
     format_markdown,
     format_table,
     load_history,
+    load_warning,
     machine_info,
     write_chart,
     write_json,
 )
+from bench.rounds import ROUNDS_MAX
 from bench.workloads import (
     ALL_WORKLOADS,
     DEFAULT_CONFIRM_WINDOWS,
@@ -89,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="unconfirmed messages per publisher in (a)/(b) (default: " +
                         ", ".join(f"{window} for ({name})" for name, window in DEFAULT_CONFIRM_WINDOWS.items()) + ")")
     parser.add_argument("--prefetch", type=int, default=1000, help="consumer prefetch, (a)/(b)/(e)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure each workload N times on brokers started once, raftmq and RabbitMQ alternately"
+                        " in ABBA order; report each round's ratios and their median and range (default 1: each"
+                        " broker started and measured once)")
     return parser
 
 
@@ -112,6 +121,8 @@ def main(argv: list[str]) -> int:
     try:
         workloads = parse_workloads(args.workloads)
         rates = tuple(int(rate) for rate in args.rates.split(",") if rate.strip())
+        if not 1 <= args.rounds <= ROUNDS_MAX:
+            raise ValueError(f"--rounds must be in 1..{ROUNDS_MAX}, got {args.rounds}")
     except ValueError as error:
         print(f"raftmq bench: {error}", file=sys.stderr)
         return 2
@@ -126,7 +137,9 @@ def main(argv: list[str]) -> int:
     notes: list[str] = []
     measurements: list[Measurement] = []
     try:
-        if args.target:
+        if args.rounds > 1:
+            measurements += _measure_in_rounds(args, workloads, settings, notes)
+        elif args.target:
             measurements += _run_all(args.target_name, parse_target(args.target), workloads, settings)
         else:
             if args.raftmq:
@@ -155,6 +168,9 @@ def _run_all(broker: str, endpoint: Endpoint, workloads: list[str], settings: Ru
 
 
 def _print_one(m: Measurement) -> None:
+    warning = load_warning(m)
+    if warning:
+        print(f"  {warning}", flush=True)
     if m.error:
         print(f"  {m.label}: ERROR {m.error[:300]}", flush=True)
         return
@@ -226,6 +242,47 @@ def _measure_rabbitmq(workloads: list[str], settings: RunSettings, notes: list[s
     return found
 
 
+def _measure_in_rounds(
+    args: argparse.Namespace, workloads: list[str], settings: RunSettings, notes: list[str]
+) -> list[Measurement]:
+    """--rounds N: every workload's brokers started once, measured N times alternately (bench.interleaved)."""
+    brokers: list[BrokerUnderTest] = []
+    found: list[Measurement] = []
+    if args.target:
+        target = parse_target(args.target)
+        brokers.append(BrokerUnderTest(args.target_name, functools.partial(_open_target, args.target_name, target)))
+    if not args.target and args.raftmq:
+        brokers.append(BrokerUnderTest(RAFTMQ, functools.partial(
+            _open_broker, RAFTMQ, raftmq_node, functools.partial(raftmq_cluster, 3))))
+    if not args.target and args.rabbitmq:
+        if rabbitmq_available() or _install_rabbitmq(notes):
+            brokers.append(BrokerUnderTest(RABBITMQ, functools.partial(
+                _open_broker, RABBITMQ, functools.partial(_rabbit_nodes, 1), functools.partial(rabbitmq_cluster, 3))))
+        else:
+            found += [Measurement(w, w, RABBITMQ, error="RabbitMQ is not installed") for w in workloads]
+    return run_in_rounds(brokers, workloads, settings, args.rounds, _print_one) + found
+
+
+@contextlib.contextmanager
+def _open_broker(
+    broker: str, start_node: Callable[[], contextlib.AbstractContextManager[Endpoint]],
+    start_cluster: Callable[[], contextlib.AbstractContextManager[QueueCluster]], workload: str,
+) -> Iterator[MeasureOnce]:
+    """The broker started for `workload` (a 3-node cluster for (b)), as a function that measures it once."""
+    if workload == "b":
+        with start_cluster() as cluster:
+            print(f"[{broker}] 3-node cluster on {', '.join(n.endpoint.address for n in cluster.nodes)}", flush=True)
+            yield functools.partial(run_quorum_workload, broker, cluster)
+    else:
+        with start_node() as endpoint:
+            yield functools.partial(run_workload, workload, broker, endpoint)
+
+
+@contextlib.contextmanager
+def _open_target(name: str, endpoint: Endpoint, workload: str) -> Iterator[MeasureOnce]:
+    yield functools.partial(run_workload, workload, name, endpoint)
+
+
 def _install_rabbitmq(notes: list[str]) -> bool:
     """apt-get install rabbitmq-server; stop the Debian service it may start on 5672 (the bench runs its own)."""
     if shutil.which("apt-get") is None:
@@ -251,7 +308,7 @@ def _settings_dict(args: argparse.Namespace, settings: RunSettings) -> dict[str,
         "workloads": args.workloads, "duration_s": settings.duration_s, "warmup_s": settings.warmup_s,
         "latency_rates_msgs_per_s": list(settings.latency_rates_msgs_per_s),
         "confirm_window": settings.confirm_window or DEFAULT_CONFIRM_WINDOWS,
-        "prefetch": settings.prefetch, "target": args.target, "body_size_bytes": 100,
+        "prefetch": settings.prefetch, "target": args.target, "body_size_bytes": 100, "rounds": args.rounds,
     }
 
 

@@ -1,9 +1,12 @@
 """Benchmark results: the side-by-side table, the JSON file and the PNG chart.
 
 A run is a `RunReport`: when and where it ran (machine, command, broker versions), its settings and every
-`Measurement`. `comparisons` pairs raftmq's figures with RabbitMQ's per label and computes the ratios (raftmq over
-RabbitMQ). `write_json`/`read_json` round-trip a report (schema 1) and `write_chart` draws throughput and p99
-latency per label and broker, so that files from successive runs in one output directory can be compared.
+`Measurement`. `comparisons` pairs raftmq's figures with RabbitMQ's per label and round and computes the ratios
+(raftmq over RabbitMQ); `ratio_summaries` gives each label's median ratios with their range over the rounds of a
+`--rounds N` run (`bench.rounds`; one round: the median is that round's ratio). `write_json`/`read_json`
+round-trip a report (schema 1; minor version 1 added each measurement's round, the per-round comparisons and the
+summaries, and files without them read as one round) and `write_chart` draws throughput and p99 latency per label
+and broker (medians over the rounds), so that files from successive runs in one output directory can be compared.
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.rounds import Spread, format_spread, median, spread
 from bench.stats import format_ratio, ratio
 from bench.workloads import Measurement
 
 SCHEMA_VERSION = 1
+SCHEMA_MINOR_VERSION = 1  # 1: measurements carry round_number; round_comparisons and ratio_summaries added
+LOAD_AVERAGE_WARNING_1M = 1.5  # above this at the start of a measurement, other jobs share the CPU (a warning)
 RAFTMQ = "raftmq"
 RABBITMQ = "rabbitmq"
 
@@ -39,6 +45,7 @@ class Comparison:
     label: str
     raftmq: Measurement | None
     rabbitmq: Measurement | None
+    round_number: int = 1
 
     @property
     def throughput_ratio(self) -> float | None:
@@ -82,12 +89,57 @@ def _cpu_model() -> str:
 
 
 def comparisons(measurements: list[Measurement]) -> list[Comparison]:
-    labels: list[str] = []
-    for measurement in measurements:
-        if measurement.label not in labels:
-            labels.append(measurement.label)
-    found = {(m.broker, m.label): m for m in measurements}
-    return [Comparison(label, found.get((RAFTMQ, label)), found.get((RABBITMQ, label))) for label in labels]
+    """One raftmq/RabbitMQ pair per label and round: labels in the order first measured, each label's rounds in
+    order (one round: one pair per label)."""
+    labels = _labels(measurements)
+    found = {(m.broker, m.label, m.round_number): m for m in measurements}
+    pairs = []
+    for label in labels:
+        for number in sorted({m.round_number for m in measurements if m.label == label}):
+            pairs.append(Comparison(label, found.get((RAFTMQ, label, number)), found.get((RABBITMQ, label, number)),
+                                    number))
+    return pairs
+
+
+def _labels(measurements: list[Measurement]) -> list[str]:
+    return list(dict.fromkeys(m.label for m in measurements))
+
+
+def rounds_in(measurements: list[Measurement]) -> int:
+    """How many rounds the run had (1 for runs without --rounds and for files written before it)."""
+    return max((m.round_number for m in measurements), default=1)
+
+
+@dataclass(frozen=True, slots=True)
+class RatioSummary:
+    """A label's ratios over the rounds: median and range of each figure (None when no round had it)."""
+
+    label: str
+    rounds: int  # rounds with a pair for this label
+    throughput: Spread | None
+    p99: Spread | None
+    cpu_per_msg: Spread | None
+
+
+def ratio_summaries(measurements: list[Measurement]) -> list[RatioSummary]:
+    by_label: dict[str, list[Comparison]] = {}
+    for pair in comparisons(measurements):
+        by_label.setdefault(pair.label, []).append(pair)
+    return [
+        RatioSummary(
+            label, len(pairs), spread(p.throughput_ratio for p in pairs), spread(p.p99_ratio for p in pairs),
+            spread(p.cpu_per_msg_ratio for p in pairs),
+        )
+        for label, pairs in by_label.items()
+    ]
+
+
+def load_warning(m: Measurement) -> str | None:
+    """A warning line when the machine was busy as the measurement started (its figures then carry less weight)."""
+    if m.load_average_1m is None or m.load_average_1m <= LOAD_AVERAGE_WARNING_1M:
+        return None
+    return (f"warning: 1-minute load average {m.load_average_1m:.1f} (above {LOAD_AVERAGE_WARNING_1M}) at the start"
+            f" of {m.label} on {m.broker}: other jobs share the CPU; compare ratios over --rounds")
 
 
 # --- table --------------------------------------------------------------------------------------------------
@@ -103,32 +155,51 @@ def _figure(measurement: Measurement | None) -> str:
 
 
 def format_table(measurements: list[Measurement]) -> str:
-    """One line per measurement, then raftmq vs RabbitMQ per label with ratios."""
+    """One line per measurement, then raftmq vs RabbitMQ per label (and round) with ratios; for a run of several
+    rounds, then each label's median ratios with their range."""
+    multi = rounds_in(measurements) > 1
     lines = [
-        f"{'label':<10} {'broker':<9} {'confirmed/s':>12} {'delivered/s':>12} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'p99.9 ms':>9} {'gen cpu':>7} {'broker':>6} {'us/msg':>6} {'load':>5}  status"
+        f"{'label':<10} {'broker':<9} " + ("rnd " if multi else "") + f"{'confirmed/s':>12} {'delivered/s':>12} "
+        f"{'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} {'gen cpu':>7} {'broker':>6} {'us/msg':>6} {'load':>5}  status"
     ]
     for m in measurements:
         status = f"ERROR {m.error}" if m.error else (m.note or "ok")
         lines.append(
-            f"{m.label:<10} {m.broker:<9} {m.confirmed_msgs_per_s:>12,.0f} {m.delivered_msgs_per_s:>12,.0f} "
+            f"{m.label:<10} {m.broker:<9} " + (f"{m.round_number:>3} " if multi else "") +
+            f"{m.confirmed_msgs_per_s:>12,.0f} {m.delivered_msgs_per_s:>12,.0f} "
             f"{_ms(m.latency_p50_ms):>8} {_ms(m.latency_p99_ms):>8} {_ms(m.latency_p999_ms):>9} "
             f"{m.loadgen_cpu_max_fraction:>7.0%} {_number(m.broker_cpu_cores, 2):>6} "
             f"{_number(m.broker_cpu_us_per_msg, 0):>6} {_number(m.load_average_1m, 1):>5}  {status[:200]}"
         )
     pairs = [pair for pair in comparisons(measurements) if pair.raftmq is not None and pair.rabbitmq is not None]
     if pairs:
-        lines += ["", f"{'label':<10} {'raftmq':>24} {'rabbitmq':>24} {'throughput':>11} {'p99':>7} {'cpu/msg':>8}"]
+        lines += ["", f"{'label':<10} " + ("rnd " if multi else "") +
+                  f"{'raftmq':>24} {'rabbitmq':>24} {'throughput':>11} {'p99':>7} {'cpu/msg':>8}"]
         for pair in pairs:
             lines.append(
-                f"{pair.label:<10} {_figure(pair.raftmq):>24} {_figure(pair.rabbitmq):>24} "
+                f"{pair.label:<10} " + (f"{pair.round_number:>3} " if multi else "") +
+                f"{_figure(pair.raftmq):>24} {_figure(pair.rabbitmq):>24} "
                 f"{format_ratio(pair.throughput_ratio):>11} {format_ratio(pair.p99_ratio):>7} "
                 f"{format_ratio(pair.cpu_per_msg_ratio):>8}"
             )
+        if multi:
+            lines += ["", *_summary_lines(measurements)]
         lines.append("(ratios are raftmq / RabbitMQ: throughput above 1x, p99 and cpu/msg below 1x favour raftmq)")
     lines.append("(gen cpu: busiest load-generator process; near 100% it, not the broker, may be the limit)")
     lines.append("(broker: cores the broker process used; us/msg: its CPU per confirmed message; load: 1-min average)")
     return "\n".join(lines)
+
+
+def _summary_lines(measurements: list[Measurement]) -> list[str]:
+    lines = [f"{'label':<10} {'rounds':>6}  {'throughput median (min-max)':<28} {'p99 median (min-max)':<28} "
+             f"{'cpu/msg median (min-max)':<28}"]
+    for summary in ratio_summaries(measurements):
+        if summary.throughput is None and summary.p99 is None and summary.cpu_per_msg is None:
+            continue
+        lines.append(f"{summary.label:<10} {summary.rounds:>6}  {format_spread(summary.throughput):<28} "
+                     f"{format_spread(summary.p99):<28} {format_spread(summary.cpu_per_msg):<28}")
+    lines.append("(over rounds in ABBA order: the median of the per-round ratios, with their min-max)")
+    return lines
 
 
 def _number(value: float | None, digits: int) -> str:
@@ -143,8 +214,12 @@ def _ms(value: float | None) -> str:
 
 
 def report_to_dict(report: RunReport) -> dict[str, Any]:
+    """Schema 1 as before ("comparisons": one entry per label, now the median ratios over the rounds), plus
+    (minor 1) "rounds", "round_comparisons" (one entry per label and round) and "ratio_summaries"."""
+    summaries = ratio_summaries(report.measurements)
     return {
         "schema": SCHEMA_VERSION,
+        "schema_minor": SCHEMA_MINOR_VERSION,
         "started_at": report.started_at,
         "command": report.command,
         "machine": report.machine,
@@ -152,11 +227,32 @@ def report_to_dict(report: RunReport) -> dict[str, Any]:
         "notes": report.notes,
         "measurements": [dataclasses.asdict(m) for m in report.measurements],
         "comparisons": [
-            {"label": pair.label, "throughput_ratio": pair.throughput_ratio, "p99_ratio": pair.p99_ratio,
-             "cpu_per_msg_ratio": pair.cpu_per_msg_ratio}
+            {"label": s.label, "throughput_ratio": _median_of(s.throughput), "p99_ratio": _median_of(s.p99),
+             "cpu_per_msg_ratio": _median_of(s.cpu_per_msg)}
+            for s in summaries
+        ],
+        "rounds": rounds_in(report.measurements),
+        "round_comparisons": [
+            {"label": pair.label, "round": pair.round_number, "throughput_ratio": pair.throughput_ratio,
+             "p99_ratio": pair.p99_ratio, "cpu_per_msg_ratio": pair.cpu_per_msg_ratio}
             for pair in comparisons(report.measurements)
         ],
+        "ratio_summaries": [
+            {"label": s.label, "rounds": s.rounds, "throughput_ratio": _spread_dict(s.throughput),
+             "p99_ratio": _spread_dict(s.p99), "cpu_per_msg_ratio": _spread_dict(s.cpu_per_msg)}
+            for s in summaries
+        ],
     }
+
+
+def _median_of(value: Spread | None) -> float | None:
+    return None if value is None else value.median
+
+
+def _spread_dict(value: Spread | None) -> dict[str, float | int] | None:
+    if value is None:
+        return None
+    return {"median": value.median, "min": value.low, "max": value.high, "rounds": value.count}
 
 
 def report_from_dict(data: dict[str, Any]) -> RunReport:
@@ -198,13 +294,20 @@ def format_history(history: list[tuple[Path, RunReport]]) -> str:
     stands out."""
     lines = [f"{'started (UTC)':<22} {'label':<10} {'broker':<9} {'confirmed/s':>12} {'p99 ms':>9} {'us/msg':>6}  ratio"]
     for _, report in history:
-        pairs = {pair.label: pair for pair in comparisons(report.measurements)}
+        multi = rounds_in(report.measurements) > 1
+        pairs = {(pair.label, pair.round_number): pair for pair in comparisons(report.measurements)}
         for m in report.measurements:
             figure = "error" if m.error else f"{m.confirmed_msgs_per_s:,.0f}"
-            pair = pairs.get(m.label)
+            pair = pairs.get((m.label, m.round_number))
             shown = format_ratio(pair.throughput_ratio) if pair and m.broker == RAFTMQ else ""
-            lines.append(f"{report.started_at:<22} {m.label:<10} {m.broker:<9} {figure:>12} "
+            label = f"{m.label}#{m.round_number}" if multi else m.label
+            lines.append(f"{report.started_at:<22} {label:<10} {m.broker:<9} {figure:>12} "
                          f"{_ms(m.latency_p99_ms):>9} {_number(m.broker_cpu_us_per_msg, 0):>6}  {shown}")
+        if multi:
+            for summary in ratio_summaries(report.measurements):
+                lines.append(f"{report.started_at:<22} {summary.label:<10} {'median':<9} over {summary.rounds} rounds:"
+                             f" throughput {format_spread(summary.throughput)}, p99 {format_spread(summary.p99)},"
+                             f" cpu/msg {format_spread(summary.cpu_per_msg)}")
     return "\n".join(lines)
 
 
@@ -216,6 +319,9 @@ def format_markdown(history: list[tuple[Path, RunReport]]) -> str:
         "|---|---|---:|---:|---:|---|---:|---|---:|---|",
     ]
     for _, report in history:
+        if rounds_in(report.measurements) > 1:
+            lines += _markdown_rounds_rows(report)
+            continue
         for pair in comparisons(report.measurements):
             ours, theirs = pair.raftmq, pair.rabbitmq
             if ours is None or theirs is None:
@@ -232,12 +338,65 @@ def format_markdown(history: list[tuple[Path, RunReport]]) -> str:
     return "\n".join(lines)
 
 
+def _markdown_rounds_rows(report: RunReport) -> list[str]:
+    """One row per label of a run of several rounds: each cell the median over the rounds, with the range."""
+    rows = []
+    for summary in ratio_summaries(report.measurements):
+        ours = [m for m in report.measurements if m.label == summary.label and m.broker == RAFTMQ]
+        theirs = [m for m in report.measurements if m.label == summary.label and m.broker == RABBITMQ]
+        if not ours or not theirs:
+            continue
+        rows.append(
+            f"| {report.started_at[:16].replace('T', ' ')} | {summary.label} ({summary.rounds} rounds) "
+            f"| {_markdown_rates(ours)} | {_markdown_rates(theirs)} | {format_spread(summary.throughput)} "
+            f"| {_median_figure(ours, 'latency_p99_ms', 1)} / {_median_figure(theirs, 'latency_p99_ms', 1)} "
+            f"| {format_spread(summary.p99)} "
+            f"| {_median_figure(ours, 'broker_cpu_us_per_msg', 0)} / {_median_figure(theirs, 'broker_cpu_us_per_msg', 0)} "
+            f"| {format_spread(summary.cpu_per_msg)} "
+            f"| {_load_range(ours)} / {_load_range(theirs)} |"
+        )
+    return rows
+
+
+def _figures(measurements: list[Measurement], name: str) -> list[float | None]:
+    return [getattr(m, name) for m in measurements if not m.error]
+
+
+def _median_figure(measurements: list[Measurement], name: str, digits: int) -> str:
+    found = spread(_figures(measurements, name))
+    return "-" if found is None else f"{found.median:,.{digits}f}"
+
+
+def _load_range(measurements: list[Measurement]) -> str:
+    found = spread(m.load_average_1m for m in measurements)
+    if found is None:
+        return "-"
+    return f"{found.low:.1f}" if found.low == found.high else f"{found.low:.1f}-{found.high:.1f}"
+
+
+def _markdown_rates(measurements: list[Measurement]) -> str:
+    """Median confirmed/s (min-max) over the rounds that did not fail; the median deliveries too when a round's
+    differ from what the workload should deliver."""
+    confirmed = spread(_figures(measurements, "confirmed_msgs_per_s"))
+    if confirmed is None:
+        return "error"
+    shown = format_spread(confirmed, 0, "")
+    failed = sum(1 for m in measurements if m.error)
+    if any(_delivery_differs(m) for m in measurements if not m.error):
+        shown += f" ({median([m.delivered_msgs_per_s for m in measurements if not m.error]):,.0f} delivered)"
+    return shown + (f" ({failed} failed)" if failed else "")
+
+
+def _delivery_differs(m: Measurement) -> bool:
+    expected = m.confirmed_msgs_per_s * (10 if m.workload == "c" else 1)
+    return abs(m.delivered_msgs_per_s - expected) > 0.05 * max(1.0, expected)
+
+
 def _markdown_rate(m: Measurement) -> str:
     """Confirmed/s; deliveries too when they differ from what the workload should deliver (a backlog grew)."""
     if m.error:
         return "error"
-    expected = m.confirmed_msgs_per_s * (10 if m.workload == "c" else 1)
-    differs = abs(m.delivered_msgs_per_s - expected) > 0.05 * max(1.0, expected)
+    differs = _delivery_differs(m)
     return f"{m.confirmed_msgs_per_s:,.0f}" + (f" ({m.delivered_msgs_per_s:,.0f} delivered)" if differs else "")
 
 
@@ -253,13 +412,15 @@ def write_chart(report: RunReport, path: Path) -> None:
     ok = [m for m in report.measurements if not m.error]
     labels = sorted(dict.fromkeys(m.label for m in ok), key=lambda label: _label_order(label, ok))
     brokers = list(dict.fromkeys(m.broker for m in ok))
-    found = {(m.broker, m.label): m for m in ok}
+    grouped: dict[tuple[str, str], list[Measurement]] = {}
+    for m in ok:
+        grouped.setdefault((m.broker, m.label), []).append(m)
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(max(6.0, 1.4 * len(labels) + 2), 7))
     width = 0.8 / max(1, len(brokers))
     for index, broker in enumerate(brokers):
         xs = [position + index * width for position in range(len(labels))]
-        rates = [found[(broker, label)].confirmed_msgs_per_s if (broker, label) in found else 0 for label in labels]
-        p99s = [_or_zero(found.get((broker, label))) for label in labels]
+        rates = [_median_or_zero(grouped.get((broker, label), []), "confirmed_msgs_per_s") for label in labels]
+        p99s = [_median_or_zero(grouped.get((broker, label), []), "latency_p99_ms") for label in labels]
         top.bar(xs, rates, width, label=broker)
         bottom.bar(xs, p99s, width, label=broker)
     if any(m.latency_p99_ms for m in ok):
@@ -268,7 +429,8 @@ def write_chart(report: RunReport, path: Path) -> None:
         axis.set_xticks([position + width * (len(brokers) - 1) / 2 for position in range(len(labels))], labels)
         axis.set_title(title)
         axis.legend()
-    figure.suptitle(f"raftmq bench {report.started_at}")
+    rounds = rounds_in(report.measurements)
+    figure.suptitle(f"raftmq bench {report.started_at}" + (f" (medians of {rounds} rounds)" if rounds > 1 else ""))
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
@@ -279,7 +441,7 @@ def _label_order(label: str, measurements: list[Measurement]) -> tuple[str, floa
     return (label[:1], max(rates, default=0.0))
 
 
-def _or_zero(measurement: Measurement | None) -> float:
-    if measurement is None or measurement.latency_p99_ms is None:
-        return 0.0
-    return measurement.latency_p99_ms
+def _median_or_zero(measurements: list[Measurement], name: str) -> float:
+    """The median of a figure over a broker's rounds of one label; 0 (no bar) when no round has it."""
+    found = spread(_figures(measurements, name))
+    return 0.0 if found is None else found.median

@@ -65,6 +65,7 @@ class Measurement:
     note: str | None = None
     broker_cpu_cores: float | None = None  # broker process CPU s per measured s (single local node; None otherwise)
     load_average_1m: float | None = None  # of the machine, when the measurement started
+    round_number: int = 1  # with `raftmq bench --rounds N`: which round (1..N) took it (bench.rounds)
 
     @property
     def broker_cpu_us_per_msg(self) -> float | None:
