@@ -413,7 +413,10 @@ class ClusterRuntime:
                 log.error("cluster: group %s: undecodable entry %d skipped", group, entry.index)
                 continue
             if origin == self.name:
-                self.tracker.applied(proposal_id)
+                pending = self.tracker.applied(proposal_id)
+                timing = getattr(self.raft, "timing", None)  # RAFTMQ_RAFT_TIMING only (timing.py)
+                if pending is not None and timing is not None:
+                    timing.record("proposal_to_apply", wall_ms() - pending.first_ms)
             batch.append((key[0], key[1], data))
         tracked_as = queue_key(*key)
         if self.tracker.has_barriers(tracked_as):

@@ -55,3 +55,41 @@ async def test_a_closed_worker_refuses_jobs() -> None:
     worker.close()
     with pytest.raises(RuntimeError):
         await worker.run(lambda: None)
+
+
+async def test_start_runs_the_job_while_the_caller_works_and_wait_returns_or_raises() -> None:
+    worker = SyncThread()
+    release = threading.Event()
+    try:
+        job = worker.start(lambda: release.wait(10) and "synced")
+        assert not job.done  # the caller goes on working while the job runs
+        release.set()
+        assert await job.wait() == "synced" and job.done
+
+        def fail() -> None:
+            raise OSError("disk gone")
+
+        with pytest.raises(OSError, match="disk gone"):
+            await worker.start(fail).wait()
+    finally:
+        worker.close()
+
+
+async def test_a_cancelled_waiter_still_waits_for_a_started_job() -> None:
+    worker = SyncThread()
+    release = threading.Event()
+    done: list[str] = []
+
+    def job() -> None:
+        release.wait(10)
+        done.append("job")
+
+    try:
+        pending = worker.start(job)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            release.set()
+            await pending.wait()
+        assert scope.cancelled_caught and done == ["job"]
+    finally:
+        worker.close()

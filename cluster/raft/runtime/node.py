@@ -37,13 +37,14 @@ from typing import Any, Protocol
 
 import trio
 
-from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, split_early
+from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, NodeReady, split_early
 from cluster.raft.core.types import ConfChange, Entry, GroupId, Index, Membership, NodeId, Role
 from cluster.raft.runtime.codec import Command, Forward
 from cluster.raft.runtime.routing import FORWARD_HOLD_MS, CommandRouter
 from cluster.raft.runtime.storage import RaftStorage, committed_membership
 from cluster.raft.runtime.sync_thread import SyncThread
 from cluster.raft.runtime.telemetry import TelemetryWriter
+from cluster.raft.runtime.timing import StageTimings
 from cluster.raft.runtime.transport import Transport
 
 INBOX_BATCHES_MAX = 4096
@@ -127,6 +128,9 @@ class RaftNodeRuntime:
         self._group_changes: deque[tuple[GroupId, Membership | None]] = deque()  # None: remove
         self._recheck_held = False
         self._sync_thread: SyncThread | None = None  # the Ready loop's fsyncs (created by `run`)
+        self.timing = StageTimings.from_environment(node_id)  # None unless RAFTMQ_RAFT_TIMING is set (timing.py)
+        self._inbox_times: deque[float] = deque()  # arrival of each inbox batch (only when timing)
+        self._fresh_since = 0.0  # when the oldest unrouted command was queued (only when timing)
 
     # --- groups ----------------------------------------------------------------------------------------------
 
@@ -192,13 +196,19 @@ class RaftNodeRuntime:
     def _receive(self, batch: NodeBatch) -> None:
         if len(self._inbox) < INBOX_BATCHES_MAX:
             self._inbox.append(batch)
+            if self.timing is not None:
+                self._inbox_times.append(self.timing.now_s())
             self._wake.set()
 
     def _receive_forward(self, forward: Forward) -> None:
+        if self.timing is not None and not self.router.has_fresh():
+            self._fresh_since = self.timing.now_s()
         self.router.offer_forwarded(forward)
         self._wake.set()
 
     def _offer(self, command: Command) -> bool:
+        if self.timing is not None and not self.router.has_fresh():
+            self._fresh_since = self.timing.now_s()
         if not self.router.offer(command):
             self.stats.proposals_refused += 1
             return False
@@ -331,6 +341,8 @@ class RaftNodeRuntime:
                 await self._compact_due(multi, storage, [])
                 if self._compaction_pending:
                     self._wake.set()  # the rest next time round (never more than the allowance per wake)
+            if self.timing is not None:
+                self.timing.maybe_dump()
 
     def _step_inbox(self, multi: MultiRaft) -> tuple[set[GroupId], bool]:
         """Step every inbound batch: the groups they touched, and whether one of them got a new known leader while
@@ -339,6 +351,8 @@ class RaftNodeRuntime:
         leader_learned = False
         while self._inbox:
             batch = self._inbox.popleft()
+            if self.timing is not None and self._inbox_times:
+                self.timing.since("inbox_wait", self._inbox_times.popleft())
             watch = self.router.held_count > 0 and not leader_learned
             leads_before = [(group, self._lead(multi, group)) for group, _ in batch.messages] if watch else []
             multi.step(batch)
@@ -364,11 +378,20 @@ class RaftNodeRuntime:
         if not (self.router.has_fresh() or (retry_held and self.router.held_count)):
             return
         self._recheck_held = False
+        if self.timing is not None and self.router.has_fresh():
+            self.timing.since("route_wait", self._fresh_since)
         for forward in self.router.route(multi, trio.current_time() * 1000, retry_held):
             self.transport.send_forward(forward)
 
     async def _cycle(self, multi: MultiRaft, storage: RaftStorage) -> list[GroupId]:
+        """One Ready: send what may leave early, write the records and start their fsync, apply the committed
+        entries while the fsync runs (they are durable on a majority already: docs/raft.md "Applying during the
+        fsync"), wait for the fsync, send what had to wait for it, `advance`, compact."""
+        timing = self.timing
+        cycle_started = 0.0 if timing is None else timing.now_s()
         node_ready = multi.ready()
+        if timing is not None:
+            self._mark_appended(multi, node_ready, timing)
         waiting: list[NodeBatch] = []
         for batch in node_ready.batches:
             early, late = split_early(batch)
@@ -382,16 +405,39 @@ class RaftNodeRuntime:
                 storage.write_ready(group, ready)
                 wrote = True
         if wrote:
-            started = trio.current_time()
             assert self._sync_thread is not None
-            await self._sync_thread.run(storage.commit)  # one long-lived thread, no hand-off per cycle
+            started = trio.current_time()
+            fsync = self._sync_thread.start(storage.commit)  # one long-lived thread, no hand-off per cycle
+            try:
+                self._apply_ready(node_ready, timing)
+            finally:
+                waited = trio.current_time()
+                await fsync.wait()  # even when applying raised: storage is never used by two threads at once
             self.stats.fsync_seconds += trio.current_time() - started
             self.stats.fsyncs += 1
+            if timing is not None:
+                timing.record("fsync", (trio.current_time() - started) * 1000)
+                timing.record("fsync_wait_after_apply", (trio.current_time() - waited) * 1000)
+        else:
+            self._apply_ready(node_ready, timing)
         for batch in waiting:
             self.transport.send(batch)  # votes and acknowledgements: only after the fsync
         if self.telemetry is not None:
             for group, ready in node_ready.groups:
                 self.telemetry.on_durable(group, multi.groups[group], ready)
+        multi.advance(node_ready)
+        self.stats.ready_cycles += 1
+        touched = [group for group, ready in node_ready.groups]
+        if self._snapshots is not None:
+            await self._compact_due(multi, storage, touched)
+        if timing is not None:
+            timing.since("cycle", cycle_started)
+        return touched
+
+    def _apply_ready(self, node_ready: NodeReady, timing: StageTimings | None) -> None:
+        """Restore received snapshots, then apply each group's committed entries in order. Runs on the trio thread
+        while this Ready's fsync runs in the sync thread; the core marks them applied only at `advance`."""
+        apply_started = 0.0 if timing is None else timing.now_s()
         for group, ready in node_ready.groups:
             if ready.snapshot is not None:
                 self._applied_bytes[group] = 0
@@ -409,12 +455,19 @@ class RaftNodeRuntime:
                     on_apply(group, entry)
             self._applied_bytes[group] = self._applied_bytes.get(group, 0) + sum(len(e.data) for e in committed)
             self.stats.applied_entries += len(committed)
-        multi.advance(node_ready)
-        self.stats.ready_cycles += 1
-        touched = [group for group, ready in node_ready.groups]
-        if self._snapshots is not None:
-            await self._compact_due(multi, storage, touched)
-        return touched
+            if timing is not None:
+                timing.reached("append_to_apply_leader", group, committed[-1].index)
+                timing.reached("append_to_apply_follower", group, committed[-1].index)
+        if timing is not None:
+            timing.since("apply", apply_started)
+
+    @staticmethod
+    def _mark_appended(multi: MultiRaft, node_ready: NodeReady, timing: StageTimings) -> None:
+        """Timing only: when this node handed new entries to storage (leader: its proposals; follower: appends)."""
+        for group, ready in node_ready.groups:
+            if ready.entries:
+                role = "leader" if multi.groups[group].role is Role.LEADER else "follower"
+                timing.mark(f"append_to_apply_{role}", group, ready.entries[-1].index)
 
     def _compaction_due(self, multi: MultiRaft, group: GroupId) -> bool:
         log = multi.groups[group].log

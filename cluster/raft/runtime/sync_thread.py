@@ -9,6 +9,10 @@ reports each outcome back with `TrioToken.run_sync_soon(reschedule)`. At most on
 holds at most one per waiting task (the Ready loop awaits each call), so it is bounded by the callers. A call
 cannot be cancelled once queued (like `to_thread.run_sync` without `abandon_on_cancel`): the caller waits for
 the job, so storage is never used by two threads at once. `close()` stops the thread after the queued jobs.
+
+`start(job)` queues a job without waiting and returns a `SyncJob`; the caller does other work on the trio thread
+(the Ready loop applies committed entries while its fsync runs) and then must `await job.wait()`, which is shielded
+from cancellation for the same reason as `run`.
 """
 
 from __future__ import annotations
@@ -24,10 +28,37 @@ import trio
 _STOP = None
 
 
+class SyncJob:
+    """A job `SyncThread.start` queued: `await wait()` for its outcome (value or raise)."""
+
+    __slots__ = ("_done", "_outcome")
+
+    def __init__(self) -> None:
+        self._done = trio.Event()
+        self._outcome: outcome.Outcome[Any] | None = None
+
+    def finish(self, result: outcome.Outcome[Any]) -> None:
+        """Called on the trio thread (through `run_sync_soon`) when the job is done."""
+        self._outcome = result
+        self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    async def wait(self) -> Any:
+        """The job's return value (or its exception). Waits for the job even when cancelled, then raises."""
+        with trio.CancelScope(shield=True):
+            await self._done.wait()
+        assert self._outcome is not None
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return self._outcome.unwrap()
+
+
 class SyncThread:
     def __init__(self, name: str = "raft-fsync") -> None:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], trio.lowlevel.TrioToken,
-                                            trio.lowlevel.Task] | None] = queue.SimpleQueue()
+                                            Callable[[outcome.Outcome[Any]], object]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
         self._closed = False
@@ -38,22 +69,34 @@ class SyncThread:
             raise RuntimeError("SyncThread is closed")
         await trio.lowlevel.checkpoint_if_cancelled()
         task = trio.lowlevel.current_task()
-        self._jobs.put((job, trio.lowlevel.current_trio_token(), task))
+
+        def deliver(result: outcome.Outcome[Any]) -> None:
+            trio.lowlevel.reschedule(task, result)
+
+        self._jobs.put((job, trio.lowlevel.current_trio_token(), deliver))
 
         def abort(_: Any) -> trio.lowlevel.Abort:
             return trio.lowlevel.Abort.FAILED  # the job is running or queued: wait for it
 
         return await trio.lowlevel.wait_task_rescheduled(abort)  # unwraps the job's outcome: value or raise
 
+    def start(self, job: Callable[[], Any]) -> SyncJob:
+        """Queue `job()` and return at once (call from the trio thread); `await` the result's `wait()`."""
+        if self._closed:
+            raise RuntimeError("SyncThread is closed")
+        pending = SyncJob()
+        self._jobs.put((job, trio.lowlevel.current_trio_token(), pending.finish))
+        return pending
+
     def _work(self) -> None:
         while True:
             item = self._jobs.get()
             if item is _STOP:
                 return
-            job, token, task = item
+            job, token, deliver = item
             result = outcome.capture(job)
             try:
-                token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+                token.run_sync_soon(deliver, result)
             except trio.RunFinishedError:
                 return  # the trio run is gone: nobody waits any more
 

@@ -1,0 +1,102 @@
+"""Stage timings of the Raft runtime's confirm path, for finding serial waits (off by default; issue 7).
+
+Enabled by the environment variable `RAFTMQ_RAFT_TIMING=<directory>`: the node driver then records, in
+milliseconds, how long inbound batches wait before they are stepped (`inbox_wait`), how long queued commands wait
+before they are routed (`route_wait`), each Ready cycle's fsync (`fsync`), apply (`apply`) and whole cycle
+(`cycle`), on a leader the time from routing a local proposal to applying it committed (`leader_commit`), and on
+a follower the time from stepping an append to applying its last entry committed (`follower_apply`). The host may
+add its own stages (`record`). Every `dump_interval_s` the samples taken since the last dump are appended as
+one JSON line `{"wall_s": ..., "stages": {stage: [ms, ...]}}` to `<directory>/<node>.jsonl` (so a run's layouts
+can be told apart by time; `summary` gives count/p50/p90/p99/max). Samples are kept in bounded rings
+(`samples_max` per stage), pending marks per group are bounded too, and this is a diagnostic for short runs only.
+When disabled (`from_environment` returns None) the driver pays one `is None` test per place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+ENV_VAR = "RAFTMQ_RAFT_TIMING"
+MARKS_PER_GROUP_MAX = 4096
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float:
+    if not sorted_values:
+        return 0.0
+    position = min(len(sorted_values) - 1, int(fraction * len(sorted_values)))
+    return sorted_values[position]
+
+
+@dataclass
+class StageTimings:
+    path: pathlib.Path
+    samples_max: int = 50_000
+    dump_interval_s: float = 2.0
+    _samples: dict[str, deque[float]] = field(default_factory=dict)
+    _marks: dict[tuple[str, str], deque[tuple[int, float]]] = field(default_factory=dict)
+    _last_dump_s: float = 0.0
+
+    @classmethod
+    def from_environment(cls, node_id: str) -> StageTimings | None:
+        directory = os.environ.get(ENV_VAR)
+        if not directory:
+            return None
+        pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
+        return cls(pathlib.Path(directory) / f"{node_id}.jsonl")
+
+    @staticmethod
+    def now_s() -> float:
+        return time.perf_counter()
+
+    def record(self, stage: str, milliseconds: float) -> None:
+        ring = self._samples.get(stage)
+        if ring is None:
+            ring = self._samples[stage] = deque(maxlen=self.samples_max)
+        ring.append(milliseconds)
+
+    def since(self, stage: str, started_s: float) -> None:
+        self.record(stage, (time.perf_counter() - started_s) * 1000)
+
+    def mark(self, stage: str, group: str, index: int) -> None:
+        """Remember when `index` of `group` reached this stage's start (only a higher index than the last mark)."""
+        marks = self._marks.get((stage, group))
+        if marks is None:
+            marks = self._marks[(stage, group)] = deque(maxlen=MARKS_PER_GROUP_MAX)
+        if not marks or index > marks[-1][0]:
+            marks.append((index, time.perf_counter()))
+
+    def reached(self, stage: str, group: str, index: int) -> None:
+        """`index` of `group` got through the stage: a sample for every mark at or below it."""
+        marks = self._marks.get((stage, group))
+        if not marks:
+            return
+        now = time.perf_counter()
+        while marks and marks[0][0] <= index:
+            self.record(stage, (now - marks.popleft()[1]) * 1000)
+
+    def forget_marks(self, stage: str, group: str) -> None:
+        self._marks.pop((stage, group), None)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for stage, ring in sorted(self._samples.items()):
+            values = sorted(ring)
+            out[stage] = {"count": len(values), "p50": round(percentile(values, 0.5), 3),
+                          "p90": round(percentile(values, 0.9), 3), "p99": round(percentile(values, 0.99), 3),
+                          "max": round(values[-1], 3) if values else 0.0}
+        return out
+
+    def maybe_dump(self) -> None:
+        now = time.perf_counter()
+        if now - self._last_dump_s < self.dump_interval_s:
+            return
+        self._last_dump_s = now
+        stages = {stage: [round(value, 2) for value in ring] for stage, ring in sorted(self._samples.items())}
+        self._samples.clear()
+        with self.path.open("a") as file:
+            file.write(json.dumps({"wall_s": round(time.time(), 3), "stages": stages}) + "\n")
