@@ -64,10 +64,10 @@ def spread(values: Iterable[float | None]) -> Spread | None:
 
 
 def format_spread(value: Spread | None, digits: int = 2, unit: str = "x") -> str:
-    """'0.85x (0.80-0.90x)'; just '0.85x' when every round gave the same figure; 'n/a' when there is none."""
+    """'0.85x (0.80-0.90x)'; just '0.85x' for a single round; 'n/a' when there is none."""
     if value is None:
         return "n/a"
     middle = f"{value.median:,.{digits}f}{unit}"
-    if value.low == value.high:
+    if value.count == 1:
         return middle
     return f"{middle} ({value.low:,.{digits}f}-{value.high:,.{digits}f}{unit})"

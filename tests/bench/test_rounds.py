@@ -91,6 +91,7 @@ def test_spread_skips_missing_rounds() -> None:
 def test_spread_formatting() -> None:
     assert format_spread(Spread(0.8, 0.5, 1.0, 3)) == "0.80x (0.50-1.00x)"
     assert format_spread(Spread(0.8, 0.8, 0.8, 1)) == "0.80x"
+    assert format_spread(Spread(1.3801, 1.3797, 1.3805, 2)) == "1.38x (1.38-1.38x)"  # a tight range is still shown
     assert format_spread(Spread(12_000.0, 11_000.0, 13_500.0, 2), 0, "") == "12,000 (11,000-13,500)"
     assert format_spread(None) == "n/a"
 
