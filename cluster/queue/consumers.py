@@ -15,9 +15,12 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Hashable, Iterator
+from typing import Final
 
 from cluster.queue.ready import Entry
 from cluster.queue.types import MsgId
+
+ROOM_UNBOUNDED: Final = 1 << 62  # room of a consumer without prefetch or credit limit
 
 
 class Consumer:
@@ -98,6 +101,17 @@ class ConsumerRings:
         if self._rings:  # nothing to drop on a queue without consumers (the common publish-before-consume case)
             self._drop_empty_rings()
         return None
+
+    def room_alone(self, consumer: Consumer) -> int:
+        """How many messages in a row `consumer` (the current head) takes before the ring turns: its room when it is
+        alone in its ring (round-robin then picks it every time until it is full), else 1."""
+        if len(self._rings[consumer.priority]) != 1:
+            return 1
+        room = ROOM_UNBOUNDED if consumer.credit is None else consumer.credit
+        prefetch = consumer.prefetch
+        if prefetch > 0 and not consumer.no_ack:
+            room = min(room, prefetch - len(consumer.unacked))
+        return room
 
     def rotate(self, consumer: Consumer) -> None:
         """After `consumer` (the current head) got a message: move it to the back, or out if it is full."""

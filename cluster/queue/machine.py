@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from cluster.queue.consumers import Consumer, ConsumerRings
@@ -281,9 +281,74 @@ class Queue:
         self._enqueue_message(command.message, command.now_ms, command.publisher_id, command.sequence, out)
 
     def _enqueue_many(self, command: EnqueueMany, out: _Effects) -> None:
-        publisher_id, now_ms = command.publisher_id, command.now_ms
-        for message, sequence in zip(command.messages, command.sequences, strict=True):
-            self._enqueue_message(message, now_ms, publisher_id, sequence, out)
+        """As `_enqueue_message` for each message in turn. Without length limits, queue TTL or a full holding area
+        (nothing can expire or be lost while the batch runs), the batch's common work is done once: the clock
+        advance and the publisher's LRU update, and a message goes straight to a consumer with room when none is
+        ready ahead of it. A message with its own TTL hands the rest of the batch to the per-message path."""
+        publisher_id, messages, sequences = command.publisher_id, command.messages, command.sequences
+        if len(messages) != len(sequences):
+            raise ValueError("EnqueueMany needs as many sequences as messages")
+        ready = self._ready
+        start = 0
+        if not (self._has_limits or ready.queue_ttl_ms is not None or self._held.count >= DEAD_LETTER_HELD_MAX):
+            self._advance(command.now_ms, out)
+            start = self._enqueue_run(publisher_id, messages, sequences, out)
+        for index in range(start, len(messages)):
+            self._enqueue_message(messages[index], command.now_ms, publisher_id, sequences[index], out)
+
+    def _enqueue_run(self, publisher_id: Hashable, messages: Sequence[QueuedMessage], sequences: Sequence[int],
+                     out: _Effects) -> int:
+        """The batch path of `_enqueue_many` (its conditions hold); returns the index it stopped at (a message with
+        its own TTL, or the end)."""
+        ready = self._ready
+        rings = self._rings
+        consumer = rings.head()
+        if consumer is not None and ready.count:
+            return 0  # a consumer with room while messages are ready: leave it to the per-message path
+        room = rings.room_alone(consumer) if consumer is not None else 0
+        tracked = publisher_id is not None
+        high_water = self._publishers.get(publisher_id) if tracked else None
+        accepted_high: int | None = None
+        next_msg_id = self._next_msg_id
+        stopped = len(messages)
+        for index, message in enumerate(messages):
+            if message.ttl_ms is not None:
+                stopped = index
+                break
+            sequence = sequences[index]
+            if tracked:
+                if high_water is not None and sequence <= high_water:
+                    out.append(Duplicate(publisher_id, sequence))
+                    continue
+                high_water = accepted_high = sequence
+            msg_id = MsgId(next_msg_id)
+            next_msg_id += 1
+            out.append(Accepted(publisher_id, sequence, msg_id))
+            if consumer is None:
+                ready.push_new(msg_id, message, None)
+                continue
+            self._hand_over_new(consumer, msg_id, message, out)
+            room -= 1
+            if not room:
+                rings.rotate(consumer)
+                consumer = rings.head()
+                room = rings.room_alone(consumer) if consumer is not None else 0
+        # (no rotation left to do: a consumer that is not alone turns after each message, and turning a lone
+        # consumer that still has room leaves its ring as it is)
+        self._next_msg_id = next_msg_id
+        if accepted_high is not None:
+            self._remember_publisher(publisher_id, accepted_high)
+        return stopped
+
+    def _hand_over_new(self, consumer: Consumer, msg_id: MsgId, message: QueuedMessage, out: _Effects) -> None:
+        """Deliver a message that was never ready (nothing ahead of it, no expiry) to `consumer`, which has room;
+        the caller rotates the ring."""
+        if consumer.credit is not None:
+            consumer.credit -= 1
+        out.append(Deliver(consumer.consumer_id, msg_id, message, False, 0))
+        if not consumer.no_ack:
+            consumer.unacked[msg_id] = Entry(msg_id, message, 0, None, UNACKED)
+            self._unacked_count += 1
 
     def _enqueue_message(self, message: QueuedMessage, command_now_ms: int, publisher_id: Hashable | None,
                          sequence: int | None, out: _Effects) -> None:
@@ -311,8 +376,14 @@ class Queue:
         if message.ttl_ms is not None and (ttl_ms is None or message.ttl_ms < ttl_ms):
             ttl_ms = message.ttl_ms
         expiry_ms = None if ttl_ms is None else now_ms + ttl_ms
-        self._ready.push_new(msg_id, message, expiry_ms)
         out.append(Accepted(publisher_id, sequence, msg_id))
+        if expiry_ms is None and not self._ready.count:
+            consumer = self._rings.head()
+            if consumer is not None:  # nothing ready ahead of it: straight to the consumer
+                self._hand_over_new(consumer, msg_id, message, out)
+                self._rings.rotate(consumer)
+                return
+        self._ready.push_new(msg_id, message, expiry_ms)
         self._deliver(out)
         if expiry_ms is not None and expiry_ms <= now_ms:
             self._expire_due(out)
@@ -529,7 +600,8 @@ class Queue:
             self._lose(entry, "expired", out)
 
     def _deliver(self, out: _Effects) -> None:
-        """Hand ready messages to consumers with room until one side runs out (the hot path, kept inline)."""
+        """Hand ready messages to consumers with room until one side runs out (the hot path, kept inline). A
+        consumer alone in the top ring takes a run of messages, up to its room, before the ring turns."""
         ready = self._ready
         rings = self._rings
         now_ms = self._now_ms
@@ -537,32 +609,31 @@ class Queue:
             consumer = rings.head()
             if consumer is None:
                 return
-            entry = ready.pop_head()
-            assert entry is not None
-            expiry_ms = entry.expiry_ms
-            if expiry_ms is not None and expiry_ms < now_ms:
-                self._lose(entry, "expired", out)
-                continue
-            flags = entry.flags
-            if consumer.credit is not None:
-                consumer.credit -= 1
-            msg_id = entry.msg_id
-            out.append(
-                Deliver(
-                    consumer.consumer_id,
-                    msg_id,
-                    entry.message,
-                    bool(flags & REDELIVERED),
-                    entry.delivery_count,
-                )
-            )
-            if consumer.no_ack:
-                entry.flags = (flags & ~STATE_MASK) | GONE
-            else:
-                entry.flags = (flags & ~STATE_MASK) | UNACKED
-                consumer.unacked[msg_id] = entry
-                self._unacked_count += 1
-            rings.rotate(consumer)
+            room = room_before = rings.room_alone(consumer)
+            unacked = None if consumer.no_ack else consumer.unacked
+            consumer_id = consumer.consumer_id
+            while room and ready.count:
+                entry = ready.pop_head()
+                assert entry is not None
+                expiry_ms = entry.expiry_ms
+                if expiry_ms is not None and expiry_ms < now_ms:
+                    self._lose(entry, "expired", out)
+                    continue
+                room -= 1
+                flags = entry.flags
+                msg_id = entry.msg_id
+                out.append(Deliver(consumer_id, msg_id, entry.message, bool(flags & REDELIVERED),
+                                   entry.delivery_count))
+                if unacked is None:
+                    entry.flags = (flags & ~STATE_MASK) | GONE
+                else:
+                    entry.flags = (flags & ~STATE_MASK) | UNACKED
+                    unacked[msg_id] = entry
+                    self._unacked_count += 1
+                if consumer.credit is not None:
+                    consumer.credit -= 1
+            if room != room_before:  # (only expired messages met: the ring does not turn)
+                rings.rotate(consumer)
 
     def _requeue(self, entry: Entry, out: _Effects) -> None:
         entry.delivery_count += 1

@@ -1,0 +1,153 @@
+"""Micro-benchmark of what every replica of a quorum queue does per message in workload (b): apply committed entries.
+
+One round = one `EnqueueMany` entry of 256 persistent 100-byte messages (one publisher, consecutive sequences)
+followed by the consumer's multiple-ack `Settle` of the 256 deliveries it got (one consumer, prefetch 1000,
+attached before the first round). Two levels, each printing CPU microseconds per message:
+- machine: `decode_proposal` (with node/broker/replica_wire's payload codec) + `ReplicatedQueue.apply` of both
+  entries, as cluster/queue sees them;
+- broker: `Broker.apply_committed_many` of both entries' bytes on a replica whose publisher and consumer are on
+  other nodes (ids of node "x"), i.e. also node/broker/replica.py's per-entry and per-effect work.
+The collector runs as in a serving node (young threshold 50,000). Timing is CPU time of this process (time.process_time), so a busy machine distorts it less than wall time.
+
+Run from the repository root: .venv/bin/python benchmarks/queue_apply.py [--rounds 400] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cluster.queue import (
+    Attach,
+    Deliver,
+    EnqueueMany,
+    QueuedMessage,
+    ReplicatedQueue,
+    Settle,
+    decode_proposal,
+)
+from node.amqp.properties import BasicProperties
+from node.broker import replica_wire
+from node.broker.channel import Message
+
+BATCH = 256
+PREFETCH = 1000
+BODY = b"x" * 100
+PUBLISHER = ("x", 1, 7, 1)
+CONSUMER = ("x", 1, 3)
+ORIGIN = "x"
+
+
+def _message() -> QueuedMessage:
+    props = BasicProperties(delivery_mode=2)
+    return QueuedMessage(Message("", "q", props, BODY), len(BODY), True, 0, None)
+
+
+class Rounds:
+    """Encoded entries for round after round (proposal ids and sequences keep growing)."""
+
+    def __init__(self) -> None:
+        self.proposal_id = 0
+        self.sequence = 0
+        self.message = _message()
+        self.next_msg_id = 1
+
+    def _encode(self, command: Any) -> bytes:
+        self.proposal_id += 1
+        return replica_wire.encode(ORIGIN, self.proposal_id, command)
+
+    def attach(self) -> bytes:
+        return self._encode(Attach(CONSUMER, 0, prefetch=PREFETCH))
+
+    def enqueue_many(self, now_ms: int) -> bytes:
+        sequences = list(range(self.sequence + 1, self.sequence + 1 + BATCH))
+        self.sequence += BATCH
+        return self._encode(EnqueueMany(PUBLISHER, now_ms, [self.message] * BATCH, sequences))
+
+    def settle(self) -> bytes:
+        ids = list(range(self.next_msg_id, self.next_msg_id + BATCH))
+        self.next_msg_id += BATCH
+        return self._encode(Settle(CONSUMER, ids))
+
+    def entries(self, rounds: int) -> list[tuple[bytes, bytes]]:
+        out = [(self.enqueue_many(round_index), self.settle()) for round_index in range(rounds)]
+        replica_wire._encoded_kept.clear()  # the replica decodes: nothing of its own is kept
+        replica_wire._encoded_kept_bytes[0] = 0
+        return out
+
+
+def bench_machine(rounds: int) -> float:
+    source = Rounds()
+    replica = ReplicatedQueue("q")
+    replica.apply(decode_proposal(source.attach(), replica_wire.decode_payload))
+    entries = source.entries(rounds)
+    decode_payload = replica_wire.decode_payload
+    started = time.process_time()
+    delivered = 0
+    for enqueue_data, settle_data in entries:
+        effects = replica.apply(decode_proposal(enqueue_data, decode_payload))
+        assert effects is not None
+        delivered += sum(1 for effect in effects if type(effect) is Deliver)
+        replica.apply(decode_proposal(settle_data, decode_payload))
+    elapsed = time.process_time() - started
+    assert delivered == rounds * BATCH and replica.queue.unacked_count == 0, (delivered, replica.queue.unacked_count)
+    return elapsed * 1e6 / (rounds * BATCH)
+
+
+def bench_broker(rounds: int) -> float:
+    from node.amqp import methods as m
+    from tests.broker.cluster_harness import Cluster, cluster_client, take
+
+    cluster = Cluster()
+    client = cluster_client(cluster, "a")
+    client.declare("q", durable=True, arguments={"x-queue-type": "quorum"})
+    cluster.commit()
+    take(cluster, "a")
+    client.call(m.ConfirmSelect())
+    broker = cluster.brokers["b"]
+    source = Rounds()
+    broker.apply_committed("/", "q", source.attach())
+    entries = source.entries(rounds)
+    started = time.process_time()
+    for enqueue_data, settle_data in entries:
+        broker.apply_committed_many([("/", "q", enqueue_data), ("/", "q", settle_data)])
+    elapsed = time.process_time() - started
+    machine = broker.vhosts["/"].queues["q"].machine
+    assert machine.unacked_count == 0 and machine.ready_count == 0
+    return elapsed * 1e6 / (rounds * BATCH)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=15, help="best of this many runs")
+    parser.add_argument("--only", choices=["machine", "broker"], help="run one level only")
+    parser.add_argument("--profile", action="store_true", help="cProfile one machine and one broker run")
+    options = parser.parse_args()
+    gc.freeze()
+    gc.set_threshold(50_000)  # as node/runtime/server.py's hot_path_gc while serving
+    if options.profile:
+        for bench in (bench_machine, bench_broker):
+            profiler = cProfile.Profile()
+            profiler.runcall(bench, options.rounds)
+            print(f"== {bench.__name__}")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+        return
+    benches = [bench_machine, bench_broker]
+    if options.only:
+        benches = [bench_machine if options.only == "machine" else bench_broker]
+    for bench in benches:
+        best = min(bench(options.rounds) for _ in range(options.repeat))
+        print(f"{bench.__name__:<14} {best:7.2f} us/msg (best of {options.repeat}, {options.rounds} rounds of {BATCH})")
+
+
+if __name__ == "__main__":
+    main()
