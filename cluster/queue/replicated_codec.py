@@ -9,9 +9,14 @@ turns tuples into lists, so ids are encoded with `encode_id` and every list in a
 payloads are opaque to this module: the caller passes `encode_payload(payload) -> cbor-able value` and
 `decode_payload(value) -> payload`.
 
-`EnqueueMany` (kind "enqm": publisher id and now_ms once, then the sequences -- just the first one when they are
-consecutive -- and the messages) is how a run of one channel's publishes travels as one entry; single `Enqueue`
-entries ("enq") stay valid, so logs written before it decode.
+`EnqueueMany` is how a run of one channel's publishes travels as one entry. Its usual layout is kind "enqb":
+publisher id and now_ms once, the sequences (just the first one when they are consecutive), the [persistent,
+priority, ttl_ms] every message shares, the sizes as one byte string (4 bytes little-endian each) and the list of
+payloads, so decoding builds each message without walking or checking its fields one by one. A batch whose
+messages differ in those fields (or a size of 4 GiB or more) goes as kind "enqm", each message a [payload,
+size_bytes, persistent, priority, ttl_ms] row. "enqm" and single `Enqueue` entries ("enq") stay valid, so logs
+written before "enqb" decode; a node that predates "enqb" cannot read it (no mixed-version clusters).
+Group ids live in `cluster.queue.group_ids` (re-exported here).
 
 Decoding treats the bytes as untrusted: any malformed input (bad cbor, wrong shape, wrong field types, or an
 exception from `decode_payload`) raises `ProposalDecodeError` (a ValueError) and nothing else. msg_id lists come
@@ -21,12 +26,18 @@ overflow and strategy among their values, strs or None, max_priority 0..255 or N
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+import struct
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import cbor2
 
+from cluster.queue.group_ids import GROUP_PREFIX as GROUP_PREFIX
+from cluster.queue.group_ids import INCARNATION_LIMIT as INCARNATION_LIMIT
+from cluster.queue.group_ids import INCARNATION_SEPARATOR as INCARNATION_SEPARATOR
+from cluster.queue.group_ids import parse_queue_group_id as parse_queue_group_id
+from cluster.queue.group_ids import queue_group_id as queue_group_id
 from cluster.queue.types import (
     DEAD_LETTER_STRATEGIES,
     OVERFLOW_MODES,
@@ -50,15 +61,13 @@ from cluster.queue.types import (
     SettleDeadLettered,
 )
 
-GROUP_PREFIX: Final = "q/"
-INCARNATION_SEPARATOR: Final = "/i"  # queue_group_id: "q/<vhost>/<name>/i<hex incarnation>"
-INCARNATION_LIMIT: Final = 2**64  # incarnations are 63-bit (node/runtime/cluster_tracking.incarnation_of_cid)
 PROPOSAL_ID_MAX: Final = 2**64 - 1
 ID_DEPTH_MAX: Final = 8  # nesting allowed inside one consumer/publisher id
 INT_MIN: Final = -(2**63)  # every int field fits cbor's native 64-bit ints (no bignums)
 INT_MAX: Final = 2**64 - 1
 PRIORITY_MAX: Final = 255
 ENQUEUE_MANY_MAX: Final = 4096  # messages in one EnqueueMany (the broker batches far fewer)
+SIZE_FLAT_MAX: Final = 2**32 - 1  # message sizes an "enqb" row carries (4 bytes each)
 
 EncodePayload = Callable[[Any], Any]
 DecodePayload = Callable[[Any], Any]
@@ -66,50 +75,6 @@ DecodePayload = Callable[[Any], Any]
 
 class ProposalDecodeError(ValueError):
     """The bytes are not a valid encoded proposal (the only exception decoding raises)."""
-
-
-# --- group ids ------------------------------------------------------------------------------------------------
-
-
-def _escape(part: str) -> str:
-    return part.replace("%", "%25").replace("/", "%2F")
-
-
-def _unescape(part: str) -> str:
-    return part.replace("%2F", "/").replace("%2f", "/").replace("%25", "%")
-
-
-def queue_group_id(vhost: str, name: str, incarnation: int = 0) -> str:
-    """The Raft group id of a queue declaration: "q/<vhost>/<name>" with "%" and "/" percent-escaped in both parts,
-    then, for an incarnation other than 0, "/i" + the incarnation in lowercase hex (no leading zeros). An escaped part
-    never holds "/", so the suffix cannot collide with a name; incarnation 0 (queues declared before incarnations)
-    keeps the original two-part form, so their stored groups open unchanged."""
-    group = GROUP_PREFIX + _escape(vhost) + "/" + _escape(name)
-    if incarnation:
-        if not 0 < incarnation < INCARNATION_LIMIT:
-            raise ValueError(f"queue incarnation out of range: {incarnation}")
-        group += INCARNATION_SEPARATOR + format(incarnation, "x")
-    return group
-
-
-def parse_queue_group_id(group_id: str) -> tuple[str, str, int]:
-    """Inverse of `queue_group_id`: (vhost, name, incarnation). Raises ValueError if `group_id` is not a canonical
-    queue group id."""
-    if not group_id.startswith(GROUP_PREFIX):
-        raise ValueError(f"not a queue group id: {group_id!r}")
-    parts = group_id[len(GROUP_PREFIX) :].split("/")
-    incarnation = 0
-    if len(parts) == 3 and parts[2].startswith(INCARNATION_SEPARATOR[1:]):
-        try:
-            incarnation = int(parts.pop()[1:], 16)
-        except ValueError:
-            raise ValueError(f"not a queue group id: {group_id!r}") from None
-    if len(parts) != 2 or not 0 <= incarnation < INCARNATION_LIMIT:
-        raise ValueError(f"not a queue group id: {group_id!r}")
-    vhost, name = (_unescape(part) for part in parts)
-    if queue_group_id(vhost, name, incarnation) != group_id:
-        raise ValueError(f"not a canonical queue group id: {group_id!r}")
-    return vhost, name, incarnation
 
 
 # --- the envelope ---------------------------------------------------------------------------------------------
@@ -183,7 +148,10 @@ def _bool(value: Any) -> bool:
 def _msg_ids(value: Any) -> tuple[MsgId, ...]:
     if not isinstance(value, list):
         raise ProposalDecodeError("expected a list of msg ids")
-    return tuple(MsgId(_int(item, 1)) for item in value)
+    if value and (set(map(type, value)) != {int} or min(value) < 1 or max(value) > INT_MAX):
+        for item in value:
+            _int(item, 1)  # raises, naming the first bad id
+    return tuple(value)
 
 
 def _fields(row: list[Any], count: int) -> list[Any]:
@@ -286,6 +254,9 @@ def _encode_command(command: QueueCommand, encode_payload: EncodePayload) -> lis
                 sequence,
             ]
         case EnqueueMany(publisher_id, now_ms, messages, sequences):
+            flat = _encode_enqueue_flat(publisher_id, now_ms, messages, sequences, encode_payload)
+            if flat is not None:
+                return flat
             return [
                 "enqm",
                 encode_id(publisher_id),
@@ -325,7 +296,7 @@ def _decode_enqueue(f: list[Any], dp: DecodePayload) -> QueueCommand:
     return Enqueue(_decode_message(message, dp), _int(now_ms), decode_id(publisher_id), _opt_int(sequence))
 
 
-def _encode_sequences(sequences: tuple[int, ...] | list[int]) -> int | list[int]:
+def _encode_sequences(sequences: Sequence[int]) -> int | list[int]:
     """A consecutive run (the usual case: one channel's publishes to one queue) as its first sequence."""
     first = sequences[0]
     if sequences[-1] - first == len(sequences) - 1 and all(
@@ -355,6 +326,62 @@ def _decode_enqueue_many(f: list[Any], dp: DecodePayload) -> QueueCommand:
         tuple([_decode_message(message, dp) for message in messages]),
         _decode_sequences(sequences, len(messages)),
     )
+
+
+def _encode_enqueue_flat(publisher_id: Hashable, now_ms: int, messages: Sequence[QueuedMessage],
+                         sequences: Sequence[int], encode_payload: EncodePayload) -> list[Any] | None:
+    """The "enqb" row of a batch whose messages share persistent/priority/ttl_ms (None: not that case, or a size
+    that is no int below 2**32: the batch goes as "enqm", whose checks name what is wrong)."""
+    first = messages[0]
+    persistent, priority, ttl_ms = first.persistent, first.priority, first.ttl_ms
+    for message in messages:
+        if message.persistent is not persistent or message.priority != priority or message.ttl_ms != ttl_ms:
+            return None
+    sizes = [message.size_bytes for message in messages]
+    if set(map(type, sizes)) != {int} or min(sizes) < 0 or max(sizes) > SIZE_FLAT_MAX:
+        return None
+    return [
+        "enqb",
+        encode_id(publisher_id),
+        now_ms,
+        _encode_sequences(sequences),
+        [persistent, priority, ttl_ms],
+        struct.pack(f"<{len(sizes)}I", *sizes),
+        [encode_payload(message.payload) for message in messages],
+    ]
+
+
+def _flat_common(value: Any) -> tuple[bool, int, int | None]:
+    """The [persistent, priority, ttl_ms] every message of an "enqb" batch shares, checked."""
+    if type(value) is not list or len(value) != 3:
+        raise ProposalDecodeError("expected [persistent, priority, ttl_ms]")
+    persistent, priority, ttl_ms = value
+    return _bool(persistent), _int(priority, 0, PRIORITY_MAX), _opt_int(ttl_ms)
+
+
+def _flat_sizes(value: Any, count: int) -> tuple[int, ...]:
+    if type(value) is not bytes or len(value) != 4 * count:
+        raise ProposalDecodeError("expected a 4-byte size per message")
+    return struct.unpack(f"<{count}I", value)
+
+
+def _flat_count(payloads: Any) -> int:
+    if type(payloads) is not list or not 1 <= len(payloads) <= ENQUEUE_MANY_MAX:
+        raise ProposalDecodeError(f"expected 1..{ENQUEUE_MANY_MAX} messages")
+    return len(payloads)
+
+
+def _decode_enqueue_flat(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    publisher_id, now_ms, sequences, common, sizes, payloads = _fields(f, 6)
+    count = _flat_count(payloads)
+    persistent, priority, ttl_ms = _flat_common(common)
+    size_values = _flat_sizes(sizes, count)
+    try:
+        messages = tuple([QueuedMessage(dp(payload), size_bytes, persistent, priority, ttl_ms)
+                          for payload, size_bytes in zip(payloads, size_values, strict=True)])
+    except Exception as exc:  # the payload codec is the caller's; its failures are decode errors too
+        raise ProposalDecodeError(f"bad payload: {exc}") from exc
+    return EnqueueMany(decode_id(publisher_id), _int(now_ms), messages, _decode_sequences(sequences, count))
 
 
 def _decode_attach(f: list[Any], dp: DecodePayload) -> QueueCommand:
@@ -429,6 +456,7 @@ def _decode_settle_dead_lettered(f: list[Any], dp: DecodePayload) -> QueueComman
 _DECODERS: Final[dict[str, Callable[[list[Any], DecodePayload], QueueCommand]]] = {
     "enq": _decode_enqueue,
     "enqm": _decode_enqueue_many,
+    "enqb": _decode_enqueue_flat,
     "att": _decode_attach,
     "det": _decode_detach,
     "cred": _decode_add_credit,
@@ -480,6 +508,16 @@ def _check_enqueue_many(row: list[Any]) -> None:
         _check_message(message)
 
 
+def _check_enqueue_flat(row: list[Any]) -> None:
+    """What `_decode_enqueue_flat` checks of an encoded "enqb" row, but the payloads (the sizes were checked when
+    the row was built)."""
+    _, publisher_id, now_ms, sequences, common, _sizes, payloads = row
+    _decode_id(publisher_id, 0)
+    _int(now_ms)
+    _decode_sequences(sequences, _flat_count(payloads))
+    _flat_common(common)
+
+
 def encode_proposal(proposal: Proposal, encode_payload: EncodePayload) -> bytes:
     """cbor bytes `[origin, proposal_id, kind, *fields]`; what encodes decodes.
 
@@ -493,6 +531,8 @@ def encode_proposal(proposal: Proposal, encode_payload: EncodePayload) -> bytes:
             _check_enqueue(command_row)  # the hot path: the same checks, no objects built
         elif command_row[0] == "enqm":
             _check_enqueue_many(command_row)
+        elif command_row[0] == "enqb":
+            _check_enqueue_flat(command_row)
         else:
             _DECODERS[command_row[0]](command_row[1:], _keep_payload)
     except ProposalDecodeError as exc:

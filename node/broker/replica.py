@@ -402,6 +402,7 @@ HANDLERS: dict[type, Any] = {m.BasicGet: basic_get, m.TxCommit: tx_commit, m.Que
 
 
 _SKIPPED: Final = Purge()  # stands for the command of a skipped entry (never applied)
+_NO_ID: Final = object()  # matches no consumer or publisher id
 
 
 # --- committed entries ------------------------------------------------------------------------------------------
@@ -433,12 +434,27 @@ def apply_committed(broker: Broker, vhost: str, name: str, data: bytes) -> None:
     if effects is None:
         return
     key = (vhost, name)
+    consumers = broker.consumers
+    elsewhere_consumer: Any = _NO_ID  # a consumer of another node: its deliveries are that node's business
+    unwatched_publisher: Any = _NO_ID  # a publisher nobody here waits for (a batch's effects share the id object)
     for effect in effects:
         kind = type(effect)
         if kind is Deliver:
+            cid = effect.consumer_id
+            if cid is elsewhere_consumer:
+                continue
+            if cid not in consumers and not is_local(broker, cid):
+                elsewhere_consumer = cid
+                continue
             _on_deliver(broker, queue, effect)
         elif kind is Accepted:
-            on_outcome(broker, key, effect.publisher_id, effect.sequence, ACCEPTED)
+            publisher_id = effect.publisher_id
+            if publisher_id is unwatched_publisher:
+                continue
+            if _unwatched(broker, publisher_id):
+                unwatched_publisher = publisher_id
+                continue
+            on_outcome(broker, key, publisher_id, effect.sequence, ACCEPTED)
         elif kind is Duplicate:
             on_outcome(broker, key, effect.publisher_id, effect.sequence, DUPLICATE)
         elif kind is Rejected:
@@ -462,6 +478,15 @@ def apply_committed(broker: Broker, vhost: str, name: str, data: bytes) -> None:
                 replica_control.send_held(broker, queue, effect.msg_id, effect.held_seq, effect.reason,
                                           effect.message)
     _after_command(broker, queue, command)
+
+
+def _unwatched(broker: Broker, publisher_id: Any) -> bool:
+    """No local channel or dead-letter sender waits for this publisher's outcomes (on_outcome would do nothing)."""
+    if publisher_id is None:
+        return True
+    if publisher_id in broker.publishers:
+        return False
+    return not (type(publisher_id) is tuple and len(publisher_id) >= 3 and publisher_id[0] == "dlx-alo")
 
 
 def _on_deliver(broker: Broker, queue: QueueState, effect: Deliver) -> None:

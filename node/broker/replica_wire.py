@@ -66,6 +66,7 @@ _FLAGS: Final = tuple(flags.to_bytes(2, "big") for flags in range(1 << 16))
 _HEADER_BEFORE_FLAGS: Final = HEADER_PREFIX.pack(CLASS_BASIC, 0, 0, 0)[:-2]  # class, weight, body size 0
 
 
+_new_message = tuple.__new__  # Message(...) without the named tuple's Python-level __new__ (one per message)
 PROPERTIES_KEPT_MAX: Final = 4096  # distinct property lists without headers decoded once (cleared when full)
 _properties_by_bytes: dict[bytes, BasicProperties] = {b"\x00\x00": EMPTY_PROPERTIES}
 
@@ -86,13 +87,15 @@ def _decode_properties(data: bytes) -> BasicProperties:
 def decode_payload(value: Any) -> Message:
     """Either form: property bytes (proposals) or a dict of properties (snapshots, and entries of older nodes)."""
     exchange, routing_key, props, body = value
+    if type(props) is bytes and type(exchange) is str and type(routing_key) is str and type(body) is bytes:
+        properties = _properties_by_bytes.get(props)  # the hot path: a decoded entry's message
+        if properties is None:
+            properties = _decode_properties(props)
+        return _new_message(Message, (exchange, routing_key, properties, body))
     if not (isinstance(exchange, str) and isinstance(routing_key, str) and isinstance(body, bytes)):
         raise ValueError("bad message payload")
     if type(props) is bytes:
-        properties = _properties_by_bytes.get(props)
-        if properties is None:
-            properties = _decode_properties(props)
-        return Message(exchange, routing_key, properties, body)
+        return Message(exchange, routing_key, _decode_properties(props), body)
     if not isinstance(props, dict):
         raise ValueError("bad message payload")
     return Message(exchange, routing_key, BasicProperties(**props), body)
