@@ -83,7 +83,8 @@ def encode_record(offset: int, timestamp_ms: int, payload: bytes) -> bytes:
     return struct.pack("<I", crc) + body_header + payload
 
 
-_RECORD_CRC = struct.Struct("<I")
+RECORD_CRC = struct.Struct("<I")  # the CRC in front of RECORD_BODY_HEADER
+_RECORD_CRC = RECORD_CRC
 
 
 def encode_record_parts(offset: int, timestamp_ms: int, payload: bytes) -> bytes:

@@ -226,6 +226,33 @@ class NodeLog:
             self._write_pending_deferring_disk_full()
         return offsets
 
+    def append_run(self, stream: str, payloads: Sequence[bytes], timestamp_ms: int = 0) -> int:
+        """``append`` of each payload to one stream, in order, under one lock round; returns the first offset (the
+        others follow it contiguously). The store's per-message path: one run per stream of a persist batch."""
+        with self._lock:
+            self._check_usable()
+            if self._deferred_error is not None and self._pending_bytes > 4 * self.config.append_buffer_bytes_max:
+                raise DiskFullError(self._deferred_error.errno, "log storage: disk full and append buffer full")
+            state = self._states.get(stream) or self._state(stream)
+            state.has_data = True
+            first = offset = state.next_offset
+            sequence = self._sequence
+            unwritten = state.unwritten
+            pending_append = self._pending.append
+            append_kind = fmt.WalKind.APPEND
+            for payload in payloads:
+                sequence += 1
+                unwritten[offset] = (sequence, payload)
+                pending_append((append_kind, stream, offset, timestamp_ms, payload, sequence))
+                offset += 1
+            state.next_offset = offset
+            self._sequence = sequence
+            self._pending_bytes += sum(map(len, payloads)) + OP_OVERHEAD_BYTES * len(payloads)
+            overflow = self._pending_bytes > self.config.append_buffer_bytes_max
+        if overflow:
+            self._write_pending_deferring_disk_full()
+        return first
+
     def _write_pending_deferring_disk_full(self) -> None:
         """Write the append buffer out early (it went over its bound); a full disk is kept for commit to report,
         and the records stay queued."""

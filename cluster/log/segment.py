@@ -341,16 +341,6 @@ class StreamFiles:
             finally:
                 os.close(fd)
 
-    @staticmethod
-    def _note_record(segment: Segment, offset: int, timestamp_ms: int, position: int,
-                     index_interval_bytes: int) -> None:
-        """Update the in-memory sparse indexes for a record written at ``position``."""
-        if position > 0 and position - segment.last_indexed_position >= index_interval_bytes:
-            segment.index.add(offset - segment.base_offset, position, segment.max_timestamp_ms)
-            segment.last_indexed_position = position
-        if timestamp_ms > segment.max_timestamp_ms:
-            segment.max_timestamp_ms = timestamp_ms
-
     # --- state -----------------------------------------------------------------------------------------------
 
     @property
@@ -373,17 +363,23 @@ class StreamFiles:
 
     def write_records(self, records: list[tuple[int, int, bytes]], handles: FileHandles,
                       segment_size_bytes_max: int, index_interval_bytes: int) -> None:
-        """Append ``(offset, timestamp_ms, payload)`` records (offsets contiguous from ``end_offset``)."""
+        """Append ``(offset, timestamp_ms, payload)`` records (offsets contiguous from ``end_offset``).
+
+        Each record is ``fmt.encode_record``'s layout written as its header and then the payload (no copy of the
+        payload), with the header and the sparse-index step inlined: this is the commit's
+        per-record loop."""
         pending: list[bytes] = []
-        segment: Segment | None = None
-        start_size = 0
+        segment: Segment | None = self.segments[-1] if self.segments else None
+        start_size = segment.size_bytes if segment is not None else 0
         snapshot_offset = self.snapshot_offset
-        encode = fmt.encode_record_parts
-        note_record = self._note_record
+        pack_body_header = fmt.RECORD_BODY_HEADER.pack
+        pack_crc = fmt.RECORD_CRC.pack
+        crc32 = zlib.crc32
+        header_size = fmt.RECORD_HEADER.size
+        extend = pending.extend
         for offset, timestamp_ms, payload in records:
             if offset <= snapshot_offset:
                 continue
-            segment = self.segments[-1] if self.segments else None
             if segment is None or (segment.size_bytes >= segment_size_bytes_max and segment.size_bytes > 0):
                 if segment is not None:
                     self._flush(segment, start_size, pending, handles)
@@ -391,13 +387,16 @@ class StreamFiles:
                 segment = self._new_segment(offset)
                 start_size = 0
                 pending = []
-            elif not pending:
-                start_size = segment.size_bytes
-            head = encode(offset, timestamp_ms, payload)  # fmt.encode_record, without the copy of the payload
-            note_record(segment, offset, timestamp_ms, segment.size_bytes, index_interval_bytes)
-            pending.append(head)
-            pending.append(payload)
-            segment.size_bytes += len(head) + len(payload)
+                extend = pending.extend
+            position = segment.size_bytes
+            if position > 0 and position - segment.last_indexed_position >= index_interval_bytes:
+                segment.index.add(offset - segment.base_offset, position, segment.max_timestamp_ms)
+                segment.last_indexed_position = position
+            if timestamp_ms > segment.max_timestamp_ms:
+                segment.max_timestamp_ms = timestamp_ms
+            body_header = pack_body_header(len(payload), offset, timestamp_ms)
+            extend((pack_crc(crc32(payload, crc32(body_header))), body_header, payload))
+            segment.size_bytes = position + header_size + len(payload)
             segment.next_offset = offset + 1
         if segment is not None and pending:
             self._flush(segment, start_size, pending, handles)

@@ -191,7 +191,14 @@ class ServerConnection:
             ch = channels.get(channel) if channel else None
             if ch is not None and not ch.closing:
                 if frame_type == FRAME_BODY:
-                    if ch.properties is not None:
+                    properties = ch.properties
+                    if properties is not None:
+                        if len(payload) == ch.body_size and not ch.body_parts:  # the whole body in one frame
+                            publish = ch.publish
+                            ch.publish = ch.properties = None  # (take_content without the join)
+                            ch.body_size = 0
+                            events.append(ContentReceived(channel, publish, properties, payload))  # type: ignore[arg-type]
+                            continue
                         received = ch.body_received + len(payload)
                         if received < ch.body_size:
                             ch.body_received = received
@@ -204,6 +211,11 @@ class ServerConnection:
                             events.append(ContentReceived(channel, publish, properties, body))
                             continue
                 elif frame_type == FRAME_HEADER and ch.publish is not None and ch.properties is None:
+                    if payload == ch.last_header:  # the publisher repeats its last header: checked already
+                        last = ch.last_header_content
+                        if last is not None and 0 < last[1] <= max_message_size:
+                            ch.properties, ch.body_size = last
+                            continue
                     try:
                         content = ch.content_frame(FRAME_HEADER, payload, max_message_size)
                     except ProtocolError:
@@ -258,20 +270,12 @@ class ServerConnection:
         properties: BasicProperties,
         body: bytes,
     ) -> None:
-        if self._channel_writable(channel):
-            self._write(
-                encode_deliver_frames(
-                    channel,
-                    consumer_tag,
-                    delivery_tag,
-                    redelivered,
-                    exchange,
-                    routing_key,
-                    properties,
-                    body,
-                    self.frame_max,
-                )
-            )
+        ch = self._channels.get(channel)  # (_channel_writable, inlined for this hot path)
+        if (ch is None or ch.closing or self.state is not ConnectionState.OPEN) and (
+                channel != 0 or not self._channel_writable(channel)):
+            return
+        self._write(encode_deliver_frames(channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key,
+                                          properties, body, self.frame_max))
 
     def send_ack(self, channel: int, delivery_tag: int, multiple: bool = False) -> None:
         """Publisher confirm (Basic.Ack), hot path."""

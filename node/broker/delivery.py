@@ -151,7 +151,8 @@ def forget_persisted(broker: Broker, queue: QueueState, msg_ids: Iterable[int]) 
     persisted = queue.persisted_ids
     if not persisted:
         return
-    gone = [i for i in msg_ids if i in persisted]
+    gone = msg_ids if type(msg_ids) is list and persisted.issuperset(msg_ids) else [
+        i for i in msg_ids if i in persisted]
     if gone:
         persisted.difference_update(gone)
         vhost, name = queue.vhost, queue.name
@@ -419,8 +420,12 @@ def collect_tags(ch: ChannelState, delivery_tag: int, multiple: bool) -> list[in
     if multiple:
         if delivery_tag == 0:
             return list(ch.unacked)
-        if delivery_tag not in ch.unacked:
+        unacked = ch.unacked
+        if delivery_tag not in unacked:
             raise precondition(f"unknown delivery tag {delivery_tag}")
+        first = next(iter(unacked))
+        if next(reversed(unacked)) - first + 1 == len(unacked):  # ascending and contiguous: no gaps to skip
+            return list(range(first, delivery_tag + 1))
         tags: list[int] = []
         for tag in ch.unacked:  # ascending (see ChannelState.unacked): stop at the first one past delivery_tag
             if tag > delivery_tag:
@@ -468,7 +473,7 @@ def basic_reject(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Ba
 
 
 def _settle_tags(broker: Broker, ch: ChannelState, tags: list[int], kind: str, requeue: bool) -> None:
-    entries = [ch.unacked.pop(tag) for tag in tags]
+    entries = list(map(ch.unacked.pop, tags))
     if ch.tx is not None:
         ch.tx.acks.extend((tag, entry, kind, requeue) for tag, entry in zip(tags, entries, strict=True))
         return
@@ -477,12 +482,27 @@ def _settle_tags(broker: Broker, ch: ChannelState, tags: list[int], kind: str, r
         broker.mark_dirty(ch)
 
 
-def settle_entries(broker: Broker, entries: list[Unacked], kind: str, requeue: bool) -> None:
+def _settle_groups(entries: list[Unacked]) -> Iterable[list[Unacked]]:
+    """The entries grouped by (queue, consumer id), in order of first appearance. A multiple ack of one
+    consumer's deliveries (the common case) is one group, found with C-level scans only."""
+    if len(entries) > 1:
+        queues, consumer_ids, _ids, _consumers = zip(*entries, strict=True)
+        if len(set(map(id, queues))) == 1 and len(set(consumer_ids)) == 1:
+            return (entries,)
     groups: dict[tuple[int, Hashable], list[Unacked]] = {}
     for entry in entries:
-        groups.setdefault((id(entry.queue), entry.consumer_id), []).append(entry)
+        key = (id(entry.queue), entry.consumer_id)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [entry]
+        else:
+            group.append(entry)
+    return groups.values()
+
+
+def settle_entries(broker: Broker, entries: list[Unacked], kind: str, requeue: bool) -> None:
     now_ms = broker.now_ms
-    for group in groups.values():
+    for group in _settle_groups(entries):
         queue, consumer_id = group[0].queue, group[0].consumer_id
         ids = [e.msg_id for e in group]
         if kind == "ack":

@@ -1,4 +1,5 @@
-"""Effects the broker hands to the runtime (frozen data; the runtime carries them out in order).
+"""Effects the broker hands to the runtime (frozen data; the runtime carries them out in order). `SendContent`,
+built once per delivery, is slotted but not frozen, for speed: treat it as a value all the same.
 
 `Send`/`SendContent` go to one channel of one connection (`SendContent` with a BasicDeliver method may use the
 connection's fast `send_deliver`), `CloseChannel`/`CloseConnection` ask the protocol layer to close with a reply
@@ -23,7 +24,7 @@ class Send:
     method: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # one per delivery: not frozen (a frozen __init__ costs ~3x); a value all the same
 class SendContent:
     conn_id: int
     channel: int

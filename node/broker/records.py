@@ -362,3 +362,10 @@ def encode_record(record: Record) -> bytes:
             _cbor_int(record.delivery_count),
         ))
     return cbor2.dumps(record.to_cbor())
+
+
+def encode_removed_run(vhost: str, queue: str, msg_ids: list[int]) -> list[bytes]:
+    """`encode_record(MessageRemovedRecord(vhost, queue, i))` of each id, the prefix looked up once (the ack path)."""
+    prefix = _prefix("msg-removed", 4, vhost, queue)
+    small = _SMALL_UINTS
+    return [prefix + (small[i] if 0 <= i < 0x100 else _cbor_int(i)) for i in msg_ids]

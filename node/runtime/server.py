@@ -208,8 +208,24 @@ class Node:
     def apply_effects(self, effects: Iterable[Any]) -> None:
         """Carry out effects in order: Persist on the store, the rest on their connection's core (by type)."""
         connections = self.connections
+        dirty = self._dirty
         for effect in effects:
             cls = type(effect)
+            if cls is SendContent:  # a delivery (the hot path, inlined)
+                conn = connections.get(effect.conn_id)
+                if conn is None or conn.finished:
+                    continue
+                method = effect.method
+                if type(method) is BasicDeliver:
+                    conn.core.send_deliver(effect.channel, method.consumer_tag, method.delivery_tag,
+                                           method.redelivered, method.exchange, method.routing_key,
+                                           effect.properties, effect.body)
+                else:
+                    conn.core.send_content(effect.channel, method, effect.properties, effect.body)
+                if not conn.dirty:
+                    conn.dirty = True
+                    dirty.append(conn)
+                continue
             if cls is Persist:
                 self.store.persist(effect.token, effect.records)
                 continue
@@ -227,7 +243,7 @@ class Node:
             apply(conn.core, effect)
             if not conn.dirty:
                 conn.dirty = True
-                self._dirty.append(conn)
+                dirty.append(conn)
 
     def _collect_output(self, conn: Connection) -> None:
         data = conn.core.data_to_send()

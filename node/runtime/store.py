@@ -93,6 +93,7 @@ from node.broker.records import (
     UserRecord,
     VHostRecord,
     encode_record,
+    encode_removed_run,
     from_cbor,
     queue_stream,
     to_cbor,
@@ -107,6 +108,7 @@ RECOVER_INLINE_RECORDS_MAX = 20_000  # a longer queue stream is recovered as an 
 DISK_FULL_RETRY_S = 1.0
 PENDING_TOKENS_MAX = 1_000_000  # a bound on bookkeeping; far above what a healthy disk ever accumulates
 EMPTY_SNAPSHOT = cbor2.dumps([])
+_MESSAGE_RECORD_TYPES = frozenset({MessageRecord, MessageRemovedRecord})  # Store.persist's per-message path
 SYNCED_SIZES_FILE = "test-synced-sizes.json"  # test_drop_unsynced_on_kill: sizes as of the last fsync
 
 
@@ -325,7 +327,78 @@ class Store:
         batch = records if isinstance(records, (list, tuple)) else list(records)
         if self.doomed:
             self.doomed.clear()  # (left by a batch that raised half-way: its truncation is only skipped)
-        if QueueRecord in map(type, batch):  # (C-level scan: this is the publish path)
+        if _MESSAGE_RECORD_TYPES.issuperset(map(type, batch)):  # (C-level scan) publishes and acks only
+            self._persist_message_runs(batch)
+        else:
+            self._persist_records(batch)
+        if len(self.pending_tokens) >= PENDING_TOKENS_MAX:
+            log.error("store: %d tokens pending; storage is not keeping up", len(self.pending_tokens))
+        self.pending_tokens.append(token)
+        self._wake.set()
+        if self.unsafe_confirm_before_fsync:
+            self.unsafe_tokens.append(token)
+            self._unsafe_wake.set()
+
+    def _persist_message_runs(self, batch: list[Any] | tuple[Any, ...]) -> None:
+        """The per-message path (a batch of MessageRecords and MessageRemovedRecords only): each run of one record
+        type in one queue's stream is encoded and appended at once (`NodeLog.append_run`) and counted in its
+        book at once, with exactly the bookkeeping `_persist_records` does record by record."""
+        runs: list[tuple[type, str, str, list[Any]]] = []
+        last_cls: type | None = None
+        last_vhost = last_queue = ""
+        members: list[Any] = []
+        for record in batch:
+            cls = type(record)
+            if cls is not last_cls or record.queue != last_queue or record.vhost != last_vhost:
+                last_cls, last_vhost, last_queue = cls, record.vhost, record.queue
+                members = []
+                runs.append((cls, last_vhost, last_queue, members))
+            members.append(record)
+        books = self.books
+        append_run = self.log.append_run
+        for cls, vhost, queue, members in runs:
+            stream = queue_stream(vhost, queue)
+            book = books.get(stream)
+            if book is None:
+                book = books[stream] = StreamBook()
+            msg_ids = [record.msg_id for record in members]
+            if cls is MessageRecord:
+                payloads = [encode_record(record) for record in members]
+                first = append_run(stream, payloads)
+                book.last_offset = first + len(payloads) - 1
+                book.records_since_snapshot += len(payloads)
+                book.bytes_since_snapshot += sum(map(len, payloads))
+                add = book.live_messages.add  # live now, so never a drained stream to compact
+                for msg_id in msg_ids:
+                    add(msg_id)
+            else:
+                payloads = encode_removed_run(vhost, queue, msg_ids)
+                self._note_removals(stream, book, msg_ids, payloads, append_run(stream, payloads))
+
+    def _note_removals(self, stream: str, book: StreamBook, msg_ids: list[int], payloads: list[bytes],
+                       first_offset: int) -> None:
+        """A run of MessageRemovedRecords appended from `first_offset` on: the book counts them, and at each one
+        that leaves the stream drained (rare) with the counts as of that record, a compaction is planned."""
+        live = book.live_messages
+        discard = live.discard
+        counted = 0
+        for index, msg_id in enumerate(msg_ids):
+            discard(msg_id)
+            if not live:
+                book.last_offset = first_offset + index
+                book.records_since_snapshot += index + 1 - counted
+                book.bytes_since_snapshot += sum(map(len, payloads[counted:index + 1]))
+                counted = index + 1
+                if self._queue_stream_grown(book):
+                    self._compact_drained(stream, book)
+        if counted < len(payloads):
+            book.last_offset = first_offset + len(payloads) - 1
+            book.records_since_snapshot += len(payloads) - counted
+            book.bytes_since_snapshot += sum(map(len, payloads[counted:]))
+
+    def _persist_records(self, batch: list[Any] | tuple[Any, ...]) -> None:
+        """Any batch, record by record (definitions, paging's tail records, stream starts)."""
+        if QueueRecord in map(type, batch):  # (C-level scan)
             batch = self._with_stream_starts(batch)
         items = [(record.stream, encode_record(record)) for record in batch]
         offsets = self.log.append_many(items)
@@ -353,13 +426,6 @@ class Store:
             self._plan_compaction(stream, record, book)
         if self.doomed:
             self._truncate_doomed()
-        if len(self.pending_tokens) >= PENDING_TOKENS_MAX:
-            log.error("store: %d tokens pending; storage is not keeping up", len(self.pending_tokens))
-        self.pending_tokens.append(token)
-        self._wake.set()
-        if self.unsafe_confirm_before_fsync:
-            self.unsafe_tokens.append(token)
-            self._unsafe_wake.set()
 
     def _with_stream_starts(self, batch: list[Record] | tuple[Record, ...]) -> list[Record]:
         """The batch with a `QueueStreamStartRecord` before the QueueRecord of each queue declared anew (not live
