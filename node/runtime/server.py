@@ -18,9 +18,15 @@ connection.blocked cannot push more data into the node. Credit flow (as RabbitMQ
 after a read, a publisher whose target queue is behind its draining consumers (`Broker.publish_flow_behind`) is not
 read again until the queue caught up, as long as the backlog keeps going down (at most `FLOW_PAUSE_MAX_S`); a pause
 in which it stopped going down for `FLOW_STALL_S` (the consumer, not the node, is slow) turns pausing off for that
-connection for `FLOW_QUIET_S`. Without it a publisher's read (up to
-RECEIVE_SIZE_BYTES, ~1,400 small publishes) outweighs a consumer's (acks that free at most its prefetch), so the
-queue grew without bound while the consumer waited for turns.
+connection for `FLOW_QUIET_S`. Without it a publisher's read (~1,400 small publishes when reads were 256 KiB)
+outweighs a consumer's (acks that free at most its prefetch), so the queue grew without bound while the consumer
+waited for turns.
+
+Reads are at most RECEIVE_SIZE_BYTES (32 KiB, ~190 small publishes): one read is handled in one go on the trio
+thread, so its size bounds how long every other connection waits for a turn (deliveries sit in the consumer's
+output until its writer runs). With 256 KiB reads a publisher's turn took up to 150 ms under workload (a), and the
+ready backlog those big turns built up paused the publisher (credit flow) dozens of times a run; 32 KiB reads cut
+(a)'s publish-to-deliver p50 and p99 by about a third at the same or higher throughput (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ from node.runtime.store import Store
 
 log = logging.getLogger("raftmq.node")
 
-RECEIVE_SIZE_BYTES = 256 * 1024
+RECEIVE_SIZE_BYTES = 32 * 1024  # per read: bounds one connection's turn (see the module docstring)
 BLOCKED_POLL_S = 0.1  # how often a blocked connection looks whether its alarm cleared (and sends heartbeats)
 DISPATCH_ROUNDS_MAX = 100_000  # events+effects cascades longer than this indicate a bug; stop and log
 BROKER_TICK_MS_MAX = 1_000
