@@ -5,8 +5,12 @@ followed by the consumer's multiple-ack `Settle` of the 256 deliveries it got (o
 attached before the first round). Two levels, each printing CPU microseconds per message:
 - machine: `decode_proposal` (with node/broker/replica_wire's payload codec) + `ReplicatedQueue.apply` of both
   entries, as cluster/queue sees them;
+- classic: workload (a)'s machine work for the same messages: 256 single `Enqueue`s, then the multiple-ack Settle;
 - broker: `Broker.apply_committed_many` of both entries' bytes on a replica whose publisher and consumer are on
-  other nodes (ids of node "x"), i.e. also node/broker/replica.py's per-entry and per-effect work.
+  other nodes (ids of node "x"), i.e. also node/broker/replica.py's per-entry and per-effect work;
+- publisher: the publisher's node for the same 256 messages: one read of confirmed publishes through
+  `Broker.handle_many` (route, batch into one EnqueueMany, propose), the entry's encoding, and its own entry applied
+  when committed (the kept object: no decoding), confirms released.
 The collector runs as in a serving node (young threshold 50,000). Timing is CPU time of this process (time.process_time), so a busy machine distorts it less than wall time.
 
 Run from the repository root: .venv/bin/python benchmarks/queue_apply.py [--rounds 400] [--profile]
@@ -102,6 +106,26 @@ def bench_machine(rounds: int) -> float:
     return elapsed * 1e6 / (rounds * BATCH)
 
 
+def bench_classic(rounds: int) -> float:
+    """Workload (a)'s machine work: 256 single Enqueues (a classic queue applies each publish on its own), each
+    delivered at once, then one multiple-ack Settle; no codec."""
+    from cluster.queue import Enqueue, Queue
+
+    queue = Queue("q")
+    queue.apply(Attach(CONSUMER, 0, prefetch=PREFETCH))
+    message = _message()
+    apply = queue.apply
+    started = time.process_time()
+    for round_index in range(rounds):
+        first = round_index * BATCH + 1
+        for _ in range(BATCH):
+            apply(Enqueue(message, round_index))
+        apply(Settle(CONSUMER, list(range(first, first + BATCH))))
+    elapsed = time.process_time() - started
+    assert queue.unacked_count == 0 and queue.ready_count == 0
+    return elapsed * 1e6 / (rounds * BATCH)
+
+
 def bench_broker(rounds: int) -> float:
     from node.amqp import methods as m
     from tests.broker.cluster_harness import Cluster, cluster_client, take
@@ -125,25 +149,61 @@ def bench_broker(rounds: int) -> float:
     return elapsed * 1e6 / (rounds * BATCH)
 
 
+def bench_publisher(rounds: int) -> float:
+    """The publisher's node: one read of 256 confirmed publishes (`handle_many`: route, batch, propose), the entry's
+    encoding, then its own committed entry applied (decode-once: no decoding) and the confirms released."""
+    from node.amqp import events as ev
+    from node.amqp import methods as m
+    from node.broker.effects import ProposeQueue
+    from tests.broker.cluster_harness import Cluster, cluster_client, take
+
+    cluster = Cluster()
+    client = cluster_client(cluster, "a")
+    client.declare("q", durable=True, arguments={"x-queue-type": "quorum"})
+    cluster.commit()
+    take(cluster, "a")
+    client.call(m.ConfirmSelect())
+    broker = cluster.brokers["a"]
+    publish = ev.ContentReceived(1, m.BasicPublish(exchange="", routing_key="q"), BasicProperties(delivery_mode=2),
+                                 BODY)
+    events = [publish] * BATCH
+    proposal_id = 1000
+    acked = 0
+    started = time.process_time()
+    for _ in range(rounds):
+        effects = broker.handle_many(client.conn_id, events, 0)
+        entries = []
+        for effect in effects:
+            if type(effect) is ProposeQueue:
+                proposal_id += 1
+                entries.append((effect.vhost, effect.queue,
+                                broker.encode_proposal("a", proposal_id, effect.vhost, effect.queue, effect.command)))
+        acked += len(broker.apply_committed_many(entries))
+    elapsed = time.process_time() - started
+    assert acked >= rounds, acked
+    return elapsed * 1e6 / (rounds * BATCH)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=15, help="best of this many runs")
-    parser.add_argument("--only", choices=["machine", "broker"], help="run one level only")
+    parser.add_argument("--only", choices=["machine", "classic", "broker", "publisher"], help="run one level only")
     parser.add_argument("--profile", action="store_true", help="cProfile one machine and one broker run")
     options = parser.parse_args()
     gc.freeze()
     gc.set_threshold(50_000)  # as node/runtime/server.py's hot_path_gc while serving
     if options.profile:
-        for bench in (bench_machine, bench_broker):
+        for bench in (bench_machine, bench_classic, bench_broker, bench_publisher):
             profiler = cProfile.Profile()
             profiler.runcall(bench, options.rounds)
             print(f"== {bench.__name__}")
             pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
         return
-    benches = [bench_machine, bench_broker]
+    benches = [bench_machine, bench_classic, bench_broker, bench_publisher]
     if options.only:
-        benches = [bench_machine if options.only == "machine" else bench_broker]
+        benches = [{"machine": bench_machine, "classic": bench_classic, "broker": bench_broker,
+                    "publisher": bench_publisher}[options.only]]
     for bench in benches:
         best = min(bench(options.rounds) for _ in range(options.repeat))
         print(f"{bench.__name__:<14} {best:7.2f} us/msg (best of {options.repeat}, {options.rounds} rounds of {BATCH})")
