@@ -197,7 +197,7 @@ def _route(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], method: A
            seq: int, ttl_ms: int | None, commit_id: int) -> list[int]:
     """Route and propose; returns [publish sequence] when a confirm or commit now waits for it, else []."""
     name, routing_key = method.exchange, method.routing_key
-    msg = Message(name, routing_key, props, body)
+    msg = _new_message(Message, (name, routing_key, props, body))
     targets: tuple[str, ...] = ()
     if name == "" and routing_key.startswith(publish.REPLY_TO_PREFIX):
         routed = publish._deliver_reply(broker, msg)
@@ -210,15 +210,14 @@ def _route(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], method: A
     pending = PendingPublish(seq, commit_id) if seq or commit_id else None
     sequence = 0
     if targets:
-        conn = ch.conn
-        assert conn is not None
         sequence = _next_sequence(ch)
         message = QueuedMessage(msg, len(body), props.delivery_mode == 2, props.priority or 0, ttl_ms)
+        queues, now_ms, publisher_id = vhost.queues, broker.now_ms, ch.publisher_id
         for queue_name in targets:
-            queue = vhost.queues.get(queue_name)
+            queue = queues.get(queue_name)
             if queue is None:
                 continue
-            command = Enqueue(message, broker.now_ms, ch.publisher_id, sequence)
+            command = Enqueue(message, now_ms, publisher_id, sequence)
             propose_enqueue(broker, queue, command)
             if pending is not None:
                 pending.targets[(vhost.name, queue_name)] = command
@@ -401,6 +400,7 @@ def _answer_purge(broker: Broker, queue: QueueState, count: int | None) -> None:
 HANDLERS: dict[type, Any] = {m.BasicGet: basic_get, m.TxCommit: tx_commit, m.QueuePurge: queue_purge}
 
 
+_new_message = tuple.__new__  # Message(...) without the named tuple's Python-level __new__ (one per publish)
 _SKIPPED: Final = Purge()  # stands for the command of a skipped entry (never applied)
 _NO_ID: Final = object()  # matches no consumer or publisher id
 

@@ -162,10 +162,13 @@ class Batch:
         self.size_bytes = size_bytes
 
     def still_open(self, out: list[Any], command: Enqueue) -> bool:
-        if out is not self.out or self.index >= len(out) or out[self.index] is not self.effect:
+        effect = self.effect
+        if out is not self.out or self.index >= len(out) or out[self.index] is not effect:
             return False
-        first: Any = self.effect.command
-        return bool(first.publisher_id == command.publisher_id and first.now_ms == command.now_ms
+        first: Any = effect.command
+        publisher_id = first.publisher_id
+        return bool((publisher_id is command.publisher_id or publisher_id == command.publisher_id)
+                    and first.now_ms == command.now_ms
                     and len(self.sequences) < BATCH_MESSAGES_MAX and self.size_bytes < BATCH_BYTES_MAX)
 
 
