@@ -93,3 +93,22 @@ async def test_a_cancelled_waiter_still_waits_for_a_started_job() -> None:
         assert scope.cancelled_caught and done == ["job"]
     finally:
         worker.close()
+
+
+async def test_a_started_job_can_be_asked_for_its_result_more_than_once() -> None:
+    worker = SyncThread()
+    try:
+        job = worker.start(lambda: 7)
+        assert await job.wait() == 7 and job.result() == 7 and await job.wait() == 7
+
+        def fail() -> None:
+            raise OSError("disk gone")
+
+        failed = worker.start(fail)
+        for _ in range(2):
+            with pytest.raises(OSError, match="disk gone"):
+                await failed.wait()
+        with pytest.raises(OSError, match="disk gone"):
+            failed.result()
+    finally:
+        worker.close()

@@ -1,8 +1,11 @@
 """The in-memory Raft log of one group: a snapshot, the entries after it, and the persisted/committed/applied marks.
 
-Entries live in a list starting at `snapshot.index + 1`. `persisted` is the last index the host has made durable
-(entries after it are handed out by the next Ready); `committed` and `applied` only move forward. A truncation
-happens only at a real conflict and never at or below `committed`.
+Entries live in a list starting at `snapshot.index + 1`. `handed` is the last index handed to the host by a Ready
+(entries after it go out with the next Ready); `persisted` is the last index the host has reported durable
+(`advance`), so `persisted <= handed`: several Readies may be in the host's hands at once (pipelined writes). A
+Ready's entries count as durable only as far as they are still in the log (`persist_through`): a truncation while
+they were being written replaced the rest. `committed` and `applied` only move forward. A truncation happens only
+at a real conflict and never at or below `committed`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ class RaftLog:
         for offset, entry in enumerate(self._entries):
             assert entry.index == snapshot.index + 1 + offset, "entries must follow the snapshot contiguously"
         self.persisted = self.last_index()
+        self.handed = self.persisted
         self.committed = Index(max(snapshot.index, min(committed, self.last_index())))
         self.applied = snapshot.index
         self.pending_snapshot: Snapshot | None = None  # received, not yet handed out by a Ready
@@ -70,7 +74,19 @@ class RaftLog:
         return tuple(out)
 
     def unstable_entries(self) -> tuple[Entry, ...]:
-        return self.slice(Index(self.persisted + 1), self.last_index()) if self.persisted < self.last_index() else ()
+        """Entries not yet handed to the host."""
+        return self.slice(Index(self.handed + 1), self.last_index()) if self.handed < self.last_index() else ()
+
+    def persist_through(self, entries: tuple[Entry, ...]) -> None:
+        """The host made `entries` (one Ready's) durable: `persisted` moves to the last of them still in the log
+        with the same term (a conflict may have replaced a suffix while they were written; log matching: an
+        entry with the same index and term is the same entry, with the same entries before it)."""
+        for entry in reversed(entries):
+            if entry.index <= self.persisted:
+                return
+            if self.term(entry.index) == entry.term:
+                self.persisted = entry.index
+                return
 
     def entries_to_apply(self) -> tuple[Entry, ...]:
         if self.applied >= self.committed:
@@ -101,6 +117,7 @@ class RaftLog:
         assert index > self.snapshot.index
         del self._entries[index - self.snapshot.index - 1 :]
         self.persisted = Index(min(self.persisted, index - 1))
+        self.handed = Index(min(self.handed, index - 1))
 
     def commit_to(self, index: Index) -> bool:
         index = Index(min(index, self.last_index()))
@@ -114,6 +131,7 @@ class RaftLog:
         self.snapshot = snapshot
         self._entries = []
         self.persisted = snapshot.index
+        self.handed = snapshot.index
         self.committed = snapshot.index
         self.pending_snapshot = snapshot
 

@@ -96,7 +96,9 @@ class RaftCore:
         self.membership = persisted.snapshot.membership
         self.term = hs.term
         self.vote = hs.vote
-        self._persisted_hs = HardState(self.term, self.vote, self.log.committed)
+        self._handed_hs = HardState(self.term, self.vote, self.log.committed)  # the last one a Ready carried
+        self._applied_handed = self.log.applied  # the last committed entry a Ready handed out to apply
+        self._snapshot_handed: Snapshot | None = None  # the pending snapshot a Ready handed out already
         self.role = Role.FOLLOWER
         self.lead: NodeId | None = None
         self.quiesced = False
@@ -227,44 +229,57 @@ class RaftCore:
     def has_ready(self) -> bool:
         return bool(
             self._msgs
-            or self.log.pending_snapshot is not None
-            or self.log.persisted < self.log.last_index()
-            or self.log.applied < self.log.committed
-            or self._hard_state() != self._persisted_hs
+            or (self.log.pending_snapshot is not None and self.log.pending_snapshot is not self._snapshot_handed)
+            or self.log.handed < self.log.last_index()
+            or self._applied_handed < self.log.committed
+            or self._hard_state() != self._handed_hs
         )
 
     def ready(self) -> Ready:
-        """Collect pending work. Messages are drained: call `advance` with this Ready before anything else."""
+        """Hand out pending work: what to persist, send and apply. Messages are drained, entries and committed
+        entries handed out once. Several Readies may be outstanding (pipelined writes; `tick`, `step` and
+        `propose` are fine in between): `advance` each one, in order, once it is durable."""
         hs = self._hard_state()
         snapshot = self.log.pending_snapshot
-        applied = max(self.log.applied, snapshot.index if snapshot else Index(0))
-        committed = self.log.slice(Index(applied + 1), self.log.committed) if self.log.committed > applied else ()
+        if snapshot is self._snapshot_handed:
+            snapshot = None
+        self._snapshot_handed = self.log.pending_snapshot
+        start = max(self._applied_handed, snapshot.index if snapshot else Index(0))
+        committed = self.log.slice(Index(start + 1), self.log.committed) if self.log.committed > start else ()
+        self._applied_handed = committed[-1].index if committed else start
         messages = tuple(self._msgs)
         self._msgs.clear()
-        return Ready(
-            hard_state=hs if hs != self._persisted_hs else None,
-            snapshot=snapshot,
-            entries=self.log.unstable_entries(),
-            committed_entries=committed,
-            messages=messages,
-        )
+        entries = self.log.unstable_entries()
+        if entries:
+            self.log.handed = entries[-1].index
+        hard_state = hs if hs != self._handed_hs else None
+        self._handed_hs = hs
+        return Ready(hard_state=hard_state, snapshot=snapshot, entries=entries, committed_entries=committed,
+                     messages=messages)
 
     def advance(self, ready: Ready) -> None:
+        """The host made `ready` durable and applied its committed entries (Readies advance in the order given)."""
         if ready.snapshot is not None:
-            self.log.pending_snapshot = None
+            if self.log.pending_snapshot is ready.snapshot:
+                self.log.pending_snapshot = None
+                self._snapshot_handed = None
             self.log.applied = Index(max(self.log.applied, ready.snapshot.index))
         if ready.entries:
-            self.log.persisted = Index(max(self.log.persisted, ready.entries[-1].index))
-        if ready.hard_state is not None:
-            self._persisted_hs = ready.hard_state
+            self.log.persist_through(ready.entries)
         for entry in ready.committed_entries:
-            self.log.applied = entry.index
+            self.log.applied = Index(max(self.log.applied, entry.index))
             if entry.kind is EntryKind.CONF_CHANGE:
                 self._apply_conf_change(ConfChange.decode(entry.data))
         if self.role is Role.LEADER:
             self.prs[self.id].match = self.log.persisted
             if self._maybe_commit():
                 self._broadcast_append()
+
+    @property
+    def applied_handed(self) -> Index:
+        """The last committed entry handed out by a Ready to be applied (the host applies as it takes a Ready,
+        so this is what its state machine reflects; `log.applied` moves only at `advance`)."""
+        return self._applied_handed
 
     def soft_state(self) -> tuple[Role, NodeId | None]:
         return self.role, self.lead

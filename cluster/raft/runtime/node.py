@@ -37,9 +37,10 @@ from typing import Any, Protocol
 
 import trio
 
-from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, NodeReady, split_early
+from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, NodeReady
 from cluster.raft.core.types import ConfChange, Entry, GroupId, Index, Membership, NodeId, Role
 from cluster.raft.runtime.codec import Command, Forward
+from cluster.raft.runtime.ready_pipeline import ReadyPipeline
 from cluster.raft.runtime.routing import FORWARD_HOLD_MS, CommandRouter
 from cluster.raft.runtime.storage import RaftStorage, committed_membership
 from cluster.raft.runtime.sync_thread import SyncThread
@@ -131,6 +132,7 @@ class RaftNodeRuntime:
         self.timing = StageTimings.from_environment(node_id)  # None unless RAFTMQ_RAFT_TIMING is set (timing.py)
         self._inbox_times: deque[float] = deque()  # arrival of each inbox batch (only when timing)
         self._fresh_since = 0.0  # when the oldest unrouted command was queued (only when timing)
+        self.pipeline: ReadyPipeline | None = None  # the Ready pipeline (created by `run`)
 
     # --- groups ----------------------------------------------------------------------------------------------
 
@@ -255,7 +257,7 @@ class RaftNodeRuntime:
             "group": group, "term": core.term, "leader": core.lead,
             "role": "learner" if self.node_id in core.membership.learners else core.role.value,
             "voters": sorted(core.membership.voters), "learners": sorted(core.membership.learners),
-            "commit": core.log.committed, "applied": core.log.applied, "last_index": core.log.last_index(),
+            "commit": core.log.committed, "applied": core.applied_handed, "last_index": core.log.last_index(),
         }
         if core.role is Role.LEADER:
             status["match"] = {node: progress.match for node, progress in sorted(core.prs.items())}
@@ -294,6 +296,8 @@ class RaftNodeRuntime:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.transport.serve, *self.listen)
             nursery.start_soon(self._ticker)
+            if self.timing is not None:
+                nursery.start_soon(self._lag_probe, self.timing)
             task_status.started()
             try:
                 await self._loop(multi, self.storage)
@@ -309,13 +313,30 @@ class RaftNodeRuntime:
             self._tick_due = True
             self._wake.set()
 
+    @staticmethod
+    async def _lag_probe(timing: StageTimings) -> None:
+        """Timing only: how late a 5 ms sleep wakes (the trio thread blocked: long callbacks, GC, the GIL)."""
+        timing.watch_gc()
+        while True:
+            started = timing.now_s()
+            await trio.sleep(0.005)
+            timing.record("loop_lag", (timing.now_s() - started) * 1000 - 5)
+
     _tick_due = False
     _ticks = 0
 
     async def _loop(self, multi: MultiRaft, storage: RaftStorage) -> None:
+        assert self._sync_thread is not None
+        pipeline = ReadyPipeline(self._sync_thread, self.transport.send, self._apply_taken, self._on_durable,
+                                 self._wake_up, self.timing)
+        self.pipeline = pipeline
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
+            turn_started = 0.0 if self.timing is None else self.timing.now_s()
+            touched: set[GroupId] = set()
+            if pipeline.finish_if_done(multi):
+                self._count_fsync(pipeline)
             ticked = self._tick_due
             if ticked:
                 self._tick_due = False
@@ -323,13 +344,13 @@ class RaftNodeRuntime:
                 if self.telemetry is not None:
                     self.telemetry.sample(multi.groups)
             if self._group_changes:
+                await pipeline.drain(multi, storage)  # storage is ours alone while groups come and go
+                self._count_fsync(pipeline)
                 await self._apply_group_changes(multi, storage)
-            touched, leader_learned = self._step_inbox(multi)
+            stepped, leader_learned = self._step_inbox(multi)
+            touched.update(stepped)
             self._route(multi, retry_held=ticked or self._recheck_held or leader_learned)
-            for _ in range(4):  # a few cycles: advancing can produce more (commit notices)
-                if not multi.has_ready():
-                    break
-                touched.update(await self._cycle(multi, storage))
+            await self._take_and_flush(multi, storage, pipeline, touched)
             if ticked:
                 self._ticks += 1
             full_scan = ticked and self._ticks % LEADER_SCAN_TICKS == 0  # catches changes that send nothing
@@ -337,12 +358,44 @@ class RaftNodeRuntime:
                 self._recheck_held = True
                 if self.router.held_count:
                     self._wake.set()  # held commands may have a leader to go to now
-            if self._compaction_pending:
-                await self._compact_due(multi, storage, [])
+            if self._compaction_pending and not pipeline.fsync_running:
+                await self._compact_due(multi, storage, [], pipeline.unsettled_groups())
                 if self._compaction_pending:
                     self._wake.set()  # the rest next time round (never more than the allowance per wake)
             if self.timing is not None:
+                self.timing.since("loop_turn", turn_started)
                 self.timing.maybe_dump()
+
+    async def _take_and_flush(self, multi: MultiRaft, storage: RaftStorage, pipeline: ReadyPipeline,
+                              touched: set[GroupId]) -> None:
+        """Take the Readies there are (sent early and applied at once, even while an fsync runs); when no fsync
+        runs, compact what is due and start one fsync for every queued Ready. A few rounds: advancing Readies
+        that had nothing to write can produce more (commit notices)."""
+        for _ in range(4):
+            if multi.has_ready() and pipeline.can_take():
+                touched.update(pipeline.take(multi))
+            if pipeline.fsync_running:
+                return
+            if self._snapshots is not None and touched:
+                await self._compact_due(multi, storage, sorted(touched), pipeline.unsettled_groups())
+            if pipeline.flush(multi, storage):
+                self.stats.ready_cycles += 1
+                return  # the fsync runs; its Readies are advanced when it is done (the loop is woken)
+            if not multi.has_ready():
+                return
+
+    def _wake_up(self) -> None:
+        self._wake.set()
+
+    def _count_fsync(self, pipeline: ReadyPipeline) -> None:
+        self.stats.fsyncs = pipeline.stats.fsyncs
+        self.stats.fsync_seconds = pipeline.stats.fsync_seconds
+
+    def _on_durable(self, node_ready: NodeReady) -> None:
+        if self.telemetry is not None:
+            assert self.multi is not None
+            for group, ready in node_ready.groups:
+                self.telemetry.on_durable(group, self.multi.groups[group], ready)
 
     def _step_inbox(self, multi: MultiRaft) -> tuple[set[GroupId], bool]:
         """Step every inbound batch: the groups they touched, and whether one of them got a new known leader while
@@ -383,60 +436,15 @@ class RaftNodeRuntime:
         for forward in self.router.route(multi, trio.current_time() * 1000, retry_held):
             self.transport.send_forward(forward)
 
-    async def _cycle(self, multi: MultiRaft, storage: RaftStorage) -> list[GroupId]:
-        """One Ready: send what may leave early, write the records and start their fsync, apply the committed
-        entries while the fsync runs (they are durable on a majority already: docs/raft.md "Applying during the
-        fsync"), wait for the fsync, send what had to wait for it, `advance`, compact."""
-        timing = self.timing
-        cycle_started = 0.0 if timing is None else timing.now_s()
-        node_ready = multi.ready()
-        if timing is not None:
-            self._mark_appended(multi, node_ready, timing)
-        waiting: list[NodeBatch] = []
-        for batch in node_ready.batches:
-            early, late = split_early(batch)
-            if early is not None:
-                self.transport.send(early)  # a leader's appends go out while it fsyncs its own copy
-            if late is not None:
-                waiting.append(late)
-        wrote = False
-        for group, ready in node_ready.groups:
-            if ready.entries or ready.hard_state is not None or ready.snapshot is not None:
-                storage.write_ready(group, ready)
-                wrote = True
-        if wrote:
-            assert self._sync_thread is not None
-            started = trio.current_time()
-            fsync = self._sync_thread.start(storage.commit)  # one long-lived thread, no hand-off per cycle
-            try:
-                self._apply_ready(node_ready, timing)
-            finally:
-                waited = trio.current_time()
-                await fsync.wait()  # even when applying raised: storage is never used by two threads at once
-            self.stats.fsync_seconds += trio.current_time() - started
-            self.stats.fsyncs += 1
-            if timing is not None:
-                timing.record("fsync", (trio.current_time() - started) * 1000)
-                timing.record("fsync_wait_after_apply", (trio.current_time() - waited) * 1000)
-        else:
-            self._apply_ready(node_ready, timing)
-        for batch in waiting:
-            self.transport.send(batch)  # votes and acknowledgements: only after the fsync
-        if self.telemetry is not None:
-            for group, ready in node_ready.groups:
-                self.telemetry.on_durable(group, multi.groups[group], ready)
-        multi.advance(node_ready)
-        self.stats.ready_cycles += 1
-        touched = [group for group, ready in node_ready.groups]
-        if self._snapshots is not None:
-            await self._compact_due(multi, storage, touched)
-        if timing is not None:
-            timing.since("cycle", cycle_started)
-        return touched
+    def _apply_taken(self, node_ready: NodeReady) -> None:
+        assert self.multi is not None
+        if self.timing is not None:
+            self._mark_appended(self.multi, node_ready, self.timing)
+        self._apply_ready(node_ready, self.timing)
 
     def _apply_ready(self, node_ready: NodeReady, timing: StageTimings | None) -> None:
-        """Restore received snapshots, then apply each group's committed entries in order. Runs on the trio thread
-        while this Ready's fsync runs in the sync thread; the core marks them applied only at `advance`."""
+        """Restore received snapshots, then apply each group's committed entries in order, as soon as the Ready is
+        taken (before its fsync: docs/raft.md "Pipelined Ready cycles"); the core marks them applied at `advance`."""
         apply_started = 0.0 if timing is None else timing.now_s()
         for group, ready in node_ready.groups:
             if ready.snapshot is not None:
@@ -470,18 +478,24 @@ class RaftNodeRuntime:
                 timing.mark(f"append_to_apply_{role}", group, ready.entries[-1].index)
 
     def _compaction_due(self, multi: MultiRaft, group: GroupId) -> bool:
-        log = multi.groups[group].log
+        core = multi.groups.get(group)
+        if core is None:
+            return False  # a stepped batch may name a group this node does not host (any more)
+        log = core.log
         if log.applied > log.persisted or log.applied <= log.snapshot.index:
             return False  # only what is applied and durable can be compacted
         return (log.applied - log.snapshot.index > self._compaction.entries_max
                 or self._applied_bytes.get(group, 0) > self._compaction.bytes_max)
 
-    async def _compact_due(self, multi: MultiRaft, storage: RaftStorage, touched: list[GroupId]) -> None:
-        """Snapshot the groups past a threshold (those this cycle touched, then any left over from before)."""
+    async def _compact_due(self, multi: MultiRaft, storage: RaftStorage, touched: list[GroupId],
+                           unsettled: set[GroupId]) -> None:
+        """Snapshot the groups past a threshold (those this cycle touched, then any left over from before). Only
+        while no fsync runs, and not the `unsettled` groups: their state machine is ahead of `log.applied` (a taken
+        Ready's committed entries are applied before it is advanced), so they wait, pending, for a later turn."""
         assert self._snapshots is not None
         pending = self._compaction_pending
         pending.update(group for group in touched if self._compaction_due(multi, group))
-        chosen = sorted(pending)[: self._compaction.groups_per_cycle_max]
+        chosen = sorted(pending - unsettled)[: self._compaction.groups_per_cycle_max]
         if not chosen:
             return
         snapshots = []

@@ -31,16 +31,28 @@ _STOP = None
 class SyncJob:
     """A job `SyncThread.start` queued: `await wait()` for its outcome (value or raise)."""
 
-    __slots__ = ("_done", "_outcome")
+    __slots__ = ("_done", "_on_done", "_outcome")
 
-    def __init__(self) -> None:
+    def __init__(self, on_done: Callable[[], object] | None = None) -> None:
         self._done = trio.Event()
         self._outcome: outcome.Outcome[Any] | None = None
+        self._on_done = on_done
 
     def finish(self, result: outcome.Outcome[Any]) -> None:
         """Called on the trio thread (through `run_sync_soon`) when the job is done."""
         self._outcome = result
         self._done.set()
+        if self._on_done is not None:
+            self._on_done()
+
+    def result(self) -> Any:
+        """The outcome of a job that is `done` (its value, or its exception raised)."""
+        result = self._outcome
+        assert result is not None, "the job is not done"
+        if isinstance(result, outcome.Error):
+            raise result.error  # (not `unwrap`: an outcome unwraps only once, and this may be asked again)
+        assert isinstance(result, outcome.Value)
+        return result.value
 
     @property
     def done(self) -> bool:
@@ -50,9 +62,8 @@ class SyncJob:
         """The job's return value (or its exception). Waits for the job even when cancelled, then raises."""
         with trio.CancelScope(shield=True):
             await self._done.wait()
-        assert self._outcome is not None
         await trio.lowlevel.checkpoint_if_cancelled()
-        return self._outcome.unwrap()
+        return self.result()
 
 
 class SyncThread:
@@ -80,11 +91,12 @@ class SyncThread:
 
         return await trio.lowlevel.wait_task_rescheduled(abort)  # unwraps the job's outcome: value or raise
 
-    def start(self, job: Callable[[], Any]) -> SyncJob:
-        """Queue `job()` and return at once (call from the trio thread); `await` the result's `wait()`."""
+    def start(self, job: Callable[[], Any], on_done: Callable[[], object] | None = None) -> SyncJob:
+        """Queue `job()` and return at once (call from the trio thread); `await` the result's `wait()`, or call
+        its `result()` once it is `done`. `on_done()` is called on the trio thread when the job is done."""
         if self._closed:
             raise RuntimeError("SyncThread is closed")
-        pending = SyncJob()
+        pending = SyncJob(on_done)
         self._jobs.put((job, trio.lowlevel.current_trio_token(), pending.finish))
         return pending
 

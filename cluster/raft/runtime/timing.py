@@ -2,10 +2,12 @@
 
 Enabled by the environment variable `RAFTMQ_RAFT_TIMING=<directory>`: the node driver then records, in
 milliseconds, how long inbound batches wait before they are stepped (`inbox_wait`), how long queued commands wait
-before they are routed (`route_wait`), each Ready cycle's fsync (`fsync`), apply (`apply`) and whole cycle
-(`cycle`), on a leader the time from routing a local proposal to applying it committed (`leader_commit`), and on
-a follower the time from stepping an append to applying its last entry committed (`follower_apply`). The host may
-add its own stages (`record`). Every `dump_interval_s` the samples taken since the last dump are appended as
+before they are routed (`route_wait`), each fsync (`fsync`), each Ready's apply (`apply`), each busy turn of the
+loop (`loop_turn`), how late a 5 ms sleep wakes (`loop_lag`: the trio thread blocked by long callbacks, garbage
+collection or the GIL), each garbage collection's pause (`gc_gen<N>`), on a leader the time from handing its new
+entries to storage to applying them committed (`append_to_apply_leader`), and on a follower the same for appended
+entries (`append_to_apply_follower`). The host may add its own stages (`record`; the cluster runtime adds
+`proposal_to_apply`: a local proposal until this node's replica applied it). Every `dump_interval_s` the samples taken since the last dump are appended as
 one JSON line `{"wall_s": ..., "stages": {stage: [ms, ...]}}` to `<directory>/<node>.jsonl` (so a run's layouts
 can be told apart by time; `summary` gives count/p50/p90/p99/max). Samples are kept in bounded rings
 (`samples_max` per stage), pending marks per group are bounded too, and this is a diagnostic for short runs only.
@@ -14,6 +16,7 @@ When disabled (`from_environment` returns None) the driver pays one `is None` te
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pathlib
@@ -58,6 +61,18 @@ class StageTimings:
         if ring is None:
             ring = self._samples[stage] = deque(maxlen=self.samples_max)
         ring.append(milliseconds)
+
+    def watch_gc(self) -> None:
+        """Record every garbage collection's pause as `gc_gen<N>` (gc.callbacks, this process)."""
+        started: list[float] = [0.0]
+
+        def callback(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                self.record(f"gc_gen{info.get('generation', -1)}", (time.perf_counter() - started[0]) * 1000)
+
+        gc.callbacks.append(callback)
 
     def since(self, stage: str, started_s: float) -> None:
         self.record(stage, (time.perf_counter() - started_s) * 1000)
