@@ -351,21 +351,46 @@ def encode_record(record: Record) -> bytes:
         body = record.body
         if type(body) is not bytes:
             return cbor2.dumps(record.to_cbor())
+        properties = record.properties
+        if "headers" in properties:
+            middle = _cbor_text(record.exchange) + _cbor_text(record.routing_key) + cbor2.dumps(properties)
+        else:
+            middle = _message_middle(record.vhost, record.queue, record.exchange, record.routing_key, properties)
+        msg_id, delivery_count = record.msg_id, record.delivery_count
         return b"".join((
             _prefix("msg", 9, record.vhost, record.queue),
-            _cbor_int(record.msg_id),
-            _cbor_text(record.exchange),
-            _cbor_text(record.routing_key),
-            _cbor_properties(record.properties),
+            _SMALL_UINTS[msg_id] if 0 <= msg_id < 0x100 else _HEAD_U32.pack(0x1A, msg_id) if 0x10000 <= msg_id < (
+                0x100000000) else _cbor_int(msg_id),
+            middle,
             _SMALL_BYTES_HEADS[len(body)] if len(body) < 0x100 else _cbor_head(2, len(body)),
             body,
-            _cbor_int(record.delivery_count),
+            _SMALL_UINTS[delivery_count] if 0 <= delivery_count < 0x100 else _cbor_int(delivery_count),
         ))
     return cbor2.dumps(record.to_cbor())
+
+
+_middles: dict[tuple[str, str, str, str, int], tuple[dict[str, Any], bytes]] = {}  # -> (properties kept alive, cbor)
+
+
+def _message_middle(vhost: str, queue: str, exchange: str, routing_key: str, properties: dict[str, Any]) -> bytes:
+    """The cbor of a MessageRecord's exchange, routing key and (shared, header-less) properties, cached per queue,
+    exchange, routing key and properties dict: a publisher's messages all share it."""
+    key = (vhost, queue, exchange, routing_key, id(properties))
+    cached = _middles.get(key)
+    if cached is not None and cached[0] is properties:
+        return cached[1]
+    middle = _cbor_text(exchange) + _cbor_text(routing_key) + _cbor_properties(properties)
+    if len(_middles) >= ENCODE_CACHE_ENTRIES_MAX:
+        _middles.clear()
+    _middles[key] = (properties, middle)
+    return middle
 
 
 def encode_removed_run(vhost: str, queue: str, msg_ids: list[int]) -> list[bytes]:
     """`encode_record(MessageRemovedRecord(vhost, queue, i))` of each id, the prefix looked up once (the ack path)."""
     prefix = _prefix("msg-removed", 4, vhost, queue)
+    if msg_ids and min(msg_ids) >= 0x10000 and max(msg_ids) < 0x100000000:  # (the usual case: one head size)
+        pack = _HEAD_U32.pack
+        return [prefix + pack(0x1A, i) for i in msg_ids]
     small = _SMALL_UINTS
     return [prefix + (small[i] if 0 <= i < 0x100 else _cbor_int(i)) for i in msg_ids]
