@@ -449,13 +449,13 @@ class Queue:
         if consumer is None:
             return
         unacked = consumer.unacked
-        settled = 0
+        unacked_before = len(unacked)
+        take, not_state, gone = unacked.pop, ~STATE_MASK, GONE  # (locals: a multiple ack settles hundreds)
         for msg_id in command.msg_ids:
-            entry = unacked.pop(msg_id, None)
+            entry = take(msg_id, None)
             if entry is not None:
-                entry.flags = (entry.flags & ~STATE_MASK) | GONE
-                settled += 1
-        self._unacked_count -= settled
+                entry.flags = entry.flags & not_state | gone
+        self._unacked_count -= unacked_before - len(unacked)
         if consumer.attached:
             if not consumer.in_ring:
                 self._offer(consumer)
