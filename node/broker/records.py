@@ -192,6 +192,28 @@ class MessageRemovedRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class MessagesRemovedRecord:
+    """Storage's form of a run of `MessageRemovedRecord`s of one queue (the broker never builds one): one log record
+    for the removals of one persist batch (a multiple ack), read back as the `MessageRemovedRecord` of each id
+    (`expand`). All of them are durable or none: either is a state some crash point could leave."""
+
+    vhost: str
+    queue: str
+    msg_ids: tuple[int, ...]
+
+    @property
+    def stream(self) -> str:
+        return queue_stream(self.vhost, self.queue)
+
+    def to_cbor(self) -> list[Any]:
+        return ["msgs-removed", self.vhost, self.queue, list(self.msg_ids)]
+
+    def expand(self) -> list[MessageRemovedRecord]:
+        vhost, queue = self.vhost, self.queue
+        return [MessageRemovedRecord(vhost, queue, msg_id) for msg_id in self.msg_ids]
+
+
+@dataclass(frozen=True, slots=True)
 class QueueStreamStartRecord:
     """A queue's stream starts afresh here: every earlier record of the stream is dead (a deleted queue's).
 
@@ -242,13 +264,13 @@ class MessageIndexRecord:
 
 Record = (
     VHostRecord | UserRecord | PermissionRecord | ExchangeRecord | QueueRecord | BindingRecord | MessageRecord
-    | MessageRemovedRecord | MessageIndexRecord | PolicyRecord | QueueStreamStartRecord
+    | MessageRemovedRecord | MessageIndexRecord | PolicyRecord | QueueStreamStartRecord | MessagesRemovedRecord
 )
 
 _TAGS: dict[str, type[Any]] = {
     "vhost": VHostRecord, "user": UserRecord, "perm": PermissionRecord, "exchange": ExchangeRecord,
     "queue": QueueRecord, "binding": BindingRecord, "msg": MessageRecord, "msg-removed": MessageRemovedRecord,
-    "policy": PolicyRecord, "queue-start": QueueStreamStartRecord,
+    "policy": PolicyRecord, "queue-start": QueueStreamStartRecord, "msgs-removed": MessagesRemovedRecord,
 }
 
 
@@ -260,7 +282,7 @@ def to_cbor(record: Record) -> list[Any]:
 def from_cbor(data: list[Any]) -> Record:
     cls = _TAGS[data[0]]
     values = list(data[1:])
-    if cls is UserRecord:
+    if cls is UserRecord or cls is MessagesRemovedRecord:
         values[2] = tuple(values[2])
     record: Record = cls(*values)
     return record
@@ -394,3 +416,8 @@ def encode_removed_run(vhost: str, queue: str, msg_ids: list[int]) -> list[bytes
         return [prefix + pack(0x1A, i) for i in msg_ids]
     small = _SMALL_UINTS
     return [prefix + (small[i] if 0 <= i < 0x100 else _cbor_int(i)) for i in msg_ids]
+
+
+def encode_removed_many(vhost: str, queue: str, msg_ids: list[int]) -> bytes:
+    """`encode_record(MessagesRemovedRecord(vhost, queue, tuple(msg_ids)))`: the id list is one cbor2 call."""
+    return _prefix("msgs-removed", 4, vhost, queue) + cbor2.dumps(msg_ids)

@@ -26,7 +26,7 @@ Reads are at most RECEIVE_SIZE_BYTES (32 KiB, ~190 small publishes): one read is
 thread, so its size bounds how long every other connection waits for a turn (deliveries sit in the consumer's
 output until its writer runs). With 256 KiB reads a publisher's turn took up to 150 ms under workload (a), and the
 ready backlog those big turns built up paused the publisher (credit flow) dozens of times a run; 32 KiB reads cut
-(a)'s publish-to-deliver p50 and p99 by about a third at the same or higher throughput (docs/benchmarks.md).
+(a)'s publish-to-deliver p50 and p99 by about a third at the same or higher throughput (interleaved runs).
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 
 `persist(token, records)` appends each record (cbor2 of `records.to_cbor`, `records.encode_record`) to the stream
 the record names, the whole batch with one `NodeLog.append_many`; the append is cheap and in memory, on the trio
-thread. `commit_loop` is the group commit: while tokens are pending it runs one `NodeLog.commit()` (one fsync for
+thread. A batch of message records only (publishes and acks, the hot path) goes by runs instead: each run of one
+record type in one queue stream is one `NodeLog.append_run`, and a run of two or more removals (a multiple ack) is
+written as one `MessagesRemovedRecord`, which recovery expands back into the removals it stands for (compaction
+counts it as that many records). `commit_loop` is the group commit: while tokens are pending it runs one `NodeLog.commit()` (one fsync for
 every stream) on the store's long-lived commit thread, then calls `Broker.on_persisted` for
 every token that commit covered and dispatches the resulting effects (the publisher confirms). Appends go on while
 a commit runs; they are covered by the next one.
@@ -84,6 +87,7 @@ from node.broker.records import (
     ExchangeRecord,
     MessageRecord,
     MessageRemovedRecord,
+    MessagesRemovedRecord,
     PermissionRecord,
     PolicyRecord,
     QueueRecord,
@@ -93,6 +97,7 @@ from node.broker.records import (
     UserRecord,
     VHostRecord,
     encode_record,
+    encode_removed_many,
     encode_removed_run,
     from_cbor,
     queue_stream,
@@ -297,23 +302,25 @@ class Store:
             inline: list[tuple[int, Record]] = []
             fold: QueueStreamFold | None = None
             for offset, payload in entries:
-                record = self._track(stream, decode(payload), book)
-                if type(record) is MessageRecord and record.properties.get("delivery_mode") != 2:
-                    book.live_messages.discard(record.msg_id)  # spilled by paging before the restart: dead now
+                decoded = decode(payload)
                 book.last_offset = offset
-                book.records_since_snapshot += 1
                 book.bytes_since_snapshot += len(payload)
-                if type(record) is QueueStreamStartRecord:  # a re-declared queue: the old one's records are dead
-                    inline, fold = [], None
-                if fold is not None:
-                    fold.add(offset, record)
-                    continue
-                inline.append((offset, record))
-                if len(inline) > RECOVER_INLINE_RECORDS_MAX and stream.startswith("queue:"):
-                    fold = QueueStreamFold()
-                    for early_offset, early in inline:
-                        fold.add(early_offset, early)
-                    inline = []
+                for record in (decoded.expand() if type(decoded) is MessagesRemovedRecord else (decoded,)):
+                    self._track(stream, record, book)
+                    if type(record) is MessageRecord and record.properties.get("delivery_mode") != 2:
+                        book.live_messages.discard(record.msg_id)  # spilled by paging before the restart: dead now
+                    book.records_since_snapshot += 1
+                    if type(record) is QueueStreamStartRecord:  # a re-declared queue: the old one's records are dead
+                        inline, fold = [], None
+                    if fold is not None:
+                        fold.add(offset, record)
+                        continue
+                    inline.append((offset, record))
+                    if len(inline) > RECOVER_INLINE_RECORDS_MAX and stream.startswith("queue:"):
+                        fold = QueueStreamFold()
+                        for early_offset, early in inline:
+                            fold.add(early_offset, early)
+                        inline = []
             if fold is None:
                 records.extend(record for _offset, record in inline)
             else:
@@ -371,9 +378,21 @@ class Store:
                 add = book.live_messages.add  # live now, so never a drained stream to compact
                 for msg_id in msg_ids:
                     add(msg_id)
-            else:
+            elif len(msg_ids) == 1:
                 payloads = encode_removed_run(vhost, queue, msg_ids)
                 self._note_removals(stream, book, msg_ids, payloads, append_run(stream, payloads))
+            else:  # a run of removals (a multiple ack): one MessagesRemovedRecord
+                payload = encode_removed_many(vhost, queue, msg_ids)
+                offset = append_run(stream, [payload])
+                live = book.live_messages
+                discard = live.discard
+                for msg_id in msg_ids:
+                    discard(msg_id)
+                book.last_offset = offset
+                book.records_since_snapshot += len(msg_ids)  # (counted as the removals it stands for)
+                book.bytes_since_snapshot += len(payload)
+                if not live and self._queue_stream_grown(book):
+                    self._compact_drained(stream, book)
 
     def _append_run_with_append_many(self, stream: str, payloads: list[bytes]) -> int:
         """`NodeLog.append_run` for a log without it (a test's stand-in that has `append_many` only)."""
