@@ -8,6 +8,12 @@ How a command runs: advance time and expire what is due, change state, then hand
 capacity (see `consumers.ConsumerRings`), highest consumer priority first and round-robin among equals. Ready
 messages live in `ready.ReadyStore` (priority levels, ascending msg_id, requeued messages back at their place).
 
+Hot paths (each gives exactly the effects and state of the plain path; tests/queue/test_batch_paths.py): a new
+message with nothing ready ahead of it and no expiry goes straight to the head consumer, never through the store;
+a consumer alone in the top ring takes a run of messages per dispatch pass; and an `EnqueueMany` on a queue without
+length limits, queue TTL or a full holding area (nothing can expire or be lost while it runs) advances the clock
+and updates the publisher LRU once per batch.
+
 Semantics chosen where RabbitMQ leaves room (the reference model in tests/queue mirrors them):
 - A message expires when now_ms >= enqueue time + min(x-message-ttl, per-message ttl). Expired messages are never
   delivered; as in RabbitMQ, a ttl of 0 still lets a message go straight to a consumer waiting at publish time.
