@@ -337,20 +337,26 @@ class RaftNodeRuntime:
             touched: set[GroupId] = set()
             if pipeline.finish_if_done(multi):
                 self._count_fsync(pipeline)
+                self._lap("turn_settle", turn_started)
             ticked = self._tick_due
             if ticked:
+                lap_started = self._lap_start()
                 self._tick_due = False
                 multi.tick()
                 if self.telemetry is not None:
                     self.telemetry.sample(multi.groups)
+                self._lap("turn_tick", lap_started)
             if self._group_changes:
                 await pipeline.drain(multi, storage)  # storage is ours alone while groups come and go
                 self._count_fsync(pipeline)
                 await self._apply_group_changes(multi, storage)
+            lap_started = self._lap_start()
             stepped, leader_learned = self._step_inbox(multi)
             touched.update(stepped)
             self._route(multi, retry_held=ticked or self._recheck_held or leader_learned)
+            lap_started = self._lap("turn_step_route", lap_started)
             await self._take_and_flush(multi, storage, pipeline, touched)
+            self._lap("turn_take_flush", lap_started)
             if ticked:
                 self._ticks += 1
             full_scan = ticked and self._ticks % LEADER_SCAN_TICKS == 0  # catches changes that send nothing
@@ -375,6 +381,7 @@ class RaftNodeRuntime:
             if multi.has_ready() and pipeline.can_take():
                 touched.update(pipeline.take(multi))
             if pipeline.fsync_running:
+                pipeline.apply_taken()  # the records wait for the running fsync; the committed entries need not
                 return
             if self._snapshots is not None and touched:
                 await self._compact_due(multi, storage, sorted(touched), pipeline.unsettled_groups())
@@ -383,6 +390,16 @@ class RaftNodeRuntime:
                 return  # the fsync runs; its Readies are advanced when it is done (the loop is woken)
             if not multi.has_ready():
                 return
+
+    def _lap_start(self) -> float:
+        return 0.0 if self.timing is None else self.timing.now_s()
+
+    def _lap(self, stage: str, started_s: float) -> float:
+        """Timing only: record the time since `started_s` under `stage`; the new start."""
+        if self.timing is None:
+            return 0.0
+        self.timing.since(stage, started_s)
+        return self.timing.now_s()
 
     def _wake_up(self) -> None:
         self._wake.set()
@@ -499,6 +516,7 @@ class RaftNodeRuntime:
         if not chosen:
             return
         snapshots = []
+        started = 0.0 if self.timing is None else self.timing.now_s()
         for group in chosen:
             pending.discard(group)
             if self._compaction_due(multi, group):
@@ -509,8 +527,12 @@ class RaftNodeRuntime:
             for group, snapshot in snapshots:
                 storage.compact(group, snapshot)
 
+        if self.timing is not None:
+            self.timing.since("compaction_snapshot", started)
         await trio.to_thread.run_sync(persist)
         self.stats.compactions += len(snapshots)
+        if self.timing is not None:
+            self.timing.since("compaction", started)
 
     def last_index(self, group: GroupId) -> Index:
         assert self.multi is not None

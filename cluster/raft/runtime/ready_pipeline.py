@@ -8,7 +8,8 @@ messages that may leave before the fsync are sent (`split_early`: a leader's app
 commit indexes), and its committed entries are applied — they are durable on a majority already. Its records and
 the messages that must follow durability (append acknowledgements, votes) wait in `queued` while an fsync is in
 flight. When no fsync is in flight, `flush` writes every queued Ready's records and starts one fsync for all of
-them in the sync thread (group commit); when it is done the loop calls `finish_if_done`, which sends those Readies'
+them in the sync thread (group commit), and only then applies their committed entries, so the apply (the host's
+work, often the longest part of a turn) runs during the fsync instead of before it; when it is done the loop calls `finish_if_done`, which sends those Readies'
 late messages and `advance`s them, in the order taken. So at most one fsync runs at a time, storage is touched by
 one thread at a time (records are written only between fsyncs), and a Ready is advanced only after its fsync.
 
@@ -61,6 +62,7 @@ class ReadyPipeline:
     queued_max: int = QUEUED_READIES_MAX
     stats: PipelineStats = field(default_factory=PipelineStats)
     _queued: list[TakenReady] = field(default_factory=list)  # taken, records not written yet
+    _unapplied: list[NodeReady] = field(default_factory=list)  # taken, committed entries not applied yet
     _flight: list[TakenReady] = field(default_factory=list)  # records in the running fsync (or about to be)
     _fsync: SyncJob | None = None
     _fsync_started_s: float = 0.0
@@ -80,7 +82,8 @@ class ReadyPipeline:
         return False
 
     def take(self, multi: MultiRaft) -> list[GroupId]:
-        """Take one Ready: send what may leave early, apply its committed entries, queue the rest."""
+        """Take one Ready: send what may leave early, queue the rest. Its committed entries are applied by
+        `apply_taken` (the caller's, while an fsync runs) or by `flush`, just after it started the fsync."""
         node_ready = multi.ready()
         late: list[NodeBatch] = []
         for batch in node_ready.batches:
@@ -93,8 +96,14 @@ class ReadyPipeline:
         if self._fsync is not None:
             self.stats.readies_behind_fsync += 1
         self._queued.append(TakenReady(node_ready, late))
-        self.apply_ready(node_ready)  # committed = durable on a majority: no need to wait for our fsync
+        self._unapplied.append(node_ready)
         return [group for group, _ in node_ready.groups]
+
+    def apply_taken(self) -> None:
+        """Apply the taken Readies' committed entries, in order (they are durable on a majority already: no
+        need to wait for our own fsync)."""
+        while self._unapplied:
+            self.apply_ready(self._unapplied.pop(0))
 
     def flush(self, multi: MultiRaft, storage: RaftStorage) -> bool:
         """No fsync running: write the queued Readies' records and start their fsync (True); with nothing to
@@ -111,10 +120,12 @@ class ReadyPipeline:
                     wrote = True
         self._flight = taken
         if not wrote:
+            self.apply_taken()
             self._settle(multi)
             return False
         self._fsync_started_s = trio.current_time()
         self._fsync = self.sync_thread.start(storage.commit, on_done=self.wake)
+        self.apply_taken()  # while the fsync runs: applying never delays the fsync (and the acks after it)
         return True
 
     def finish_if_done(self, multi: MultiRaft) -> bool:
