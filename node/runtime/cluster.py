@@ -47,6 +47,7 @@ from cluster.queue.replicated_codec import peek_proposal
 from cluster.queue.types import Detach, Enqueue, EnqueueMany
 from cluster.raft.core.types import Entry, EntryKind, GroupId, Membership, NodeId
 from cluster.raft.runtime.node import RaftNodeRuntime
+from cluster.raft.runtime.ready_pipeline import QUEUED_READIES_MAX
 from node.broker import records as br
 from node.broker.auth import hash_password
 from node.runtime.cluster_defs import client_local_placement, commands_for, mirror_records, missing_bootstrap
@@ -84,6 +85,13 @@ PERSIST_QUEUED_MAX = 10_000  # Persist effects waiting for the metadata group; b
 DEFINITION_TIMEOUT_S = 30.0  # one definition command's total retry time before it is given up (logged)
 FLUSH_TIMEOUT_S = 5.0
 EXCLUSIVE_OWNER_SEPARATOR = "/"  # exclusive owners are "<node>/<boot_id>/<conn_id>" (node/broker/records.py)
+
+
+def _readies_behind_fsync_max() -> int:
+    """Readies the Raft loop may take while an fsync runs (docs/raft.md, "Pipelined Ready cycles"); 0 takes none
+    (the loop still steps and routes meanwhile). `RAFTMQ_RAFT_BEHIND_FSYNC_MAX` overrides it, for A/B runs."""
+    value = os.environ.get("RAFTMQ_RAFT_BEHIND_FSYNC_MAX", "")
+    return int(value) if value.isdigit() else QUEUED_READIES_MAX
 
 
 def wall_ms() -> int:
@@ -160,7 +168,7 @@ class ClusterRuntime:
         self.raft = RaftNodeRuntime(
             NodeId(self.name), self.data_dir / "raft", (me.host, me.raft_port), peers,
             self.layout.secret.encode(), self._on_apply, snapshots=self, on_leader_change=self._on_leader_change,
-            on_apply_many=self._on_apply_many)
+            on_apply_many=self._on_apply_many, readies_behind_fsync_max=_readies_behind_fsync_max())
         self._drop_stale_groups(self.mirrored)
         self._sync_groups(self.mirrored)
 

@@ -77,7 +77,9 @@ def recording_storage(monkeypatch: pytest.MonkeyPatch) -> None:
     LEDGER.durable.clear()
 
 
-async def test_acks_and_votes_follow_their_fsync_and_only_committed_entries_apply(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("behind_fsync_max", [64, 0])
+async def test_acks_and_votes_follow_their_fsync_and_only_committed_entries_apply(
+        tmp_path: pathlib.Path, behind_fsync_max: int) -> None:
     ports = dict(zip(NODES, _free_ports(3), strict=True))
     applied: dict[NodeId, list[Entry]] = {node: [] for node in NODES}
     violations: list[str] = []
@@ -105,7 +107,8 @@ async def test_acks_and_votes_follow_their_fsync_and_only_committed_entries_appl
             applied[node].extend(entries)
 
         runtime = RaftNodeRuntime(node, tmp_path / node, ("127.0.0.1", ports[node]), peers, b"s",
-                                  lambda group, entry: None, CONFIG, tick_ms=10, on_apply_many=on_apply_many)
+                                  lambda group, entry: None, CONFIG, tick_ms=10, on_apply_many=on_apply_many,
+                                  readies_behind_fsync_max=behind_fsync_max)
         send = runtime.transport.send
 
         def checked_send(batch: NodeBatch, node: NodeId = node, send: object = send) -> None:

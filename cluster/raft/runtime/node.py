@@ -40,7 +40,7 @@ import trio
 from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, NodeReady
 from cluster.raft.core.types import ConfChange, Entry, GroupId, Index, Membership, NodeId, Role
 from cluster.raft.runtime.codec import Command, Forward
-from cluster.raft.runtime.ready_pipeline import ReadyPipeline
+from cluster.raft.runtime.ready_pipeline import QUEUED_READIES_MAX, ReadyPipeline
 from cluster.raft.runtime.routing import FORWARD_HOLD_MS, CommandRouter
 from cluster.raft.runtime.storage import RaftStorage, committed_membership
 from cluster.raft.runtime.sync_thread import SyncThread
@@ -102,6 +102,7 @@ class RaftNodeRuntime:
         on_leader_change: Callable[[GroupId, NodeId | None], None] | None = None,
         forward_hold_ms: int = FORWARD_HOLD_MS,
         on_apply_many: Callable[[GroupId, tuple[Entry, ...]], None] | None = None,
+        readies_behind_fsync_max: int = QUEUED_READIES_MAX,
     ) -> None:
         self.node_id = node_id
         self.data_dir = data_dir
@@ -133,6 +134,7 @@ class RaftNodeRuntime:
         self._inbox_times: deque[float] = deque()  # arrival of each inbox batch (only when timing)
         self._fresh_since = 0.0  # when the oldest unrouted command was queued (only when timing)
         self.pipeline: ReadyPipeline | None = None  # the Ready pipeline (created by `run`)
+        self._readies_behind_fsync_max = readies_behind_fsync_max  # 0: no Ready taken while an fsync runs
 
     # --- groups ----------------------------------------------------------------------------------------------
 
@@ -328,7 +330,7 @@ class RaftNodeRuntime:
     async def _loop(self, multi: MultiRaft, storage: RaftStorage) -> None:
         assert self._sync_thread is not None
         pipeline = ReadyPipeline(self._sync_thread, self.transport.send, self._apply_taken, self._on_durable,
-                                 self._wake_up, self.timing)
+                                 self._wake_up, self.timing, self._readies_behind_fsync_max)
         self.pipeline = pipeline
         while True:
             await self._wake.wait()

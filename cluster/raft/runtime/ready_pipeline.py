@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 import trio
 
 from cluster.raft.core.multiraft import MultiRaft, NodeBatch, NodeReady, split_early
-from cluster.raft.core.types import GroupId
+from cluster.raft.core.types import GroupId, NodeId
 from cluster.raft.runtime.storage import RaftStorage
 from cluster.raft.runtime.sync_thread import SyncJob, SyncThread
 from cluster.raft.runtime.timing import StageTimings
 
 QUEUED_READIES_MAX = 64
+LATE_BATCH_MESSAGES_MAX = 4096  # late messages of several Readies to one peer go as one frame, up to this many
 
 
 @dataclass(slots=True)
@@ -76,7 +77,9 @@ class ReadyPipeline:
         return self._fsync is not None
 
     def can_take(self) -> bool:
-        if len(self._queued) < self.queued_max:
+        """False while an fsync runs and `queued_max` Readies wait behind it (0: take none during an fsync; the
+        loop still steps and routes, and the next Ready gathers what came in)."""
+        if self._fsync is None or len(self._queued) < self.queued_max:
             return True
         self.stats.full += 1
         return False
@@ -145,9 +148,9 @@ class ReadyPipeline:
 
     def _settle(self, multi: MultiRaft) -> None:
         taken, self._flight = self._flight, []
+        for batch in merge_batches([batch for item in taken for batch in item.late]):
+            self.send(batch)  # votes and acknowledgements: only now that they are durable
         for item in taken:
-            for batch in item.late:
-                self.send(batch)  # votes and acknowledgements: only now that they are durable
             self.on_durable(item.node_ready)
             multi.advance(item.node_ready)
 
@@ -164,3 +167,20 @@ class ReadyPipeline:
         """Groups a not yet advanced Ready applied committed entries or a snapshot for."""
         return {group for item in (*self._flight, *self._queued) for group, ready in item.node_ready.groups
                 if ready.committed_entries or ready.snapshot is not None}
+
+
+def merge_batches(batches: list[NodeBatch], messages_max: int = LATE_BATCH_MESSAGES_MAX) -> list[NodeBatch]:
+    """One frame per peer for the late messages of several Readies (each peer's messages keep their order)."""
+    if len(batches) <= 1:
+        return batches
+    by_peer: dict[NodeId, list[NodeBatch]] = {}
+    for batch in batches:
+        by_peer.setdefault(batch.dst, []).append(batch)
+    merged: list[NodeBatch] = []
+    for peer_batches in by_peer.values():
+        first = peer_batches[0]
+        messages = [message for batch in peer_batches for message in batch.messages]
+        for start in range(0, max(len(messages), 1), messages_max):
+            merged.append(NodeBatch(first.src, first.dst, first.incarnation,
+                                    tuple(messages[start : start + messages_max])))
+    return merged
