@@ -30,7 +30,17 @@ from typing import Any
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.amqp.auth import parse_sasl_response
-from node.broker import definitions, delivery, mirror, paging, policies, publish, replica, replica_control
+from node.broker import (
+    definitions,
+    delivery,
+    mirror,
+    paging,
+    policies,
+    publish,
+    replica,
+    replica_control,
+    reply_gate,
+)
 from node.broker.auth import Permission, UserStore
 from node.broker.channel import ChannelState, ConnState, Consumer
 from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Persist, Send, Unblock
@@ -71,6 +81,7 @@ class BrokerConfig:
     replicated: bool = False  # every queue a replica: commands go out as ProposeQueue (docs/cluster.md)
     queue_messages_in_memory_max: int = 10_000  # per stored queue; past it messages wait on disk (0: never)
     publish_flow_ready_max: int = 1024  # a publisher is read more slowly while its queue has more ready (0: never)
+    durable_replies: bool = True  # single node: definition replies wait for on_persisted (reply_gate.py)
 
 
 def alarm_reason(kind: str) -> str:
@@ -103,6 +114,8 @@ class Broker:
         self.getters: dict[Hashable, ChannelState] = {}
         self.reply_tokens: dict[str, ChannelState] = {}
         self.persist_waiters: dict[int, list[tuple[ChannelState, int]]] = {}
+        self.held: dict[tuple[int, int], reply_gate.HeldReplies] = {}  # channels whose replies wait (reply_gate)
+        self.held_gates: dict[int, list[tuple[int, int]]] = {}  # Persist token -> channels it holds
         self.dirty: dict[tuple[int, int], ChannelState] = {}
         self.dead_letters: list[tuple[QueueState, Any]] = []
         self.alarms: set[str] = set()
@@ -114,6 +127,7 @@ class Broker:
         self._next_consumer_id = 1
         self._next_token = 1
         self.replicated = self.config.replicated
+        self.gate_replies = self.config.durable_replies and not self.replicated
         self.handlers = _HANDLERS
         self.publish_route: Callable[..., list[int]] = publish.route_publish
         self.publishers: dict[Hashable, ChannelState] = {}  # replicated: publisher id -> its channel
@@ -187,7 +201,7 @@ class Broker:
     def take_effects(self) -> list[Effect]:
         self._close_batch()
         out, self.out = self.out, []
-        return out
+        return reply_gate.divert(self, out) if self.held else out
 
     # --- authenticator protocol -----------------------------------------------------------------------------
 
@@ -265,10 +279,15 @@ class Broker:
         if kind is ev.ContentReceived:
             self._guarded(conn, event.channel, event.method, publish.handle_publish, event)
         elif kind is ev.MethodReceived:
-            self._guarded(conn, event.channel, event.method, self._dispatch, event.method)
+            if type(event.method) in reply_gate.GATED_METHODS and self.gate_replies:
+                reply_gate.run_gated(self, conn, event.channel, event.method)
+            else:
+                self._guarded(conn, event.channel, event.method, self._dispatch, event.method)
         elif kind is ev.ChannelOpened:
+            reply_gate.drop_channel(self, (conn.conn_id, event.channel))
             self._open_channel(conn, event.channel)
         elif kind is ev.ChannelClosed:
+            reply_gate.drop_channel(self, (conn.conn_id, event.channel))
             self.close_channel_state(conn, event.channel)
         elif kind is ev.ConnectionOpened:
             conn.username, conn.vhost, conn.opened = event.username, event.vhost, True
@@ -309,6 +328,8 @@ class Broker:
         return best
 
     def on_persisted(self, token: int) -> list[Effect]:
+        if self.held_gates:
+            reply_gate.release(self, token)
         waiters = self.persist_waiters.pop(token, None)
         if waiters:
             publish.persisted_many(self, waiters)
@@ -319,6 +340,8 @@ class Broker:
         confirmed together (a contiguous run is one multiple ack instead of one ack per token)."""
         waiters: list[tuple[ChannelState, int]] = []
         for token in tokens:
+            if self.held_gates:
+                reply_gate.release(self, token)
             found = self.persist_waiters.pop(token, None)
             if found:
                 waiters.extend(found)
@@ -476,6 +499,18 @@ class Broker:
         batch.extend(records)
         return self._batch_token
 
+    def records_pending(self) -> int:
+        """How many records the open Persist holds (0 when none is open)."""
+        return len(self._batch) if self._batch is not None else 0
+
+    def pending_token(self) -> int:
+        """The token of the open Persist (meaningful while `records_pending()` is above 0)."""
+        return self._batch_token
+
+    def dispatch_guarded(self, conn: ConnState, channel: int, method: Any) -> None:
+        """Run a method's handler; an AmqpError becomes a channel or connection close."""
+        self._guarded(conn, channel, method, self._dispatch, method)
+
     def _close_batch(self) -> None:
         batch = self._batch
         if batch is not None:
@@ -563,6 +598,8 @@ class Broker:
             self.close_channel_state(conn, number)
         definitions.delete_exclusive_queues(self, conn)
         self.conns.pop(conn.conn_id, None)
+        if self.held:
+            reply_gate.drop_connection(self, conn.conn_id)
         self.flow_routes.pop(conn.conn_id, None)
 
     def _settle_round(self) -> None:
@@ -583,7 +620,7 @@ class Broker:
             self._close_batch()
         out = self.out
         self.out = []
-        return out
+        return reply_gate.divert(self, out) if self.held else out
 
 
 def _has_draining_consumer(queue: QueueState) -> bool:

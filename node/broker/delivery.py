@@ -239,6 +239,8 @@ def refill_dirty(broker: Broker) -> None:
 
 def refill(broker: Broker, ch: ChannelState) -> None:
     drain_pending(broker, ch)
+    if broker.held and (ch.conn_id, ch.number) in broker.held:
+        return  # replies wait for the disk (reply_gate): no top-ups meanwhile, so what is held stays bounded
     conn = broker.conns.get(ch.conn_id)
     flowing = conn is not None and conn.writable
     for consumer in list(ch.consumers.values()):

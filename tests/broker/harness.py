@@ -55,6 +55,7 @@ class Client:
 
 
 def new_broker(**kw: Any) -> Broker:
+    kw.setdefault("durable_replies", False)  # these tests report no Persist; test_durable_replies.py covers it
     return Broker(BrokerConfig(**kw))
 
 

@@ -1,0 +1,126 @@
+"""Replies that wait for durability: a method that changes durable definitions answers only once its records are on disk.
+
+Single node only (cluster mode's definitions go through the metadata group; see docs/cluster.md). A method of
+`GATED_METHODS` (declare, delete, bind, unbind, purge of exchanges and queues, tx.commit) that wrote records while
+it was handled *gates* its channel on the entry point's `Persist` token: from that method's first effect on, every
+effect for that channel (its reply, later replies, deliveries, a channel close) is held in order in the channel's
+`HeldReplies` instead of going out, until `on_persisted` reports the token; then the held effects go out, in order,
+ahead of anything that entry point produces. A method that wrote nothing (a passive or repeated declare, a
+transient queue, delete of a missing name) does not gate. Publishes and acks are never gated: their records only
+gate a channel that is already held, and publisher confirms already wait for their own tokens.
+
+How: `run_gated` wraps the handler (it notes `Broker.records_pending()` and `len(out)` before it); `divert`,
+called where an entry point hands out its effects, moves the effects of held channels from `out` into their
+holds (an effect before its channel's gate point stays); `release` is called for each persisted token. Other
+channels and connections are untouched. While any channel is held the effects of each entry point are scanned once
+(the cost is only paid during the fsync a definition change waits for).
+
+Bounds: a held channel gets no delivery credit top-ups (delivery.refill), so at most one credit window per
+consumer is held; replies are bounded by what the client sends during the wait, and a hold past
+`HELD_EFFECTS_MAX` effects (a stalled disk) closes the connection (541) instead of growing. A channel the client
+closes (`ChannelClosed`) or a connection that goes drops its holds: the core has already answered close-ok, and
+a reused channel number must never receive the old channel's replies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from node.amqp import methods as m
+from node.broker.effects import CloseConnection, Effect
+
+if TYPE_CHECKING:
+    from node.broker.broker import Broker
+    from node.broker.channel import ConnState
+
+GATED_METHODS: frozenset[type] = frozenset({
+    m.ExchangeDeclare, m.ExchangeDelete, m.ExchangeBind, m.ExchangeUnbind,
+    m.QueueDeclare, m.QueueDelete, m.QueueBind, m.QueueUnbind, m.QueuePurge,
+    m.TxCommit,
+})
+HELD_EFFECTS_MAX = 100_000  # per channel: far above one credit window per consumer plus a client's pipelined replies
+HELD_OVERFLOW_TEXT = "INTERNAL_ERROR - too many replies waiting for the disk"
+
+ChannelKey = tuple[int, int]  # (conn_id, channel number)
+
+
+@dataclass(slots=True)
+class HeldReplies:
+    """One channel's held effects and the Persist tokens they wait for (mutable state, not a message)."""
+
+    tokens: set[int]
+    from_index: int  # effects of the running entry point's `out` from this index on are held (0 afterwards)
+    effects: list[Effect] = field(default_factory=list)
+
+
+def run_gated(broker: Broker, conn: ConnState, channel: int, method: Any) -> None:
+    """Handle a definition-changing method; gate its channel if it wrote records."""
+    start = len(broker.out)
+    before = broker.records_pending()
+    broker.dispatch_guarded(conn, channel, method)
+    if broker.records_pending() > before:
+        gate(broker, (conn.conn_id, channel), broker.pending_token(), start)
+
+
+def gate(broker: Broker, key: ChannelKey, token: int, from_index: int) -> None:
+    held = broker.held.get(key)
+    if held is None:
+        broker.held[key] = HeldReplies({token}, from_index)
+    elif token not in held.tokens:
+        held.tokens.add(token)
+    else:
+        return
+    broker.held_gates.setdefault(token, []).append(key)
+
+
+def divert(broker: Broker, out: list[Effect]) -> list[Effect]:
+    """`out` without the effects of held channels (those go to their holds, in order)."""
+    held = broker.held
+    kept: list[Effect] = []
+    for index, effect in enumerate(out):
+        channel = getattr(effect, "channel", None)
+        if channel is not None:
+            hold = held.get((effect.conn_id, channel))  # type: ignore[union-attr]
+            if hold is not None and index >= hold.from_index:
+                hold.effects.append(effect)
+                continue
+        kept.append(effect)
+    for key, hold in list(held.items()):
+        hold.from_index = 0
+        if len(hold.effects) > HELD_EFFECTS_MAX:
+            kept.append(CloseConnection(key[0], 541, HELD_OVERFLOW_TEXT))
+            drop_connection(broker, key[0])
+    return kept
+
+
+def release(broker: Broker, token: int) -> None:
+    """`token` is durable: channels no longer waiting for anything send what they held (appended to out)."""
+    keys = broker.held_gates.pop(token, None)
+    if not keys:
+        return
+    for key in keys:
+        hold = broker.held.get(key)
+        if hold is None:
+            continue
+        hold.tokens.discard(token)
+        if not hold.tokens:
+            del broker.held[key]
+            broker.out.extend(hold.effects)
+            conn = broker.conns.get(key[0])
+            ch = conn.channels.get(key[1]) if conn is not None else None
+            if ch is not None:
+                broker.mark_dirty(ch)  # credit top-ups paused while held
+
+
+def drop_channel(broker: Broker, key: ChannelKey) -> None:
+    broker.held.pop(key, None)
+
+
+def drop_connection(broker: Broker, conn_id: int) -> None:
+    for key in [k for k in broker.held if k[0] == conn_id]:
+        del broker.held[key]
+
+
+def is_held(broker: Broker, conn_id: int, channel: int) -> bool:
+    return (conn_id, channel) in broker.held
