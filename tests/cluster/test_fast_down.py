@@ -25,7 +25,7 @@ import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
 from node.runtime.cluster_tracking import PeerLiveness
-from tests.cluster.cluster_proc import ClusterNode, ClusterProcs, wait_until
+from tests.cluster.cluster_proc import ClusterNode, ClusterProcs, ready_count, wait_until
 
 QUORUM = {"x-queue-type": "quorum"}
 QUEUE = "q-fast-down"
@@ -64,12 +64,12 @@ def _publish(port: int, bodies: list[bytes]) -> None:
         conn.close()
 
 
-def _ready_count(port: int) -> int:
-    conn = _connect(port)
+def _ready_count(port: int) -> int | None:
+    """The queue's ready count on that node, or None while the node does not know the queue yet (404)."""
     try:
-        return int(conn.channel().queue_declare(QUEUE, passive=True).method.message_count)
-    finally:
-        conn.close()
+        return ready_count(port, QUEUE)
+    except pika.exceptions.ChannelClosedByBroker:
+        return None
 
 
 class Holder:
