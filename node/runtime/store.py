@@ -250,6 +250,9 @@ class Store:
         self.unsafe_tokens: list[int] = []  # test only: appended, not yet reported (unsafe confirm mode)
         self._unsafe_wake = trio.Event()
         self.commits = 0
+        self.appended = 0  # persist calls so far (wait_durable's measure)
+        self.durable_through = 0  # `appended` as of the start of the latest finished commit
+        self._durable_changed = trio.Event()
         self.closed = False
         self._commit_thread: SyncThread | None = None  # the group commit's worker (commit_once)
         self.pages = PageReader(node_log)  # single-node paging: offsets to report, PageIn reads
@@ -341,6 +344,7 @@ class Store:
         if len(self.pending_tokens) >= PENDING_TOKENS_MAX:
             log.error("store: %d tokens pending; storage is not keeping up", len(self.pending_tokens))
         self.pending_tokens.append(token)
+        self.appended += 1
         self._wake.set()
         if self.unsafe_confirm_before_fsync:
             self.unsafe_tokens.append(token)
@@ -574,6 +578,7 @@ class Store:
         `trio.to_thread` hand-off per commit: that hand-off (capacity limiter, thread cache, naming the OS thread
         through ctypes) cost about 7% of the node's GIL time under workload (a)."""
         tokens, self.pending_tokens = self.pending_tokens, []
+        covered = self.appended
         if self._commit_thread is None:
             self._commit_thread = SyncThread("store-commit")
         try:
@@ -582,7 +587,20 @@ class Store:
             self.pending_tokens[:0] = tokens  # not durable: they wait for the next successful commit
             raise
         self.commits += 1
+        self._mark_durable(covered)
         return tokens
+
+    def _mark_durable(self, covered: int) -> None:
+        if covered > self.durable_through:
+            self.durable_through = covered
+            self._durable_changed.set()
+            self._durable_changed = trio.Event()
+
+    async def wait_durable(self) -> None:
+        """Wait until everything `persist` appended before this call is durable (a later commit covered it)."""
+        target = self.appended
+        while self.durable_through < target:
+            await self._durable_changed.wait()
 
     async def run_jobs(self, jobs: list[Callable[[], None]]) -> None:
         """Run compaction jobs that a finished commit covers (they were planned before it started)."""
