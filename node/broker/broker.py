@@ -10,7 +10,8 @@ Handlers live in `definitions` (exchanges, queues, bindings), `delivery` (consum
 `publish` (routing, confirms, tx, dead-lettering, direct reply-to); they all append to `Broker.out`.
 
 Storage is batched: every record written during one entry point shares one `Persist` (one token), placed where the
-first record was, records in order. `handle_many` (one read's events) and `on_persisted_many` (one commit's tokens)
+first record was, records in order. On a single node a definition change's reply waits for its token
+(`reply_gate`: the channel's effects are held until `on_persisted`). `handle_many` (one read's events) and `on_persisted_many` (one commit's tokens)
 let the runtime widen both batches: the effects are those of calling `handle`/`on_persisted` one at a time, except
 for fewer Persist tokens and confirms coalesced into multiple acks.
 

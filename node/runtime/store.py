@@ -7,8 +7,9 @@ record type in one queue stream is one `NodeLog.append_run`, and a run of two or
 written as one `MessagesRemovedRecord`, which recovery expands back into the removals it stands for (compaction
 counts it as that many records). `commit_loop` is the group commit: while tokens are pending it runs one `NodeLog.commit()` (one fsync for
 every stream) on the store's long-lived commit thread, then calls `Broker.on_persisted` for
-every token that commit covered and dispatches the resulting effects (the publisher confirms). Appends go on while
-a commit runs; they are covered by the next one.
+every token that commit covered and dispatches the resulting effects (the publisher confirms, and the definition
+replies the broker held: node/broker/reply_gate.py). Appends go on while a commit runs; they are covered by the next
+one. `wait_durable()` waits until a commit covered every earlier `persist` (the management API's changes).
 
 Confirms come first: the commit's tokens are reported to the broker in one batch (`on_persisted` per token, the
 effects carried out with one `dispatch`, so every connection is flushed once per commit) before any compaction

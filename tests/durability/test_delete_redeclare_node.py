@@ -71,8 +71,7 @@ def test_delete_redeclare_then_kill_brings_back_only_the_new_messages(tmp_path: 
         channel.confirm_delivery()
         _publish_confirmed(channel, new)
         channel.queue_delete(QUEUE)
-        # delete-ok does not wait for the fsync; a confirmed publish on the same connection does, and one group
-        # commit covers every earlier append: after its confirm the delete is durable
+        # delete-ok waits for the fsync (node/broker/reply_gate.py); the marker's publish is a second witness
         channel.queue_declare(MARKER, durable=True)
         channel.basic_publish("", MARKER, b"marker", PERSISTENT)
         connection.close()
