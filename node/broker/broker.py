@@ -10,8 +10,8 @@ Handlers live in `definitions` (exchanges, queues, bindings), `delivery` (consum
 `publish` (routing, confirms, tx, dead-lettering, direct reply-to); they all append to `Broker.out`.
 
 Storage is batched: every record written during one entry point shares one `Persist` (one token), placed where the
-first record was, records in order. On a single node a definition change's reply waits for its token
-(`reply_gate`: the channel's effects are held until `on_persisted`). `handle_many` (one read's events) and `on_persisted_many` (one commit's tokens)
+first record was, records in order. A definition change's reply waits for its token (`reply_gate`: the channel's
+effects are held until `on_persisted`; `on_persist_failed` closes the channel instead, cluster mode). `handle_many` (one read's events) and `on_persisted_many` (one commit's tokens)
 let the runtime widen both batches: the effects are those of calling `handle`/`on_persisted` one at a time, except
 for fewer Persist tokens and confirms coalesced into multiple acks.
 
@@ -82,7 +82,7 @@ class BrokerConfig:
     replicated: bool = False  # every queue a replica: commands go out as ProposeQueue (docs/cluster.md)
     queue_messages_in_memory_max: int = 10_000  # per stored queue; past it messages wait on disk (0: never)
     publish_flow_ready_max: int = 1024  # a publisher is read more slowly while its queue has more ready (0: never)
-    durable_replies: bool = True  # single node: definition replies wait for on_persisted (reply_gate.py)
+    durable_replies: bool = True  # definition replies wait for on_persisted (reply_gate.py; cluster: metadata commit)
 
 
 def alarm_reason(kind: str) -> str:
@@ -128,7 +128,7 @@ class Broker:
         self._next_consumer_id = 1
         self._next_token = 1
         self.replicated = self.config.replicated
-        self.gate_replies = self.config.durable_replies and not self.replicated
+        self.gate_replies = self.config.durable_replies  # cluster mode: until the metadata group committed
         self.handlers = _HANDLERS
         self.publish_route: Callable[..., list[int]] = publish.route_publish
         self.publishers: dict[Hashable, ChannelState] = {}  # replicated: publisher id -> its channel
@@ -335,6 +335,14 @@ class Broker:
         if waiters:
             publish.persisted_many(self, waiters)
         return self._finish()
+
+    def on_persist_failed(self, token: int, reply_code: int, reply_text: str) -> list[Effect]:
+        """`token`'s records will never be durable (cluster mode: the metadata group refused them or did not
+        commit them in time): each channel whose replies wait for it is closed with this channel error instead
+        of answering ok (reply_gate.fail). Anything else waiting for the token proceeds as `on_persisted`."""
+        if self.held_gates:
+            reply_gate.fail(self, token, reply_code, reply_text)
+        return self.on_persisted(token)
 
     def on_persisted_many(self, tokens: Iterable[int]) -> list[Effect]:
         """`on_persisted` for every token one commit covered, at once: a channel's publishes they complete are

@@ -1,11 +1,15 @@
 """Replies that wait for durability: a method that changes durable definitions answers only once its records are on disk.
 
-Single node only (cluster mode's definitions go through the metadata group; see docs/cluster.md). A method of
+On a single node the token is reported once the store's fsync covers it; in cluster mode once the metadata group
+committed the definition commands (docs/cluster.md). A method of
 `GATED_METHODS` (declare, delete, bind, unbind, purge of exchanges and queues, tx.commit) that wrote records while
 it was handled *gates* its channel on the entry point's `Persist` token: from that method's first effect on, every
 effect for that channel (its reply, later replies, deliveries, a channel close) is held in order in the channel's
 `HeldReplies` instead of going out, until `on_persisted` reports the token; then the held effects go out, in order,
-ahead of anything that entry point produces. A method that wrote nothing (a passive or repeated declare, a
+ahead of anything that entry point produces. If the change cannot be made durable (cluster mode: the metadata
+group refused it or did not commit it in time), `fail` reports the token instead: each channel it holds loses
+what it held (the ok must never leave) and is closed with the given channel error, through the broker's normal
+channel-close path (its unacked deliveries go back to their queues). A method that wrote nothing (a passive or repeated declare, a
 transient queue, delete of a missing name) does not gate. Publishes and acks are never gated: their records only
 gate a channel that is already held, and publisher confirms already wait for their own tokens.
 
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from node.amqp import methods as m
-from node.broker.effects import CloseConnection, Effect
+from node.broker.effects import CloseChannel, CloseConnection, Effect
 
 if TYPE_CHECKING:
     from node.broker.broker import Broker
@@ -52,6 +56,8 @@ class HeldReplies:
     tokens: set[int]
     from_index: int  # effects of the running entry point's `out` from this index on are held (0 afterwards)
     effects: list[Effect] = field(default_factory=list)
+    class_id: int = 0  # the method that gated the channel first: named in the channel error of `fail`
+    method_id: int = 0
 
 
 def run_gated(broker: Broker, conn: ConnState, channel: int, method: Any) -> None:
@@ -60,13 +66,14 @@ def run_gated(broker: Broker, conn: ConnState, channel: int, method: Any) -> Non
     before = broker.records_pending()
     broker.dispatch_guarded(conn, channel, method)
     if broker.records_pending() > before:
-        gate(broker, (conn.conn_id, channel), broker.pending_token(), start)
+        gate(broker, (conn.conn_id, channel), broker.pending_token(), start, method)
 
 
-def gate(broker: Broker, key: ChannelKey, token: int, from_index: int) -> None:
+def gate(broker: Broker, key: ChannelKey, token: int, from_index: int, method: Any = None) -> None:
     held = broker.held.get(key)
     if held is None:
-        broker.held[key] = HeldReplies({token}, from_index)
+        broker.held[key] = HeldReplies({token}, from_index, class_id=getattr(method, "CLASS_ID", 0),
+                                       method_id=getattr(method, "METHOD_ID", 0))
     elif token not in held.tokens:
         held.tokens.add(token)
     else:
@@ -111,6 +118,22 @@ def release(broker: Broker, token: int) -> None:
             ch = conn.channels.get(key[1]) if conn is not None else None
             if ch is not None:
                 broker.mark_dirty(ch)  # credit top-ups paused while held
+
+
+def fail(broker: Broker, token: int, reply_code: int, reply_text: str) -> None:
+    """`token` will never be durable: every channel it holds drops what it held and is closed with the error."""
+    keys = broker.held_gates.pop(token, None)
+    if not keys:
+        return
+    for key in keys:
+        hold = broker.held.pop(key, None)
+        if hold is None:
+            continue  # already failed by another token, or closed by the client
+        conn = broker.conns.get(key[0])
+        if conn is None or key[1] not in conn.channels:
+            continue
+        broker.out.append(CloseChannel(key[0], key[1], reply_code, reply_text, hold.class_id, hold.method_id))
+        broker.close_channel_state(conn, key[1])
 
 
 def drop_channel(broker: Broker, key: ChannelKey) -> None:

@@ -9,7 +9,9 @@ cluster metadata. `ClusterRuntime` is the glue (docs/cluster.md, "node/runtime, 
   into the broker with `Broker.apply_records` (the diff of whole states, `cluster_defs.mirror_records`) and kept
   mirrored from `store.watch()`. The broker's `Persist` effects (client declares/deletes) become metadata commands
   (a new queue placed by `cluster.metadata.placement`) applied one Persist at a time, in order, and
-  `on_persisted(token)` releases the client once they committed (or were refused or timed out: logged).
+  `on_persisted(token)` releases the client's reply once they committed; if one was refused or not committed
+  within `DEFINITION_TIMEOUT_S`, what the Persist created that the metadata lacks is dropped from the broker again
+  and `on_persist_failed(token, code, text)` closes the client's channel with an error instead of the ok.
   `ClusterRuntime` is the `Node`'s store: it has `persist`, `commit_loop` and `flush`.
 - Queues (`cluster.raft.runtime.RaftNodeRuntime`, under <data_dir>/raft): one group per queue declaration (its
   incarnation is in the group id, `cluster_incarnations.py`), voters = the queue's members, every other cluster
@@ -50,7 +52,13 @@ from cluster.raft.runtime.node import RaftNodeRuntime
 from cluster.raft.runtime.ready_pipeline import QUEUED_READIES_MAX
 from node.broker import records as br
 from node.broker.auth import hash_password
-from node.runtime.cluster_defs import client_local_placement, commands_for, mirror_records, missing_bootstrap
+from node.runtime.cluster_defs import (
+    broker_record,
+    client_local_placement,
+    commands_for,
+    mirror_records,
+    missing_bootstrap,
+)
 from node.runtime.cluster_incarnations import (
     IncarnationFile,
     QueueGroups,
@@ -82,7 +90,12 @@ RETRY_MS = 500  # a group's unapplied proposals are sent again this often (the l
 RETRY_POLL_S = 0.1
 LIVENESS_POLL_S = 0.25
 PERSIST_QUEUED_MAX = 10_000  # Persist effects waiting for the metadata group; beyond: released with an error
-DEFINITION_TIMEOUT_S = 30.0  # one definition command's total retry time before it is given up (logged)
+# A definition change the metadata group cannot commit closes the client's channel (`Broker.on_persist_failed`):
+# 541 INTERNAL_ERROR as RabbitMQ answers a declare its metadata store / quorum cannot carry out; a refusal
+# gets the code of its reason (404 a missing exchange or queue, 406 a conflicting definition).
+INTERNAL_ERROR, NOT_FOUND, PRECONDITION_FAILED = 541, 404, 406
+OVERLOADED_TEXT = "INTERNAL_ERROR - too many definition changes waiting for the cluster metadata"
+DEFINITION_TIMEOUT_S = 30.0  # one definition command's total retry time before it is given up (client: 541)
 FLUSH_TIMEOUT_S = 5.0
 EXCLUSIVE_OWNER_SEPARATOR = "/"  # exclusive owners are "<node>/<boot_id>/<conn_id>" (node/broker/records.py)
 
@@ -311,9 +324,9 @@ class ClusterRuntime:
     def persist(self, token: int, records: Iterable[Any]) -> None:
         """A broker `Persist`: its definition records go to the metadata group, in order, then on_persisted."""
         if len(self._persists) >= PERSIST_QUEUED_MAX:
-            log.error("cluster: %d definition changes waiting; releasing token %d unreplicated", PERSIST_QUEUED_MAX,
+            log.error("cluster: %d definition changes waiting; failing token %d unreplicated", PERSIST_QUEUED_MAX,
                       token)
-            self.node.apply_effects(self.broker.on_persisted(token))
+            self.node.apply_effects(self.broker.on_persist_failed(token, INTERNAL_ERROR, OVERLOADED_TEXT))
             return
         records = tuple(records)
         for vhost, name in deleted_queues(records):
@@ -331,7 +344,7 @@ class ClusterRuntime:
             self._persist_wake = trio.Event()
             while self._persists:
                 token, records = self._persists[0]
-                await self.replicate_now(records)
+                failure = await self.replicate_now(records)
                 self._persists.popleft()
                 if self.store is not None:  # the client's answer follows: the broker must show the result now
                     self._mirror(self.store.state)  # (the watcher may still hold an older step, e.g. a delete)
@@ -339,17 +352,32 @@ class ClusterRuntime:
                     group = self.group_queues.group_of(queue_key(vhost, name))
                     if group is not None:
                         self._quarantined.pop(group, None)
-                self.dispatch(self.broker.on_persisted(token))
+                if failure is None:
+                    self.dispatch(self.broker.on_persisted(token))
+                    continue
+                if self.store is not None:  # a redeclare must not find a queue the cluster never recorded
+                    undo = uncommitted_creations(records, self.store.state)
+                    if undo:
+                        self.dispatch(self.broker.apply_records(undo))
+                self.dispatch(self.broker.on_persist_failed(token, *failure))
             self._persist_idle.set()
 
     async def flush(self) -> None:
         with trio.move_on_after(FLUSH_TIMEOUT_S):
             await self._persist_idle.wait()
 
-    async def replicate_now(self, records: tuple[Any, ...]) -> None:
+    async def replicate_now(self, records: tuple[Any, ...]) -> tuple[int, str] | None:
+        """Apply one Persist's commands in order; None when all committed, else the channel error (reply code,
+        text) for the client, after the first command refused or not committed in time (the rest are skipped:
+        they depend on it). Bounded: each command gives up after `DEFINITION_TIMEOUT_S`."""
         assert self.store is not None
         for command in commands_for(records, self.store.state, self.place):
-            await self.apply_definition(command)
+            outcome = await self.apply_definition(command)
+            if outcome is None:
+                return INTERNAL_ERROR, not_committed_text(command)
+            if not outcome.ok:
+                return refusal_reply(command, outcome.refused)
+        return None
 
     async def apply_definition(self, command: md.Command) -> md.Outcome | None:
         """Apply one metadata command with a fixed command id (retries are idempotent); bounded in time."""
@@ -657,6 +685,40 @@ class ClusterRuntime:
                 log.warning("cluster: queue %s/%s: member %s replaced by %s", vhost, queue, old, new)
         finally:
             self._replacing.discard((vhost, queue))
+
+
+def not_committed_text(command: md.Command) -> str:
+    return (f"INTERNAL_ERROR - {type(command).__name__} not committed by the cluster metadata within "
+            f"{DEFINITION_TIMEOUT_S:.0f} s (no majority of nodes reachable?)")
+
+
+def refusal_reply(command: md.Command, refused: str) -> tuple[int, str]:
+    """The channel error for a metadata refusal (the reason's wording is `cluster.metadata.model`'s)."""
+    if "exists with a different definition" in refused:
+        return PRECONDITION_FAILED, f"PRECONDITION_FAILED - {refused}"
+    if refused.startswith("no "):
+        return NOT_FOUND, f"NOT_FOUND - {refused}"
+    return INTERNAL_ERROR, f"INTERNAL_ERROR - cluster metadata refused {type(command).__name__}: {refused}"
+
+
+def uncommitted_creations(records: Iterable[Any], state: md.MetadataState) -> list[Any]:
+    """Deletion records for what `records` created (exchanges, queues, bindings) that `state` lacks: the broker
+    applied a failed Persist at once, and must not keep definitions the cluster never recorded. Bindings first."""
+    undo: list[Any] = []
+    committed_bindings: list[Any] | None = None
+    for record in records:
+        if getattr(record, "deleted", True):
+            continue
+        if isinstance(record, br.BindingRecord):
+            if committed_bindings is None:
+                committed_bindings = [broker_record("bindings", b) for b in state.bindings.values()]
+            if record not in committed_bindings:
+                undo.insert(0, dataclasses.replace(record, deleted=True))
+        elif isinstance(record, br.QueueRecord | br.ExchangeRecord):
+            committed = state.queues if isinstance(record, br.QueueRecord) else state.exchanges
+            if (record.vhost, record.name) not in committed:
+                undo.append(dataclasses.replace(record, deleted=True))
+    return undo
 
 
 def _owned_by(owner: str, node: str) -> bool:

@@ -52,15 +52,20 @@ class Cluster:
     # --- the runtime's part -------------------------------------------------------------------------------
 
     def feed(self, node: str, effects: list[Effect]) -> list[Effect]:
+        rest = self._route(node, effects)
+        self.outbox[node].extend(rest)
+        return rest
+
+    def _route(self, node: str, effects: list[Effect]) -> list[Effect]:
+        """The effects left for the clients (those `on_persisted` released included, where the Persist was)."""
         rest: list[Effect] = []
         for effect in effects:
             if isinstance(effect, ProposeQueue):
                 self._propose(node, effect)
             elif isinstance(effect, Persist):
-                self._persisted(node, effect)
+                rest.extend(self._persisted(node, effect))
             else:
                 rest.append(effect)
-        self.outbox[node].extend(rest)
         return rest
 
     def _propose(self, node: str, effect: ProposeQueue) -> None:
@@ -73,7 +78,7 @@ class Cluster:
         else:
             self.logs.setdefault(key, []).append(data)
 
-    def _persisted(self, node: str, effect: Persist) -> None:
+    def _persisted(self, node: str, effect: Persist) -> list[Effect]:
         self.records.extend(effect.records)
         for record in effect.records:
             if isinstance(record, QueueRecord) and not record.deleted:
@@ -86,7 +91,7 @@ class Cluster:
         for other, broker in self.brokers.items():
             if other != node and other not in self.down:
                 self.feed(other, broker.apply_records(list(effect.records)))
-        self.feed(node, self.brokers[node].on_persisted(effect.token))
+        return self._route(node, self.brokers[node].on_persisted(effect.token))
 
     def set_leader(self, key: QueueKey, node: str) -> None:
         previous = self.leaders.get(key)
