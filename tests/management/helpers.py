@@ -35,7 +35,7 @@ class Served:
 
 @asynccontextmanager
 async def served_broker(limits: ManagementLimits | None = None, view: Any = None) -> AsyncIterator[Served]:
-    broker = Broker(BrokerConfig())
+    broker = Broker(BrokerConfig(durable_replies=False))  # nothing here reports Persist (no store): replies must not wait
     emitted: list[Any] = []
     the_view = view or BrokerView(broker, emitted.extend, node_name="rabbit@test", amqp_port=5672)
     async with trio.open_nursery() as nursery:
