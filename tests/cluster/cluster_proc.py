@@ -19,6 +19,7 @@ import contextlib
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -163,12 +164,26 @@ class ClusterProcs:
 
         wait_until(ready, START_TIMEOUT_S, f"{node.name} to listen")
 
-    def start_all(self) -> ClusterProcs:
-        for node in self.nodes:
-            self.spawn(node)
-        for node in self.nodes:
-            self.wait_ready(node)
-        return self
+    def start_all(self, attempts: int = 3) -> ClusterProcs:
+        """Start every node and wait until each listens. A port taken by another process between choosing it and
+        binding it (other suites or benches on this machine) is retried with fresh ports and empty data dirs."""
+        for attempt in range(1, attempts + 1):
+            for node in self.nodes:
+                self.spawn(node)
+            try:
+                for node in self.nodes:
+                    self.wait_ready(node)
+                return self
+            except AssertionError:
+                if attempt == attempts or not any(b"in use" in n.log_text() for n in self.nodes):  # EADDRINUSE
+                    raise
+                self.stop_all()
+                for node, port in zip(self.nodes, free_amqp_ports(self.size), strict=True):
+                    node.port = port
+                    shutil.rmtree(node.workdir / "data", ignore_errors=True)  # it remembers the old ports
+                    with node.log_path.open("ab") as log_file:
+                        log_file.write(b"---- a port was taken: starting again on fresh ports\n")
+        raise AssertionError("unreachable")
 
     def kill(self, name: str) -> None:
         node = self.node(name)
