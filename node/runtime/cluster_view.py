@@ -7,7 +7,9 @@ node knows; null while it knows none) and `members` (the placement's voters) and
 a test or an operator can see a replica catch up;
 `/api/policies` comes from the metadata. Admin changes (users, vhosts, permissions) go through the broker as on a
 single node, and their `Persist` effects are replicated through the metadata group before the HTTP answer
-(`apply_effects` is async). Cluster commands: `set_policy`/`clear_policy` (validated here, 400 if invalid; stored in
+(`apply_effects` is async;
+a change the metadata refused or did not commit in time is answered 503, and the node keeps its local copy of a
+user, vhost or permission change until the next restart mirrors the metadata: noted, not undone). Cluster commands: `set_policy`/`clear_policy` (validated here, 400 if invalid; stored in
 the metadata, mirrored into every broker, whose queues' Raft leaders then propose `SetArgs`) and `rebalance`
 (`cluster.metadata.placement.rebalance_plan`: `SetQueueLeader`, then a leadership transfer of the queue's group).
 Membership: `add_member`, `delete_member`, `grow`, `shrink` change the queue's metadata members (the queue
@@ -42,15 +44,19 @@ class ClusterView(BrokerView):
         self.cluster = cluster
 
     async def _apply_admin_effects(self, effects: list[Any]) -> None:
-        """Persist effects are replicated (and released) before the HTTP answer; the rest dispatched."""
+        """Persist effects are replicated (and released) before the HTTP answer; the rest dispatched. A change the
+        metadata group refused or did not commit in time is answered 503 with the reason, not 2xx."""
         rest: list[Any] = []
+        failure: tuple[int, str] | None = None
         for effect in effects:
             if isinstance(effect, Persist):
-                await self.cluster.replicate_now(effect.records)
+                failure = failure or await self.cluster.replicate_now(effect.records)
                 rest.extend(self.broker.on_persisted(effect.token))
             else:
                 rest.append(effect)
         self.cluster.dispatch(rest)
+        if failure is not None:
+            raise CommandError(503, f"not committed by the cluster: {failure[1]}")
 
     # --- reads ----------------------------------------------------------------------------------------------
 

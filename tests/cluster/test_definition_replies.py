@@ -5,16 +5,18 @@
   take the broker back to the committed metadata after a failed Persist (`uncommitted_creations`).
 - Real processes, three nodes: n2 and n3 killed, a durable queue.declare on n1 gets no declare-ok but a 541
   channel error once `DEFINITION_TIMEOUT_S` ran out (the time is printed, not asserted), and n1 does not keep the
-  queue. After n2 and n3 return, the same declare is answered and every node knows the queue.
+  queue; a management change (PUT of a vhost) made meanwhile is answered 503. After n2 and n3 return, the same declare is answered and every node knows the queue.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import pika
 import pytest
+import requests
 
 from cluster.metadata import model as md
 from node.broker import records as br
@@ -78,7 +80,14 @@ def test_declare_without_a_metadata_majority_fails_and_works_once_it_is_back(clu
     n1 = cluster.node("n1")
     cluster.kill("n2")
     cluster.kill("n3")
+    vhost_put: list[int] = []  # a management change meanwhile: answered 503, not 2xx
+    putter = threading.Thread(target=lambda: vhost_put.append(requests.put(
+        f"http://127.0.0.1:{n1.port + 10_000}/api/vhosts/v-no-majority", auth=("guest", "guest"),
+        timeout=DEFINITION_TIMEOUT_S + 30).status_code))
+    putter.start()
     error, elapsed_s = _declare(n1.port)
+    putter.join()
+    assert vhost_put == [503], vhost_put
     print(f"declare without majority: channel error after {elapsed_s:.1f} s (limit {DEFINITION_TIMEOUT_S} s)")
     assert error is not None, "declare-ok although the metadata group could not commit the queue"
     assert error.reply_code == INTERNAL_ERROR, error
