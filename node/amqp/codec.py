@@ -315,6 +315,10 @@ _ACK_FRAME: Final = struct.Struct(">BHIHHQBB")
 
 _DELIVER_PARTS_MAX: Final = 4096  # (channel, consumer tag, exchange, routing key) combinations remembered
 _deliver_parts: dict[tuple[int, str, str, str], tuple[bytes, bytes]] = {}
+# (channel, consumer tag, exchange, routing key, id(properties), body size) -> (properties, bytes before the
+# delivery tag, bytes from after it to the body); the properties object is kept so that its id stays unique.
+_DELIVER_SKELETONS_MAX: Final = 4096
+_deliver_skeletons: dict[tuple[int, str, str, str, int, int], tuple[BasicProperties, bytes, bytes]] = {}
 
 
 def _deliver_method_parts(channel: int, consumer_tag: str, exchange: str, routing_key: str) -> tuple[bytes, bytes]:
@@ -351,9 +355,16 @@ def encode_deliver_frames(
     """Basic.Deliver + content header + body frames in one join (the consumer hot path).
 
     The method frame's fixed parts are cached per (channel, consumer tag, exchange, routing key) and the property
-    list comes from `encode_properties` (the publisher's own bytes when they are remembered)."""
-    head, tail = _deliver_method_parts(channel, consumer_tag, exchange, routing_key)
+    list comes from `encode_properties` (the publisher's own bytes when they are remembered). A single-frame body's
+    frames around the delivery tag and the body are remembered per (channel, consumer tag, exchange, routing key,
+    properties object, body size): a repeat is one lookup, one pack and one join."""
     body_size = len(body)
+    key = (channel, consumer_tag, exchange, routing_key, id(properties), body_size)
+    skeleton = _deliver_skeletons.get(key)
+    if skeleton is not None and skeleton[0] is properties and body_size <= frame_max - FRAME_OVERHEAD:
+        return b"".join((skeleton[1], _DELIVER_TAG.pack(delivery_tag, 1 if redelivered else 0), skeleton[2], body,
+                         FRAME_END_BYTE))
+    head, tail = _deliver_method_parts(channel, consumer_tag, exchange, routing_key)
     if properties is EMPTY_PROPERTIES:
         flags, encoded_props = 0, b""
     else:
@@ -361,6 +372,12 @@ def encode_deliver_frames(
     if 0 < body_size <= frame_max - FRAME_OVERHEAD:
         body_head = FRAME_HEADER_STRUCT.pack(FRAME_BODY, channel, body_size)
         body_end = FRAME_END_BYTE
+        if len(_deliver_skeletons) >= _DELIVER_SKELETONS_MAX:
+            _deliver_skeletons.clear()
+        header_frame = _HEADER_FRAME_PREFIX.pack(FRAME_HEADER, channel, 14 + len(encoded_props), 60, 0, body_size,
+                                                 flags)
+        _deliver_skeletons[key] = (properties, head, b"".join((tail, header_frame, encoded_props, b"\xce",
+                                                                body_head)))
     else:
         body_head, body, body_end = b"", encode_body_frames(channel, body, frame_max), b""
     return b"".join(

@@ -58,12 +58,15 @@ from node.amqp.events import (
     Event,
     MethodReceived,
 )
+from node.amqp.framer import FRAME_HEADER_STRUCT as _FRAME_HEADER
 from node.amqp.framer import BadProtocolHeader, Framer, RawFrame
 from node.amqp.properties import BasicProperties
 from node.amqp.spec import (
     CLASS_CONNECTION,
     FRAME_BODY,
+    FRAME_END,
     FRAME_HEADER,
+    FRAME_HEADER_SIZE,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
     FRAME_MIN_SIZE,
@@ -72,6 +75,7 @@ from node.amqp.spec import (
     ReplyCode,
 )
 
+_new_tuple = tuple.__new__  # ContentReceived(...) without the Python-level __new__ (hot path)
 _PUBLISH_KEY: Final = b"\x00\x3c\x00\x28"  # class 60 (basic), method 40 (publish)
 
 __all__ = ["Authenticator", "ConnectionLimits", "ConnectionState", "ServerConnection", "reply_text"]
@@ -158,9 +162,19 @@ class ServerConnection:
         if self.state is ConnectionState.CLOSED or not data:
             return
         self._last_recv_ms = self._now_ms = now_ms
-        frames, error = self._framer.feed(data)
-        if self.state is ConnectionState.AWAIT_HEADER and self._framer.header_seen:
+        framer = self._framer
+        if self.state is ConnectionState.OPEN and framer.header_seen:
+            buf = framer.take_buffer(data)
+            if buf is not None:
+                self._receive_open(buf, now_ms)
+            return
+        frames, error = framer.feed(data)
+        if self.state is ConnectionState.AWAIT_HEADER and framer.header_seen:
             self._send_start()
+        self._receive_frames(frames, error, now_ms)
+
+    def _receive_frames(self, frames: list[RawFrame], error: Exception | None, now_ms: int) -> None:
+        """Handle parsed frames, then the error that ended the stream after them (if any)."""
         if self.state is ConnectionState.OPEN:
             self._receive_frames_open(frames, now_ms)
         else:
@@ -180,6 +194,74 @@ class ServerConnection:
             self._fail(ProtocolError(ReplyCode.FRAME_ERROR, str(error)), now_ms)
             self._finish(ReplyCode.FRAME_ERROR, reply_text(ReplyCode.FRAME_ERROR, str(error)))
 
+    def _receive_open(self, buf: bytes, now_ms: int) -> None:
+        """The fused publish path of an open connection: a Basic.Publish whose content header repeats its channel's
+        last one (checked already) and whose body is one frame is taken as one step from the buffer, with every
+        framing check of `Framer._parse` on all three frames; all else (and every error) goes through
+        `_receive_frames`, in order."""
+        framer = self._framer
+        frame_max = framer.frame_max_bytes
+        end = len(buf)
+        offset = 0
+        pending: list[RawFrame] = []  # parsed frames not handled yet (handled before any fused publish)
+        channels = self._channels
+        events = self._events
+        max_message_size = self.limits.max_message_size
+        unpack = _FRAME_HEADER.unpack_from
+        need = FRAME_HEADER_SIZE
+        while end - offset >= FRAME_HEADER_SIZE:
+            frame_type, channel, size = unpack(buf, offset)
+            method_end = offset + FRAME_HEADER_SIZE + size
+            if size > frame_max or (method_end < end and buf[method_end] != FRAME_END):
+                frames: list[RawFrame] = []
+                error, _ = framer.parse_frames(buf, offset, frames)  # reports it exactly as the framer does
+                self._receive_frames(pending + frames, error, now_ms)
+                return
+            if method_end >= end:
+                need = method_end + 1 - offset
+                break
+            if frame_type == FRAME_METHOD and channel and buf.startswith(_PUBLISH_KEY, offset + FRAME_HEADER_SIZE):
+                head = method_end + 1
+                if end - head >= FRAME_HEADER_SIZE:
+                    header_type, header_channel, header_size = unpack(buf, head)
+                    body = head + FRAME_HEADER_SIZE + header_size + 1
+                    if (header_type == FRAME_HEADER and header_channel == channel and header_size <= frame_max
+                            and end - body >= FRAME_HEADER_SIZE and buf[body - 1] == FRAME_END):
+                        body_type, body_channel, body_size = unpack(buf, body)
+                        body_end = body + FRAME_HEADER_SIZE + body_size
+                        if (body_type == FRAME_BODY and body_channel == channel and body_size <= frame_max
+                                and body_end < end and buf[body_end] == FRAME_END):
+                            if pending:
+                                self._receive_frames_open(pending, now_ms)
+                                pending = []
+                                if self.state is not ConnectionState.OPEN:
+                                    break
+                            ch = channels.get(channel)
+                            if (ch is not None and not ch.closing and ch.publish is None and ch.properties is None
+                                    and header_size == len(ch.last_header)
+                                    and buf.startswith(ch.last_header, head + FRAME_HEADER_SIZE)):
+                                last = ch.last_header_content
+                                if last is not None and last[1] == body_size and 0 < body_size <= max_message_size:
+                                    try:
+                                        publish = decode_publish_cached(buf[offset + FRAME_HEADER_SIZE:method_end])
+                                    except Exception:  # malformed: the general path decodes it again, reports it
+                                        pass
+                                    else:
+                                        events.append(_new_tuple(ContentReceived, (
+                                            channel, publish, last[0], buf[body + FRAME_HEADER_SIZE:body_end])))
+                                        offset = body_end + 1
+                                        continue
+            pending.append((frame_type, channel, buf[offset + FRAME_HEADER_SIZE:method_end]))
+            offset = method_end + 1
+        if self.state is not ConnectionState.OPEN:  # closing or closed: the rest takes the general path
+            frames = []
+            error, _ = framer.parse_frames(buf, offset, frames)
+            self._receive_frames(frames, error, now_ms)
+            return
+        framer.keep_rest(buf, offset, need)
+        if pending:
+            self._receive_frames_open(pending, now_ms)
+
     def _receive_frames_open(self, frames: list[RawFrame], now_ms: int) -> None:
         """The publish hot path: Basic.Publish method frames and body frames on an open channel are handled inline
         (no per-frame call chain); everything else, including every error, takes `_handle_frame`."""
@@ -197,7 +279,7 @@ class ServerConnection:
                             publish = ch.publish
                             ch.publish = ch.properties = None  # (take_content without the join)
                             ch.body_size = 0
-                            events.append(ContentReceived(channel, publish, properties, payload))  # type: ignore[arg-type]
+                            events.append(_new_tuple(ContentReceived, (channel, publish, properties, payload)))
                             continue
                         received = ch.body_received + len(payload)
                         if received < ch.body_size:
@@ -208,7 +290,7 @@ class ServerConnection:
                             ch.body_received = received
                             ch.body_parts.append(payload)
                             publish, properties, body = ch.take_content()
-                            events.append(ContentReceived(channel, publish, properties, body))
+                            events.append(_new_tuple(ContentReceived, (channel, publish, properties, body)))
                             continue
                 elif frame_type == FRAME_HEADER and ch.publish is not None and ch.properties is None:
                     if payload == ch.last_header:  # the publisher repeats its last header: checked already

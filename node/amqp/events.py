@@ -1,12 +1,12 @@
 """Events `ServerConnection.next_events()` hands up to the broker/runtime (dataclasses, no behaviour).
 
-All frozen but `MethodReceived` and `ContentReceived`, built once per publish or ack: slotted, not frozen (a frozen
-dataclass's `__init__` costs about three times as much); treat them as values all the same."""
+All frozen but `MethodReceived` (built once per ack: slotted, not frozen; a frozen dataclass's `__init__` costs about
+three times as much) and `ContentReceived` (once per publish: a named tuple); treat them as values all the same."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from node.amqp.methods import BasicPublish, Method
 from node.amqp.properties import BasicProperties
@@ -37,9 +37,9 @@ class MethodReceived:
     method: Method
 
 
-@dataclass(slots=True, unsafe_hash=True)  # one per publish/ack: not frozen (see the header)
-class ContentReceived:
-    """A complete Basic.Publish: method, properties and the whole body."""
+class ContentReceived(NamedTuple):
+    """A complete Basic.Publish: method, properties and the whole body. A named tuple (one per publish): the
+    receive path builds it with `tuple.__new__`, about a quarter of a slotted dataclass's `__init__`."""
 
     channel: int
     method: BasicPublish

@@ -16,7 +16,8 @@ from typing import Final
 from node.amqp.spec import FRAME_END, FRAME_HEADER_SIZE, PROTOCOL_HEADER
 
 RawFrame = tuple[int, int, bytes]
-_HEADER: Final = struct.Struct(">BHI")
+FRAME_HEADER_STRUCT: Final = struct.Struct(">BHI")  # frame type, channel, payload size
+_HEADER: Final = FRAME_HEADER_STRUCT
 
 
 class FramingError(Exception):
@@ -81,6 +82,34 @@ class Framer:
         if error is None and offset < len(buf):
             self._buffer = bytearray(buf[offset:])
         return frames, error
+
+    def take_buffer(self, data: bytes) -> bytes | None:
+        """After the protocol header: the bytes to parse from offset 0 (a kept partial frame joined with `data`),
+        or None while the partial frame is still incomplete. The caller parses frames itself (`parse_frames`, or
+        the connection's fused publish loop, which checks every frame as `_parse` does) and hands the unparsed
+        rest back with `keep_rest`."""
+        if self._buffer:
+            self._buffer += data
+            if len(self._buffer) < self._need:
+                return None
+            buf = bytes(self._buffer)
+            self._buffer = bytearray()
+            return buf
+        return data
+
+    def keep_rest(self, buf: bytes, offset: int, need: int) -> None:
+        """Keep `buf[offset:]` (an incomplete frame, `need` bytes of which must be buffered to go on)."""
+        if offset < len(buf):
+            self._buffer = bytearray(buf[offset:])
+        self._need = need
+
+    def parse_frames(self, buf: bytes, offset: int, frames: list[RawFrame]) -> tuple[Exception | None, int]:
+        """The complete frames of `buf` from `offset` (checked), the error that stopped them, and the offset of
+        the unparsed rest; the rest is kept for the next call unless an error ended the stream."""
+        error, offset = self._parse(buf, offset, frames)
+        if error is None and offset < len(buf):
+            self._buffer = bytearray(buf[offset:])
+        return error, offset
 
     def _check_partial_header(self) -> Exception | None:
         if not self._header_seen and not PROTOCOL_HEADER.startswith(bytes(self._buffer[:4])):

@@ -10,11 +10,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from node.amqp import properties as props_module
-from node.amqp.codec import decode_publish, encode_deliver_frames, encode_method_frame
+from node.amqp.codec import decode_publish, encode_content_frames, encode_deliver_frames, encode_method_frame
 from node.amqp.connection import ConnectionLimits, ServerConnection
 from node.amqp.events import ContentReceived
 from node.amqp.fieldtable import encode_shortstr
-from node.amqp.methods import BasicAck, BasicPublish, ChannelClose, ChannelOpen
+from node.amqp.methods import BasicAck, BasicDeliver, BasicPublish, ChannelClose, ChannelOpen
 from node.amqp.properties import (
     BasicProperties,
     decode_content_header,
@@ -29,6 +29,11 @@ LIMITS = ConnectionLimits(frame_max=4096, max_message_size=1000)
 
 class GeneralPathConnection(ServerConnection):
     """The reference: every frame through `_handle_frame`, as before the inline hot path existed."""
+
+    def _receive_open(self, buf: bytes, now_ms: int) -> None:  # no fused publishes either
+        frames: list[Any] = []
+        error, _ = self._framer.parse_frames(buf, 0, frames)
+        self._receive_frames(frames, error, now_ms)
 
     def _receive_frames_open(self, frames: list[Any], now_ms: int) -> None:
         for frame_type, channel, payload in frames:
@@ -59,6 +64,8 @@ frames = st.one_of(
     st.tuples(st.sampled_from([1, 2, 3]), st.sampled_from(["header", "header-big", "header-class", "header-bad"]),
               st.integers(0, 40)),
     st.tuples(st.sampled_from([1, 2, 3]), st.just("body"), st.integers(0, 30)),
+    st.tuples(st.sampled_from([0, 1, 2, 3]), st.sampled_from(["triple", "triple-mixed"]), st.integers(0, 4)),
+    st.tuples(st.sampled_from([1, 2]), st.sampled_from(["bad-end", "too-big", "triple-bad-end", "triple-too-big"])),
 )
 
 
@@ -74,6 +81,19 @@ def _encode(item: tuple[Any, ...]) -> bytes:
         return encode_method_frame(channel, ChannelClose(200, "bye"))
     if kind == "body":
         return _frame(3, channel, b"b" * item[2])
+    if kind.startswith("triple"):  # a whole publish: what the fused receive path takes in one step
+        size = item[2] if len(item) > 2 else 3
+        header = _frame(2, channel, encode_content_header(size, HEADER_PROPS))
+        body = _frame(3, channel if kind != "triple-mixed" else 1 + channel % 3, b"t" * size)
+        if kind == "triple-bad-end":
+            body = body[:-1] + b"\x00"
+        elif kind == "triple-too-big":
+            body = _frame(3, channel, b"t" * (LIMITS.frame_max + 1))
+        return encode_method_frame(channel, BasicPublish("", "q")) + header + body
+    if kind == "bad-end":
+        return _frame(1, channel, b"\x00\x3c\x00\x28\x00\x00\x01q\x00")[:-1] + b"\xcd"
+    if kind == "too-big":
+        return _frame(3, channel, b"x" * (LIMITS.frame_max + 1))
     payload = encode_content_header(item[2], HEADER_PROPS)
     if kind == "header-big":
         payload = encode_content_header(5000, HEADER_PROPS)
@@ -84,13 +104,18 @@ def _encode(item: tuple[Any, ...]) -> bytes:
     return _frame(2, channel, payload)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(st.lists(frames, max_size=25), st.integers(1, 3))
 @example([(1, "publish"), (1, "header", 5), (2, "publish"), (1, "body", 3), (2, "header", 0), (1, "body", 2)], 2)
 @example([(1, "publish"), (1, "header", 5), (1, "body", 6), (2, "publish")], 1)
 @example([(2, "publish"), (2, "header-big", 0), (2, "publish"), (1, "bad-publish"), (2, "ack")], 1)
 @example([(1, "publish"), (1, "header-class", 1), (1, "publish")], 1)
 @example([(3, "publish"), (1, "body", 1), (1, "publish"), (1, "ack")], 3)
+@example([(1, "triple", 3), (1, "triple", 3), (2, "triple", 3), (1, "triple", 2), (1, "triple", 2)], 1)
+@example([(1, "triple", 3), (1, "triple", 3), (1, "triple-bad-end", 3)], 1)
+@example([(1, "triple", 3), (1, "ack"), (1, "triple", 3), (1, "close"), (1, "triple", 3), (2, "triple", 1)], 1)
+@example([(2, "triple", 3), (2, "triple-too-big", 3), (2, "triple", 3)], 2)
+@example([(1, "triple", 3), (1, "publish"), (1, "triple", 3)], 1)
 def test_the_inline_receive_path_matches_the_general_one(script: list[tuple[Any, ...]], reads: int) -> None:
     data = b"".join(_encode(item) for item in script)
     fast, reference = _open(ServerConnection(_Users(), LIMITS)), _open(GeneralPathConnection(_Users(), LIMITS))
@@ -165,3 +190,42 @@ def test_a_shared_publish_method_is_an_equal_value() -> None:
         session.conn.receive_data(_frame(2, 1, encode_content_header(0, HEADER_PROPS)), 0)
     events = [e for e in session.conn.next_events() if isinstance(e, ContentReceived)]
     assert [e.method for e in events] == [decode_publish(payload)] * 2
+
+
+def test_repeated_publishes_take_the_fused_path(monkeypatch: Any) -> None:
+    conn = _open(ServerConnection(_Users(), LIMITS))
+    triple = _encode((1, "triple", 3))
+    conn.receive_data(triple, 0)  # the first header is decoded (and remembered) on the general path
+    general_calls = 0
+    real = ServerConnection._receive_frames_open
+
+    def counting(self: ServerConnection, frames: list[Any], now_ms: int) -> None:
+        nonlocal general_calls
+        general_calls += 1
+        real(self, frames, now_ms)
+
+    monkeypatch.setattr(ServerConnection, "_receive_frames_open", counting)
+    data = triple * 3
+    cut = len(data) - len(triple) + 5  # inside the last publish's method frame
+    conn.receive_data(data[:cut], 0)
+    conn.receive_data(data[cut:], 0)  # the split frame waits in the framer, then its publish is taken whole
+    events = conn.next_events()
+    assert general_calls == 0
+    assert [type(e) for e in events] == [ContentReceived] * 4
+    assert all(e.body == b"ttt" and e.properties is events[0].properties for e in events)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 3), st.sampled_from(["c1", "c2"]), st.sampled_from(["", "ex"]),
+       st.lists(st.tuples(st.integers(1, 2**40), st.booleans(), st.integers(0, 40), st.sampled_from([64, 4096]),
+                          st.booleans()), min_size=1, max_size=12))
+def test_a_remembered_delivery_skeleton_writes_the_same_bytes(
+        channel: int, ctag: str, exchange: str, deliveries: list[tuple[int, bool, int, int, bool]]) -> None:
+    shared = decode_content_header(encode_content_header(1, HEADER_PROPS))[2]
+    for tag, redelivered, size, frame_max, other_props in deliveries:
+        props = BasicProperties(delivery_mode=1) if other_props else shared
+        body = b"m" * size
+        fast = encode_deliver_frames(channel, ctag, tag, redelivered, exchange, "rk", props, body, frame_max)
+        generic = encode_content_frames(channel, BasicDeliver(ctag, tag, redelivered, exchange, "rk"), props, body,
+                                        frame_max)
+        assert fast == generic
