@@ -233,12 +233,8 @@ class Simulation:
                 if self.config.trace:
                     self._log(f"deliver {describe_batch(batch)}")
         for node in self.nodes.values():
-            if node.mr is None:
+            if node.mr is None or not self._take_turn(node, tick):
                 continue
-            if node.pending is not None:
-                if tick < node.pending[1]:
-                    continue
-                self._complete(node)
             node.mr.tick()
             self._check(node)
             while node.inbox:
@@ -251,6 +247,14 @@ class Simulation:
             self.checkers[group].check_electable(cores)
         if chaos and self.profile.new_leader_isolate_rate:
             self._isolate_new_leaders()
+
+    def _take_turn(self, node: SimNode, tick: int) -> bool:
+        """Whether `node` runs this tick: not while its fsync is pending; once it is due, it completes first."""
+        if node.pending is not None:
+            if tick < node.pending[1]:
+                return False
+            self._complete(node)
+        return True
 
     def _isolate_new_leaders(self) -> None:
         for group in self.group_ids:

@@ -17,22 +17,13 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.sim.simulator import DRIVE_ROUNDS_MAX, INBOX_MAX, SimConfig, SimNode, Simulation
+from chaos.sim.simulator import DRIVE_ROUNDS_MAX, SimConfig, SimNode, Simulation
 from cluster.raft.core.image import GroupImage
 from cluster.raft.core.multiraft import NodeReady
 from cluster.raft.core.types import AppendResp, Entry, GroupId, Index, NodeId, Ready, Term
+from tests.sim.test_sweep import FIGURE8_PROFILE
 
 SEEDS = range(0, 60)
-FIGURE8_PROFILE = (
-    ("node_count", 5),
-    ("msg_size_bytes_max", 1),
-    ("leader_fault_rate", 0.1),
-    ("new_leader_isolate_rate", 0.5),
-    ("pre_vote", False),
-    ("check_quorum", False),
-    ("partition_rate", 0.08),
-    ("propose_rate", 0.7),
-)
 
 
 class PipelinedSimulation(Simulation):
@@ -45,33 +36,13 @@ class PipelinedSimulation(Simulation):
         super().__init__(config)
 
     # --- driving ---------------------------------------------------------------------------------------------
-    def _tick(self, tick: int, chaos: bool) -> None:
-        self.now = tick
-        if chaos:
-            self._maybe_fault()
-            self._maybe_propose()  # node.pending stays None: proposals go in at once, fsync or not
-        for batch in self.net.due(tick):
-            node = self.nodes[batch.dst]
-            if node.mr is not None and len(node.inbox) < INBOX_MAX:
-                node.inbox.append(batch)
-        for node in self.nodes.values():
-            if node.mr is None:
-                continue
-            flight = self.flight.get(node.id)
-            if flight is not None and tick >= flight[1]:
-                self._complete_flight(node)
-            node.mr.tick()
-            self._check(node)
-            while node.inbox:
-                node.mr.step(node.inbox.popleft())
-                self._check(node)
-            self._propose_queued(node)
-            self._drive(node)
-        for group in self.group_ids:
-            cores = {node.id: node.mr.groups[group] for node in self.nodes.values() if node.mr is not None}
-            self.checkers[group].check_electable(cores)
-        if chaos and self.profile.new_leader_isolate_rate:
-            self._isolate_new_leaders()
+    def _take_turn(self, node: SimNode, tick: int) -> bool:
+        """Every tick, fsync or not (proposals go in at once too: node.pending stays None); a flight whose fsync is
+        due completes first."""
+        flight = self.flight.get(node.id)
+        if flight is not None and tick >= flight[1]:
+            self._complete_flight(node)
+        return True
 
     def _drive(self, node: SimNode) -> None:
         for _ in range(DRIVE_ROUNDS_MAX):
