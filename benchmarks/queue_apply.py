@@ -126,7 +126,8 @@ def bench_classic(rounds: int) -> float:
     return elapsed * 1e6 / (rounds * BATCH)
 
 
-def bench_broker(rounds: int) -> float:
+def _confirming_cluster() -> tuple[Any, Any]:
+    """The broker harness's 3-node cluster with quorum queue "q" and a confirming client on node "a"."""
     from node.amqp import methods as m
     from tests.broker.cluster_harness import Cluster, cluster_client, take
 
@@ -136,6 +137,12 @@ def bench_broker(rounds: int) -> float:
     cluster.commit()
     take(cluster, "a")
     client.call(m.ConfirmSelect())
+    return cluster, client
+
+
+def bench_broker(rounds: int) -> float:
+
+    cluster, _ = _confirming_cluster()
     broker = cluster.brokers["b"]
     source = Rounds()
     broker.apply_committed("/", "q", source.attach())
@@ -155,14 +162,8 @@ def bench_publisher(rounds: int) -> float:
     from node.amqp import events as ev
     from node.amqp import methods as m
     from node.broker.effects import ProposeQueue
-    from tests.broker.cluster_harness import Cluster, cluster_client, take
 
-    cluster = Cluster()
-    client = cluster_client(cluster, "a")
-    client.declare("q", durable=True, arguments={"x-queue-type": "quorum"})
-    cluster.commit()
-    take(cluster, "a")
-    client.call(m.ConfirmSelect())
+    cluster, client = _confirming_cluster()
     broker = cluster.brokers["a"]
     publish = ev.ContentReceived(1, m.BasicPublish(exchange="", routing_key="q"), BasicProperties(delivery_mode=2),
                                  BODY)

@@ -20,12 +20,7 @@ from cluster.queue import (
     encode_proposal,
 )
 from cluster.queue.replicated_codec import ENQUEUE_MANY_MAX, encode_id
-
-PUBLISHER = ("n1", 7, 3, 1)
-
-
-def _keep(value: object) -> object:
-    return value
+from tests.queue.test_enqueue_many import PUBLISHER, _keep
 
 
 def _kind(data: bytes) -> str:
