@@ -25,7 +25,7 @@ import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
 from node.runtime.cluster_tracking import PeerLiveness
-from tests.cluster.cluster_proc import ClusterNode, ClusterProcs, ready_count, wait_until
+from tests.cluster.cluster_proc import ClusterNode, ClusterProcs, ready_count, supervised, wait_until
 
 QUORUM = {"x-queue-type": "quorum"}
 QUEUE = "q-fast-down"
@@ -138,21 +138,28 @@ def _wait_redelivered(acker: Acker, bodies: list[bytes], what: str) -> float:
     return elapsed_s
 
 
+def _held_elsewhere(procs: ClusterProcs, publisher: ClusterNode, holder_node: ClusterNode,
+                    bodies: list[bytes]) -> tuple[Holder, Acker]:
+    """Declare the quorum queue through `publisher` and wait until every node knows it, publish `bodies` there,
+    let a consumer on `holder_node` hold them all unacked, and start an acking consumer on `publisher`."""
+    conn = _connect(publisher.port)
+    conn.channel().queue_declare(QUEUE, durable=True, arguments=QUORUM)
+    conn.close()
+    wait_until(lambda: all(_ready_count(n.port) == 0 for n in procs.nodes), 30, "the queue on every node")
+    _publish(publisher.port, bodies)
+    holder = Holder(holder_node.port, prefetch=len(bodies))
+    holder.take(len(bodies))
+    acker = Acker(publisher.port)
+    acker.start()
+    return holder, acker
+
+
 def test_killed_node_consumers_messages_come_back_at_once_but_not_a_paused_nodes(tmp_path: Path) -> None:
-    procs = ClusterProcs(tmp_path, extra={"RAFTMQ_NODE_DOWN_AFTER_MS": str(DOWN_AFTER_MS)})
-    try:
+    with supervised(ClusterProcs(tmp_path, extra={"RAFTMQ_NODE_DOWN_AFTER_MS": str(DOWN_AFTER_MS)})) as procs:
         procs.start_all()
         n1, n3 = procs.node("n1"), procs.node("n3")
-        conn = _connect(n1.port)
-        conn.channel().queue_declare(QUEUE, durable=True, arguments=QUORUM)
-        conn.close()
-        wait_until(lambda: all(_ready_count(n.port) == 0 for n in procs.nodes), 30, "the queue on every node")
         first = [f"a-{i}".encode() for i in range(10)]
-        _publish(n1.port, first)
-        holder = Holder(n3.port, prefetch=10)
-        holder.take(10)
-        acker = Acker(n1.port)
-        acker.start()
+        holder, acker = _held_elsewhere(procs, n1, n3, first)
 
         # Paused: no refusals (its kernel still accepts connections), so the 30 s timing applies.
         assert n3.process is not None
@@ -193,28 +200,14 @@ def test_killed_node_consumers_messages_come_back_at_once_but_not_a_paused_nodes
         acker.finish()
         assert {b for b, _ in acker.got} == set(second)
         wait_until(lambda: all(_ready_count(n.port) == 0 for n in procs.nodes), 30, "an empty queue everywhere")
-    except BaseException:
-        print(procs.logs())
-        raise
-    finally:
-        procs.stop_all()
 
 
 def test_a_killed_node_that_others_only_listen_for_is_found_by_their_probes(tmp_path: Path) -> None:
-    procs = ClusterProcs(tmp_path, extra={"RAFTMQ_NODE_DOWN_AFTER_MS": str(DOWN_AFTER_MS)})
-    try:
+    with supervised(ClusterProcs(tmp_path, extra={"RAFTMQ_NODE_DOWN_AFTER_MS": str(DOWN_AFTER_MS)})) as procs:
         procs.start_all()
         n1, n2 = procs.node("n1"), procs.node("n2")
-        conn = _connect(n2.port)
-        conn.channel().queue_declare(QUEUE, durable=True, arguments=QUORUM)
-        conn.close()
-        wait_until(lambda: all(_ready_count(n.port) == 0 for n in procs.nodes), 30, "the queue on every node")
         bodies = [f"c-{i}".encode() for i in range(10)]
-        _publish(n2.port, bodies)
-        holder = Holder(n1.port, prefetch=10)
-        holder.take(10)
-        acker = Acker(n2.port)
-        acker.start()
+        holder, acker = _held_elsewhere(procs, n2, n1, bodies)
         procs.kill("n1")
         elapsed_s = _wait_redelivered(acker, bodies, "the killed dialer's unacked messages on n2")
         print(f"\nkill -9 of n1 (the dialer): {len(bodies)} messages redelivered on n2 after {elapsed_s:.2f} s")
@@ -224,8 +217,3 @@ def test_a_killed_node_that_others_only_listen_for_is_found_by_their_probes(tmp_
                        f"{survivor.name} to report n1 down as refusing")
         acker.finish()
         assert {b for b, _ in acker.got} == set(bodies)
-    except BaseException:
-        print(procs.logs())
-        raise
-    finally:
-        procs.stop_all()
