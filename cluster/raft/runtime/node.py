@@ -76,10 +76,8 @@ class CompactionConfig:
 @dataclass
 class NodeStats:
     ready_cycles: int = 0
-    fsyncs: int = 0
     applied_entries: int = 0
     proposals_refused: int = 0
-    fsync_seconds: float = 0.0
     compactions: int = 0
     restores: int = 0
     leader_changes: int = 0
@@ -338,7 +336,6 @@ class RaftNodeRuntime:
             turn_started = 0.0 if self.timing is None else self.timing.now_s()
             touched: set[GroupId] = set()
             if pipeline.finish_if_done(multi):
-                self._count_fsync(pipeline)
                 self._lap("turn_settle", turn_started)
             ticked = self._tick_due
             if ticked:
@@ -350,7 +347,6 @@ class RaftNodeRuntime:
                 self._lap("turn_tick", lap_started)
             if self._group_changes:
                 await pipeline.drain(multi, storage)  # storage is ours alone while groups come and go
-                self._count_fsync(pipeline)
                 await self._apply_group_changes(multi, storage)
             lap_started = self._lap_start()
             stepped, leader_learned = self._step_inbox(multi)
@@ -405,10 +401,6 @@ class RaftNodeRuntime:
 
     def _wake_up(self) -> None:
         self._wake.set()
-
-    def _count_fsync(self, pipeline: ReadyPipeline) -> None:
-        self.stats.fsyncs = pipeline.stats.fsyncs
-        self.stats.fsync_seconds = pipeline.stats.fsync_seconds
 
     def _on_durable(self, node_ready: NodeReady) -> None:
         if self.telemetry is not None:
