@@ -367,7 +367,7 @@ class Store:
                 runs.append((cls, last_vhost, last_queue, members))
             members.append(record)
         books = self.books
-        append_run = getattr(self.log, "append_run", None) or self._append_run_with_append_many
+        append_run = self.log.append_run
         for cls, vhost, queue, members in runs:
             stream = queue_stream(vhost, queue)
             book = books.get(stream)
@@ -398,11 +398,6 @@ class Store:
                 book.bytes_since_snapshot += len(payload)
                 if not live and self._queue_stream_grown(book):
                     self._compact_drained(stream, book)
-
-    def _append_run_with_append_many(self, stream: str, payloads: list[bytes]) -> int:
-        """`NodeLog.append_run` for a log without it (a test's stand-in that has `append_many` only)."""
-        offsets: list[int] = self.log.append_many([(stream, payload) for payload in payloads])
-        return offsets[0] if offsets else 0
 
     def _note_removals(self, stream: str, book: StreamBook, msg_ids: list[int], payloads: list[bytes],
                        first_offset: int) -> None:

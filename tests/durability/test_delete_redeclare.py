@@ -56,6 +56,12 @@ class RecordingLog:
             self.appended.append((stream, payload))
         return offsets
 
+    def append_run(self, stream: str, payloads: list[bytes], timestamp_ms: int = 0) -> int:
+        """NodeLog.append_run: one stream's payloads in order; the first one's offset."""
+        first = self.ends.get(stream, 0)
+        self.append_many([(stream, payload) for payload in payloads])
+        return first
+
     def write_snapshot(self, stream: str, offset: int, state: bytes) -> None:
         self.snapshots.append((len(self.appended), stream, offset, state))
 
