@@ -77,7 +77,8 @@ async def _serve(config: NodeConfig) -> None:
             log.info("data dir %s; %d records recovered", data_dir, len(records))
             from node.runtime.management_view import BrokerView
 
-            view = BrokerView(broker, node.dispatch, node_name=config.node_name, amqp_port=ports[0])
+            view = BrokerView(broker, node.dispatch, node_name=config.node_name, amqp_port=ports[0],
+                              wait_durable=store.wait_durable)
             await _start_management(nursery, view, config, management_port(config, config.port))
         nursery.cancel_scope.cancel()
 

@@ -7,8 +7,8 @@ and return RabbitMQ-shaped dicts. Changes (`add_vhost`, `add_user`, `set_permiss
 methods, take the `Persist` effects those queue and hand them to `apply_effects`, the callback the runtime gives
 (single node: `Node.dispatch`, which writes them to the store). The callback may be async; it is awaited, so a
 runtime that waits for its storage or its metadata group makes the HTTP answer wait too. When effects held a
-`Persist`, the answer also waits for `wait_durable()` (single node: `Node.wait_persisted`, taken from the bound
-`Node.dispatch` when not given): a change answered 2xx survives a kill -9. Policies
+`Persist`, the answer also waits for `wait_durable()` (single node: `Store.wait_durable`, given by main.py): a change
+answered 2xx survives a kill -9. Policies
 (`set_policy`/`clear_policy`, node/broker/policies.py) are the broker's: validated (400 with the reason), applied to
 the vhost's queues and exchanges at once, and stored with the definitions; queue rows show the `policy` that
 applies and its `effective_policy_definition`. The cluster commands answer 501 "not in a cluster": cluster
@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from node.broker import policies as pol
+from node.broker.effects import Persist
 from node.runtime.management_api import CLUSTER_COMMANDS, NOT_IN_CLUSTER, CommandError
 
 PRODUCT = "raftmq"
@@ -46,8 +47,7 @@ class BrokerView:
                  version: str = "0.1.0", wait_durable: Callable[[], Awaitable[None]] | None = None) -> None:
         self.broker = broker
         self.apply_effects = apply_effects
-        # what makes a change durable before it is answered (None: `apply_effects` does, or nothing can)
-        self.wait_durable = wait_durable or getattr(getattr(apply_effects, "__self__", None), "wait_persisted", None)
+        self.wait_durable = wait_durable  # what makes a change durable before it is answered (None: apply_effects)
         self.node_name = node_name
         self.amqp_port = amqp_port
         self.management_port = management_port
@@ -248,7 +248,7 @@ class BrokerView:
         result = self.apply_effects(effects)
         if inspect.isawaitable(result):
             await result
-        if self.wait_durable is not None and any(type(e).__name__ == "Persist" for e in effects):
+        if self.wait_durable is not None and any(type(e) is Persist for e in effects):
             await self.wait_durable()
 
 

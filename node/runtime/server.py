@@ -176,12 +176,6 @@ class Node:
                 return
             self._pump(dirty.popleft())
 
-    async def wait_persisted(self) -> None:
-        """Wait until every Persist carried out so far is durable (the management API answers after it)."""
-        wait_durable = getattr(self.store, "wait_durable", None)
-        if wait_durable is not None:
-            await wait_durable()
-
     def _mark(self, conn: Connection) -> None:
         if not conn.dirty:
             conn.dirty = True

@@ -53,7 +53,7 @@ class FakeRuntime:
 
 async def test_management_change_waits_for_durability_when_it_wrote_records() -> None:
     runtime = FakeRuntime()
-    view = BrokerView(Broker(), runtime.dispatch, node_name="n")  # wait_persisted found on dispatch's owner
+    view = BrokerView(Broker(), runtime.dispatch, node_name="n", wait_durable=runtime.wait_persisted)
     await view.run_command("add_vhost", {"name": "v"})
     assert runtime.waits == 1 and any(type(e).__name__ == "Persist" for e in runtime.applied)
     await view.run_command("set_policy", {"vhost": "v", "name": "p", "pattern": ".*",
