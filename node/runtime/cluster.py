@@ -436,6 +436,7 @@ class ClusterRuntime:
             return
         batch: list[tuple[str, str, bytes]] = []
         current = self.group_incarnations.get(group, 0)
+        timing = None if self.raft is None else self.raft.timing  # RAFTMQ_RAFT_TIMING only (timing.py)
         for entry in entries:
             if entry.kind is not EntryKind.NORMAL or not entry.data:
                 continue
@@ -450,7 +451,6 @@ class ClusterRuntime:
                 continue
             if origin == self.name:
                 pending = self.tracker.applied(proposal_id)
-                timing = getattr(self.raft, "timing", None)  # RAFTMQ_RAFT_TIMING only (timing.py)
                 if pending is not None and timing is not None:
                     timing.record("proposal_to_apply", wall_ms() - pending.first_ms)
             batch.append((key[0], key[1], data))
