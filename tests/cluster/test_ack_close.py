@@ -124,6 +124,7 @@ class LossyLog:
         self.index = 0
         self.log: list[str] = []
         self.deliveries: list[Deliver] = []
+        self.timing = None  # RaftNodeRuntime's stage timings: off, as without RAFTMQ_RAFT_TIMING
 
     def propose(self, group: GroupId, data: bytes) -> bool:
         kind = type(decode_proposal(data, _payload).command)
