@@ -226,6 +226,7 @@ class QueueState:
     # replicated mode only (node/broker/replica.py); every field below but the last two is a function of the log
     members: dict[Hashable, None] = field(default_factory=dict)  # consumer and get-holder ids known to the machine
     dead_letter_seq: int = 0  # DeadLetter effects applied so far: the sequence of their republished copies
+    had_attach: bool = False  # an Attach was applied: the replicated auto-delete rule (not the local basic.consume)
     is_leader: bool = False  # this node's replica belongs to the group's leader
     expire_proposed_ms: int | None = None  # when the leader last proposed Expire (not applied yet)
     purge_waiters: list[tuple[Any, bool]] = field(default_factory=list)  # (channel, nowait) of this node's purges

@@ -16,12 +16,13 @@ What the machine decides is the same on every replica; what is proposed in react
 the owner of an id (a stray delivery or get answer for a local id that is gone: Detach/Return; an Attach of this
 node's earlier boot: Detach) or the queue's local leader (`set_leader`): Expire for TTL, dead-letter republishing
 (publisher id `("dlx", vhost, queue)`, sequence = the queue's count of DeadLetter effects, the same on every
-replica, so a retried or repeated republish is deduplicated by the target), auto-delete, x-expires, and Detach of
+replica, so a retried or repeated republish is deduplicated by the target), auto-delete (once an Attach was
+applied and the machine has no consumer left: the local basic.consume, not yet applied, does not count), x-expires, and Detach of
 the consumers of a node reported down (those duties, the timers and the queue snapshots are in `replica_control`).
 Dead-lettering is at most once across a leader change (as RabbitMQ's default for quorum queues); with
 x-dead-letter-strategy at-least-once (and reject-publish) the machine holds the message until the leader saw every
 target accept it (`replica_control`, "at-least-once dead lettering"). Per-queue bookkeeping that is a function of the log (`members`, `dead_letter_seq`,
-`had_consumer`) travels in the queue snapshot with the replica.
+`had_attach`) travels in the queue snapshot with the replica.
 
 What goes into the log and how it is read back cheaply (the payload codec, decode-once, publish batching into
 `EnqueueMany`) is in `replica_wire`; `apply_committed` skips an entry whose proposal id the replica has seen
@@ -508,7 +509,7 @@ def _after_command(broker: Broker, queue: QueueState, command: Any) -> None:
     if kind is Attach:
         cid = command.consumer_id
         queue.members[cid] = None
-        queue.had_consumer = True
+        queue.had_attach = True
         queue.last_used_ms = max(queue.last_used_ms, command.now_ms)
         if is_stale(broker, cid):
             propose(broker, queue, Detach(cid, broker.now_ms))
@@ -548,7 +549,7 @@ def reattach(broker: Broker, queue: QueueState, consumer: Any) -> None:
 
 
 def maybe_auto_delete(broker: Broker, queue: QueueState) -> None:
-    if queue.is_leader and queue.auto_delete and queue.had_consumer and queue.machine.consumer_count == 0:
+    if queue.is_leader and queue.auto_delete and queue.had_attach and queue.machine.consumer_count == 0:
         delete_queue(broker, queue)
 
 

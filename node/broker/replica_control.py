@@ -132,7 +132,7 @@ def snapshot(broker: Broker, vhost: str, name: str) -> bytes:
         return b""
     replica = replica_of(queue).snapshot(encode_payload)
     members = [encode_id(cid) for cid in queue.members]
-    return cbor2.dumps([SNAPSHOT_VERSION, replica, queue.dead_letter_seq, queue.had_consumer, members])
+    return cbor2.dumps([SNAPSHOT_VERSION, replica, queue.dead_letter_seq, queue.had_attach, members])
 
 
 def restore(broker: Broker, vhost: str, name: str, data: bytes) -> None:
@@ -143,16 +143,16 @@ def restore(broker: Broker, vhost: str, name: str, data: bytes) -> None:
     machine: ProposingMachine = queue.machine
     if not data:
         machine.replica = ReplicatedQueue(name, queue_args(queue.arguments))
-        queue.dead_letter_seq, queue.had_consumer, queue.members = 0, False, {}
+        queue.dead_letter_seq, queue.had_attach, queue.members = 0, False, {}
     else:
         try:
-            version, replica, dead_letter_seq, had_consumer, members = cbor2.loads(data)
+            version, replica, dead_letter_seq, had_attach, members = cbor2.loads(data)
         except Exception as exc:  # cbor2 raises several types on garbage
             raise ValueError(f"bad queue snapshot: {exc!r:.200}") from exc
         if version != SNAPSHOT_VERSION or type(dead_letter_seq) is not int:
             raise ValueError("bad queue snapshot")
         machine.replica = ReplicatedQueue.restore(replica, decode_payload)
-        queue.dead_letter_seq, queue.had_consumer = dead_letter_seq, bool(had_consumer)
+        queue.dead_letter_seq, queue.had_attach = dead_letter_seq, bool(had_attach)
         queue.members = {decode_id(cid): None for cid in members}
     queue.expire_proposed_ms = None
     _prune_held_sends(queue)

@@ -237,6 +237,21 @@ def test_auto_delete_is_decided_by_the_leader_when_the_last_consumer_anywhere_le
         assert "ad" not in broker.vhosts["/"].queues
 
 
+def test_a_leader_elected_while_a_consume_is_in_flight_does_not_auto_delete_the_queue() -> None:
+    # issue 16: the local basic.consume is not an applied Attach; a new leader must not take the queue as used
+    cluster = Cluster()
+    a, b = cluster_client(cluster, "a"), cluster_client(cluster, "b")
+    a.declare("ad", auto_delete=True)
+    cluster.commit()
+    b.consume("ad", "t1")  # its Attach is proposed, not applied yet
+    cluster.set_leader(("/", "ad"), "b")
+    cluster.commit()
+    assert all("ad" in broker.vhosts["/"].queues for broker in cluster.brokers.values())
+    a.publish("", "ad", b"m1")
+    cluster.commit()
+    assert bodies(take(cluster, "b")) == [b"m1"]
+
+
 def test_a_queue_deleted_on_another_node_cancels_local_consumers() -> None:
     cluster, a, b, _c = _setup()
     b.consume("q", "tb")
