@@ -87,7 +87,7 @@ class QueueRecord:
     members: tuple[str, ...] = ()
     # Which declaration this is (chosen by the declaring command; 0 = recorded before incarnations existed): a
     # queue deleted and declared again under its name is a new incarnation, and a node holding the Raft group of
-    # an older one deletes that local state before it joins the group again (node/runtime/cluster.py).
+    # an older one deletes that local state before it joins the group again (node/runtime/cluster/runtime.py).
     incarnation: int = 0
 
 

@@ -115,7 +115,7 @@ async def _serve_cluster(config: NodeConfig) -> None:
 
     import trio
 
-    from node.runtime.cluster import ClusterRuntime, bootstrap_records
+    from node.runtime.cluster.runtime import ClusterRuntime, bootstrap_records
     from node.runtime.config import cluster_layout
     from node.runtime.probes import ResourceProbe
     from node.runtime.server import Node, run_node
@@ -137,7 +137,7 @@ async def _serve_cluster(config: NodeConfig) -> None:
             print(f"raftmq node {config.node_name} listening on port {ports[0]}", file=sys.stderr, flush=True)
             log.info("cluster node %s (boot %d); data dir %s; %d queues", config.node_name, boot_id, data_dir,
                      len(cluster.group_queues))
-            from node.runtime.cluster_view import ClusterView
+            from node.runtime.cluster.view import ClusterView
 
             view = ClusterView(cluster, node_name=config.node_name, amqp_port=ports[0],
                                cluster_name=",".join(layout.names))

@@ -6,7 +6,7 @@ while no leader is known and the runtime used to route fresh commands before the
 the leader becomes known (fixed: `test_the_raft_runtime_routes_held_commands_before_fresh_ones`), and a forward can be lost with
 its connection while the next one gets through; the runtime's retry then puts the lost `Settle` into the log after
 the `Detach`, whose effect (the consumer's unacked messages return, redelivered) has already handed the acked
-message to another consumer. The fix (node/runtime/cluster_tracking.py): a `Detach` is a barrier, proposed only
+message to another consumer. The fix (node/clustering/proposals.py): a `Detach` is a barrier, proposed only
 once every earlier proposal of its queue was applied (or given up).
 """
 
@@ -35,8 +35,8 @@ from cluster.raft.core.types import Entry, GroupId, Index, NodeId, Role, Term
 from cluster.raft.runtime.codec import Command, Forward
 from cluster.raft.runtime.node import RaftNodeRuntime
 from node.broker.effects import ProposeQueue
-from node.runtime.cluster import ClusterRuntime
-from node.runtime.cluster_tracking import Pending, ProposalTracker
+from node.clustering.proposals import Pending, ProposalTracker
+from node.runtime.cluster.runtime import ClusterRuntime
 from node.runtime.config import NodeConfig, cluster_layout
 
 SECRET = "0123456789abcdef-secret"

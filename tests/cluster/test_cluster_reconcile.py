@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cluster.raft.core.types import ConfChange, ConfOp, Membership, NodeId
-from node.runtime.cluster_reconcile import LEADER_RECORD_INTERVAL_MS, Transfer, leader_to_record, next_step
+from node.clustering.reconcile import LEADER_RECORD_INTERVAL_MS, Transfer, leader_to_record, next_step
 
 NODES = ("n1", "n2", "n3", "n4")
 

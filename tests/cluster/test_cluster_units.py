@@ -8,13 +8,13 @@ import pytest
 
 from cluster.metadata import model as md
 from node.broker import records as br
-from node.runtime.cluster_defs import (
+from node.clustering.definitions import (
     client_local_placement,
     commands_for,
     mirror_records,
     missing_bootstrap,
 )
-from node.runtime.cluster_tracking import PeerLiveness, Pending, ProposalTracker
+from node.clustering.proposals import PeerLiveness, Pending, ProposalTracker
 from node.runtime.config import ConfigError, NodeConfig, cluster_layout, validate
 
 SECRET = "0123456789abcdef-secret"

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from cluster.metadata import model as md
-from node.runtime.cluster_view import ClusterView
+from node.runtime.cluster.view import ClusterView
 from node.runtime.management_api import CommandError
 
 NODES = ("n1", "n2", "n3", "n4")

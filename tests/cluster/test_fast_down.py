@@ -24,7 +24,7 @@ from pathlib import Path
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
-from node.runtime.cluster_tracking import PeerLiveness
+from node.clustering.proposals import PeerLiveness
 from tests.cluster.cluster_proc import ClusterNode, ClusterProcs, ready_count, supervised, wait_until
 
 QUORUM = {"x-queue-type": "quorum"}

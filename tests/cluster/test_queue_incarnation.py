@@ -2,7 +2,7 @@
 
 Every quorum queue is the Raft group `q/<vhost>/<name>`, so a redeclared queue reuses its group id. A node that was
 down while the queue was deleted and declared again still holds the old queue's log under that id. The fix
-(node/runtime/cluster.py, cluster_incarnations.py, cluster_tracking.py): each declaration has an incarnation
+(node/runtime/cluster/runtime.py, cluster_incarnations.py, cluster_tracking.py): each declaration has an incarnation
 (`QueueRecord.incarnation`), each node records the incarnation of the groups it hosts, deletes a stale group's local
 state before Raft starts, and every entry/snapshot carries the incarnation, so a replica skips those of another one.
 Unit tests first, then three real `raftmq node` processes.
@@ -28,9 +28,7 @@ from cluster.queue import MsgId, Proposal, Settle, encode_proposal, parse_queue_
 from cluster.raft.core.types import Entry, GroupId, Index, Membership, Term
 from node.broker import records as br
 from node.broker.effects import ProposeQueue
-from node.runtime.cluster import ClusterRuntime
-from node.runtime.cluster_incarnations import (
-    IncarnationFile,
+from node.clustering.incarnations import (
     QueueGroups,
     deleted_queues,
     queue_key,
@@ -39,7 +37,9 @@ from node.runtime.cluster_incarnations import (
     without_queue_deletions,
     without_queues,
 )
-from node.runtime.cluster_tracking import frame, incarnation_of_cid, stale_groups, unframe
+from node.clustering.proposals import frame, incarnation_of_cid, stale_groups, unframe
+from node.runtime.cluster.incarnation_file import IncarnationFile
+from node.runtime.cluster.runtime import ClusterRuntime
 from node.runtime.config import NodeConfig, cluster_layout
 from tests.cluster.cluster_proc import (
     ClusterProcs,

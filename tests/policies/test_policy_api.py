@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from cluster.metadata import model as md
 from node.broker.records import PolicyRecord
-from node.runtime import cluster_defs
-from node.runtime.cluster_view import ClusterView
+from node.clustering import definitions as cluster_defs
+from node.runtime.cluster.view import ClusterView
 from node.runtime.management_api import CommandError
 from tests.broker.harness import connected
 from tests.cluster.test_cluster_view_commands import FakeCluster

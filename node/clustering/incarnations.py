@@ -10,9 +10,9 @@ disturb the new group; it removes the old group when its metadata shows the chan
 
 `QueueGroups` maps group -> (vhost, name) and back from the queue's key (`queue_key`: the incarnation-less id, which
 the proposal tracker and the leader log line use, as they follow the queue across incarnations). Each node records,
-in `<data_dir>/queue-incarnations.json`, the groups it hosts (`IncarnationFile`, written before a group is added,
-atomically); at start a recorded group the metadata does not have has its local state (stream) deleted before Raft
-runs (node/runtime/cluster.py), which also frees the old groups of a node that was down. While running, `redeclared`
+in `<data_dir>/queue-incarnations.json`, the groups it hosts (`node/runtime/cluster/incarnation_file.py`, written
+before a group is added, atomically); at start a recorded group the metadata does not have has its local state (stream) deleted before Raft
+runs (node/runtime/cluster/runtime.py), which also frees the old groups of a node that was down. While running, `redeclared`
 finds queues whose incarnation changed in one metadata step (deleted and declared again before this node looked)
 and `without_queues` is the state between the two, so the broker drops the old queue before the new one is
 mirrored.
@@ -29,21 +29,13 @@ metadata settled it, and drops a mirrored deletion of a queue this node still ha
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
-import os
-import pathlib
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
 
 from cluster.metadata import model as md
 from cluster.queue.replicated_codec import queue_group_id
 from cluster.raft.core.types import GroupId
 from node.broker import records as br
-
-log = logging.getLogger("raftmq.cluster")
-
-INCARNATIONS_FILE = "queue-incarnations.json"
 
 
 def queue_key(vhost: str, name: str) -> str:
@@ -92,39 +84,6 @@ class QueueGroups(MutableMapping[GroupId, tuple[str, str]]):
     def group_of(self, key: str) -> GroupId | None:
         """The group hosted for the queue with that `queue_key` (None: none, e.g. declared here, not yet mirrored)."""
         return self._groups.get(key)
-
-
-class IncarnationFile:
-    """group -> incarnation of the queue groups this node hosts, in one small JSON file."""
-
-    def __init__(self, data_dir: pathlib.Path) -> None:
-        self.path = pathlib.Path(data_dir) / INCARNATIONS_FILE
-
-    def load(self) -> dict[str, int]:
-        """What was recorded; {} when there is no file (or it is unreadable: then no group counts as stale)."""
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError):
-            log.exception("cluster: %s unreadable; no queue group is treated as stale", self.path)
-            return {}
-        if not isinstance(data, dict):
-            return {}
-        return {str(group): int(incarnation) for group, incarnation in data.items()}
-
-    def save(self, incarnations: Mapping[str, int]) -> None:
-        """Replace the file atomically (temp file, fsync, rename); an error is logged, not raised."""
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w") as out:
-                json.dump(dict(incarnations), out, sort_keys=True)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self.path)
-        except OSError:
-            log.exception("cluster: cannot write %s", self.path)
 
 
 def redeclared(old: md.MetadataState, new: md.MetadataState) -> set[tuple[str, str]]:

@@ -30,8 +30,8 @@ from cluster.metadata import placement
 from cluster.raft.core.types import NodeId
 from node.broker import policies as pol
 from node.broker.effects import Persist
-from node.runtime import cluster_members as members
-from node.runtime.cluster_incarnations import queue_key
+from node.clustering.incarnations import queue_key
+from node.runtime.cluster import members
 from node.runtime.management_api import CLUSTER_COMMANDS, CommandError
 from node.runtime.management_view import BrokerView
 

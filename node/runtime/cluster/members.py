@@ -38,7 +38,7 @@ from cluster.metadata import placement
 from cluster.metadata.secret import ClusterSecretError
 from cluster.metadata.store import JoinRefused, MetadataError, MetadataStore, MetadataTimeout
 from cluster.raft.core.types import NodeId
-from node.runtime.cluster_defs import client_local_placement
+from node.clustering.definitions import client_local_placement
 from node.runtime.config import ClusterLayout, ClusterMember
 
 log = logging.getLogger("raftmq.cluster")

@@ -52,15 +52,14 @@ from cluster.raft.runtime.node import RaftNodeRuntime
 from cluster.raft.runtime.ready_pipeline import QUEUED_READIES_MAX
 from node.broker import records as br
 from node.broker.auth import hash_password
-from node.runtime.cluster_defs import (
+from node.clustering.definitions import (
     broker_record,
     client_local_placement,
     commands_for,
     mirror_records,
     missing_bootstrap,
 )
-from node.runtime.cluster_incarnations import (
-    IncarnationFile,
+from node.clustering.incarnations import (
     QueueGroups,
     deleted_queues,
     group_of_record,
@@ -70,9 +69,7 @@ from node.runtime.cluster_incarnations import (
     without_queue_deletions,
     without_queues,
 )
-from node.runtime.cluster_members import adopt_metadata_layout, replace_member, watch_membership
-from node.runtime.cluster_reconcile import RECONCILE_POLL_S, Transfer, leader_to_record, next_step
-from node.runtime.cluster_tracking import (
+from node.clustering.proposals import (
     PROPOSAL_IDS_PER_BOOT,
     PeerLiveness,
     Pending,
@@ -82,6 +79,9 @@ from node.runtime.cluster_tracking import (
     stale_groups,
     unframe,
 )
+from node.clustering.reconcile import RECONCILE_POLL_S, Transfer, leader_to_record, next_step
+from node.runtime.cluster.incarnation_file import IncarnationFile
+from node.runtime.cluster.members import adopt_metadata_layout, replace_member, watch_membership
 from node.runtime.config import ClusterLayout, NodeConfig
 
 log = logging.getLogger("raftmq.cluster")

@@ -1,0 +1,4 @@
+"""The trio half of cluster mode: `ClusterRuntime` (runtime.py) glues the metadata store, the queue Raft groups and
+the broker; members.py joins, leaves and replaces members; view.py answers the management API for the cluster;
+incarnation_file.py records the queue groups this node hosts. The decisions they act on are pure and live in
+node/clustering."""
