@@ -14,7 +14,7 @@ What it is for:
   `member_replace_after_ms`, the metadata leader asks `cluster.metadata.placement.replacement_plan` which up node
   replaces it (one member per queue at a time, and only while the queue still has a live majority, so the change
   can commit), and records the new member list (`SetQueueMembers`). The Raft side follows like every other member
-  change (`cluster_reconcile`: the new node is promoted once caught up, then the old one removed, kept a learner).
+  change (`node.clustering.reconcile`: the new node is promoted once caught up, then the old one removed, kept a learner).
 
 How it works: the runtime object is duck-typed (`ClusterRuntime`); `_add_raft_peer` / `_remove_raft_peer` use the
 Raft transport's `add_peer` / `remove_peer` and run its dial loop (`dial_forever`) for a peer this node dials

@@ -14,12 +14,12 @@ cluster metadata. `ClusterRuntime` is the glue (docs/cluster.md, "node/runtime, 
   and `on_persist_failed(token, code, text)` closes the client's channel with an error instead of the ok.
   `ClusterRuntime` is the `Node`'s store: it has `persist`, `commit_loop` and `flush`.
 - Queues (`cluster.raft.runtime.RaftNodeRuntime`, under <data_dir>/raft): one group per queue declaration (its
-  incarnation is in the group id, `cluster_incarnations.py`), voters = the queue's members, every other cluster
+  incarnation is in the group id, `node/clustering/incarnations.py`), voters = the queue's members, every other cluster
   node a learner; added after the broker has the queue's definition and
   removed after it lost it. Committed entries go to `Broker.apply_committed`; leader changes to
   `Broker.set_queue_leader`; snapshots to `queue_snapshot`/`queue_restore`.
 - Proposals: a `ProposeQueue` becomes `Broker.encode_proposal(node, id, ...)` proposed through Raft and tracked
-  (`cluster_tracking.ProposalTracker`) until this node's replica applied it; a group's proposals are sent again
+  (`node.clustering.proposals.ProposalTracker`) until this node's replica applied it; a group's proposals are sent again
   every `RETRY_MS` and at once when its leader changes; after `proposal_timeout_ms` the broker is told
   (`proposal_abandoned`: a waiting publish is nacked).
 - Liveness: a peer without a Raft connection for `node_down_after_ms`, or at once one that refuses connections
@@ -132,7 +132,7 @@ class ClusterRuntime:
         self._deferred_groups: set[GroupId] = set()  # stale here at start: added once their old state is deleted
         self._raft_running = False
         # group -> first proposal id after a local client deleted its queue: until the metadata settled that
-        # deletion, the group takes no proposal and feeds no entry to the broker (cluster_incarnations.py)
+        # deletion, the group takes no proposal and feeds no entry to the broker (node/clustering/incarnations.py)
         self._quarantined: dict[GroupId, int] = {}
         self.tracker = ProposalTracker(first_id=boot_id * PROPOSAL_IDS_PER_BOOT, retry_ms=RETRY_MS,
                                        timeout_ms=config.proposal_timeout_ms)
@@ -172,7 +172,7 @@ class ClusterRuntime:
             peers=tuple(f"{p.host}:{p.metadata_port}" for p in self.layout.peers),
             secret=self.layout.secret, data_dir=self.data_dir / "metadata"))
         await store.start()
-        adopt_metadata_layout(self)  # the metadata's members, before any group is declared (cluster_members.py)
+        adopt_metadata_layout(self)  # the metadata's members, before any group is declared (members.py)
         for rec in missing_bootstrap(list(bootstrap), store.state):
             for command in commands_for([rec], store.state, self.place):
                 await self.apply_definition(command)
@@ -197,7 +197,7 @@ class ClusterRuntime:
                 nursery.start_soon(self._retry_timer)
                 nursery.start_soon(self._liveness_watch)
                 nursery.start_soon(self._reconcile_groups)
-                nursery.start_soon(watch_membership, self)  # online membership (cluster_members.py)
+                nursery.start_soon(watch_membership, self)  # online membership (members.py)
                 task_status.started()
         finally:
             self.close()
@@ -574,7 +574,7 @@ class ClusterRuntime:
 
     async def _reconcile_groups(self) -> None:
         """Every RECONCILE_POLL_S: for each queue group this node leads, one Raft membership step towards the
-        metadata's members, and the metadata's leader brought in step with the Raft leader (`cluster_reconcile`)."""
+        metadata's members, and the metadata's leader brought in step with the Raft leader (`node.clustering.reconcile`)."""
         while True:
             await trio.sleep(RECONCILE_POLL_S)
             try:

@@ -13,9 +13,9 @@ user, vhost or permission change until the next restart mirrors the metadata: no
 the metadata, mirrored into every broker, whose queues' Raft leaders then propose `SetArgs`) and `rebalance`
 (`cluster.metadata.placement.rebalance_plan`: `SetQueueLeader`, then a leadership transfer of the queue's group).
 Membership: `add_member`, `delete_member`, `grow`, `shrink` change the queue's metadata members (the queue
-group's Raft leader then changes the Raft membership to match, `cluster_reconcile`); `forget_cluster_node` moves a
+group's Raft leader then changes the Raft membership to match, `node.clustering.reconcile`); `forget_cluster_node` moves a
 down node's memberships away and removes it from the metadata and its group; `join_cluster {node}` (run on the
-joining node) and `leave_cluster` change the cluster's members online (`cluster_members`; docs/cluster.md,
+joining node) and `leave_cluster` change the cluster's members online (`members.py`; docs/cluster.md,
 "Metadata membership").
 """
 
@@ -198,7 +198,7 @@ class ClusterView(BrokerView):
         """Forget a node that is down: its queue memberships move to other up nodes
         (`placement.evacuation_plan`), `RemoveNode(force)` drops what could not move (a queue whose only member
         it was is deleted, as `rabbitmqctl forget_cluster_node`), then it leaves the metadata group
-        (`cluster_members.forget`)."""
+        (`members.forget`)."""
         node = args["node"]
         cluster = self.cluster
         if node == cluster.name:
