@@ -1,6 +1,6 @@
 """Benchmark of cluster.log: record encoding, append+fsync throughput, group commit, recovery time.
 
-Run: ``.venv/bin/python benchmarks/log_storage.py [--directory DIR] [--recovery-records 1000000]``.
+Run: ``.venv/bin/python -m bench.micro.log_storage [--directory DIR] [--recovery-records 1000000]``.
 Measures, with fsync on (the directory's file system decides what an fsync costs):
 - struct vs cbor2 for encoding/decoding a record header (why format.py uses struct);
 - appends/s and MB/s for 1 stream, one fsync per append and per batch;
@@ -24,8 +24,6 @@ import zlib
 from collections.abc import Callable
 
 import cbor2
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from cluster.log import LogConfig, NodeLog
 

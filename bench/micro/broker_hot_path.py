@@ -3,7 +3,7 @@
 Drives `Broker.handle` with node.amqp events (no sockets, no codec) and prints messages per second for a few
 shapes: publish only into a queue, publish with a consumer and per-message acks (prefetch 100), the same with
 publisher confirms, a topic exchange with 100 bindings, and persistent messages to a durable queue with confirms
-released by `on_persisted`. Usage: python benchmarks/broker_hot_path.py [n_messages]
+released by `on_persisted`. Usage: .venv/bin/python -m bench.micro.broker_hot_path [n_messages]
 
 Times are CPU seconds of this process (`time.process_time`), not wall-clock: the shared 2-core machine is loaded,
 and wall time then measures the other tenants more than the broker.

@@ -1,7 +1,7 @@
 """Committed entries per second, fsync on, for G groups of 3 replicas: 3 processes on loopback.
 
-    python benchmarks/raft_throughput.py --groups 1 --seconds 10
-    python benchmarks/raft_throughput.py --groups 1000 --seconds 20
+    .venv/bin/python -m bench.micro.raft_throughput --groups 1 --seconds 10
+    .venv/bin/python -m bench.micro.raft_throughput --groups 1000 --seconds 20
 
 The parent picks three ports and starts three children (`--child n1` ...), each a RaftNodeRuntime over a NodeLog
 in a temporary directory (group commit: one fsync per Ready cycle for every group). Every node keeps up to
@@ -41,7 +41,7 @@ def _free_ports(count: int) -> list[int]:
     return ports
 
 
-async def _child(args: argparse.Namespace) -> dict[str, float]:
+async def _child(args: argparse.Namespace) -> dict[str, object]:
     node = NodeId(args.child)
     ports = dict(zip(NODES, (int(p) for p in args.ports.split(",")), strict=True))
     groups = [GroupId(f"%2F/q{i}") for i in range(args.groups)]

@@ -10,7 +10,7 @@ and without it (one shared QueuedMessage: the machine's own share), for plain, T
 
 Timing is CPU time of this process (time.process_time), so a busy machine distorts it less than wall time.
 
-Run: .venv/bin/python benchmarks/queue_machine.py [--messages 200000] [--memory-messages 1000000]
+Run: .venv/bin/python -m bench.micro.queue_machine [--messages 200000] [--memory-messages 1000000]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Benchmark of the replication-lag job: telemetry records per second, and how it scales with partitions.
 
-Run: ``.venv/bin/python benchmarks/spark_lag.py [--records 10000000] [--partitions 2,4,8,16] [--master local[*]]
+Run: ``.venv/bin/python -m bench.micro.spark_lag [--records 10000000] [--partitions 2,4,8,16] [--master local[*]]
 [--work-dir /tmp/raftmq-spark-bench] [--driver-memory 4g]``.
 
 1. Generates `--records` telemetry records (spark_analytics.generate, one process per core) unless the work dir

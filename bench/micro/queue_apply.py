@@ -13,7 +13,7 @@ attached before the first round). Two levels, each printing CPU microseconds per
   when committed (the kept object: no decoding), confirms released.
 The collector runs as in a serving node (young threshold 50,000). Timing is CPU time of this process (time.process_time), so a busy machine distorts it less than wall time.
 
-Run from the repository root: .venv/bin/python benchmarks/queue_apply.py [--rounds 400] [--profile]
+Run from the repository root: .venv/bin/python -m bench.micro.queue_apply [--rounds 400] [--profile]
 """
 
 from __future__ import annotations
@@ -22,12 +22,8 @@ import argparse
 import cProfile
 import gc
 import pstats
-import sys
 import time
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cluster.queue import (
     Attach,
@@ -38,6 +34,7 @@ from cluster.queue import (
     Settle,
     decode_proposal,
 )
+from cluster.queue.types import MsgId
 from node.amqp.properties import BasicProperties
 from node.broker import replica_wire
 from node.broker.channel import Message
@@ -79,7 +76,7 @@ class Rounds:
     def settle(self) -> bytes:
         ids = list(range(self.next_msg_id, self.next_msg_id + BATCH))
         self.next_msg_id += BATCH
-        return self._encode(Settle(CONSUMER, ids))
+        return self._encode(Settle(CONSUMER, [MsgId(i) for i in ids]))
 
     def entries(self, rounds: int) -> list[tuple[bytes, bytes]]:
         out = [(self.enqueue_many(round_index), self.settle()) for round_index in range(rounds)]
@@ -120,7 +117,7 @@ def bench_classic(rounds: int) -> float:
         first = round_index * BATCH + 1
         for _ in range(BATCH):
             apply(Enqueue(message, round_index))
-        apply(Settle(CONSUMER, list(range(first, first + BATCH))))
+        apply(Settle(CONSUMER, [MsgId(i) for i in range(first, first + BATCH)]))
     elapsed = time.process_time() - started
     assert queue.unacked_count == 0 and queue.ready_count == 0
     return elapsed * 1e6 / (rounds * BATCH)

@@ -1,6 +1,6 @@
 """Micro-benchmark of the AMQP hot path (not a test): publish decode, deliver encode, acks, full receive path.
 
-Run: .venv/bin/python benchmarks/amqp_codec.py [seconds_per_case]
+Run: .venv/bin/python -m bench.micro.amqp_codec [seconds_per_case]
 Prints operations per second for each case. Single-threaded, pure Python; numbers depend on the machine.
 """
 
