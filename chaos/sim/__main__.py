@@ -1,11 +1,13 @@
 """`python -m chaos.sim --seed N [--chaos-ticks T] [--groups G] [--nodes K] [--quiet]`: replay one run exactly,
-printing one line per event, then the verdict. `python -m chaos.sim --sweep START COUNT` runs many seeds."""
+printing one line per event, then the verdict. `python -m chaos.sim --sweep START COUNT` runs many seeds.
+`--queue` runs the replicated queue (queue_sim.py: the queue machine, clients, proposal tracking) on the group."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from chaos.sim.queue_sim import run_queue_seed
 from chaos.sim.simulator import SimConfig, run_seed
 from chaos.sim.sweep import sweep
 
@@ -19,17 +21,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-quiesce", action="store_true")
     parser.add_argument("--membership", action="store_true", help="random single-server membership changes")
     parser.add_argument("--quiet", action="store_true", help="no trace, only the verdict")
+    parser.add_argument("--queue", action="store_true", help="the group replicates a queue with clients on every node")
     parser.add_argument("--sweep", nargs=2, type=int, metavar=("START", "COUNT"))
     args = parser.parse_args(argv)
     if args.sweep:
         start, count = args.sweep
         failures = sweep(range(start, start + count), groups=args.groups, chaos_ticks=args.chaos_ticks,
-                         membership=args.membership, progress=lambda line: print(line, flush=True))
+                         membership=args.membership, progress=lambda line: print(line, flush=True),
+                         queue=args.queue)
         print(f"{count} seeds, {len(failures)} failing: {[result.seed for result in failures]}")
         return 1 if failures else 0
     config = SimConfig(seed=args.seed, groups=args.groups, nodes=args.nodes, chaos_ticks=args.chaos_ticks,
                        quiesce=not args.no_quiesce, trace=not args.quiet, membership=args.membership)
-    result = run_seed(config)
+    result = run_queue_seed(config) if args.queue else run_seed(config)
     for line in result.trace:
         print(line)
     print(f"seed={result.seed} ok={result.ok} ticks={result.ticks} profile={result.profile}")

@@ -27,6 +27,7 @@ from cluster.raft.core.types import (
     AppendResp,
     ConfChange,
     ConfOp,
+    Entry,
     GroupId,
     Index,
     Membership,
@@ -316,14 +317,31 @@ class Simulation:
         checker = self.checkers[group]
         state = node.applied[group]
         if ready.snapshot is not None:
-            state = AppliedState.decode(ready.snapshot.data)
+            state = self._restore_applied(node, group, ready.snapshot.data)
             assert state.index == ready.snapshot.index
             checker.on_restore(node.id, state)
         for entry in ready.committed_entries:
             state = checker.on_apply(node.id, state, entry)
             if entry.data == self._marker(group):
                 self._marker_index.setdefault(group, entry.index)
+            else:
+                self._on_applied(node, group, entry)
         node.applied[group] = state
+        self._after_apply(node, group, state)
+
+    # --- what the groups replicate (a subclass puts a real state machine here: chaos/sim/queue_sim.py) -------
+    def _restore_applied(self, node: SimNode, group: GroupId, data: bytes) -> AppliedState:
+        """The applied state a snapshot's data restores (the data `_snapshot_data` wrote)."""
+        return AppliedState.decode(data)
+
+    def _snapshot_data(self, node: SimNode, group: GroupId) -> bytes:
+        return node.applied[group].encode()
+
+    def _on_applied(self, node: SimNode, group: GroupId, entry: Entry) -> None:
+        """One committed entry applied by `node` (markers excluded)."""
+
+    def _after_apply(self, node: SimNode, group: GroupId, state: AppliedState) -> None:
+        """`node` applied a Ready's committed entries of `group`, up to `state.index`."""
 
     def _maybe_compact(self, node: SimNode) -> None:
         every = self.profile.compact_every
@@ -332,7 +350,7 @@ class Simulation:
         for group, core in node.mr.groups.items():
             if core.log.applied - core.log.snapshot.index >= every:
                 assert node.applied[group].index == core.log.applied
-                snapshot = core.compact(node.applied[group].encode())
+                snapshot = core.compact(self._snapshot_data(node, group))
                 node.disk.write_compaction(group, snapshot)
 
     def _check(self, node: SimNode) -> None:
@@ -348,7 +366,7 @@ class Simulation:
             persisted = None if fresh else states[group]
             membership = self.memberships[group] if fresh else None
             node.mr.add_group(group, membership, persisted, self.config.broken)
-            node.applied[group] = AppliedState.decode(states[group].snapshot.data)
+            node.applied[group] = self._restore_applied(node, group, states[group].snapshot.data)
             self.checkers[group].on_restore(node.id, node.applied[group])
             self.checkers[group].forget_node_progress(node.id)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from chaos.sim.queue_sim import run_queue_seed
 from chaos.sim.simulator import SimConfig, SimResult, run_seed
 from cluster.raft.core.raft import BrokenVariant
 
@@ -16,11 +17,14 @@ def sweep(
     stop_at_first: bool = False,
     progress: Callable[[str], None] | None = None,
     membership: bool = False,
+    queue: bool = False,
 ) -> list[SimResult]:
+    """`queue`: the group replicates a queue (queue_sim.py) instead of opaque entries."""
     failures: list[SimResult] = []
+    run = run_queue_seed if queue else run_seed
     for seed in seeds:
-        result = run_seed(SimConfig(seed=seed, groups=groups, chaos_ticks=chaos_ticks, broken=broken,
-                                    membership=membership))
+        result = run(SimConfig(seed=seed, groups=groups, chaos_ticks=chaos_ticks, broken=broken,
+                               membership=membership))
         if not result.ok:
             failures.append(result)
             if progress:
