@@ -233,6 +233,27 @@ def _workdir(keep: str | None) -> Iterator[Path]:
             yield Path(tmp)
 
 
+class FailoverError(Exception):
+    """A failover run could not be made (a node did not start, no leader, the publisher failed)."""
+
+
+def run_failover(runs: int, workdir: str | None = None) -> list[RunResult]:
+    """`runs` kills, each on a fresh cluster, printing one line per run; `FailoverError` naming the failed run.
+    Also what `raftmq bench --report issue16` calls."""
+    results: list[RunResult] = []
+    with _workdir(workdir) as root:
+        for i in range(runs):
+            try:
+                result = _one_run(root / f"run{i + 1}")
+            except (RuntimeError, pika.exceptions.AMQPError, OSError) as exc:
+                raise FailoverError(f"run {i + 1}: {exc}") from exc
+            results.append(result)
+            print(f"run {i + 1}: killed {result.killed} (publisher on {result.publisher_node}): first confirm "
+                  f"after {result.first_confirm_ms:.0f} ms, longest confirm gap {result.longest_gap_ms:.0f} ms,"
+                  f" {result.nacks} nacks", flush=True)
+    return results
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="raftmq bench failover",
                                      description="kill -9 of a quorum queue's leader: time to the next confirm")
@@ -240,18 +261,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workdir", help="keep the nodes' data and logs here (default: a temporary directory)")
     parser.add_argument("--json", help="write the results to this file")
     args = parser.parse_args(argv)
-    results: list[RunResult] = []
-    with _workdir(args.workdir) as root:
-        for i in range(args.runs):
-            try:
-                result = _one_run(root / f"run{i + 1}")
-            except (RuntimeError, pika.exceptions.AMQPError, OSError) as exc:
-                print(f"raftmq bench failover: run {i + 1}: {exc}", file=sys.stderr)
-                return 1
-            results.append(result)
-            print(f"run {i + 1}: killed {result.killed} (publisher on {result.publisher_node}): first confirm "
-                  f"after {result.first_confirm_ms:.0f} ms, longest confirm gap {result.longest_gap_ms:.0f} ms,"
-                  f" {result.nacks} nacks", flush=True)
+    try:
+        results = run_failover(args.runs, args.workdir)
+    except FailoverError as exc:
+        print(f"raftmq bench failover: {exc}", file=sys.stderr)
+        return 1
     firsts = [r.first_confirm_ms for r in results]
     gaps = [r.longest_gap_ms for r in results]
     print(f"first confirm after kill: median {statistics.median(firsts):.0f} ms, max {max(firsts):.0f} ms; "

@@ -10,6 +10,7 @@ and delivered, and that the CLI writes its results.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -57,13 +58,32 @@ def test_cli_measures_a_target_and_writes_json_and_png(raftmq_endpoint: Endpoint
     status = cli.main(argv)
     [json_path] = tmp_path.glob("bench-*.json")
     data = json.loads(json_path.read_text())
-    [measurement] = data["measurements"]
+    # (a) first times the first message on new queues ("a/new-q", --new-queue-trials, 5 by default), then flows.
+    new_queue, measurement = data["measurements"]
     if measurement["error"] and "setup" in measurement["error"]:
         pytest.skip(f"raftmq node cannot serve workload (a) yet: {measurement['error']}")
     assert status == 0
     assert (measurement["broker"], measurement["label"]) == ("raftmq", "a")
     assert measurement["confirmed_msgs"] > 0
+    assert measurement["confirm_p99_ms"] is not None
+    assert (new_queue["label"], new_queue["kind"], new_queue["error"]) == ("a/new-q", "new-queue", None)
+    assert new_queue["latency_samples"] == 5
     assert json_path.with_suffix(".png").exists()
+
+
+def test_new_queue_trials_and_fixed_rates_of_a(raftmq_endpoint: Endpoint) -> None:
+    """(a) with new-queue trials and a fixed rate: every trial gets its confirm and delivery, the paced run has
+    end-to-end and confirm latency and deliveries."""
+    settings = dataclasses.replace(SHORT, rates_for=("a",), latency_rates_msgs_per_s=(500,), new_queue_trials=3)
+    found = run_workload("a", "raftmq", raftmq_endpoint, settings)
+    assert [m.label for m in found] == ["a/new-q", "a", "a@500/s"]
+    new_queue, _, paced = found
+    assert new_queue.error is None and new_queue.is_new_queue
+    assert new_queue.latency_samples == 3
+    assert None not in (new_queue.declare_ok_p50_ms, new_queue.confirm_p99_ms, new_queue.latency_p99_ms)
+    assert_messages_went_through(paced)
+    assert paced.target_rate_msgs_per_s == 500.0
+    assert paced.confirm_p50_ms is not None
 
 
 def test_workload_b_runs_on_a_3_node_raftmq_cluster_with_clients_on_two_followers() -> None:
