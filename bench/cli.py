@@ -80,8 +80,11 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="raftmq bench", description="Benchmark raftmq side by side with RabbitMQ.",
-                                     epilog="Also: " + ", ".join(f"raftmq bench {name} --help" for name in SUBCOMMANDS))
+    parser = argparse.ArgumentParser(
+        prog="raftmq bench", description="Benchmark raftmq side by side with RabbitMQ.",
+        epilog="Issue 16's closing table in one command: raftmq bench --report issue16 (10 s per figure; add"
+        " --rounds 3 for ABBA rounds and medians when other jobs share the machine). Also: "
+        + ", ".join(f"raftmq bench {name} --help" for name in SUBCOMMANDS))
     parser.add_argument("--workloads", default=None,
                         help="comma-separated subset of a,b,c,d,e (default: all; with --report issue16: a,b)")
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per workload (and per rate)")
@@ -114,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                         " trials and --failover-runs kills, and print issue 16's closing table (Markdown, also"
                         " written next to the JSON); with --history: that table of the last run in --output")
     parser.add_argument("--failover-runs", type=int, default=None,
-                        help="with --report issue16: `raftmq bench failover` runs to make (default 3; 0: skip)")
+                        help="with --report issue16: `raftmq bench failover` runs to make, raftmq only (default 3;"
+                        " 0: skip)")
     parser.add_argument("--window", type=int, default=None,
                         help="unconfirmed messages per publisher in (a)/(b) (default: " +
                         ", ".join(f"{window} for ({name})" for name, window in DEFAULT_CONFIRM_WINDOWS.items()) + ")")

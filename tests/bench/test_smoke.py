@@ -100,6 +100,23 @@ def test_workload_b_runs_on_a_3_node_raftmq_cluster_with_clients_on_two_follower
     assert "(follower), consumer on" in measurement.note and "3 replicas" in measurement.note
 
 
+def test_new_quorum_queues_and_a_fixed_rate_on_a_3_node_raftmq_cluster() -> None:
+    """(b)'s new-queue trials (round-robin over the nodes) and (b) at a fixed rate on a real 3-node cluster."""
+    settings = dataclasses.replace(SHORT, rates_for=("b",), latency_rates_msgs_per_s=(300,), new_queue_trials=3)
+    with contextlib.ExitStack() as stack:
+        try:
+            cluster = stack.enter_context(raftmq_cluster(3))
+        except BrokerStartError as error:
+            pytest.skip(f"raftmq cluster cannot start: {error}")
+        found = run_quorum_workload("raftmq", cluster, settings, labels=())
+    assert [m.label for m in found] == ["b/new-q", "b@300/s"]
+    new_queue, paced = found
+    assert new_queue.error is None and new_queue.latency_samples == 3
+    assert new_queue.note is not None and "rmq1, rmq2, rmq3" in new_queue.note
+    assert_messages_went_through(paced)
+    assert paced.target_rate_msgs_per_s == 300.0
+
+
 @pytest.mark.rabbitmq
 @pytest.mark.slow
 @pytest.mark.skipif(not rabbitmq_available(), reason="Debian's rabbitmq-server is not installed")
