@@ -117,8 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                         " trials and --failover-runs kills, and print issue 16's closing table (Markdown, also"
                         " written next to the JSON); with --history: that table of the last run in --output")
     parser.add_argument("--failover-runs", type=int, default=None,
-                        help="with --report issue16: `raftmq bench failover` runs to make, raftmq only (default 3;"
-                        " 0: skip)")
+                        help="with --report issue16: `raftmq bench failover` runs per broker (default 3; 0: skip)")
     parser.add_argument("--window", type=int, default=None,
                         help="unconfirmed messages per publisher in (a)/(b) (default: " +
                         ", ".join(f"{window} for ({name})" for name, window in DEFAULT_CONFIRM_WINDOWS.items()) + ")")
@@ -186,7 +185,9 @@ def main(argv: list[str]) -> int:
             if args.rabbitmq:
                 measurements += _measure_rabbitmq(workloads, settings, notes)
         failover_runs = (ISSUE16_FAILOVER_RUNS if args.failover_runs is None else args.failover_runs) if issue16 else 0
-        failover = (_measure_failover(failover_runs),) if failover_runs and args.raftmq and not args.target else ()
+        failover = () if not failover_runs or args.target else tuple(
+            _measure_failover(failover_runs, broker) for broker, wanted in ((RAFTMQ, args.raftmq),
+                                                                          (RABBITMQ, args.rabbitmq)) if wanted)
     except KeyboardInterrupt:
         print("raftmq bench: interrupted; brokers stopped", file=sys.stderr)
         return 130
@@ -227,17 +228,17 @@ def _print_history(output: Path, markdown: bool, issue16: bool) -> int:
     return 0
 
 
-def _measure_failover(runs: int) -> FailoverFigures:
-    """`raftmq bench failover --runs N` for raftmq (a fresh 3-node cluster per run), as figures for the report."""
-    from bench import failover  # pika and the cluster runner: only when failover is asked for
+def _measure_failover(runs: int, broker: str) -> FailoverFigures:
+    """`raftmq bench failover --broker B --runs N` (a fresh 3-node cluster per run), as figures for the report."""
+    from bench import failover  # pika: only when failover is asked for
 
-    print(f"[raftmq] failover: {runs} kill -9 runs of a quorum queue leader's node ...", flush=True)
+    print(f"[{broker}] failover: {runs} kill -9 runs of a quorum queue leader's node ...", flush=True)
     try:
-        results = failover.run_failover(runs)
+        results = failover.run_failover(runs, broker=broker)
     except Exception as error:  # the report keeps the other figures
-        print(f"[raftmq] failover failed: {error}", flush=True)
-        return FailoverFigures(RAFTMQ, (), str(error))
-    return FailoverFigures(RAFTMQ, tuple(result.first_confirm_ms for result in results))
+        print(f"[{broker}] failover failed: {error}", flush=True)
+        return FailoverFigures(broker, (), str(error))
+    return FailoverFigures(broker, tuple(result.first_confirm_ms for result in results))
 
 
 def _issue16_text(report: RunReport) -> str:
