@@ -307,3 +307,31 @@ def test_cli_default_run_has_new_queue_trials_but_no_extra_rates(
     monkeypatch.setattr(cli, "run_workload", fake_workload)
     assert cli.main(["--target", "127.0.0.1:1", "--workloads", "a", "--output", str(tmp_path)]) == 0
     assert (seen[0].new_queue_trials, seen[0].rates_for, seen[0].latency_rates_msgs_per_s) == (5, (), (1000, 2000, 5000))
+
+
+def test_cli_report_issue16_in_rounds_gives_medians(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rounds_seen: list[str] = []
+
+    @contextlib.contextmanager
+    def fake_node(*args: object) -> Iterator[Endpoint]:
+        yield Endpoint("127.0.0.1", 1)
+
+    def fake_workload(workload: str, broker: str, endpoint: object, settings: RunSettings) -> list[Measurement]:
+        rounds_seen.append(broker)
+        return [flow("a", broker, 1000.0 * len(rounds_seen), 1000.0 * len(rounds_seen))]
+
+    monkeypatch.setattr(cli, "raftmq_node", fake_node)
+    monkeypatch.setattr(cli, "_rabbit_nodes", fake_node)
+    monkeypatch.setattr(cli, "rabbitmq_available", lambda: True)
+    monkeypatch.setattr(cli, "rabbitmq_version", lambda: "3.10.8")
+    monkeypatch.setattr(cli, "run_workload", fake_workload)
+    monkeypatch.setattr(cli, "write_chart", lambda report, path: None)
+    argv = ["--report", "issue16", "--workloads", "a", "--rounds", "2", "--failover-runs", "0", "--output", str(tmp_path)]
+    assert cli.main(argv) == 0
+    assert rounds_seen == ["raftmq", "rabbitmq", "rabbitmq", "raftmq"]  # ABBA: raftmq 1,000 and 4,000
+    out = capsys.readouterr().out
+    assert "in every cell, run started" in out and "each cell the median of 2 rounds" in out
+    assert "| (a) durable classic queue, 1 node | saturation | 2,500 / 2,500 |" in out
+    assert "| first confirm after the kill | not measured | not measured |" in out
