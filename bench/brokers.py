@@ -276,11 +276,21 @@ Ctl = Callable[..., subprocess.CompletedProcess[str]]  # ctl(node, *args) -> rab
 
 
 class RabbitCluster:
-    """A running private RabbitMQ cluster: its nodes and quorum queue placement (rabbitmqctl list_queues)."""
+    """A running private RabbitMQ cluster: its nodes, quorum queue placement (rabbitmqctl list_queues), and kill -9
+    of one node (for `raftmq bench failover --broker rabbitmq`)."""
 
-    def __init__(self, nodes: tuple[ClusterNode, ...], ctl: Ctl) -> None:
+    def __init__(self, nodes: tuple[ClusterNode, ...], ctl: Ctl,
+                 processes: dict[str, subprocess.Popen[bytes]] | None = None) -> None:
         self._nodes = nodes
         self._ctl = ctl
+        self._processes = processes or {}
+
+    def kill(self, node: str) -> None:
+        """SIGKILL the node's whole session (rabbitmq-server, beam.smp and its helpers) and reap it."""
+        process = self._processes[node]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
     @property
     def nodes(self) -> tuple[ClusterNode, ...]:
@@ -309,7 +319,8 @@ def rabbitmq_cluster(nodes: int = 1, timeout_s: float = START_TIMEOUT_S) -> Iter
         for plan, process in started:
             wait_serving(plan.endpoint, process, timeout_s, plan.directory / "stdout.log")
         form_cluster(environment.ctl, [plan.name for plan in plans])
-        yield RabbitCluster(tuple(ClusterNode(plan.name, plan.endpoint) for plan in plans), environment.ctl)
+        yield RabbitCluster(tuple(ClusterNode(plan.name, plan.endpoint) for plan in plans), environment.ctl,
+                            {plan.name: process for plan, process in started})
     finally:
         for plan, process in reversed(started):
             environment.stop_node(plan.name, process)

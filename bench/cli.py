@@ -7,6 +7,11 @@ two client layouts by `bench.quorum` ("b": publisher and consumer on the two fol
 queue's leader). With --target host:port it measures that one broker, already running, and starts nothing.
 With --rounds N (N > 1) each workload's brokers are started once and measured N times, alternately in ABBA order
 (`bench.interleaved`); the table and the JSON then give each round's ratios and their median and range.
+Every flow reports confirmed/s and delivered/s (BACKLOG when deliveries fall more than 5% behind), end-to-end
+latency (publish to delivery) and confirm latency; (a) and (b) first time the first message on new queues
+(`bench.newqueue`, --new-queue-trials). `--report issue16` runs what issue 16's closing note needs in one command
+(a and b at saturation and at fixed 1,000 and 5,000 msg/s, new queues, failover) and prints its table
+(`bench.issue16`); `--history --report issue16` prints that table again from the last results file.
 Ctrl-C or SIGTERM stops the run; every broker and worker process it started is stopped on the way out.
 """
 
@@ -37,11 +42,14 @@ from bench.brokers import (
 from bench.client import Endpoint, parse_target
 from bench.clusters import QueueCluster
 from bench.interleaved import BrokerUnderTest, MeasureOnce, run_in_rounds
+from bench.issue16 import format_issue16
+from bench.measurement import FailoverFigures
 from bench.quorum import run_quorum_workload
 from bench.results import (
     RABBITMQ,
     RAFTMQ,
     RunReport,
+    backlog_flag,
     format_history,
     format_markdown,
     format_table,
@@ -72,9 +80,13 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="raftmq bench", description="Benchmark raftmq side by side with RabbitMQ.",
-                                     epilog="Also: " + ", ".join(f"raftmq bench {name} --help" for name in SUBCOMMANDS))
-    parser.add_argument("--workloads", default=",".join(ALL_WORKLOADS), help="comma-separated subset of a,b,c,d,e")
+    parser = argparse.ArgumentParser(
+        prog="raftmq bench", description="Benchmark raftmq side by side with RabbitMQ.",
+        epilog="Issue 16's closing table in one command: raftmq bench --report issue16 (10 s per figure; add"
+        " --rounds 3 for ABBA rounds and medians when other jobs share the machine). Also: "
+        + ", ".join(f"raftmq bench {name} --help" for name in SUBCOMMANDS))
+    parser.add_argument("--workloads", default=None,
+                        help="comma-separated subset of a,b,c,d,e (default: all; with --report issue16: a,b)")
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per workload (and per rate)")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each measurement")
     parser.add_argument("--target", help="host:port of a running broker to measure instead of starting brokers")
@@ -88,8 +100,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the figures of every earlier run in --output and exit (measures nothing)")
     parser.add_argument("--markdown", action="store_true",
                         help="with --history: a Markdown table of the raftmq/RabbitMQ pairs (for docs/benchmarks.md)")
-    parser.add_argument("--rates", default=",".join(str(rate) for rate in DEFAULT_LATENCY_RATES),
-                        help="fixed publish rates (msg/s) for workload (e)")
+    parser.add_argument("--rates", default=None,
+                        help="fixed publish rates (msg/s) for workload (e) and --rates-for (default: " +
+                        ",".join(str(rate) for rate in DEFAULT_LATENCY_RATES) + "; with --report issue16: " +
+                        ",".join(str(rate) for rate in ISSUE16_RATES) + ")")
+    parser.add_argument("--rates-for", default=None,
+                        help="also measure these of a,b at each --rates rate after their saturation run (labels"
+                        " a@1000/s, b@1000/s, ...; (b) with its clients on two followers; default: none; with"
+                        " --report issue16: a,b)")
+    parser.add_argument("--new-queue-trials", type=int, default=DEFAULT_NEW_QUEUE_TRIALS,
+                        help="(a)/(b): before the flow, declare this many new queues one after the other and time"
+                        " declare-ok and the confirm and delivery of one message to each (labels a/new-q, b/new-q;"
+                        f" 0: skip; default {DEFAULT_NEW_QUEUE_TRIALS})")
+    parser.add_argument("--report", choices=("table", "issue16"), default="table",
+                        help="issue16: run a,b at saturation and at fixed 1,000 and 5,000 msg/s, the new-queue"
+                        " trials and --failover-runs kills, and print issue 16's closing table (Markdown, also"
+                        " written next to the JSON); with --history: that table of the last run in --output")
+    parser.add_argument("--failover-runs", type=int, default=None,
+                        help="with --report issue16: `raftmq bench failover` runs per broker (default 3; 0: skip)")
     parser.add_argument("--window", type=int, default=None,
                         help="unconfirmed messages per publisher in (a)/(b) (default: " +
                         ", ".join(f"{window} for ({name})" for name, window in DEFAULT_CONFIRM_WINDOWS.items()) + ")")
@@ -99,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
                         " in ABBA order; report each round's ratios and their median and range (default 1: each"
                         " broker started and measured once)")
     return parser
+
+
+ISSUE16_RATES = (1000, 5000)
+ISSUE16_WORKLOADS = ("a", "b")
+ISSUE16_FAILOVER_RUNS = 3
+DEFAULT_NEW_QUEUE_TRIALS = 5
 
 
 def parse_workloads(text: str) -> list[str]:
@@ -118,19 +152,23 @@ def main(argv: list[str]) -> int:
         subcommand: int = importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
         return subcommand
     args = build_parser().parse_args(argv)
+    issue16 = args.report == "issue16"
     try:
-        workloads = parse_workloads(args.workloads)
-        rates = tuple(int(rate) for rate in args.rates.split(",") if rate.strip())
+        workloads = parse_workloads(args.workloads or ",".join(ISSUE16_WORKLOADS if issue16 else ALL_WORKLOADS))
+        rates = parse_rates(args.rates) if args.rates else (ISSUE16_RATES if issue16 else DEFAULT_LATENCY_RATES)
+        rates_for = parse_rates_for(args.rates_for if args.rates_for is not None else
+                                    ",".join(ISSUE16_WORKLOADS if issue16 else ()))
         if not 1 <= args.rounds <= ROUNDS_MAX:
             raise ValueError(f"--rounds must be in 1..{ROUNDS_MAX}, got {args.rounds}")
+        if args.new_queue_trials < 0 or (args.failover_runs or 0) < 0:
+            raise ValueError("--new-queue-trials and --failover-runs must not be negative")
     except ValueError as error:
         print(f"raftmq bench: {error}", file=sys.stderr)
         return 2
     if args.history:
-        history = load_history(Path(args.output))
-        print(format_markdown(history) if args.markdown else format_history(history))
-        return 0
-    settings = RunSettings(args.duration, args.warmup, rates, args.window, args.prefetch)
+        return _print_history(Path(args.output), args.markdown, issue16)
+    settings = RunSettings(args.duration, args.warmup, rates, args.window, args.prefetch, rates_for,
+                           args.new_queue_trials)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     started_at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     load_at_start = os.getloadavg()[0]
@@ -146,15 +184,66 @@ def main(argv: list[str]) -> int:
                 measurements += _measure_raftmq(workloads, settings)
             if args.rabbitmq:
                 measurements += _measure_rabbitmq(workloads, settings, notes)
+        failover_runs = (ISSUE16_FAILOVER_RUNS if args.failover_runs is None else args.failover_runs) if issue16 else 0
+        failover = () if not failover_runs or args.target else tuple(
+            _measure_failover(failover_runs, broker) for broker, wanted in ((RAFTMQ, args.raftmq),
+                                                                          (RABBITMQ, args.rabbitmq)) if wanted)
     except KeyboardInterrupt:
         print("raftmq bench: interrupted; brokers stopped", file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
     report = RunReport(started_at, ["raftmq", "bench", *argv], _machine(load_at_start), _settings_dict(args, settings),
-                       measurements, notes)
-    _publish(report, Path(args.output))
-    return 1 if any(m.error for m in measurements) else 0
+                       measurements, notes, failover)
+    _publish(report, Path(args.output), issue16)
+    return 1 if any(m.error for m in measurements) or any(f.error for f in failover) else 0
+
+
+def parse_rates(text: str) -> tuple[int, ...]:
+    rates = tuple(int(rate) for rate in text.split(",") if rate.strip())
+    if not rates or any(rate <= 0 for rate in rates):
+        raise ValueError(f"--rates wants positive msg/s values, got {text!r}")
+    return rates
+
+
+def parse_rates_for(text: str) -> tuple[str, ...]:
+    chosen = tuple(item.strip().lower() for item in text.split(",") if item.strip())
+    unknown = [item for item in chosen if item not in ISSUE16_WORKLOADS]
+    if unknown:
+        raise ValueError(f"--rates-for takes a and/or b, got {unknown}")
+    return chosen
+
+
+def _print_history(output: Path, markdown: bool, issue16: bool) -> int:
+    history = load_history(output)
+    if not issue16:
+        print(format_markdown(history) if markdown else format_history(history))
+        return 0
+    if not history:
+        print(f"raftmq bench: no results in {output}", file=sys.stderr)
+        return 1
+    path, report = history[-1]
+    print(f"from {path}")
+    print(_issue16_text(report))
+    return 0
+
+
+def _measure_failover(runs: int, broker: str) -> FailoverFigures:
+    """`raftmq bench failover --broker B --runs N` (a fresh 3-node cluster per run), as figures for the report."""
+    from bench import failover  # pika: only when failover is asked for
+
+    print(f"[{broker}] failover: {runs} kill -9 runs of a quorum queue leader's node ...", flush=True)
+    try:
+        results = failover.run_failover(runs, broker=broker)
+    except Exception as error:  # the report keeps the other figures
+        print(f"[{broker}] failover failed: {error}", flush=True)
+        return FailoverFigures(broker, (), str(error))
+    return FailoverFigures(broker, tuple(result.first_confirm_ms for result in results))
+
+
+def _issue16_text(report: RunReport) -> str:
+    return format_issue16(report.measurements, report.failover, report.started_at,
+                          report.machine.get("rabbitmq_version"), int(report.settings.get("rounds", 1)))
 
 
 def _run_all(broker: str, endpoint: Endpoint, workloads: list[str], settings: RunSettings) -> list[Measurement]:
@@ -174,10 +263,21 @@ def _print_one(m: Measurement) -> None:
     if m.error:
         print(f"  {m.label}: ERROR {m.error[:300]}", flush=True)
         return
-    p99 = "-" if m.latency_p99_ms is None else f"{m.latency_p99_ms:.2f}"
+    note = f" [{m.note}]" if m.note else ""
+    if m.is_new_queue:
+        print(f"  {m.label}: declare-ok p50 {_ms(m.declare_ok_p50_ms)} / p99 {_ms(m.declare_ok_p99_ms)} ms, first"
+              f" confirm p50 {_ms(m.confirm_p50_ms)} / p99 {_ms(m.confirm_p99_ms)} ms, first delivery p50"
+              f" {_ms(m.latency_p50_ms)} / p99 {_ms(m.latency_p99_ms)} ms{note}", flush=True)
+        return
     cpu = "" if m.broker_cpu_cores is None else f", broker {m.broker_cpu_cores:.2f} cores"
+    backlog = f", {backlog_flag(m)}" if backlog_flag(m) else ""
     print(f"  {m.label}: confirmed {m.confirmed_msgs_per_s:,.0f} msg/s, delivered {m.delivered_msgs_per_s:,.0f}"
-          f" msg/s, p99 {p99} ms{cpu}" + (f" [{m.note}]" if m.note else ""), flush=True)
+          f" msg/s{backlog}, e2e p50 {_ms(m.latency_p50_ms)} / p99 {_ms(m.latency_p99_ms)} ms, confirm p50"
+          f" {_ms(m.confirm_p50_ms)} / p99 {_ms(m.confirm_p99_ms)} ms{cpu}{note}", flush=True)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _with_broker(
@@ -309,10 +409,11 @@ def _settings_dict(args: argparse.Namespace, settings: RunSettings) -> dict[str,
         "latency_rates_msgs_per_s": list(settings.latency_rates_msgs_per_s),
         "confirm_window": settings.confirm_window or DEFAULT_CONFIRM_WINDOWS,
         "prefetch": settings.prefetch, "target": args.target, "body_size_bytes": 100, "rounds": args.rounds,
+        "rates_for": list(settings.rates_for), "new_queue_trials": settings.new_queue_trials, "report": args.report,
     }
 
 
-def _publish(report: RunReport, output: Path) -> None:
+def _publish(report: RunReport, output: Path, issue16: bool = False) -> None:
     print()
     print(format_table(report.measurements))
     for note in report.notes:
@@ -323,6 +424,12 @@ def _publish(report: RunReport, output: Path) -> None:
     if report.measurements:
         write_chart(report, output / f"{stem}.png")
     print(f"results: {output / stem}.json (+ .png)")
+    if issue16:
+        text = _issue16_text(report)
+        (output / f"{stem}-issue16.md").write_text(text + "\n")
+        print()
+        print(text)
+        print(f"issue 16 table: {output / stem}-issue16.md")
 
 
 if __name__ == "__main__":

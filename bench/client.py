@@ -77,6 +77,10 @@ class BenchConnection:
             self._read_more()
         return self.pending.pop(0)
 
+    def next_frame(self) -> Frame:
+        """The next frame in arrival order, whatever it is (blocks up to the socket's timeout: TimeoutError)."""
+        return self._next_frame()
+
     def wait_method(self, channel: int, expected: tuple[int, int]) -> Frame:
         """Read until the expected method arrives on `channel`. Other frames stay in `pending` in arrival order
         (replies on other channels, early deliveries), except a close, which raises `ProtocolError`."""

@@ -10,6 +10,9 @@ with SIGKILL and records:
 Every run starts a fresh cluster (no restart between runs). Prints one line per run and the
 median/max; `--json` writes them to a file. Needs nothing but the raftmq sources (it runs `python -m node.cli node`)
 and pika. Independent of the broker's code (import-linter: bench imports no node/cluster modules).
+`--broker rabbitmq` (or `both`) does the same to Debian's RabbitMQ: a private 3-node cluster per run
+(`bench.brokers.rabbitmq_cluster`), the leader from rabbitmqctl once the queue has 3 members, and SIGKILL of that
+node's process group; the same publisher and the same figures.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ from pathlib import Path
 
 import pika
 
+from bench.brokers import BrokerStartError, rabbitmq_cluster
+from bench.quorum import PlacementError, wait_placement
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PORT_LINE = re.compile(rb"listening on port (\d+)")
 LEADER_LINE = re.compile(rb"cluster: queue (\S+): leader (\S+)")
@@ -43,6 +49,8 @@ QUEUE = "bench-failover"
 GROUP = "q/%2F/bench-failover"  # the leader log line names the queue as queue_group_id("/", QUEUE) (docs/cluster.md)
 START_TIMEOUT_S = 60.0
 CONFIRM_TIMEOUT_S = 60.0
+RAFTMQ = "raftmq"
+RABBITMQ = "rabbitmq"
 
 
 def _binds(port: int) -> bool:
@@ -191,7 +199,7 @@ class RunResult:
 
 
 def _one_run(root: Path) -> RunResult:
-    """A fresh cluster and queue, one kill of the queue's leader, then everything stopped."""
+    """A fresh raftmq cluster and queue, one kill of the queue's leader, then everything stopped."""
     cluster = BenchCluster(root)
     try:
         cluster.start()
@@ -201,25 +209,51 @@ def _one_run(root: Path) -> RunResult:
         leader_name = cluster.agreed_leader(cluster.nodes)
         leader = next(n for n in cluster.nodes if n.name == leader_name)
         publisher_node = next(n for n in cluster.nodes if n is not leader)
-        stream = ConfirmStream(publisher_node.port)
-        stream.start()
-        _wait(lambda: len(stream.records) >= 20 or stream.error is not None, 60, "confirms before the kill")
-        killed_at = time.monotonic()
-        cluster.kill(leader)
-        _wait(lambda: any(s >= killed_at for s, _ in stream.records) or stream.error is not None,
-              CONFIRM_TIMEOUT_S, "a confirm after the kill")
-        time.sleep(0.2)
-        stream.stop.set()
-        stream.join(CONFIRM_TIMEOUT_S)
-        if stream.error is not None:
-            raise RuntimeError(f"publisher failed: {stream.error!r}")
+        stream, killed_at = _kill_under_publisher(publisher_node.port, lambda: cluster.kill(leader))
     finally:
         cluster.stop()
+    return _result(leader.name, publisher_node.name, stream, killed_at)
+
+
+def _one_rabbitmq_run() -> RunResult:
+    """The same on a fresh private 3-node RabbitMQ cluster (`bench.brokers.rabbitmq_cluster`): the quorum queue's
+    leader (from rabbitmqctl, once it has 3 members) is killed with SIGKILL of its node's process group."""
+    try:
+        with rabbitmq_cluster(3) as cluster:
+            with contextlib.closing(_connect(cluster.nodes[0].endpoint.port)) as conn:
+                conn.channel().queue_declare(QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
+            placement = wait_placement(cluster, QUEUE, replicas_wanted=3)
+            publisher_node = next(n for n in cluster.nodes if n.name != placement.leader)
+            stream, killed_at = _kill_under_publisher(publisher_node.endpoint.port,
+                                                      lambda: cluster.kill(placement.leader))
+    except (BrokerStartError, PlacementError) as error:
+        raise RuntimeError(str(error)) from error
+    return _result(placement.leader, publisher_node.name, stream, killed_at)
+
+
+def _kill_under_publisher(port: int, kill: Callable[[], None]) -> tuple[ConfirmStream, float]:
+    """Publish with confirms on `port`; after 20 confirms, `kill()`; return once a message published after the
+    kill is confirmed (and 0.2 s more), with the kill's time."""
+    stream = ConfirmStream(port)
+    stream.start()
+    _wait(lambda: len(stream.records) >= 20 or stream.error is not None, 60, "confirms before the kill")
+    killed_at = time.monotonic()
+    kill()
+    _wait(lambda: any(s >= killed_at for s, _ in stream.records) or stream.error is not None,
+          CONFIRM_TIMEOUT_S, "a confirm after the kill")
+    time.sleep(0.2)
+    stream.stop.set()
+    stream.join(CONFIRM_TIMEOUT_S)
+    if stream.error is not None:
+        raise RuntimeError(f"publisher failed: {stream.error!r}")
+    return stream, killed_at
+
+
+def _result(killed: str, publisher_node: str, stream: ConfirmStream, killed_at: float) -> RunResult:
     first = min(c for s, c in stream.records if s >= killed_at)
     confirms = [c for _, c in stream.records]
     gaps = [b - a for a, b in itertools.pairwise(confirms) if b >= killed_at]
-    return RunResult(leader.name, publisher_node.name, (first - killed_at) * 1000,
-                     max(gaps, default=0.0) * 1000, stream.nacks)
+    return RunResult(killed, publisher_node, (first - killed_at) * 1000, max(gaps, default=0.0) * 1000, stream.nacks)
 
 
 @contextlib.contextmanager
@@ -233,31 +267,54 @@ def _workdir(keep: str | None) -> Iterator[Path]:
             yield Path(tmp)
 
 
+class FailoverError(Exception):
+    """A failover run could not be made (a node did not start, no leader, the publisher failed)."""
+
+
+def run_failover(runs: int, workdir: str | None = None, broker: str = RAFTMQ) -> list[RunResult]:
+    """`runs` kills of `broker`'s ("raftmq" or "rabbitmq") quorum queue leader, each on a fresh cluster, printing
+    one line per run; `FailoverError` naming the failed run. Also what `raftmq bench --report issue16` calls."""
+    results: list[RunResult] = []
+    with _workdir(workdir) as root:
+        for i in range(runs):
+            try:
+                result = _one_run(root / f"run{i + 1}") if broker == RAFTMQ else _one_rabbitmq_run()
+            except (RuntimeError, pika.exceptions.AMQPError, OSError) as exc:
+                raise FailoverError(f"{broker} run {i + 1}: {exc}") from exc
+            results.append(result)
+            print(f"{broker} run {i + 1}: killed {result.killed} (publisher on {result.publisher_node}): first confirm "
+                  f"after {result.first_confirm_ms:.0f} ms, longest confirm gap {result.longest_gap_ms:.0f} ms,"
+                  f" {result.nacks} nacks", flush=True)
+    return results
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="raftmq bench failover",
                                      description="kill -9 of a quorum queue's leader: time to the next confirm")
     parser.add_argument("--runs", type=int, default=5, help="kills to measure (default 5)")
     parser.add_argument("--workdir", help="keep the nodes' data and logs here (default: a temporary directory)")
     parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument("--broker", choices=(RAFTMQ, RABBITMQ, "both"), default=RAFTMQ,
+                        help="whose quorum queue leader to kill: raftmq (default), rabbitmq (Debian's RabbitMQ,"
+                        " a private 3-node cluster per run) or both, raftmq first")
     args = parser.parse_args(argv)
-    results: list[RunResult] = []
-    with _workdir(args.workdir) as root:
-        for i in range(args.runs):
-            try:
-                result = _one_run(root / f"run{i + 1}")
-            except (RuntimeError, pika.exceptions.AMQPError, OSError) as exc:
-                print(f"raftmq bench failover: run {i + 1}: {exc}", file=sys.stderr)
-                return 1
-            results.append(result)
-            print(f"run {i + 1}: killed {result.killed} (publisher on {result.publisher_node}): first confirm "
-                  f"after {result.first_confirm_ms:.0f} ms, longest confirm gap {result.longest_gap_ms:.0f} ms,"
-                  f" {result.nacks} nacks", flush=True)
-    firsts = [r.first_confirm_ms for r in results]
-    gaps = [r.longest_gap_ms for r in results]
-    print(f"first confirm after kill: median {statistics.median(firsts):.0f} ms, max {max(firsts):.0f} ms; "
-          f"longest gap: median {statistics.median(gaps):.0f} ms, max {max(gaps):.0f} ms (n={len(results)})")
+    brokers = [RAFTMQ, RABBITMQ] if args.broker == "both" else [args.broker]
+    found: dict[str, list[RunResult]] = {}
+    for broker in brokers:
+        try:
+            results = run_failover(args.runs, args.workdir, broker)
+        except FailoverError as exc:
+            print(f"raftmq bench failover: {exc}", file=sys.stderr)
+            return 1
+        found[broker] = results
+        firsts = [r.first_confirm_ms for r in results]
+        gaps = [r.longest_gap_ms for r in results]
+        print(f"{broker}: first confirm after kill: median {statistics.median(firsts):.0f} ms, max {max(firsts):.0f} ms;"
+              f" longest gap: median {statistics.median(gaps):.0f} ms, max {max(gaps):.0f} ms (n={len(results)})")
     if args.json:
-        Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=2))
+        runs = [r.__dict__ for r in found.get(RAFTMQ, [])] if args.broker == RAFTMQ else {
+            broker: [r.__dict__ for r in results] for broker, results in found.items()}
+        Path(args.json).write_text(json.dumps(runs, indent=2))
     return 0
 
 

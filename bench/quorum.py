@@ -6,7 +6,11 @@ waits until the cluster reports the queue's leader (and its members: anything bu
 so a figure never comes from an unreplicated queue), then places the clients relative to that leader:
 - "b": the publisher on one follower and the consumer on the other follower (every node works: see
   `bench.clusters.spread_layout`);
-- "b@leader": publisher and consumer both on the leader's node.
+- "b@leader": publisher and consumer both on the leader's node;
+- "b@<rate>/s" (with `RunSettings.rates_for` containing "b"): the "b" layout with the publisher paced at a fixed rate,
+  every message timed.
+Before them, with `RunSettings.new_queue_trials`, "b/new-q" times the first message on new quorum queues, declared
+round-robin on the cluster's nodes (`bench.newqueue`).
 Each Measurement's `note` says which node got which client and where the leader was (and whether the leader had
 moved by the end of the run: under CPU starvation an election may move it, and the layout no longer holds). The same code measures
 raftmq (`bench.brokers.RaftmqCluster`) and RabbitMQ (`bench.brokers.RabbitCluster`), so the labels pair up and
@@ -31,6 +35,8 @@ from bench.workloads import (
     declare,
     delete,
     measure,
+    new_queue_trials,
+    rate_label,
     run_id,
     single_queue_layout,
 )
@@ -83,32 +89,42 @@ def leader_moved(before: Placement, after: Placement | None) -> str:
 def run_quorum_workload(
     broker: str, cluster: QueueCluster, settings: RunSettings, labels: Sequence[str] = tuple(LAYOUTS)
 ) -> list[Measurement]:
-    """Workload (b) in each layout of `labels`; a failed layout becomes a Measurement with `error` set."""
-    found = []
-    for label in labels:
+    """Workload (b): first the new-queue trials when `settings.new_queue_trials` asks (round-robin over the nodes,
+    "b/new-q"), then each layout of `labels` at saturation, then, when "b" is in `settings.rates_for`, the "b"
+    layout at each fixed rate ("b@<rate>/s"); a failed measurement becomes a Measurement with `error` set."""
+    found = new_queue_trials("b", broker, [(node.name, node.endpoint) for node in cluster.nodes], settings,
+                             QUORUM_ARGUMENTS)
+    runs: list[tuple[str, str, float | None]] = [(label, label, None) for label in labels]
+    if "b" in settings.rates_for:
+        runs += [(rate_label("b", rate), "b", float(rate)) for rate in settings.latency_rates_msgs_per_s]
+    for label, layout, rate in runs:
         try:
-            found.append(_run_layout(broker, cluster, settings, label))
+            found.append(_run_layout(broker, cluster, settings, label, layout, rate))
         except Exception as error:  # one broken layout must not lose the other's figure
-            found.append(Measurement(label=label, workload="b", broker=broker, error=repr(error)))
+            found.append(Measurement(label=label, workload="b", broker=broker, error=repr(error),
+                                     target_rate_msgs_per_s=rate))
     return found
 
 
-def _run_layout(broker: str, cluster: QueueCluster, settings: RunSettings, label: str) -> Measurement:
-    queue = f"bench-b-{label.replace('@', '-')}-{run_id()}"
+def _run_layout(
+    broker: str, cluster: QueueCluster, settings: RunSettings, label: str, layout: str, rate: float | None = None
+) -> Measurement:
+    queue = f"bench-b-{label.replace('@', '-').replace('/', '')}-{run_id()}"
     topology = Topology((queue,), QUORUM_ARGUMENTS)
     control = cluster.nodes[0].endpoint
     declare(control, topology)
     try:
         placement = wait_placement(cluster, queue, replicas_wanted=min(3, len(cluster.nodes)))
-        clients = LAYOUTS[label](cluster.nodes, placement)
+        clients = LAYOUTS[layout](cluster.nodes, placement)
         print(f"  {label}: {clients.description}", flush=True)
         load = os.getloadavg()[0]
-        specs = single_queue_layout(clients.publisher.endpoint, queue, settings,
+        specs = single_queue_layout(clients.publisher.endpoint, queue, settings, rate_msgs_per_s=rate,
+                                    sample_every=4 if rate is None else 1,
                                     consumer_endpoint=clients.consumer.endpoint, workload="b")
         pids = [local_listening_pid(node.endpoint.host, node.endpoint.port) for node in cluster.nodes]
         with CpuWindow(pids, settings.warmup_s + CPU_WINDOW_MARGIN_S, settings.duration_s - CPU_WINDOW_MARGIN_S) as cpu:
             results = run_workers(specs, settings.warmup_s, settings.duration_s)
-        measured = dataclasses.replace(measure(label, "b", broker, results), broker_cpu_cores=cpu.cores(),
+        measured = dataclasses.replace(measure(label, "b", broker, results, rate), broker_cpu_cores=cpu.cores(),
                                        load_average_1m=load)
         note = f"{clients.description}{leader_moved(placement, cluster.placement(queue))}; load average {load:.1f} at start"
         return dataclasses.replace(measured, note=note)

@@ -5,8 +5,11 @@ A run is a `RunReport`: when and where it ran (machine, command, broker versions
 (raftmq over RabbitMQ); `ratio_summaries` gives each label's median ratios with their range over the rounds of a
 `--rounds N` run (`bench.rounds`; one round: the median is that round's ratio). `write_json`/`read_json`
 round-trip a report (schema 1; minor version 1 added each measurement's round, the per-round comparisons and the
-summaries, and files without them read as one round) and `write_chart` draws throughput and p99 latency per label
-and broker (medians over the rounds), so that files from successive runs in one output directory can be compared.
+summaries, and files without them read as one round; minor 2 added each measurement's kind, confirm latency and
+declare-ok latency, which older files read as "flow" and None, and "failover") and `write_chart` draws throughput and p99 latency
+per label and broker (medians over the rounds; flows only), so that files from successive runs in one output
+directory can be compared. `format_table` prints every measurement, then raftmq and RabbitMQ side by side per
+label (confirmed/s, delivered/s, end-to-end and confirm latency, a BACKLOG flag), and the new-queue trials apart.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.measurement import FailoverFigures
 from bench.rounds import Spread, format_spread, median, spread
 from bench.stats import format_ratio, ratio
 from bench.workloads import Measurement
 
 SCHEMA_VERSION = 1
-SCHEMA_MINOR_VERSION = 1  # 1: measurements carry round_number; round_comparisons and ratio_summaries added
+SCHEMA_MINOR_VERSION = 2  # 1: round_number, round_comparisons, ratio_summaries; 2: kind, confirm_*, declare_ok_*
 LOAD_AVERAGE_WARNING_1M = 1.5  # above this at the start of a measurement, other jobs share the CPU (a warning)
 RAFTMQ = "raftmq"
 RABBITMQ = "rabbitmq"
@@ -38,6 +42,7 @@ class RunReport:
     settings: dict[str, Any]
     measurements: list[Measurement]
     notes: list[str]
+    failover: tuple[FailoverFigures, ...] = ()  # `--report issue16`: failover runs made in the same command
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,46 +150,103 @@ def load_warning(m: Measurement) -> str | None:
 # --- table --------------------------------------------------------------------------------------------------
 
 
-def _figure(measurement: Measurement | None) -> str:
-    if measurement is None:
+def _pair_cell(ours: Measurement | None, theirs: Measurement | None, name: str, digits: int) -> str:
+    """"raftmq / RabbitMQ" of one figure; "-" for a missing broker or figure, "error" for a failed one."""
+    return f"{_value(ours, name, digits)} / {_value(theirs, name, digits)}"
+
+
+def _value(m: Measurement | None, name: str, digits: int) -> str:
+    if m is None:
         return "-"
-    if measurement.error:
+    if m.error:
         return "error"
-    p99 = "-" if measurement.latency_p99_ms is None else f"{measurement.latency_p99_ms:.1f}"
-    return f"{measurement.confirmed_msgs_per_s:,.0f}/s p99 {p99}ms"
+    value: float | None = getattr(m, name)
+    return _number(value, digits)
+
+
+def backlog_flag(m: Measurement) -> str:
+    """"BACKLOG (delivered 12% below confirmed)" when deliveries fall more than 5% behind; "" otherwise."""
+    if not m.backlog_growing or m.delivery_shortfall is None:
+        return ""
+    return f"BACKLOG (delivered {m.delivery_shortfall:.0%} below confirmed)"
+
+
+def _status(m: Measurement) -> str:
+    if m.error:
+        return f"ERROR {m.error}"
+    parts = [part for part in (backlog_flag(m), m.note) if part]
+    return "; ".join(parts) or "ok"
 
 
 def format_table(measurements: list[Measurement]) -> str:
-    """One line per measurement, then raftmq vs RabbitMQ per label (and round) with ratios; for a run of several
-    rounds, then each label's median ratios with their range."""
+    """One line per measurement, then raftmq vs RabbitMQ per label (and round), side by side, with ratios; for a
+    run of several rounds, then each label's median ratios with their range. New-queue trials get their own
+    blocks."""
     multi = rounds_in(measurements) > 1
+    rnd = "rnd " if multi else ""
+    flows = [m for m in measurements if not m.is_new_queue]
+    fresh = [m for m in measurements if m.is_new_queue]
     lines = [
-        f"{'label':<10} {'broker':<9} " + ("rnd " if multi else "") + f"{'confirmed/s':>12} {'delivered/s':>12} "
-        f"{'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} {'gen cpu':>7} {'broker':>6} {'us/msg':>6} {'load':>5}  status"
+        f"{'label':<10} {'broker':<9} {rnd}{'confirmed/s':>12} {'delivered/s':>12} {'e2e p50':>8} {'e2e p99':>8} "
+        f"{'e2e p99.9':>9} {'conf p50':>8} {'conf p99':>8} {'gen cpu':>7} {'broker':>6} {'us/msg':>6} {'load':>5}"
+        "  status"
     ]
-    for m in measurements:
-        status = f"ERROR {m.error}" if m.error else (m.note or "ok")
+    for m in flows:
         lines.append(
             f"{m.label:<10} {m.broker:<9} " + (f"{m.round_number:>3} " if multi else "") +
             f"{m.confirmed_msgs_per_s:>12,.0f} {m.delivered_msgs_per_s:>12,.0f} "
             f"{_ms(m.latency_p50_ms):>8} {_ms(m.latency_p99_ms):>8} {_ms(m.latency_p999_ms):>9} "
+            f"{_ms(m.confirm_p50_ms):>8} {_ms(m.confirm_p99_ms):>8} "
             f"{m.loadgen_cpu_max_fraction:>7.0%} {_number(m.broker_cpu_cores, 2):>6} "
-            f"{_number(m.broker_cpu_us_per_msg, 0):>6} {_number(m.load_average_1m, 1):>5}  {status[:200]}"
+            f"{_number(m.broker_cpu_us_per_msg, 0):>6} {_number(m.load_average_1m, 1):>5}  {_status(m)[:200]}"
         )
-    pairs = [pair for pair in comparisons(measurements) if pair.raftmq is not None and pair.rabbitmq is not None]
+    if fresh:
+        lines += ["", f"{'label':<10} {'broker':<9} {rnd}{'declare-ok p50':>14} {'p99':>8} {'1st confirm p50':>15} "
+                  f"{'p99':>8} {'1st delivery p50':>16} {'p99':>8}  status"]
+        for m in fresh:
+            lines.append(
+                f"{m.label:<10} {m.broker:<9} " + (f"{m.round_number:>3} " if multi else "") +
+                f"{_ms(m.declare_ok_p50_ms):>14} {_ms(m.declare_ok_p99_ms):>8} {_ms(m.confirm_p50_ms):>15} "
+                f"{_ms(m.confirm_p99_ms):>8} {_ms(m.latency_p50_ms):>16} {_ms(m.latency_p99_ms):>8}  {_status(m)[:200]}"
+            )
+    everything = [pair for pair in comparisons(measurements) if pair.raftmq is not None and pair.rabbitmq is not None]
+    pairs = [pair for pair in everything if pair.label not in {m.label for m in fresh}]
     if pairs:
-        lines += ["", f"{'label':<10} " + ("rnd " if multi else "") +
-                  f"{'raftmq':>24} {'rabbitmq':>24} {'throughput':>11} {'p99':>7} {'cpu/msg':>8}"]
+        lines += ["", "raftmq / RabbitMQ side by side (latency in ms; e2e: publish to delivery, conf: publish to"
+                  " confirm)",
+                  f"{'label':<10} {rnd}{'confirmed/s':>17} {'delivered/s':>17} {'e2e p50':>15} {'e2e p99':>17} "
+                  f"{'conf p99':>17} {'throughput':>10} {'p99':>6} {'cpu/msg':>7}"]
         for pair in pairs:
+            ours, theirs = pair.raftmq, pair.rabbitmq
             lines.append(
                 f"{pair.label:<10} " + (f"{pair.round_number:>3} " if multi else "") +
-                f"{_figure(pair.raftmq):>24} {_figure(pair.rabbitmq):>24} "
-                f"{format_ratio(pair.throughput_ratio):>11} {format_ratio(pair.p99_ratio):>7} "
-                f"{format_ratio(pair.cpu_per_msg_ratio):>8}"
+                f"{_pair_cell(ours, theirs, 'confirmed_msgs_per_s', 0):>17} "
+                f"{_pair_cell(ours, theirs, 'delivered_msgs_per_s', 0):>17} "
+                f"{_pair_cell(ours, theirs, 'latency_p50_ms', 1):>15} {_pair_cell(ours, theirs, 'latency_p99_ms', 1):>17} "
+                f"{_pair_cell(ours, theirs, 'confirm_p99_ms', 1):>17} {format_ratio(pair.throughput_ratio):>10} "
+                f"{format_ratio(pair.p99_ratio):>6} {format_ratio(pair.cpu_per_msg_ratio):>7}"
+                + "".join(f"  {broker} {backlog_flag(m)}" for broker, m in ((RAFTMQ, ours), (RABBITMQ, theirs))
+                          if m is not None and backlog_flag(m))
             )
+    fresh_pairs = [pair for pair in everything if pair.label in {m.label for m in fresh}]
+    if fresh_pairs:
+        lines += ["", "first message on a new queue, raftmq / RabbitMQ (ms, p50 and p99 over the trials)",
+                  f"{'label':<10} {rnd}{'declare-ok p50':>17} {'p99':>17} {'1st confirm p50':>17} {'p99':>17} "
+                  f"{'1st delivery p50':>17} {'p99':>17}"]
+        for pair in fresh_pairs:
+            ours, theirs = pair.raftmq, pair.rabbitmq
+            lines.append(
+                f"{pair.label:<10} " + (f"{pair.round_number:>3} " if multi else "") + " ".join(
+                    f"{_pair_cell(ours, theirs, name, 1):>17}" for name in (
+                        "declare_ok_p50_ms", "declare_ok_p99_ms", "confirm_p50_ms", "confirm_p99_ms",
+                        "latency_p50_ms", "latency_p99_ms"))
+            )
+    if everything:
         if multi:
             lines += ["", *_summary_lines(measurements)]
         lines.append("(ratios are raftmq / RabbitMQ: throughput above 1x, p99 and cpu/msg below 1x favour raftmq)")
+    lines.append("(e2e: publish to delivery at the consumer, from the timestamp in the message; conf: publish to"
+                 " confirm; BACKLOG: delivered/s more than 5% below confirmed/s)")
     lines.append("(gen cpu: busiest load-generator process; near 100% it, not the broker, may be the limit)")
     lines.append("(broker: cores the broker process used; us/msg: its CPU per confirmed message; load: 1-min average)")
     return "\n".join(lines)
@@ -242,6 +304,7 @@ def report_to_dict(report: RunReport) -> dict[str, Any]:
              "p99_ratio": _spread_dict(s.p99), "cpu_per_msg_ratio": _spread_dict(s.cpu_per_msg)}
             for s in summaries
         ],
+        "failover": [dataclasses.asdict(figures) for figures in report.failover],
     }
 
 
@@ -260,9 +323,11 @@ def report_from_dict(data: dict[str, Any]) -> RunReport:
         raise ValueError(f"unsupported results schema {data.get('schema')!r}")
     fields = {f.name for f in dataclasses.fields(Measurement)}
     measurements = [Measurement(**{k: v for k, v in m.items() if k in fields}) for m in data["measurements"]]
+    failover = tuple(FailoverFigures(str(f["broker"]), tuple(float(ms) for ms in f.get("first_confirm_ms", ())),
+                                     f.get("error")) for f in data.get("failover", []))
     return RunReport(
         data["started_at"], list(data["command"]), dict(data["machine"]), dict(data["settings"]),
-        measurements, list(data.get("notes", [])),
+        measurements, list(data.get("notes", [])), failover,
     )
 
 
@@ -297,7 +362,7 @@ def format_history(history: list[tuple[Path, RunReport]]) -> str:
         multi = rounds_in(report.measurements) > 1
         pairs = {(pair.label, pair.round_number): pair for pair in comparisons(report.measurements)}
         for m in report.measurements:
-            figure = "error" if m.error else f"{m.confirmed_msgs_per_s:,.0f}"
+            figure = "error" if m.error else ("new queue" if m.is_new_queue else f"{m.confirmed_msgs_per_s:,.0f}")
             pair = pairs.get((m.label, m.round_number))
             shown = format_ratio(pair.throughput_ratio) if pair and m.broker == RAFTMQ else ""
             label = f"{m.label}#{m.round_number}" if multi else m.label
@@ -312,7 +377,8 @@ def format_history(history: list[tuple[Path, RunReport]]) -> str:
 
 
 def format_markdown(history: list[tuple[Path, RunReport]]) -> str:
-    """A Markdown table of the raftmq/RabbitMQ pairs of every run, for docs/benchmarks.md."""
+    """A Markdown table of the raftmq/RabbitMQ pairs of every run, for docs/benchmarks.md (flows only: the
+    new-queue trials are in the table of `raftmq bench` and in `bench.issue16`)."""
     lines = [
         "| run (UTC) | workload | raftmq confirmed/s | RabbitMQ confirmed/s | throughput ratio | p99 ms raftmq / RabbitMQ "
         "| p99 ratio | broker CPU us/msg raftmq / RabbitMQ | CPU/msg ratio | load raftmq / RabbitMQ |",
@@ -324,7 +390,7 @@ def format_markdown(history: list[tuple[Path, RunReport]]) -> str:
             continue
         for pair in comparisons(report.measurements):
             ours, theirs = pair.raftmq, pair.rabbitmq
-            if ours is None or theirs is None:
+            if ours is None or theirs is None or ours.is_new_queue:
                 continue
             lines.append(
                 f"| {report.started_at[:16].replace('T', ' ')} | {pair.label} | {_markdown_rate(ours)} "
@@ -344,7 +410,7 @@ def _markdown_rounds_rows(report: RunReport) -> list[str]:
     for summary in ratio_summaries(report.measurements):
         ours = [m for m in report.measurements if m.label == summary.label and m.broker == RAFTMQ]
         theirs = [m for m in report.measurements if m.label == summary.label and m.broker == RABBITMQ]
-        if not ours or not theirs:
+        if not ours or not theirs or ours[0].is_new_queue:
             continue
         rows.append(
             f"| {report.started_at[:16].replace('T', ' ')} | {summary.label} ({summary.rounds} rounds) "
@@ -409,7 +475,7 @@ def write_chart(report: RunReport, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = [m for m in report.measurements if not m.error]
+    ok = [m for m in report.measurements if not m.error and not m.is_new_queue]
     labels = sorted(dict.fromkeys(m.label for m in ok), key=lambda label: _label_order(label, ok))
     brokers = list(dict.fromkeys(m.broker for m in ok))
     grouped: dict[tuple[str, str], list[Measurement]] = {}

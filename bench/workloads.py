@@ -6,6 +6,10 @@
 (d) 1,000 queues, each with its own publishing channel and consumer, multiplexed over 2+2 processes (warm-up at
     least 5 s: a thousand consumers take a while to reach a steady state);
 (e) latency at fixed publish rates, (a)'s topology, every message timed.
+With `RunSettings.rates_for` containing "a", (a) is also measured at those fixed rates (as (e), labelled "a@<rate>/s";
+(b)'s are in `bench.quorum`), and with `new_queue_trials` (a) and (b) first time the first message on that many new
+queues of their type ("a/new-q", `bench.newqueue`), on the idle broker before the flow.
+`Measurement` and BODY_SIZE/FANOUT_QUEUES live in `bench.measurement` and are re-exported here for older imports.
 A control connection declares the topology (names carry a run id so runs never collide), and deletes it afterwards.
 """
 
@@ -22,13 +26,16 @@ from bench import frames
 from bench.client import BenchConnection, Endpoint
 from bench.cpu import CpuWindow, local_listening_pid
 from bench.loadgen import ConsumerSpec, PublisherSpec, PublishTarget, WorkerResult
+from bench.measurement import BODY_SIZE as BODY_SIZE
+from bench.measurement import FANOUT_QUEUES as FANOUT_QUEUES
+from bench.measurement import NEW_QUEUE
+from bench.measurement import Measurement as Measurement
+from bench.newqueue import run_trials, summarize
 from bench.processes import run_workers
 from bench.stats import rate_per_s, summarize_latencies_ns
 
 ALL_WORKLOADS = ("a", "b", "c", "d", "e")
 DEFAULT_LATENCY_RATES = (1000, 2000, 5000)
-BODY_SIZE = 100
-FANOUT_QUEUES = 10
 MANY_QUEUES = 1000
 # RabbitMQ confirms persistent messages once its message store has synced them, about 20 ms after the write here;
 # raftmq after its fsync (and, in (b), replication). A window of 256 capped RabbitMQ's (a) near 256 / 20 ms
@@ -38,41 +45,6 @@ DEFAULT_CONFIRM_WINDOW = 2048
 DEFAULT_CONFIRM_WINDOWS = {"a": DEFAULT_CONFIRM_WINDOW, "b": 256}
 MANY_QUEUES_WARMUP_S_MIN = 5.0
 CPU_WINDOW_MARGIN_S = 0.5  # a thousand consumers and channels take seconds to reach a steady state
-
-
-@dataclass(frozen=True, slots=True)
-class Measurement:
-    """One figure set for one workload (or one rate of (e)) on one broker."""
-
-    label: str  # "a", "b", "c", "d" or "e@<rate>/s"
-    workload: str
-    broker: str
-    confirmed_msgs_per_s: float = 0.0
-    delivered_msgs_per_s: float = 0.0
-    published_msgs: int = 0
-    confirmed_msgs: int = 0
-    nacked_msgs: int = 0
-    delivered_msgs: int = 0
-    measured_s: float = 0.0
-    latency_samples: int = 0
-    latency_p50_ms: float | None = None
-    latency_p99_ms: float | None = None
-    latency_p999_ms: float | None = None
-    latency_max_ms: float | None = None
-    target_rate_msgs_per_s: float | None = None
-    loadgen_cpu_max_fraction: float = 0.0  # busiest load-generator process: CPU s / measured s (1.0 = saturated)
-    error: str | None = None
-    note: str | None = None
-    broker_cpu_cores: float | None = None  # broker process CPU s per measured s (single local node; None otherwise)
-    load_average_1m: float | None = None  # of the machine, when the measurement started
-    round_number: int = 1  # with `raftmq bench --rounds N`: which round (1..N) took it (bench.rounds)
-
-    @property
-    def broker_cpu_us_per_msg(self) -> float | None:
-        """Broker CPU per confirmed message: steadier than throughput when other jobs share the machine."""
-        if self.broker_cpu_cores is None or self.confirmed_msgs_per_s <= 0:
-            return None
-        return self.broker_cpu_cores * 1e6 / self.confirmed_msgs_per_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +61,8 @@ class RunSettings:
     latency_rates_msgs_per_s: tuple[int, ...] = DEFAULT_LATENCY_RATES
     confirm_window: int | None = None  # unconfirmed messages per publisher in (a)/(b); None: DEFAULT_CONFIRM_WINDOWS
     prefetch: int = 1000  # per consumer, workloads (a), (b) and (e)
-
+    rates_for: tuple[str, ...] = ()  # workloads ("a", "b") also measured at each of latency_rates_msgs_per_s
+    new_queue_trials: int = 0  # (a)/(b): first message on this many new queues before the flow (bench.newqueue)
 
     def window_for(self, workload: str) -> int:
         """The confirm window of an unpaced publisher in `workload` ("a" or "b")."""
@@ -196,6 +169,7 @@ def measure(
     consumers = [result for result in results if result.role == "consumer"]
     latencies = [latency for result in consumers for latency in result.latencies_ns]
     summary = summarize_latencies_ns(latencies)
+    confirms = summarize_latencies_ns([latency for result in publishers for latency in result.confirm_latencies_ns])
     return Measurement(
         label=label,
         workload=workload,
@@ -215,6 +189,8 @@ def measure(
         target_rate_msgs_per_s=target_rate,
         loadgen_cpu_max_fraction=max((r.cpu_s / r.measured_s for r in results if r.measured_s > 0), default=0.0),
         error="; ".join(errors) if errors else None,
+        confirm_p50_ms=confirms.p50_ms,
+        confirm_p99_ms=confirms.p99_ms,
     )
 
 
@@ -239,8 +215,18 @@ def _run(
         delete(endpoint, topology)
 
 
-def _measure_rate(label: str, broker: str, rate: float, results: list[WorkerResult]) -> Measurement:
-    return measure(label, "e", broker, results, rate)
+def _measure_rate(label: str, workload: str, broker: str, rate: float, results: list[WorkerResult]) -> Measurement:
+    return measure(label, workload, broker, results, rate)
+
+
+def rate_label(workload: str, rate: int) -> str:
+    """The label of `workload` measured at a fixed publish rate: "e@1000/s", "a@5000/s", "b@1000/s"."""
+    return f"{workload}@{rate}/s"
+
+
+def new_queue_label(workload: str) -> str:
+    """The label of the first-message-on-a-new-queue trials of `workload`'s queue type: "a/new-q", "b/new-q"."""
+    return f"{workload}/new-q"
 
 
 def run_workload(workload: str, broker: str, endpoint: Endpoint, settings: RunSettings) -> list[Measurement]:
@@ -251,13 +237,44 @@ def run_workload(workload: str, broker: str, endpoint: Endpoint, settings: RunSe
         return [Measurement(label=workload, workload=workload, broker=broker, error=repr(error))]
 
 
+def _at_fixed_rates(workload: str, broker: str, endpoint: Endpoint, settings: RunSettings, prefix: str,
+                    arguments: dict[str, str | int | bool] | None = None) -> list[Measurement]:
+    """(a)'s topology at each fixed rate, every message timed: (e), or (a) (or (b) on one node) with `rates_for`."""
+    measurements = []
+    for rate in settings.latency_rates_msgs_per_s:
+        topology = Topology((f"{prefix}-{rate}",), arguments or {})
+        specs = single_queue_layout(endpoint, topology.queues[0], settings, float(rate), sample_every=1)
+        finish = functools.partial(_measure_rate, rate_label(workload, rate), workload, broker, float(rate))
+        measurements.append(_run(endpoint, topology, specs, settings, finish))
+    return measurements
+
+
+def new_queue_trials(
+    workload: str, broker: str, nodes: Sequence[tuple[str, Endpoint]], settings: RunSettings,
+    arguments: dict[str, str | int | bool],
+) -> list[Measurement]:
+    """`settings.new_queue_trials` first messages on new queues of `workload`'s type ([] when 0); never raises."""
+    if settings.new_queue_trials <= 0:
+        return []
+    label = new_queue_label(workload)
+    try:
+        trials = run_trials(nodes, settings.new_queue_trials, arguments, f"bench-new-{workload}-{run_id()}")
+        return [summarize(label, workload, broker, trials)]
+    except Exception as error:  # the flow figures must not be lost to it
+        return [Measurement(label=label, workload=workload, broker=broker, kind=NEW_QUEUE, error=repr(error))]
+
+
 def _run_workload(workload: str, broker: str, endpoint: Endpoint, settings: RunSettings) -> list[Measurement]:
     prefix = f"bench-{workload}-{run_id()}"
     if workload in ("a", "b"):
         arguments: dict[str, str | int | bool] = {"x-queue-type": "quorum"} if workload == "b" else {}
+        found = new_queue_trials(workload, broker, [(broker, endpoint)], settings, arguments)
         topology = Topology((prefix,), arguments)
         specs = single_queue_layout(endpoint, prefix, settings, workload=workload)
-        return [_run(endpoint, topology, specs, settings, lambda r: measure(workload, workload, broker, r))]
+        found.append(_run(endpoint, topology, specs, settings, lambda r: measure(workload, workload, broker, r)))
+        if workload in settings.rates_for:
+            found += _at_fixed_rates(workload, broker, endpoint, settings, prefix, arguments)
+        return found
     if workload == "c":
         queues = tuple(f"{prefix}-{index}" for index in range(FANOUT_QUEUES))
         topology = Topology(queues, {}, fanout_exchange=prefix)
@@ -270,12 +287,5 @@ def _run_workload(workload: str, broker: str, endpoint: Endpoint, settings: RunS
         finish = functools.partial(measure, "d", "d", broker)
         return [_run(endpoint, topology, specs, settings, finish, MANY_QUEUES_WARMUP_S_MIN)]
     if workload == "e":
-        measurements = []
-        for rate in settings.latency_rates_msgs_per_s:
-            label = f"e@{rate}/s"
-            topology = Topology((f"{prefix}-{rate}",), {})
-            specs = single_queue_layout(endpoint, topology.queues[0], settings, float(rate), sample_every=1)
-            finish = functools.partial(_measure_rate, label, broker, float(rate))
-            measurements.append(_run(endpoint, topology, specs, settings, finish))
-        return measurements
+        return _at_fixed_rates("e", broker, endpoint, settings, prefix)
     raise ValueError(f"unknown workload {workload!r} (known: {', '.join(ALL_WORKLOADS)})")

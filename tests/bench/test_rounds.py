@@ -1,5 +1,5 @@
 """`raftmq bench --rounds N`: the ABBA order, the median/range arithmetic of the per-round ratios, the table, the
-JSON round trip (schema 1, minor 1, still read by --history) and the CLI wiring, with fake brokers only."""
+JSON round trip (schema 1, minor 2, still read by --history) and the CLI wiring, with fake brokers only."""
 
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def test_json_round_trip_of_several_rounds(tmp_path: Path) -> None:
     path = tmp_path / "bench-20261123T050000Z.json"
     write_json(report, path)
     data = json.loads(path.read_text())
-    assert (data["schema"], data["schema_minor"], data["rounds"]) == (1, 1, 3)
+    assert (data["schema"], data["schema_minor"], data["rounds"]) == (1, 2, 3)  # minor 2: kind, confirm_*, declare_ok_*
     assert data["comparisons"] == [{"label": "a", "throughput_ratio": 0.8, "p99_ratio": 0.75, "cpu_per_msg_ratio": 1.25}]
     assert [(c["round"], c["throughput_ratio"]) for c in data["round_comparisons"]] == [(1, 0.5), (2, 1.0), (3, 0.8)]
     (summary,) = data["ratio_summaries"]

@@ -10,6 +10,7 @@ and delivered, and that the CLI writes its results.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -57,13 +58,32 @@ def test_cli_measures_a_target_and_writes_json_and_png(raftmq_endpoint: Endpoint
     status = cli.main(argv)
     [json_path] = tmp_path.glob("bench-*.json")
     data = json.loads(json_path.read_text())
-    [measurement] = data["measurements"]
+    # (a) first times the first message on new queues ("a/new-q", --new-queue-trials, 5 by default), then flows.
+    new_queue, measurement = data["measurements"]
     if measurement["error"] and "setup" in measurement["error"]:
         pytest.skip(f"raftmq node cannot serve workload (a) yet: {measurement['error']}")
     assert status == 0
     assert (measurement["broker"], measurement["label"]) == ("raftmq", "a")
     assert measurement["confirmed_msgs"] > 0
+    assert measurement["confirm_p99_ms"] is not None
+    assert (new_queue["label"], new_queue["kind"], new_queue["error"]) == ("a/new-q", "new-queue", None)
+    assert new_queue["latency_samples"] == 5
     assert json_path.with_suffix(".png").exists()
+
+
+def test_new_queue_trials_and_fixed_rates_of_a(raftmq_endpoint: Endpoint) -> None:
+    """(a) with new-queue trials and a fixed rate: every trial gets its confirm and delivery, the paced run has
+    end-to-end and confirm latency and deliveries."""
+    settings = dataclasses.replace(SHORT, rates_for=("a",), latency_rates_msgs_per_s=(500,), new_queue_trials=3)
+    found = run_workload("a", "raftmq", raftmq_endpoint, settings)
+    assert [m.label for m in found] == ["a/new-q", "a", "a@500/s"]
+    new_queue, _, paced = found
+    assert new_queue.error is None and new_queue.is_new_queue
+    assert new_queue.latency_samples == 3
+    assert None not in (new_queue.declare_ok_p50_ms, new_queue.confirm_p99_ms, new_queue.latency_p99_ms)
+    assert_messages_went_through(paced)
+    assert paced.target_rate_msgs_per_s == 500.0
+    assert paced.confirm_p50_ms is not None
 
 
 def test_workload_b_runs_on_a_3_node_raftmq_cluster_with_clients_on_two_followers() -> None:
@@ -78,6 +98,23 @@ def test_workload_b_runs_on_a_3_node_raftmq_cluster_with_clients_on_two_follower
     assert (measurement.label, measurement.workload) == ("b", "b")
     assert measurement.note is not None
     assert "(follower), consumer on" in measurement.note and "3 replicas" in measurement.note
+
+
+def test_new_quorum_queues_and_a_fixed_rate_on_a_3_node_raftmq_cluster() -> None:
+    """(b)'s new-queue trials (round-robin over the nodes) and (b) at a fixed rate on a real 3-node cluster."""
+    settings = dataclasses.replace(SHORT, rates_for=("b",), latency_rates_msgs_per_s=(300,), new_queue_trials=3)
+    with contextlib.ExitStack() as stack:
+        try:
+            cluster = stack.enter_context(raftmq_cluster(3))
+        except BrokerStartError as error:
+            pytest.skip(f"raftmq cluster cannot start: {error}")
+        found = run_quorum_workload("raftmq", cluster, settings, labels=())
+    assert [m.label for m in found] == ["b/new-q", "b@300/s"]
+    new_queue, paced = found
+    assert new_queue.error is None and new_queue.latency_samples == 3
+    assert new_queue.note is not None and "rmq1, rmq2, rmq3" in new_queue.note
+    assert_messages_went_through(paced)
+    assert paced.target_rate_msgs_per_s == 300.0
 
 
 @pytest.mark.rabbitmq
