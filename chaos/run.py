@@ -80,6 +80,8 @@ def run_scenario(scenario: Scenario, env: Environment) -> RunOutcome:
         raise
     finally:
         nemesis.heal_all()
+    if config.messages_per_publisher == 0:  # sized by duration: publishing ends with the steps
+        workload.stop_publishing()
     published_all = workload.wait_published(scenario.publish_timeout_s)
     drained = workload.drain()
     records = workload.records()

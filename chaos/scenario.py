@@ -236,7 +236,8 @@ class Nemesis:
                 return
             time.sleep(0.02)
         raise ScenarioError(f"wait: fewer than {wanted} publishes confirmed in time (the broker stalled, or the "
-                            f"publishers ran out of messages: then raise messages_per_publisher)")
+                            f"publishers ran out of messages: then use messages_per_publisher = 0, which publishes until the "
+                            f"steps are over)")
 
     def _wait_queue_leader(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -38,7 +38,7 @@ class WorkloadConfig:
     queues: tuple[str, ...] = ("chaos-q",)
     publishers: int = 2
     consumers_per_queue: int = 1
-    messages_per_publisher: int = 1000
+    messages_per_publisher: int = 1000  # 0: publish until the scenario's steps are over
     publish_interval_ms: float = 0.0
     consumer_url_offset: int = 0  # consumer i starts on URL i + offset (publisher i on URL i)
     durable: bool = True
@@ -174,7 +174,8 @@ class _Worker(threading.Thread):
 
 
 class Publisher(_Worker):
-    """Publishes messages_per_publisher unique payloads to one queue, each under a confirm."""
+    """Publishes messages_per_publisher unique payloads to one queue, each under a confirm; with 0, until told to
+    stop (a scenario sized by its duration: it stops them when its steps are over)."""
 
     def __init__(self, index: int, config: WorkloadConfig, recorder: Recorder, stop: threading.Event) -> None:
         super().__init__(f"p{index}", index, config, recorder, stop)
@@ -182,7 +183,7 @@ class Publisher(_Worker):
         self.sequence = 0
 
     def finished(self) -> bool:
-        return self.sequence >= self.config.messages_per_publisher
+        return 0 < self.config.messages_per_publisher <= self.sequence
 
     def work(self, channel: BlockingChannel) -> None:
         channel.confirm_delivery()
