@@ -7,7 +7,8 @@ steps (publish, poll, deliver, round, advance, crash, restart, isolate, heal, fl
 place a crash between a request and its reply; `run_random` drives the same steps from a seeded RNG.
 
 Checkers (`check`): no confirmed message lost (it must be on the leader at its offset at the end, unless every copy
-of it on every replica was destroyed by crashes: then it is listed as `destroyed`, beyond the fault model); no
+on every replica of the ISR that committed it was destroyed by crashes: then it is listed as `destroyed`, beyond
+the fault model); no
 divergence below the HW (every pair of replicas compared at every offset below the leader's HW); the HW never
 goes backwards on a leader within its epoch (checked after every step).
 """
@@ -70,6 +71,7 @@ class MirrorSim:
         self.confirmed: dict[str, int] = {}
         self.nacked: dict[str, str] = {}
         self.destroyed: set[str] = set()
+        self.committers: dict[str, frozenset[str]] = {}  # the ISR that a confirmed message was committed by
         self.hw_seen: dict[tuple[str, int], int] = {}
         self.result = MirrorResult()
         self._notify(None)
@@ -81,6 +83,14 @@ class MirrorSim:
 
     def live(self) -> frozenset[str]:
         return frozenset(self.nodes)
+
+    def _held(self, name: str) -> set[str]:
+        if name in self.nodes:
+            return {rec.msg for rec in self.nodes[name].log}
+        return {rec.msg for rec in self.images[name].log} if name in self.images else set()
+
+    def log_ends(self) -> dict[str, tuple[int, int]]:
+        return {name: (r.latest_epoch(), r.leo) for name, r in self.nodes.items()}
 
     def leader(self) -> Replica | None:
         name = self.state.leader
@@ -95,6 +105,7 @@ class MirrorSim:
                     self.net.append((node, e.dst, e.message))
             elif isinstance(e, Confirmed):
                 self.confirmed[e.msg] = e.offset
+                self.committers[e.msg] = frozenset(self.nodes[node].isr)
                 self.log(f"{node}: confirmed {e.msg} at offset {e.offset}")
             elif isinstance(e, Nacked):
                 self.nacked[e.msg] = e.reason
@@ -196,13 +207,13 @@ class MirrorSim:
         self.net = deque(m for m in self.net if node not in (m[0], m[1]))
         self.log(f"crash {node} (LEO {replica.leo}, flushed {replica.flushed}, HW checkpoint "
                  f"{replica.hw_checkpoint})")
-        held: set[str] = set()
-        for r in self.nodes.values():
-            held.update(rec.msg for rec in r.log)
-        for image in self.images.values():
-            held.update(rec.msg for rec in image.log)
-        self.destroyed |= {m for m in self.confirmed if m not in held}
-        self._set_state(ctl.broker_down(self.state, node, self.live(), self.settings))
+        dropped = {rec.msg for rec in replica.log[replica.flushed:]}
+        for msg in dropped & self.confirmed.keys():
+            others = self.committers[msg] - {node}
+            if not any(msg in self._held(r) for r in others):
+                self.destroyed.add(msg)
+                self.log(f"{msg}: every replica that committed it has now lost it (beyond the fault model)")
+        self._set_state(ctl.broker_down(self.state, node, self.live(), self.settings, self.log_ends()))
 
     def restart(self, node: str) -> None:
         image = self.images.pop(node)
@@ -210,11 +221,12 @@ class MirrorSim:
         self.log(f"restart {node} (LEO {self.nodes[node].leo}, HW {self.nodes[node].hw})")
         before = self.state
         self._set_state(ctl.broker_up(self.state, node, self.live(), self.settings.flush == "unsynced",
-                                      self.settings))
+                                      self.settings, self.log_ends()))
         if self.state.leader is not None and self.state.leader != node and self.nodes[node].role == "none":
             self._apply(node, self.nodes[node].become_follower(self.state.leader, self.state.epoch))
-        if self.state.isr != before.isr:
-            self.log(f"controller: ISR {sorted(self.state.isr)} ELR {sorted(self.state.elr)}")
+        if (self.state.isr, self.state.unclean) != (before.isr, before.unclean):
+            self.log(f"controller: ISR {sorted(self.state.isr)} ELR {sorted(self.state.elr)} unclean "
+                     f"{sorted(self.state.unclean)}")
 
     def transfer(self, node: str) -> None:
         self.log(f"move leadership to {node}")
