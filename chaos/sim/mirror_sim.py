@@ -9,8 +9,9 @@ place a crash between a request and its reply; `run_random` drives the same step
 Checkers (`check`): no confirmed message lost (it must be on the leader at its offset at the end, unless every copy
 on every replica of the ISR that committed it was destroyed by crashes: then it is listed as `destroyed`, beyond
 the fault model); no
-divergence below the HW (every pair of replicas compared at every offset below the leader's HW); the HW never
-goes backwards on a leader within its epoch (checked after every step).
+divergence below the HW (every pair of replicas compared at every offset below the leader's HW, and a consumer
+that reads everything below the leader's HW never sees two messages at one offset); the HW never goes backwards
+on a leader within its epoch (checked after every step).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class MirrorSim:
         self.nacked: dict[str, str] = {}
         self.destroyed: set[str] = set()
         self.committers: dict[str, frozenset[str]] = {}  # the ISR that a confirmed message was committed by
+        self.reads: list[str] = []  # what consumers of the leader saw, by offset
         self.hw_seen: dict[tuple[str, int], int] = {}
         self.result = MirrorResult()
         self._notify(None)
@@ -150,6 +152,15 @@ class MirrorSim:
         if leader.hw < seen:
             self.result.hw_regressions.append(f"{leader.name} epoch {leader.epoch}: HW {seen} -> {leader.hw}")
         self.hw_seen[key] = max(seen, leader.hw)
+        for record in leader.log[len(self.reads):leader.hw]:  # a consumer reads what the HW makes visible
+            self.reads.append(record.msg)
+            self.committers.setdefault(record.msg, frozenset(leader.isr))
+        for o in range(min(len(self.reads), leader.hw)):
+            if leader.log[o].msg != self.reads[o]:
+                if self.reads[o] not in self.destroyed:
+                    self.result.diverged.append(f"offset {o}: a consumer read {self.reads[o]}, later "
+                                                f"{leader.log[o].msg} from {leader.name}")
+                self.reads[o] = leader.log[o].msg
 
     # --- steps -------------------------------------------------------------------------------------------------
 
@@ -208,7 +219,7 @@ class MirrorSim:
         self.log(f"crash {node} (LEO {replica.leo}, flushed {replica.flushed}, HW checkpoint "
                  f"{replica.hw_checkpoint})")
         dropped = {rec.msg for rec in replica.log[replica.flushed:]}
-        for msg in dropped & self.confirmed.keys():
+        for msg in dropped & (self.confirmed.keys() | set(self.reads)):
             others = self.committers[msg] - {node}
             if not any(msg in self._held(r) for r in others):
                 self.destroyed.add(msg)
@@ -294,7 +305,7 @@ class MirrorSim:
         self.settle()
         r = self.result
         r.lost = self.lost_now()
-        r.diverged = self.divergence()
+        r.diverged = [*self.divergence(), *r.diverged]  # replicas first, then what consumers read
         r.destroyed = sorted(self.destroyed)
         r.confirmed = len(self.confirmed)
         r.unclean_elections = self.state.unclean_elections

@@ -7,6 +7,7 @@ from cluster.mirror_queues.core import controller as ctl
 from cluster.mirror_queues.core.replica import Replica
 from cluster.mirror_queues.core.types import (
     Confirmed,
+    Effect,
     EpochEndRequest,
     EpochEndResponse,
     FetchRequest,
@@ -26,7 +27,7 @@ def leader_of(names: tuple[str, ...], settings: Settings, now: int = 0) -> Repli
     return leader
 
 
-def reply(effects: list[object]) -> FetchResponse | EpochEndResponse:
+def reply(effects: list[Effect]) -> FetchResponse | EpochEndResponse:
     sends = [e for e in effects if isinstance(e, Send)]
     assert len(sends) == 1
     message = sends[0].message

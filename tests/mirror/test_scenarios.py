@@ -19,7 +19,7 @@ def test_scenario_passes_with_the_safe_defaults(name: str) -> None:
 def test_hw_truncation_loss_under_hw() -> None:
     result = run_scenario("hw-truncation-loss", unsafe=True)
     assert result.lost == ["m1 (offset 1; leader B has m2)"]
-    assert result.diverged == ["offset 1: A has m1, B has m2"]
+    assert result.diverged == ["offset 1: A has m1, B has m2", "offset 1: a consumer read m1, later m2 from B"]
 
 
 def test_hw_truncation_loss_is_also_fixed_by_kip101_alone() -> None:
@@ -28,14 +28,14 @@ def test_hw_truncation_loss_is_also_fixed_by_kip101_alone() -> None:
 
 def test_double_crash_divergence_under_hw() -> None:
     result = run_scenario("double-crash-divergence", unsafe=True)
-    assert result.diverged == ["offset 1: A has m1, B has m2"]
+    assert result.diverged == ["offset 1: A has m1, B has m2", "offset 1: a consumer read m1, later m2 from B"]
     assert result.lost == ["m1 (offset 1; leader B has m2)"]
 
 
 def test_double_crash_with_leader_epochs_but_no_elr_loses_without_diverging() -> None:
     """KIP-101's own limit: B, back first without m1, leads; A truncates m1 away (no divergence, but loss)."""
     result = run_scenario("double-crash-divergence", eligible_leader_replicas=False)
-    assert result.diverged == []
+    assert result.diverged == ["offset 1: a consumer read m1, later m2 from B"]  # no replica differs
     assert result.lost == ["m1 (offset 1; leader B has m2)"]
 
 
@@ -59,6 +59,7 @@ def test_fast_failover_is_harmless_under_hw_truncation() -> None:
 def test_unclean_election_loses_with_always(truncation: str) -> None:
     result = run_scenario("unclean-election-loss", unsafe=True, truncation=truncation)
     assert result.lost == ["m1 (offset 1; leader B has m3)", "m2 (offset 2; leader B has nothing)"]
+    assert result.diverged == ["offset 1: a consumer read m1, later m3 from B"]
     assert result.unclean_elections == 1
 
 
