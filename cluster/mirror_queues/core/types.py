@@ -23,8 +23,9 @@ class Settings:
     `flush`: `fsync` makes every append durable at once; `unsynced` keeps appends in the page cache until
     `Replica.flush()` (the host's writeback), so a crash loses them.
     `promote_on_failure`: `always` lets the controller elect a replica outside the ISR (unclean election).
-    `eligible_leader_replicas`: KIP-966's rule (replicas dropped while the ISR is below `min_insync` stay
-    electable; a replica that restarts after losing unflushed writes is not electable while another is)."""
+    `eligible_leader_replicas`: KIP-966's rules (replicas dropped while the ISR is below `min_insync` stay
+    electable; a replica that restarts after a crash with unsynced flush leaves the ISR until it catches up, and
+    is elected only when every candidate is in that state, then the one with the largest last epoch and LEO)."""
 
     min_insync: int = 1
     replica_lag_max_ms: int = 10_000
