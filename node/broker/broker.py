@@ -37,6 +37,7 @@ from node.broker import (
     mirror,
     paging,
     policies,
+    policy_apply,
     publish,
     replica,
     replica_control,
@@ -186,14 +187,14 @@ class Broker:
         if vhost not in self.vhosts:
             raise KeyError(vhost)
         created = name not in self.vhosts[vhost].policies
-        policies.put_policy(self, policy)
+        policy_apply.put_policy(self, policy)
         self.persist((policies.record_of(policy),))
         self._settle_round()  # (dead letters a new limit made)
         return created
 
     def clear_policy(self, vhost: str, name: str) -> bool:
         """Remove a policy (False: there was none); objects revert to their own arguments."""
-        if not policies.remove_policy(self, vhost, name):
+        if not policy_apply.remove_policy(self, vhost, name):
             return False
         self.persist((PolicyRecord(vhost, name, deleted=True),))
         self._settle_round()
@@ -302,9 +303,9 @@ class Broker:
         self.now_ms = max(self.now_ms, now_ms)
         if self.replicated:
             replica_control.tick(self)
-            if self.now_ms - self.policy_checked_ms >= policies.POLICY_RESEND_MS:
+            if self.now_ms - self.policy_checked_ms >= policy_apply.POLICY_RESEND_MS:
                 self.policy_checked_ms = self.now_ms
-                policies.resend_leader_policies(self)
+                policy_apply.resend_leader_policies(self)
         else:
             definitions.expire_queues(self, self.now_ms)
             paging.spill_under_alarm(self)  # (only under the memory alarm)
@@ -402,7 +403,7 @@ class Broker:
         recovery.recover(self, [r for r in records if type(r) is not PolicyRecord] if stored_policies else records)
         self._batch = None
         self.out.clear()
-        policies.apply_records(self, stored_policies)  # (a policy's limits may drop recovered messages)
+        policy_apply.apply_records(self, stored_policies)  # (a policy's limits may drop recovered messages)
         return self._finish()
 
     def on_tail_offsets(self, items: list[tuple[str, int, int]]) -> list[Effect]:
@@ -448,7 +449,7 @@ class Broker:
     def set_queue_leader(self, vhost: str, queue: str, is_local_leader: bool) -> list[Effect]:
         replica_control.set_leader(self, vhost, queue, is_local_leader)
         if is_local_leader:
-            policies.resend_leader_policies(self, (vhost, queue))
+            policy_apply.resend_leader_policies(self, (vhost, queue))
         return self._finish_replicated()
 
     def node_down(self, node: str) -> list[Effect]:
@@ -460,7 +461,7 @@ class Broker:
         records = list(records)
         mirrored_policies = [r for r in records if type(r) is PolicyRecord]
         mirror.apply_records(self, [r for r in records if type(r) is not PolicyRecord])
-        policies.apply_records(self, mirrored_policies)
+        policy_apply.apply_records(self, mirrored_policies)
         return self._finish_replicated()
 
     def _finish_replicated(self) -> list[Effect]:

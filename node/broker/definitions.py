@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.queue import Expire, Purge, Purged, Queue
 from node.amqp import methods as m
+from node.broker import policy_apply
 from node.broker.channel import ChannelState, ConnState
 from node.broker.errors import AmqpError, access_refused, not_found, precondition
 from node.broker.exchanges import EXCHANGE_TYPES, Binding, Dest, Exchange
@@ -289,9 +290,7 @@ def create_queue(broker: Broker, vhost: VHost[QueueState], name: str, durable: b
     vhost.queues[name] = queue
     vhost.invalidate()
     if vhost.policies:
-        from node.broker import policies
-
-        policies.apply_to_queue(broker, vhost, queue)  # (replicated: its Raft leader proposes SetArgs)
+        policy_apply.apply_to_queue(broker, vhost, queue)  # (replicated: its Raft leader proposes SetArgs)
     return queue
 
 
