@@ -28,11 +28,11 @@ a reused channel number must never receive the old channel's replies.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from node.amqp import methods as m
 from node.broker.effects import CloseChannel, CloseConnection, Effect
+from node.broker.state import HeldReplies
 
 if TYPE_CHECKING:
     from node.broker.broker import Broker
@@ -47,17 +47,6 @@ HELD_EFFECTS_MAX = 100_000  # per channel: far above one credit window per consu
 HELD_OVERFLOW_TEXT = "INTERNAL_ERROR - too many replies waiting for the disk"
 
 ChannelKey = tuple[int, int]  # (conn_id, channel number)
-
-
-@dataclass(slots=True)
-class HeldReplies:
-    """One channel's held effects and the Persist tokens they wait for (mutable state, not a message)."""
-
-    tokens: set[int]
-    from_index: int  # effects of the running entry point's `out` from this index on are held (0 afterwards)
-    effects: list[Effect] = field(default_factory=list)
-    class_id: int = 0  # the method that gated the channel first: named in the channel error of `fail`
-    method_id: int = 0
 
 
 def run_gated(broker: Broker, conn: ConnState, channel: int, method: Any) -> None:
