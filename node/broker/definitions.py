@@ -9,12 +9,13 @@ arguments of the policy that applies to it (node/broker/policies.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cluster.queue import Expire, Purge, Purged, Queue
 from node.amqp import methods as m
 from node.broker import policy_apply
 from node.broker.channel import ChannelState, ConnState
+from node.broker.effects import Effect
 from node.broker.errors import AmqpError, access_refused, not_found, precondition
 from node.broker.exchanges import EXCHANGE_TYPES, Binding, Dest, Exchange
 from node.broker.headers_match import x_match_mode
@@ -28,16 +29,13 @@ from node.broker.queues import (
     validate_queue_args,
 )
 from node.broker.records import BindingRecord, ExchangeRecord, MessageRemovedRecord, QueueRecord
+from node.broker.state import BrokerState
 from node.broker.vhost import VHost
-
-if TYPE_CHECKING:
-    from node.broker.broker import Broker
-    from node.broker.effects import Effect
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 
 
-def _send(broker: Broker, ch: ChannelState, method: Any) -> None:
+def _send(broker: BrokerState, ch: ChannelState, method: Any) -> None:
     from node.broker.effects import Send
 
     broker.out.append(Send(ch.conn_id, ch.number, method))
@@ -54,7 +52,7 @@ def _default_exchange_refused() -> AmqpError:
 # --- exchanges --------------------------------------------------------------------------------------------------
 
 
-def exchange_declare(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ExchangeDeclare) -> None:
+def exchange_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.ExchangeDeclare) -> None:
     vhost = broker.vhost_of(conn)
     name = method.exchange
     resource = exchange_resource(name, vhost.name)
@@ -93,7 +91,7 @@ def exchange_declare(broker: Broker, conn: ConnState, ch: ChannelState, method: 
     _reply(broker, ch, method.nowait, m.ExchangeDeclareOk())
 
 
-def exchange_delete(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ExchangeDelete) -> None:
+def exchange_delete(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.ExchangeDelete) -> None:
     vhost = broker.vhost_of(conn)
     name = method.exchange
     if name == "":
@@ -109,7 +107,7 @@ def exchange_delete(broker: Broker, conn: ConnState, ch: ChannelState, method: m
     _reply(broker, ch, method.nowait, m.ExchangeDeleteOk())
 
 
-def delete_exchange(broker: Broker, vhost: VHost[QueueState], exchange: Exchange) -> None:
+def delete_exchange(broker: BrokerState, vhost: VHost[QueueState], exchange: Exchange) -> None:
     vhost.exchanges.pop(exchange.name, None)
     for binding in list(exchange.bindings.values()):
         _forget_binding(broker, vhost, binding, check_auto_delete=False)
@@ -128,19 +126,19 @@ def _lookup_exchange(vhost: VHost[QueueState], name: str) -> Exchange:
     return exchange
 
 
-def exchange_bind(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ExchangeBind) -> None:
+def exchange_bind(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.ExchangeBind) -> None:
     _bind(broker, conn, method.source, Dest("exchange", method.destination), method.routing_key,
           method.arguments, unbind=False)
     _reply(broker, ch, method.nowait, m.ExchangeBindOk())
 
 
-def exchange_unbind(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ExchangeUnbind) -> None:
+def exchange_unbind(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.ExchangeUnbind) -> None:
     _bind(broker, conn, method.source, Dest("exchange", method.destination), method.routing_key,
           method.arguments, unbind=True)
     _reply(broker, ch, method.nowait, m.ExchangeUnbindOk())
 
 
-def _bind(broker: Broker, conn: ConnState, source: str, dest: Dest, routing_key: str, arguments: dict[str, Any],
+def _bind(broker: BrokerState, conn: ConnState, source: str, dest: Dest, routing_key: str, arguments: dict[str, Any],
           unbind: bool) -> None:
     vhost = broker.vhost_of(conn)
     if source == "" or (dest.kind == "exchange" and dest.name == ""):
@@ -185,7 +183,7 @@ def _binding_durable(vhost: VHost[QueueState], binding: Binding) -> bool:
     return dest is not None and dest.durable
 
 
-def _forget_binding(broker: Broker, vhost: VHost[QueueState], binding: Binding, check_auto_delete: bool = True
+def _forget_binding(broker: BrokerState, vhost: VHost[QueueState], binding: Binding, check_auto_delete: bool = True
                     ) -> None:
     durable = broker.replicated or _binding_durable(vhost, binding)
     if not vhost.remove_binding(binding) and check_auto_delete:
@@ -216,7 +214,7 @@ def expand_queue_name(ch: ChannelState, name: str) -> str:
     return name
 
 
-def lookup_queue(broker: Broker, conn: ConnState, ch: ChannelState, name: str) -> QueueState:
+def lookup_queue(broker: BrokerState, conn: ConnState, ch: ChannelState, name: str) -> QueueState:
     vhost = broker.vhost_of(conn)
     queue = vhost.queues.get(expand_queue_name(ch, name))
     if queue is None:
@@ -224,7 +222,7 @@ def lookup_queue(broker: Broker, conn: ConnState, ch: ChannelState, name: str) -
     return queue
 
 
-def queue_declare(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueueDeclare) -> None:
+def queue_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueueDeclare) -> None:
     vhost = broker.vhost_of(conn)
     name = method.queue
     if method.passive:
@@ -268,7 +266,7 @@ def queue_declare(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Q
     _reply(broker, ch, method.nowait, ok)
 
 
-def create_queue(broker: Broker, vhost: VHost[QueueState], name: str, durable: bool, auto_delete: bool,
+def create_queue(broker: BrokerState, vhost: VHost[QueueState], name: str, durable: bool, auto_delete: bool,
                  args: dict[str, Any], owner: int | str | None) -> QueueState:
     expires = args.get("x-expires")
     queue = QueueState(vhost.name, name, durable, auto_delete, args, None, owner,
@@ -294,20 +292,20 @@ def create_queue(broker: Broker, vhost: VHost[QueueState], name: str, durable: b
     return queue
 
 
-def queue_bind(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueueBind) -> None:
+def queue_bind(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueueBind) -> None:
     name = expand_queue_name(ch, method.queue)
     routing_key = method.routing_key or (ch.last_queue if method.queue == "" else "")
     _bind(broker, conn, method.exchange, Dest("queue", name), routing_key, method.arguments, unbind=False)
     _reply(broker, ch, method.nowait, m.QueueBindOk())
 
 
-def queue_unbind(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueueUnbind) -> None:
+def queue_unbind(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueueUnbind) -> None:
     name = expand_queue_name(ch, method.queue)
     _bind(broker, conn, method.exchange, Dest("queue", name), method.routing_key, method.arguments, unbind=True)
     _send(broker, ch, m.QueueUnbindOk())
 
 
-def queue_purge(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueuePurge) -> None:
+def queue_purge(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueuePurge) -> None:
     queue = lookup_queue(broker, conn, ch, method.queue)
     broker.check_access(conn, "read", "queue", queue.name)
     check_exclusive(conn, queue)
@@ -315,7 +313,7 @@ def queue_purge(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Que
     _reply(broker, ch, method.nowait, m.QueuePurgeOk(message_count=count))
 
 
-def purge_queue(broker: Broker, queue: QueueState) -> int:
+def purge_queue(broker: BrokerState, queue: QueueState) -> int:
     from node.broker import delivery
 
     count = queue.machine.ready_count if broker.replicated else 0  # replicated: the local replica's count
@@ -340,7 +338,7 @@ def _paging() -> Any:
     return paging
 
 
-def queue_delete(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueueDelete) -> None:
+def queue_delete(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueueDelete) -> None:
     vhost = broker.vhost_of(conn)
     name = expand_queue_name(ch, method.queue)
     broker.check_access(conn, "configure", "queue", name)
@@ -364,7 +362,7 @@ def queue_delete(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Qu
     _reply(broker, ch, method.nowait, m.QueueDeleteOk(message_count=count))
 
 
-def delete_queue(broker: Broker, queue: QueueState, cancels: list[Effect] | None = None) -> None:
+def delete_queue(broker: BrokerState, queue: QueueState, cancels: list[Effect] | None = None) -> None:
     """Drop the queue, its bindings and consumers; consumer cancels go to `cancels` if given, else out."""
     from node.broker import delivery
 
@@ -394,7 +392,7 @@ def delete_queue(broker: Broker, queue: QueueState, cancels: list[Effect] | None
         broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in removed))
 
 
-def delete_exclusive_queues(broker: Broker, conn: ConnState) -> None:
+def delete_exclusive_queues(broker: BrokerState, conn: ConnState) -> None:
     vhost = broker.vhosts.get(conn.vhost)
     if vhost is None:
         return
@@ -402,7 +400,7 @@ def delete_exclusive_queues(broker: Broker, conn: ConnState) -> None:
         delete_queue(broker, queue)
 
 
-def expire_queues(broker: Broker, now_ms: int) -> None:
+def expire_queues(broker: BrokerState, now_ms: int) -> None:
     for vhost in list(broker.vhosts.values()):
         for queue in list(vhost.queues.values()):
             expiry = queue.machine.next_expiry_ms()
@@ -415,6 +413,6 @@ def expire_queues(broker: Broker, now_ms: int) -> None:
                 delete_queue(broker, queue)
 
 
-def _reply(broker: Broker, ch: ChannelState, nowait: bool, method: Any) -> None:
+def _reply(broker: BrokerState, ch: ChannelState, nowait: bool, method: Any) -> None:
     if not nowait:
         _send(broker, ch, method)

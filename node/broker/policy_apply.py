@@ -11,7 +11,7 @@ replicas change at one log index. Stored (recovery) and mirrored (cluster metada
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from cluster.queue.types import QueueArgs
 from node.broker.policies import (
@@ -22,12 +22,10 @@ from node.broker.policies import (
     machine_args,
     queue_type_of,
 )
+from node.broker.queues import QueueState
 from node.broker.records import PolicyRecord
-
-if TYPE_CHECKING:
-    from node.broker.broker import Broker
-    from node.broker.queues import QueueState
-    from node.broker.vhost import VHost
+from node.broker.state import BrokerState
+from node.broker.vhost import VHost
 
 POLICY_RESEND_MS: Final = 1000  # replicated mode: a SetArgs not applied by then is proposed again
 LIMIT_ARGS: Final = ("x-max-length", "x-max-length-bytes", "x-message-ttl")  # a queue with them never pages
@@ -43,7 +41,7 @@ def effective_of(vhost: VHost[Any], queue: QueueState) -> dict[str, Any]:
     return effective_queue_arguments(queue.arguments, vhost.policy_for("queue", queue.name, qtype), qtype)
 
 
-def apply_to_queue(broker: Broker, vhost: VHost[Any], queue: QueueState) -> None:
+def apply_to_queue(broker: BrokerState, vhost: VHost[Any], queue: QueueState) -> None:
     """Bring the queue's machine (and its x-expires) to the arguments its policy gives.
 
     Single node: `SetArgs` is applied to the machine at once (its effects, e.g. drop-head or dead letters past a
@@ -69,7 +67,7 @@ def apply_to_queue(broker: Broker, vhost: VHost[Any], queue: QueueState) -> None
         delivery.apply_queue(broker, queue, SetArgs(wanted))
 
 
-def _propose_if_leader(broker: Broker, queue: QueueState, wanted: QueueArgs) -> None:
+def _propose_if_leader(broker: BrokerState, queue: QueueState, wanted: QueueArgs) -> None:
     key = (queue.vhost, queue.name)
     if not queue.is_leader or queue.machine.args == wanted:
         broker.policy_sent.pop(key, None)
@@ -83,7 +81,7 @@ def _propose_if_leader(broker: Broker, queue: QueueState, wanted: QueueArgs) -> 
     queue.machine.apply(SetArgs(wanted))
 
 
-def apply_to_vhost(broker: Broker, vhost: VHost[Any], changed: Iterable[Policy]) -> None:
+def apply_to_vhost(broker: BrokerState, vhost: VHost[Any], changed: Iterable[Policy]) -> None:
     """Re-apply the policies to the vhost's queues after the `changed` policies (old and new versions) changed:
     only a queue whose name one of them matches can have another policy now. Routing forgets cached AEs."""
     vhost.invalidate()
@@ -93,7 +91,7 @@ def apply_to_vhost(broker: Broker, vhost: VHost[Any], changed: Iterable[Policy])
             apply_to_queue(broker, vhost, queue)
 
 
-def resend_leader_policies(broker: Broker, only: tuple[str, str] | None = None) -> None:
+def resend_leader_policies(broker: BrokerState, only: tuple[str, str] | None = None) -> None:
     """Replicated mode: leader queues (all, or `only`) whose replica has other arguments than their policy gives
     propose SetArgs (again): from `tick` (a lost or abandoned proposal) and when leadership is gained."""
     for vhost_name, name in [only] if only is not None else list(broker.leading):
@@ -103,7 +101,7 @@ def resend_leader_policies(broker: Broker, only: tuple[str, str] | None = None) 
             apply_to_queue(broker, vhost, queue)
 
 
-def put_policy(broker: Broker, policy: Policy) -> bool:
+def put_policy(broker: BrokerState, policy: Policy) -> bool:
     """Store (or replace) a policy and re-apply; False when its vhost is unknown."""
     vhost = broker.vhosts.get(policy.vhost)
     if vhost is None:
@@ -114,7 +112,7 @@ def put_policy(broker: Broker, policy: Policy) -> bool:
     return True
 
 
-def remove_policy(broker: Broker, vhost_name: str, name: str) -> bool:
+def remove_policy(broker: BrokerState, vhost_name: str, name: str) -> bool:
     """Drop a policy and re-apply (objects revert to their own arguments); False when there was none."""
     vhost = broker.vhosts.get(vhost_name)
     old = vhost.policies.pop(name, None) if vhost is not None else None
@@ -124,7 +122,7 @@ def remove_policy(broker: Broker, vhost_name: str, name: str) -> bool:
     return True
 
 
-def apply_records(broker: Broker, records: Iterable[PolicyRecord]) -> None:
+def apply_records(broker: BrokerState, records: Iterable[PolicyRecord]) -> None:
     """Stored (recovery) or mirrored (cluster metadata) policy records, in order; nothing is persisted."""
     for record in records:
         if record.deleted:

@@ -32,7 +32,7 @@ What goes into the log and how it is read back cheaply (the payload codec, decod
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from cluster.queue import (
     Accepted,
@@ -76,10 +76,8 @@ from node.broker.replica_wire import BATCH_MESSAGES_MAX as BATCH_MESSAGES_MAX
 from node.broker.replica_wire import Batch, decoded, kept_proposal, propose_enqueue
 from node.broker.replica_wire import decode_payload as decode_payload
 from node.broker.replica_wire import encode as encode
+from node.broker.state import BrokerState
 from node.broker.vhost import VHost
-
-if TYPE_CHECKING:
-    from node.broker.broker import Broker
 
 DETACH_RETRIES_MAX: Final = 10  # times an abandoned Detach of a gone local consumer is proposed again
 TRACKED_IDS_MAX: Final = 65536  # bound of the detaching / down-consumer sets (cleared when full)
@@ -102,12 +100,12 @@ def id_node(cid: Any) -> Any:
     return _id_parts(cid)[0]
 
 
-def is_local(broker: Broker, cid: Any) -> bool:
+def is_local(broker: BrokerState, cid: Any) -> bool:
     """An id of this node's current life."""
     return _id_parts(cid) == (broker.config.node_name, broker.config.boot_id)
 
 
-def is_stale(broker: Broker, cid: Any) -> bool:
+def is_stale(broker: BrokerState, cid: Any) -> bool:
     """An id of an earlier life of this node."""
     node, boot = _id_parts(cid)
     return bool(node == broker.config.node_name and boot != broker.config.boot_id)
@@ -117,14 +115,14 @@ def _is_getter(cid: Any) -> bool:
     return type(cid) is tuple and len(cid) == 4 and cid[0] == "get"
 
 
-def global_owner(broker: Broker, owner: int | str | None) -> str | None:
+def global_owner(broker: BrokerState, owner: int | str | None) -> str | None:
     """An exclusive owner as the cluster knows it: "node/boot_id/conn_id" for a local connection."""
     if isinstance(owner, int):
         return f"{broker.config.node_name}/{broker.config.boot_id}/{owner}"
     return owner
 
 
-def local_owner(broker: Broker, owner: str | None) -> tuple[int | str | None, bool]:
+def local_owner(broker: BrokerState, owner: str | None) -> tuple[int | str | None, bool]:
     """(the owner as QueueState keeps it, whether it is a connection of an earlier life of this node)."""
     if owner is None:
         return None, False
@@ -150,7 +148,7 @@ class ProposingMachine:
 
     __slots__ = ("_broker", "_queue", "batch", "replica")
 
-    def __init__(self, broker: Broker, queue: QueueState, args: QueueArgs) -> None:
+    def __init__(self, broker: BrokerState, queue: QueueState, args: QueueArgs) -> None:
         self._broker = broker
         self._queue = queue
         self.replica = ReplicatedQueue(queue.name, args)
@@ -165,7 +163,7 @@ class ProposingMachine:
         return getattr(self.replica.queue, name)
 
 
-def propose(broker: Broker, queue: QueueState, command: Any) -> None:
+def propose(broker: BrokerState, queue: QueueState, command: Any) -> None:
     if type(command) is Detach and is_local(broker, command.consumer_id):
         track(broker.detaching, command.consumer_id)
     machine = queue.machine
@@ -174,7 +172,7 @@ def propose(broker: Broker, queue: QueueState, command: Any) -> None:
     broker.out.append(ProposeQueue(queue.vhost, queue.name, command))
 
 
-def queue_of(broker: Broker, vhost: str, name: str) -> QueueState | None:
+def queue_of(broker: BrokerState, vhost: str, name: str) -> QueueState | None:
     vh = broker.vhosts.get(vhost)
     queue = vh.queues.get(name) if vh is not None else None
     return queue if queue is not None and isinstance(queue.machine, ProposingMachine) else None
@@ -188,13 +186,13 @@ def replica_of(queue: QueueState) -> ReplicatedQueue:
 # --- publishing ----------------------------------------------------------------------------------------------
 
 
-def route_publish(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], method: Any, props: Any,
+def route_publish(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState], method: Any, props: Any,
                   body: bytes, seq: int, ttl_ms: int | None) -> list[int]:
     """`publish.route_publish` of replicated mode: one Enqueue proposal per target queue."""
     return _route(broker, ch, vhost, method, props, body, seq, ttl_ms, 0)
 
 
-def _route(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], method: Any, props: Any, body: bytes,
+def _route(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState], method: Any, props: Any, body: bytes,
            seq: int, ttl_ms: int | None, commit_id: int) -> list[int]:
     """Route and propose; returns [publish sequence] when a confirm or commit now waits for it, else []."""
     name, routing_key = method.exchange, method.routing_key
@@ -243,7 +241,7 @@ def _next_sequence(ch: ChannelState) -> int:
     return sequence
 
 
-def tx_commit(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxCommit) -> None:
+def tx_commit(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.TxCommit) -> None:
     """commit-ok goes out, in order, once every target queue applied every publish of the commit."""
     if ch.tx is None:
         raise precondition("channel is not transactional")
@@ -265,7 +263,7 @@ def tx_commit(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxCom
 ACCEPTED, DUPLICATE, REJECTED = "accepted", "duplicate", "rejected"
 
 
-def on_outcome(broker: Broker, key: tuple[str, str], publisher_id: Any, sequence: Any, outcome: str) -> None:
+def on_outcome(broker: BrokerState, key: tuple[str, str], publisher_id: Any, sequence: Any, outcome: str) -> None:
     """One target queue's answer to a publish of a local channel."""
     ch = broker.publishers.get(publisher_id) if publisher_id is not None else None
     if ch is None:
@@ -291,7 +289,7 @@ def on_outcome(broker: Broker, key: tuple[str, str], publisher_id: Any, sequence
         _finish_pending(broker, ch, pending)
 
 
-def _resend(broker: Broker, ch: ChannelState, pending: PendingPublish, key: tuple[str, str], command: Enqueue
+def _resend(broker: BrokerState, ch: ChannelState, pending: PendingPublish, key: tuple[str, str], command: Enqueue
             ) -> None:
     queue = queue_of(broker, *key)
     if queue is None:
@@ -305,13 +303,13 @@ def _resend(broker: Broker, ch: ChannelState, pending: PendingPublish, key: tupl
     propose(broker, queue, resent)
 
 
-def _finish_pending(broker: Broker, ch: ChannelState, pending: PendingPublish) -> None:
+def _finish_pending(broker: BrokerState, ch: ChannelState, pending: PendingPublish) -> None:
     for sequence in pending.sequences:
         ch.repl_waiting.pop(sequence, None)
     _complete(broker, ch, pending)
 
 
-def _complete(broker: Broker, ch: ChannelState, pending: PendingPublish) -> None:
+def _complete(broker: BrokerState, ch: ChannelState, pending: PendingPublish) -> None:
     if pending.confirm_seq:
         ch.confirm_waiting.pop(pending.confirm_seq, None)
         entry = broker.confirm_batch.get(id(ch))
@@ -322,7 +320,7 @@ def _complete(broker: Broker, ch: ChannelState, pending: PendingPublish) -> None
         publish._commit_persisted(broker, ch, pending.commit_id)
 
 
-def flush_confirms(broker: Broker) -> None:
+def flush_confirms(broker: BrokerState) -> None:
     """Send the confirms released during this entry point, per channel (a contiguous run: one multiple ack)."""
     if not broker.confirm_batch:
         return
@@ -335,7 +333,7 @@ def flush_confirms(broker: Broker) -> None:
 # --- basic.get -------------------------------------------------------------------------------------------------
 
 
-def basic_get(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicGet) -> None:
+def basic_get(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.BasicGet) -> None:
     queue = lookup_queue(broker, conn, ch, method.queue)
     broker.check_access(conn, "read", "queue", queue.name)
     check_exclusive(conn, queue)
@@ -347,7 +345,7 @@ def basic_get(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Basic
     propose(broker, queue, Get(getter_id, False, broker.now_ms))
 
 
-def _on_get_ok(broker: Broker, queue: QueueState, effect: GetOk, command: Any) -> None:
+def _on_get_ok(broker: BrokerState, queue: QueueState, effect: GetOk, command: Any) -> None:
     getter_id = effect.consumer_id
     waiting = broker.pending_gets.pop(getter_id, None)
     if waiting is None or waiting[0].closed:
@@ -367,14 +365,14 @@ def _on_get_ok(broker: Broker, queue: QueueState, effect: GetOk, command: Any) -
     broker.out.append(SendContent(ch.conn_id, ch.number, ok, msg.properties, msg.body))
 
 
-def answer_get_empty(broker: Broker, getter_id: Hashable) -> None:
+def answer_get_empty(broker: BrokerState, getter_id: Hashable) -> None:
     waiting = broker.pending_gets.pop(getter_id, None)
     if waiting is not None and not waiting[0].closed:
         ch = waiting[0]
         broker.out.append(Send(ch.conn_id, ch.number, m.BasicGetEmpty()))
 
 
-def queue_purge(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueuePurge) -> None:
+def queue_purge(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueuePurge) -> None:
     """queue.purge-ok only once this node's replica applied the Purge: a message confirmed after purge-ok was
     enqueued after the Purge in the log, so the purge cannot take it (purge-ok at once lost such messages)."""
     queue = lookup_queue(broker, conn, ch, method.queue)
@@ -384,7 +382,7 @@ def queue_purge(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Que
     propose(broker, queue, Purge())
 
 
-def _answer_purge(broker: Broker, queue: QueueState, count: int | None) -> None:
+def _answer_purge(broker: BrokerState, queue: QueueState, count: int | None) -> None:
     """This node's oldest waiting purge: purge-ok with the count, or (None: given up) a channel error."""
     if not queue.purge_waiters:
         return
@@ -409,7 +407,7 @@ _NO_ID: Final = object()  # matches no consumer or publisher id
 # --- committed entries ------------------------------------------------------------------------------------------
 
 
-def apply_committed(broker: Broker, vhost: str, name: str, data: bytes) -> None:
+def apply_committed(broker: BrokerState, vhost: str, name: str, data: bytes) -> None:
     queue = queue_of(broker, vhost, name)
     if queue is None:
         return
@@ -481,7 +479,7 @@ def apply_committed(broker: Broker, vhost: str, name: str, data: bytes) -> None:
     _after_command(broker, queue, command)
 
 
-def _unwatched(broker: Broker, publisher_id: Any) -> bool:
+def _unwatched(broker: BrokerState, publisher_id: Any) -> bool:
     """No local channel or dead-letter sender waits for this publisher's outcomes (on_outcome would do nothing)."""
     if publisher_id is None:
         return True
@@ -490,7 +488,7 @@ def _unwatched(broker: Broker, publisher_id: Any) -> bool:
     return not (type(publisher_id) is tuple and len(publisher_id) >= 3 and publisher_id[0] == "dlx-alo")
 
 
-def _on_deliver(broker: Broker, queue: QueueState, effect: Deliver) -> None:
+def _on_deliver(broker: BrokerState, queue: QueueState, effect: Deliver) -> None:
     cid = effect.consumer_id
     consumer = broker.consumers.get(cid)
     if consumer is None:
@@ -503,7 +501,7 @@ def _on_deliver(broker: Broker, queue: QueueState, effect: Deliver) -> None:
     delivery._on_deliver(broker, queue, effect)
 
 
-def _after_command(broker: Broker, queue: QueueState, command: Any) -> None:
+def _after_command(broker: BrokerState, queue: QueueState, command: Any) -> None:
     """Bookkeeping every replica does alike (members, counters), then what this node proposes in reaction."""
     kind = type(command)
     if kind is Attach:
@@ -527,7 +525,7 @@ def _after_command(broker: Broker, queue: QueueState, command: Any) -> None:
         queue.expire_proposed_ms = None
 
 
-def _after_detach(broker: Broker, queue: QueueState, command: Detach) -> None:
+def _after_detach(broker: BrokerState, queue: QueueState, command: Detach) -> None:
     cid = command.consumer_id
     queue.members.pop(cid, None)
     queue.last_used_ms = max(queue.last_used_ms, command.now_ms)
@@ -540,7 +538,7 @@ def _after_detach(broker: Broker, queue: QueueState, command: Detach) -> None:
     maybe_auto_delete(broker, queue)
 
 
-def reattach(broker: Broker, queue: QueueState, consumer: Any) -> None:
+def reattach(broker: BrokerState, queue: QueueState, consumer: Any) -> None:
     consumer.credit = 0
     consumer.granted = False
     propose(broker, queue, Attach(consumer.consumer_id, broker.now_ms, prefetch=consumer.prefetch, credit=0,
@@ -548,12 +546,12 @@ def reattach(broker: Broker, queue: QueueState, consumer: Any) -> None:
     broker.mark_dirty(consumer.channel)
 
 
-def maybe_auto_delete(broker: Broker, queue: QueueState) -> None:
+def maybe_auto_delete(broker: BrokerState, queue: QueueState) -> None:
     if queue.is_leader and queue.auto_delete and queue.had_attach and queue.machine.consumer_count == 0:
         delete_queue(broker, queue)
 
 
-def dead_letter_copy(broker: Broker, queue: QueueState, message: QueuedMessage, reason: str
+def dead_letter_copy(broker: BrokerState, queue: QueueState, message: QueuedMessage, reason: str
                      ) -> tuple[QueuedMessage | None, list[tuple[str, str]]]:
     """The copy to republish (x-death added) and the queues it routes to now; (None, []) without a DLX."""
     vhost = broker.vhosts.get(queue.vhost)
@@ -573,7 +571,7 @@ def dead_letter_copy(broker: Broker, queue: QueueState, message: QueuedMessage, 
     return dead, [(vhost.name, target) for target in targets if target in vhost.queues]
 
 
-def _republish_dead_letter(broker: Broker, queue: QueueState, effect: DeadLetter) -> None:
+def _republish_dead_letter(broker: BrokerState, queue: QueueState, effect: DeadLetter) -> None:
     dead, targets = dead_letter_copy(broker, queue, effect.message, effect.reason)
     publisher_id = ("dlx", queue.vhost, queue.name)
     vhost = broker.vhosts[queue.vhost]
@@ -586,7 +584,7 @@ def _republish_dead_letter(broker: Broker, queue: QueueState, effect: DeadLetter
 # --- abandoned proposals ----------------------------------------------------------------------------------------
 
 
-def proposal_abandoned(broker: Broker, vhost: str, name: str, data: bytes) -> None:
+def proposal_abandoned(broker: BrokerState, vhost: str, name: str, data: bytes) -> None:
     try:
         origin, _proposal_id = peek_proposal(data)
     except ProposalDecodeError:
@@ -625,7 +623,7 @@ def proposal_abandoned(broker: Broker, vhost: str, name: str, data: bytes) -> No
         replica_control.settle_abandoned(queue, command.msg_ids)
 
 
-def _detach_abandoned(broker: Broker, queue: QueueState | None, command: Detach) -> None:
+def _detach_abandoned(broker: BrokerState, queue: QueueState | None, command: Detach) -> None:
     """A local consumer that is gone must leave the machine, or its unacked messages stay stuck: propose the Detach
     again, at most DETACH_RETRIES_MAX times (after that, the next boot of this node detaches it as stale)."""
     cid = command.consumer_id
@@ -638,7 +636,7 @@ def _detach_abandoned(broker: Broker, queue: QueueState | None, command: Detach)
     propose(broker, queue, Detach(cid, broker.now_ms))
 
 
-def _server_cancel(broker: Broker, consumer: Any) -> None:
+def _server_cancel(broker: BrokerState, consumer: Any) -> None:
     """The consumer could not be attached: cancel it as a deleted queue would (basic.cancel if supported)."""
     ch = consumer.channel
     delivery.cancel_consumer(broker, consumer)

@@ -11,7 +11,7 @@ messages, settles them once every target accepted them) is at the end.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import cbor2
 
@@ -38,9 +38,7 @@ from node.broker.replica import (
     track,
 )
 from node.broker.replica_wire import decode_payload, encode_payload
-
-if TYPE_CHECKING:
-    from node.broker.broker import Broker
+from node.broker.state import BrokerState
 
 SNAPSHOT_VERSION: Final = 1
 EXPIRE_RETRY_MS: Final = 1000  # the leader re-proposes Expire if the last one has not applied after this long
@@ -49,7 +47,7 @@ EXPIRE_RETRY_MS: Final = 1000  # the leader re-proposes Expire if the last one h
 # --- leadership, nodes, time -----------------------------------------------------------------------------------
 
 
-def set_leader(broker: Broker, vhost: str, name: str, is_leader: bool) -> None:
+def set_leader(broker: BrokerState, vhost: str, name: str, is_leader: bool) -> None:
     key = (vhost, name)
     if is_leader:
         broker.leading.add(key)
@@ -70,7 +68,7 @@ def set_leader(broker: Broker, vhost: str, name: str, is_leader: bool) -> None:
         maybe_auto_delete(broker, queue)
 
 
-def node_down(broker: Broker, node: str) -> None:
+def node_down(broker: BrokerState, node: str) -> None:
     """Consumers (and get holders) of `node` are detached by each queue's leader; remembered for later leaders."""
     for vhost in list(broker.vhosts.values()):
         for queue in list(vhost.queues.values()):
@@ -83,7 +81,7 @@ def node_down(broker: Broker, node: str) -> None:
                         propose(broker, queue, Detach(cid, broker.now_ms))
 
 
-def tick(broker: Broker) -> None:
+def tick(broker: BrokerState) -> None:
     """The leader's timers: Expire for due message TTLs, x-expires deletion."""
     now_ms = broker.now_ms
     for vhost in list(broker.vhosts.values()):
@@ -103,7 +101,7 @@ def tick(broker: Broker) -> None:
                 delete_queue(broker, queue)
 
 
-def next_deadline_ms(broker: Broker) -> int | None:
+def next_deadline_ms(broker: BrokerState) -> int | None:
     best: int | None = None
     for vhost in broker.vhosts.values():
         for queue in vhost.queues.values():
@@ -126,7 +124,7 @@ def next_deadline_ms(broker: Broker) -> int | None:
 # --- snapshots ----------------------------------------------------------------------------------------------------
 
 
-def snapshot(broker: Broker, vhost: str, name: str) -> bytes:
+def snapshot(broker: BrokerState, vhost: str, name: str) -> bytes:
     queue = queue_of(broker, vhost, name)
     if queue is None:
         return b""
@@ -135,7 +133,7 @@ def snapshot(broker: Broker, vhost: str, name: str) -> bytes:
     return cbor2.dumps([SNAPSHOT_VERSION, replica, queue.dead_letter_seq, queue.had_attach, members])
 
 
-def restore(broker: Broker, vhost: str, name: str, data: bytes) -> None:
+def restore(broker: BrokerState, vhost: str, name: str, data: bytes) -> None:
     """Replace the replica (ValueError for a malformed snapshot), then resync this node's parties with it."""
     queue = queue_of(broker, vhost, name)
     if queue is None:
@@ -159,7 +157,7 @@ def restore(broker: Broker, vhost: str, name: str, data: bytes) -> None:
     _resync(broker, queue)
 
 
-def _resync(broker: Broker, queue: QueueState) -> None:
+def _resync(broker: BrokerState, queue: QueueState) -> None:
     """After a restore the replica may hold deliveries, get answers and outcomes this node never saw."""
     now_ms = broker.now_ms
     for cid in list(queue.members):
@@ -188,7 +186,7 @@ def _resync(broker: Broker, queue: QueueState) -> None:
                 propose(broker, queue, command)
 
 
-def forget_queue(broker: Broker, queue: QueueState) -> None:
+def forget_queue(broker: BrokerState, queue: QueueState) -> None:
     """The queue was deleted: publishes waiting for it count it as done (as RabbitMQ confirms a message whose
     queue went away), gets waiting on it are answered empty."""
     key = (queue.vhost, queue.name)
@@ -247,7 +245,7 @@ def is_dead_letter_publisher(publisher_id: object) -> bool:
     return type(publisher_id) is tuple and len(publisher_id) in (3, 4) and publisher_id[0] == DLX_PUBLISHER
 
 
-def send_held(broker: Broker, queue: QueueState, msg_id: int, held_seq: int, reason: str, message: QueuedMessage
+def send_held(broker: BrokerState, queue: QueueState, msg_id: int, held_seq: int, reason: str, message: QueuedMessage
               ) -> None:
     """Leader: (re)publish one held message to the targets that have not accepted it yet."""
     state = held_sends(queue)
@@ -263,7 +261,7 @@ def send_held(broker: Broker, queue: QueueState, msg_id: int, held_seq: int, rea
     _settle_if_done(broker, queue, state, msg_id, held_seq)
 
 
-def on_dead_letter_outcome(broker: Broker, target: tuple[str, str], publisher_id: tuple[str, ...], sequence: int,
+def on_dead_letter_outcome(broker: BrokerState, target: tuple[str, str], publisher_id: tuple[str, ...], sequence: int,
                            outcome: str) -> None:
     """A target queue's replica (on this node) answered a held message's republish."""
     source = queue_of(broker, publisher_id[1], publisher_id[2])
@@ -291,7 +289,7 @@ def on_dead_letter_outcome(broker: Broker, target: tuple[str, str], publisher_id
         _settle_if_done(broker, source, state, msg_id, held_seq)
 
 
-def _resend_alone(broker: Broker, source: QueueState, target: tuple[str, str], msg_id: int, held_seq: int) -> None:
+def _resend_alone(broker: BrokerState, source: QueueState, target: tuple[str, str], msg_id: int, held_seq: int) -> None:
     target_queue = queue_of(broker, *target)
     letter = source.machine.held_letter(msg_id)
     if target_queue is None or letter is None:
@@ -302,7 +300,7 @@ def _resend_alone(broker: Broker, source: QueueState, target: tuple[str, str], m
         propose(broker, target_queue, Enqueue(dead, broker.now_ms, publisher_id, 1))
 
 
-def _settle_if_done(broker: Broker, queue: QueueState, state: HeldSends, msg_id: int, held_seq: int) -> None:
+def _settle_if_done(broker: BrokerState, queue: QueueState, state: HeldSends, msg_id: int, held_seq: int) -> None:
     sent = state.sent.get(msg_id)
     if sent is None or not sent[1] or msg_id in state.settling:
         return
@@ -348,7 +346,7 @@ def _leader_changed(queue: QueueState) -> None:
         state.scanned_ms = None  # a new leader sends every held message at its first tick
 
 
-def _scan_held(broker: Broker, queue: QueueState) -> None:
+def _scan_held(broker: BrokerState, queue: QueueState) -> None:
     """Leader, every DLX_SCAN_MS: send held messages never sent or unsettled DLX_RETRY_MS after their last send."""
     state = held_sends(queue)
     now_ms = broker.now_ms
