@@ -19,6 +19,7 @@ from node.broker.effects import Effect
 from node.broker.errors import AmqpError, access_refused, not_found, precondition
 from node.broker.exchanges import EXCHANGE_TYPES, Binding, Dest, Exchange
 from node.broker.headers_match import x_match_mode
+from node.broker.queue_lookup import check_exclusive, expand_queue_name, lookup_queue
 from node.broker.queues import (
     EQUIVALENCE_ARGS,
     QueueState,
@@ -31,8 +32,6 @@ from node.broker.queues import (
 from node.broker.records import BindingRecord, ExchangeRecord, MessageRemovedRecord, QueueRecord
 from node.broker.state import BrokerState
 from node.broker.vhost import VHost
-
-REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 
 
 def _send(broker: BrokerState, ch: ChannelState, method: Any) -> None:
@@ -197,29 +196,6 @@ def _forget_binding(broker: BrokerState, vhost: VHost[QueueState], binding: Bind
 
 
 # --- queues -----------------------------------------------------------------------------------------------------
-
-
-def check_exclusive(conn: ConnState, queue: QueueState) -> None:
-    if queue.exclusive_owner is not None and queue.exclusive_owner != conn.conn_id:
-        raise AmqpError(405, f"cannot obtain exclusive access to locked {queue.resource}. It could be originally "
-                             "declared on another connection or the exclusive property value does not match "
-                             "that of the original declaration.")
-
-
-def expand_queue_name(ch: ChannelState, name: str) -> str:
-    if name == "":
-        if ch.last_queue == "":
-            raise AmqpError(404, "no previously declared queue")
-        return ch.last_queue
-    return name
-
-
-def lookup_queue(broker: BrokerState, conn: ConnState, ch: ChannelState, name: str) -> QueueState:
-    vhost = broker.vhost_of(conn)
-    queue = vhost.queues.get(expand_queue_name(ch, name))
-    if queue is None:
-        raise not_found("queue", name, vhost.name)
-    return queue
 
 
 def queue_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueueDeclare) -> None:

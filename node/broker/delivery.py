@@ -40,9 +40,10 @@ from cluster.queue import (
 from node.amqp import methods as m
 from node.amqp.properties import BasicProperties
 from node.broker.channel import ChannelState, ConnState, Consumer, Message, PendingDelivery, Unacked
-from node.broker.definitions import REPLY_TO_QUEUE, check_exclusive, delete_queue, lookup_queue
+from node.broker.definitions import delete_queue
 from node.broker.effects import Effect, Send, SendContent
 from node.broker.errors import AmqpError, access_refused, precondition
+from node.broker.queue_lookup import REPLY_TO_QUEUE, check_exclusive, lookup_queue
 from node.broker.queues import QueueState
 from node.broker.records import MessageRecord, MessageRemovedRecord, Record
 from node.broker.state import BrokerState

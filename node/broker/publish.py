@@ -21,10 +21,10 @@ from cluster.queue import DeadLetter, Enqueue, QueuedMessage
 from node.amqp import methods as m
 from node.broker import paging
 from node.broker.channel import ChannelState, ConnState, Message, TxState
-from node.broker.definitions import REPLY_TO_QUEUE
 from node.broker.delivery import enqueue, settle_entries
 from node.broker.effects import Block, Send, SendContent
 from node.broker.errors import AmqpError, access_refused, not_found, precondition
+from node.broker.queue_lookup import REPLY_TO_QUEUE
 from node.broker.queues import QueueState
 from node.broker.state import BrokerState
 from node.broker.vhost import VHost

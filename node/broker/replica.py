@@ -67,9 +67,10 @@ from cluster.queue.replicated import (
 from node.amqp import methods as m
 from node.broker import delivery, publish
 from node.broker.channel import ChannelState, ConnState, Message, PendingPublish, TxState, Unacked
-from node.broker.definitions import check_exclusive, delete_queue, lookup_queue
+from node.broker.definitions import delete_queue
 from node.broker.effects import CloseChannel, ProposeQueue, Send, SendContent
 from node.broker.errors import precondition
+from node.broker.queue_lookup import check_exclusive, lookup_queue
 from node.broker.queues import QueueState
 from node.broker.replica_wire import BATCH_BYTES_MAX as BATCH_BYTES_MAX
 from node.broker.replica_wire import BATCH_MESSAGES_MAX as BATCH_MESSAGES_MAX
