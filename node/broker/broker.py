@@ -377,6 +377,9 @@ class Broker(BrokerState):
         """Run a method's handler; an AmqpError becomes a channel or connection close."""
         self._guarded(conn, channel, method, self._dispatch, method)
 
+    def delete_queue(self, queue: QueueState) -> None:
+        definitions.delete_queue(self, queue)
+
     # --- internals ------------------------------------------------------------------------------------------
 
     def _guarded(self, conn: ConnState, channel: int, method: Any, fn: Callable[..., None], arg: Any) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from cluster.queue import Expire, Purge, Purged, Queue
 from node.amqp import methods as m
-from node.broker import policy_apply
+from node.broker import delivery, policy_apply
 from node.broker.channel import ChannelState, ConnState
 from node.broker.effects import Effect
 from node.broker.errors import AmqpError, access_refused, not_found, precondition
@@ -290,8 +290,6 @@ def queue_purge(broker: BrokerState, conn: ConnState, ch: ChannelState, method: 
 
 
 def purge_queue(broker: BrokerState, queue: QueueState) -> int:
-    from node.broker import delivery
-
     count = queue.machine.ready_count if broker.replicated else 0  # replicated: the local replica's count
     ready_ids = set(queue.machine.ready_msg_ids()) if queue.persisted_ids and not broker.replicated else set()
     for effect in queue.machine.apply(Purge()):
@@ -340,8 +338,6 @@ def queue_delete(broker: BrokerState, conn: ConnState, ch: ChannelState, method:
 
 def delete_queue(broker: BrokerState, queue: QueueState, cancels: list[Effect] | None = None) -> None:
     """Drop the queue, its bindings and consumers; consumer cancels go to `cancels` if given, else out."""
-    from node.broker import delivery
-
     vhost = broker.vhosts.get(queue.vhost)
     if vhost is None or vhost.queues.get(queue.name) is not queue:
         return
@@ -381,9 +377,7 @@ def expire_queues(broker: BrokerState, now_ms: int) -> None:
         for queue in list(vhost.queues.values()):
             expiry = queue.machine.next_expiry_ms()
             if expiry is not None and expiry <= now_ms:
-                from node.broker import delivery
-
-                delivery.apply_queue(broker, queue, Expire(now_ms))
+                            delivery.apply_queue(broker, queue, Expire(now_ms))
             if (queue.expires_ms is not None and not queue.consumers
                     and now_ms - queue.last_used_ms >= queue.expires_ms):
                 delete_queue(broker, queue)

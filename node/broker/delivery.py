@@ -40,7 +40,6 @@ from cluster.queue import (
 from node.amqp import methods as m
 from node.amqp.properties import BasicProperties
 from node.broker.channel import ChannelState, ConnState, Consumer, Message, PendingDelivery, Unacked
-from node.broker.definitions import delete_queue
 from node.broker.effects import Effect, Send, SendContent
 from node.broker.errors import AmqpError, access_refused, precondition
 from node.broker.queue_lookup import REPLY_TO_QUEUE, check_exclusive, lookup_queue
@@ -351,7 +350,7 @@ def _maybe_auto_delete(broker: BrokerState, queue: QueueState) -> None:
     if broker.replicated:
         return  # the queue's leader decides, from the machine's consumers on every node (replica.py)
     if queue.auto_delete and queue.had_consumer and not queue.consumers:
-        delete_queue(broker, queue)
+        broker.delete_queue(queue)
 
 
 def _drop_pending(broker: BrokerState, ch: ChannelState, consumer: Consumer) -> None:

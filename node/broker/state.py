@@ -6,7 +6,7 @@ handler module calls on it: `persist` (one `Persist` per entry point), `check_ac
 fresh ids and names. Handler modules (definitions, delivery, publish, paging, policy_apply, recovery, mirror,
 replica*, reply_gate) take a `BrokerState` and import nothing above them; `Broker` (node/broker/broker.py), the facade
 the runtime calls, subclasses it, dispatches events to the handlers and supplies the operations that need them
-(`dispatch_guarded`, `close_channel_state`, abstract here).
+(`dispatch_guarded`, `delete_queue`, `close_channel_state`, abstract here).
 """
 
 from __future__ import annotations
@@ -230,6 +230,11 @@ class BrokerState(ABC):
     @abstractmethod
     def dispatch_guarded(self, conn: ConnState, channel: int, method: Any) -> None:
         """Run a method's handler; an AmqpError becomes a channel or connection close."""
+
+    @abstractmethod
+    def delete_queue(self, queue: QueueState) -> None:
+        """Delete the queue as queue.delete does (`definitions.delete_queue`); delivery, below definitions,
+        deletes an auto-delete queue whose last consumer left through this."""
 
     @abstractmethod
     def close_channel_state(self, conn: ConnState, number: int) -> None:
