@@ -35,6 +35,7 @@ from node.broker import (
     policies,
     policy_apply,
     publish,
+    recovery,
     replica,
     replica_control,
     reply_gate,
@@ -300,8 +301,6 @@ class Broker(BrokerState):
 
     def recover(self, records: list[Record]) -> list[Effect]:
         """Rebuild from storage's records; returns the `PageIn` effects of queues recovered with a tail."""
-        from node.broker import recovery
-
         stored_policies = [r for r in records if type(r) is PolicyRecord]
         recovery.recover(self, [r for r in records if type(r) is not PolicyRecord] if stored_policies else records)
         self._batch = None

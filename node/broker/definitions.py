@@ -13,9 +13,9 @@ from typing import Any
 
 from cluster.queue import Expire, Purge, Purged, Queue
 from node.amqp import methods as m
-from node.broker import delivery, policy_apply
+from node.broker import delivery, paging, policy_apply
 from node.broker.channel import ChannelState, ConnState
-from node.broker.effects import Effect
+from node.broker.effects import Effect, Send
 from node.broker.errors import AmqpError, access_refused, not_found, precondition
 from node.broker.exchanges import EXCHANGE_TYPES, Binding, Dest, Exchange
 from node.broker.headers_match import x_match_mode
@@ -35,8 +35,6 @@ from node.broker.vhost import VHost
 
 
 def _send(broker: BrokerState, ch: ChannelState, method: Any) -> None:
-    from node.broker.effects import Send
-
     broker.out.append(Send(ch.conn_id, ch.number, method))
 
 
@@ -237,7 +235,7 @@ def queue_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, method
     queue.last_used_ms = broker.now_ms
     ch.last_queue = queue.name
     consumer_count = queue.machine.consumer_count if broker.replicated else len(queue.consumers)  # all nodes'
-    count = queue.machine.ready_count if queue.tail is None else _paging().message_count(queue)
+    count = queue.machine.ready_count if queue.tail is None else paging.message_count(queue)
     ok = m.QueueDeclareOk(queue=queue.name, message_count=count, consumer_count=consumer_count)
     _reply(broker, ch, method.nowait, ok)
 
@@ -256,8 +254,6 @@ def create_queue(broker: BrokerState, vhost: VHost[QueueState], name: str, durab
                                     exclusive_owner=global_owner),))
     else:
         queue.machine = Queue(name, queue_args(args))
-        from node.broker import paging
-
         queue.pageable = paging.is_pageable(broker, queue)
         if queue.stored:
             broker.persist((QueueRecord(vhost.name, name, auto_delete, args),))
@@ -302,14 +298,8 @@ def purge_queue(broker: BrokerState, queue: QueueState) -> int:
         queue.persisted_ids -= removed
         broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in sorted(removed)))
     if queue.tail is not None:
-        count += _paging().forget_tail(broker, queue)
+        count += paging.forget_tail(broker, queue)
     return count
-
-
-def _paging() -> Any:
-    from node.broker import paging
-
-    return paging
 
 
 def queue_delete(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueueDelete) -> None:
@@ -322,7 +312,7 @@ def queue_delete(broker: BrokerState, conn: ConnState, ch: ChannelState, method:
         check_exclusive(conn, queue)
         if method.if_unused and (queue.consumers or (broker.replicated and queue.machine.consumer_count)):
             raise precondition(f"{queue.resource} in use")
-        count = queue.machine.ready_count if queue.tail is None else _paging().message_count(queue)
+        count = queue.machine.ready_count if queue.tail is None else paging.message_count(queue)
         if method.if_empty and count:
             raise precondition(f"{queue.resource} not empty")
         # RabbitMQ sends queue.delete-ok before the consumer_cancel_notify basic.cancels (the channel replies when
@@ -357,7 +347,7 @@ def delete_queue(broker: BrokerState, queue: QueueState, cancels: list[Effect] |
     if queue.stored or broker.replicated:
         broker.persist((QueueRecord(queue.vhost, queue.name, deleted=True),))
     if queue.tail is not None:
-        _paging().forget_tail(broker, queue)
+        paging.forget_tail(broker, queue)
     if queue.persisted_ids:  # (not stored: paged-in persistent messages; the stream stays consistent on its own)
         removed = sorted(queue.persisted_ids)
         queue.persisted_ids.clear()

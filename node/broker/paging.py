@@ -48,6 +48,7 @@ from typing import Any, Final
 from cluster.queue import MsgId, QueuedMessage, Recover
 from node.amqp.properties import BasicProperties
 from node.broker.channel import Message
+from node.broker.delivery import apply_queue, properties_to_dict
 from node.broker.effects import PageIn
 from node.broker.queues import QueueState
 from node.broker.records import MessageRecord, MessageRemovedRecord, TailMessageRecord, queue_stream
@@ -132,8 +133,6 @@ def page_out(broker: BrokerState, queue: QueueState, msg: Message, persistent: b
     """Put a message at the end of the queue's tail instead of into its machine; returns the Persist token its
     confirm waits for (0: none). A message without TTL waits on disk (a transient one too: spilled, its confirm
     does not wait, and recovery never brings it back); one with a TTL waits in memory, in `held`, in its place."""
-    from node.broker.delivery import properties_to_dict
-
     tail = queue.tail
     if tail is None:
         tail = queue.tail = PagedTail(queue_stream(queue.vhost, queue.name))
@@ -228,8 +227,6 @@ def request_page_ins(broker: BrokerState) -> None:
 def on_paged_in(broker: BrokerState, vhost_name: str, queue_name: str, request_id: int,
                 records: list[MessageRecord]) -> None:
     """Storage read a PageIn's records: they join the machine in order (ids checked; stale answers ignored)."""
-    from node.broker.delivery import apply_queue
-
     vhost = broker.vhosts.get(vhost_name)
     queue = vhost.queues.get(queue_name) if vhost is not None else None
     tail = queue.tail if queue is not None else None
@@ -339,8 +336,6 @@ def spill_newest(broker: BrokerState, queue: QueueState, count_max: int) -> int:
     record: storage's fold and recovery take a record of an id already live as the message's new place, so every
     crash point finds one live copy (a removal then a copy could be cut between the two). A transient one is
     spilled as by `page_out`. Its delivery count and redelivered flag come back with it at page-in."""
-    from node.broker.delivery import properties_to_dict
-
     taken = queue.machine.withdraw_newest_ready(count_max)
     if not taken:
         return 0

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Final
 
+from cluster.queue import SetArgs
 from cluster.queue.types import QueueArgs
+from node.broker import delivery, paging
 from node.broker.policies import (
     Policy,
     _is_int,
@@ -57,13 +59,8 @@ def apply_to_queue(broker: BrokerState, vhost: VHost[Any], queue: QueueState) ->
     if any(key in merged for key in LIMIT_ARGS):
         queue.pageable = False  # limits count what the machine holds: no new tail (one already there stays)
     elif queue.tail is None:
-        from node.broker import paging
-
         queue.pageable = paging.is_pageable(broker, queue)  # (a cleared policy gives paging back)
     if queue.machine.args != wanted:
-        from cluster.queue import SetArgs
-        from node.broker import delivery
-
         delivery.apply_queue(broker, queue, SetArgs(wanted))
 
 
@@ -75,8 +72,6 @@ def _propose_if_leader(broker: BrokerState, queue: QueueState, wanted: QueueArgs
     sent = broker.policy_sent.get(key)
     if sent is not None and sent[0] == wanted and broker.now_ms - sent[1] < POLICY_RESEND_MS:
         return
-    from cluster.queue import SetArgs
-
     broker.policy_sent[key] = (wanted, broker.now_ms)
     queue.machine.apply(SetArgs(wanted))
 

@@ -23,6 +23,8 @@ from node.amqp.properties import BasicProperties
 from node.broker import paging
 from node.broker.auth import Permission, User
 from node.broker.channel import Message
+from node.broker.definitions import create_queue
+from node.broker.delivery import apply_queue
 from node.broker.exchanges import Binding, Dest, Exchange, freeze_args
 from node.broker.records import (
     BindingRecord,
@@ -120,9 +122,6 @@ def _recover_exchanges(broker: BrokerState, fold: _Fold) -> None:
 
 
 def _recover_queues(broker: BrokerState, fold: _Fold) -> None:
-    from node.broker.definitions import create_queue
-    from node.broker.delivery import apply_queue
-
     for (vhost_name, name), rec in fold.queues.items():
         vhost = broker.vhosts.get(vhost_name)
         if vhost is None or rec.deleted:
