@@ -13,7 +13,7 @@ from typing import Any
 
 from cluster.queue import Expire, Purge, Purged, Queue
 from node.amqp import methods as m
-from node.broker import delivery, paging, policy_apply
+from node.broker import delivery, paging, policy_apply, replica_machine
 from node.broker.channel import ChannelState, ConnState
 from node.broker.effects import Effect, Send
 from node.broker.errors import AmqpError, access_refused, not_found, precondition
@@ -246,10 +246,8 @@ def create_queue(broker: BrokerState, vhost: VHost[QueueState], name: str, durab
     queue = QueueState(vhost.name, name, durable, auto_delete, args, None, owner,
                        expires_ms=expires if isinstance(expires, int) else None, last_used_ms=broker.now_ms)
     if broker.replicated:
-        from node.broker import replica
-
-        queue.machine = replica.ProposingMachine(broker, queue, queue_args(args))
-        global_owner = replica.global_owner(broker, owner)
+        queue.machine = replica_machine.ProposingMachine(broker, queue, queue_args(args))
+        global_owner = replica_machine.global_owner(broker, owner)
         broker.persist((QueueRecord(vhost.name, name, auto_delete, args, durable=durable,
                                     exclusive_owner=global_owner),))
     else:

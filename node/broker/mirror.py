@@ -27,6 +27,7 @@ from node.broker.records import (
     UserRecord,
     VHostRecord,
 )
+from node.broker.replica_machine import global_owner, local_owner
 from node.broker.state import BrokerState
 from node.broker.vhost import VHost
 
@@ -91,8 +92,6 @@ def _apply_exchange(broker: BrokerState, record: ExchangeRecord) -> None:
 
 
 def _apply_queue(broker: BrokerState, record: QueueRecord, stale: list[QueueState]) -> None:
-    from node.broker.replica import global_owner, local_owner
-
     vhost = broker.vhosts.get(record.vhost)
     if vhost is None:
         return

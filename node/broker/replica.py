@@ -51,7 +51,6 @@ from cluster.queue import (
     GetOk,
     Purge,
     Purged,
-    QueueArgs,
     QueuedMessage,
     Rejected,
     Return,
@@ -61,127 +60,40 @@ from cluster.queue import (
 from cluster.queue.replicated import (
     Proposal,
     ProposalDecodeError,
-    ReplicatedQueue,
     peek_proposal,
 )
 from node.amqp import methods as m
 from node.broker import delivery, publish
 from node.broker.channel import ChannelState, ConnState, Message, PendingPublish, TxState, Unacked
 from node.broker.definitions import delete_queue
-from node.broker.effects import CloseChannel, ProposeQueue, Send, SendContent
+from node.broker.effects import CloseChannel, Send, SendContent
 from node.broker.errors import precondition
 from node.broker.queue_lookup import check_exclusive, lookup_queue
 from node.broker.queues import QueueState
+from node.broker.replica_machine import (
+    ACCEPTED,
+    DUPLICATE,
+    REJECTED,
+    TRACKED_IDS_MAX,
+    is_local,
+    is_stale,
+    propose,
+    queue_of,
+    replica_of,
+)
 from node.broker.replica_wire import BATCH_BYTES_MAX as BATCH_BYTES_MAX
 from node.broker.replica_wire import BATCH_MESSAGES_MAX as BATCH_MESSAGES_MAX
-from node.broker.replica_wire import Batch, decoded, kept_proposal, propose_enqueue
 from node.broker.replica_wire import decode_payload as decode_payload
+from node.broker.replica_wire import decoded, kept_proposal, propose_enqueue
 from node.broker.replica_wire import encode as encode
 from node.broker.state import BrokerState
 from node.broker.vhost import VHost
 
 DETACH_RETRIES_MAX: Final = 10  # times an abandoned Detach of a gone local consumer is proposed again
-TRACKED_IDS_MAX: Final = 65536  # bound of the detaching / down-consumer sets (cleared when full)
-
-
-# --- ids --------------------------------------------------------------------------------------
-
-
-def _id_parts(cid: Any) -> tuple[Any, Any]:
-    """(node, boot_id) of a consumer id (node, boot, n) or getter id ("get", node, boot, n); else (None, None)."""
-    if type(cid) is tuple:
-        if len(cid) == 3:
-            return cid[0], cid[1]
-        if len(cid) == 4 and cid[0] == "get":
-            return cid[1], cid[2]
-    return None, None
-
-
-def id_node(cid: Any) -> Any:
-    return _id_parts(cid)[0]
-
-
-def is_local(broker: BrokerState, cid: Any) -> bool:
-    """An id of this node's current life."""
-    return _id_parts(cid) == (broker.config.node_name, broker.config.boot_id)
-
-
-def is_stale(broker: BrokerState, cid: Any) -> bool:
-    """An id of an earlier life of this node."""
-    node, boot = _id_parts(cid)
-    return bool(node == broker.config.node_name and boot != broker.config.boot_id)
 
 
 def _is_getter(cid: Any) -> bool:
     return type(cid) is tuple and len(cid) == 4 and cid[0] == "get"
-
-
-def global_owner(broker: BrokerState, owner: int | str | None) -> str | None:
-    """An exclusive owner as the cluster knows it: "node/boot_id/conn_id" for a local connection."""
-    if isinstance(owner, int):
-        return f"{broker.config.node_name}/{broker.config.boot_id}/{owner}"
-    return owner
-
-
-def local_owner(broker: BrokerState, owner: str | None) -> tuple[int | str | None, bool]:
-    """(the owner as QueueState keeps it, whether it is a connection of an earlier life of this node)."""
-    if owner is None:
-        return None, False
-    parts = owner.rsplit("/", 2)
-    if len(parts) == 3 and parts[0] == broker.config.node_name:
-        if parts[1] == str(broker.config.boot_id) and parts[2].isdigit():
-            return int(parts[2]), False
-        return owner, True
-    return owner, False
-
-
-def track(ids: dict[Hashable, None], cid: Hashable) -> None:
-    if len(ids) >= TRACKED_IDS_MAX:
-        ids.clear()
-    ids[cid] = None
-
-
-# --- the proposing machine ----------------------------------------------------------------------------------------
-
-
-class ProposingMachine:
-    """Stands where the queue machine stands in single-node mode: commands are proposed, reads hit the replica."""
-
-    __slots__ = ("_broker", "_queue", "batch", "replica")
-
-    def __init__(self, broker: BrokerState, queue: QueueState, args: QueueArgs) -> None:
-        self._broker = broker
-        self._queue = queue
-        self.replica = ReplicatedQueue(queue.name, args)
-        self.batch: Batch | None = None  # the open publish batch (propose_enqueue)
-        queue.is_leader = (queue.vhost, queue.name) in broker.leading
-
-    def apply(self, command: Any) -> list[Any]:
-        propose(self._broker, self._queue, command)
-        return []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.replica.queue, name)
-
-
-def propose(broker: BrokerState, queue: QueueState, command: Any) -> None:
-    if type(command) is Detach and is_local(broker, command.consumer_id):
-        track(broker.detaching, command.consumer_id)
-    machine = queue.machine
-    if type(machine) is ProposingMachine:
-        machine.batch = None  # a later publish must not overtake this command: it starts a new batch
-    broker.out.append(ProposeQueue(queue.vhost, queue.name, command))
-
-
-def queue_of(broker: BrokerState, vhost: str, name: str) -> QueueState | None:
-    vh = broker.vhosts.get(vhost)
-    queue = vh.queues.get(name) if vh is not None else None
-    return queue if queue is not None and isinstance(queue.machine, ProposingMachine) else None
-
-
-def replica_of(queue: QueueState) -> ReplicatedQueue:
-    machine: ProposingMachine = queue.machine
-    return machine.replica
 
 
 # --- publishing ----------------------------------------------------------------------------------------------
@@ -259,9 +171,6 @@ def tx_commit(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.
     broker.mark_dirty(ch)
     ch.commits_waiting[commit_id] = waiting
     publish._release_commits(broker, ch)
-
-
-ACCEPTED, DUPLICATE, REJECTED = "accepted", "duplicate", "rejected"
 
 
 def on_outcome(broker: BrokerState, key: tuple[str, str], publisher_id: Any, sequence: Any, outcome: str) -> None:

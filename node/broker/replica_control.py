@@ -20,20 +20,22 @@ from cluster.queue.replicated import ReplicatedQueue, decode_id, encode_id
 from node.broker.definitions import delete_queue
 from node.broker.queues import QueueState, queue_args
 from node.broker.replica import (
+    answer_get_empty,
+    dead_letter_copy,
+    flush_confirms,
+    maybe_auto_delete,
+    on_outcome,
+    reattach,
+)
+from node.broker.replica_machine import (
     ACCEPTED,
     DUPLICATE,
     REJECTED,
     ProposingMachine,
-    answer_get_empty,
-    dead_letter_copy,
-    flush_confirms,
     id_node,
     is_stale,
-    maybe_auto_delete,
-    on_outcome,
     propose,
     queue_of,
-    reattach,
     replica_of,
     track,
 )
