@@ -63,13 +63,14 @@ from cluster.queue.replicated import (
     peek_proposal,
 )
 from node.amqp import methods as m
-from node.broker import delivery, publish
+from node.broker import delivery, publish, replica_dead_letters
 from node.broker.channel import ChannelState, ConnState, Message, PendingPublish, TxState, Unacked
 from node.broker.definitions import delete_queue
 from node.broker.effects import CloseChannel, Send, SendContent
 from node.broker.errors import precondition
 from node.broker.queue_lookup import check_exclusive, lookup_queue
 from node.broker.queues import QueueState
+from node.broker.replica_dead_letters import dead_letter_copy
 from node.broker.replica_machine import (
     ACCEPTED,
     DUPLICATE,
@@ -177,11 +178,9 @@ def on_outcome(broker: BrokerState, key: tuple[str, str], publisher_id: Any, seq
     """One target queue's answer to a publish of a local channel."""
     ch = broker.publishers.get(publisher_id) if publisher_id is not None else None
     if ch is None:
-        if type(publisher_id) is tuple and len(publisher_id) >= 3 and publisher_id[0] == "dlx-alo":
-            from node.broker import replica_control
-
-            if replica_control.is_dead_letter_publisher(publisher_id):
-                replica_control.on_dead_letter_outcome(broker, key, publisher_id, sequence, outcome)
+        if (type(publisher_id) is tuple and len(publisher_id) >= 3 and publisher_id[0] == "dlx-alo"
+                and replica_dead_letters.is_dead_letter_publisher(publisher_id)):
+            replica_dead_letters.on_dead_letter_outcome(broker, key, publisher_id, sequence, outcome)
         return
     pending = ch.repl_waiting.get(sequence)
     command = pending.targets.get(key) if pending is not None else None
@@ -336,9 +335,7 @@ def apply_committed(broker: BrokerState, vhost: str, name: str, data: bytes) -> 
         return
     command: Any = proposal.command
     if type(command) is SettleDeadLettered:
-        from node.broker import replica_control
-
-        replica_control.before_settle_dead_lettered(queue, command.msg_ids)
+        replica_dead_letters.before_settle_dead_lettered(queue, command.msg_ids)
     effects: list[Any] | None = replica.apply(proposal)
     if effects is None:
         return
@@ -382,9 +379,7 @@ def apply_committed(broker: BrokerState, vhost: str, name: str, data: bytes) -> 
             if effect.held_seq is None:
                 _republish_dead_letter(broker, queue, effect)
             else:
-                from node.broker import replica_control
-
-                replica_control.send_held(broker, queue, effect.msg_id, effect.held_seq, effect.reason,
+                replica_dead_letters.send_held(broker, queue, effect.msg_id, effect.held_seq, effect.reason,
                                           effect.message)
     _after_command(broker, queue, command)
 
@@ -461,26 +456,6 @@ def maybe_auto_delete(broker: BrokerState, queue: QueueState) -> None:
         delete_queue(broker, queue)
 
 
-def dead_letter_copy(broker: BrokerState, queue: QueueState, message: QueuedMessage, reason: str
-                     ) -> tuple[QueuedMessage | None, list[tuple[str, str]]]:
-    """The copy to republish (x-death added) and the queues it routes to now; (None, []) without a DLX."""
-    vhost = broker.vhosts.get(queue.vhost)
-    args = queue.machine.args
-    dlx = args.dead_letter_exchange
-    if vhost is None or dlx is None or (dlx != "" and dlx not in vhost.exchanges):
-        return None, []
-    msg: Message = message.payload
-    props = publish.with_x_death(msg, queue.name, reason, broker.now_ms)
-    routing_key = args.dead_letter_routing_key or msg.routing_key
-    targets = list(vhost.route(dlx, routing_key, props.headers))
-    if reason != "rejected":
-        deaths = props.headers.get("x-death", [])
-        targets = [t for t in targets if not publish.is_cycle(t, deaths)]
-    dead = QueuedMessage(Message(dlx, routing_key, props, msg.body), len(msg.body), message.persistent,
-                         message.priority, None)
-    return dead, [(vhost.name, target) for target in targets if target in vhost.queues]
-
-
 def _republish_dead_letter(broker: BrokerState, queue: QueueState, effect: DeadLetter) -> None:
     dead, targets = dead_letter_copy(broker, queue, effect.message, effect.reason)
     publisher_id = ("dlx", queue.vhost, queue.name)
@@ -528,9 +503,7 @@ def proposal_abandoned(broker: BrokerState, vhost: str, name: str, data: bytes) 
     elif kind is Purge and queue is not None:
         _answer_purge(broker, queue, None)
     elif kind is SettleDeadLettered and queue is not None:
-        from node.broker import replica_control
-
-        replica_control.settle_abandoned(queue, command.msg_ids)
+        replica_dead_letters.settle_abandoned(queue, command.msg_ids)
 
 
 def _detach_abandoned(broker: BrokerState, queue: QueueState | None, command: Detach) -> None:
