@@ -38,6 +38,7 @@ from node.broker import (
     recovery,
     replica,
     replica_control,
+    replica_publish,
     reply_gate,
 )
 from node.broker.auth import Permission
@@ -81,7 +82,7 @@ class Broker(BrokerState):
         self.publish_route = publish.route_publish
         if self.replicated:
             self.handlers = {**_HANDLERS, **replica.HANDLERS}
-            self.publish_route = replica.route_publish
+            self.publish_route = replica_publish.route_publish
         self._bootstrap()
 
     # --- set-up and administration ---------------------------------------------------------------------------
@@ -367,7 +368,7 @@ class Broker(BrokerState):
         return self._finish_replicated()
 
     def _finish_replicated(self) -> list[Effect]:
-        replica.flush_confirms(self)
+        replica_publish.flush_confirms(self)
         return self._finish()
 
     # --- what BrokerState leaves to the facade (the handler modules call these) -----------------------------

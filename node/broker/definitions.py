@@ -13,7 +13,7 @@ from typing import Any
 
 from cluster.queue import Expire, Purge, Purged, Queue
 from node.amqp import methods as m
-from node.broker import delivery, paging, policy_apply, replica_machine
+from node.broker import delivery, paging, policy_apply, replica_machine, replica_publish
 from node.broker.channel import ChannelState, ConnState
 from node.broker.effects import Effect, Send
 from node.broker.errors import AmqpError, access_refused, not_found, precondition
@@ -335,9 +335,7 @@ def delete_queue(broker: BrokerState, queue: QueueState, cancels: list[Effect] |
     vhost.invalidate()
     delivery.cancel_queue_consumers(broker, queue, cancels)
     if broker.replicated:
-        from node.broker import replica_control
-
-        replica_control.forget_queue(broker, queue)
+        replica_publish.forget_queue(broker, queue)
     # The definition's deletion is written first, its messages' removals after it (one Persist): a crash that
     # cuts the batch leaves a deleted queue, never a live one missing some messages. Removals a crash cut off
     # cannot bring a message back: a queue declared again under this name starts its stream afresh (the store

@@ -1,10 +1,11 @@
 """The broker's replicated mode (docs/cluster.md): queue commands go out as proposals, committed entries come back.
 
-Every queue's `QueueState.machine` is a `ProposingMachine`: its `apply(command)` emits `ProposeQueue` and returns
-no effects, and every read (`ready_count`, `next_expiry_ms()`, `args`, ...) is answered by the local replica
-(`.replica`, a `cluster.queue.replicated.ReplicatedQueue`). So the single-node handlers (consume, ack, credit,
-cancel, channel close) run unchanged and propose instead of applying. Publishing, basic.get and tx.commit have
-their own handlers here: they need to wait for the outcome.
+Every queue's `QueueState.machine` is a `ProposingMachine` (`replica_machine`): its `apply(command)` emits
+`ProposeQueue` and returns no effects, and every read (`ready_count`, `next_expiry_ms()`, `args`, ...) is answered
+by the local replica (`.replica`, a `cluster.queue.replicated.ReplicatedQueue`). So the single-node handlers
+(consume, ack, credit, cancel, channel close) run unchanged and propose instead of applying. Publishing, basic.get,
+queue.purge and tx.commit have their own handlers: they need to wait for the outcome (basic.get and queue.purge
+here, publishing and tx.commit in `replica_publish`).
 
 `apply_committed` runs one committed entry on the local replica and acts on its effects for this node's own
 parties only: deliveries to local consumers (ids `(node, boot_id, n)`), get answers to local getters (ids
@@ -21,7 +22,7 @@ applied and the machine has no consumer left: the local basic.consume, not yet a
 the consumers of a node reported down (those duties, the timers and the queue snapshots are in `replica_control`).
 Dead-lettering is at most once across a leader change (as RabbitMQ's default for quorum queues); with
 x-dead-letter-strategy at-least-once (and reject-publish) the machine holds the message until the leader saw every
-target accept it (`replica_control`, "at-least-once dead lettering"). Per-queue bookkeeping that is a function of the log (`members`, `dead_letter_seq`,
+target accept it (`replica_dead_letters`). Per-queue bookkeeping that is a function of the log (`members`, `dead_letter_seq`,
 `had_attach`) travels in the queue snapshot with the replica.
 
 What goes into the log and how it is read back cheaply (the payload codec, decode-once, publish batching into
@@ -31,7 +32,6 @@ What goes into the log and how it is read back cheaply (the payload codec, decod
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any, Final
 
 from cluster.queue import (
@@ -51,7 +51,6 @@ from cluster.queue import (
     GetOk,
     Purge,
     Purged,
-    QueuedMessage,
     Rejected,
     Return,
     Settle,
@@ -63,11 +62,10 @@ from cluster.queue.replicated import (
     peek_proposal,
 )
 from node.amqp import methods as m
-from node.broker import delivery, publish, replica_dead_letters
-from node.broker.channel import ChannelState, ConnState, Message, PendingPublish, TxState, Unacked
+from node.broker import delivery, replica_dead_letters
+from node.broker.channel import ChannelState, ConnState, Message, Unacked
 from node.broker.definitions import delete_queue
 from node.broker.effects import CloseChannel, Send, SendContent
-from node.broker.errors import precondition
 from node.broker.queue_lookup import check_exclusive, lookup_queue
 from node.broker.queues import QueueState
 from node.broker.replica_dead_letters import dead_letter_copy
@@ -82,13 +80,13 @@ from node.broker.replica_machine import (
     queue_of,
     replica_of,
 )
+from node.broker.replica_publish import answer_get_empty, on_outcome, tx_commit
 from node.broker.replica_wire import BATCH_BYTES_MAX as BATCH_BYTES_MAX
 from node.broker.replica_wire import BATCH_MESSAGES_MAX as BATCH_MESSAGES_MAX
 from node.broker.replica_wire import decode_payload as decode_payload
-from node.broker.replica_wire import decoded, kept_proposal, propose_enqueue
+from node.broker.replica_wire import decoded, kept_proposal
 from node.broker.replica_wire import encode as encode
 from node.broker.state import BrokerState
-from node.broker.vhost import VHost
 
 DETACH_RETRIES_MAX: Final = 10  # times an abandoned Detach of a gone local consumer is proposed again
 
@@ -98,145 +96,6 @@ def _is_getter(cid: Any) -> bool:
 
 
 # --- publishing ----------------------------------------------------------------------------------------------
-
-
-def route_publish(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState], method: Any, props: Any,
-                  body: bytes, seq: int, ttl_ms: int | None) -> list[int]:
-    """`publish.route_publish` of replicated mode: one Enqueue proposal per target queue."""
-    return _route(broker, ch, vhost, method, props, body, seq, ttl_ms, 0)
-
-
-def _route(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState], method: Any, props: Any, body: bytes,
-           seq: int, ttl_ms: int | None, commit_id: int) -> list[int]:
-    """Route and propose; returns [publish sequence] when a confirm or commit now waits for it, else []."""
-    name, routing_key = method.exchange, method.routing_key
-    msg = _new_message(Message, (name, routing_key, props, body))
-    targets: tuple[str, ...] = ()
-    if name == "" and routing_key.startswith(publish.REPLY_TO_PREFIX):
-        routed = publish._deliver_reply(broker, msg)
-    else:
-        targets = vhost.route(name, routing_key, props.headers)
-        routed = bool(targets)
-    if not routed and method.mandatory:
-        ret = m.BasicReturn(reply_code=312, reply_text="NO_ROUTE", exchange=name, routing_key=routing_key)
-        broker.out.append(SendContent(ch.conn_id, ch.number, ret, props, body))
-    pending = PendingPublish(seq, commit_id) if seq or commit_id else None
-    sequence = 0
-    if targets:
-        sequence = _next_sequence(ch)
-        message = QueuedMessage(msg, len(body), props.delivery_mode == 2, props.priority or 0, ttl_ms)
-        queues, now_ms, publisher_id = vhost.queues, broker.now_ms, ch.publisher_id
-        for queue_name in targets:
-            queue = queues.get(queue_name)
-            if queue is None:
-                continue
-            command = Enqueue(message, now_ms, publisher_id, sequence)
-            propose_enqueue(broker, queue, command)
-            if pending is not None:
-                pending.targets[(vhost.name, queue_name)] = command
-    if pending is not None and pending.targets:
-        ch.repl_waiting[sequence] = pending
-        pending.sequences.append(sequence)
-        if seq:
-            ch.confirm_waiting[seq] = 1
-        return [sequence]
-    if seq:
-        publish.confirm_ready(broker, ch, (seq,), ())
-    return []
-
-
-def _next_sequence(ch: ChannelState) -> int:
-    """The channel's next publish sequence; counted per channel number of the connection, so a reopened channel
-    (same publisher id) continues above what the queues' publisher dedup has seen."""
-    conn = ch.conn
-    assert conn is not None
-    sequence = conn.publish_seqs.get(ch.number, 0) + 1
-    conn.publish_seqs[ch.number] = sequence
-    return sequence
-
-
-def tx_commit(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.TxCommit) -> None:
-    """commit-ok goes out, in order, once every target queue applied every publish of the commit."""
-    if ch.tx is None:
-        raise precondition("channel is not transactional")
-    tx, ch.tx = ch.tx, TxState()
-    vhost = broker.vhost_of(conn)
-    commit_id = ch.next_commit_id
-    ch.next_commit_id = commit_id + 1
-    waiting = 0
-    for publish_method, props, body in tx.publishes:
-        ttl_ms = publish.parse_expiration(props.expiration)
-        waiting += len(_route(broker, ch, vhost, publish_method, props, body, 0, ttl_ms, commit_id))
-    for _tag, entry, kind, requeue in tx.acks:
-        delivery.settle_entries(broker, [entry], kind, requeue)
-    broker.mark_dirty(ch)
-    ch.commits_waiting[commit_id] = waiting
-    publish._release_commits(broker, ch)
-
-
-def on_outcome(broker: BrokerState, key: tuple[str, str], publisher_id: Any, sequence: Any, outcome: str) -> None:
-    """One target queue's answer to a publish of a local channel."""
-    ch = broker.publishers.get(publisher_id) if publisher_id is not None else None
-    if ch is None:
-        if (type(publisher_id) is tuple and len(publisher_id) >= 3 and publisher_id[0] == "dlx-alo"
-                and replica_dead_letters.is_dead_letter_publisher(publisher_id)):
-            replica_dead_letters.on_dead_letter_outcome(broker, key, publisher_id, sequence, outcome)
-        return
-    pending = ch.repl_waiting.get(sequence)
-    command = pending.targets.get(key) if pending is not None else None
-    if pending is None or command is None or command.sequence != sequence:
-        return
-    if outcome == DUPLICATE and key not in pending.resent:
-        # This replica applied every entry and saw no Accepted for it: a later sequence of the channel committed
-        # first (a retry reordered them) and the machine's high-water took this one for a retry. Send it again.
-        _resend(broker, ch, pending, key, command)
-        return
-    del pending.targets[key]
-    if outcome == REJECTED:
-        pending.nacked = True
-    if not pending.targets:
-        _finish_pending(broker, ch, pending)
-
-
-def _resend(broker: BrokerState, ch: ChannelState, pending: PendingPublish, key: tuple[str, str], command: Enqueue
-            ) -> None:
-    queue = queue_of(broker, *key)
-    if queue is None:
-        on_outcome(broker, key, ch.publisher_id, command.sequence, ACCEPTED)
-        return
-    sequence = _next_sequence(ch)
-    resent = Enqueue(command.message, broker.now_ms, ch.publisher_id, sequence)
-    pending.targets[key] = resent
-    pending.sequences.append(sequence)
-    ch.repl_waiting[sequence] = pending
-    propose(broker, queue, resent)
-
-
-def _finish_pending(broker: BrokerState, ch: ChannelState, pending: PendingPublish) -> None:
-    for sequence in pending.sequences:
-        ch.repl_waiting.pop(sequence, None)
-    _complete(broker, ch, pending)
-
-
-def _complete(broker: BrokerState, ch: ChannelState, pending: PendingPublish) -> None:
-    if pending.confirm_seq:
-        ch.confirm_waiting.pop(pending.confirm_seq, None)
-        entry = broker.confirm_batch.get(id(ch))
-        if entry is None:
-            entry = broker.confirm_batch[id(ch)] = (ch, [], [])
-        (entry[2] if pending.nacked else entry[1]).append(pending.confirm_seq)
-    if pending.commit_id:
-        publish._commit_persisted(broker, ch, pending.commit_id)
-
-
-def flush_confirms(broker: BrokerState) -> None:
-    """Send the confirms released during this entry point, per channel (a contiguous run: one multiple ack)."""
-    if not broker.confirm_batch:
-        return
-    batch, broker.confirm_batch = broker.confirm_batch, {}
-    for ch, acks, nacks in batch.values():
-        if not ch.closed:
-            publish.confirm_ready(broker, ch, acks, tuple(nacks))
 
 
 # --- basic.get -------------------------------------------------------------------------------------------------
@@ -274,13 +133,6 @@ def _on_get_ok(broker: BrokerState, queue: QueueState, effect: GetOk, command: A
     broker.out.append(SendContent(ch.conn_id, ch.number, ok, msg.properties, msg.body))
 
 
-def answer_get_empty(broker: BrokerState, getter_id: Hashable) -> None:
-    waiting = broker.pending_gets.pop(getter_id, None)
-    if waiting is not None and not waiting[0].closed:
-        ch = waiting[0]
-        broker.out.append(Send(ch.conn_id, ch.number, m.BasicGetEmpty()))
-
-
 def queue_purge(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueuePurge) -> None:
     """queue.purge-ok only once this node's replica applied the Purge: a message confirmed after purge-ok was
     enqueued after the Purge in the log, so the purge cannot take it (purge-ok at once lost such messages)."""
@@ -308,7 +160,6 @@ def _answer_purge(broker: BrokerState, queue: QueueState, count: int | None) -> 
 HANDLERS: dict[type, Any] = {m.BasicGet: basic_get, m.TxCommit: tx_commit, m.QueuePurge: queue_purge}
 
 
-_new_message = tuple.__new__  # Message(...) without the named tuple's Python-level __new__ (one per publish)
 _SKIPPED: Final = Purge()  # stands for the command of a skipped entry (never applied)
 _NO_ID: Final = object()  # matches no consumer or publisher id
 

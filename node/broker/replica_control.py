@@ -19,13 +19,7 @@ from cluster.queue import Detach, Expire, Return
 from cluster.queue.replicated import ReplicatedQueue, decode_id, encode_id
 from node.broker.definitions import delete_queue
 from node.broker.queues import QueueState, queue_args
-from node.broker.replica import (
-    answer_get_empty,
-    flush_confirms,
-    maybe_auto_delete,
-    on_outcome,
-    reattach,
-)
+from node.broker.replica import maybe_auto_delete, reattach
 from node.broker.replica_dead_letters import (
     _held_deadline_ms,
     _leader_changed,
@@ -33,7 +27,6 @@ from node.broker.replica_dead_letters import (
     _scan_held,
 )
 from node.broker.replica_machine import (
-    ACCEPTED,
     ProposingMachine,
     id_node,
     is_stale,
@@ -42,6 +35,7 @@ from node.broker.replica_machine import (
     replica_of,
     track,
 )
+from node.broker.replica_publish import answer_get_empty
 from node.broker.replica_wire import decode_payload, encode_payload
 from node.broker.state import BrokerState
 
@@ -191,16 +185,3 @@ def _resync(broker: BrokerState, queue: QueueState) -> None:
                 propose(broker, queue, command)
 
 
-def forget_queue(broker: BrokerState, queue: QueueState) -> None:
-    """The queue was deleted: publishes waiting for it count it as done (as RabbitMQ confirms a message whose
-    queue went away), gets waiting on it are answered empty."""
-    key = (queue.vhost, queue.name)
-    for ch in list(broker.publishers.values()):
-        for pending in list(ch.repl_waiting.values()):
-            command = pending.targets.get(key)
-            if command is not None:
-                on_outcome(broker, key, ch.publisher_id, command.sequence, ACCEPTED)
-    for getter_id, (_ch, get_queue, _no_ack) in list(broker.pending_gets.items()):
-        if get_queue is queue:
-            answer_get_empty(broker, getter_id)
-    flush_confirms(broker)  # (this may run inside a client's entry point, which does not flush)
