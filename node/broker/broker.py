@@ -6,8 +6,10 @@ its resource probes and `set_writable(conn_id, writable)` as the connection's ou
 entry point returns the effects to carry out, in order. AMQP errors raised while handling a method become
 `CloseChannel`/`CloseConnection` effects with RabbitMQ's reply code and text.
 
+`Broker` is the facade on top of `BrokerState` (node/broker/state.py: the fields and the helpers handlers share).
 Handlers live in `definitions` (exchanges, queues, bindings), `delivery` (consume, ack, get, qos, flow, credit) and
-`publish` (routing, confirms, tx, dead-lettering, direct reply-to); they all append to `Broker.out`.
+`publish` (routing, confirms, tx, dead-lettering, direct reply-to); they take the state and append to its `out`.
+The modules are layered (docs/ARCHITECTURE.md, "Inside node/broker"; `.importlinter` contract `broker-layers`).
 
 Storage is batched: every record written during one entry point shares one `Persist` (one token), placed where the
 first record was, records in order. A definition change's reply waits for its token (`reply_gate`: the channel's
@@ -17,7 +19,8 @@ for fewer Persist tokens and confirms coalesced into multiple acks.
 
 Replicated mode (`BrokerConfig.replicated`, docs/cluster.md): every queue is a replica of a Raft group; queue
 commands come out as `ProposeQueue` effects and committed entries come back through `apply_committed`. The entry
-points of that mode are thin wrappers over `replica`, `replica_control` (queues) and `mirror` (definitions from other nodes).
+points of that mode are thin wrappers over `replica`, `replica_publish`, `replica_control` (queues) and `mirror`
+(definitions from other nodes).
 """
 
 from __future__ import annotations
