@@ -6,8 +6,10 @@ its resource probes and `set_writable(conn_id, writable)` as the connection's ou
 entry point returns the effects to carry out, in order. AMQP errors raised while handling a method become
 `CloseChannel`/`CloseConnection` effects with RabbitMQ's reply code and text.
 
+`Broker` is the facade on top of `BrokerState` (node/broker/state.py: the fields and the helpers handlers share).
 Handlers live in `definitions` (exchanges, queues, bindings), `delivery` (consume, ack, get, qos, flow, credit) and
-`publish` (routing, confirms, tx, dead-lettering, direct reply-to); they all append to `Broker.out`.
+`publish` (routing, confirms, tx, dead-lettering, direct reply-to); they take the state and append to its `out`.
+The modules are layered (docs/ARCHITECTURE.md, "Inside node/broker"; `.importlinter` contract `broker-layers`).
 
 Storage is batched: every record written during one entry point shares one `Persist` (one token), placed where the
 first record was, records in order. A definition change's reply waits for its token (`reply_gate`: the channel's
@@ -17,72 +19,41 @@ for fewer Persist tokens and confirms coalesced into multiple acks.
 
 Replicated mode (`BrokerConfig.replicated`, docs/cluster.md): every queue is a replica of a Raft group; queue
 commands come out as `ProposeQueue` effects and committed entries come back through `apply_committed`. The entry
-points of that mode are thin wrappers over `replica`, `replica_control` (queues) and `mirror` (definitions from other nodes).
+points of that mode are thin wrappers over `replica`, `replica_publish`, `replica_control` (queues) and `mirror`
+(definitions from other nodes).
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from node.amqp import events as ev
 from node.amqp import methods as m
-from node.amqp.auth import parse_sasl_response
 from node.broker import (
     definitions,
     delivery,
     mirror,
     paging,
     policies,
+    policy_apply,
     publish,
+    recovery,
     replica,
     replica_control,
+    replica_publish,
     reply_gate,
 )
-from node.broker.auth import Permission, UserStore
-from node.broker.channel import ChannelState, ConnState, Consumer
-from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Persist, Send, Unblock
+from node.broker.auth import Permission
+from node.broker.channel import ChannelState, ConnState
+from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Send, Unblock
 from node.broker.errors import AmqpError
 from node.broker.queues import QueueState
-from node.broker.records import PermissionRecord, PolicyRecord, Record, UserRecord, VHostRecord
-from node.broker.vhost import VHost
+from node.broker.records import PolicyRecord, Record
+from node.broker.state import BrokerConfig as BrokerConfig  # (imported from here by the runtime and tests)
+from node.broker.state import BrokerState
 
 FLOW_ROUTES_MAX = 64  # queues remembered per publishing connection for `publish_flow_behind`
-
-
-def counter_rng(seed: bytes = b"raftmq") -> Callable[[int], bytes]:
-    """A deterministic byte source (sha256 of seed + counter); the runtime may inject os.urandom instead."""
-    state = {"n": 0}
-
-    def rng(n_bytes: int) -> bytes:
-        out = b""
-        while len(out) < n_bytes:
-            state["n"] += 1
-            out += hashlib.sha256(seed + state["n"].to_bytes(8, "big")).digest()
-        return out[:n_bytes]
-
-    return rng
-
-
-@dataclass(slots=True)
-class BrokerConfig:
-    default_vhost: str = "/"
-    default_user: str = "guest"
-    default_pass: str = "guest"
-    loopback_users: frozenset[str] = frozenset({"guest"})
-    rng: Callable[[int], bytes] = field(default_factory=counter_rng)
-    consumer_credit_window: int = 256  # deliveries a consumer may be handed ahead of the runtime's writes
-    tx_messages_max: int = 65536
-    dead_letter_hops_max: int = 10000  # per entry point; bounds dead-letter cascades
-    node_name: str = ""  # replicated mode: this node's name (ids of consumers, getters and publishers)
-    boot_id: int = 0  # replicated mode: different at every start of the node
-    replicated: bool = False  # every queue a replica: commands go out as ProposeQueue (docs/cluster.md)
-    queue_messages_in_memory_max: int = 10_000  # per stored queue; past it messages wait on disk (0: never)
-    publish_flow_ready_max: int = 1024  # a publisher is read more slowly while its queue has more ready (0: never)
-    durable_replies: bool = True  # definition replies wait for on_persisted (reply_gate.py; cluster: metadata commit)
 
 
 def alarm_reason(kind: str) -> str:
@@ -105,48 +76,16 @@ class ConnAuthenticator:
         return self._broker.vhost_access(username, vhost)
 
 
-class Broker:
+class Broker(BrokerState):
+    """The facade the runtime calls (see the module docstring); the state and its helpers are `BrokerState`'s."""
+
     def __init__(self, config: BrokerConfig | None = None) -> None:
-        self.config = config or BrokerConfig()
-        self.users = UserStore(loopback_users=self.config.loopback_users)
-        self.vhosts: dict[str, VHost[QueueState]] = {}
-        self.conns: dict[int, ConnState] = {}
-        self.consumers: dict[Hashable, Consumer] = {}
-        self.getters: dict[Hashable, ChannelState] = {}
-        self.reply_tokens: dict[str, ChannelState] = {}
-        self.persist_waiters: dict[int, list[tuple[ChannelState, int]]] = {}
-        self.held: dict[tuple[int, int], reply_gate.HeldReplies] = {}  # channels whose replies wait (reply_gate)
-        self.held_gates: dict[int, list[tuple[int, int]]] = {}  # Persist token -> channels it holds
-        self.dirty: dict[tuple[int, int], ChannelState] = {}
-        self.dead_letters: list[tuple[QueueState, Any]] = []
-        self.alarms: set[str] = set()
-        self.out: list[Effect] = []
-        self._batch: list[Record] | None = None  # records of the open Persist (see `persist`)
-        self._batch_token = 0
-        self._batch_index = 0
-        self.now_ms = 0
-        self._next_consumer_id = 1
-        self._next_token = 1
-        self.replicated = self.config.replicated
-        self.gate_replies = self.config.durable_replies  # cluster mode: until the metadata group committed
+        super().__init__(config)
         self.handlers = _HANDLERS
-        self.publish_route: Callable[..., list[int]] = publish.route_publish
-        self.publishers: dict[Hashable, ChannelState] = {}  # replicated: publisher id -> its channel
-        self.detaching: dict[Hashable, None] = {}  # replicated: local consumer ids whose Detach is proposed
-        self.detach_retries: dict[Hashable, int] = {}  # replicated: abandoned Detach proposals sent again
-        self.down_consumers: dict[Hashable, None] = {}  # replicated: ids of down nodes, to detach when leader
-        self.leading: set[tuple[str, str]] = set()  # replicated: (vhost, queue) whose local replica leads
-        self.pending_gets: dict[Hashable, tuple[ChannelState, QueueState, bool]] = {}  # replicated: id -> waiter
-        self.confirm_batch: dict[int, tuple[ChannelState, list[int], list[int]]] = {}  # replicated: acks, nacks
-        self.paging: dict[str, QueueState] = {}  # queue stream -> queue with a paged tail (node/broker/paging.py)
-        self.next_page_request = 0
-        self.policy_sent: dict[tuple[str, str], tuple[Any, int]] = {}  # replicated: SetArgs proposed, and when
-        self.policy_checked_ms = 0  # replicated: when `tick` last compared leader queues with their policies
-        self.flow_touched: dict[int, QueueState] = {}  # queues enqueued into by the running entry point, by id
-        self.flow_routes: dict[int, list[QueueState]] = {}  # conn_id -> queues its last read published to
+        self.publish_route = publish.route_publish
         if self.replicated:
             self.handlers = {**_HANDLERS, **replica.HANDLERS}
-            self.publish_route = replica.route_publish
+            self.publish_route = replica_publish.route_publish
         self._bootstrap()
 
     # --- set-up and administration ---------------------------------------------------------------------------
@@ -158,26 +97,6 @@ class Broker:
         self.set_permissions(cfg.default_user, cfg.default_vhost, Permission())
         self.take_effects()
 
-    def add_vhost(self, name: str) -> VHost[QueueState]:
-        vhost = self.vhosts.get(name)
-        if vhost is None:
-            vhost = self.vhosts[name] = VHost.create(name)
-            self.persist((VHostRecord(name),))
-        return vhost
-
-    def add_user(self, name: str, password: str, tags: tuple[str, ...] = ()) -> None:
-        user = self.users.add_user(name, password, tags, self.config.rng(4))
-        self.persist((UserRecord(user.name, user.password_hash, user.tags),))
-
-    def set_permissions(self, user: str, vhost: str, permission: Permission) -> None:
-        self.users.set_permissions(user, vhost, permission)
-        for conn in self.conns.values():
-            conn.permission_cache.clear()
-            for ch in conn.channels.values():
-                ch.write_ok.clear()
-        p = permission
-        self.persist((PermissionRecord(user, vhost, p.configure, p.write, p.read),))
-
     def set_policy(self, vhost: str, name: str, pattern: str, apply_to: str | None, definition: dict[str, Any],
                    priority: int | None) -> bool:
         """Add or replace a policy and apply it (True: it is new). PolicyError if invalid, KeyError for an unknown
@@ -186,14 +105,14 @@ class Broker:
         if vhost not in self.vhosts:
             raise KeyError(vhost)
         created = name not in self.vhosts[vhost].policies
-        policies.put_policy(self, policy)
+        policy_apply.put_policy(self, policy)
         self.persist((policies.record_of(policy),))
         self._settle_round()  # (dead letters a new limit made)
         return created
 
     def clear_policy(self, vhost: str, name: str) -> bool:
         """Remove a policy (False: there was none); objects revert to their own arguments."""
-        if not policies.remove_policy(self, vhost, name):
+        if not policy_apply.remove_policy(self, vhost, name):
             return False
         self.persist((PolicyRecord(vhost, name, deleted=True),))
         self._settle_round()
@@ -212,16 +131,6 @@ class Broker:
     def authenticate(self, mechanism: str, response: bytes) -> str | None:
         """Peer-agnostic form: treats the peer as non-loopback (use `authenticator_for` per connection)."""
         return self.check_login(mechanism, response, False)
-
-    def check_login(self, mechanism: str, response: bytes, peer_is_loopback: bool) -> str | None:
-        parsed = parse_sasl_response(mechanism, response)
-        if parsed is None:
-            return None
-        user = self.users.authenticate_plain(parsed[0], parsed[1], peer_is_loopback)
-        return user.name if user is not None else None
-
-    def vhost_access(self, username: str, vhost: str) -> bool:
-        return vhost in self.vhosts and self.users.vhost_access(username, vhost)
 
     # --- entry points ---------------------------------------------------------------------------------------
 
@@ -302,9 +211,9 @@ class Broker:
         self.now_ms = max(self.now_ms, now_ms)
         if self.replicated:
             replica_control.tick(self)
-            if self.now_ms - self.policy_checked_ms >= policies.POLICY_RESEND_MS:
+            if self.now_ms - self.policy_checked_ms >= policy_apply.POLICY_RESEND_MS:
                 self.policy_checked_ms = self.now_ms
-                policies.resend_leader_policies(self)
+                policy_apply.resend_leader_policies(self)
         else:
             definitions.expire_queues(self, self.now_ms)
             paging.spill_under_alarm(self)  # (only under the memory alarm)
@@ -396,13 +305,11 @@ class Broker:
 
     def recover(self, records: list[Record]) -> list[Effect]:
         """Rebuild from storage's records; returns the `PageIn` effects of queues recovered with a tail."""
-        from node.broker import recovery
-
         stored_policies = [r for r in records if type(r) is PolicyRecord]
         recovery.recover(self, [r for r in records if type(r) is not PolicyRecord] if stored_policies else records)
         self._batch = None
         self.out.clear()
-        policies.apply_records(self, stored_policies)  # (a policy's limits may drop recovered messages)
+        policy_apply.apply_records(self, stored_policies)  # (a policy's limits may drop recovered messages)
         return self._finish()
 
     def on_tail_offsets(self, items: list[tuple[str, int, int]]) -> list[Effect]:
@@ -448,7 +355,7 @@ class Broker:
     def set_queue_leader(self, vhost: str, queue: str, is_local_leader: bool) -> list[Effect]:
         replica_control.set_leader(self, vhost, queue, is_local_leader)
         if is_local_leader:
-            policies.resend_leader_policies(self, (vhost, queue))
+            policy_apply.resend_leader_policies(self, (vhost, queue))
         return self._finish_replicated()
 
     def node_down(self, node: str) -> list[Effect]:
@@ -460,94 +367,21 @@ class Broker:
         records = list(records)
         mirrored_policies = [r for r in records if type(r) is PolicyRecord]
         mirror.apply_records(self, [r for r in records if type(r) is not PolicyRecord])
-        policies.apply_records(self, mirrored_policies)
+        policy_apply.apply_records(self, mirrored_policies)
         return self._finish_replicated()
 
     def _finish_replicated(self) -> list[Effect]:
-        replica.flush_confirms(self)
+        replica_publish.flush_confirms(self)
         return self._finish()
 
-    # --- helpers shared by the handler modules --------------------------------------------------------------
-
-    def new_consumer_id(self) -> Hashable:
-        """A fresh consumer id: an int, or in replicated mode the global (node_name, boot_id, n)."""
-        cid = self._next_consumer_id
-        self._next_consumer_id += 1
-        if self.replicated:
-            return (self.config.node_name, self.config.boot_id, cid)
-        return cid
-
-    def new_getter_id(self) -> Hashable:
-        """Replicated mode: a fresh id for one basic.get, ("get", node_name, boot_id, n)."""
-        n = self._next_consumer_id
-        self._next_consumer_id += 1
-        return ("get", self.config.node_name, self.config.boot_id, n)
-
-    def new_token(self) -> int:
-        token = self._next_token
-        self._next_token += 1
-        return token
-
-    def random_name(self, prefix: str) -> str:
-        return prefix + base64.urlsafe_b64encode(self.config.rng(16)).decode("ascii").rstrip("=")
-
-    def persist(self, records: tuple[Record, ...] | list[Record]) -> int:
-        """Queue records for storage; returns the token `on_persisted` will report.
-
-        Every record written during one entry point goes into one `Persist` (one token), placed where the first
-        of them was: records keep their order, so each stream sees exactly what it saw with one Persist each,
-        and storage and confirms handle one token where they would have handled hundreds.
-        """
-        batch = self._batch
-        if batch is None:
-            self._batch = list(records)
-            self._batch_token = token = self.new_token()
-            self._batch_index = len(self.out)
-            self.out.append(Persist(token, ()))  # placeholder, filled by _close_batch
-            return token
-        batch.extend(records)
-        return self._batch_token
-
-    def records_pending(self) -> int:
-        """How many records the open Persist holds (0 when none is open)."""
-        return len(self._batch) if self._batch is not None else 0
-
-    def pending_token(self) -> int:
-        """The token of the open Persist (meaningful while `records_pending()` is above 0)."""
-        return self._batch_token
+    # --- what BrokerState leaves to the facade (the handler modules call these) -----------------------------
 
     def dispatch_guarded(self, conn: ConnState, channel: int, method: Any) -> None:
         """Run a method's handler; an AmqpError becomes a channel or connection close."""
         self._guarded(conn, channel, method, self._dispatch, method)
 
-    def _close_batch(self) -> None:
-        batch = self._batch
-        if batch is not None:
-            self._batch = None
-            self.out[self._batch_index] = Persist(self._batch_token, tuple(batch))
-
-    def vhost_of(self, conn: ConnState) -> VHost[QueueState]:
-        vhost = self.vhosts.get(conn.vhost)
-        if vhost is None:
-            raise AmqpError(320, f"vhost '{conn.vhost}' is gone", connection=True)
-        return vhost
-
-    def check_access(self, conn: ConnState, access: str, kind: str, name: str) -> None:
-        key = (access, kind, name)
-        allowed = conn.permission_cache.get(key)
-        if allowed is None:
-            allowed = self.users.allowed(conn.username, conn.vhost, access, name)  # type: ignore[arg-type]
-            if len(conn.permission_cache) > 1024:
-                conn.permission_cache.clear()
-            conn.permission_cache[key] = allowed
-        if not allowed:
-            shown = name or "amq.default"
-            raise AmqpError(
-                403, f"{access} access to {kind} '{shown}' in vhost '{conn.vhost}' refused for user '{conn.username}'"
-            )
-
-    def mark_dirty(self, ch: ChannelState) -> None:
-        self.dirty[(ch.conn_id, ch.number)] = ch
+    def delete_queue(self, queue: QueueState) -> None:
+        definitions.delete_queue(self, queue)
 
     # --- internals ------------------------------------------------------------------------------------------
 

@@ -9,14 +9,17 @@ arguments of the policy that applies to it (node/broker/policies.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cluster.queue import Expire, Purge, Purged, Queue
 from node.amqp import methods as m
+from node.broker import delivery, paging, policy_apply, replica_machine, replica_publish
 from node.broker.channel import ChannelState, ConnState
+from node.broker.effects import Effect, Send
 from node.broker.errors import AmqpError, access_refused, not_found, precondition
 from node.broker.exchanges import EXCHANGE_TYPES, Binding, Dest, Exchange
 from node.broker.headers_match import x_match_mode
+from node.broker.queue_lookup import check_exclusive, expand_queue_name, lookup_queue
 from node.broker.queues import (
     EQUIVALENCE_ARGS,
     QueueState,
@@ -27,18 +30,11 @@ from node.broker.queues import (
     validate_queue_args,
 )
 from node.broker.records import BindingRecord, ExchangeRecord, MessageRemovedRecord, QueueRecord
+from node.broker.state import BrokerState
 from node.broker.vhost import VHost
 
-if TYPE_CHECKING:
-    from node.broker.broker import Broker
-    from node.broker.effects import Effect
 
-REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
-
-
-def _send(broker: Broker, ch: ChannelState, method: Any) -> None:
-    from node.broker.effects import Send
-
+def _send(broker: BrokerState, ch: ChannelState, method: Any) -> None:
     broker.out.append(Send(ch.conn_id, ch.number, method))
 
 
@@ -53,7 +49,7 @@ def _default_exchange_refused() -> AmqpError:
 # --- exchanges --------------------------------------------------------------------------------------------------
 
 
-def exchange_declare(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ExchangeDeclare) -> None:
+def exchange_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.ExchangeDeclare) -> None:
     vhost = broker.vhost_of(conn)
     name = method.exchange
     resource = exchange_resource(name, vhost.name)
@@ -92,7 +88,7 @@ def exchange_declare(broker: Broker, conn: ConnState, ch: ChannelState, method: 
     _reply(broker, ch, method.nowait, m.ExchangeDeclareOk())
 
 
-def exchange_delete(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ExchangeDelete) -> None:
+def exchange_delete(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.ExchangeDelete) -> None:
     vhost = broker.vhost_of(conn)
     name = method.exchange
     if name == "":
@@ -108,7 +104,7 @@ def exchange_delete(broker: Broker, conn: ConnState, ch: ChannelState, method: m
     _reply(broker, ch, method.nowait, m.ExchangeDeleteOk())
 
 
-def delete_exchange(broker: Broker, vhost: VHost[QueueState], exchange: Exchange) -> None:
+def delete_exchange(broker: BrokerState, vhost: VHost[QueueState], exchange: Exchange) -> None:
     vhost.exchanges.pop(exchange.name, None)
     for binding in list(exchange.bindings.values()):
         _forget_binding(broker, vhost, binding, check_auto_delete=False)
@@ -127,19 +123,19 @@ def _lookup_exchange(vhost: VHost[QueueState], name: str) -> Exchange:
     return exchange
 
 
-def exchange_bind(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ExchangeBind) -> None:
+def exchange_bind(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.ExchangeBind) -> None:
     _bind(broker, conn, method.source, Dest("exchange", method.destination), method.routing_key,
           method.arguments, unbind=False)
     _reply(broker, ch, method.nowait, m.ExchangeBindOk())
 
 
-def exchange_unbind(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ExchangeUnbind) -> None:
+def exchange_unbind(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.ExchangeUnbind) -> None:
     _bind(broker, conn, method.source, Dest("exchange", method.destination), method.routing_key,
           method.arguments, unbind=True)
     _reply(broker, ch, method.nowait, m.ExchangeUnbindOk())
 
 
-def _bind(broker: Broker, conn: ConnState, source: str, dest: Dest, routing_key: str, arguments: dict[str, Any],
+def _bind(broker: BrokerState, conn: ConnState, source: str, dest: Dest, routing_key: str, arguments: dict[str, Any],
           unbind: bool) -> None:
     vhost = broker.vhost_of(conn)
     if source == "" or (dest.kind == "exchange" and dest.name == ""):
@@ -184,7 +180,7 @@ def _binding_durable(vhost: VHost[QueueState], binding: Binding) -> bool:
     return dest is not None and dest.durable
 
 
-def _forget_binding(broker: Broker, vhost: VHost[QueueState], binding: Binding, check_auto_delete: bool = True
+def _forget_binding(broker: BrokerState, vhost: VHost[QueueState], binding: Binding, check_auto_delete: bool = True
                     ) -> None:
     durable = broker.replicated or _binding_durable(vhost, binding)
     if not vhost.remove_binding(binding) and check_auto_delete:
@@ -200,30 +196,7 @@ def _forget_binding(broker: Broker, vhost: VHost[QueueState], binding: Binding, 
 # --- queues -----------------------------------------------------------------------------------------------------
 
 
-def check_exclusive(conn: ConnState, queue: QueueState) -> None:
-    if queue.exclusive_owner is not None and queue.exclusive_owner != conn.conn_id:
-        raise AmqpError(405, f"cannot obtain exclusive access to locked {queue.resource}. It could be originally "
-                             "declared on another connection or the exclusive property value does not match "
-                             "that of the original declaration.")
-
-
-def expand_queue_name(ch: ChannelState, name: str) -> str:
-    if name == "":
-        if ch.last_queue == "":
-            raise AmqpError(404, "no previously declared queue")
-        return ch.last_queue
-    return name
-
-
-def lookup_queue(broker: Broker, conn: ConnState, ch: ChannelState, name: str) -> QueueState:
-    vhost = broker.vhost_of(conn)
-    queue = vhost.queues.get(expand_queue_name(ch, name))
-    if queue is None:
-        raise not_found("queue", name, vhost.name)
-    return queue
-
-
-def queue_declare(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueueDeclare) -> None:
+def queue_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueueDeclare) -> None:
     vhost = broker.vhost_of(conn)
     name = method.queue
     if method.passive:
@@ -262,53 +235,47 @@ def queue_declare(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Q
     queue.last_used_ms = broker.now_ms
     ch.last_queue = queue.name
     consumer_count = queue.machine.consumer_count if broker.replicated else len(queue.consumers)  # all nodes'
-    count = queue.machine.ready_count if queue.tail is None else _paging().message_count(queue)
+    count = queue.machine.ready_count if queue.tail is None else paging.message_count(queue)
     ok = m.QueueDeclareOk(queue=queue.name, message_count=count, consumer_count=consumer_count)
     _reply(broker, ch, method.nowait, ok)
 
 
-def create_queue(broker: Broker, vhost: VHost[QueueState], name: str, durable: bool, auto_delete: bool,
+def create_queue(broker: BrokerState, vhost: VHost[QueueState], name: str, durable: bool, auto_delete: bool,
                  args: dict[str, Any], owner: int | str | None) -> QueueState:
     expires = args.get("x-expires")
     queue = QueueState(vhost.name, name, durable, auto_delete, args, None, owner,
                        expires_ms=expires if isinstance(expires, int) else None, last_used_ms=broker.now_ms)
     if broker.replicated:
-        from node.broker import replica
-
-        queue.machine = replica.ProposingMachine(broker, queue, queue_args(args))
-        global_owner = replica.global_owner(broker, owner)
+        queue.machine = replica_machine.ProposingMachine(broker, queue, queue_args(args))
+        global_owner = replica_machine.global_owner(broker, owner)
         broker.persist((QueueRecord(vhost.name, name, auto_delete, args, durable=durable,
                                     exclusive_owner=global_owner),))
     else:
         queue.machine = Queue(name, queue_args(args))
-        from node.broker import paging
-
         queue.pageable = paging.is_pageable(broker, queue)
         if queue.stored:
             broker.persist((QueueRecord(vhost.name, name, auto_delete, args),))
     vhost.queues[name] = queue
     vhost.invalidate()
     if vhost.policies:
-        from node.broker import policies
-
-        policies.apply_to_queue(broker, vhost, queue)  # (replicated: its Raft leader proposes SetArgs)
+        policy_apply.apply_to_queue(broker, vhost, queue)  # (replicated: its Raft leader proposes SetArgs)
     return queue
 
 
-def queue_bind(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueueBind) -> None:
+def queue_bind(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueueBind) -> None:
     name = expand_queue_name(ch, method.queue)
     routing_key = method.routing_key or (ch.last_queue if method.queue == "" else "")
     _bind(broker, conn, method.exchange, Dest("queue", name), routing_key, method.arguments, unbind=False)
     _reply(broker, ch, method.nowait, m.QueueBindOk())
 
 
-def queue_unbind(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueueUnbind) -> None:
+def queue_unbind(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueueUnbind) -> None:
     name = expand_queue_name(ch, method.queue)
     _bind(broker, conn, method.exchange, Dest("queue", name), method.routing_key, method.arguments, unbind=True)
     _send(broker, ch, m.QueueUnbindOk())
 
 
-def queue_purge(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueuePurge) -> None:
+def queue_purge(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueuePurge) -> None:
     queue = lookup_queue(broker, conn, ch, method.queue)
     broker.check_access(conn, "read", "queue", queue.name)
     check_exclusive(conn, queue)
@@ -316,9 +283,7 @@ def queue_purge(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Que
     _reply(broker, ch, method.nowait, m.QueuePurgeOk(message_count=count))
 
 
-def purge_queue(broker: Broker, queue: QueueState) -> int:
-    from node.broker import delivery
-
+def purge_queue(broker: BrokerState, queue: QueueState) -> int:
     count = queue.machine.ready_count if broker.replicated else 0  # replicated: the local replica's count
     ready_ids = set(queue.machine.ready_msg_ids()) if queue.persisted_ids and not broker.replicated else set()
     for effect in queue.machine.apply(Purge()):
@@ -331,17 +296,11 @@ def purge_queue(broker: Broker, queue: QueueState) -> int:
         queue.persisted_ids -= removed
         broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in sorted(removed)))
     if queue.tail is not None:
-        count += _paging().forget_tail(broker, queue)
+        count += paging.forget_tail(broker, queue)
     return count
 
 
-def _paging() -> Any:
-    from node.broker import paging
-
-    return paging
-
-
-def queue_delete(broker: Broker, conn: ConnState, ch: ChannelState, method: m.QueueDelete) -> None:
+def queue_delete(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueueDelete) -> None:
     vhost = broker.vhost_of(conn)
     name = expand_queue_name(ch, method.queue)
     broker.check_access(conn, "configure", "queue", name)
@@ -351,7 +310,7 @@ def queue_delete(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Qu
         check_exclusive(conn, queue)
         if method.if_unused and (queue.consumers or (broker.replicated and queue.machine.consumer_count)):
             raise precondition(f"{queue.resource} in use")
-        count = queue.machine.ready_count if queue.tail is None else _paging().message_count(queue)
+        count = queue.machine.ready_count if queue.tail is None else paging.message_count(queue)
         if method.if_empty and count:
             raise precondition(f"{queue.resource} not empty")
         # RabbitMQ sends queue.delete-ok before the consumer_cancel_notify basic.cancels (the channel replies when
@@ -365,10 +324,8 @@ def queue_delete(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Qu
     _reply(broker, ch, method.nowait, m.QueueDeleteOk(message_count=count))
 
 
-def delete_queue(broker: Broker, queue: QueueState, cancels: list[Effect] | None = None) -> None:
+def delete_queue(broker: BrokerState, queue: QueueState, cancels: list[Effect] | None = None) -> None:
     """Drop the queue, its bindings and consumers; consumer cancels go to `cancels` if given, else out."""
-    from node.broker import delivery
-
     vhost = broker.vhosts.get(queue.vhost)
     if vhost is None or vhost.queues.get(queue.name) is not queue:
         return
@@ -378,9 +335,7 @@ def delete_queue(broker: Broker, queue: QueueState, cancels: list[Effect] | None
     vhost.invalidate()
     delivery.cancel_queue_consumers(broker, queue, cancels)
     if broker.replicated:
-        from node.broker import replica_control
-
-        replica_control.forget_queue(broker, queue)
+        replica_publish.forget_queue(broker, queue)
     # The definition's deletion is written first, its messages' removals after it (one Persist): a crash that
     # cuts the batch leaves a deleted queue, never a live one missing some messages. Removals a crash cut off
     # cannot bring a message back: a queue declared again under this name starts its stream afresh (the store
@@ -388,14 +343,14 @@ def delete_queue(broker: Broker, queue: QueueState, cancels: list[Effect] | None
     if queue.stored or broker.replicated:
         broker.persist((QueueRecord(queue.vhost, queue.name, deleted=True),))
     if queue.tail is not None:
-        _paging().forget_tail(broker, queue)
+        paging.forget_tail(broker, queue)
     if queue.persisted_ids:  # (not stored: paged-in persistent messages; the stream stays consistent on its own)
         removed = sorted(queue.persisted_ids)
         queue.persisted_ids.clear()
         broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in removed))
 
 
-def delete_exclusive_queues(broker: Broker, conn: ConnState) -> None:
+def delete_exclusive_queues(broker: BrokerState, conn: ConnState) -> None:
     vhost = broker.vhosts.get(conn.vhost)
     if vhost is None:
         return
@@ -403,19 +358,17 @@ def delete_exclusive_queues(broker: Broker, conn: ConnState) -> None:
         delete_queue(broker, queue)
 
 
-def expire_queues(broker: Broker, now_ms: int) -> None:
+def expire_queues(broker: BrokerState, now_ms: int) -> None:
     for vhost in list(broker.vhosts.values()):
         for queue in list(vhost.queues.values()):
             expiry = queue.machine.next_expiry_ms()
             if expiry is not None and expiry <= now_ms:
-                from node.broker import delivery
-
-                delivery.apply_queue(broker, queue, Expire(now_ms))
+                            delivery.apply_queue(broker, queue, Expire(now_ms))
             if (queue.expires_ms is not None and not queue.consumers
                     and now_ms - queue.last_used_ms >= queue.expires_ms):
                 delete_queue(broker, queue)
 
 
-def _reply(broker: Broker, ch: ChannelState, nowait: bool, method: Any) -> None:
+def _reply(broker: BrokerState, ch: ChannelState, nowait: bool, method: Any) -> None:
     if not nowait:
         _send(broker, ch, method)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Hashable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cluster.queue import (
     Accepted,
@@ -40,15 +40,12 @@ from cluster.queue import (
 from node.amqp import methods as m
 from node.amqp.properties import BasicProperties
 from node.broker.channel import ChannelState, ConnState, Consumer, Message, PendingDelivery, Unacked
-from node.broker.definitions import REPLY_TO_QUEUE, check_exclusive, delete_queue, lookup_queue
 from node.broker.effects import Effect, Send, SendContent
 from node.broker.errors import AmqpError, access_refused, precondition
+from node.broker.queue_lookup import REPLY_TO_QUEUE, check_exclusive, lookup_queue
 from node.broker.queues import QueueState
 from node.broker.records import MessageRecord, MessageRemovedRecord, Record
-
-if TYPE_CHECKING:
-    from node.broker.broker import Broker
-
+from node.broker.state import BrokerState
 
 _new_tuple = tuple.__new__  # _new_tuple(Unacked, (...)): a NamedTuple without its Python-level __new__
 _PROPERTY_NAMES = tuple(f.name for f in dataclasses.fields(BasicProperties))
@@ -81,7 +78,7 @@ def shared_properties_dict(props: Any) -> dict[str, Any]:
     return fields
 
 
-def _persist_accepted(broker: Broker, queue: QueueState, msg_id: int, message: QueuedMessage) -> int:
+def _persist_accepted(broker: BrokerState, queue: QueueState, msg_id: int, message: QueuedMessage) -> int:
     msg: Message = message.payload
     queue.persisted_ids.add(msg_id)
     record = MessageRecord(queue.vhost, queue.name, msg_id, msg.exchange, msg.routing_key,
@@ -89,7 +86,7 @@ def _persist_accepted(broker: Broker, queue: QueueState, msg_id: int, message: Q
     return broker.persist((record,))
 
 
-def enqueue(broker: Broker, queue: QueueState, command: Enqueue) -> int:
+def enqueue(broker: BrokerState, queue: QueueState, command: Enqueue) -> int:
     """Apply one Enqueue (the publish hot path): > 0 is the Persist token of an accepted persistent message,
     -1 means the queue refused it, 0 neither.
 
@@ -117,12 +114,12 @@ def enqueue(broker: Broker, queue: QueueState, command: Enqueue) -> int:
     return token
 
 
-def apply_queue(broker: Broker, queue: QueueState, command: Any) -> list[Any]:
+def apply_queue(broker: BrokerState, queue: QueueState, command: Any) -> list[Any]:
     """Run one command on the queue's machine; handle deliveries, gets and losses; return the rest."""
     return _handle_effects(broker, queue, queue.machine.apply(command))
 
 
-def _handle_effects(broker: Broker, queue: QueueState, effects: list[Any]) -> list[Any]:
+def _handle_effects(broker: BrokerState, queue: QueueState, effects: list[Any]) -> list[Any]:
     rest: list[Any] = []
     for effect in effects:
         kind = type(effect)
@@ -147,7 +144,7 @@ def _handle_effects(broker: Broker, queue: QueueState, effects: list[Any]) -> li
     return rest
 
 
-def forget_persisted(broker: Broker, queue: QueueState, msg_ids: Iterable[int]) -> None:
+def forget_persisted(broker: BrokerState, queue: QueueState, msg_ids: Iterable[int]) -> None:
     persisted = queue.persisted_ids
     if not persisted:
         return
@@ -166,7 +163,7 @@ def unacked_ids(queue: QueueState) -> set[int]:
     return set(queue.persisted_ids) - ready
 
 
-def _on_deliver(broker: Broker, queue: QueueState, effect: Deliver) -> None:
+def _on_deliver(broker: BrokerState, queue: QueueState, effect: Deliver) -> None:
     consumer = broker.consumers.get(effect.consumer_id)
     if consumer is None:
         return
@@ -193,7 +190,7 @@ def _can_send(ch: ChannelState, consumer: Consumer) -> bool:
     return consumer.no_ack or ch.prefetch_channel == 0 or len(ch.unacked) < ch.prefetch_channel
 
 
-def _send_delivery(broker: Broker, ch: ChannelState, consumer: Consumer, msg_id: MsgId, msg: Message,
+def _send_delivery(broker: BrokerState, ch: ChannelState, consumer: Consumer, msg_id: MsgId, msg: Message,
                    redelivered: bool) -> None:
     tag = ch.next_delivery_tag
     ch.next_delivery_tag = tag + 1
@@ -204,14 +201,14 @@ def _send_delivery(broker: Broker, ch: ChannelState, consumer: Consumer, msg_id:
     broker.out.append(SendContent(ch.conn_id, ch.number, deliver, msg.properties, msg.body))
 
 
-def drain_pending(broker: Broker, ch: ChannelState) -> None:
+def drain_pending(broker: BrokerState, ch: ChannelState) -> None:
     pending = ch.pending
     while pending and _can_send(ch, pending[0].consumer):
         p = pending.popleft()
         _send_delivery(broker, ch, p.consumer, p.msg_id, p.message, p.redelivered)
 
 
-def _on_get_ok(broker: Broker, queue: QueueState, effect: GetOk) -> None:
+def _on_get_ok(broker: BrokerState, queue: QueueState, effect: GetOk) -> None:
     ch = broker.getters.get(effect.consumer_id)
     if ch is None:
         return
@@ -230,14 +227,14 @@ def _on_get_ok(broker: Broker, queue: QueueState, effect: GetOk) -> None:
 # --- credit -----------------------------------------------------------------------------------------------------
 
 
-def refill_dirty(broker: Broker) -> None:
+def refill_dirty(broker: BrokerState) -> None:
     dirty, broker.dirty = broker.dirty, {}
     for ch in dirty.values():
         if not ch.closed:
             refill(broker, ch)
 
 
-def refill(broker: Broker, ch: ChannelState) -> None:
+def refill(broker: BrokerState, ch: ChannelState) -> None:
     drain_pending(broker, ch)
     if broker.held and (ch.conn_id, ch.number) in broker.held:
         return  # replies wait for the disk (reply_gate): no top-ups meanwhile, so what is held stays bounded
@@ -254,7 +251,7 @@ def refill(broker: Broker, ch: ChannelState) -> None:
             apply_queue(broker, consumer.queue, AddCredit(consumer.consumer_id, grant))
 
 
-def credit_target(broker: Broker, ch: ChannelState, no_ack: bool) -> int:
+def credit_target(broker: BrokerState, ch: ChannelState, no_ack: bool) -> int:
     """The credit a consumer of `ch` is topped up to: one window, or the channel-global prefetch's free room."""
     window = broker.config.consumer_credit_window
     if no_ack or not ch.prefetch_channel:
@@ -265,7 +262,7 @@ def credit_target(broker: Broker, ch: ChannelState, no_ack: bool) -> int:
 # --- consume / cancel -------------------------------------------------------------------------------------------
 
 
-def basic_consume(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicConsume) -> None:
+def basic_consume(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.BasicConsume) -> None:
     if method.queue == REPLY_TO_QUEUE:
         _consume_reply_to(broker, ch, method)
         return
@@ -298,7 +295,7 @@ def basic_consume(broker: Broker, conn: ConnState, ch: ChannelState, method: m.B
     broker.mark_dirty(ch)
 
 
-def _consume_reply_to(broker: Broker, ch: ChannelState, method: m.BasicConsume) -> None:
+def _consume_reply_to(broker: BrokerState, ch: ChannelState, method: m.BasicConsume) -> None:
     if not method.no_ack:
         raise precondition("reply consumer cannot acknowledge")
     if ch.reply_to_tag is not None:
@@ -313,7 +310,7 @@ def _consume_reply_to(broker: Broker, ch: ChannelState, method: m.BasicConsume) 
         broker.out.append(Send(ch.conn_id, ch.number, m.BasicConsumeOk(consumer_tag=tag)))
 
 
-def basic_cancel(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicCancel) -> None:
+def basic_cancel(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.BasicCancel) -> None:
     tag = method.consumer_tag
     if tag == ch.reply_to_tag and ch.reply_to_token is not None:
         broker.reply_tokens.pop(ch.reply_to_token, None)
@@ -325,7 +322,7 @@ def basic_cancel(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Ba
         cancel_consumer(broker, consumer)
 
 
-def cancel_consumer(broker: Broker, consumer: Consumer) -> None:
+def cancel_consumer(broker: BrokerState, consumer: Consumer) -> None:
     """Client-side cancel: no more deliveries; unacked messages stay on the channel until settled."""
     ch, queue = consumer.channel, consumer.queue
     ch.consumers.pop(consumer.tag, None)
@@ -349,14 +346,14 @@ def _leave_queue(queue: QueueState, consumer: Consumer, now_ms: int) -> None:
     queue.last_used_ms = now_ms
 
 
-def _maybe_auto_delete(broker: Broker, queue: QueueState) -> None:
+def _maybe_auto_delete(broker: BrokerState, queue: QueueState) -> None:
     if broker.replicated:
         return  # the queue's leader decides, from the machine's consumers on every node (replica.py)
     if queue.auto_delete and queue.had_consumer and not queue.consumers:
-        delete_queue(broker, queue)
+        broker.delete_queue(queue)
 
 
-def _drop_pending(broker: Broker, ch: ChannelState, consumer: Consumer) -> None:
+def _drop_pending(broker: BrokerState, ch: ChannelState, consumer: Consumer) -> None:
     if not ch.pending:
         return
     keep = [p for p in ch.pending if p.consumer is not consumer]
@@ -367,7 +364,7 @@ def _drop_pending(broker: Broker, ch: ChannelState, consumer: Consumer) -> None:
         apply_queue(broker, consumer.queue, Return(consumer.consumer_id, gone, broker.now_ms))
 
 
-def cancel_queue_consumers(broker: Broker, queue: QueueState, cancels: list[Effect] | None = None) -> None:
+def cancel_queue_consumers(broker: BrokerState, queue: QueueState, cancels: list[Effect] | None = None) -> None:
     """The queue is gone: tell every consumer with a server-sent basic.cancel (consumer_cancel_notify).
 
     The cancels are appended to `cancels` when given (the caller places them after its reply), else to out.
@@ -385,7 +382,7 @@ def cancel_queue_consumers(broker: Broker, queue: QueueState, cancels: list[Effe
     queue.exclusive_consumer = None
 
 
-def channel_gone(broker: Broker, ch: ChannelState) -> None:
+def channel_gone(broker: BrokerState, ch: ChannelState) -> None:
     """Channel closed: consumers detached (their unacked come back redelivered), gets returned, tx dropped."""
     now_ms = broker.now_ms
     ch.pending.clear()
@@ -409,7 +406,7 @@ def channel_gone(broker: Broker, ch: ChannelState) -> None:
 # --- get / ack / nack / reject / recover --------------------------------------------------------------------------
 
 
-def basic_get(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicGet) -> None:
+def basic_get(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.BasicGet) -> None:
     queue = lookup_queue(broker, conn, ch, method.queue)
     broker.check_access(conn, "read", "queue", queue.name)
     check_exclusive(conn, queue)
@@ -439,7 +436,7 @@ def collect_tags(ch: ChannelState, delivery_tag: int, multiple: bool) -> list[in
     return [delivery_tag]
 
 
-def basic_ack(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicAck) -> None:
+def basic_ack(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.BasicAck) -> None:
     if not method.multiple and ch.tx is None:  # the hot path: one tag, settled now
         entry = ch.unacked.pop(method.delivery_tag, None)
         if entry is None:
@@ -451,7 +448,7 @@ def basic_ack(broker: Broker, conn: ConnState, ch: ChannelState, method: m.Basic
     _settle_tags(broker, ch, collect_tags(ch, method.delivery_tag, method.multiple), "ack", False)
 
 
-def _settle_one(broker: Broker, entry: Unacked) -> None:
+def _settle_one(broker: BrokerState, entry: Unacked) -> None:
     """settle_entries(broker, [entry], "ack", False), unrolled."""
     queue, msg_id = entry.queue, entry.msg_id
     effects = queue.machine.apply(Settle(entry.consumer_id, (msg_id,)))
@@ -466,15 +463,15 @@ def _settle_one(broker: Broker, entry: Unacked) -> None:
             _finish_lingering(broker, consumer)
 
 
-def basic_nack(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicNack) -> None:
+def basic_nack(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.BasicNack) -> None:
     _settle_tags(broker, ch, collect_tags(ch, method.delivery_tag, method.multiple), "reject", method.requeue)
 
 
-def basic_reject(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicReject) -> None:
+def basic_reject(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.BasicReject) -> None:
     _settle_tags(broker, ch, collect_tags(ch, method.delivery_tag, False), "reject", method.requeue)
 
 
-def _settle_tags(broker: Broker, ch: ChannelState, tags: list[int], kind: str, requeue: bool) -> None:
+def _settle_tags(broker: BrokerState, ch: ChannelState, tags: list[int], kind: str, requeue: bool) -> None:
     entries = list(map(ch.unacked.pop, tags))
     if ch.tx is not None:
         ch.tx.acks.extend((tag, entry, kind, requeue) for tag, entry in zip(tags, entries, strict=True))
@@ -502,7 +499,7 @@ def _settle_groups(entries: list[Unacked]) -> Iterable[list[Unacked]]:
     return groups.values()
 
 
-def settle_entries(broker: Broker, entries: list[Unacked], kind: str, requeue: bool) -> None:
+def settle_entries(broker: BrokerState, entries: list[Unacked], kind: str, requeue: bool) -> None:
     now_ms = broker.now_ms
     for group in _settle_groups(entries):
         queue, consumer_id = group[0].queue, group[0].consumer_id
@@ -521,7 +518,7 @@ def settle_entries(broker: Broker, entries: list[Unacked], kind: str, requeue: b
                 _finish_lingering(broker, consumer)
 
 
-def _finish_lingering(broker: Broker, consumer: Consumer) -> None:
+def _finish_lingering(broker: BrokerState, consumer: Consumer) -> None:
     ch = consumer.channel
     if consumer in ch.lingering:
         ch.lingering.remove(consumer)
@@ -529,7 +526,7 @@ def _finish_lingering(broker: Broker, consumer: Consumer) -> None:
     apply_queue(broker, consumer.queue, Detach(consumer.consumer_id, broker.now_ms))
 
 
-def basic_recover(broker: Broker, conn: ConnState, ch: ChannelState, method: Any) -> None:
+def basic_recover(broker: BrokerState, conn: ConnState, ch: ChannelState, method: Any) -> None:
     if not method.requeue:
         raise AmqpError(540, "requeue=false", connection=True)
     entries = list(ch.unacked.values())
@@ -540,7 +537,7 @@ def basic_recover(broker: Broker, conn: ConnState, ch: ChannelState, method: Any
     broker.mark_dirty(ch)
 
 
-def basic_qos(broker: Broker, conn: ConnState, ch: ChannelState, method: m.BasicQos) -> None:
+def basic_qos(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.BasicQos) -> None:
     if method.prefetch_size != 0:
         raise AmqpError(540, f"prefetch_size!=0 ({method.prefetch_size})", connection=True)
     if method.global_:

@@ -13,7 +13,6 @@ deletion is persisted), as RabbitMQ deletes exclusive queues whose owner is gone
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from node.broker.auth import Permission, User
 from node.broker.definitions import create_queue, delete_exchange, delete_queue
@@ -28,17 +27,16 @@ from node.broker.records import (
     UserRecord,
     VHostRecord,
 )
+from node.broker.replica_machine import global_owner, local_owner
+from node.broker.state import BrokerState
 from node.broker.vhost import VHost
-
-if TYPE_CHECKING:
-    from node.broker.broker import Broker
 
 
 def _no_persist(records: object) -> int:
     return 0
 
 
-def apply_records(broker: Broker, records: Iterable[Record]) -> None:
+def apply_records(broker: BrokerState, records: Iterable[Record]) -> None:
     stale: list[QueueState] = []
     setattr(broker, "persist", _no_persist)  # noqa: B010 (shadows the method while mirroring)
     try:
@@ -50,7 +48,7 @@ def apply_records(broker: Broker, records: Iterable[Record]) -> None:
         delete_queue(broker, queue)
 
 
-def _apply(broker: Broker, record: Record, stale: list[QueueState]) -> None:
+def _apply(broker: BrokerState, record: Record, stale: list[QueueState]) -> None:
     if isinstance(record, VHostRecord):
         if record.deleted:
             broker.vhosts.pop(record.name, None)
@@ -74,7 +72,7 @@ def _apply(broker: Broker, record: Record, stale: list[QueueState]) -> None:
         _apply_binding(broker, record)
 
 
-def _apply_exchange(broker: Broker, record: ExchangeRecord) -> None:
+def _apply_exchange(broker: BrokerState, record: ExchangeRecord) -> None:
     vhost = broker.vhosts.get(record.vhost)
     if vhost is None:
         return
@@ -93,9 +91,7 @@ def _apply_exchange(broker: Broker, record: ExchangeRecord) -> None:
         vhost.invalidate()
 
 
-def _apply_queue(broker: Broker, record: QueueRecord, stale: list[QueueState]) -> None:
-    from node.broker.replica import global_owner, local_owner
-
+def _apply_queue(broker: BrokerState, record: QueueRecord, stale: list[QueueState]) -> None:
     vhost = broker.vhosts.get(record.vhost)
     if vhost is None:
         return
@@ -118,7 +114,7 @@ def _apply_queue(broker: Broker, record: QueueRecord, stale: list[QueueState]) -
         stale.append(queue)
 
 
-def _apply_binding(broker: Broker, record: BindingRecord) -> None:
+def _apply_binding(broker: BrokerState, record: BindingRecord) -> None:
     vhost = broker.vhosts.get(record.vhost)
     if vhost is None:
         return

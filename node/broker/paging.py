@@ -43,17 +43,16 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from cluster.queue import MsgId, QueuedMessage, Recover
 from node.amqp.properties import BasicProperties
 from node.broker.channel import Message
+from node.broker.delivery import apply_queue, properties_to_dict
 from node.broker.effects import PageIn
 from node.broker.queues import QueueState
 from node.broker.records import MessageRecord, MessageRemovedRecord, TailMessageRecord, queue_stream
-
-if TYPE_CHECKING:
-    from node.broker.broker import Broker
+from node.broker.state import BrokerState
 
 PAGE_IN_BATCH_MAX: Final = 1024  # records per PageIn (one worker-thread hop)
 COMPACT_PREFIX_MIN: Final = 4096  # consumed tail entries dropped from the columns once this many and half
@@ -122,7 +121,7 @@ class PagedTail:
         return tuple(ids), tuple(offsets), flagged
 
 
-def is_pageable(broker: Broker, queue: QueueState) -> bool:
+def is_pageable(broker: BrokerState, queue: QueueState) -> bool:
     """Whether the queue may page (see the module docstring for the opt-outs)."""
     args = queue.arguments
     return (not broker.replicated and broker.config.queue_messages_in_memory_max > 0
@@ -130,12 +129,10 @@ def is_pageable(broker: Broker, queue: QueueState) -> bool:
                                                  "x-message-ttl")))
 
 
-def page_out(broker: Broker, queue: QueueState, msg: Message, persistent: bool, ttl_ms: int | None) -> int:
+def page_out(broker: BrokerState, queue: QueueState, msg: Message, persistent: bool, ttl_ms: int | None) -> int:
     """Put a message at the end of the queue's tail instead of into its machine; returns the Persist token its
     confirm waits for (0: none). A message without TTL waits on disk (a transient one too: spilled, its confirm
     does not wait, and recovery never brings it back); one with a TTL waits in memory, in `held`, in its place."""
-    from node.broker.delivery import properties_to_dict
-
     tail = queue.tail
     if tail is None:
         tail = queue.tail = PagedTail(queue_stream(queue.vhost, queue.name))
@@ -164,7 +161,7 @@ def page_out(broker: Broker, queue: QueueState, msg: Message, persistent: bool, 
                                          properties_to_dict(props), msg.body),))
 
 
-def attach_recovered_tail(broker: Broker, queue: QueueState, msg_ids: Any, offsets: Any) -> None:
+def attach_recovered_tail(broker: BrokerState, queue: QueueState, msg_ids: Any, offsets: Any) -> None:
     """Recovery: the queue's live messages, on disk, become its tail (delivered redelivered=True)."""
     if not len(msg_ids):
         return
@@ -178,7 +175,7 @@ def attach_recovered_tail(broker: Broker, queue: QueueState, msg_ids: Any, offse
     broker.paging[tail.stream] = queue
 
 
-def on_tail_offsets(broker: Broker, items: list[tuple[str, int, int]]) -> None:
+def on_tail_offsets(broker: BrokerState, items: list[tuple[str, int, int]]) -> None:
     """Storage appended these tail records: (stream, msg_id, offset), in append order."""
     paging = broker.paging
     for stream, msg_id, offset in items:
@@ -202,7 +199,7 @@ def _mark_held_known(tail: PagedTail) -> None:
         offsets.append(HELD)
 
 
-def request_page_ins(broker: Broker) -> None:
+def request_page_ins(broker: BrokerState) -> None:
     """For every paging queue whose machine ran low and has no request outstanding: ask for the next batch."""
     limit = effective_limit(broker)
     low = limit // 2
@@ -227,11 +224,9 @@ def request_page_ins(broker: Broker) -> None:
             on_paged_in(broker, queue.vhost, queue.name, tail.pending_request, [])
 
 
-def on_paged_in(broker: Broker, vhost_name: str, queue_name: str, request_id: int,
+def on_paged_in(broker: BrokerState, vhost_name: str, queue_name: str, request_id: int,
                 records: list[MessageRecord]) -> None:
     """Storage read a PageIn's records: they join the machine in order (ids checked; stale answers ignored)."""
-    from node.broker.delivery import apply_queue
-
     vhost = broker.vhosts.get(vhost_name)
     queue = vhost.queues.get(queue_name) if vhost is not None else None
     tail = queue.tail if queue is not None else None
@@ -273,7 +268,7 @@ def on_paged_in(broker: Broker, vhost_name: str, queue_name: str, request_id: in
         drop_tail(broker, queue)
 
 
-def drop_tail(broker: Broker, queue: QueueState) -> None:
+def drop_tail(broker: BrokerState, queue: QueueState) -> None:
     tail = queue.tail
     if tail is not None:
         queue.tail = None
@@ -281,7 +276,7 @@ def drop_tail(broker: Broker, queue: QueueState) -> None:
             del broker.paging[tail.stream]
 
 
-def forget_tail(broker: Broker, queue: QueueState) -> int:
+def forget_tail(broker: BrokerState, queue: QueueState) -> int:
     """Purge/delete: every tail message is gone (MessageRemoved records); returns how many there were."""
     tail = queue.tail
     if tail is None:
@@ -301,7 +296,7 @@ def message_count(queue: QueueState) -> int:
     return ready + (tail.count if tail is not None else 0)
 
 
-def effective_limit(broker: Broker) -> int:
+def effective_limit(broker: BrokerState) -> int:
     """Ready messages a pageable queue's machine may hold: the limit, or only the floor under the memory alarm."""
     limit: int = broker.config.queue_messages_in_memory_max
     return alarm_floor(limit) if MEMORY_ALARM in broker.alarms else limit
@@ -312,7 +307,7 @@ def alarm_floor(limit: int) -> int:
     return max(1, limit // 10)
 
 
-def spill_under_alarm(broker: Broker) -> None:
+def spill_under_alarm(broker: BrokerState) -> None:
     """Under the memory alarm (from `set_alarm` and every `tick`): each pageable queue holding more than the
     floor moves its newest ready messages, in bounded batches, to the front of its tail on disk."""
     if MEMORY_ALARM not in broker.alarms or broker.replicated:
@@ -333,7 +328,7 @@ def spill_under_alarm(broker: Broker) -> None:
                 return
 
 
-def spill_newest(broker: Broker, queue: QueueState, count_max: int) -> int:
+def spill_newest(broker: BrokerState, queue: QueueState, count_max: int) -> int:
     """Withdraw up to `count_max` of the machine's newest ready messages (stopping at one with a per-message
     TTL) and write them as tail records at the front of the tail; returns how many moved.
 
@@ -341,8 +336,6 @@ def spill_newest(broker: Broker, queue: QueueState, count_max: int) -> int:
     record: storage's fold and recovery take a record of an id already live as the message's new place, so every
     crash point finds one live copy (a removal then a copy could be cut between the two). A transient one is
     spilled as by `page_out`. Its delivery count and redelivered flag come back with it at page-in."""
-    from node.broker.delivery import properties_to_dict
-
     taken = queue.machine.withdraw_newest_ready(count_max)
     if not taken:
         return 0

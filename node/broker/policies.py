@@ -16,11 +16,8 @@ x-argument wins and the policy only fills what the client left unset. delivery-l
 apply to quorum queues only (a classic queue has neither in RabbitMQ). For exchanges `alternate-exchange` is the
 only key; the exchange's own argument wins (`VHost.alternate_of` asks at routing time).
 
-How they reach the queues (the last section, called by the broker): the vhost keeps its policies by name; a
-change re-applies every queue the changed policy's old or new pattern matches (`apply_to_queue`): its effective
-arguments become `QueueArgs`, and when they differ from the machine's, a single node applies `SetArgs` to the
-machine at once while in replicated mode only the queue's Raft leader proposes it (re-proposed from `tick` each
-second while the replica still differs, and on gaining leadership), so all replicas change at one log index.
+How they reach the queues (`put_policy`, `apply_to_queue`, ...) is node/broker/policy_apply.py; this module keeps
+the rules, the effective arguments of the machine (`machine_args`) and the records (`record_of`, `from_record`).
 """
 
 from __future__ import annotations
@@ -30,16 +27,11 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from cluster.queue.types import QueueArgs
 from node.broker.queues import queue_args
 from node.broker.records import PolicyRecord
-
-if TYPE_CHECKING:
-    from node.broker.broker import Broker
-    from node.broker.queues import QueueState
-    from node.broker.vhost import VHost
 
 APPLY_TO: Final = ("queues", "exchanges", "all")
 PRIORITY_MAX: Final = 2**31 - 1
@@ -242,10 +234,7 @@ def policy_row(policy: Policy) -> dict[str, Any]:
             "definition": dict(policy.definition), "priority": policy.priority}
 
 
-# --- applying them to the broker's queues (pure; the broker calls these) --------------------------------------
-
-POLICY_RESEND_MS: Final = 1000  # replicated mode: a SetArgs not applied by then is proposed again
-LIMIT_ARGS: Final = ("x-max-length", "x-max-length-bytes", "x-message-ttl")  # a queue with them never pages
+# --- machine arguments and records -----------------------------------------------------------------------------
 
 
 def queue_type_of(arguments: Mapping[str, Any]) -> str:
@@ -266,97 +255,6 @@ def machine_args(merged: Mapping[str, Any]) -> QueueArgs:
     return args
 
 
-def queue_policy(vhost: VHost[Any], queue: QueueState) -> Policy | None:
-    return vhost.policy_for("queue", queue.name, queue_type_of(queue.arguments))
-
-
-def effective_of(vhost: VHost[Any], queue: QueueState) -> dict[str, Any]:
-    """The queue's effective x-arguments under the vhost's policies."""
-    qtype = queue_type_of(queue.arguments)
-    return effective_queue_arguments(queue.arguments, vhost.policy_for("queue", queue.name, qtype), qtype)
-
-
-def apply_to_queue(broker: Broker, vhost: VHost[Any], queue: QueueState) -> None:
-    """Bring the queue's machine (and its x-expires) to the arguments its policy gives.
-
-    Single node: `SetArgs` is applied to the machine at once (its effects, e.g. drop-head or dead letters past a
-    new max-length, handled as any command's). Replicated: only the queue's Raft leader proposes `SetArgs`, and
-    only when the replica's arguments differ (a retry is harmless: the same arguments again)."""
-    merged = effective_of(vhost, queue)
-    expires = merged.get("x-expires")
-    queue.expires_ms = expires if _is_int(expires) else None
-    wanted = machine_args(merged)
-    if broker.replicated:
-        _propose_if_leader(broker, queue, wanted)
-        return
-    if any(key in merged for key in LIMIT_ARGS):
-        queue.pageable = False  # limits count what the machine holds: no new tail (one already there stays)
-    elif queue.tail is None:
-        from node.broker import paging
-
-        queue.pageable = paging.is_pageable(broker, queue)  # (a cleared policy gives paging back)
-    if queue.machine.args != wanted:
-        from cluster.queue import SetArgs
-        from node.broker import delivery
-
-        delivery.apply_queue(broker, queue, SetArgs(wanted))
-
-
-def _propose_if_leader(broker: Broker, queue: QueueState, wanted: QueueArgs) -> None:
-    key = (queue.vhost, queue.name)
-    if not queue.is_leader or queue.machine.args == wanted:
-        broker.policy_sent.pop(key, None)
-        return
-    sent = broker.policy_sent.get(key)
-    if sent is not None and sent[0] == wanted and broker.now_ms - sent[1] < POLICY_RESEND_MS:
-        return
-    from cluster.queue import SetArgs
-
-    broker.policy_sent[key] = (wanted, broker.now_ms)
-    queue.machine.apply(SetArgs(wanted))
-
-
-def apply_to_vhost(broker: Broker, vhost: VHost[Any], changed: Iterable[Policy]) -> None:
-    """Re-apply the policies to the vhost's queues after the `changed` policies (old and new versions) changed:
-    only a queue whose name one of them matches can have another policy now. Routing forgets cached AEs."""
-    vhost.invalidate()
-    patterns = [p for p in changed if p.apply_to != "exchanges"]
-    for queue in list(vhost.queues.values()):
-        if any(p.matches_name(queue.name) for p in patterns):
-            apply_to_queue(broker, vhost, queue)
-
-
-def resend_leader_policies(broker: Broker, only: tuple[str, str] | None = None) -> None:
-    """Replicated mode: leader queues (all, or `only`) whose replica has other arguments than their policy gives
-    propose SetArgs (again): from `tick` (a lost or abandoned proposal) and when leadership is gained."""
-    for vhost_name, name in [only] if only is not None else list(broker.leading):
-        vhost = broker.vhosts.get(vhost_name)
-        queue = vhost.queues.get(name) if vhost is not None else None
-        if vhost is not None and queue is not None and queue.is_leader:
-            apply_to_queue(broker, vhost, queue)
-
-
-def put_policy(broker: Broker, policy: Policy) -> bool:
-    """Store (or replace) a policy and re-apply; False when its vhost is unknown."""
-    vhost = broker.vhosts.get(policy.vhost)
-    if vhost is None:
-        return False
-    old = vhost.policies.get(policy.name)
-    vhost.policies[policy.name] = policy
-    apply_to_vhost(broker, vhost, (policy,) if old is None else (policy, old))
-    return True
-
-
-def remove_policy(broker: Broker, vhost_name: str, name: str) -> bool:
-    """Drop a policy and re-apply (objects revert to their own arguments); False when there was none."""
-    vhost = broker.vhosts.get(vhost_name)
-    old = vhost.policies.pop(name, None) if vhost is not None else None
-    if vhost is None or old is None:
-        return False
-    apply_to_vhost(broker, vhost, (old,))
-    return True
-
-
 def record_of(policy: Policy, deleted: bool = False) -> PolicyRecord:
     return PolicyRecord(policy.vhost, policy.name, policy.pattern, policy.apply_to, dict(policy.definition),
                         policy.priority, deleted)
@@ -371,12 +269,3 @@ def from_record(record: PolicyRecord) -> Policy | None:
         return None
 
 
-def apply_records(broker: Broker, records: Iterable[PolicyRecord]) -> None:
-    """Stored (recovery) or mirrored (cluster metadata) policy records, in order; nothing is persisted."""
-    for record in records:
-        if record.deleted:
-            remove_policy(broker, record.vhost, record.name)
-            continue
-        policy = from_record(record)
-        if policy is not None:
-            put_policy(broker, policy)

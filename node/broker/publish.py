@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cluster.queue import DeadLetter, Enqueue, QueuedMessage
 from node.amqp import methods as m
 from node.broker import paging
 from node.broker.channel import ChannelState, ConnState, Message, TxState
-from node.broker.definitions import REPLY_TO_QUEUE
 from node.broker.delivery import enqueue, settle_entries
 from node.broker.effects import Block, Send, SendContent
 from node.broker.errors import AmqpError, access_refused, not_found, precondition
+from node.broker.queue_lookup import REPLY_TO_QUEUE
 from node.broker.queues import QueueState
+from node.broker.state import BrokerState
 from node.broker.vhost import VHost
-
-if TYPE_CHECKING:
-    from node.broker.broker import Broker
 
 REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
 _new_tuple = tuple.__new__
@@ -54,7 +52,7 @@ def parse_expiration(expiration: str | None) -> int | None:
     return value
 
 
-def handle_publish(broker: Broker, conn: ConnState, ch: ChannelState, event: Any) -> None:
+def handle_publish(broker: BrokerState, conn: ConnState, ch: ChannelState, event: Any) -> None:
     method, props = event.method, event.properties
     if method.immediate:
         raise AmqpError(540, "immediate=true", connection=True)
@@ -98,7 +96,7 @@ def handle_publish(broker: Broker, conn: ConnState, ch: ChannelState, event: Any
     broker.publish_route(broker, ch, vhost, method, props, event.body, seq, ttl_ms)
 
 
-def route_publish(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], method: Any, props: Any,
+def route_publish(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState], method: Any, props: Any,
                   body: bytes, seq: int, ttl_ms: int | None) -> list[int]:
     """Route and enqueue one message; returns the Persist tokens that make it durable."""
     name, routing_key = method.exchange, method.routing_key
@@ -140,7 +138,7 @@ def route_publish(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], me
     return tokens
 
 
-def enqueue_all(broker: Broker, vhost: VHost[QueueState], queue_names: tuple[str, ...] | list[str], msg: Message,
+def enqueue_all(broker: BrokerState, vhost: VHost[QueueState], queue_names: tuple[str, ...] | list[str], msg: Message,
                 ttl_ms: int | None) -> tuple[list[int], bool]:
     """Enqueue into each named queue; returns the Persist tokens to wait for (each once) and whether any queue
     refused. Tokens repeat when several durable queues share one entry point's Persist, hence the check."""
@@ -183,7 +181,7 @@ def enqueue_all(broker: Broker, vhost: VHost[QueueState], queue_names: tuple[str
     return tokens, rejected
 
 
-def _deliver_reply(broker: Broker, msg: Message) -> bool:
+def _deliver_reply(broker: BrokerState, msg: Message) -> bool:
     target = broker.reply_tokens.get(msg.routing_key[len(REPLY_TO_PREFIX):])
     if target is None or target.closed or target.reply_to_tag is None:
         return False
@@ -198,7 +196,7 @@ def _deliver_reply(broker: Broker, msg: Message) -> bool:
 # --- confirms ---------------------------------------------------------------------------------------------------
 
 
-def confirm_select(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ConfirmSelect) -> None:
+def confirm_select(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.ConfirmSelect) -> None:
     if ch.tx is not None:
         raise precondition("cannot switch from tx to confirm mode")
     ch.confirm = True
@@ -206,7 +204,7 @@ def confirm_select(broker: Broker, conn: ConnState, ch: ChannelState, method: m.
         broker.out.append(Send(ch.conn_id, ch.number, m.ConfirmSelectOk()))
 
 
-def persisted_many(broker: Broker, waiters: list[tuple[ChannelState, int]]) -> None:
+def persisted_many(broker: BrokerState, waiters: list[tuple[ChannelState, int]]) -> None:
     """A Persist token is durable: release what waited for it. Each waiter is (channel, publish seq), or for
     seq < 0 (channel, -tx.commit number). The publishes of one channel it completes are confirmed together, so
     a contiguous run becomes one multiple ack."""
@@ -239,7 +237,7 @@ def persisted_many(broker: Broker, waiters: list[tuple[ChannelState, int]]) -> N
         confirm_ready(broker, ch, seqs, ())
 
 
-def confirm_ready(broker: Broker, ch: ChannelState, acks: tuple[int, ...] | list[int], nacks: tuple[int, ...]
+def confirm_ready(broker: BrokerState, ch: ChannelState, acks: tuple[int, ...] | list[int], nacks: tuple[int, ...]
                   ) -> None:
     """Send acks/nacks. Without nacks, when the batch holds every seq from the old confirm floor up to the new
     one (everything below the lowest still-unconfirmed seq), those go out as one multiple ack; the rest of the
@@ -268,7 +266,7 @@ def confirm_ready(broker: Broker, ch: ChannelState, acks: tuple[int, ...] | list
 # --- transactions -----------------------------------------------------------------------------------------------
 
 
-def tx_select(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxSelect) -> None:
+def tx_select(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.TxSelect) -> None:
     if ch.confirm:
         raise precondition("cannot switch from confirm to tx mode")
     if ch.tx is None:
@@ -276,7 +274,7 @@ def tx_select(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxSel
     broker.out.append(Send(ch.conn_id, ch.number, m.TxSelectOk()))
 
 
-def tx_commit(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxCommit) -> None:
+def tx_commit(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.TxCommit) -> None:
     if ch.tx is None:
         raise precondition("channel is not transactional")
     tx, ch.tx = ch.tx, TxState()
@@ -299,14 +297,14 @@ def tx_commit(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxCom
     _release_commits(broker, ch)
 
 
-def _commit_persisted(broker: Broker, ch: ChannelState, commit_id: int) -> None:
+def _commit_persisted(broker: BrokerState, ch: ChannelState, commit_id: int) -> None:
     remaining = ch.commits_waiting.get(commit_id)
     if remaining is not None:
         ch.commits_waiting[commit_id] = remaining - 1
     _release_commits(broker, ch)
 
 
-def _release_commits(broker: Broker, ch: ChannelState) -> None:
+def _release_commits(broker: BrokerState, ch: ChannelState) -> None:
     """commit-ok goes out, in order, once every persistent message of that commit is on disk."""
     while ch.commits_waiting:
         commit_id, remaining = next(iter(ch.commits_waiting.items()))
@@ -316,7 +314,7 @@ def _release_commits(broker: Broker, ch: ChannelState) -> None:
         broker.out.append(Send(ch.conn_id, ch.number, m.TxCommitOk()))
 
 
-def tx_rollback(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxRollback) -> None:
+def tx_rollback(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.TxRollback) -> None:
     if ch.tx is None:
         raise precondition("channel is not transactional")
     tx, ch.tx = ch.tx, TxState()
@@ -330,7 +328,7 @@ def tx_rollback(broker: Broker, conn: ConnState, ch: ChannelState, method: m.TxR
 # --- dead lettering ---------------------------------------------------------------------------------------------
 
 
-def run_dead_letters(broker: Broker) -> None:
+def run_dead_letters(broker: BrokerState) -> None:
     hops = 0
     while broker.dead_letters:
         queue, effect = broker.dead_letters.pop(0)
@@ -341,7 +339,7 @@ def run_dead_letters(broker: Broker) -> None:
         dead_letter(broker, queue, effect)
 
 
-def dead_letter(broker: Broker, queue: QueueState, effect: DeadLetter) -> None:
+def dead_letter(broker: BrokerState, queue: QueueState, effect: DeadLetter) -> None:
     vhost = broker.vhosts.get(queue.vhost)
     dlx = queue.machine.args.dead_letter_exchange
     if vhost is None or dlx is None or (dlx != "" and dlx not in vhost.exchanges):

@@ -16,13 +16,15 @@ message after a restart as possibly seen. Their delivery_count is what the recor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cluster.queue import MsgId, QueuedMessage, Recover
 from node.amqp.properties import BasicProperties
 from node.broker import paging
 from node.broker.auth import Permission, User
 from node.broker.channel import Message
+from node.broker.definitions import create_queue
+from node.broker.delivery import apply_queue
 from node.broker.exchanges import Binding, Dest, Exchange, freeze_args
 from node.broker.records import (
     BindingRecord,
@@ -37,10 +39,8 @@ from node.broker.records import (
     UserRecord,
     VHostRecord,
 )
+from node.broker.state import BrokerState
 from node.broker.vhost import VHost
-
-if TYPE_CHECKING:
-    from node.broker.broker import Broker
 
 
 class _Fold:
@@ -85,7 +85,7 @@ class _Fold:
             self.indexes.pop((record.vhost, record.queue), None)
 
 
-def recover(broker: Broker, records: list[Record]) -> None:
+def recover(broker: BrokerState, records: list[Record]) -> None:
     fold = _Fold()
     for record in records:
         fold.add(record)
@@ -109,7 +109,7 @@ def recover(broker: Broker, records: list[Record]) -> None:
     _recover_bindings(broker, fold)
 
 
-def _recover_exchanges(broker: Broker, fold: _Fold) -> None:
+def _recover_exchanges(broker: BrokerState, fold: _Fold) -> None:
     for (vhost_name, name), rec in fold.exchanges.items():
         vhost = broker.vhosts.get(vhost_name)
         if vhost is None:
@@ -121,10 +121,7 @@ def _recover_exchanges(broker: Broker, fold: _Fold) -> None:
         vhost.invalidate()
 
 
-def _recover_queues(broker: Broker, fold: _Fold) -> None:
-    from node.broker.definitions import create_queue
-    from node.broker.delivery import apply_queue
-
+def _recover_queues(broker: BrokerState, fold: _Fold) -> None:
     for (vhost_name, name), rec in fold.queues.items():
         vhost = broker.vhosts.get(vhost_name)
         if vhost is None or rec.deleted:
@@ -142,7 +139,7 @@ def _recover_queues(broker: Broker, fold: _Fold) -> None:
             paging.attach_recovered_tail(broker, queue, index.msg_ids, index.offsets)
 
 
-def _recover_bindings(broker: Broker, fold: _Fold) -> None:
+def _recover_bindings(broker: BrokerState, fold: _Fold) -> None:
     for rec in fold.bindings.values():
         vhost = broker.vhosts.get(rec.vhost)
         if vhost is None or rec.deleted or rec.source not in vhost.exchanges:

@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from cluster.queue import Enqueue, EnqueueMany, QueuedMessage
 from cluster.queue.replicated import Proposal, ProposalDecodeError, decode_proposal, encode_proposal
@@ -31,10 +31,8 @@ from node.amqp.spec import CLASS_BASIC
 from node.broker import delivery
 from node.broker.channel import Message
 from node.broker.effects import ProposeQueue
-
-if TYPE_CHECKING:
-    from node.broker.broker import Broker
-    from node.broker.queues import QueueState
+from node.broker.queues import QueueState
+from node.broker.state import BrokerState
 
 BATCH_MESSAGES_MAX: Final = 256  # publishes of one channel to one queue in one EnqueueMany entry
 BATCH_BYTES_MAX: Final = 1024 * 1024  # a batch takes no more messages once its bodies reach this size
@@ -133,7 +131,7 @@ def kept_proposal(data: bytes) -> Proposal | None:
     return proposal
 
 
-def decoded(broker: Broker, data: bytes, origin: str, keep: bool = False) -> Proposal | None:
+def decoded(broker: BrokerState, data: bytes, origin: str, keep: bool = False) -> Proposal | None:
     """The proposal of an entry: this node's own object when it proposed it, else decoded (None: undecodable)."""
     if origin == broker.config.node_name:
         proposal = _encoded_kept.get(data) if keep else kept_proposal(data)
@@ -172,7 +170,7 @@ class Batch:
                     and len(self.sequences) < BATCH_MESSAGES_MAX and self.size_bytes < BATCH_BYTES_MAX)
 
 
-def propose_enqueue(broker: Broker, queue: QueueState, command: Enqueue) -> None:
+def propose_enqueue(broker: BrokerState, queue: QueueState, command: Enqueue) -> None:
     """Propose a publish; consecutive publishes of one channel to one queue within one broker call (one socket
     read) become one `EnqueueMany` entry, which every replica applies exactly as the Enqueues in turn. Only a
     batch with nothing proposed to its queue since it opened takes more (`propose` closes it), so a queue's

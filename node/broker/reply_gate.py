@@ -28,15 +28,12 @@ a reused channel number must never receive the old channel's replies.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from node.amqp import methods as m
+from node.broker.channel import ConnState
 from node.broker.effects import CloseChannel, CloseConnection, Effect
-
-if TYPE_CHECKING:
-    from node.broker.broker import Broker
-    from node.broker.channel import ConnState
+from node.broker.state import BrokerState, HeldReplies
 
 GATED_METHODS: frozenset[type] = frozenset({
     m.ExchangeDeclare, m.ExchangeDelete, m.ExchangeBind, m.ExchangeUnbind,
@@ -49,18 +46,7 @@ HELD_OVERFLOW_TEXT = "INTERNAL_ERROR - too many replies waiting for the disk"
 ChannelKey = tuple[int, int]  # (conn_id, channel number)
 
 
-@dataclass(slots=True)
-class HeldReplies:
-    """One channel's held effects and the Persist tokens they wait for (mutable state, not a message)."""
-
-    tokens: set[int]
-    from_index: int  # effects of the running entry point's `out` from this index on are held (0 afterwards)
-    effects: list[Effect] = field(default_factory=list)
-    class_id: int = 0  # the method that gated the channel first: named in the channel error of `fail`
-    method_id: int = 0
-
-
-def run_gated(broker: Broker, conn: ConnState, channel: int, method: Any) -> None:
+def run_gated(broker: BrokerState, conn: ConnState, channel: int, method: Any) -> None:
     """Handle a definition-changing method; gate its channel if it wrote records."""
     start = len(broker.out)
     before = broker.records_pending()
@@ -69,7 +55,7 @@ def run_gated(broker: Broker, conn: ConnState, channel: int, method: Any) -> Non
         gate(broker, (conn.conn_id, channel), broker.pending_token(), start, method)
 
 
-def gate(broker: Broker, key: ChannelKey, token: int, from_index: int, method: Any = None) -> None:
+def gate(broker: BrokerState, key: ChannelKey, token: int, from_index: int, method: Any = None) -> None:
     held = broker.held.get(key)
     if held is None:
         broker.held[key] = HeldReplies({token}, from_index, class_id=getattr(method, "CLASS_ID", 0),
@@ -81,7 +67,7 @@ def gate(broker: Broker, key: ChannelKey, token: int, from_index: int, method: A
     broker.held_gates.setdefault(token, []).append(key)
 
 
-def divert(broker: Broker, out: list[Effect]) -> list[Effect]:
+def divert(broker: BrokerState, out: list[Effect]) -> list[Effect]:
     """`out` without the effects of held channels (those go to their holds, in order)."""
     held = broker.held
     kept: list[Effect] = []
@@ -101,7 +87,7 @@ def divert(broker: Broker, out: list[Effect]) -> list[Effect]:
     return kept
 
 
-def release(broker: Broker, token: int) -> None:
+def release(broker: BrokerState, token: int) -> None:
     """`token` is durable: channels no longer waiting for anything send what they held (appended to out)."""
     keys = broker.held_gates.pop(token, None)
     if not keys:
@@ -120,7 +106,7 @@ def release(broker: Broker, token: int) -> None:
                 broker.mark_dirty(ch)  # credit top-ups paused while held
 
 
-def fail(broker: Broker, token: int, reply_code: int, reply_text: str) -> None:
+def fail(broker: BrokerState, token: int, reply_code: int, reply_text: str) -> None:
     """`token` will never be durable: every channel it holds drops what it held and is closed with the error."""
     keys = broker.held_gates.pop(token, None)
     if not keys:
@@ -136,14 +122,14 @@ def fail(broker: Broker, token: int, reply_code: int, reply_text: str) -> None:
         broker.close_channel_state(conn, key[1])
 
 
-def drop_channel(broker: Broker, key: ChannelKey) -> None:
+def drop_channel(broker: BrokerState, key: ChannelKey) -> None:
     broker.held.pop(key, None)
 
 
-def drop_connection(broker: Broker, conn_id: int) -> None:
+def drop_connection(broker: BrokerState, conn_id: int) -> None:
     for key in [k for k in broker.held if k[0] == conn_id]:
         del broker.held[key]
 
 
-def is_held(broker: Broker, conn_id: int, channel: int) -> bool:
+def is_held(broker: BrokerState, conn_id: int, channel: int) -> bool:
     return (conn_id, channel) in broker.held

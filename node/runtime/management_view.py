@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from node.broker import policies as pol
+from node.broker import policy_apply
 from node.broker.effects import Persist
 from node.runtime.management_api import CLUSTER_COMMANDS, NOT_IN_CLUSTER, CommandError
 
@@ -124,7 +125,7 @@ class BrokerView:
         machine = queue.machine
         ready, unacked = machine.ready_count, machine.unacked_count
         vhost = self.broker.vhosts.get(queue.vhost)
-        policy = pol.queue_policy(vhost, queue) if vhost is not None else None
+        policy = policy_apply.queue_policy(vhost, queue) if vhost is not None else None
         return {
             "name": queue.name, "vhost": queue.vhost, "type": _text(queue.arguments.get("x-queue-type"), "classic"),
             "durable": queue.durable, "auto_delete": queue.auto_delete, "exclusive": queue.exclusive_owner is not None,

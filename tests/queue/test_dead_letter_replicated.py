@@ -12,7 +12,7 @@ from typing import Any
 from cluster.queue import decode_proposal
 from node.amqp import methods as m
 from node.broker.replica import decode_payload
-from node.broker.replica_control import DLX_RETRY_MS, DLX_SCAN_MS
+from node.broker.replica_dead_letters import DLX_RETRY_MS, DLX_SCAN_MS
 from tests.broker.cluster_harness import Cluster, ClusterClient, cluster_client, take
 from tests.broker.harness import channel_close, deliveries
 

@@ -1,0 +1,39 @@
+"""Finding the queue a method names, and the exclusive-queue check (pure; used by every handler module that takes
+a queue name: definitions, delivery, publish, replica).
+
+`lookup_queue` expands "" to the channel's last declared queue (`expand_queue_name`) and raises 404 for an unknown
+one; `check_exclusive` raises 405 when another connection owns an exclusive queue. `REPLY_TO_QUEUE` is the
+pseudo-queue of direct reply-to.
+"""
+
+from __future__ import annotations
+
+from node.broker.channel import ChannelState, ConnState
+from node.broker.errors import AmqpError, not_found
+from node.broker.queues import QueueState
+from node.broker.state import BrokerState
+
+REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
+
+
+def check_exclusive(conn: ConnState, queue: QueueState) -> None:
+    if queue.exclusive_owner is not None and queue.exclusive_owner != conn.conn_id:
+        raise AmqpError(405, f"cannot obtain exclusive access to locked {queue.resource}. It could be originally "
+                             "declared on another connection or the exclusive property value does not match "
+                             "that of the original declaration.")
+
+
+def expand_queue_name(ch: ChannelState, name: str) -> str:
+    if name == "":
+        if ch.last_queue == "":
+            raise AmqpError(404, "no previously declared queue")
+        return ch.last_queue
+    return name
+
+
+def lookup_queue(broker: BrokerState, conn: ConnState, ch: ChannelState, name: str) -> QueueState:
+    vhost = broker.vhost_of(conn)
+    queue = vhost.queues.get(expand_queue_name(ch, name))
+    if queue is None:
+        raise not_found("queue", name, vhost.name)
+    return queue

@@ -1,0 +1,122 @@
+"""Replicated mode's queue machine stand-in, and the ids that say which node a party belongs to (pure).
+
+Every queue's `QueueState.machine` is a `ProposingMachine` (docs/cluster.md): its `apply(command)` emits
+`ProposeQueue` (through `propose`) and returns no effects, and every read (`ready_count`, `next_expiry_ms()`,
+`args`, ...) is answered by the local replica (`.replica`, a `cluster.queue.replicated.ReplicatedQueue`), so the
+single-node handlers run unchanged and propose instead of applying. Consumer ids are `(node, boot_id, n)`, getter
+ids `("get", node, boot_id, n)`, exclusive owners "node/boot_id/conn_id" cluster-wide (`global_owner`,
+`local_owner`). ACCEPTED, DUPLICATE and REJECTED name a target queue's answer to a publish. The rest of
+replicated mode is built on this module: replica_wire (below it), replica_dead_letters, replica_publish, replica,
+replica_control.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any, Final
+
+from cluster.queue import Detach, QueueArgs
+from cluster.queue.replicated import ReplicatedQueue
+from node.broker.effects import ProposeQueue
+from node.broker.queues import QueueState
+from node.broker.replica_wire import Batch
+from node.broker.state import BrokerState
+
+TRACKED_IDS_MAX: Final = 65536  # bound of the detaching / down-consumer sets (cleared when full)
+ACCEPTED, DUPLICATE, REJECTED = "accepted", "duplicate", "rejected"
+
+
+# --- ids -------------------------------------------------------------------------------------------------------
+
+
+def _id_parts(cid: Any) -> tuple[Any, Any]:
+    """(node, boot_id) of a consumer id (node, boot, n) or getter id ("get", node, boot, n); else (None, None)."""
+    if type(cid) is tuple:
+        if len(cid) == 3:
+            return cid[0], cid[1]
+        if len(cid) == 4 and cid[0] == "get":
+            return cid[1], cid[2]
+    return None, None
+
+
+def id_node(cid: Any) -> Any:
+    return _id_parts(cid)[0]
+
+
+def is_local(broker: BrokerState, cid: Any) -> bool:
+    """An id of this node's current life."""
+    return _id_parts(cid) == (broker.config.node_name, broker.config.boot_id)
+
+
+def is_stale(broker: BrokerState, cid: Any) -> bool:
+    """An id of an earlier life of this node."""
+    node, boot = _id_parts(cid)
+    return bool(node == broker.config.node_name and boot != broker.config.boot_id)
+
+
+def global_owner(broker: BrokerState, owner: int | str | None) -> str | None:
+    """An exclusive owner as the cluster knows it: "node/boot_id/conn_id" for a local connection."""
+    if isinstance(owner, int):
+        return f"{broker.config.node_name}/{broker.config.boot_id}/{owner}"
+    return owner
+
+
+def local_owner(broker: BrokerState, owner: str | None) -> tuple[int | str | None, bool]:
+    """(the owner as QueueState keeps it, whether it is a connection of an earlier life of this node)."""
+    if owner is None:
+        return None, False
+    parts = owner.rsplit("/", 2)
+    if len(parts) == 3 and parts[0] == broker.config.node_name:
+        if parts[1] == str(broker.config.boot_id) and parts[2].isdigit():
+            return int(parts[2]), False
+        return owner, True
+    return owner, False
+
+
+def track(ids: dict[Hashable, None], cid: Hashable) -> None:
+    if len(ids) >= TRACKED_IDS_MAX:
+        ids.clear()
+    ids[cid] = None
+
+
+# --- the proposing machine ---------------------------------------------------------------------------------------
+
+
+class ProposingMachine:
+    """Stands where the queue machine stands in single-node mode: commands are proposed, reads hit the replica."""
+
+    __slots__ = ("_broker", "_queue", "batch", "replica")
+
+    def __init__(self, broker: BrokerState, queue: QueueState, args: QueueArgs) -> None:
+        self._broker = broker
+        self._queue = queue
+        self.replica = ReplicatedQueue(queue.name, args)
+        self.batch: Batch | None = None  # the open publish batch (propose_enqueue)
+        queue.is_leader = (queue.vhost, queue.name) in broker.leading
+
+    def apply(self, command: Any) -> list[Any]:
+        propose(self._broker, self._queue, command)
+        return []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.replica.queue, name)
+
+
+def propose(broker: BrokerState, queue: QueueState, command: Any) -> None:
+    if type(command) is Detach and is_local(broker, command.consumer_id):
+        track(broker.detaching, command.consumer_id)
+    machine = queue.machine
+    if type(machine) is ProposingMachine:
+        machine.batch = None  # a later publish must not overtake this command: it starts a new batch
+    broker.out.append(ProposeQueue(queue.vhost, queue.name, command))
+
+
+def queue_of(broker: BrokerState, vhost: str, name: str) -> QueueState | None:
+    vh = broker.vhosts.get(vhost)
+    queue = vh.queues.get(name) if vh is not None else None
+    return queue if queue is not None and isinstance(queue.machine, ProposingMachine) else None
+
+
+def replica_of(queue: QueueState) -> ReplicatedQueue:
+    machine: ProposingMachine = queue.machine
+    return machine.replica

@@ -1,0 +1,241 @@
+"""The broker's state, below every handler module: `BrokerConfig` and `BrokerState` (pure, no I/O).
+
+`BrokerState` holds what one node's broker knows (users, vhosts, connections, channels, consumers, what waits for
+storage or for the queue groups, the effects of the running entry point in `out`) and the small helpers every
+handler module calls on it: `persist` (one `Persist` per entry point), `check_access`, `vhost_of`, `mark_dirty`,
+fresh ids and names. Handler modules (definitions, delivery, publish, paging, policy_apply, recovery, mirror,
+replica*, reply_gate) take a `BrokerState` and import nothing above them; `Broker` (node/broker/broker.py), the facade
+the runtime calls, subclasses it, dispatches events to the handlers and supplies the operations that need them
+(`dispatch_guarded`, `delete_queue`, `close_channel_state`, abstract here).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from node.amqp.auth import parse_sasl_response
+from node.broker.auth import Permission, UserStore
+from node.broker.channel import ChannelState, ConnState, Consumer
+from node.broker.effects import Effect, Persist
+from node.broker.errors import AmqpError
+from node.broker.queues import QueueState
+from node.broker.records import PermissionRecord, Record, UserRecord, VHostRecord
+from node.broker.vhost import VHost
+
+
+def counter_rng(seed: bytes = b"raftmq") -> Callable[[int], bytes]:
+    """A deterministic byte source (sha256 of seed + counter); the runtime may inject os.urandom instead."""
+    state = {"n": 0}
+
+    def rng(n_bytes: int) -> bytes:
+        out = b""
+        while len(out) < n_bytes:
+            state["n"] += 1
+            out += hashlib.sha256(seed + state["n"].to_bytes(8, "big")).digest()
+        return out[:n_bytes]
+
+    return rng
+
+
+@dataclass(slots=True)
+class BrokerConfig:
+    default_vhost: str = "/"
+    default_user: str = "guest"
+    default_pass: str = "guest"
+    loopback_users: frozenset[str] = frozenset({"guest"})
+    rng: Callable[[int], bytes] = field(default_factory=counter_rng)
+    consumer_credit_window: int = 256  # deliveries a consumer may be handed ahead of the runtime's writes
+    tx_messages_max: int = 65536
+    dead_letter_hops_max: int = 10000  # per entry point; bounds dead-letter cascades
+    node_name: str = ""  # replicated mode: this node's name (ids of consumers, getters and publishers)
+    boot_id: int = 0  # replicated mode: different at every start of the node
+    replicated: bool = False  # every queue a replica: commands go out as ProposeQueue (docs/cluster.md)
+    queue_messages_in_memory_max: int = 10_000  # per stored queue; past it messages wait on disk (0: never)
+    publish_flow_ready_max: int = 1024  # a publisher is read more slowly while its queue has more ready (0: never)
+    durable_replies: bool = True  # definition replies wait for on_persisted (reply_gate.py; cluster: metadata commit)
+
+
+@dataclass(slots=True)
+class HeldReplies:
+    """One channel's held effects and the Persist tokens they wait for (mutable state, not a message)."""
+
+    tokens: set[int]
+    from_index: int  # effects of the running entry point's `out` from this index on are held (0 afterwards)
+    effects: list[Effect] = field(default_factory=list)
+    class_id: int = 0  # the method that gated the channel first: named in the channel error of `fail`
+    method_id: int = 0
+
+
+class BrokerState(ABC):
+    """One node's broker state and the helpers the handler modules share (see the module docstring)."""
+
+    publish_route: Callable[..., list[int]]  # routes and enqueues one publish (set by Broker: single node or replica)
+
+    def __init__(self, config: BrokerConfig | None = None) -> None:
+        self.config = config or BrokerConfig()
+        self.users = UserStore(loopback_users=self.config.loopback_users)
+        self.vhosts: dict[str, VHost[QueueState]] = {}
+        self.conns: dict[int, ConnState] = {}
+        self.consumers: dict[Hashable, Consumer] = {}
+        self.getters: dict[Hashable, ChannelState] = {}
+        self.reply_tokens: dict[str, ChannelState] = {}
+        self.persist_waiters: dict[int, list[tuple[ChannelState, int]]] = {}
+        self.held: dict[tuple[int, int], HeldReplies] = {}  # channels whose replies wait (reply_gate)
+        self.held_gates: dict[int, list[tuple[int, int]]] = {}  # Persist token -> channels it holds
+        self.dirty: dict[tuple[int, int], ChannelState] = {}
+        self.dead_letters: list[tuple[QueueState, Any]] = []
+        self.alarms: set[str] = set()
+        self.out: list[Effect] = []
+        self._batch: list[Record] | None = None  # records of the open Persist (see `persist`)
+        self._batch_token = 0
+        self._batch_index = 0
+        self.now_ms = 0
+        self._next_consumer_id = 1
+        self._next_token = 1
+        self.replicated = self.config.replicated
+        self.gate_replies = self.config.durable_replies  # cluster mode: until the metadata group committed
+        self.publishers: dict[Hashable, ChannelState] = {}  # replicated: publisher id -> its channel
+        self.detaching: dict[Hashable, None] = {}  # replicated: local consumer ids whose Detach is proposed
+        self.detach_retries: dict[Hashable, int] = {}  # replicated: abandoned Detach proposals sent again
+        self.down_consumers: dict[Hashable, None] = {}  # replicated: ids of down nodes, to detach when leader
+        self.leading: set[tuple[str, str]] = set()  # replicated: (vhost, queue) whose local replica leads
+        self.pending_gets: dict[Hashable, tuple[ChannelState, QueueState, bool]] = {}  # replicated: id -> waiter
+        self.confirm_batch: dict[int, tuple[ChannelState, list[int], list[int]]] = {}  # replicated: acks, nacks
+        self.paging: dict[str, QueueState] = {}  # queue stream -> queue with a paged tail (node/broker/paging.py)
+        self.next_page_request = 0
+        self.policy_sent: dict[tuple[str, str], tuple[Any, int]] = {}  # replicated: SetArgs proposed, and when
+        self.policy_checked_ms = 0  # replicated: when `tick` last compared leader queues with their policies
+        self.flow_touched: dict[int, QueueState] = {}  # queues enqueued into by the running entry point, by id
+        self.flow_routes: dict[int, list[QueueState]] = {}  # conn_id -> queues its last read published to
+
+    # --- set-up and administration ---------------------------------------------------------------------------
+
+    def add_vhost(self, name: str) -> VHost[QueueState]:
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            vhost = self.vhosts[name] = VHost.create(name)
+            self.persist((VHostRecord(name),))
+        return vhost
+
+    def add_user(self, name: str, password: str, tags: tuple[str, ...] = ()) -> None:
+        user = self.users.add_user(name, password, tags, self.config.rng(4))
+        self.persist((UserRecord(user.name, user.password_hash, user.tags),))
+
+    def set_permissions(self, user: str, vhost: str, permission: Permission) -> None:
+        self.users.set_permissions(user, vhost, permission)
+        for conn in self.conns.values():
+            conn.permission_cache.clear()
+            for ch in conn.channels.values():
+                ch.write_ok.clear()
+        p = permission
+        self.persist((PermissionRecord(user, vhost, p.configure, p.write, p.read),))
+
+    # --- authenticator protocol -----------------------------------------------------------------------------
+
+    def check_login(self, mechanism: str, response: bytes, peer_is_loopback: bool) -> str | None:
+        parsed = parse_sasl_response(mechanism, response)
+        if parsed is None:
+            return None
+        user = self.users.authenticate_plain(parsed[0], parsed[1], peer_is_loopback)
+        return user.name if user is not None else None
+
+    def vhost_access(self, username: str, vhost: str) -> bool:
+        return vhost in self.vhosts and self.users.vhost_access(username, vhost)
+
+    # --- helpers shared by the handler modules --------------------------------------------------------------
+
+    def new_consumer_id(self) -> Hashable:
+        """A fresh consumer id: an int, or in replicated mode the global (node_name, boot_id, n)."""
+        cid = self._next_consumer_id
+        self._next_consumer_id += 1
+        if self.replicated:
+            return (self.config.node_name, self.config.boot_id, cid)
+        return cid
+
+    def new_getter_id(self) -> Hashable:
+        """Replicated mode: a fresh id for one basic.get, ("get", node_name, boot_id, n)."""
+        n = self._next_consumer_id
+        self._next_consumer_id += 1
+        return ("get", self.config.node_name, self.config.boot_id, n)
+
+    def new_token(self) -> int:
+        token = self._next_token
+        self._next_token += 1
+        return token
+
+    def random_name(self, prefix: str) -> str:
+        return prefix + base64.urlsafe_b64encode(self.config.rng(16)).decode("ascii").rstrip("=")
+
+    def persist(self, records: tuple[Record, ...] | list[Record]) -> int:
+        """Queue records for storage; returns the token `on_persisted` will report.
+
+        Every record written during one entry point goes into one `Persist` (one token), placed where the first
+        of them was: records keep their order, so each stream sees exactly what it saw with one Persist each,
+        and storage and confirms handle one token where they would have handled hundreds.
+        """
+        batch = self._batch
+        if batch is None:
+            self._batch = list(records)
+            self._batch_token = token = self.new_token()
+            self._batch_index = len(self.out)
+            self.out.append(Persist(token, ()))  # placeholder, filled by _close_batch
+            return token
+        batch.extend(records)
+        return self._batch_token
+
+    def records_pending(self) -> int:
+        """How many records the open Persist holds (0 when none is open)."""
+        return len(self._batch) if self._batch is not None else 0
+
+    def pending_token(self) -> int:
+        """The token of the open Persist (meaningful while `records_pending()` is above 0)."""
+        return self._batch_token
+
+    def _close_batch(self) -> None:
+        batch = self._batch
+        if batch is not None:
+            self._batch = None
+            self.out[self._batch_index] = Persist(self._batch_token, tuple(batch))
+
+    def vhost_of(self, conn: ConnState) -> VHost[QueueState]:
+        vhost = self.vhosts.get(conn.vhost)
+        if vhost is None:
+            raise AmqpError(320, f"vhost '{conn.vhost}' is gone", connection=True)
+        return vhost
+
+    def check_access(self, conn: ConnState, access: str, kind: str, name: str) -> None:
+        key = (access, kind, name)
+        allowed = conn.permission_cache.get(key)
+        if allowed is None:
+            allowed = self.users.allowed(conn.username, conn.vhost, access, name)  # type: ignore[arg-type]
+            if len(conn.permission_cache) > 1024:
+                conn.permission_cache.clear()
+            conn.permission_cache[key] = allowed
+        if not allowed:
+            shown = name or "amq.default"
+            raise AmqpError(
+                403, f"{access} access to {kind} '{shown}' in vhost '{conn.vhost}' refused for user '{conn.username}'"
+            )
+
+    def mark_dirty(self, ch: ChannelState) -> None:
+        self.dirty[(ch.conn_id, ch.number)] = ch
+
+    # --- supplied by the facade (Broker), which knows the handlers -----------------------------------------
+
+    @abstractmethod
+    def dispatch_guarded(self, conn: ConnState, channel: int, method: Any) -> None:
+        """Run a method's handler; an AmqpError becomes a channel or connection close."""
+
+    @abstractmethod
+    def delete_queue(self, queue: QueueState) -> None:
+        """Delete the queue as queue.delete does (`definitions.delete_queue`); delivery, below definitions,
+        deletes an auto-delete queue whose last consumer left through this."""
+
+    @abstractmethod
+    def close_channel_state(self, conn: ConnState, number: int) -> None:
+        """Forget a channel: its consumers detach, its unacked messages go back, what waits on it is dropped."""
