@@ -334,7 +334,9 @@ class ServerConnection:
         return data
 
     def send_method(self, channel: int, method: m.Method) -> None:
-        if self._channel_writable(channel):
+        if type(method) is m.ChannelCloseOk:
+            self._answer_channel_close(channel)
+        elif self._channel_writable(channel):
             self._write(encode_method_frame(channel, method))
 
     def send_content(self, channel: int, method: m.Method, properties: BasicProperties, body: bytes) -> None:
@@ -372,11 +374,16 @@ class ServerConnection:
         self, channel: int, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0
     ) -> None:
         ch = self._channels.get(channel)
-        if ch is None or ch.closing or self.state is not ConnectionState.OPEN:
+        if ch is None or ch.close_sent or self.state is not ConnectionState.OPEN:
             return
-        ch.closing = True
-        ch.reset_content()
         close = m.ChannelClose(reply_code, safe_text(reply_text), class_id, method_id)
+        if ch.closing:  # the client's Close is not answered yet: ours goes first, as RabbitMQ's channel does
+            if ch.close_ok_owed:
+                ch.close_sent = True
+                self._write(encode_method_frame(channel, close))
+            return
+        ch.closing = ch.close_sent = True
+        ch.reset_content()
         self._write(encode_method_frame(channel, close))
         self._events.append(ChannelClosed(channel))
 
@@ -711,11 +718,30 @@ class ServerConnection:
         self._events.append(ChannelOpened(channel))
 
     def _frame_on_closing_channel(self, frame_type: int, channel: int, payload: bytes) -> None:
+        """A closing channel takes only Close-Ok (for our Close) and Close (the client's, crossing ours); the number
+        is free once every Close on it was answered. A Channel.Open before that is 504, as in RabbitMQ."""
+        ch = self._channels[channel]
         method = _method_or_none(frame_type, payload)
         if isinstance(method, m.ChannelCloseOk):
-            del self._channels[channel]
+            if ch.close_sent:
+                ch.close_sent = False
+                if not ch.close_ok_owed:
+                    del self._channels[channel]
         elif isinstance(method, m.ChannelClose):
-            self._write(encode_method_frame(channel, m.ChannelCloseOk()))
+            if ch.close_sent and not ch.close_ok_owed:  # closes crossed: answer now, then wait for its Close-Ok
+                self._write(encode_method_frame(channel, m.ChannelCloseOk()))
+        elif isinstance(method, m.ChannelOpen):
+            raise ProtocolError(ReplyCode.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+
+    def _answer_channel_close(self, channel: int) -> None:
+        """The broker's Close-Ok for the client's Close, after the broker's replies to what came before it (so a
+        Close of ours for an earlier method, such as a publish to a missing exchange, goes out first)."""
+        ch = self._channels.get(channel)
+        if ch is None or not ch.close_ok_owed or self.state is not ConnectionState.OPEN:
+            return
+        ch.close_ok_owed = False
+        self._write(encode_method_frame(channel, m.ChannelCloseOk()))
+        if not ch.close_sent:
             del self._channels[channel]
 
     def _channel_method(self, ch: ChannelAssembly, channel: int, method: m.Method) -> None:
@@ -724,10 +750,10 @@ class ServerConnection:
             assert isinstance(method, m.BasicPublish)
             ch.publish = method
             return
-        if cls is m.ChannelClose:
-            self._write(encode_method_frame(channel, m.ChannelCloseOk()))
-            del self._channels[channel]
-            self._events.append(ChannelClosed(channel))
+        if cls is m.ChannelClose:  # answered by the broker (send_method ChannelCloseOk) after what came before
+            ch.closing = ch.close_ok_owed = True
+            ch.reset_content()
+            self._events.append(ChannelClosed(channel, by_client=True))
             return
         if method.CLASS_ID == CLASS_CONNECTION or cls in _SERVER_ONLY:
             raise ProtocolError(

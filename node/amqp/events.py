@@ -49,9 +49,13 @@ class ContentReceived(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ChannelClosed:
-    """The channel is gone (closed by either side); its number may be reused once the client reopens it."""
+    """The channel is gone for the broker (closed by either side); its number is free once every Close on it was
+    answered. `by_client`: the client sent Channel.Close, and the broker answers it with `ChannelCloseOk` (through
+    `send_method`) once it has handled everything before it, so its own Close for an earlier method goes out first,
+    as RabbitMQ's channel process does."""
 
     channel: int
+    by_client: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -290,6 +290,8 @@ class Broker:
         elif kind is ev.ChannelClosed:
             reply_gate.drop_channel(self, (conn.conn_id, event.channel))
             self.close_channel_state(conn, event.channel)
+            if event.by_client:  # after our replies (and a Close of ours) for what the client sent before it
+                self.out.append(Send(conn.conn_id, event.channel, m.ChannelCloseOk()))
         elif kind is ev.ConnectionOpened:
             conn.username, conn.vhost, conn.opened = event.username, event.vhost, True
             capabilities = event.client_properties.get("capabilities")
