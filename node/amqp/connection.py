@@ -8,7 +8,11 @@ Connection.Close, waiting for Close-Ok) -> CLOSED. Errors follow RabbitMQ 3.x (r
 rabbit_command_assembler): before authentication completes, errors close the socket without a Close frame (except
 403 with the client's authentication_failure_close capability); later, hard errors send Connection.Close and soft
 errors Channel.Close. A closing channel ignores everything but Close/Close-Ok (spec 4.2.4 / 2.3.5.2).
-`ChannelClosed` is emitted once, as soon as the channel is gone for the broker (we sent Close, or the client did).
+`ChannelClosed` is emitted once, as soon as the channel is gone for the broker (we sent Close, or the client did);
+the broker answers the client's Close (`send_method(ChannelCloseOk)`) once it has handled what came before it, so
+a Close of ours for an earlier method goes out first; crossing Closes each get a Close-Ok, and the number is free
+once both are answered (rabbit_channel's `closing` state). Connection.Update-Secret checks the user again with the
+new secret as its password.
 
 Heartbeats: the heartbeat in the client's Tune-Ok is used as is (RabbitMQ does this; clients pick the lower
 non-zero of theirs and ours). We send a heartbeat frame when nothing was sent for heartbeat/2; when nothing was
@@ -665,12 +669,19 @@ class ServerConnection:
             self._write(encode_method_frame(0, m.ConnectionBlocked(self._blocked_reason)))
 
     def _on_update_secret(self, method: m.Method, now_ms: int) -> None:
-        raise ProtocolError(
-            ReplyCode.NOT_ALLOWED,
-            "Secret update failed: the authentication backend has no secrets to update",
-            10,
-            70,
-        )
+        """Connection.Update-Secret (RabbitMQ's extension): the new secret is the user's password now; the user
+        is checked again with it, and its vhost access too. Refused: 530, which closes the connection."""
+        assert isinstance(method, m.ConnectionUpdateSecret)
+        response = b"\0" + self.username.encode("utf-8", "surrogateescape") + b"\0" + method.new_secret
+        if self.authenticator.authenticate("PLAIN", response) != self.username:
+            raise ProtocolError(
+                ReplyCode.NOT_ALLOWED, "New secret was refused by one of the backends: invalid credentials", 10, 70
+            )
+        if not self.authenticator.vhost_access(self.username, self.vhost):
+            raise ProtocolError(
+                ReplyCode.NOT_ALLOWED, f"access to vhost '{self.vhost}' refused for user '{self.username}'", 10, 70
+            )
+        self._write(encode_method_frame(0, m.ConnectionUpdateSecretOk()))
 
     # -- channels
     def _frame_on_channel(self, frame_type: int, channel: int, payload: bytes) -> None:

@@ -14,7 +14,7 @@ from node.amqp.events import ChannelClosed, ChannelOpened, ConnectionClosed, Met
 from node.amqp.methods import ChannelFlow
 from node.amqp.spec import PROTOCOL_HEADER
 
-from .pamqp_client import HEARTBEAT, Session, parse_frames, start_ok
+from .pamqp_client import HEARTBEAT, Session, Users, parse_frames, start_ok
 
 
 def close_of(out: list[tuple[int, Any]]) -> tuple[int, int, str, int, int]:
@@ -167,10 +167,28 @@ def test_unexpected_connection_method_while_open() -> None:
     )
 
 
-def test_update_secret_is_refused() -> None:
-    session = opened(())
+def test_update_secret_with_the_password_is_accepted() -> None:
+    session = opened((1,))
+    out = session.send_frame(0, commands.Connection.UpdateSecret(new_secret="guest", reason="refresh"))
+    assert [(channel, type(f)) for channel, f in out] == [(0, commands.Connection.UpdateSecretOk)]
+    assert session.conn.state is ConnectionState.OPEN
+    session.open_channel(2)
+
+
+def test_update_secret_with_a_wrong_secret_closes_the_connection() -> None:
+    session = opened((1,))
     out = session.send_frame(0, commands.Connection.UpdateSecret(new_secret="s", reason="r"))
-    assert close_of(out)[1] == 530
+    assert close_of(out) == (
+        0, 530, "NOT_ALLOWED - New secret was refused by one of the backends: invalid credentials", 10, 70)
+
+
+def test_update_secret_rechecks_vhost_access() -> None:
+    users = Users(vhosts={"guest": {"/"}})
+    session = Session(users=users)
+    session.handshake()
+    users.vhosts["guest"] = set()  # access revoked since the connection opened
+    out = session.send_frame(0, commands.Connection.UpdateSecret(new_secret="guest", reason="r"))
+    assert close_of(out) == (0, 530, "NOT_ALLOWED - access to vhost '/' refused for user 'guest'", 10, 70)
 
 
 # ------------------------------------------------------------------ channels
