@@ -4,7 +4,9 @@ Feed bytes with `receive_data(data, now_ms)`, collect `next_events()`, drain `da
 `next_deadline_ms()`. The broker answers with `send_method`/`send_content`/`send_deliver`/`close_channel`/... .
 
 States: AWAIT_HEADER -> STARTING (Start sent) -> TUNING (Tune sent) -> OPENING -> OPEN -> CLOSING (we sent
-Connection.Close, waiting for Close-Ok) -> CLOSED. Errors follow RabbitMQ 3.x (rabbit_reader / rabbit_channel /
+Connection.Close, waiting for Close-Ok) or CLOSE_RECEIVED (the client sent it: the broker answers with
+`send_method(0, ConnectionCloseOk)` once it has handled what came before, so a channel's Close for an earlier
+method goes out first, as RabbitMQ's reader waits for its channels) -> CLOSED. Errors follow RabbitMQ 3.x (rabbit_reader / rabbit_channel /
 rabbit_command_assembler): before authentication completes, errors close the socket without a Close frame (except
 403 with the client's authentication_failure_close capability); later, hard errors send Connection.Close and soft
 errors Channel.Close. A closing channel ignores everything but Close/Close-Ok (spec 4.2.4 / 2.3.5.2).
@@ -106,6 +108,7 @@ class ConnectionState(Enum):
     OPENING = "opening"
     OPEN = "open"
     CLOSING = "closing"
+    CLOSE_RECEIVED = "close_received"  # the client sent Connection.Close; the broker answers it (Close-Ok)
     CLOSED = "closed"
 
 
@@ -163,7 +166,7 @@ class ServerConnection:
         return isinstance(capabilities, dict) and capabilities.get(name) is True
 
     def receive_data(self, data: bytes, now_ms: int) -> None:
-        if self.state is ConnectionState.CLOSED or not data:
+        if self.state is ConnectionState.CLOSED or self.state is ConnectionState.CLOSE_RECEIVED or not data:
             return
         self._last_recv_ms = self._now_ms = now_ms
         framer = self._framer
@@ -184,9 +187,9 @@ class ServerConnection:
         else:
             for frame_type, channel, payload in frames:
                 self._handle_frame(frame_type, channel, payload, now_ms)
-                if self.closed:
+                if self.closed or self.state is ConnectionState.CLOSE_RECEIVED:
                     return
-        if self.closed:
+        if self.closed or self.state is ConnectionState.CLOSE_RECEIVED:  # nothing after the client's Close counts
             return
         if isinstance(error, BadProtocolHeader):
             self._write(PROTOCOL_HEADER)
@@ -319,7 +322,7 @@ class ServerConnection:
             self._handle_frame(frame_type, channel, payload, now_ms)
             if self.state is not open_state:  # closing or closed: the rest takes the general path
                 for frame_type, channel, payload in frames[index + 1 :]:
-                    if self.state is ConnectionState.CLOSED:
+                    if self.state is ConnectionState.CLOSED or self.state is ConnectionState.CLOSE_RECEIVED:
                         return
                     self._handle_frame(frame_type, channel, payload, now_ms)
                 return
@@ -338,8 +341,11 @@ class ServerConnection:
         return data
 
     def send_method(self, channel: int, method: m.Method) -> None:
-        if type(method) is m.ChannelCloseOk:
+        cls = type(method)
+        if cls is m.ChannelCloseOk:
             self._answer_channel_close(channel)
+        elif cls is m.ConnectionCloseOk:
+            self._answer_connection_close()
         elif self._channel_writable(channel):
             self._write(encode_method_frame(channel, method))
 
@@ -378,7 +384,9 @@ class ServerConnection:
         self, channel: int, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0
     ) -> None:
         ch = self._channels.get(channel)
-        if ch is None or ch.close_sent or self.state is not ConnectionState.OPEN:
+        state = self.state
+        if ch is None or ch.close_sent or (state is not ConnectionState.OPEN
+                                           and state is not ConnectionState.CLOSE_RECEIVED):
             return
         close = m.ChannelClose(reply_code, safe_text(reply_text), class_id, method_id)
         if ch.closing:  # the client's Close is not answered yet: ours goes first, as RabbitMQ's channel does
@@ -394,6 +402,9 @@ class ServerConnection:
     def close_connection(
         self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0
     ) -> None:
+        if self.state is ConnectionState.CLOSE_RECEIVED:  # the client is closing it already: just answer
+            self._answer_connection_close()
+            return
         if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSED):
             return
         if self.state in (ConnectionState.AWAIT_HEADER, ConnectionState.STARTING):
@@ -422,7 +433,7 @@ class ServerConnection:
     def tick(self, now_ms: int) -> None:
         self._now_ms = max(self._now_ms, now_ms)
         state = self.state
-        if state is ConnectionState.CLOSED:
+        if state is ConnectionState.CLOSED or state is ConnectionState.CLOSE_RECEIVED:
             return
         if state is ConnectionState.CLOSING:
             if self._close_deadline_ms is not None and now_ms >= self._close_deadline_ms:
@@ -436,7 +447,7 @@ class ServerConnection:
 
     def next_deadline_ms(self) -> int | None:
         state = self.state
-        if state is ConnectionState.CLOSED:
+        if state is ConnectionState.CLOSED or state is ConnectionState.CLOSE_RECEIVED:
             return None
         if state is ConnectionState.CLOSING:
             return self._close_deadline_ms
@@ -474,6 +485,10 @@ class ServerConnection:
         """The connection is over: tell the broker about every channel still open, then about the connection."""
         if self.state is ConnectionState.CLOSED:
             return
+        if self.state is ConnectionState.CLOSE_RECEIVED:  # the broker was told already
+            self._channels.clear()
+            self.state = ConnectionState.CLOSED
+            return
         for number, ch in self._channels.items():
             if not ch.closing:
                 self._events.append(ChannelClosed(number))
@@ -499,7 +514,7 @@ class ServerConnection:
         self._pending_close = (reply_code, text)
 
     def _fail(self, error: ProtocolError, now_ms: int) -> None:
-        if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSED):
+        if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSE_RECEIVED, ConnectionState.CLOSED):
             return
         if self.state in (ConnectionState.AWAIT_HEADER, ConnectionState.STARTING):
             self._finish(error.code, error.text)  # RabbitMQ closes the socket silently before login completes
@@ -522,6 +537,8 @@ class ServerConnection:
 
     # ------------------------------------------------------------ internals: input
     def _handle_frame(self, frame_type: int, channel: int, payload: bytes, now_ms: int) -> None:
+        if self.state is ConnectionState.CLOSE_RECEIVED:
+            return
         try:
             if channel == 0:
                 self._frame_on_connection(frame_type, payload, now_ms)
@@ -571,7 +588,10 @@ class ServerConnection:
             )
         method = self._decode(payload)
         if isinstance(method, m.ConnectionClose):
-            self._write(encode_method_frame(0, m.ConnectionCloseOk()))
+            if self.state is ConnectionState.OPEN:
+                self._close_received(method)
+                return
+            self._write(encode_method_frame(0, m.ConnectionCloseOk()))  # during the handshake: at once
             self._finish(method.reply_code, method.reply_text)
             return
         handler = _CONNECTION_HANDLERS.get((self.state, type(method)))
@@ -743,6 +763,24 @@ class ServerConnection:
                 self._write(encode_method_frame(channel, m.ChannelCloseOk()))
         elif isinstance(method, m.ChannelOpen):
             raise ProtocolError(ReplyCode.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+
+    def _close_received(self, method: m.ConnectionClose) -> None:
+        """The client closes the connection: every channel is gone for the broker, which answers (Close-Ok) once it
+        has handled everything before; until then a channel may still get our Close for an earlier method."""
+        for number, ch in self._channels.items():
+            if not ch.closing:
+                ch.closing = ch.close_ok_owed = True
+                ch.reset_content()
+                self._events.append(ChannelClosed(number))
+        self._events.append(ConnectionClosed(method.reply_code, method.reply_text, by_client=True))
+        self.state = ConnectionState.CLOSE_RECEIVED
+
+    def _answer_connection_close(self) -> None:
+        if self.state is not ConnectionState.CLOSE_RECEIVED:
+            return
+        self._write(encode_method_frame(0, m.ConnectionCloseOk()))
+        self._channels.clear()
+        self.state = ConnectionState.CLOSED
 
     def _answer_channel_close(self, channel: int) -> None:
         """The broker's Close-Ok for the client's Close, after the broker's replies to what came before it (so a

@@ -60,10 +60,13 @@ class ChannelClosed:
 
 @dataclass(frozen=True, slots=True)
 class ConnectionClosed:
-    """The connection is finished: flush `data_to_send()` and close the socket."""
+    """The connection is finished: flush `data_to_send()` and close the socket. `by_client`: the client sent
+    Connection.Close, and the broker answers it with `ConnectionCloseOk` (through `send_method`) once it has handled
+    everything before it; the runtime writes the broker's effects of that round before it closes the socket."""
 
     reply_code: int
     reply_text: str
+    by_client: bool = False
 
 
 Event = ConnectionOpened | ChannelOpened | MethodReceived | ContentReceived | ChannelClosed | ConnectionClosed

@@ -299,6 +299,8 @@ class Broker:
                 conn.cancel_notify = bool(capabilities.get("consumer_cancel_notify", False))
         elif kind is ev.ConnectionClosed:
             self._connection_closed(conn)
+            if event.by_client:  # after our replies (a channel's Close) for what the client sent before it
+                self.out.append(Send(conn.conn_id, 0, m.ConnectionCloseOk()))
 
     def tick(self, now_ms: int) -> list[Effect]:
         self.now_ms = max(self.now_ms, now_ms)

@@ -352,6 +352,36 @@ def test_client_close_is_answered_by_the_broker_after_what_came_before() -> None
     session.open_channel(2)
 
 
+def test_client_connection_close_is_answered_by_the_broker_after_what_came_before() -> None:
+    session = opened((1, 2))
+    session.publish(1, b"abc", exchange="missing")
+    out = session.send_frame(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    assert out == []
+    assert session.events[-3:] == [ChannelClosed(1), ChannelClosed(2), ConnectionClosed(200, "bye", by_client=True)]
+    assert session.conn.state is ConnectionState.CLOSE_RECEIVED
+    # Whatever the client sends now is ignored; the core asks for no wake-up.
+    assert session.send_frame(2, commands.Basic.Qos(prefetch_count=1)) == []
+    assert session.conn.next_deadline_ms() is None
+    count = len(session.events)
+    # The broker, handling the publish, closes channel 1 (its Close goes out), then answers the Close.
+    session.conn.close_channel(1, 404, "NOT_FOUND - no exchange 'missing' in vhost '/'", 60, 40)
+    session.conn.send_method(2, m.BasicQosOk())  # (anything else for a channel is dropped)
+    session.conn.send_method(0, m.ConnectionCloseOk())
+    out = parse_frames(session.conn.data_to_send())
+    assert [(channel, type(f)) for channel, f in out] == [(1, commands.Channel.Close), (0, commands.Connection.CloseOk)]
+    assert out[0][1].reply_code == 404
+    assert session.conn.state is ConnectionState.CLOSED and len(session.events) == count  # no second ConnectionClosed
+
+
+def test_broker_closing_a_connection_whose_close_it_did_not_answer_yet_answers_it() -> None:
+    session = opened((1,))
+    session.send_frame(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    session.conn.close_connection(320, "CONNECTION_FORCED - broker shutdown")
+    out = parse_frames(session.conn.data_to_send())
+    assert [type(f) for _, f in out] == [commands.Connection.CloseOk]
+    assert session.conn.state is ConnectionState.CLOSED
+
+
 def test_frames_after_the_clients_close_are_discarded() -> None:
     session = opened((1,))
     session.send_frame(1, commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0))

@@ -1,9 +1,10 @@
 """Closing channels as RabbitMQ does, and connection.update-secret: real clients (pika, aiormq) and raw frames.
 
-The server's Close for a method goes out before its Close-Ok for a Close the client sent after that method (a
-publish to a missing exchange followed at once by a close must report the 404); when both sides close a channel at
-once each answers the other's Close, and the number is free again once both are answered (RabbitMQ 3.10.8 on the
-wire: Channel.Close 404, Channel.CloseOk, then Channel.OpenOk for the reopened number).
+The server's Close for a method goes out before its Close-Ok for a channel or connection Close the client sent after
+that method (a publish to a missing exchange followed at once by a close must report the 404); when both sides
+close a channel at once each answers the other's Close, and the number is free again once both are answered
+(RabbitMQ 3.10.8 on the wire: Channel.Close 404, then Channel.CloseOk or Connection.CloseOk; after the client's
+Close-Ok, Channel.OpenOk for the reopened number).
 """
 
 from __future__ import annotations
@@ -100,6 +101,22 @@ def test_publish_to_a_missing_exchange_then_close_at_once_reports_the_404(amqp_t
         _expect(raw, 1, commands.Channel.OpenOk)
     finally:
         raw.close()
+
+
+def test_publish_to_a_missing_exchange_then_connection_close_at_once_reports_the_404(
+        amqp_target: Target, uid: str) -> None:
+    """RabbitMQ's reader answers Connection.Close once its channels are done: the channel's Close comes first."""
+    raw = RawConnection(amqp_target)
+    try:
+        raw.send((1, commands.Channel.Open()))
+        _expect(raw, 1, commands.Channel.OpenOk)
+        exchange = f"missing-{uid}"
+        raw.send(*raw.publish_frames(1, exchange), (0, commands.Connection.Close(200, "bye", 0, 0)))
+        close = _expect(raw, 1, commands.Channel.Close)
+        assert (close.reply_code, close.reply_text) == (404, MISSING_EXCHANGE_TEXT.format(exchange))  # type: ignore[attr-defined]
+        _expect(raw, 0, commands.Connection.CloseOk)
+    finally:
+        raw.sock.close()
 
 
 def test_crossing_closes_are_both_answered_and_the_number_is_reused(amqp_target: Target, uid: str) -> None:
