@@ -6,10 +6,10 @@ Feed bytes with `receive_data(data, now_ms)`, collect `next_events()`, drain `da
 States: AWAIT_HEADER -> STARTING (Start sent) -> TUNING (Tune sent) -> OPENING -> OPEN -> CLOSING (we sent
 Connection.Close, waiting for Close-Ok) or CLOSE_RECEIVED (the client sent it: the broker answers with
 `send_method(0, ConnectionCloseOk)` once it has handled what came before, so a channel's Close for an earlier
-method goes out first, as RabbitMQ's reader waits for its channels) -> CLOSED. Errors follow RabbitMQ 3.x (rabbit_reader / rabbit_channel /
-rabbit_command_assembler): before authentication completes, errors close the socket without a Close frame (except
-403 with the client's authentication_failure_close capability); later, hard errors send Connection.Close and soft
-errors Channel.Close. A closing channel ignores everything but Close/Close-Ok (spec 4.2.4 / 2.3.5.2).
+method goes out first, as RabbitMQ's reader waits for its channels) -> CLOSED. Errors follow RabbitMQ 3.x
+(rabbit_reader / rabbit_channel / rabbit_command_assembler): before authentication completes, errors close the
+socket without a Close frame (except 403 with the client's authentication_failure_close capability); later, hard
+errors send Connection.Close and soft errors Channel.Close. A closing channel ignores everything but Close/Close-Ok (spec 4.2.4 / 2.3.5.2).
 `ChannelClosed` is emitted once, as soon as the channel is gone for the broker (we sent Close, or the client did);
 the broker answers the client's Close (`send_method(ChannelCloseOk)`) once it has handled what came before it, so
 a Close of ours for an earlier method goes out first; crossing Closes each get a Close-Ok, and the number is free
