@@ -16,6 +16,9 @@ How it works:
   remembered under their id as well: one command id has exactly one outcome.
 - Deletes cascade: a vhost takes its exchanges, queues, bindings, permissions and policies; a queue or exchange
   takes the bindings that name it; a user takes its permissions.
+- A vhost comes with RabbitMQ's pre-declared exchanges (`PREDECLARED_EXCHANGES`: amq.direct, amq.fanout, ...),
+  as every broker's vhost does, so binds to them are checked like any other; a bind naming one in a state written
+  before that adds the missing ones in the same step.
 - `snapshot(state)` / `restore(dict)` and `command_to_dict` / `command_from_dict` produce cbor-able dicts
   (str, int, bool, lists, dicts) — never pickle.
 """
@@ -70,6 +73,11 @@ DEDUP_MAX = 4096
 NODE_STATES = ("up", "down")
 QUEUE_TYPES = ("classic", "quorum", "mirrored", "stream")
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+# Every vhost has these from its creation on, as in RabbitMQ (the broker's node/broker/vhost.py PREDECLARED).
+PREDECLARED_EXCHANGES = (
+    ("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.topic", "topic"), ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
 
 __all__ = [  # the records and commands live in cluster.metadata.commands; callers import them from here
     "AddNode",
@@ -234,7 +242,22 @@ def _set_node_state(s: MetadataState, c: SetNodeState) -> Step:
 
 
 def _put_vhost(s: MetadataState, c: PutVhost) -> Step:
-    return _upsert(s, "vhosts", "vhost", c.name, VhostRecord(c.name, c.description, c.tags), (c.name,))
+    s, outcome = _upsert(s, "vhosts", "vhost", c.name, VhostRecord(c.name, c.description, c.tags), (c.name,))
+    s, created = _ensure_predeclared(s, c.name)
+    return s, Outcome((*outcome.changes, *created)) if created else outcome
+
+
+def _ensure_predeclared(s: MetadataState, vhost: str) -> tuple[MetadataState, list[Change]]:
+    """The vhost's pre-declared `amq.*` exchanges, added where missing (also for a state written before they were
+    part of every vhost, when a bind names one)."""
+    missing = [ExchangeRecord(vhost, name, kind) for name, kind in PREDECLARED_EXCHANGES
+               if (vhost, name) not in s.exchanges]
+    if not missing or vhost not in s.vhosts:
+        return s, []
+    exchanges = dict(s.exchanges)
+    for record in missing:
+        exchanges[(vhost, record.name)] = record
+    return replace(s, exchanges=exchanges), [Change("exchange", (vhost, r.name), "created") for r in missing]
 
 
 def _cascade(s: MetadataState, attr: str, kind: str, doomed: set[Any],
@@ -311,13 +334,19 @@ def _delete_exchange(s: MetadataState, c: DeleteExchange) -> Step:
 
 def _bind(s: MetadataState, c: Bind) -> Step:
     b = c.binding
+    before = s  # a refusal changes nothing
+    created: list[Change] = []
+    predeclared = {name for name, _ in PREDECLARED_EXCHANGES}
+    if b.source in predeclared or (b.destination_kind == "exchange" and b.destination in predeclared):
+        s, created = _ensure_predeclared(s, b.vhost)
     if (b.vhost, b.source) not in s.exchanges:
-        return _refuse(s, f"no exchange {b.source!r} in vhost {b.vhost}")
+        return _refuse(before, f"no exchange {b.source!r} in vhost {b.vhost}")
     targets = s.queues if b.destination_kind == "queue" else s.exchanges
     if b.destination_kind not in ("queue", "exchange") or (b.vhost, b.destination) not in targets:
-        return _refuse(s, f"no {b.destination_kind} {b.destination!r} in vhost {b.vhost}")
+        return _refuse(before, f"no {b.destination_kind} {b.destination!r} in vhost {b.vhost}")
     key = binding_key(b)
-    return _upsert(s, "bindings", "binding", key, b, key[:5])
+    s, outcome = _upsert(s, "bindings", "binding", key, b, key[:5])
+    return s, Outcome((*created, *outcome.changes)) if created else outcome
 
 
 def _unbind(s: MetadataState, c: Unbind) -> Step:

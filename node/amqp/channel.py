@@ -22,11 +22,13 @@ class ChannelAssembly:
     table is remembered (its payload bytes, properties and body size): a publisher repeating it (the common case)
     gets the same shared `BasicProperties` without a decode, after the same checks passed for those very bytes."""
 
-    __slots__ = ("body_parts", "body_received", "body_size", "closing", "last_header", "last_header_content",
-                 "properties", "publish")
+    __slots__ = ("body_parts", "body_received", "body_size", "close_ok_owed", "close_sent", "closing", "last_header",
+                 "last_header_content", "properties", "publish")
 
     def __init__(self) -> None:
-        self.closing = False
+        self.closing = False  # either side sent Channel.Close: the client's frames but Close/Close-Ok are discarded
+        self.close_ok_owed = False  # the client sent Close; the broker answers it once it handled what came before
+        self.close_sent = False  # we sent Close and wait for the client's Close-Ok
         self.publish: BasicPublish | None = None
         self.properties: BasicProperties | None = None
         self.body_size = 0

@@ -4,11 +4,17 @@ Feed bytes with `receive_data(data, now_ms)`, collect `next_events()`, drain `da
 `next_deadline_ms()`. The broker answers with `send_method`/`send_content`/`send_deliver`/`close_channel`/... .
 
 States: AWAIT_HEADER -> STARTING (Start sent) -> TUNING (Tune sent) -> OPENING -> OPEN -> CLOSING (we sent
-Connection.Close, waiting for Close-Ok) -> CLOSED. Errors follow RabbitMQ 3.x (rabbit_reader / rabbit_channel /
-rabbit_command_assembler): before authentication completes, errors close the socket without a Close frame (except
-403 with the client's authentication_failure_close capability); later, hard errors send Connection.Close and soft
-errors Channel.Close. A closing channel ignores everything but Close/Close-Ok (spec 4.2.4 / 2.3.5.2).
-`ChannelClosed` is emitted once, as soon as the channel is gone for the broker (we sent Close, or the client did).
+Connection.Close, waiting for Close-Ok) or CLOSE_RECEIVED (the client sent it: the broker answers with
+`send_method(0, ConnectionCloseOk)` once it has handled what came before, so a channel's Close for an earlier
+method goes out first, as RabbitMQ's reader waits for its channels) -> CLOSED. Errors follow RabbitMQ 3.x
+(rabbit_reader / rabbit_channel / rabbit_command_assembler): before authentication completes, errors close the
+socket without a Close frame (except 403 with the client's authentication_failure_close capability); later, hard
+errors send Connection.Close and soft errors Channel.Close. A closing channel ignores everything but Close/Close-Ok (spec 4.2.4 / 2.3.5.2).
+`ChannelClosed` is emitted once, as soon as the channel is gone for the broker (we sent Close, or the client did);
+the broker answers the client's Close (`send_method(ChannelCloseOk)`) once it has handled what came before it, so
+a Close of ours for an earlier method goes out first; crossing Closes each get a Close-Ok, and the number is free
+once both are answered (rabbit_channel's `closing` state). Connection.Update-Secret checks the user again with the
+new secret as its password.
 
 Heartbeats: the heartbeat in the client's Tune-Ok is used as is (RabbitMQ does this; clients pick the lower
 non-zero of theirs and ours). We send a heartbeat frame when nothing was sent for heartbeat/2; when nothing was
@@ -102,6 +108,7 @@ class ConnectionState(Enum):
     OPENING = "opening"
     OPEN = "open"
     CLOSING = "closing"
+    CLOSE_RECEIVED = "close_received"  # the client sent Connection.Close; the broker answers it (Close-Ok)
     CLOSED = "closed"
 
 
@@ -159,7 +166,7 @@ class ServerConnection:
         return isinstance(capabilities, dict) and capabilities.get(name) is True
 
     def receive_data(self, data: bytes, now_ms: int) -> None:
-        if self.state is ConnectionState.CLOSED or not data:
+        if self.state is ConnectionState.CLOSED or self.state is ConnectionState.CLOSE_RECEIVED or not data:
             return
         self._last_recv_ms = self._now_ms = now_ms
         framer = self._framer
@@ -180,9 +187,9 @@ class ServerConnection:
         else:
             for frame_type, channel, payload in frames:
                 self._handle_frame(frame_type, channel, payload, now_ms)
-                if self.closed:
+                if self.closed or self.state is ConnectionState.CLOSE_RECEIVED:
                     return
-        if self.closed:
+        if self.closed or self.state is ConnectionState.CLOSE_RECEIVED:  # nothing after the client's Close counts
             return
         if isinstance(error, BadProtocolHeader):
             self._write(PROTOCOL_HEADER)
@@ -315,7 +322,7 @@ class ServerConnection:
             self._handle_frame(frame_type, channel, payload, now_ms)
             if self.state is not open_state:  # closing or closed: the rest takes the general path
                 for frame_type, channel, payload in frames[index + 1 :]:
-                    if self.state is ConnectionState.CLOSED:
+                    if self.state is ConnectionState.CLOSED or self.state is ConnectionState.CLOSE_RECEIVED:
                         return
                     self._handle_frame(frame_type, channel, payload, now_ms)
                 return
@@ -334,7 +341,12 @@ class ServerConnection:
         return data
 
     def send_method(self, channel: int, method: m.Method) -> None:
-        if self._channel_writable(channel):
+        cls = type(method)
+        if cls is m.ChannelCloseOk:
+            self._answer_channel_close(channel)
+        elif cls is m.ConnectionCloseOk:
+            self._answer_connection_close()
+        elif self._channel_writable(channel):
             self._write(encode_method_frame(channel, method))
 
     def send_content(self, channel: int, method: m.Method, properties: BasicProperties, body: bytes) -> None:
@@ -372,17 +384,27 @@ class ServerConnection:
         self, channel: int, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0
     ) -> None:
         ch = self._channels.get(channel)
-        if ch is None or ch.closing or self.state is not ConnectionState.OPEN:
+        state = self.state
+        if ch is None or ch.close_sent or (state is not ConnectionState.OPEN
+                                           and state is not ConnectionState.CLOSE_RECEIVED):
             return
-        ch.closing = True
-        ch.reset_content()
         close = m.ChannelClose(reply_code, safe_text(reply_text), class_id, method_id)
+        if ch.closing:  # the client's Close is not answered yet: ours goes first, as RabbitMQ's channel does
+            if ch.close_ok_owed:
+                ch.close_sent = True
+                self._write(encode_method_frame(channel, close))
+            return
+        ch.closing = ch.close_sent = True
+        ch.reset_content()
         self._write(encode_method_frame(channel, close))
         self._events.append(ChannelClosed(channel))
 
     def close_connection(
         self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0
     ) -> None:
+        if self.state is ConnectionState.CLOSE_RECEIVED:  # the client is closing it already: just answer
+            self._answer_connection_close()
+            return
         if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSED):
             return
         if self.state in (ConnectionState.AWAIT_HEADER, ConnectionState.STARTING):
@@ -411,7 +433,7 @@ class ServerConnection:
     def tick(self, now_ms: int) -> None:
         self._now_ms = max(self._now_ms, now_ms)
         state = self.state
-        if state is ConnectionState.CLOSED:
+        if state is ConnectionState.CLOSED or state is ConnectionState.CLOSE_RECEIVED:
             return
         if state is ConnectionState.CLOSING:
             if self._close_deadline_ms is not None and now_ms >= self._close_deadline_ms:
@@ -425,7 +447,7 @@ class ServerConnection:
 
     def next_deadline_ms(self) -> int | None:
         state = self.state
-        if state is ConnectionState.CLOSED:
+        if state is ConnectionState.CLOSED or state is ConnectionState.CLOSE_RECEIVED:
             return None
         if state is ConnectionState.CLOSING:
             return self._close_deadline_ms
@@ -463,6 +485,10 @@ class ServerConnection:
         """The connection is over: tell the broker about every channel still open, then about the connection."""
         if self.state is ConnectionState.CLOSED:
             return
+        if self.state is ConnectionState.CLOSE_RECEIVED:  # the broker was told already
+            self._channels.clear()
+            self.state = ConnectionState.CLOSED
+            return
         for number, ch in self._channels.items():
             if not ch.closing:
                 self._events.append(ChannelClosed(number))
@@ -488,7 +514,7 @@ class ServerConnection:
         self._pending_close = (reply_code, text)
 
     def _fail(self, error: ProtocolError, now_ms: int) -> None:
-        if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSED):
+        if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSE_RECEIVED, ConnectionState.CLOSED):
             return
         if self.state in (ConnectionState.AWAIT_HEADER, ConnectionState.STARTING):
             self._finish(error.code, error.text)  # RabbitMQ closes the socket silently before login completes
@@ -511,6 +537,8 @@ class ServerConnection:
 
     # ------------------------------------------------------------ internals: input
     def _handle_frame(self, frame_type: int, channel: int, payload: bytes, now_ms: int) -> None:
+        if self.state is ConnectionState.CLOSE_RECEIVED:
+            return
         try:
             if channel == 0:
                 self._frame_on_connection(frame_type, payload, now_ms)
@@ -560,7 +588,10 @@ class ServerConnection:
             )
         method = self._decode(payload)
         if isinstance(method, m.ConnectionClose):
-            self._write(encode_method_frame(0, m.ConnectionCloseOk()))
+            if self.state is ConnectionState.OPEN:
+                self._close_received(method)
+                return
+            self._write(encode_method_frame(0, m.ConnectionCloseOk()))  # during the handshake: at once
             self._finish(method.reply_code, method.reply_text)
             return
         handler = _CONNECTION_HANDLERS.get((self.state, type(method)))
@@ -658,12 +689,19 @@ class ServerConnection:
             self._write(encode_method_frame(0, m.ConnectionBlocked(self._blocked_reason)))
 
     def _on_update_secret(self, method: m.Method, now_ms: int) -> None:
-        raise ProtocolError(
-            ReplyCode.NOT_ALLOWED,
-            "Secret update failed: the authentication backend has no secrets to update",
-            10,
-            70,
-        )
+        """Connection.Update-Secret (RabbitMQ's extension): the new secret is the user's password now; the user
+        is checked again with it, and its vhost access too. Refused: 530, which closes the connection."""
+        assert isinstance(method, m.ConnectionUpdateSecret)
+        response = b"\0" + self.username.encode("utf-8", "surrogateescape") + b"\0" + method.new_secret
+        if self.authenticator.authenticate("PLAIN", response) != self.username:
+            raise ProtocolError(
+                ReplyCode.NOT_ALLOWED, "New secret was refused by one of the backends: invalid credentials", 10, 70
+            )
+        if not self.authenticator.vhost_access(self.username, self.vhost):
+            raise ProtocolError(
+                ReplyCode.NOT_ALLOWED, f"access to vhost '{self.vhost}' refused for user '{self.username}'", 10, 70
+            )
+        self._write(encode_method_frame(0, m.ConnectionUpdateSecretOk()))
 
     # -- channels
     def _frame_on_channel(self, frame_type: int, channel: int, payload: bytes) -> None:
@@ -711,11 +749,48 @@ class ServerConnection:
         self._events.append(ChannelOpened(channel))
 
     def _frame_on_closing_channel(self, frame_type: int, channel: int, payload: bytes) -> None:
+        """A closing channel takes only Close-Ok (for our Close) and Close (the client's, crossing ours); the number
+        is free once every Close on it was answered. A Channel.Open before that is 504, as in RabbitMQ."""
+        ch = self._channels[channel]
         method = _method_or_none(frame_type, payload)
         if isinstance(method, m.ChannelCloseOk):
-            del self._channels[channel]
+            if ch.close_sent:
+                ch.close_sent = False
+                if not ch.close_ok_owed:
+                    del self._channels[channel]
         elif isinstance(method, m.ChannelClose):
-            self._write(encode_method_frame(channel, m.ChannelCloseOk()))
+            if ch.close_sent and not ch.close_ok_owed:  # closes crossed: answer now, then wait for its Close-Ok
+                self._write(encode_method_frame(channel, m.ChannelCloseOk()))
+        elif isinstance(method, m.ChannelOpen):
+            raise ProtocolError(ReplyCode.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+
+    def _close_received(self, method: m.ConnectionClose) -> None:
+        """The client closes the connection: every channel is gone for the broker, which answers (Close-Ok) once it
+        has handled everything before; until then a channel may still get our Close for an earlier method."""
+        for number, ch in self._channels.items():
+            if not ch.closing:
+                ch.closing = ch.close_ok_owed = True
+                ch.reset_content()
+                self._events.append(ChannelClosed(number))
+        self._events.append(ConnectionClosed(method.reply_code, method.reply_text, by_client=True))
+        self.state = ConnectionState.CLOSE_RECEIVED
+
+    def _answer_connection_close(self) -> None:
+        if self.state is not ConnectionState.CLOSE_RECEIVED:
+            return
+        self._write(encode_method_frame(0, m.ConnectionCloseOk()))
+        self._channels.clear()
+        self.state = ConnectionState.CLOSED
+
+    def _answer_channel_close(self, channel: int) -> None:
+        """The broker's Close-Ok for the client's Close, after the broker's replies to what came before it (so a
+        Close of ours for an earlier method, such as a publish to a missing exchange, goes out first)."""
+        ch = self._channels.get(channel)
+        if ch is None or not ch.close_ok_owed or self.state is not ConnectionState.OPEN:
+            return
+        ch.close_ok_owed = False
+        self._write(encode_method_frame(channel, m.ChannelCloseOk()))
+        if not ch.close_sent:
             del self._channels[channel]
 
     def _channel_method(self, ch: ChannelAssembly, channel: int, method: m.Method) -> None:
@@ -724,10 +799,10 @@ class ServerConnection:
             assert isinstance(method, m.BasicPublish)
             ch.publish = method
             return
-        if cls is m.ChannelClose:
-            self._write(encode_method_frame(channel, m.ChannelCloseOk()))
-            del self._channels[channel]
-            self._events.append(ChannelClosed(channel))
+        if cls is m.ChannelClose:  # answered by the broker (send_method ChannelCloseOk) after what came before
+            ch.closing = ch.close_ok_owed = True
+            ch.reset_content()
+            self._events.append(ChannelClosed(channel, by_client=True))
             return
         if method.CLASS_ID == CLASS_CONNECTION or cls in _SERVER_ONLY:
             raise ProtocolError(

@@ -49,17 +49,24 @@ class ContentReceived(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ChannelClosed:
-    """The channel is gone (closed by either side); its number may be reused once the client reopens it."""
+    """The channel is gone for the broker (closed by either side); its number is free once every Close on it was
+    answered. `by_client`: the client sent Channel.Close, and the broker answers it with `ChannelCloseOk` (through
+    `send_method`) once it has handled everything before it, so its own Close for an earlier method goes out first,
+    as RabbitMQ's channel process does."""
 
     channel: int
+    by_client: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class ConnectionClosed:
-    """The connection is finished: flush `data_to_send()` and close the socket."""
+    """The connection is finished: flush `data_to_send()` and close the socket. `by_client`: the client sent
+    Connection.Close, and the broker answers it with `ConnectionCloseOk` (through `send_method`) once it has handled
+    everything before it; the runtime writes the broker's effects of that round before it closes the socket."""
 
     reply_code: int
     reply_text: str
+    by_client: bool = False
 
 
 Event = ConnectionOpened | ChannelOpened | MethodReceived | ContentReceived | ChannelClosed | ConnectionClosed

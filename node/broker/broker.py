@@ -199,6 +199,8 @@ class Broker(BrokerState):
         elif kind is ev.ChannelClosed:
             reply_gate.drop_channel(self, (conn.conn_id, event.channel))
             self.close_channel_state(conn, event.channel)
+            if event.by_client:  # after our replies (and a Close of ours) for what the client sent before it
+                self.out.append(Send(conn.conn_id, event.channel, m.ChannelCloseOk()))
         elif kind is ev.ConnectionOpened:
             conn.username, conn.vhost, conn.opened = event.username, event.vhost, True
             capabilities = event.client_properties.get("capabilities")
@@ -206,6 +208,8 @@ class Broker(BrokerState):
                 conn.cancel_notify = bool(capabilities.get("consumer_cancel_notify", False))
         elif kind is ev.ConnectionClosed:
             self._connection_closed(conn)
+            if event.by_client:  # after our replies (a channel's Close) for what the client sent before it
+                self.out.append(Send(conn.conn_id, 0, m.ConnectionCloseOk()))
 
     def tick(self, now_ms: int) -> list[Effect]:
         self.now_ms = max(self.now_ms, now_ms)

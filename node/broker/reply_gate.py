@@ -22,8 +22,9 @@ channels and connections are untouched. While any channel is held the effects of
 Bounds: a held channel gets no delivery credit top-ups (delivery.refill), so at most one credit window per
 consumer is held; replies are bounded by what the client sends during the wait, and a hold past
 `HELD_EFFECTS_MAX` effects (a stalled disk) closes the connection (541) instead of growing. A channel the client
-closes (`ChannelClosed`) or a connection that goes drops its holds: the core has already answered close-ok, and
-a reused channel number must never receive the old channel's replies.
+closes (`ChannelClosed`) or a connection that goes drops its holds: the broker answers the client's Close at
+once (the client discards anything else after its Close), and a reused channel number must never receive the old
+channel's replies.
 """
 
 from __future__ import annotations

@@ -192,14 +192,16 @@ class Node:
         try:
             events = core.next_events()
             while events:
+                closed = False
                 for event in events:
                     cls = type(event)
                     if cls is ConnectionOpened:
                         conn.opened = True
                     elif cls is ConnectionClosed:
-                        conn.finished = True
-                        conn.broker_told_closed = True
+                        closed = conn.broker_told_closed = True
                 self.apply_effects(self._handle_events(conn.conn_id, events, wall_ms()))
+                if closed:  # only now: the broker's last words (a channel's Close, the Close-Ok) were written
+                    conn.finished = True
                 events = core.next_events()
         finally:
             conn.dirty = False

@@ -8,12 +8,13 @@ import pytest
 from pamqp import body as pbody
 from pamqp import commands, header
 
+from node.amqp import methods as m
 from node.amqp.connection import ConnectionLimits, ConnectionState
 from node.amqp.events import ChannelClosed, ChannelOpened, ConnectionClosed, MethodReceived
 from node.amqp.methods import ChannelFlow
 from node.amqp.spec import PROTOCOL_HEADER
 
-from .pamqp_client import HEARTBEAT, Session, start_ok
+from .pamqp_client import HEARTBEAT, Session, Users, parse_frames, start_ok
 
 
 def close_of(out: list[tuple[int, Any]]) -> tuple[int, int, str, int, int]:
@@ -166,10 +167,28 @@ def test_unexpected_connection_method_while_open() -> None:
     )
 
 
-def test_update_secret_is_refused() -> None:
-    session = opened(())
+def test_update_secret_with_the_password_is_accepted() -> None:
+    session = opened((1,))
+    out = session.send_frame(0, commands.Connection.UpdateSecret(new_secret="guest", reason="refresh"))
+    assert [(channel, type(f)) for channel, f in out] == [(0, commands.Connection.UpdateSecretOk)]
+    assert session.conn.state is ConnectionState.OPEN
+    session.open_channel(2)
+
+
+def test_update_secret_with_a_wrong_secret_closes_the_connection() -> None:
+    session = opened((1,))
     out = session.send_frame(0, commands.Connection.UpdateSecret(new_secret="s", reason="r"))
-    assert close_of(out)[1] == 530
+    assert close_of(out) == (
+        0, 530, "NOT_ALLOWED - New secret was refused by one of the backends: invalid credentials", 10, 70)
+
+
+def test_update_secret_rechecks_vhost_access() -> None:
+    users = Users(vhosts={"guest": {"/"}})
+    session = Session(users=users)
+    session.handshake()
+    users.vhosts["guest"] = set()  # access revoked since the connection opened
+    out = session.send_frame(0, commands.Connection.UpdateSecret(new_secret="guest", reason="r"))
+    assert close_of(out) == (0, 530, "NOT_ALLOWED - access to vhost '/' refused for user 'guest'", 10, 70)
 
 
 # ------------------------------------------------------------------ channels
@@ -293,7 +312,85 @@ def test_broker_closes_channel_and_client_closes_too() -> None:
     )
     assert [type(f) for _, f in out] == [commands.Channel.CloseOk]
     assert session.events.count(ChannelClosed(1)) == 1
+    # The closes crossed: the number is free once the client answered ours too (RabbitMQ keeps the channel until
+    # then; forgetting it at once made this Close-Ok a 504 "expected 'channel.open'").
+    assert session.send_frame(1, commands.Channel.CloseOk()) == []
     session.open_channel(1)
+    assert session.events[-1] == ChannelOpened(1)
+
+
+def test_reopening_a_number_before_answering_our_close_is_504() -> None:
+    session = opened((1,))
+    session.conn.close_channel(1, 404, "NOT_FOUND - no queue 'q' in vhost '/'", 50, 10)
+    session.conn.data_to_send()
+    session.send_frame(1, commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0))
+    out = session.send_frame(1, commands.Channel.Open())
+    assert close_of(out) == (0, 504, "CHANNEL_ERROR - second 'channel.open' seen", 20, 10)  # as RabbitMQ 3.10
+
+
+def test_client_close_is_answered_by_the_broker_after_what_came_before() -> None:
+    session = opened((1, 2))
+    session.publish(1, b"abc", exchange="missing")
+    out = session.send_frame(1, commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0))
+    assert out == []
+    assert session.events[-1] == ChannelClosed(1, by_client=True)
+    # The broker, handling the publish, closes the channel: its Close goes out before the Close-Ok.
+    session.conn.close_channel(1, 404, "NOT_FOUND - no exchange 'missing' in vhost '/'", 60, 40)
+    session.conn.send_method(1, m.ChannelCloseOk())
+    out = parse_frames(session.conn.data_to_send())
+    assert [(channel, type(f)) for channel, f in out] == [(1, commands.Channel.Close), (1, commands.Channel.CloseOk)]
+    assert out[0][1].reply_code == 404
+    assert session.events.count(ChannelClosed(1, by_client=True)) == 1 and ChannelClosed(1) not in session.events
+    # Only once the client answered our Close is the number free.
+    assert session.send_frame(1, commands.Channel.CloseOk()) == []
+    session.open_channel(1)
+    # Without a Close of ours, the broker's Close-Ok frees the number at once; a stray one is ignored.
+    session.send_frame(2, commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0))
+    session.conn.send_method(2, m.ChannelCloseOk())
+    session.conn.send_method(2, m.ChannelCloseOk())
+    assert [type(f) for _, f in parse_frames(session.conn.data_to_send())] == [commands.Channel.CloseOk]
+    session.open_channel(2)
+
+
+def test_client_connection_close_is_answered_by_the_broker_after_what_came_before() -> None:
+    session = opened((1, 2))
+    session.publish(1, b"abc", exchange="missing")
+    out = session.send_frame(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    assert out == []
+    assert session.events[-3:] == [ChannelClosed(1), ChannelClosed(2), ConnectionClosed(200, "bye", by_client=True)]
+    assert session.conn.state is ConnectionState.CLOSE_RECEIVED
+    # Whatever the client sends now is ignored; the core asks for no wake-up.
+    assert session.send_frame(2, commands.Basic.Qos(prefetch_count=1)) == []
+    assert session.conn.next_deadline_ms() is None
+    count = len(session.events)
+    # The broker, handling the publish, closes channel 1 (its Close goes out), then answers the Close.
+    session.conn.close_channel(1, 404, "NOT_FOUND - no exchange 'missing' in vhost '/'", 60, 40)
+    session.conn.send_method(2, m.BasicQosOk())  # (anything else for a channel is dropped)
+    session.conn.send_method(0, m.ConnectionCloseOk())
+    out = parse_frames(session.conn.data_to_send())
+    assert [(channel, type(f)) for channel, f in out] == [(1, commands.Channel.Close), (0, commands.Connection.CloseOk)]
+    assert out[0][1].reply_code == 404
+    assert session.conn.state is ConnectionState.CLOSED and len(session.events) == count  # no second ConnectionClosed
+
+
+def test_broker_closing_a_connection_whose_close_it_did_not_answer_yet_answers_it() -> None:
+    session = opened((1,))
+    session.send_frame(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    session.conn.close_connection(320, "CONNECTION_FORCED - broker shutdown")
+    out = parse_frames(session.conn.data_to_send())
+    assert [type(f) for _, f in out] == [commands.Connection.CloseOk]
+    assert session.conn.state is ConnectionState.CLOSED
+
+
+def test_frames_after_the_clients_close_are_discarded() -> None:
+    session = opened((1,))
+    session.send_frame(1, commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0))
+    count = len(session.events)
+    assert session.send_frame(1, commands.Basic.Qos(prefetch_count=1)) == []
+    assert session.send_frame(1, commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0)) == []
+    assert len(session.events) == count
+    session.conn.send_method(1, m.ChannelCloseOk())
+    assert [type(f) for _, f in parse_frames(session.conn.data_to_send())] == [commands.Channel.CloseOk]
 
 
 def test_close_channel_writes_the_close_frame() -> None:

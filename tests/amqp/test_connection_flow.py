@@ -13,7 +13,14 @@ from node.amqp.events import (
     ContentReceived,
     MethodReceived,
 )
-from node.amqp.methods import BasicConsume, BasicConsumeOk, QueueDeclare, QueueDeclareOk
+from node.amqp.methods import (
+    BasicConsume,
+    BasicConsumeOk,
+    ChannelCloseOk,
+    ConnectionCloseOk,
+    QueueDeclare,
+    QueueDeclareOk,
+)
 from node.amqp.properties import BasicProperties
 from node.amqp.spec import PROTOCOL_HEADER
 
@@ -107,14 +114,19 @@ def test_handshake_publish_consume_close() -> None:
     out = session.send_frame(
         1, commands.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)
     )
-    assert [type(f) for _, f in out] == [commands.Channel.CloseOk]
-    assert session.events[-1] == ChannelClosed(1)
+    assert out == []  # the broker answers it, after whatever it still had to say on the channel
+    assert session.events[-1] == ChannelClosed(1, by_client=True)
+    session.conn.send_method(1, ChannelCloseOk())
+    assert [type(f) for _, f in parse_frames(session.conn.data_to_send())] == [commands.Channel.CloseOk]
 
     out = session.send_frame(
         0, commands.Connection.Close(reply_code=200, reply_text="Goodbye", class_id=0, method_id=0)
     )
-    assert [type(f) for _, f in out] == [commands.Connection.CloseOk]
-    assert session.events[-1] == ConnectionClosed(200, "Goodbye")
+    assert out == []  # the broker answers it too, after what came before
+    assert session.events[-1] == ConnectionClosed(200, "Goodbye", by_client=True)
+    assert session.conn.state is ConnectionState.CLOSE_RECEIVED
+    session.conn.send_method(0, ConnectionCloseOk())
+    assert [type(f) for _, f in parse_frames(session.conn.data_to_send())] == [commands.Connection.CloseOk]
     assert session.conn.state is ConnectionState.CLOSED
 
 

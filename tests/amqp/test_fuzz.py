@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from pamqp import body as pbody
 from pamqp import commands, header
 
+from node.amqp import methods
 from node.amqp.connection import ConnectionLimits, ConnectionState, ServerConnection
-from node.amqp.events import ConnectionClosed
+from node.amqp.events import ChannelClosed, ConnectionClosed
 from node.amqp.spec import PROTOCOL_HEADER, ReplyCode
 
 from .pamqp_client import HEARTBEAT, Users, marshal, parse_frames, start_ok
@@ -83,6 +84,7 @@ def run(chunks: list[bytes], ticks: list[int] | None = None) -> ServerConnection
         assert conn.output_buffer_bytes <= LIMITS.output_buffer_max_bytes
         new_events = conn.next_events()
         assert len(new_events) <= len(chunk) // 8 + 3 + len(conn.open_channels) + 16  # ~one event per frame
+        answer_closes(conn, new_events)
         events += new_events
         output += conn.data_to_send()
     check_output(output)
@@ -92,6 +94,15 @@ def run(chunks: list[bytes], ticks: list[int] | None = None) -> ServerConnection
         assert events[-1] == closes[0] and conn.state is ConnectionState.CLOSED
         assert closes[0].reply_code != ReplyCode.INTERNAL_ERROR
     return conn
+
+
+def answer_closes(conn: ServerConnection, events: list[Any]) -> None:
+    """What the broker does: answer the client's channel and connection Close once it has handled the events."""
+    for event in events:
+        if isinstance(event, ChannelClosed) and event.by_client:
+            conn.send_method(event.channel, methods.ChannelCloseOk())
+        elif isinstance(event, ConnectionClosed) and event.by_client:
+            conn.send_method(0, methods.ConnectionCloseOk())
 
 
 def check_output(output: bytes) -> None:

@@ -93,6 +93,7 @@ def test_broker_records_become_commands_and_mirror_back() -> None:
     mirrored = mirror_records(state, after)
     assert mirrored == [
         br.VHostRecord("v"),
+        *(br.ExchangeRecord("v", name, kind) for name, kind in md.PREDECLARED_EXCHANGES),  # every vhost has them
         br.ExchangeRecord("v", "x", "topic", arguments={"k": 1}),
         br.QueueRecord("v", "q", arguments={"x-queue-type": "quorum"}),
         br.QueueRecord("v", "c1"),
@@ -110,7 +111,8 @@ def test_deletions_mirror_children_first() -> None:
     gone = _apply_all(full, [md.DeleteVhost("v")])
     records = mirror_records(full, gone)
     kinds = [type(r).__name__ for r in records]
-    assert kinds == ["BindingRecord", "QueueRecord", "ExchangeRecord", "VHostRecord"]
+    assert kinds == ["BindingRecord", "QueueRecord", *["ExchangeRecord"] * (1 + len(md.PREDECLARED_EXCHANGES)),
+                     "VHostRecord"]
     assert all(r.deleted for r in records)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import cbor2
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -53,7 +55,8 @@ BASE: list[Command] = [PutVhost("/"), DeclareExchange(ExchangeRecord("/", "x", "
 
 def test_declare_reports_created_then_unchanged() -> None:
     s, out = m.apply(MetadataState(), PutVhost("/"))
-    assert out.changes == (m.Change("vhost", ("/",), "created"),)
+    assert out.changes == (m.Change("vhost", ("/",), "created"),
+                           *(m.Change("exchange", ("/", name), "created") for name, _ in m.PREDECLARED_EXCHANGES))
     s2, out2 = m.apply(s, PutVhost("/"))
     assert out2.ok and out2.changes == () and s2 == s
 
@@ -246,3 +249,33 @@ def test_diff_names_exactly_what_differs(first: list[Command], second: list[Comm
         assert len([c for c in changes if c.kind == kind]) == len(expected)
     created = {c.key for c in m.diff(MetadataState(), b) if c.action == "created" and c.kind == "queue"}
     assert created == set(b.queues)
+
+
+def test_every_vhost_has_the_predeclared_exchanges_and_binds_to_them() -> None:
+    from node.broker.vhost import PREDECLARED
+
+    assert m.PREDECLARED_EXCHANGES == PREDECLARED  # the broker's vhosts have the same ones
+    s = run([PutVhost("/"), PutVhost("v2"), DeclareQueue(q("q1")), DeclareQueue(q("q2", vhost="v2"))])
+    for vhost in ("/", "v2"):
+        for name, kind in m.PREDECLARED_EXCHANGES:
+            assert s.exchanges[(vhost, name)] == ExchangeRecord(vhost, name, kind)
+    s, out = m.apply(s, m.Bind(BindingRecord("v2", "amq.fanout", "q2", "queue", "")))
+    assert out.ok and out.changes == (m.Change("binding", ("v2", "amq.fanout", "queue", "q2", ""), "created"),)
+    s, out = m.apply(s, m.Bind(BindingRecord("/", "amq.topic", "amq.direct", "exchange", "a.#")))
+    assert out.ok
+    # The vhost goes with them; a new one of the same name has them again.
+    s, _ = m.apply(s, m.DeleteVhost("v2"))
+    assert not any(key[0] == "v2" for key in s.exchanges) and not any(key[0] == "v2" for key in s.bindings)
+    s, _ = m.apply(s, PutVhost("v2"))
+    assert ("v2", "amq.direct") in s.exchanges
+
+
+def test_a_bind_to_a_predeclared_exchange_missing_from_an_older_state_adds_it() -> None:
+    s = run([PutVhost("/"), DeclareQueue(q("q1"))])
+    older = dataclasses.replace(s, exchanges={k: v for k, v in s.exchanges.items() if not k[1].startswith("amq.")})
+    s2, out = m.apply(older, m.Bind(BindingRecord("/", "amq.direct", "q1", "queue", "k")))
+    assert out.ok and all(("/", name) in s2.exchanges for name, _ in m.PREDECLARED_EXCHANGES)
+    assert m.Change("exchange", ("/", "amq.direct"), "created") in out.changes
+    # A refused bind changes nothing, not even the missing exchanges.
+    s3, out = m.apply(older, m.Bind(BindingRecord("/", "amq.direct", "nope", "queue", "k")))
+    assert out.refused and s3 is older

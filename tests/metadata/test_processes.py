@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.metadata import model
-from cluster.metadata.model import PutVhost
+from cluster.metadata.model import PREDECLARED_EXCHANGES, PutVhost
 from tests.metadata.helpers import SECRET, free_addresses
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +95,8 @@ def test_three_processes_kill_the_leader_restart_and_catch_up(tmp_path: Path) ->
         for n in nodes:
             n.wait_ready()
         first = nodes[0].apply(PutVhost("/", cid="put-root"))
-        assert first["changes"] == [["vhost", ["/"], "created"]]
+        assert first["changes"] == [["vhost", ["/"], "created"],
+                                    *(["exchange", ["/", name], "created"] for name, _ in PREDECLARED_EXCHANGES)]
         wait_for(lambda: all("/" in n.vhosts() for n in nodes), what="'/' on every node")
 
         leader_addr = nodes[0].request({"op": "status"})["status"]["leader"]

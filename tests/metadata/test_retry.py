@@ -64,7 +64,9 @@ async def test_commit_with_unknown_outcome_is_retried_and_applied_once(monkeypat
     s, fake = make_store(["commit-but-leader-changed", "denied", "silent", "ok"], monkeypatch)
     out = await s.apply(PutVhost("/"), timeout_s=10)
     assert fake.attempts == 4 and len(set(fake.cids)) == 1  # one command id across every attempt
-    assert out.duplicate and out.changes == (model.Change("vhost", ("/",), "created"),)
+    assert out.duplicate and out.changes == (
+        model.Change("vhost", ("/",), "created"),
+        *(model.Change("exchange", ("/", name), "created") for name, _ in model.PREDECLARED_EXCHANGES))
     assert list(fake.state.vhosts) == ["/"]
 
 

@@ -200,8 +200,11 @@ def test_a_replaced_state_reaches_watchers_as_a_diff() -> None:
     target, _ = model.apply(model.MetadataState(), PutVhost("new"))
     replica.put_state(replica_bytes(target))
     assert replica.state == target
+    predeclared = [name for name, _ in model.PREDECLARED_EXCHANGES]
     assert seen == [(1, model.Outcome((model.Change("vhost", ("gone",), "deleted"),
-                                       model.Change("vhost", ("new",), "created"))))]
+                                       model.Change("vhost", ("new",), "created"),
+                                       *(model.Change("exchange", ("gone", n), "deleted") for n in predeclared),
+                                       *(model.Change("exchange", ("new", n), "created") for n in predeclared))))]
     replica.put_state(replica_bytes(target))  # the same state again: nothing to tell
     assert len(seen) == 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from cluster.metadata.model import DeclareQueue, PutVhost, QueueRecord
+from cluster.metadata.model import PREDECLARED_EXCHANGES, DeclareQueue, PutVhost, QueueRecord
 from cluster.metadata.store import MetadataError, MetadataStore
 from tests.metadata.helpers import config, free_addresses, start_all, wait_until
 
@@ -28,7 +28,8 @@ async def test_command_applied_on_one_node_is_visible_on_all() -> None:
         assert again.duplicate and again.changes == out.changes
         with trio.fail_after(10):
             seen = [await sub.receive() for _ in range(2)]
-        assert [c.kind for o in seen for c in o.changes] == ["vhost", "queue"]
+        assert [c.kind for o in seen for c in o.changes] == [
+            "vhost", *["exchange"] * len(PREDECLARED_EXCHANGES), "queue"]
         await wait_until(lambda: len({repr(s.state) for s in stores}) == 1, what="equal replicas")
     finally:
         for s in stores:
