@@ -16,11 +16,12 @@ def sweep(
     stop_at_first: bool = False,
     progress: Callable[[str], None] | None = None,
     membership: bool = False,
+    bootstrap: bool = False,
 ) -> list[SimResult]:
     failures: list[SimResult] = []
     for seed in seeds:
         result = run_seed(SimConfig(seed=seed, groups=groups, chaos_ticks=chaos_ticks, broken=broken,
-                                    membership=membership))
+                                    membership=membership, bootstrap=bootstrap))
         if not result.ok:
             failures.append(result)
             if progress:
