@@ -287,7 +287,8 @@ def basic_consume(broker: Broker, conn: ConnState, ch: ChannelState, method: m.B
     ch.consumers[tag] = consumer
     broker.consumers[consumer.consumer_id] = consumer
     queue.consumers[consumer.consumer_id] = consumer
-    queue.had_consumer = True
+    if not broker.replicated:  # replicated: set when the Attach is applied (log-derived; the leader's auto-delete
+        queue.had_consumer = True  # must not see "had a consumer, none attached" before the Attach commits)
     queue.last_used_ms = broker.now_ms
     if method.exclusive:
         queue.exclusive_consumer = consumer.consumer_id
