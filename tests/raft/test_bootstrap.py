@@ -7,10 +7,13 @@ from __future__ import annotations
 import pathlib
 import random
 
+import trio
+
 from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch
 from cluster.raft.core.raft import BOOTSTRAP_TERM, RaftConfig, RaftCore, bootstrap_state
 from cluster.raft.core.types import (
     Append,
+    Entry,
     EntryKind,
     GroupId,
     HardState,
@@ -27,7 +30,9 @@ from cluster.raft.core.types import (
     Vote,
     VoteResp,
 )
+from cluster.raft.runtime.node import Bootstrap, RaftNodeRuntime
 from cluster.raft.runtime.storage import RaftStorage
+from tests.raft.test_runtime_cluster import _free_ports
 
 N1, N2, N3 = NodeId("n1"), NodeId("n2"), NodeId("n3")
 THREE = Membership(frozenset({N1, N2, N3}))
@@ -144,3 +149,36 @@ def test_storage_keeps_the_bootstrap_term_and_vote_in_the_first_record(tmp_path:
     assert state.hard_state == HardState(Term(1), N1, Index(0))
     assert state.snapshot.membership == THREE
     reopened.close()
+
+
+async def test_proposals_made_before_the_group_exists_go_out_when_it_is_added_without_any_tick(
+        tmp_path: pathlib.Path) -> None:
+    """Three runtimes whose timers never fire during the test (no election, no tick-driven retry of held
+    commands): proposals queued on the leader and on a follower before the group is added there are committed and
+    applied everywhere, from the moment the bootstrapped group is added (its leader known at once)."""
+    ports = dict(zip((N1, N2, N3), _free_ports(3), strict=True))
+    applied: dict[NodeId, list[bytes]] = {node: [] for node in ports}
+    runtimes = {}
+    for node in ports:
+        peers = {peer: ("127.0.0.1", port) for peer, port in ports.items() if peer != node}
+
+        def on_apply(group: GroupId, entry: Entry, node: NodeId = node) -> None:
+            if entry.data:
+                applied[node].append(entry.data)
+
+        runtimes[node] = RaftNodeRuntime(node, tmp_path / node, ("127.0.0.1", ports[node]), peers, b"s3cret",
+                                         on_apply, tick_ms=600_000, telemetry=False)
+    async with trio.open_nursery() as nursery:
+        for runtime in runtimes.values():
+            await nursery.start(runtime.run)
+        runtimes[N2].propose(G, b"from-a-follower")
+        runtimes[N1].propose(G, b"from-the-leader")
+        for node in (N2, N3, N1):
+            runtimes[node].add_group(G, THREE, Bootstrap(N1, lead=node == N1))
+            await trio.sleep(0.05)
+        with trio.fail_after(30):
+            while not all(len(entries) == 2 for entries in applied.values()):
+                await trio.sleep(0.01)
+        assert all(runtime.leader_of(G) == N1 for runtime in runtimes.values())
+        nursery.cancel_scope.cancel()
+    assert all(sorted(entries) == [b"from-a-follower", b"from-the-leader"] for entries in applied.values())
