@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 
 from cluster.raft.core.image import GroupImage, Record, records_for_ready
-from cluster.raft.core.types import GroupId, Membership, NodeId, PersistedState, Ready, Snapshot
+from cluster.raft.core.types import GroupId, HardState, Membership, NodeId, PersistedState, Ready, Snapshot
 
 RECORDS_MAX = 2_000  # consolidate (rewrite the live state) beyond this many synced records
 
@@ -26,6 +26,17 @@ class SimDisk:
 
     def write_ready(self, group: GroupId, ready: Ready) -> None:
         self.records.extend(records_for_ready(group, ready))
+
+    def write_bootstrap(self, group: GroupId, hard_state: HardState) -> None:
+        """A new group's bootstrap state (raft.bootstrap_state), unsynced: as in the runtime, it becomes durable
+        with the group's first Ready. A re-bootstrap (the broken host of the tests) starts the group afresh."""
+        if self.holds(group):
+            self.records = [record for record in self.records if record.group != group]
+            self.synced = len(self.records)
+        self.records.append(Record(group, "hs", hard_state=hard_state))
+
+    def holds(self, group: GroupId) -> bool:
+        return any(record.group == group for record in self.records)
 
     def write_compaction(self, group: GroupId, snapshot: Snapshot) -> None:
         self.records.append(Record(group, "compact", snapshot=snapshot))

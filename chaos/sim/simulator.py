@@ -22,7 +22,7 @@ from chaos.sim.disk import SimDisk
 from chaos.sim.network import NetworkFaults, SimNetwork
 from chaos.sim.trace import describe_batch
 from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, NodeReady, split_early
-from cluster.raft.core.raft import BrokenVariant, RaftConfig, RaftCore
+from cluster.raft.core.raft import BrokenVariant, RaftConfig, RaftCore, bootstrap_state
 from cluster.raft.core.types import (
     AppendResp,
     ConfChange,
@@ -54,6 +54,14 @@ class SimConfig:
     trace: bool = False
     profile_overrides: tuple[tuple[str, Any], ...] = ()  # pin some of the seed-drawn fault profile
     membership: bool = False  # a nemesis that adds learners, promotes and removes members (opt-in: keeps old seeds)
+    # Groups bootstrapped with a named first leader (raft.bootstrap_state; opt-in: keeps old seeds). The leader and
+    # how it starts ("up", "down": crashed right after its bootstrap state was durable, "isolated": cut off from
+    # every other node) are drawn from the seed unless given here.
+    bootstrap: bool = False
+    bootstrap_start: str | None = None
+    # Test-only broken host: a restarted named leader bootstraps again and leads term 1 a second time (the checkers
+    # must catch it; the real host never does: a restarted node loads its stored state).
+    bootstrap_again_on_restart: bool = False
 
 
 @dataclass(slots=True)
@@ -153,8 +161,22 @@ class Simulation:
         self._proposal_seq = 0
         self._marker_index: dict[GroupId, Index] = {}
         self._leader_terms_seen: dict[GroupId, int] = {}
+        self.bootstrap_leaders: dict[GroupId, NodeId] = {}
+        bootstrap_start = "up"
+        if config.bootstrap:  # drawn after everything else, so the other options' seeds keep their meaning
+            self.bootstrap_leaders = {group: self.rng.choice(node_ids) for group in self.group_ids}
+            bootstrap_start = config.bootstrap_start or self.rng.choice(["up", "up", "down", "isolated"])
+            self._log(f"bootstrap leaders {self.bootstrap_leaders} start {bootstrap_start}")
         for node in self.nodes.values():
             self._start(node, fresh=True)
+        if self.bootstrap_leaders and bootstrap_start != "up":
+            first = self.nodes[self.bootstrap_leaders[self.group_ids[0]]]
+            if bootstrap_start == "down":
+                self._crash(first)
+            else:
+                self.net.partition([{first.id}, {other for other in self.nodes if other != first.id}])
+                self.stats["partitions"] += 1
+                self._log(f"partition isolate-bootstrap-leader {first.id}")
 
     # --- the run -------------------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -365,7 +387,20 @@ class Simulation:
         for group in self.group_ids:
             persisted = None if fresh else states[group]
             membership = self.memberships[group] if fresh else None
+            leader = self.bootstrap_leaders.get(group)
+            # As the runtime: a group with nothing on disk (new, or its unsynced bootstrap record lost in a crash)
+            # starts from the bootstrap state again, but only the first start of the named leader may lead term 1
+            # (the broken host of the tests leads again after every restart).
+            again = self.config.bootstrap_again_on_restart and leader == node.id
+            create = leader is not None and (fresh or again or not node.disk.holds(group))
+            if leader is not None and create:
+                persisted = bootstrap_state(self.memberships[group], leader)
+                membership = None
+                node.disk.write_bootstrap(group, persisted.hard_state)  # synced with the first Ready
             node.mr.add_group(group, membership, persisted, self.config.broken)
+            if leader is not None and create:
+                led = node.mr.start_bootstrapped(group, lead=node.id == leader and (fresh or again))
+                self._log(f"bootstrap {node.id} {group} leader {leader}{' (leads term 1)' if led else ''}")
             node.applied[group] = self._restore_applied(node, group, states[group].snapshot.data)
             self.checkers[group].on_restore(node.id, node.applied[group])
             self.checkers[group].forget_node_progress(node.id)

@@ -17,6 +17,7 @@ def sweep(
     stop_at_first: bool = False,
     progress: Callable[[str], None] | None = None,
     membership: bool = False,
+    bootstrap: bool = False,
     queue: bool = False,
 ) -> list[SimResult]:
     """`queue`: the group replicates a queue (queue_sim.py) instead of opaque entries."""
@@ -24,7 +25,7 @@ def sweep(
     run = run_queue_seed if queue else run_seed
     for seed in seeds:
         result = run(SimConfig(seed=seed, groups=groups, chaos_ticks=chaos_ticks, broken=broken,
-                               membership=membership))
+                               membership=membership, bootstrap=bootstrap))
         if not result.ok:
             failures.append(result)
             if progress:

@@ -89,6 +89,10 @@ class QueueRecord:
     # queue deleted and declared again under its name is a new incarnation, and a node holding the Raft group of
     # an older one deletes that local state before it joins the group again (node/runtime/cluster/runtime.py).
     incarnation: int = 0
+    # The leader named when the queue was declared, never changed afterwards ("" = none: declared before this field,
+    # or by a node that does not name one). Every node starts the queue's Raft group with its term-1 vote cast for
+    # this node, which then leads term 1 without an election (cluster.raft.core.raft.bootstrap_state).
+    initial_leader: str = ""
 
 
 @dataclass(frozen=True, slots=True)

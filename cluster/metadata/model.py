@@ -356,7 +356,8 @@ def _unbind(s: MetadataState, c: Unbind) -> Step:
 
 
 def _same_definition(a: QueueRecord, b: QueueRecord) -> bool:
-    return replace(a, leader="", members=(), incarnation=0) == replace(b, leader="", members=(), incarnation=0)
+    return (replace(a, leader="", members=(), incarnation=0, initial_leader="")
+            == replace(b, leader="", members=(), incarnation=0, initial_leader=""))
 
 
 def _declare_queue(s: MetadataState, c: DeclareQueue) -> Step:
@@ -367,6 +368,8 @@ def _declare_queue(s: MetadataState, c: DeclareQueue) -> Step:
         return _refuse(s, f"unknown queue type {q.type!r}")
     if not q.members or q.leader not in q.members or len(set(q.members)) != len(q.members):
         return _refuse(s, f"queue {q.name!r}: the leader must be one of distinct members")
+    if q.initial_leader not in ("", q.leader):
+        return _refuse(s, f"queue {q.name!r}: the initial leader must be the leader")
     old = s.queues.get((q.vhost, q.name))
     if old is not None:
         if _same_definition(old, q):

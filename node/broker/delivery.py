@@ -284,7 +284,7 @@ def basic_consume(broker: BrokerState, conn: ConnState, ch: ChannelState, method
     ch.consumers[tag] = consumer
     broker.consumers[consumer.consumer_id] = consumer
     queue.consumers[consumer.consumer_id] = consumer
-    queue.had_consumer = True
+    queue.had_consumer = True  # single node; a replica's auto-delete follows applied Attaches (`had_attach`)
     queue.last_used_ms = broker.now_ms
     if method.exclusive:
         queue.exclusive_consumer = consumer.consumer_id

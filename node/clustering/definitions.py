@@ -136,7 +136,7 @@ def _queue_command(rec: Any, state: md.MetadataState, place: Placement) -> md.Co
     return md.DeclareQueue(md.QueueRecord(
         vhost=rec.vhost, name=rec.name, type=kind, durable=bool(getattr(rec, "durable", True)),
         auto_delete=rec.auto_delete, exclusive_owner=str(owner), arguments=arguments, leader=leader,
-        members=members))
+        members=members, initial_leader=existing.initial_leader if existing is not None else leader))
 
 
 def command_for(rec: Any, state: md.MetadataState, place: Placement) -> md.Command | None:

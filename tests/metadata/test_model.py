@@ -105,6 +105,19 @@ def test_queue_placement_commands() -> None:
     assert s.queues[("/", "q1")].leader == "a" and s.queues[("/", "q1")].members == ("a", "b")
 
 
+def test_the_initial_leader_is_fixed_at_declaration() -> None:
+    """The Raft groups start with their term-1 vote for it (cluster.raft.core.raft.bootstrap_state): it must
+    never change, whatever happens to the leader and the members afterwards."""
+    s = run([PutVhost("/"), DeclareQueue(dataclasses.replace(q("q1"), initial_leader="a"))])
+    s = run([SetQueueLeader("/", "q1", "c"), SetQueueMembers("/", "q1", ("b", "c"))], s)
+    assert s.queues[("/", "q1")].initial_leader == "a" and s.queues[("/", "q1")].leader == "c"
+    s2, out = m.apply(s, DeclareQueue(dataclasses.replace(q("q1", leader="c"), initial_leader="c")))
+    assert out.ok and s2.queues[("/", "q1")].initial_leader == "a"  # a redeclare changes nothing
+    _, out = m.apply(run([PutVhost("/")]), DeclareQueue(dataclasses.replace(q("q2"), initial_leader="b")))
+    assert "initial leader" in out.refused
+    assert m.from_plain(m.to_plain(s.queues[("/", "q1")])) == s.queues[("/", "q1")]
+
+
 def test_remove_node_refuses_while_a_member_unless_forced() -> None:
     nodes: list[Command] = [AddNode(n, f"{n}:1", m.PROTOCOL_VERSION) for n in "abc"]
     s = run([*nodes, *BASE, DeclareQueue(QueueRecord("/", "solo", "classic", leader="c", members=("c",))),

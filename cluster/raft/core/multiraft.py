@@ -112,6 +112,12 @@ class MultiRaft:
             self._last_heard.setdefault(peer, self._now)
         return core
 
+    def start_bootstrapped(self, group: GroupId, lead: bool) -> bool:
+        """`RaftCore.start_bootstrapped` for a group just added from `raft.bootstrap_state`."""
+        led = self.groups[group].start_bootstrapped(lead)
+        self._touch(group)
+        return led
+
     def remove_group(self, group: GroupId) -> None:
         self.groups.pop(group, None)
         self._active.discard(group)

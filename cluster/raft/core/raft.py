@@ -4,6 +4,11 @@ Input: `tick()` (one logical clock tick), `step(message)`, `propose(data)`, `pro
 `transfer_leadership(node)`, `compact(data)`, `wake(...)`. Output: `ready()` returns a `Ready` (see types.py for
 the persist -> send -> apply -> advance order) and `advance(ready)` acknowledges it.
 
+A new group may be bootstrapped with a leader named in advance (`bootstrap_state`, then `start_bootstrapped`): every
+member starts at term 1 with its vote already cast for that node, so no other node can win term 1; the named node
+alone leads term 1 at once (no election) and the others know it as leader from the start. If it is down or cut off,
+the others time out and elect a leader of term 2 as usual.
+
 Elections use pre-vote (section 9.6: a node first asks whether it could win, without bumping its term) and
 check-quorum (a leader that has not heard from a quorum within an election timeout steps down; followers that
 heard from a leader within the timeout ignore vote requests: the "leader lease"). Replication pipelines appends
@@ -52,6 +57,20 @@ from cluster.raft.core.types import (
 )
 
 Rng = Callable[[int, int], int]  # rng(low, high_exclusive), e.g. random.Random(seed).randrange
+BOOTSTRAP_TERM = Term(1)
+
+
+def bootstrap_state(membership: Membership, leader: NodeId) -> PersistedState:
+    """The first durable state of a new group whose first leader is named in advance: term 1, vote for `leader`.
+
+    Every member that creates the group (a node with no stored state for it) starts from exactly this state, with
+    the same `leader`: then term 1 has one possible leader, `leader`, which may take it without an election
+    (`RaftCore.start_bootstrapped(lead=True)`) and must do so at most once: only in the life of the node in which
+    its host created the group. A restarted node loads its stored state as an ordinary follower; one that lost the
+    (not yet durable) state in a crash creates it again, identical, and does not lead. Losing it is harmless since
+    every copy is the same: the state need not be durable before the first messages (the entries and votes that
+    follow are written after it, in order)."""
+    return PersistedState(HardState(BOOTSTRAP_TERM, leader, Index(0)), Snapshot(Index(0), Term(0), membership), ())
 
 
 class BrokenVariant(enum.Enum):
@@ -132,6 +151,27 @@ class RaftCore:
             self._become_pre_candidate()
         else:
             self._become_candidate(transfer)
+
+    def start_bootstrapped(self, lead: bool) -> bool:
+        """A core just created from `bootstrap_state`: the named leader (with `lead`) becomes leader of term 1 at
+        once and appends its no-op; any other member takes the named node as its leader and tells it so (a
+        heartbeat answer, which makes a leader send its log at once). Returns whether this core now leads.
+
+        `lead` is the host's promise that this node never led this group before (a fresh group, created in this
+        life of the node); a core whose state is not the untouched bootstrap state ignores the call."""
+        leader = self.vote
+        untouched = (self.term == BOOTSTRAP_TERM and self.role is Role.FOLLOWER and self.lead is None
+                     and self.log.last_index() == 0 and self.log.snapshot.index == 0)
+        if leader is None or not untouched or leader not in self.membership.voters:
+            return False
+        if leader == self.id:
+            if lead and self._promotable():
+                self._become_leader(empty_followers=True)
+                return True
+            return False
+        self.lead = leader
+        self._send(HeartbeatResp(self.id, leader, self.term))
+        return False
 
     def propose(self, data: bytes) -> Index | None:
         """Append a command if this node leads; None means refused (not leader, transferring, or full)."""
@@ -326,7 +366,10 @@ class RaftCore:
             self._send(Vote(self.id, voter, self.term, last_index, last_term, transfer))
         self._tally()
 
-    def _become_leader(self) -> None:
+    def _become_leader(self, empty_followers: bool = False) -> None:
+        """Lead this term: append the no-op and send it. `empty_followers` (a bootstrapped term 1): every other
+        member's log is known to be a prefix of ours (empty at first), so appends stream to them at once instead of
+        one probe at a time."""
         self._reset(self.term)
         self.role = Role.LEADER
         self.lead = self.id
@@ -335,6 +378,10 @@ class RaftCore:
         self.prs = {node: self._new_progress(node, last) for node in self.membership.members}
         self.prs[self.id].match = self.log.persisted
         self.prs[self.id].recent_active = True
+        if empty_followers:
+            for node, pr in self.prs.items():
+                if node != self.id:
+                    pr.become_replicate()
         self._pending_conf_index = last  # no conf change until everything before our term is applied
         self.log.append((Entry(self.term, Index(last + 1), b"", EntryKind.EMPTY),))
         self._broadcast_append()
@@ -572,7 +619,9 @@ class RaftCore:
         elif isinstance(m, HeartbeatResp):
             pr.recent_active = True
             pr.probe_sent = False
-            if pr.state is ProgressState.REPLICATE and pr.inflights.full():
+            if pr.state is ProgressState.REPLICATE and pr.match == 0:
+                pr.become_probe()  # a bootstrapped follower that has acknowledged nothing: resend from the start
+            elif pr.state is ProgressState.REPLICATE and pr.inflights.full():
                 pr.inflights.free_first()  # an append may be lost: let one more through (it will probe)
             if pr.match < self.log.last_index():
                 self._send_append(m.src)

@@ -1,19 +1,21 @@
 """The trio driver of one node's MultiRaft: timers, inbound batches, proposals, and the Ready cycle.
 
 One task owns the MultiRaft. It wakes when a batch arrives, a command is queued or a tick is due; it then adds and
-removes the groups the host asked for (`add_group`/`remove_group` work before and during `run`; a new group's
-initial membership is committed before it runs and a restarted group keeps its stored one; a removed group's
-stream is deleted in a worker thread), steps every inbound batch, routes queued commands (held ones again, before
-fresh ones, whenever a group may have got a leader, so a group's commands keep their order; routing.py: a proposal,
-membership change or leadership transfer goes to the local leader core, is forwarded to the known leader as a
-`Forward` frame, or is held up to `forward_hold_ms` while no leader is known) and runs the Ready cycle: write every
-group's records, `commit()` them in the long-lived fsync thread (sync_thread.py; one fsync for all groups),
-send the batches, apply committed entries (`on_apply(group, entry)` per entry or, when given,
-`on_apply_many(group, entries)` once per group per cycle), `advance`. After the cycles it reports groups whose
+removes the groups the host asked for (`add_group`/`remove_group` work before and during `run`; a new group's initial
+membership is committed before it runs and a restarted group keeps its stored one; a removed group's stream is
+deleted in a worker thread; a new group added with a `Bootstrap` starts from `raft.bootstrap_state`, stored with its
+membership in one record that rides with its first Ready, and its named leader leads term 1 at once when the host
+says it may; the groups added are reported to `on_leader_change` in the same turn), steps every inbound batch, routes
+queued commands (held ones again, before fresh ones, whenever a group may have got a leader, so a group's commands
+keep their order; routing.py: a proposal, membership change or leadership transfer goes to the local leader core, is
+forwarded to the known leader as a `Forward` frame, or is held up to `forward_hold_ms` while no leader is known) and
+runs the Ready cycle: write every group's records, `commit()` them in the long-lived fsync thread (sync_thread.py;
+one fsync for all groups), send the batches, apply committed entries (`on_apply(group, entry)` per entry or, when
+given, `on_apply_many(group, entries)` once per group per cycle), `advance`. After the cycles it reports groups whose
 known leader changed to `on_leader_change` (the groups stepped or touched by the cycles, and every group each
 `LEADER_SCAN_TICKS` ticks). Replication telemetry (telemetry.py) is written after each fsync and sampled on the
-timer. Inbound batches, commands and group changes wait in bounded queues (beyond the bound, batches are
-dropped, commands refused and group changes raise `OverflowError`).
+timer. Inbound batches, commands and group changes wait in bounded queues (beyond the bound, batches are dropped,
+commands refused and group changes raise `OverflowError`).
 
 Automatic compaction (when the host gives a `SnapshotHost`): after `advance`, a group whose applied log holds more
 than `CompactionConfig.entries_max` entries or `bytes_max` bytes of entry data beyond its snapshot gets a new
@@ -38,6 +40,7 @@ from typing import Any, Protocol
 import trio
 
 from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, NodeReady
+from cluster.raft.core.raft import bootstrap_state
 from cluster.raft.core.types import ConfChange, Entry, GroupId, Index, Membership, NodeId, Role
 from cluster.raft.runtime.codec import Command, Forward
 from cluster.raft.runtime.ready_pipeline import QUEUED_READIES_MAX, ReadyPipeline
@@ -64,6 +67,16 @@ class SnapshotHost(Protocol):
     def restore(self, group: GroupId, data: bytes) -> None:
         """Replace the group's state machine with the one `snapshot` produced (b"" for the empty start)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Bootstrap:
+    """A new group's first leader, named in advance (`raft.bootstrap_state`). Every node adding the group must name
+    the same `leader`; `lead` may be True only on that node, and only if it never hosted the group before in any
+    life (the host knows: it created the group in this life). Ignored for a group that has a stream already."""
+
+    leader: NodeId
+    lead: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +138,9 @@ class RaftNodeRuntime:
         self._compaction_pending: set[GroupId] = set()  # past a threshold, beyond this cycle's allowance
         self._on_leader_change = on_leader_change
         self._known_leaders: dict[GroupId, NodeId | None] = {}  # as last reported to on_leader_change
-        self._group_changes: deque[tuple[GroupId, Membership | None]] = deque()  # None: remove
+        self._group_changes: deque[tuple[GroupId, Membership | None, Bootstrap | None]] = deque()  # None: remove
+        self._bootstraps: dict[GroupId, Bootstrap] = {}  # groups declared before `run` with a named first leader
+        self._bootstrapped: list[tuple[GroupId, bool]] = []  # created from a bootstrap state, not started yet
         self._recheck_held = False
         self._sync_thread: SyncThread | None = None  # the Ready loop's fsyncs (created by `run`)
         self.timing = StageTimings.from_environment(node_id)  # None unless RAFTMQ_RAFT_TIMING is set (timing.py)
@@ -136,47 +151,81 @@ class RaftNodeRuntime:
 
     # --- groups ----------------------------------------------------------------------------------------------
 
-    def add_group(self, group: GroupId, membership: Membership) -> None:
+    def add_group(self, group: GroupId, membership: Membership, bootstrap: Bootstrap | None = None) -> None:
         """Host a group: before `run` it is loaded at start; while running, at the next cycle. Loaded from storage
         if it has a stream (then its stored membership wins over `membership`: storage.py), else created with
-        `membership`, made durable before the group runs. Adding a hosted group does nothing."""
+        `membership` (and, with `bootstrap`, from `raft.bootstrap_state`), made durable before the group runs.
+        Adding a hosted group does nothing."""
         if self.multi is None:
             self._groups[group] = membership
+            if bootstrap is None:
+                self._bootstraps.pop(group, None)
+            else:
+                self._bootstraps[group] = bootstrap
             self._group_changes = deque(change for change in self._group_changes if change[0] != group)
             return
-        self._queue_group_change(group, membership)
+        self._queue_group_change(group, membership, bootstrap)
 
     def remove_group(self, group: GroupId) -> None:
         """Stop hosting a group and delete its stream (at the next cycle, or at start if not running yet)."""
         if self.multi is None:
             self._groups.pop(group, None)
-        self._queue_group_change(group, None)
+            self._bootstraps.pop(group, None)
+        self._queue_group_change(group, None, None)
 
-    def _queue_group_change(self, group: GroupId, membership: Membership | None) -> None:
+    def _queue_group_change(self, group: GroupId, membership: Membership | None, bootstrap: Bootstrap | None) -> None:
         if len(self._group_changes) >= GROUP_CHANGES_QUEUED_MAX:
             raise OverflowError("too many group changes queued")
-        self._group_changes.append((group, membership))
+        self._group_changes.append((group, membership, bootstrap))
         self._wake.set()
 
-    async def _apply_group_changes(self, multi: MultiRaft, storage: RaftStorage) -> None:
+    async def _apply_group_changes(self, multi: MultiRaft, storage: RaftStorage) -> list[GroupId]:
+        """Carry out the queued group changes; the groups added."""
+        added: list[GroupId] = []
+        sync = False
         while self._group_changes:
-            group, membership = self._group_changes.popleft()
+            group, membership, bootstrap = self._group_changes.popleft()
             if membership is None:
                 await self._drop_group(multi, storage, group)
             elif group not in multi.groups:
-                await self._load_group(multi, storage, group, membership)
-        if storage.bytes_queued:  # new groups' initial memberships: durable before they send anything
+                sync |= await self._load_group(multi, storage, group, membership, bootstrap)
+                added.append(group)
+        if sync and storage.bytes_queued:  # new groups' initial memberships: durable before they send anything
             await trio.to_thread.run_sync(storage.commit)
+        self._start_bootstrapped(multi)
         self._recheck_held = True  # held commands may be for a group that is here now
+        return added
+
+    def _start_bootstrapped(self, multi: MultiRaft) -> None:
+        """Groups created from a bootstrap state (durable now): the named leader leads term 1 (when the host said it
+        may), the others know it as their leader."""
+        started, self._bootstrapped = self._bootstrapped, []
+        for group, lead in started:
+            if group in multi.groups:
+                multi.start_bootstrapped(group, lead)
 
     async def _load_group(self, multi: MultiRaft, storage: RaftStorage, group: GroupId,
-                          membership: Membership) -> None:
-        persisted = await trio.to_thread.run_sync(storage.load, group, membership)
+                          membership: Membership, bootstrap: Bootstrap | None = None) -> bool:
+        """Load or create a group; whether what it queued must be durable before the group runs. A group created
+        from a bootstrap state need not wait: its first record goes with its first Ready's fsync (before any message
+        that depends on it), and losing it in a crash loses nothing, as the group is then created again from the
+        same state (the node's term-1 vote was for the named leader either way, and that leader leads term 1 only
+        in the life the host created the group in)."""
+        initial = None if bootstrap is None else bootstrap_state(membership, bootstrap.leader)
+        persisted = await trio.to_thread.run_sync(storage.load, group, membership,
+                                                  None if initial is None else initial.hard_state)
         self._groups[group] = membership if persisted is None else committed_membership(persisted)
-        multi.add_group(group, membership if persisted is None else None, persisted)  # stored membership wins
+        if persisted is None and initial is not None and bootstrap is not None:
+            multi.add_group(group, None, initial)
+            self._bootstrapped.append((group, bootstrap.lead))
+            sync = False
+        else:
+            multi.add_group(group, membership if persisted is None else None, persisted)  # stored membership wins
+            sync = True
         if persisted is not None and persisted.snapshot.index > 0 and self._snapshots is not None:
             self._snapshots.restore(group, persisted.snapshot.data)
             self.stats.restores += 1
+        return sync
 
     async def _drop_group(self, multi: MultiRaft, storage: RaftStorage, group: GroupId) -> None:
         self._groups.pop(group, None)
@@ -290,7 +339,7 @@ class RaftNodeRuntime:
         incarnation = random.getrandbits(31)
         multi = self.multi = MultiRaft(self.node_id, self._config, random.Random().randrange, incarnation)
         for group, membership in list(self._groups.items()):  # from now on add_group queues a change
-            await self._load_group(multi, self.storage, group, membership)
+            await self._load_group(multi, self.storage, group, membership, self._bootstraps.pop(group, None))
         await self._apply_group_changes(multi, self.storage)  # removals asked for before run, adds since
         self._sync_thread = SyncThread()
         async with trio.open_nursery() as nursery:
@@ -347,7 +396,7 @@ class RaftNodeRuntime:
                 self._lap("turn_tick", lap_started)
             if self._group_changes:
                 await pipeline.drain(multi, storage)  # storage is ours alone while groups come and go
-                await self._apply_group_changes(multi, storage)
+                touched.update(await self._apply_group_changes(multi, storage))  # their leaders are noticed
             lap_started = self._lap_start()
             stepped, leader_learned = self._step_inbox(multi)
             touched.update(stepped)

@@ -9,7 +9,9 @@ snapshot, so older segments are deleted. Blocking calls (`open`, `load`, `commit
 
 A group's membership comes from its own durable state once it exists, never from whoever re-declares it: `load`
 of a group without a stream queues a `["m", voters, learners]` record first (the initial membership; the caller
-commits it before the group runs), and on reopen that record (or, after compaction or a received snapshot, the
+commits it before the group runs; a group bootstrapped with a named first leader, `raft.bootstrap_state`, has
+`["m", voters, learners, term, vote]`: its initial term and vote are in the same record, so they are durable
+together or not at all), and on reopen that record (or, after compaction or a received snapshot, the
 snapshot's membership) is the base the log's membership changes replay on. The membership the caller passes is
 then ignored (a WARNING when it differs from the stored one with the committed changes applied): changing a
 group's membership takes the Raft membership-change path. A stream from before this record gets one (the declared
@@ -33,11 +35,13 @@ from cluster.raft.core.types import (
     Entry,
     EntryKind,
     GroupId,
+    HardState,
     Membership,
     NodeId,
     PersistedState,
     Ready,
     Snapshot,
+    Term,
 )
 from cluster.raft.runtime.codec import (
     CodecError,
@@ -81,13 +85,26 @@ def _records(group: GroupId, snapshot: Any, entries: tuple[Entry, ...], hard_sta
     return records
 
 
-def _encode_membership(membership: Membership) -> bytes:
-    return cbor2.dumps([MEMBERSHIP_RECORD, sorted(membership.voters), sorted(membership.learners)])
+def _encode_membership(membership: Membership, bootstrap: HardState | None = None) -> bytes:
+    plain: list[Any] = [MEMBERSHIP_RECORD, sorted(membership.voters), sorted(membership.learners)]
+    if bootstrap is not None:
+        plain += [bootstrap.term, bootstrap.vote]
+    return cbor2.dumps(plain)
+
+
+def _bootstrap_from_plain(plain: Any) -> HardState | None:
+    """The initial (term, vote) of a membership record written for a bootstrapped group, else None."""
+    if len(plain) != 5:
+        return None
+    term, vote = plain[3], plain[4]
+    if type(term) is not int or term < 1 or type(vote) is not str:
+        raise CodecError("a bootstrap membership record ends with term >= 1 and the vote")
+    return HardState(Term(term), NodeId(vote), INDEX_ZERO)
 
 
 def _membership_from_plain(plain: Any) -> Membership:
-    if len(plain) != 3 or not all(type(nodes) is list for nodes in plain[1:]):
-        raise CodecError("a membership record is [\"m\", voters, learners]")
+    if len(plain) not in (3, 5) or not all(type(nodes) is list for nodes in plain[1:3]):
+        raise CodecError("a membership record is [\"m\", voters, learners] or [\"m\", voters, learners, term, vote]")
     voters, learners = plain[1], plain[2]
     if not all(type(node) is str for node in voters + learners):
         raise CodecError("membership node ids are strings")
@@ -150,14 +167,19 @@ class RaftStorage:
     def open(cls, directory: pathlib.Path) -> RaftStorage:
         return cls(NodeLog.open(directory))
 
-    def load(self, group: GroupId, declared: Membership) -> PersistedState | None:
-        """The group's persisted state, or None if it is new: then `declared` is its initial membership, queued as
-        the stream's first record (`commit` makes it durable; do so before the group runs). For a group that
-        exists, the stored membership wins over `declared`."""
+    def load(self, group: GroupId, declared: Membership, bootstrap: HardState | None = None
+             ) -> PersistedState | None:
+        """The group's persisted state, or None if it is new: then `declared` is its initial membership (and
+        `bootstrap`, if given, its initial hard state: `raft.bootstrap_state`), queued as the stream's first record
+        (`commit` makes it durable; do so before the group runs). For a group that exists, the stored membership
+        wins over `declared` and `bootstrap` is ignored."""
         stream = stream_name(group)
         if stream not in self.log.streams():
-            self._images[group] = GroupImage.empty(declared)
-            self._queue_membership(stream, declared)
+            image = GroupImage.empty(declared)
+            if bootstrap is not None:
+                image.hard_state = bootstrap
+            self._images[group] = image
+            self._queue_membership(stream, declared, bootstrap)
             return None
         image, pinned = self._replay(group, stream, declared)
         self._images[group] = image
@@ -185,6 +207,9 @@ class RaftStorage:
             if plain[0] == MEMBERSHIP_RECORD:
                 if image.snapshot.index == INDEX_ZERO:  # a later snapshot carries the membership in force there
                     image.snapshot = Snapshot(INDEX_ZERO, TERM_ZERO, _membership_from_plain(plain))
+                    bootstrap = _bootstrap_from_plain(plain)
+                    if bootstrap is not None and image.hard_state.term == TERM_ZERO:
+                        image.hard_state = bootstrap
                 pinned = True
                 continue
             for record in _decode_plain(group, plain):
@@ -192,8 +217,8 @@ class RaftStorage:
                 pinned = pinned or record.kind == "install"
         return image, pinned
 
-    def _queue_membership(self, stream: str, membership: Membership) -> None:
-        payload = _encode_membership(membership)
+    def _queue_membership(self, stream: str, membership: Membership, bootstrap: HardState | None = None) -> None:
+        payload = _encode_membership(membership, bootstrap)
         self.bytes_queued += len(payload)
         self.log.append(stream, payload)
 

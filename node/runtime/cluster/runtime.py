@@ -48,7 +48,7 @@ from cluster.metadata.store import MetadataError, MetadataStore, MetadataTimeout
 from cluster.queue.replicated_codec import peek_proposal
 from cluster.queue.types import Detach, Enqueue, EnqueueMany
 from cluster.raft.core.types import Entry, EntryKind, GroupId, Membership, NodeId
-from cluster.raft.runtime.node import RaftNodeRuntime
+from cluster.raft.runtime.node import Bootstrap, RaftNodeRuntime
 from cluster.raft.runtime.ready_pipeline import QUEUED_READIES_MAX
 from node.broker import records as br
 from node.broker.auth import hash_password
@@ -130,6 +130,7 @@ class ClusterRuntime:
         self.incarnation_file = IncarnationFile(self.data_dir)
         self.recorded_incarnations: dict[str, int] = {}  # what the file says (kept in step with it)
         self._deferred_groups: set[GroupId] = set()  # stale here at start: added once their old state is deleted
+        self._declared_here: set[GroupId] = set()  # groups of queues this node is declaring now (see _bootstrap)
         self._raft_running = False
         # group -> first proposal id after a local client deleted its queue: until the metadata settled that
         # deletion, the group takes no proposal and feeds no entry to the broker (node/clustering/incarnations.py)
@@ -255,8 +256,18 @@ class ClusterRuntime:
             self._record_incarnation(group, queue.incarnation)
             self.group_queues[group] = (queue.vhost, queue.name)
             self.group_incarnations[group] = queue.incarnation
-            self.raft.add_group(group, self._membership(queue))
+            self.raft.add_group(group, self._membership(queue), self._bootstrap(group, queue))
             self._send_queue(queue_key(queue.vhost, queue.name), wall_ms())
+
+    def _bootstrap(self, group: GroupId, queue: md.QueueRecord) -> Bootstrap | None:
+        """How a new group of `queue` starts: with its term-1 vote cast for the queue's initial leader (fixed at
+        declaration), which leads at once only on the node that declared it, in this life (`_declared_here`,
+        one-shot: a node whose data was wiped, or that adds the group again, must never lead term 1 twice)."""
+        lead = group in self._declared_here
+        self._declared_here.discard(group)
+        if not queue.initial_leader:
+            return None
+        return Bootstrap(NodeId(queue.initial_leader), lead=lead and queue.initial_leader == self.name)
 
     def _remove_group(self, group: GroupId) -> None:
         """Stop hosting a queue group; its proposals are abandoned, except those made for the queue a local client
@@ -387,6 +398,23 @@ class ClusterRuntime:
             command = dataclasses.replace(command, queue=dataclasses.replace(
                 command.queue, incarnation=incarnation_of_cid(command.cid)))
         self.stats["definitions"] += 1
+        declared = None
+        if isinstance(command, md.DeclareQueue) and command.queue.initial_leader == self.name:
+            declared = group_of_record(command.queue)  # a new group: may lead term 1 here (_bootstrap)
+            self._declared_here.add(declared)
+        try:
+            return await self._apply_definition(command)
+        finally:
+            if declared is not None and not self._committed_group(declared, command):
+                self._declared_here.discard(declared)  # refused, an existing queue, or not committed
+
+    def _committed_group(self, group: GroupId, command: Any) -> bool:
+        """Whether the metadata now holds the queue of a DeclareQueue `command` under `group` (its incarnation)."""
+        queue = None if self.store is None else self.store.state.queues.get((command.queue.vhost, command.queue.name))
+        return queue is not None and group_of_record(queue) == group
+
+    async def _apply_definition(self, command: md.Command) -> md.Outcome | None:
+        assert self.store is not None
         with trio.move_on_after(DEFINITION_TIMEOUT_S):
             while True:
                 try:
