@@ -272,6 +272,15 @@ def queue_known(port: int, queue: str) -> bool:
         return False
 
 
+def management_up(port: int) -> bool:
+    """Whether the node of AMQP port `port` answers its management API (it starts listening after AMQP)."""
+    try:
+        return requests.get(f"http://127.0.0.1:{port + 10_000}/api/overview", auth=("guest", "guest"),
+                            timeout=5).status_code == 200
+    except requests.ConnectionError:
+        return False
+
+
 def api_queue_rows(port: int, timeout_s: float = 10) -> list[dict[str, Any]]:
     """The node's /api/queues rows (its own replica's view); raises on an HTTP error."""
     reply = requests.get(f"http://127.0.0.1:{port + 10_000}/api/queues", auth=("guest", "guest"), timeout=timeout_s)

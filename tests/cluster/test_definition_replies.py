@@ -29,7 +29,14 @@ from node.runtime.cluster.runtime import (
     refusal_reply,
     uncommitted_creations,
 )
-from tests.cluster.cluster_proc import ClusterProcs, channel, cluster_fixture, queue_known, wait_until
+from tests.cluster.cluster_proc import (
+    ClusterProcs,
+    channel,
+    cluster_fixture,
+    management_up,
+    queue_known,
+    wait_until,
+)
 
 __all__ = ["cluster_fixture"]
 
@@ -74,19 +81,11 @@ def _declare(port: int) -> tuple[pika.exceptions.ChannelClosedByBroker | None, f
     return None, time.monotonic() - started
 
 
-def _management_up(port: int) -> bool:
-    try:
-        return requests.get(f"http://127.0.0.1:{port + 10_000}/api/overview", auth=("guest", "guest"),
-                            timeout=5).status_code == 200
-    except requests.ConnectionError:
-        return False
-
-
 @pytest.mark.timeout(300)
 def test_declare_without_a_metadata_majority_fails_and_works_once_it_is_back(cluster: ClusterProcs,
                                                                             tmp_path: Path) -> None:
     n1 = cluster.node("n1")
-    wait_until(lambda: _management_up(n1.port), 30, "n1's management API to listen")  # it starts after AMQP
+    wait_until(lambda: management_up(n1.port), 30, "n1's management API to listen")  # it starts after AMQP
     cluster.kill("n2")
     cluster.kill("n3")
     vhost_put: list[int] = []  # a management change meanwhile: answered 503, not 2xx

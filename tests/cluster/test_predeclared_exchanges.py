@@ -10,7 +10,7 @@ import pika
 import requests
 from pika.adapters.blocking_connection import BlockingChannel
 
-from tests.cluster.cluster_proc import ClusterProcs, cluster_fixture, connect, wait_until
+from tests.cluster.cluster_proc import ClusterProcs, cluster_fixture, connect, management_up, wait_until
 
 __all__ = ["cluster_fixture"]
 
@@ -84,6 +84,8 @@ def test_binds_to_predeclared_exchanges_commit_on_every_node(cluster: ClusterPro
 def test_a_vhost_created_at_runtime_has_them_on_every_node(cluster: ClusterProcs) -> None:
     vhost = "v-runtime"
     api = f"http://127.0.0.1:{cluster.nodes[1].port + 10_000}/api"
+    for node in cluster.nodes:  # the management API listens after AMQP
+        wait_until(lambda node=node: management_up(node.port), 30, f"{node.name}'s management API to listen")
     requests.put(f"{api}/vhosts/{vhost}", auth=("guest", "guest"), timeout=30).raise_for_status()
     requests.put(f"{api}/permissions/{vhost}/guest", auth=("guest", "guest"), timeout=30,
                  json={"configure": ".*", "write": ".*", "read": ".*"}).raise_for_status()
