@@ -32,6 +32,7 @@ from node.amqp import events as ev
 from node.amqp import methods as m
 from node.amqp.auth import parse_sasl_response
 from node.broker import (
+    credit_flow,
     definitions,
     delivery,
     mirror,
@@ -82,6 +83,7 @@ class BrokerConfig:
     replicated: bool = False  # every queue a replica: commands go out as ProposeQueue (docs/cluster.md)
     queue_messages_in_memory_max: int = 10_000  # per stored queue; past it messages wait on disk (0: never)
     publish_flow_ready_max: int = 1024  # a publisher is read more slowly while its queue has more ready (0: never)
+    publish_flow_inflight_max: int = 8192  # replicated: ... or this node has more publishes to it in flight (0: never)
     durable_replies: bool = True  # definition replies wait for on_persisted (reply_gate.py; cluster: metadata commit)
 
 
@@ -144,6 +146,10 @@ class Broker:
         self.policy_checked_ms = 0  # replicated: when `tick` last compared leader queues with their policies
         self.flow_touched: dict[int, QueueState] = {}  # queues enqueued into by the running entry point, by id
         self.flow_routes: dict[int, list[QueueState]] = {}  # conn_id -> queues its last read published to
+        self.flow_paused: dict[int, credit_flow.FlowPause] = {}  # replicated: connections not read (credit_flow)
+        self.flow_quiet: dict[int, int] = {}  # replicated: conn_id -> no pauses before this now_ms (a stalled one)
+        self.flow_pauses = 0  # replicated: publisher connections paused, and pauses ended by a stall
+        self.flow_pauses_stalled = 0
         if self.replicated:
             self.handlers = {**_HANDLERS, **replica.HANDLERS}
             self.publish_route = replica.route_publish
@@ -252,7 +258,9 @@ class Broker:
                 break
             self._handle_event(conn, event)
             self._settle_round()
-        if touched:
+        if self.replicated:
+            credit_flow.after_read(self, conn_id)
+        elif touched:
             self.flow_routes[conn_id] = list(touched.values())[:FLOW_ROUTES_MAX]
             touched.clear()
         elif self.flow_routes:
@@ -316,7 +324,9 @@ class Broker:
     def next_deadline_ms(self) -> int | None:
         """The earliest time `tick` has work to do (message TTL or x-expires), if any."""
         if self.replicated:
-            return replica_control.next_deadline_ms(self)
+            due = replica_control.next_deadline_ms(self)
+            stall = credit_flow.next_deadline_ms(self)
+            return due if stall is None else stall if due is None else min(due, stall)
         best: int | None = None
         for vhost in self.vhosts.values():
             for queue in vhost.queues.values():
@@ -610,6 +620,8 @@ class Broker:
         if self.held:
             reply_gate.drop_connection(self, conn.conn_id)
         self.flow_routes.pop(conn.conn_id, None)
+        if self.flow_paused or self.flow_quiet:
+            credit_flow.forget(self, conn.conn_id)
 
     def _settle_round(self) -> None:
         """What every entry point ends with: dead letters republished, credit topped up, pending drained."""
@@ -627,6 +639,8 @@ class Broker:
             paging.request_page_ins(self)
         if self._batch is not None:
             self._close_batch()
+        if self.flow_paused:
+            credit_flow.recheck(self)
         out = self.out
         self.out = []
         return reply_gate.divert(self, out) if self.held else out

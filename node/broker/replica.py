@@ -64,7 +64,7 @@ from cluster.queue.replicated import (
     peek_proposal,
 )
 from node.amqp import methods as m
-from node.broker import delivery, publish
+from node.broker import credit_flow, delivery, publish
 from node.broker.channel import ChannelState, ConnState, Message, PendingPublish, TxState, Unacked
 from node.broker.definitions import check_exclusive, delete_queue, lookup_queue
 from node.broker.effects import CloseChannel, ProposeQueue, Send, SendContent
@@ -170,6 +170,8 @@ def propose(broker: Broker, queue: QueueState, command: Any) -> None:
     machine = queue.machine
     if type(machine) is ProposingMachine:
         machine.batch = None  # a later publish must not overtake this command: it starts a new batch
+    if type(command) is Enqueue:
+        queue.flow_inflight += 1  # credit_flow.py: applied (or given up) later
     broker.out.append(ProposeQueue(queue.vhost, queue.name, command))
 
 
@@ -213,10 +215,12 @@ def _route(broker: Broker, ch: ChannelState, vhost: VHost[QueueState], method: A
         sequence = _next_sequence(ch)
         message = QueuedMessage(msg, len(body), props.delivery_mode == 2, props.priority or 0, ttl_ms)
         queues, now_ms, publisher_id = vhost.queues, broker.now_ms, ch.publisher_id
+        touched = broker.flow_touched
         for queue_name in targets:
             queue = queues.get(queue_name)
             if queue is None:
                 continue
+            touched[id(queue)] = queue  # credit flow: looked at after this read (credit_flow.after_read)
             command = Enqueue(message, now_ms, publisher_id, sequence)
             propose_enqueue(broker, queue, command)
             if pending is not None:
@@ -426,6 +430,12 @@ def apply_committed(broker: Broker, vhost: str, name: str, data: bytes) -> None:
     if proposal is None:
         return
     command: Any = proposal.command
+    if origin == broker.config.node_name:
+        kind = type(command)
+        if kind is EnqueueMany:
+            credit_flow.inflight_done(queue, len(command.sequences))
+        elif kind is Enqueue:
+            credit_flow.inflight_done(queue, 1)
     if type(command) is SettleDeadLettered:
         from node.broker import replica_control
 
@@ -597,8 +607,12 @@ def proposal_abandoned(broker: Broker, vhost: str, name: str, data: bytes) -> No
     kind = type(command)
     queue = queue_of(broker, vhost, name)
     if kind is Enqueue:
+        if queue is not None:
+            credit_flow.inflight_done(queue, 1)
         on_outcome(broker, (vhost, name), command.publisher_id, command.sequence, REJECTED)
     elif kind is EnqueueMany:
+        if queue is not None:
+            credit_flow.inflight_done(queue, len(command.sequences))
         for sequence in command.sequences:
             on_outcome(broker, (vhost, name), command.publisher_id, sequence, REJECTED)
     elif kind is Get:

@@ -155,6 +155,7 @@ def restore(broker: Broker, vhost: str, name: str, data: bytes) -> None:
         queue.dead_letter_seq, queue.had_consumer = dead_letter_seq, bool(had_consumer)
         queue.members = {decode_id(cid): None for cid in members}
     queue.expire_proposed_ms = None
+    queue.flow_inflight = 0  # the snapshot may cover publishes proposed here: their entries are never applied
     _prune_held_sends(queue)
     _resync(broker, queue)
 

@@ -1,0 +1,142 @@
+"""Credit flow in replicated mode: a publisher is not read while a queue it publishes to is behind (pure).
+
+What it is for: in cluster mode a publish costs the node a read and a proposal, and its delivery costs a Raft round,
+an apply and a write, all on one thread; a publisher's reads can outrun the deliveries, and the queue then grows
+for as long as the publisher keeps up its pace (end-to-end latency growing with the run). As RabbitMQ's credit flow
+(reader -> channel -> queue) and the single node's (`Broker.publish_flow_behind`), a publisher whose target queue is
+behind is not read again until it caught up, so its messages wait in the client and the kernel, not in the queue.
+
+How it works: the decision is the broker's, the mechanics the runtime's. After a read (`after_read`, from
+`handle_many`) the broker looks at the queues that read published to (`Broker.flow_touched`); when one is over its
+bound it emits `PauseReading(conn_id)`, and the runtime stops reading that connection until `ResumeReading`. A
+queue is over its bound when this node's in-flight publishes to it (proposed here, not yet applied by the local
+replica: the replicated path and the apply backlog; `QueueState.flow_inflight`) exceed `publish_flow_inflight_max`,
+or when it has consumers (on any node: the replica knows them all) and the local replica's ready messages
+(committed, not delivered: the same on every replica once applied, so a publisher on a follower sees a backlog that
+builds up on the leader's node) exceed `publish_flow_ready_max`. At the end of every entry point (`recheck`) each
+paused connection's queues are looked at again: it is resumed once every one is at or under half its bounds
+(hysteresis: a resumed publisher gets more than one read in), or when the backlog has not gone down for
+`FLOW_STALL_MS` (its consumers are slow or stopped, not the node: as RabbitMQ, a queue may grow behind a slow
+consumer), after which that connection is not paused for `FLOW_QUIET_MS`. A connection consuming from an
+over-bound queue is never paused for it (its own acks drain it). Time is the broker's `now_ms`; `next_deadline_ms`
+makes the runtime tick when a stall is due.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from node.broker.effects import PauseReading, ResumeReading
+from node.broker.queues import QueueState
+
+if TYPE_CHECKING:
+    from node.broker.broker import Broker
+
+FLOW_STALL_MS: Final = 1000  # a pause ends when the backlog did not go down for this long (slow consumers)
+FLOW_QUIET_MS: Final = 5000  # after a stalled pause: no pauses of that connection for this long
+FLOW_QUEUES_MAX: Final = 64  # queues one read's publishes are looked at for
+
+
+@dataclass(slots=True)
+class FlowPause:
+    """A connection the broker paused: the queues it waits for, and the backlog's progress."""
+
+    queues: list[QueueState]
+    backlog: int  # the smallest total backlog of `queues` seen during the pause
+    progress_ms: int  # when it last went down (or the pause began)
+
+
+def inflight_add(queue: QueueState, messages: int) -> None:
+    queue.flow_inflight += messages
+
+
+def inflight_done(queue: QueueState, messages: int) -> None:
+    """Publishes proposed here that the local replica applied (or that were given up). Never below 0: a
+    proposal given up may commit after all, and a snapshot install skips entries (the count is then reset)."""
+    queue.flow_inflight = max(0, queue.flow_inflight - messages)
+
+
+def _live(broker: Broker, queue: QueueState) -> bool:
+    vhost = broker.vhosts.get(queue.vhost)
+    return vhost is not None and vhost.queues.get(queue.name) is queue
+
+
+def _over(broker: Broker, queue: QueueState, fraction: int) -> bool:
+    """Over `1/fraction` of its bounds (fraction 1: the pause threshold, 2: the resume threshold)."""
+    config = broker.config
+    inflight_max = config.publish_flow_inflight_max
+    if inflight_max > 0 and queue.flow_inflight > inflight_max // fraction:
+        return True
+    ready_max = config.publish_flow_ready_max
+    if ready_max <= 0:
+        return False
+    machine = queue.machine
+    return bool(machine.ready_count > ready_max // fraction and machine.consumer_count)
+
+
+def _backlog(queue: QueueState) -> int:
+    return queue.flow_inflight + int(queue.machine.ready_count)
+
+
+def _consumes_from(broker: Broker, conn_id: int, queue: QueueState) -> bool:
+    conn = broker.conns.get(conn_id)
+    if conn is None:
+        return False
+    return any(consumer.queue is queue for ch in conn.channels.values() for consumer in ch.consumers.values())
+
+
+def after_read(broker: Broker, conn_id: int) -> None:
+    """After one read's events of `conn_id`: pause it when a queue it published to is over its bounds."""
+    touched = broker.flow_touched
+    if not touched:
+        return
+    queues = list(touched.values())[:FLOW_QUEUES_MAX]
+    touched.clear()
+    if conn_id in broker.flow_paused or conn_id not in broker.conns:
+        return
+    quiet_until = broker.flow_quiet.get(conn_id)
+    if quiet_until is not None:
+        if broker.now_ms < quiet_until:
+            return
+        del broker.flow_quiet[conn_id]
+    over = [q for q in queues if _over(broker, q, 1) and not _consumes_from(broker, conn_id, q)]
+    if not over:
+        return
+    broker.flow_paused[conn_id] = FlowPause(over, sum(_backlog(q) for q in over), broker.now_ms)
+    broker.flow_pauses += 1
+    broker.out.append(PauseReading(conn_id))
+
+
+def recheck(broker: Broker) -> None:
+    """Resume every paused connection whose queues caught up, or whose pause stalled."""
+    now_ms = broker.now_ms
+    for conn_id, pause in list(broker.flow_paused.items()):
+        if conn_id not in broker.conns:
+            del broker.flow_paused[conn_id]
+            continue
+        queues = [q for q in pause.queues if _live(broker, q) and _over(broker, q, 2)]
+        if queues:
+            backlog = sum(_backlog(q) for q in queues)
+            if backlog < pause.backlog:
+                pause.backlog, pause.progress_ms = backlog, now_ms
+            if now_ms - pause.progress_ms < FLOW_STALL_MS:
+                pause.queues = queues
+                continue
+            broker.flow_pauses_stalled += 1
+            broker.flow_quiet[conn_id] = now_ms + FLOW_QUIET_MS
+        del broker.flow_paused[conn_id]
+        broker.out.append(ResumeReading(conn_id))
+
+
+def next_deadline_ms(broker: Broker) -> int | None:
+    """When the earliest pause stalls (the runtime ticks then), if any connection is paused."""
+    if not broker.flow_paused:
+        return None
+    return min(pause.progress_ms for pause in broker.flow_paused.values()) + FLOW_STALL_MS
+
+
+def forget(broker: Broker, conn_id: int) -> None:
+    """A closed connection."""
+    broker.flow_paused.pop(conn_id, None)
+    broker.flow_quiet.pop(conn_id, None)
