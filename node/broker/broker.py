@@ -83,7 +83,7 @@ class BrokerConfig:
     replicated: bool = False  # every queue a replica: commands go out as ProposeQueue (docs/cluster.md)
     queue_messages_in_memory_max: int = 10_000  # per stored queue; past it messages wait on disk (0: never)
     publish_flow_ready_max: int = 1024  # a publisher is read more slowly while its queue has more ready (0: never)
-    publish_flow_inflight_max: int = 8192  # replicated: ... or this node has more publishes to it in flight (0: never)
+    publish_flow_inflight_max: int = 2048  # replicated: ... or this node has more publishes to it in flight (0: never)
     durable_replies: bool = True  # definition replies wait for on_persisted (reply_gate.py; cluster: metadata commit)
 
 

@@ -15,11 +15,14 @@ or when it has consumers (on any node: the replica knows them all) and the local
 (committed, not delivered: the same on every replica once applied, so a publisher on a follower sees a backlog that
 builds up on the leader's node) exceed `publish_flow_ready_max`. At the end of every entry point (`recheck`) each
 paused connection's queues are looked at again: it is resumed once every one is at or under half its bounds
-(hysteresis: a resumed publisher gets more than one read in), or when the backlog has not gone down for
-`FLOW_STALL_MS` (its consumers are slow or stopped, not the node: as RabbitMQ, a queue may grow behind a slow
-consumer), after which that connection is not paused for `FLOW_QUIET_MS`. A connection consuming from an
-over-bound queue is never paused for it (its own acks drain it). Time is the broker's `now_ms`; `next_deadline_ms`
-makes the runtime tick when a stall is due.
+(hysteresis: a resumed publisher gets more than one read in); or when nothing of this node's is in flight to them
+any more and their ready count has not gone down for `FLOW_STALL_MS` (its consumers are slow or stopped, not the
+node: as RabbitMQ, a queue may grow behind a slow consumer), after which that connection is not paused for
+`FLOW_QUIET_MS`; or, as a safety net, after `FLOW_PAUSE_MAX_MS`. While publishes are in flight the node itself is
+behind (a loaded node may not apply anything for seconds): that is never taken for a slow consumer, and in-flight
+publishes always end, applied or given up after `proposal_timeout_ms`. A connection consuming from an over-bound
+queue is never paused for it (its own acks drain it). Time is the broker's `now_ms`; `next_deadline_ms` makes the
+runtime tick when a stall or the safety net is due.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from node.broker.queues import QueueState
 if TYPE_CHECKING:
     from node.broker.broker import Broker
 
-FLOW_STALL_MS: Final = 1000  # a pause ends when the backlog did not go down for this long (slow consumers)
-FLOW_QUIET_MS: Final = 5000  # after a stalled pause: no pauses of that connection for this long
+FLOW_STALL_MS: Final = 3000  # a pause ends when the backlog did not go down for this long (slow consumers)
+FLOW_PAUSE_MAX_MS: Final = 30_000  # a pause ends after this long whatever the backlog (safety net)
+FLOW_QUIET_MS: Final = 10_000  # after a stalled pause: no pauses of that connection for this long
 FLOW_QUEUES_MAX: Final = 64  # queues one read's publishes are looked at for
 
 
@@ -43,8 +47,10 @@ class FlowPause:
     """A connection the broker paused: the queues it waits for, and the backlog's progress."""
 
     queues: list[QueueState]
-    backlog: int  # the smallest total backlog of `queues` seen during the pause
-    progress_ms: int  # when it last went down (or the pause began)
+    since_ms: int
+    ready: int  # the ready messages of `queues` at the last look
+    inflight: int  # this node's publishes in flight to `queues` at the last look
+    progress_ms: int  # when either last went down (or the pause began)
 
 
 def inflight_add(queue: QueueState, messages: int) -> None:
@@ -75,8 +81,9 @@ def _over(broker: Broker, queue: QueueState, fraction: int) -> bool:
     return bool(machine.ready_count > ready_max // fraction and machine.consumer_count)
 
 
-def _backlog(queue: QueueState) -> int:
-    return queue.flow_inflight + int(queue.machine.ready_count)
+def _counts(queues: list[QueueState]) -> tuple[int, int]:
+    """(ready messages, this node's publishes in flight) of `queues`."""
+    return sum(int(q.machine.ready_count) for q in queues), sum(q.flow_inflight for q in queues)
 
 
 def _consumes_from(broker: Broker, conn_id: int, queue: QueueState) -> bool:
@@ -103,7 +110,9 @@ def after_read(broker: Broker, conn_id: int) -> None:
     over = [q for q in queues if _over(broker, q, 1) and not _consumes_from(broker, conn_id, q)]
     if not over:
         return
-    broker.flow_paused[conn_id] = FlowPause(over, sum(_backlog(q) for q in over), broker.now_ms)
+    now_ms = broker.now_ms
+    ready, inflight = _counts(over)
+    broker.flow_paused[conn_id] = FlowPause(over, now_ms, ready, inflight, now_ms)
     broker.flow_pauses += 1
     broker.out.append(PauseReading(conn_id))
 
@@ -116,12 +125,12 @@ def recheck(broker: Broker) -> None:
             del broker.flow_paused[conn_id]
             continue
         queues = [q for q in pause.queues if _live(broker, q) and _over(broker, q, 2)]
-        if queues:
-            backlog = sum(_backlog(q) for q in queues)
-            if backlog < pause.backlog:
-                pause.backlog, pause.progress_ms = backlog, now_ms
-            if now_ms - pause.progress_ms < FLOW_STALL_MS:
-                pause.queues = queues
+        if queues and now_ms - pause.since_ms < FLOW_PAUSE_MAX_MS:
+            ready, inflight = _counts(queues)
+            if ready < pause.ready or inflight < pause.inflight:
+                pause.progress_ms = now_ms
+            pause.queues, pause.ready, pause.inflight = queues, ready, inflight
+            if inflight or now_ms - pause.progress_ms < FLOW_STALL_MS:
                 continue
             broker.flow_pauses_stalled += 1
             broker.flow_quiet[conn_id] = now_ms + FLOW_QUIET_MS
@@ -133,7 +142,12 @@ def next_deadline_ms(broker: Broker) -> int | None:
     """When the earliest pause stalls (the runtime ticks then), if any connection is paused."""
     if not broker.flow_paused:
         return None
-    return min(pause.progress_ms for pause in broker.flow_paused.values()) + FLOW_STALL_MS
+    return min(_due_ms(pause) for pause in broker.flow_paused.values())
+
+
+def _due_ms(pause: FlowPause) -> int:
+    safety_ms = pause.since_ms + FLOW_PAUSE_MAX_MS
+    return safety_ms if pause.inflight else min(pause.progress_ms + FLOW_STALL_MS, safety_ms)
 
 
 def forget(broker: Broker, conn_id: int) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.amqp.properties import BasicProperties
-from node.broker.credit_flow import FLOW_QUIET_MS, FLOW_STALL_MS
+from node.broker.credit_flow import FLOW_PAUSE_MAX_MS, FLOW_QUIET_MS, FLOW_STALL_MS
 from node.broker.effects import PauseReading, ProposeQueue, ResumeReading
 from tests.broker.cluster_harness import Cluster, ClusterClient, cluster_client, take
 from tests.broker.harness import deliveries
@@ -149,8 +149,12 @@ def test_a_pause_without_progress_ends_and_the_publisher_is_left_alone_for_a_whi
     cluster.commit()
     assert _paused(_read(cluster, publisher, 1))
     broker = cluster.brokers["b"]
+    assert broker.next_deadline_ms() == FLOW_PAUSE_MAX_MS
+    cluster.tick("b", FLOW_STALL_MS)
+    assert not _resumed(cluster, "b")  # its last publish is still in flight: the node, not the consumer, is behind
+    cluster.commit()
     due = broker.next_deadline_ms()
-    assert due == FLOW_STALL_MS
+    assert due == 2 * FLOW_STALL_MS
     cluster.tick("b", due - 1)
     assert not _resumed(cluster, "b")
     cluster.tick("b", due)
@@ -204,3 +208,15 @@ def test_a_prefetch_limited_consumer_gets_a_credit_window_of_twice_its_prefetch(
     effects = cluster.brokers["c"].handle(unlimited.conn_id, ev.MethodReceived(1, m.BasicConsume(queue="q")), 0)
     grants = [e.command.credit for e in _of_type(effects, ProposeQueue) if type(e.command).__name__ == "AddCredit"]
     assert grants == [cluster.brokers["c"].config.consumer_credit_window]
+
+
+def test_a_pause_ends_after_the_safety_net_whatever_the_backlog() -> None:
+    cluster, publisher = _setup("b", publish_flow_inflight_max=10)
+    cluster.hold = True  # never committed, never given up
+    assert _paused(_read(cluster, publisher, 11))
+    assert cluster.brokers["b"].next_deadline_ms() == FLOW_PAUSE_MAX_MS
+    cluster.tick("b", FLOW_PAUSE_MAX_MS - 1)
+    assert not _resumed(cluster, "b")
+    assert cluster.brokers["b"].next_deadline_ms() == FLOW_PAUSE_MAX_MS
+    cluster.tick("b", FLOW_PAUSE_MAX_MS)
+    assert _resumed(cluster, "b")
