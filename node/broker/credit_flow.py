@@ -16,11 +16,13 @@ or when it has consumers (on any node: the replica knows them all) and the local
 builds up on the leader's node) exceed `publish_flow_ready_max`. At the end of every entry point (`recheck`) each
 paused connection's queues are looked at again: it is resumed once every one is at or under half its bounds
 (hysteresis: a resumed publisher gets more than one read in); or when nothing of this node's is in flight to them
-any more and their ready count has not gone down for `FLOW_STALL_MS` (its consumers are slow or stopped, not the
-node: as RabbitMQ, a queue may grow behind a slow consumer), after which that connection is not paused for
-`FLOW_QUIET_MS`; or, as a safety net, after `FLOW_PAUSE_MAX_MS`. While publishes are in flight the node itself is
-behind (a loaded node may not apply anything for seconds): that is never taken for a slow consumer, and in-flight
-publishes always end, applied or given up after `proposal_timeout_ms`. A connection consuming from an over-bound
+any more and their ready count has not gone down for `FLOW_STALL_MS` of activity (the local replica applied entries
+of them, yet the backlog stays: its consumers are stuck, e.g. a requeue loop; as RabbitMQ, a queue may grow behind
+them), after which that connection is not paused for `FLOW_QUIET_MS`; or, as a safety net, after
+`FLOW_PAUSE_MAX_MS` (a consumer that stopped acking: nothing happens at all), also followed by `FLOW_QUIET_MS`.
+Neither publishes in flight nor time in which the replica applied nothing count as a stall: the node itself is
+behind then (a loaded node may apply nothing for seconds), and in-flight publishes always end, applied or given up
+after `proposal_timeout_ms`. A connection consuming from an over-bound
 queue is never paused for it (its own acks drain it). Time is the broker's `now_ms`; `next_deadline_ms` makes the
 runtime tick when a stall or the safety net is due.
 """
@@ -48,9 +50,11 @@ class FlowPause:
 
     queues: list[QueueState]
     since_ms: int
-    ready: int  # the ready messages of `queues` at the last look
-    inflight: int  # this node's publishes in flight to `queues` at the last look
-    progress_ms: int  # when either last went down (or the pause began)
+    ready: int  # the fewest ready messages of `queues` seen during the pause
+    inflight: int  # the fewest publishes of this node in flight to `queues` seen during the pause
+    applied: int  # entries of `queues` the local replica had applied when the clock last moved on
+    progress_ms: int  # the stall clock: when either count last fell to a new low, moved on while nothing was applied
+    looked_ms: int  # when the clock last moved on (entry points between share the broker's now_ms)
 
 
 def inflight_add(queue: QueueState, messages: int) -> None:
@@ -86,6 +90,10 @@ def _counts(queues: list[QueueState]) -> tuple[int, int]:
     return sum(int(q.machine.ready_count) for q in queues), sum(q.flow_inflight for q in queues)
 
 
+def _applied(queues: list[QueueState]) -> int:
+    return sum(q.flow_applied for q in queues)
+
+
 def _consumes_from(broker: Broker, conn_id: int, queue: QueueState) -> bool:
     conn = broker.conns.get(conn_id)
     if conn is None:
@@ -112,7 +120,7 @@ def after_read(broker: Broker, conn_id: int) -> None:
         return
     now_ms = broker.now_ms
     ready, inflight = _counts(over)
-    broker.flow_paused[conn_id] = FlowPause(over, now_ms, ready, inflight, now_ms)
+    broker.flow_paused[conn_id] = FlowPause(over, now_ms, ready, inflight, _applied(over), now_ms, now_ms)
     broker.flow_pauses += 1
     broker.out.append(PauseReading(conn_id))
 
@@ -125,12 +133,19 @@ def recheck(broker: Broker) -> None:
             del broker.flow_paused[conn_id]
             continue
         queues = [q for q in pause.queues if _live(broker, q) and _over(broker, q, 2)]
-        if queues and now_ms - pause.since_ms < FLOW_PAUSE_MAX_MS:
+        if queues:
             ready, inflight = _counts(queues)
+            applied = _applied(queues)
             if ready < pause.ready or inflight < pause.inflight:
                 pause.progress_ms = now_ms
-            pause.queues, pause.ready, pause.inflight = queues, ready, inflight
-            if inflight or now_ms - pause.progress_ms < FLOW_STALL_MS:
+            elif now_ms > pause.looked_ms and applied == pause.applied:
+                pause.progress_ms += now_ms - pause.looked_ms  # nothing applied meanwhile: idle, not stuck
+            if now_ms > pause.looked_ms:
+                pause.applied, pause.looked_ms = applied, now_ms
+            pause.queues = queues
+            pause.ready, pause.inflight = min(ready, pause.ready), min(inflight, pause.inflight)
+            expired = now_ms - pause.since_ms >= FLOW_PAUSE_MAX_MS
+            if not expired and (inflight or now_ms - pause.progress_ms < FLOW_STALL_MS):
                 continue
             broker.flow_pauses_stalled += 1
             broker.flow_quiet[conn_id] = now_ms + FLOW_QUIET_MS
@@ -147,7 +162,9 @@ def next_deadline_ms(broker: Broker) -> int | None:
 
 def _due_ms(pause: FlowPause) -> int:
     safety_ms = pause.since_ms + FLOW_PAUSE_MAX_MS
-    return safety_ms if pause.inflight else min(pause.progress_ms + FLOW_STALL_MS, safety_ms)
+    if pause.inflight:
+        return safety_ms
+    return min(max(pause.progress_ms + FLOW_STALL_MS, pause.looked_ms + FLOW_STALL_MS // 4), safety_ms)
 
 
 def forget(broker: Broker, conn_id: int) -> None:

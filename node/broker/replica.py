@@ -430,6 +430,7 @@ def apply_committed(broker: Broker, vhost: str, name: str, data: bytes) -> None:
     if proposal is None:
         return
     command: Any = proposal.command
+    queue.flow_applied += 1
     if origin == broker.config.node_name:
         kind = type(command)
         if kind is EnqueueMany:

@@ -142,9 +142,9 @@ def test_abandoned_publishes_are_no_longer_in_flight() -> None:
     assert _resumed(cluster, "b")
 
 
-def test_a_pause_without_progress_ends_and_the_publisher_is_left_alone_for_a_while() -> None:
+def test_a_backlog_that_stays_while_its_queue_is_busy_ends_the_pause_and_the_publisher_is_left_alone() -> None:
     cluster, publisher = _setup("b")
-    _consumer(cluster, "a", prefetch=2)  # never acks: the consumer, not the node, is slow
+    consumer = _consumer(cluster, "a", prefetch=2)  # requeues everything: busy, but the backlog never goes down
     _read(cluster, publisher, 20)
     cluster.commit()
     assert _paused(_read(cluster, publisher, 1))
@@ -153,18 +153,43 @@ def test_a_pause_without_progress_ends_and_the_publisher_is_left_alone_for_a_whi
     cluster.tick("b", FLOW_STALL_MS)
     assert not _resumed(cluster, "b")  # its last publish is still in flight: the node, not the consumer, is behind
     cluster.commit()
-    due = broker.next_deadline_ms()
-    assert due == 2 * FLOW_STALL_MS
-    cluster.tick("b", due - 1)
-    assert not _resumed(cluster, "b")
-    cluster.tick("b", due)
+
+    def requeue_round(now_ms: int) -> None:
+        for delivery in deliveries(take(cluster, "a")):
+            consumer.call(m.BasicNack(delivery_tag=delivery.method.delivery_tag, requeue=True))
+        cluster.commit()
+        cluster.tick("b", now_ms)
+
+    now_ms = FLOW_STALL_MS
+    while now_ms < 2 * FLOW_STALL_MS - 1:
+        now_ms += FLOW_STALL_MS // 10
+        requeue_round(min(now_ms, 2 * FLOW_STALL_MS - 1))
+        assert not _resumed(cluster, "b")
+    requeue_round(2 * FLOW_STALL_MS)
     assert _resumed(cluster, "b")
     assert broker.flow_pauses_stalled == 1
-    publisher.now_ms = due + 1
+    publisher.now_ms = 2 * FLOW_STALL_MS + 1
     assert not _paused(_read(cluster, publisher, 5))  # quiet
     cluster.commit()
-    publisher.now_ms = due + FLOW_QUIET_MS
+    publisher.now_ms = 2 * FLOW_STALL_MS + FLOW_QUIET_MS
     assert _paused(_read(cluster, publisher, 1))
+
+
+def test_a_consumer_that_stopped_holds_its_publisher_until_the_safety_net() -> None:
+    """Nothing applied at all: indistinguishable from a node that applies nothing (loaded), so no stall."""
+    cluster, publisher = _setup("b")
+    _consumer(cluster, "a", prefetch=2)  # never acks
+    _read(cluster, publisher, 20)
+    cluster.commit()
+    assert _paused(_read(cluster, publisher, 1))
+    cluster.commit()
+    for now_ms in range(0, FLOW_PAUSE_MAX_MS, FLOW_STALL_MS // 2):
+        cluster.tick("b", now_ms)
+        assert not _resumed(cluster, "b")
+    cluster.tick("b", FLOW_PAUSE_MAX_MS)
+    assert _resumed(cluster, "b")
+    publisher.now_ms = FLOW_PAUSE_MAX_MS + 1
+    assert not _paused(_read(cluster, publisher, 5))  # quiet
 
 
 def test_a_connection_consuming_from_the_queue_is_not_paused_for_it() -> None:
