@@ -16,7 +16,7 @@ or when it has consumers (on any node: the replica knows them all) and the local
 builds up on the leader's node) exceed `publish_flow_ready_max`. At the end of every entry point (`recheck`) each
 paused connection's queues are looked at again: it is resumed once every one is at or under half its bounds
 (hysteresis: a resumed publisher gets more than one read in); or when nothing of this node's is in flight to them
-any more and their ready count has not gone down for `FLOW_STALL_MS` of activity (the local replica applied entries
+any more and their backlog (ready + in flight) has not fallen to a new low for `FLOW_STALL_MS` of activity (the local replica applied entries
 of them, yet the backlog stays: its consumers are stuck, e.g. a requeue loop; as RabbitMQ, a queue may grow behind
 them), after which that connection is not paused for `FLOW_QUIET_MS`; or, as a safety net, after
 `FLOW_PAUSE_MAX_MS` (a consumer that stopped acking: nothing happens at all), also followed by `FLOW_QUIET_MS`.
@@ -50,10 +50,10 @@ class FlowPause:
 
     queues: list[QueueState]
     since_ms: int
-    ready: int  # the fewest ready messages of `queues` seen during the pause
-    inflight: int  # the fewest publishes of this node in flight to `queues` seen during the pause
+    backlog: int  # the lowest ready + in-flight (this node's) of `queues` seen during the pause
+    inflight: int  # this node's publishes in flight to `queues` at the last look
     applied: int  # entries of `queues` the local replica had applied when the clock last moved on
-    progress_ms: int  # the stall clock: when either count last fell to a new low, moved on while nothing was applied
+    progress_ms: int  # the stall clock: when the backlog last fell to a new low, moved on while nothing was applied
     looked_ms: int  # when the clock last moved on (entry points between share the broker's now_ms)
 
 
@@ -120,7 +120,7 @@ def after_read(broker: Broker, conn_id: int) -> None:
         return
     now_ms = broker.now_ms
     ready, inflight = _counts(over)
-    broker.flow_paused[conn_id] = FlowPause(over, now_ms, ready, inflight, _applied(over), now_ms, now_ms)
+    broker.flow_paused[conn_id] = FlowPause(over, now_ms, ready + inflight, inflight, _applied(over), now_ms, now_ms)
     broker.flow_pauses += 1
     broker.out.append(PauseReading(conn_id))
 
@@ -136,14 +136,13 @@ def recheck(broker: Broker) -> None:
         if queues:
             ready, inflight = _counts(queues)
             applied = _applied(queues)
-            if ready < pause.ready or inflight < pause.inflight:
-                pause.progress_ms = now_ms
+            if ready + inflight < pause.backlog:  # (applying moves in-flight publishes to ready: no change)
+                pause.progress_ms, pause.backlog = now_ms, ready + inflight
             elif now_ms > pause.looked_ms and applied == pause.applied:
                 pause.progress_ms += now_ms - pause.looked_ms  # nothing applied meanwhile: idle, not stuck
             if now_ms > pause.looked_ms:
                 pause.applied, pause.looked_ms = applied, now_ms
-            pause.queues = queues
-            pause.ready, pause.inflight = min(ready, pause.ready), min(inflight, pause.inflight)
+            pause.queues, pause.inflight = queues, inflight
             expired = now_ms - pause.since_ms >= FLOW_PAUSE_MAX_MS
             if not expired and (inflight or now_ms - pause.progress_ms < FLOW_STALL_MS):
                 continue
