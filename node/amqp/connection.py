@@ -135,6 +135,7 @@ class ServerConnection:
         self.vhost = ""
         self.client_properties: dict[str, Any] = {}
         self.blocked = False
+        self.reading_held = False  # the runtime does not read the socket (credit flow): silence is not counted
         self._blocked_reason = ""
         self._framer = Framer(self.limits.frame_max)
         self._channels: dict[int, ChannelAssembly] = {}
@@ -430,6 +431,16 @@ class ServerConnection:
         if self.state is ConnectionState.OPEN and self.client_capability("connection.blocked"):
             self._write(encode_method_frame(0, m.ConnectionUnblocked()))
 
+    def hold_reading(self, held: bool) -> None:
+        """The runtime stops (True) or starts again (False) reading the socket without telling the client (credit
+        flow): as while blocked, the peer's heartbeats sit unread meanwhile, so its silence counts only from the
+        moment reading starts again."""
+        if held == self.reading_held:
+            return
+        self.reading_held = held
+        if not held:
+            self._last_recv_ms = self._now_ms
+
     def tick(self, now_ms: int) -> None:
         self._now_ms = max(self._now_ms, now_ms)
         state = self.state
@@ -455,7 +466,7 @@ class ServerConnection:
         if self.heartbeat_s:
             interval_ms = self.heartbeat_s * 1000
             deadlines.append(self._last_send_ms + interval_ms // 2)
-            if not self.blocked:
+            if not (self.blocked or self.reading_held):
                 deadlines.append(self._last_recv_ms + 2 * interval_ms)
         if state is not ConnectionState.OPEN:
             deadlines.append(self._handshake_deadline_ms)
@@ -526,7 +537,7 @@ class ServerConnection:
 
     def _tick_heartbeat(self, now_ms: int) -> None:
         interval_ms = self.heartbeat_s * 1000
-        if not self.blocked and now_ms - self._last_recv_ms >= 2 * interval_ms:
+        if not (self.blocked or self.reading_held) and now_ms - self._last_recv_ms >= 2 * interval_ms:
             self._finish(
                 ReplyCode.FRAME_ERROR, f"missed heartbeats from client, timeout: {self.heartbeat_s}s"
             )

@@ -31,6 +31,7 @@ from typing import Any
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.broker import (
+    credit_flow,
     definitions,
     delivery,
     mirror,
@@ -161,7 +162,9 @@ class Broker(BrokerState):
                 break
             self._handle_event(conn, event)
             self._settle_round()
-        if touched:
+        if self.replicated:
+            credit_flow.after_read(self, conn_id)
+        elif touched:
             self.flow_routes[conn_id] = list(touched.values())[:FLOW_ROUTES_MAX]
             touched.clear()
         elif self.flow_routes:
@@ -229,7 +232,9 @@ class Broker(BrokerState):
     def next_deadline_ms(self) -> int | None:
         """The earliest time `tick` has work to do (message TTL or x-expires), if any."""
         if self.replicated:
-            return replica_control.next_deadline_ms(self)
+            due = replica_control.next_deadline_ms(self)
+            stall = credit_flow.next_deadline_ms(self)
+            return due if stall is None else stall if due is None else min(due, stall)
         best: int | None = None
         for vhost in self.vhosts.values():
             for queue in vhost.queues.values():
@@ -448,6 +453,8 @@ class Broker(BrokerState):
         if self.held:
             reply_gate.drop_connection(self, conn.conn_id)
         self.flow_routes.pop(conn.conn_id, None)
+        if self.flow_paused or self.flow_quiet:
+            credit_flow.forget(self, conn.conn_id)
 
     def _settle_round(self) -> None:
         """What every entry point ends with: dead letters republished, credit topped up, pending drained."""
@@ -465,6 +472,8 @@ class Broker(BrokerState):
             paging.request_page_ins(self)
         if self._batch is not None:
             self._close_batch()
+        if self.flow_paused:
+            credit_flow.recheck(self)
         out = self.out
         self.out = []
         return reply_gate.divert(self, out) if self.held else out

@@ -51,6 +51,7 @@ class Consumer:
     priority: int
     exclusive: bool
     credit: int = 0
+    window: int = 0  # the credit it is topped up to (delivery.credit_window); 0 until its first grant
     granted: bool = False  # has had its first credit window
     unacked_count: int = 0
     cancelled: bool = False

@@ -1,7 +1,8 @@
 """Consumers and deliveries: consume, cancel, get, ack/nack/reject, recover, qos, and the credit that paces them.
 
 Every consumer is attached to its queue machine in credit mode. The broker grants credit in windows of
-`consumer_credit_window` (and, with a channel-global prefetch, no more than the channel's free room), topping up at
+`consumer_credit_window` (replicated mode: up to twice a consumer's prefetch, `credit_window`; and, with a
+channel-global prefetch, no more than the channel's free room), topping up at
 the end of each entry point for channels marked dirty. A new consumer gets its first window even while the
 connection is not writable (its deliveries then wait in `pending`): the queue round-robins only among consumers
 with credit, so a consumer attached next to peers that already hold a window would otherwise get nothing until the
@@ -47,6 +48,7 @@ from node.broker.queues import QueueState
 from node.broker.records import MessageRecord, MessageRemovedRecord, Record
 from node.broker.state import BrokerState
 
+REPLICATED_CREDIT_WINDOW_MAX = 4096  # replicated mode: the largest credit window (credit_window)
 _new_tuple = tuple.__new__  # _new_tuple(Unacked, (...)): a NamedTuple without its Python-level __new__
 _PROPERTY_NAMES = tuple(f.name for f in dataclasses.fields(BasicProperties))
 _property_values = operator.attrgetter(*_PROPERTY_NAMES)
@@ -169,7 +171,7 @@ def _on_deliver(broker: BrokerState, queue: QueueState, effect: Deliver) -> None
         return
     credit = consumer.credit = consumer.credit - 1
     ch = consumer.channel
-    if credit * 2 <= broker.config.consumer_credit_window:
+    if credit * 2 <= (consumer.window or broker.config.consumer_credit_window):
         broker.mark_dirty(ch)
     if consumer.no_ack and queue.persisted_ids:
         forget_persisted(broker, queue, (effect.msg_id,))
@@ -243,7 +245,8 @@ def refill(broker: BrokerState, ch: ChannelState) -> None:
     for consumer in list(ch.consumers.values()):
         if consumer.granted and not flowing:
             continue  # top-ups wait for the socket; a new consumer's first window does not (see below)
-        target = credit_target(broker, ch, consumer.no_ack)
+        consumer.window = window = credit_window(broker, ch, consumer)
+        target = credit_target(broker, ch, consumer.no_ack, window)
         if consumer.credit < target and consumer.credit * 2 <= target:
             grant = target - consumer.credit
             consumer.credit = target
@@ -251,9 +254,23 @@ def refill(broker: BrokerState, ch: ChannelState) -> None:
             apply_queue(broker, consumer.queue, AddCredit(consumer.consumer_id, grant))
 
 
-def credit_target(broker: BrokerState, ch: ChannelState, no_ack: bool) -> int:
-    """The credit a consumer of `ch` is topped up to: one window, or the channel-global prefetch's free room."""
+def credit_window(broker: BrokerState, ch: ChannelState, consumer: Consumer) -> int:
+    """A consumer's credit window: `consumer_credit_window`, except in replicated mode for a consumer with a prefetch
+    limit: twice its prefetch (at most REPLICATED_CREDIT_WINDOW_MAX). There every top-up is an AddCredit through Raft
+    (a commit round trip, tens of ms on a loaded node), so a window smaller than the prefetch, not the client, capped
+    deliveries at about a window per round trip; the prefetch bounds what the node holds for the consumer anyway."""
     window = broker.config.consumer_credit_window
+    if broker.replicated and not consumer.no_ack:
+        prefetch = consumer.prefetch or ch.prefetch_channel
+        if prefetch:
+            window = max(window, min(2 * prefetch, REPLICATED_CREDIT_WINDOW_MAX))
+    return window
+
+
+def credit_target(broker: BrokerState, ch: ChannelState, no_ack: bool, window: int = 0) -> int:
+    """The credit a consumer of `ch` is topped up to: one window (`consumer_credit_window` unless given), or the
+    channel-global prefetch's free room."""
+    window = window or broker.config.consumer_credit_window
     if no_ack or not ch.prefetch_channel:
         return window
     return max(0, min(window, ch.prefetch_channel - len(ch.unacked) - len(ch.pending)))

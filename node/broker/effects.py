@@ -6,7 +6,8 @@ connection's fast `send_deliver`), `CloseChannel`/`CloseConnection` ask the prot
 code, `Block`/`Unblock` drive connection.blocked, and `Persist` asks storage to write records durably and then call
 `Broker.on_persisted(token)`. In replicated mode (docs/cluster.md) `ProposeQueue` asks the runtime to propose one
 queue command to that queue's Raft group (encoded with `Broker.encode_proposal`). `PageIn` (single-node paging,
-`node/broker/paging.py`) asks storage to read back messages a long queue keeps on disk only.
+`node/broker/paging.py`) asks storage to read back messages a long queue keeps on disk only. `PauseReading` /
+`ResumeReading` (replicated mode's credit flow, `node/broker/credit_flow.py`) stop and restart reading a connection.
 """
 
 from __future__ import annotations
@@ -64,6 +65,19 @@ class Unblock:
 
 
 @dataclass(frozen=True, slots=True)
+class PauseReading:
+    """Credit flow (replicated mode, node/broker/credit_flow.py): do not read this connection until ResumeReading;
+    unlike Block, the client is not told (connection.blocked is for resource alarms)."""
+
+    conn_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeReading:
+    conn_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class Persist:
     token: int
     records: tuple[Record, ...]
@@ -90,4 +104,5 @@ class ProposeQueue:
     command: Any
 
 
-Effect = Send | SendContent | CloseChannel | CloseConnection | Block | Unblock | Persist | PageIn | ProposeQueue
+Effect = (Send | SendContent | CloseChannel | CloseConnection | Block | Unblock | PauseReading | ResumeReading | Persist
+          | PageIn | ProposeQueue)

@@ -223,7 +223,7 @@ class QueueState:
     exclusive_consumer: Hashable | None = None
     pageable: bool = False  # single-node paging may keep its backlog on disk (node/broker/paging.py)
     tail: Any = None  # paging.PagedTail while messages wait on disk
-    # replicated mode only (node/broker/replica.py); every field below but the last two is a function of the log
+    # replicated mode only (node/broker/replica.py); every field below but the last four is a function of the log
     members: dict[Hashable, None] = field(default_factory=dict)  # consumer and get-holder ids known to the machine
     dead_letter_seq: int = 0  # DeadLetter effects applied so far: the sequence of their republished copies
     had_attach: bool = False  # an Attach was applied: the replicated auto-delete rule (not the local basic.consume)
@@ -231,6 +231,8 @@ class QueueState:
     expire_proposed_ms: int | None = None  # when the leader last proposed Expire (not applied yet)
     purge_waiters: list[tuple[Any, bool]] = field(default_factory=list)  # (channel, nowait) of this node's purges
     held_sends: Any = None  # replica_control.HeldSends: at-least-once dead-letter republishing (volatile)
+    flow_inflight: int = 0  # publishes proposed here not yet applied by the local replica (credit_flow.py)
+    flow_applied: int = 0  # entries the local replica applied (credit_flow.py: whether anything happens)
 
     @property
     def stored(self) -> bool:

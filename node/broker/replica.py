@@ -62,7 +62,7 @@ from cluster.queue.replicated import (
     peek_proposal,
 )
 from node.amqp import methods as m
-from node.broker import delivery, replica_dead_letters
+from node.broker import credit_flow, delivery, replica_dead_letters
 from node.broker.channel import ChannelState, ConnState, Message, Unacked
 from node.broker.definitions import delete_queue
 from node.broker.effects import CloseChannel, Send, SendContent
@@ -185,6 +185,13 @@ def apply_committed(broker: BrokerState, vhost: str, name: str, data: bytes) -> 
     if proposal is None:
         return
     command: Any = proposal.command
+    queue.flow_applied += 1
+    if origin == broker.config.node_name:
+        kind = type(command)
+        if kind is EnqueueMany:
+            credit_flow.inflight_done(queue, len(command.sequences))
+        elif kind is Enqueue:
+            credit_flow.inflight_done(queue, 1)
     if type(command) is SettleDeadLettered:
         replica_dead_letters.before_settle_dead_lettered(queue, command.msg_ids)
     effects: list[Any] | None = replica.apply(proposal)
@@ -332,8 +339,12 @@ def proposal_abandoned(broker: BrokerState, vhost: str, name: str, data: bytes) 
     kind = type(command)
     queue = queue_of(broker, vhost, name)
     if kind is Enqueue:
+        if queue is not None:
+            credit_flow.inflight_done(queue, 1)
         on_outcome(broker, (vhost, name), command.publisher_id, command.sequence, REJECTED)
     elif kind is EnqueueMany:
+        if queue is not None:
+            credit_flow.inflight_done(queue, len(command.sequences))
         for sequence in command.sequences:
             on_outcome(broker, (vhost, name), command.publisher_id, sequence, REJECTED)
     elif kind is Get:

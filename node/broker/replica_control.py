@@ -152,6 +152,7 @@ def restore(broker: BrokerState, vhost: str, name: str, data: bytes) -> None:
         queue.dead_letter_seq, queue.had_attach = dead_letter_seq, bool(had_attach)
         queue.members = {decode_id(cid): None for cid in members}
     queue.expire_proposed_ms = None
+    queue.flow_inflight = 0  # the snapshot may cover publishes proposed here: their entries are never applied
     _prune_held_sends(queue)
     _resync(broker, queue)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any, Final
 
-from cluster.queue import Detach, QueueArgs
+from cluster.queue import Detach, Enqueue, QueueArgs
 from cluster.queue.replicated import ReplicatedQueue
 from node.broker.effects import ProposeQueue
 from node.broker.queues import QueueState
@@ -108,6 +108,8 @@ def propose(broker: BrokerState, queue: QueueState, command: Any) -> None:
     machine = queue.machine
     if type(machine) is ProposingMachine:
         machine.batch = None  # a later publish must not overtake this command: it starts a new batch
+    if type(command) is Enqueue:
+        queue.flow_inflight += 1  # credit_flow.py: applied (or given up) later
     broker.out.append(ProposeQueue(queue.vhost, queue.name, command))
 
 

@@ -58,10 +58,12 @@ def _route(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState], meth
         sequence = _next_sequence(ch)
         message = QueuedMessage(msg, len(body), props.delivery_mode == 2, props.priority or 0, ttl_ms)
         queues, now_ms, publisher_id = vhost.queues, broker.now_ms, ch.publisher_id
+        touched = broker.flow_touched
         for queue_name in targets:
             queue = queues.get(queue_name)
             if queue is None:
                 continue
+            touched[id(queue)] = queue  # credit flow: looked at after this read (credit_flow.after_read)
             command = Enqueue(message, now_ms, publisher_id, sequence)
             propose_enqueue(broker, queue, command)
             if pending is not None:

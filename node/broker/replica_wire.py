@@ -178,6 +178,7 @@ def propose_enqueue(broker: BrokerState, queue: QueueState, command: Enqueue) ->
     for other parties. Bounded by BATCH_MESSAGES_MAX and BATCH_BYTES_MAX."""
     machine = queue.machine
     out = broker.out
+    queue.flow_inflight += 1  # credit flow (credit_flow.py): applied (or given up) later
     batch = machine.batch
     if command.sequence is None or batch is None or not batch.still_open(out, command):
         effect = ProposeQueue(queue.vhost, queue.name, command)

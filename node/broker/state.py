@@ -57,6 +57,7 @@ class BrokerConfig:
     replicated: bool = False  # every queue a replica: commands go out as ProposeQueue (docs/cluster.md)
     queue_messages_in_memory_max: int = 10_000  # per stored queue; past it messages wait on disk (0: never)
     publish_flow_ready_max: int = 1024  # a publisher is read more slowly while its queue has more ready (0: never)
+    publish_flow_inflight_max: int = 2048  # replicated: ... or this node has more publishes to it in flight (0: never)
     durable_replies: bool = True  # definition replies wait for on_persisted (reply_gate.py; cluster: metadata commit)
 
 
@@ -69,6 +70,19 @@ class HeldReplies:
     effects: list[Effect] = field(default_factory=list)
     class_id: int = 0  # the method that gated the channel first: named in the channel error of `fail`
     method_id: int = 0
+
+
+@dataclass(slots=True)
+class FlowPause:
+    """A connection the broker paused: the queues it waits for, and the backlog's progress."""
+
+    queues: list[QueueState]
+    since_ms: int
+    backlog: int  # the lowest ready + in-flight (this node's) of `queues` seen during the pause
+    inflight: int  # this node's publishes in flight to `queues` at the last look
+    applied: int  # entries of `queues` the local replica had applied when the clock last moved on
+    progress_ms: int  # the stall clock: when the backlog last fell to a new low, moved on while nothing was applied
+    looked_ms: int  # when the clock last moved on (entry points between share the broker's now_ms)
 
 
 class BrokerState(ABC):
@@ -112,6 +126,10 @@ class BrokerState(ABC):
         self.policy_checked_ms = 0  # replicated: when `tick` last compared leader queues with their policies
         self.flow_touched: dict[int, QueueState] = {}  # queues enqueued into by the running entry point, by id
         self.flow_routes: dict[int, list[QueueState]] = {}  # conn_id -> queues its last read published to
+        self.flow_paused: dict[int, FlowPause] = {}  # replicated: connections not read (credit_flow)
+        self.flow_quiet: dict[int, int] = {}  # replicated: conn_id -> no pauses before this now_ms (a stalled one)
+        self.flow_pauses = 0  # replicated: publisher connections paused, and pauses ended by a stall
+        self.flow_pauses_stalled = 0
 
     # --- set-up and administration ---------------------------------------------------------------------------
 

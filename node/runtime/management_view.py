@@ -168,8 +168,16 @@ class BrokerView:
     def connections(self) -> list[dict[str, Any]]:
         return [{"name": self.connection_name(c), "conn_id": c.conn_id, "node": self.node_name, "vhost": c.vhost,
                  "user": c.username, "peer_host": c.peer_host, "channels": len(c.channels),
-                 "state": "blocked" if c.blocked else ("running" if c.opened else "starting"), "protocol": "AMQP 0-9-1"}
+                 "state": self._connection_state(c), "protocol": "AMQP 0-9-1"}
                 for c in sorted(self.broker.conns.values(), key=lambda c: c.conn_id)]
+
+    def _connection_state(self, conn: Any) -> str:
+        """As RabbitMQ: "blocked" (resource alarm), "flow" (credit flow holds its reads: cluster mode), "running"."""
+        if conn.blocked:
+            return "blocked"
+        if conn.conn_id in getattr(self.broker, "flow_paused", ()):
+            return "flow"
+        return "running" if conn.opened else "starting"
 
     def connection_name(self, conn: Any) -> str:
         return f"{conn.peer_host or '?'} -> {self.node_name} #{conn.conn_id}"

@@ -21,6 +21,9 @@ in which it stopped going down for `FLOW_STALL_S` (the consumer, not the node, i
 connection for `FLOW_QUIET_S`. Without it a publisher's read (~1,400 small publishes when reads were 256 KiB)
 outweighs a consumer's (acks that free at most its prefetch), so the queue grew without bound while the consumer
 waited for turns.
+In cluster mode the broker decides instead (`node/broker/credit_flow.py`, which also counts the publishes still on
+their way through Raft): its `PauseReading` effect stops reading a connection until `ResumeReading`; heartbeats
+keep flowing to the client and the core does not count the peer's silence meanwhile (`hold_reading`).
 
 Reads are at most RECEIVE_SIZE_BYTES (32 KiB, ~190 small publishes): one read is handled in one go on the trio
 thread, so its size bounds how long every other connection waits for a turn (deliveries sit in the consumer's
@@ -56,7 +59,9 @@ from node.broker.effects import (
     CloseChannel,
     CloseConnection,
     PageIn,
+    PauseReading,
     Persist,
+    ResumeReading,
     Send,
     SendContent,
     Unblock,
@@ -108,6 +113,8 @@ class Connection:
     output_ready: trio.Event = field(default_factory=trio.Event)
     send_lock: trio.Lock = field(default_factory=trio.Lock)
     flow_quiet_until_s: float = 0.0  # credit flow: no pauses before this trio time
+    read_paused: bool = False  # credit flow, cluster mode: the broker said PauseReading (until ResumeReading)
+    read_resumed: trio.Event = field(default_factory=trio.Event)
     cancel_scope: trio.CancelScope | None = None
 
 
@@ -152,8 +159,13 @@ class Node:
         self.all_closed = trio.Event()
         self.stop_requested = trio.Event()  # set by a signal or `request_stop`; starts the graceful shutdown
         self._dirty: deque[Connection] = deque()
-        self._flow_behind: Callable[[int], int] | None = getattr(broker, "publish_flow_behind", None)
         replicated = bool(getattr(getattr(broker, "config", None), "replicated", False))
+        # Credit flow: a single node polls `publish_flow_behind` after each read; in cluster mode the broker decides
+        # and says PauseReading / ResumeReading (node/broker/credit_flow.py).
+        self._flow_behind: Callable[[int], int] | None = (
+            None if replicated else getattr(broker, "publish_flow_behind", None))
+        self.effect_sinks[PauseReading] = self._pause_reading
+        self.effect_sinks[ResumeReading] = self._resume_reading
         self.receive_size_bytes = REPLICATED_RECEIVE_SIZE_BYTES if replicated else RECEIVE_SIZE_BYTES
         self.flow_pauses = 0  # credit flow: publisher reads held back, and those that stalled
         self.flow_pauses_stalled = 0
@@ -336,6 +348,8 @@ class Node:
             self.dispatch_guarded(conn)
             if conn.core.blocked:
                 await self._wait_unblocked(conn)
+            if conn.read_paused:
+                await self._wait_read_resumed(conn)
             elif self._flow_behind is not None:
                 backlog = self._flow_behind(conn.conn_id)
                 if backlog:
@@ -367,6 +381,31 @@ class Node:
                 self.flow_pauses_stalled += 1
                 conn.flow_quiet_until_s = now_s + FLOW_QUIET_S
                 return
+
+    def _pause_reading(self, effect: PauseReading) -> None:
+        conn = self.connections.get(effect.conn_id)
+        if conn is not None and not conn.read_paused:
+            conn.read_paused = True
+            conn.read_resumed = trio.Event()
+            conn.core.hold_reading(True)
+
+    def _resume_reading(self, effect: ResumeReading) -> None:
+        conn = self.connections.get(effect.conn_id)
+        if conn is not None and conn.read_paused:
+            conn.read_paused = False
+            conn.read_resumed.set()
+
+    async def _wait_read_resumed(self, conn: Connection) -> None:
+        """Credit flow in cluster mode: the broker paused this publisher (a queue it publishes to is behind) and
+        resumes it once the queue caught up; heartbeats keep flowing to the client meanwhile."""
+        self.flow_pauses += 1
+        while conn.read_paused and not conn.finished:
+            with trio.move_on_after(BLOCKED_POLL_S):
+                await conn.read_resumed.wait()
+            conn.core.tick(mono_ms())
+            self._mark(conn)
+            self.dispatch_guarded(conn)
+        conn.core.hold_reading(False)
 
     async def _wait_unblocked(self, conn: Connection) -> None:
         """A blocked connection (a publisher during a resource alarm) is not read until the alarm clears, as in

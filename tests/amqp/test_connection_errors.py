@@ -571,6 +571,24 @@ def test_peer_silence_is_not_counted_while_blocked() -> None:
     assert conn.next_events()[-1] == ConnectionClosed(501, "missed heartbeats from client, timeout: 10s")
 
 
+def test_peer_silence_is_not_counted_while_reading_is_held() -> None:
+    """Credit flow (cluster mode): the runtime holds a publisher's reads without telling it (no connection.blocked)."""
+    session = Session()
+    session.handshake(heartbeat=10)
+    conn = session.conn
+    conn.hold_reading(True)
+    conn.data_to_send()
+    conn.tick(60000)
+    assert conn.state is ConnectionState.OPEN
+    assert conn.data_to_send() == HEARTBEAT  # our heartbeats keep flowing, and nothing else is sent
+    assert conn.next_deadline_ms() == 65000  # only our next heartbeat
+    conn.hold_reading(False)
+    conn.tick(79999)
+    assert conn.state is ConnectionState.OPEN
+    conn.tick(80000)  # silence counts again from the moment reading started again, at 60 s
+    assert conn.next_events()[-1] == ConnectionClosed(501, "missed heartbeats from client, timeout: 10s")
+
+
 def test_no_heartbeat_while_traffic_flows() -> None:
     session = Session()
     session.handshake(heartbeat=10)
