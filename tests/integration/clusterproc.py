@@ -76,6 +76,7 @@ class ClusterProcess:
     workdir: Path
     size: int = 3
     extra_config: str = ""  # more top-level TOML settings for every node
+    config_toml: str = TEST_CONFIG_TOML  # the test settings and users, after the cluster settings
     host: str = "127.0.0.1"
     port: int = 0  # HAProxy's
     nodes: list[_Node] = field(default_factory=list)
@@ -95,7 +96,7 @@ class ClusterProcess:
         secret = runner.cluster_secret(self.workdir)
         for plan in plans:
             data_dir = self.workdir / plan.name
-            config = runner.node_config_text(plan, plans, secret) + self.extra_config + TEST_CONFIG_TOML
+            config = runner.node_config_text(plan, plans, secret) + self.extra_config + self.config_toml
             runner._write_private(runner.node_config_path(plan.name, str(data_dir)), config)
             self.nodes.append(_Node(plan, data_dir, self.workdir / f"{plan.name}.log"))
         taken = {p for plan in plans for p in (plan.port, plan.management_port, plan.raft_port, plan.metadata_port)}
