@@ -12,13 +12,15 @@ reach a node through the replicated metadata, not at once).
 
 `ClusterProcess` offers what `nodeproc.NodeProcess` offers to the tests (`send_signal`, `stop`, `wait_exit`,
 `start`, `restart`, `log_tail`), applied to every node: a signal goes to every node, `stop` stops them all, and an
-exit code is 0 only when every node exited 0. HAProxy keeps its port across node restarts.
+exit code is 0 only when every node exited 0. HAProxy keeps its port across node restarts. `set_memory_alarm`
+forces the alarm on or off on every node and checks each node's log for the result (SIGUSR1 only toggles it).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -42,6 +44,8 @@ from tests.integration.nodeproc import (
     TEST_CONFIG_TOML,
 )
 
+ALARM_LINE = re.compile(rb"alarm memory (set|cleared)")
+ALARM_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 90.0  # three nodes on a loaded 2-core machine, then the users' replication
 HAPROXY_PORT_RANGE = (12000, 19000)
 
@@ -181,10 +185,39 @@ class ClusterProcess:
         return "\n".join(parts)
 
     def send_signal(self, signum: int) -> None:
-        """Signal every node (e.g. SIGUSR1: a forced memory alarm on every node, as a cluster-wide alarm)."""
+        """Signal every node."""
         for node in self.nodes:
             if node.process is not None:
                 node.process.send_signal(signum)
+
+    @staticmethod
+    def _memory_alarm(node: _Node) -> bool:
+        """The node's memory alarm as its log of this life last said (off when it said nothing)."""
+        try:
+            life = node.log_path.read_bytes().rsplit(b"---- start ", 1)[-1]
+        except OSError:
+            return False
+        found = ALARM_LINE.findall(life)
+        return bool(found) and found[-1] == b"set"
+
+    def set_memory_alarm(self, on: bool) -> None:
+        """Force the memory alarm on or off on every node. SIGUSR1 toggles it, and a node may merge two signals or
+        have it set otherwise, so each node is signalled only while its log says the other state."""
+        deadline = time.monotonic() + ALARM_TIMEOUT_S
+        signalled: dict[str, float] = {}
+        while True:
+            wrong = [n for n in self.nodes if n.process is not None and self._memory_alarm(n) != on]
+            if not wrong:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"memory alarm not {'set' if on else 'cleared'} on "
+                                   f"{[n.plan.name for n in wrong]}:\n{self.log_tail()}")
+            for node in wrong:
+                if time.monotonic() - signalled.get(node.plan.name, -60.0) > 2.0:  # its answer is not due yet
+                    assert node.process is not None
+                    node.process.send_signal(signal.SIGUSR1)
+                    signalled[node.plan.name] = time.monotonic()
+            time.sleep(0.05)
 
     def _wait_nodes(self, timeout_s: float) -> int:
         code = 0

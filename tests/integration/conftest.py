@@ -197,6 +197,8 @@ class AlarmControl:
 def _signal_alarm(node: NodeProcess | ClusterProcess) -> Callable[[bool], None]:
     """SIGUSR1 toggles a forced memory alarm. A cluster signals every node: the client's node is whichever HAProxy
     picked, and in RabbitMQ an alarm on any node blocks publishers on every node."""
+    if isinstance(node, ClusterProcess):
+        return node.set_memory_alarm
     state = {"on": False}
 
     def set_alarm(on: bool) -> None:
