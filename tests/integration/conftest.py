@@ -1,8 +1,16 @@
-"""Fixtures for the integration tier: a real broker process and real client libraries.
+"""Fixtures for the integration tier: a real broker and real client libraries, in two modes.
 
-By default one `raftmq node` process serves the whole session (`amqp_target`); tests that restart or signal the
-node use a private one (`own_node`). With RAFTMQ_TEST_TARGET=host:port the suite runs against that broker
-instead (RabbitMQ, to check the tests encode RabbitMQ's behaviour) and node-control tests are skipped.
+Every test that takes `amqp_target` (or `conn`/`ch`, built on it) runs twice: `[single]` against one `raftmq
+node` process that serves the whole session, and `[cluster]` against a 3-node cluster behind a real HAProxy
+(tests/integration/clusterproc.py, put together as `raftmq cluster up` does), clients connecting through HAProxy.
+Tests that restart or signal the broker take `own_node`, also in both modes: a private node in single mode; in
+cluster mode the session's cluster, whose every node the test restarts, kills or signals (the fixture starts any
+stopped node again afterwards, so later tests find the cluster whole). With RAFTMQ_TEST_TARGET=host:port the suite
+runs once, `[external]`, against that broker (RabbitMQ, to check the tests encode RabbitMQ's behaviour) and
+node-control tests are skipped.
+
+`CLUSTER_XFAIL` below names the tests whose cluster parametrisation fails on a known broker bug: they run there as
+xfail(strict=False) with the bug as the reason; delete an entry when its bug is fixed.
 """
 
 from __future__ import annotations
@@ -19,14 +27,82 @@ from pathlib import Path
 import pika
 import pytest
 
+from tests.integration.clusterproc import ClusterProcess
 from tests.integration.nodeproc import NodeProcess, external_target
+
+MODES = ("external",) if external_target() is not None else ("single", "cluster")
+
+# Test ids (file::name, or file::name[params] for one parametrisation, the mode left out) whose cluster-mode run
+# fails on a known broker bug -> the bug. Applied as xfail(strict=False) to the [cluster] parametrisation only.
+_AMQ_BIND = "queue.bind to amq.direct/amq.fanout/amq.topic fails 404 'no exchange'"
+_AFTER_REPLY = ("a node answers (consume-ok, cancel-ok, close-ok, a publish) before its replica applied the change, so "
+                "the connection's next command does not see it yet")
+_EXCLUSIVE = "an exclusive queue outlives its connection for a while (deleted through the metadata group, not at once)"
+_REDECLARE_CANCELS = ("re-declaring an auto-delete queue that has a consumer (kombu's publish(declare=[queue])) makes the "
+                      "server cancel that consumer (basic.cancel)")
+CLUSTER_XFAIL: dict[str, str] = {
+    "test_auth.py::test_write_and_read_permissions_are_checked": _AMQ_BIND,
+    "test_consume.py::test_consume_receives_in_order_then_cancel_stops":
+        f"{_AFTER_REPLY}: a message published right after cancel-ok goes to the cancelled consumer",
+    "test_publish.py::test_tx_acks_apply_on_commit_only":
+        f"{_AFTER_REPLY}: the unacked message of a closed channel is not back in the queue after close-ok",
+    "test_publish.py::test_message_over_max_size_closes_channel_406":
+        f"{_AFTER_REPLY}: the message published just before is not counted by declare-ok on another channel",
+    "test_topology.py::test_server_named_queue_and_declare_ok_counts":
+        f"{_AFTER_REPLY}: declare-ok's consumer_count misses the consumer just added",
+    "test_topology.py::test_queue_delete_returns_count_and_if_empty_if_unused":
+        f"{_AFTER_REPLY}: queue.delete if-unused right after basic.consume does not see the consumer",
+    "test_topology.py::test_auto_delete_queue_goes_with_its_last_consumer":
+        f"{_AFTER_REPLY}: the auto-delete queue still exists right after its last consumer's cancel-ok",
+    "test_topology.py::test_exclusive_queue_deleted_when_connection_closes": _EXCLUSIVE,
+    "test_kombu.py::test_producer_consumer_with_json": _REDECLARE_CANCELS,
+    "test_kombu.py::test_topic_routing_and_qos": _REDECLARE_CANCELS,
+    "test_connection.py::test_durable_definitions_and_persistent_messages_survive_restart":
+        "a transient message (delivery-mode 1) in a durable classic queue survives a restart of every node",
+    "test_connection.py::test_confirmed_messages_survive_a_crash":
+        "after SIGKILL of every node and a start, basic.get on the durable queue is never answered (intermittent)",
+    "test_many_connections.py::test_a_thousand_concurrent_connections":
+        "under a burst of 1000 handshakes on a loaded machine a node answers HAProxy's AMQP health check later than "
+        "its 2 s `timeout check`; twice in a row marks it DOWN and `on-marked-down shutdown-sessions` "
+        "(deploy/topology.py) cuts its ~330 sessions (EOFError); intermittent",
+}
+XFAIL_TIMEOUT_S = 120  # a known bug that hangs a test costs this much, not the suite's timeout
+
+
+def _mode(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return None
+    for name in ("amqp_target", "own_node"):
+        if name in callspec.params:
+            return str(callspec.params[name])
+    return None
+
+
+def cluster_xfail_reason(item: pytest.Item) -> str | None:
+    base = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+    callspec = getattr(item, "callspec", None)
+    rest = [part for part in (callspec.id.split("-") if callspec else []) if part not in MODES]
+    keys = [f"{base}[{'-'.join(rest)}]"] if rest else []
+    return next((CLUSTER_XFAIL[key] for key in [*keys, base] if key in CLUSTER_XFAIL), None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents and _mode(item) == "cluster":
+            reason = cluster_xfail_reason(item)
+            if reason is not None:
+                item.add_marker(pytest.mark.xfail(strict=False, reason=f"cluster mode: {reason}"))
+                item.add_marker(pytest.mark.timeout(XFAIL_TIMEOUT_S), append=False)
 
 
 @dataclass(frozen=True)
 class Target:
     host: str
     port: int
-    node: NodeProcess | None  # None when the target is an external broker
+    node: NodeProcess | ClusterProcess | None  # None when the target is an external broker
+    mode: str = "single"
 
     def params(self, user: str = "guest", password: str = "guest", vhost: str = "/",
                **kwargs: object) -> pika.ConnectionParameters:
@@ -42,10 +118,25 @@ class Target:
 
 
 @pytest.fixture(scope="session")
-def amqp_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterProcess]:
+    """The session's 3-node cluster behind HAProxy (started the first time a cluster-mode test needs it)."""
+    cluster = ClusterProcess(tmp_path_factory.mktemp("raftmq-cluster"))
+    try:
+        yield cluster.start()
+    finally:
+        code = cluster.shutdown()
+        assert code == 0, f"a cluster node exited with {code}:\n{cluster.log_tail()}"
+
+
+@pytest.fixture(scope="session", params=MODES)
+def amqp_target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     external = external_target()
     if external is not None:
-        yield Target(external[0], external[1], None)
+        yield Target(external[0], external[1], None, "external")
+        return
+    if request.param == "cluster":
+        cluster: ClusterProcess = request.getfixturevalue("shared_cluster")
+        yield Target(cluster.host, cluster.port, cluster, "cluster")
         return
     node = NodeProcess(tmp_path_factory.mktemp("raftmq-node")).start()
     try:
@@ -55,11 +146,19 @@ def amqp_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
         assert code == 0, f"shared node exited with {code}:\n{node.log_tail()}"
 
 
-@pytest.fixture
-def own_node(tmp_path: Path) -> Iterator[Target]:
-    """A private node process for tests that restart or signal it."""
+@pytest.fixture(params=MODES)
+def own_node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
+    """A broker the test may restart, kill or signal: a private node process, or the session's cluster (every
+    node of it; started whole again afterwards)."""
     if external_target() is not None:
         pytest.skip("needs control of the node process (RAFTMQ_TEST_TARGET is set)")
+    if request.param == "cluster":
+        cluster: ClusterProcess = request.getfixturevalue("shared_cluster")
+        try:
+            yield Target(cluster.host, cluster.port, cluster, "cluster")
+        finally:
+            cluster.start()
+        return
     node = NodeProcess(tmp_path / "node").start()
     try:
         yield Target(node.host, node.port, node)
@@ -95,7 +194,11 @@ class AlarmControl:
     set_alarm: Callable[[bool], None]
 
 
-def _signal_alarm(node: NodeProcess) -> Callable[[bool], None]:
+def _signal_alarm(node: NodeProcess | ClusterProcess) -> Callable[[bool], None]:
+    """SIGUSR1 toggles a forced memory alarm. A cluster signals every node: the client's node is whichever HAProxy
+    picked, and in RabbitMQ an alarm on any node blocks publishers on every node."""
+    if isinstance(node, ClusterProcess):
+        return node.set_memory_alarm
     state = {"on": False}
 
     def set_alarm(on: bool) -> None:

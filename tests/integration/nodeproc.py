@@ -54,6 +54,9 @@ tags = []
 vhost = "{PRIVATE_VHOST}"
 """
 MAX_MESSAGE_SIZE_BYTES = 1048576
+# The same, with raftmq's default message size limit (128 MiB, RabbitMQ 3.10's): for the client libraries' own
+# suites, which publish bigger messages than the integration tests' limit.
+DEFAULT_LIMITS_CONFIG_TOML = TEST_CONFIG_TOML.replace(f"max_message_size_bytes = {MAX_MESSAGE_SIZE_BYTES}\n", "")
 
 
 def external_target() -> tuple[str, int] | None:
@@ -82,6 +85,7 @@ class NodeProcess:
     host: str = "127.0.0.1"
     preexec: Callable[[], None] | None = None  # runs in the child before exec (e.g. lower RLIMIT_NOFILE)
     extra_args: tuple[str, ...] = ()  # more `raftmq node` flags
+    config_toml: str = TEST_CONFIG_TOML
 
     @property
     def data_dir(self) -> Path:
@@ -94,7 +98,7 @@ class NodeProcess:
     def start(self) -> NodeProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config_path = self.workdir / "node.toml"
-        config_path.write_text(TEST_CONFIG_TOML)
+        config_path.write_text(self.config_toml)
         args = [
             sys.executable, "-m", "node.cli", "node", "--config", str(config_path),
             "--data-dir", str(self.data_dir), "--port", str(self.port), "--listen-address", "127.0.0.1",

@@ -233,6 +233,8 @@ def test_acked_messages_stay_gone_after_restart(own_node: Target) -> None:
 
 
 def test_connection_max_refuses_extra_connections(tmp_path: Path) -> None:
+    """Single mode only: connection_max limits one node process's accept loop, the same code in cluster mode; behind
+    HAProxy the count a client sees would be HAProxy's balancing, not the node's limit."""
     if external_target() is not None:
         pytest.skip("needs control of the node process")
     node = NodeProcess(tmp_path / "node", extra_args=("--connection-max", "2")).start()

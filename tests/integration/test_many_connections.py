@@ -62,6 +62,8 @@ def _low_fd_limit() -> None:
 
 
 async def test_accept_backs_off_when_file_descriptors_run_out(tmp_path: Any) -> None:
+    """Single mode only: the descriptor limit is one node process's, and the back-off is its accept loop, the same
+    code in cluster mode (where HAProxy, not the client, would hold the extra connections)."""
     if external_target() is not None:
         import pytest
 
