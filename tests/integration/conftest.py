@@ -34,14 +34,10 @@ MODES = ("external",) if external_target() is not None else ("single", "cluster"
 
 # Test ids (file::name, or file::name[params] for one parametrisation, the mode left out) whose cluster-mode run
 # fails on a known broker bug -> the bug. Applied as xfail(strict=False) to the [cluster] parametrisation only.
-_AMQ_BIND = "queue.bind to amq.direct/amq.fanout/amq.topic fails 404 'no exchange'"
 _AFTER_REPLY = ("a node answers (consume-ok, cancel-ok, close-ok, a publish) before its replica applied the change, so "
                 "the connection's next command does not see it yet")
 _EXCLUSIVE = "an exclusive queue outlives its connection for a while (deleted through the metadata group, not at once)"
-_REDECLARE_CANCELS = ("re-declaring an auto-delete queue that has a consumer (kombu's publish(declare=[queue])) makes the "
-                      "server cancel that consumer (basic.cancel)")
 CLUSTER_XFAIL: dict[str, str] = {
-    "test_auth.py::test_write_and_read_permissions_are_checked": _AMQ_BIND,
     "test_consume.py::test_consume_receives_in_order_then_cancel_stops":
         f"{_AFTER_REPLY}: a message published right after cancel-ok goes to the cancelled consumer",
     "test_publish.py::test_tx_acks_apply_on_commit_only":
@@ -55,8 +51,6 @@ CLUSTER_XFAIL: dict[str, str] = {
     "test_topology.py::test_auto_delete_queue_goes_with_its_last_consumer":
         f"{_AFTER_REPLY}: the auto-delete queue still exists right after its last consumer's cancel-ok",
     "test_topology.py::test_exclusive_queue_deleted_when_connection_closes": _EXCLUSIVE,
-    "test_kombu.py::test_producer_consumer_with_json": _REDECLARE_CANCELS,
-    "test_kombu.py::test_topic_routing_and_qos": _REDECLARE_CANCELS,
     "test_connection.py::test_durable_definitions_and_persistent_messages_survive_restart":
         "a transient message (delivery-mode 1) in a durable classic queue survives a restart of every node",
     "test_connection.py::test_confirmed_messages_survive_a_crash":
