@@ -65,12 +65,13 @@ def free_amqp_ports(n: int, rng: random.Random | None = None) -> list[int]:
     return ports
 
 
-def free_port() -> int:
-    """A free port below the ephemeral range (for proxies)."""
+def free_port(avoid: Iterable[int] = ()) -> int:
+    """A free port below the ephemeral range (for proxies), none of `avoid` (ports planned but not bound yet)."""
     rng = random.Random()
+    avoided = set(avoid)
     while True:
         port = rng.randrange(12000, 19000)
-        if _binds(port):
+        if port not in avoided and _binds(port):
             return port
 
 

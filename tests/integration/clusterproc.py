@@ -19,10 +19,8 @@ forces the alarm on or off on every node and checks each node's log for the resu
 from __future__ import annotations
 
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -34,7 +32,7 @@ import pika.exceptions
 from deploy import runner
 from deploy import topology as topo
 from deploy.healthcheck import answers_amqp
-from tests.cluster.cluster_proc import free_amqp_ports
+from tests.cluster.cluster_proc import free_amqp_ports, free_port
 from tests.integration.nodeproc import (
     LIMITED_USER,
     PRIVATE_USER,
@@ -47,22 +45,6 @@ from tests.integration.nodeproc import (
 ALARM_LINE = re.compile(rb"alarm memory (set|cleared)")
 ALARM_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 90.0  # three nodes on a loaded 2-core machine, then the users' replication
-HAPROXY_PORT_RANGE = (12000, 19000)
-
-
-def _free_haproxy_port(avoid: set[int]) -> int:
-    """A port that binds now, below the ephemeral range and none of the nodes' ports."""
-    rng = random.Random()
-    while True:
-        port = rng.randrange(*HAPROXY_PORT_RANGE)
-        if port in avoid:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
 
 
 @dataclass
@@ -104,7 +86,7 @@ class ClusterProcess:
             runner._write_private(runner.node_config_path(plan.name, str(data_dir)), config)
             self.nodes.append(_Node(plan, data_dir, self.workdir / f"{plan.name}.log"))
         taken = {p for plan in plans for p in (plan.port, plan.management_port, plan.raft_port, plan.metadata_port)}
-        self.port = _free_haproxy_port(taken)
+        self.port = free_port(avoid=taken)  # HAProxy's: none of the nodes' planned ports
 
     def _spawn(self, node: _Node) -> None:
         node.data_dir.mkdir(parents=True, exist_ok=True)
