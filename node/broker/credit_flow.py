@@ -41,10 +41,6 @@ FLOW_QUIET_MS: Final = 10_000  # after a stalled pause: no pauses of that connec
 FLOW_QUEUES_MAX: Final = 64  # queues one read's publishes are looked at for
 
 
-def inflight_add(queue: QueueState, messages: int) -> None:
-    queue.flow_inflight += messages
-
-
 def inflight_done(queue: QueueState, messages: int) -> None:
     """Publishes proposed here that the local replica applied (or that were given up). Never below 0: a
     proposal given up may commit after all, and a snapshot install skips entries (the count is then reset)."""
