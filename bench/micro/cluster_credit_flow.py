@@ -26,6 +26,7 @@ from typing import Any
 from bench.client import Endpoint
 from bench.loadgen import ConsumerSpec, PublisherSpec, PublishTarget
 from bench.processes import run_workers
+from bench.stats import summarize_latencies_ns
 from bench.workloads import Topology, declare, delete
 
 LAYOUTS = ("leader", "follower", "followers", "pubF-consL")
@@ -78,17 +79,14 @@ def main() -> None:
                 print("error:", result.error)
         pub = next(r for r in results if r.role == "publisher")
         con = next(r for r in results if r.role == "consumer")
-        latencies = sorted(con.latencies_ns)
-
-        def quantile_ms(q: float) -> float:
-            return latencies[min(len(latencies) - 1, int(q * len(latencies)))] / 1e6 if latencies else float("nan")
-
+        e2e = summarize_latencies_ns(con.latencies_ns)  # nearest rank, as raftmq bench
+        p50, p99 = (float("nan") if v is None else v for v in (e2e.p50_ms, e2e.p99_ms))
         confirmed_s = pub.confirmed / pub.measured_s if pub.measured_s else 0.0
         delivered_s = con.delivered / con.measured_s if con.measured_s else 0.0
         print(f"{args.layout:11s} leader={leader} publisher={publisher} consumer={consumer} "
               f"confirmed/s={confirmed_s:8.0f} delivered/s={delivered_s:8.0f} "
-              f"ratio={con.delivered / max(1, pub.confirmed):.3f} e2e p50={quantile_ms(0.5):7.1f} ms "
-              f"p99={quantile_ms(0.99):7.1f} ms", flush=True)
+              f"ratio={con.delivered / max(1, pub.confirmed):.3f} e2e p50={p50:7.1f} ms "
+              f"p99={p99:7.1f} ms", flush=True)
     finally:
         delete(nodes["rmq1"], topology)
 

@@ -32,15 +32,10 @@ from cluster.raft.core.types import (
 )
 from cluster.raft.runtime.node import Bootstrap, RaftNodeRuntime
 from cluster.raft.runtime.storage import RaftStorage
+from tests.raft.test_core import N1, N2, N3, THREE, first
 from tests.raft.test_runtime_cluster import _free_ports
 
-N1, N2, N3 = NodeId("n1"), NodeId("n2"), NodeId("n3")
-THREE = Membership(frozenset({N1, N2, N3}))
 G = GroupId("g")
-
-
-def first(low: int, high: int) -> int:
-    return low
 
 
 def core(node: NodeId, leader: NodeId = N1, membership: Membership = THREE) -> RaftCore:
