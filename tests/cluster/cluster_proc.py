@@ -282,6 +282,15 @@ def management_up(port: int) -> bool:
         return False
 
 
+def raft_links_up(port: int) -> bool:
+    """Whether the node of AMQP port `port` holds a Raft connection to every other node (/api/nodes `running`)."""
+    try:
+        reply = requests.get(f"http://127.0.0.1:{port + 10_000}/api/nodes", auth=("guest", "guest"), timeout=5)
+    except requests.ConnectionError:
+        return False
+    return reply.status_code == 200 and all(row["running"] for row in reply.json())
+
+
 def api_queue_rows(port: int, timeout_s: float = 10) -> list[dict[str, Any]]:
     """The node's /api/queues rows (its own replica's view); raises on an HTTP error."""
     reply = requests.get(f"http://127.0.0.1:{port + 10_000}/api/queues", auth=("guest", "guest"), timeout=timeout_s)

@@ -25,7 +25,8 @@ import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
 from node.clustering.proposals import PeerLiveness
-from tests.cluster.cluster_proc import ClusterNode, ClusterProcs, ready_count, supervised, wait_until
+from tests.cluster.cluster_proc import (ClusterNode, ClusterProcs, raft_links_up, ready_count, supervised,
+                                       wait_until)
 
 QUORUM = {"x-queue-type": "quorum"}
 QUEUE = "q-fast-down"
@@ -146,6 +147,9 @@ def _held_elsewhere(procs: ClusterProcs, publisher: ClusterNode, holder_node: Cl
     conn.channel().queue_declare(QUEUE, durable=True, arguments=QUORUM)
     conn.close()
     wait_until(lambda: all(_ready_count(n.port) == 0 for n in procs.nodes), 30, "the queue on every node")
+    # A peer is reported refusing only after a link to it was lost (never-connected peers keep the normal timing),
+    # so every pair's link must be up before a kill: right after start a dialer may still be in its backoff.
+    wait_until(lambda: all(raft_links_up(n.port) for n in procs.nodes), 30, "every node's Raft links")
     _publish(publisher.port, bodies)
     holder = Holder(holder_node.port, prefetch=len(bodies))
     holder.take(len(bodies))
