@@ -55,6 +55,8 @@ class NodeConfig:
     heartbeat_s: int = 60
     max_message_size_bytes: int = 128 * MIB
     connection_max: int = 0
+    proxy_protocol: bool = False
+    proxy_protocol_port: int = 0
     handshake_timeout_ms: int = 10_000
     output_buffer_high_bytes: int = 4 * MIB
     output_buffer_low_bytes: int = 1 * MIB
@@ -126,6 +128,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("heartbeat_s", "int", "Heartbeat timeout offered in connection.tune, seconds (0 = off)."),
     Setting("max_message_size_bytes", "int", "Largest message body accepted; bigger publishes close the channel (406)."),
     Setting("connection_max", "int", "Most concurrent client connections (0 = no limit)."),
+    Setting("proxy_protocol", "bool",
+            "The AMQP listener (port) requires a PROXY protocol v1/v2 header on every connection and takes the "
+            "client's address from it (as RabbitMQ's proxy_protocol; for nodes behind HAProxy's send-proxy-v2)."),
+    Setting("proxy_protocol_port", "int",
+            "An extra AMQP listener on listen_address that requires a PROXY protocol header (0 = none); "
+            "`raftmq cluster up` points HAProxy at it."),
     Setting("handshake_timeout_ms", "int", "Time a client has to finish the AMQP handshake."),
     Setting("output_buffer_high_bytes", "int", "Per-connection output above which deliveries to it pause."),
     Setting("output_buffer_low_bytes", "int", "Per-connection output below which deliveries resume."),
@@ -283,6 +291,7 @@ def validate(config: NodeConfig) -> NodeConfig:
         (0 <= config.heartbeat_s <= 65535, "heartbeat_s must be 0..65535"),
         (0 < config.max_message_size_bytes <= 512 * MIB, "max_message_size_bytes must be 1..536870912"),
         (config.connection_max >= 0, "connection_max must be >= 0"),
+        (0 <= config.proxy_protocol_port <= 65535, "proxy_protocol_port must be 0..65535"),
         (config.handshake_timeout_ms > 0, "handshake_timeout_ms must be > 0"),
         (0 < config.output_buffer_low_bytes < config.output_buffer_high_bytes,
          "need 0 < output_buffer_low_bytes < output_buffer_high_bytes"),
