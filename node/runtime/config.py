@@ -161,7 +161,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster_nodes", "list",
             "Cluster mode: every node as name=host:amqp_port[:raft_port[:metadata_port]], this node included "
             "(comma-separated). Empty = single node."),
-    Setting("cluster_secret", "str", "Cluster mode: shared secret (>= 16 bytes) authenticating Raft and metadata peers."),
+    Setting("cluster_secret", "str",
+            "Cluster mode: shared secret authenticating Raft and metadata peers (>= 16 bytes and >= 128 bits "
+            "estimated; placeholders refused)."),
     Setting("raft_port", "int", "Queue Raft port, the same on every node. 0 = each node's AMQP port + 20000."),
     Setting("metadata_port", "int", "Metadata Raft port, the same on every node. 0 = each node's AMQP port + 21000."),
     Setting("management_port", "int", "Management HTTP port. 0 = AMQP port + 10000."),
@@ -355,6 +357,47 @@ RAFT_PORT_OFFSET = 20_000
 METADATA_PORT_OFFSET = 21_000
 MANAGEMENT_PORT_OFFSET = 10_000
 CLUSTER_SECRET_BYTES_MIN = 16
+CLUSTER_SECRET_BITS_MIN = 128  # estimated strength (see `secret_weakness`)
+CLUSTER_SECRET_DISTINCT_MIN = 8  # distinct characters
+# Text that marks a placeholder rather than a secret (the example shipped before deploy/ generated secrets was
+# "change-me-to-a-long-random-secret").
+CLUSTER_SECRET_PLACEHOLDERS = ("change-me", "changeme", "change_me", "placeholder", "your-secret", "example")
+_CHARACTER_CLASSES = (
+    (26, str.islower),
+    (26, str.isupper),
+    (10, str.isdigit),
+)
+_OTHER_CHARACTERS = 33  # printable ASCII punctuation and space; anything else counts as this class too
+
+
+def secret_strength_bits(secret: str) -> float:
+    """A simple upper estimate of a secret's strength: its length times log2 of the size of the character classes
+    it uses (lower case 26, upper case 26, digits 10, anything else 33). A random hex string of 32 characters
+    scores 165 bits, `secrets.token_hex(32)` 331; "correcthorsebatterystaple" 118."""
+    import math
+
+    pool = sum(size for size, member in _CHARACTER_CLASSES if any(member(c) and c.isascii() for c in secret))
+    if any(not (c.isascii() and c.isalnum()) for c in secret):
+        pool += _OTHER_CHARACTERS
+    return len(secret) * math.log2(pool) if pool else 0.0
+
+
+def secret_weakness(secret: str) -> str | None:
+    """Why `secret` is not acceptable as the cluster secret, or None: shorter than CLUSTER_SECRET_BYTES_MIN, a
+    known placeholder, fewer than CLUSTER_SECRET_DISTINCT_MIN distinct characters, or below
+    CLUSTER_SECRET_BITS_MIN bits by `secret_strength_bits`."""
+    lowered = secret.lower()
+    marker = next((m for m in CLUSTER_SECRET_PLACEHOLDERS if m in lowered), None)
+    if len(secret.encode()) < CLUSTER_SECRET_BYTES_MIN:
+        return f"it is shorter than {CLUSTER_SECRET_BYTES_MIN} bytes"
+    if marker is not None:
+        return f"it is a placeholder (it contains {marker!r})"
+    if len(set(secret)) < CLUSTER_SECRET_DISTINCT_MIN:
+        return f"it has fewer than {CLUSTER_SECRET_DISTINCT_MIN} distinct characters"
+    bits = secret_strength_bits(secret)
+    if bits < CLUSTER_SECRET_BITS_MIN:
+        return f"it is too guessable (about {bits:.0f} bits estimated, at least {CLUSTER_SECRET_BITS_MIN} needed)"
+    return None
 
 
 def _derived_port(explicit: int, amqp_port: int, offset: int, what: str) -> int:
@@ -402,8 +445,11 @@ def cluster_layout(config: NodeConfig) -> ClusterLayout:
         raise ConfigError("cluster_nodes: node names must be distinct")
     if config.node_name not in names:
         raise ConfigError(f"cluster_nodes must include this node ({config.node_name!r})")
-    if len(config.cluster_secret.encode()) < CLUSTER_SECRET_BYTES_MIN:
-        raise ConfigError(f"cluster_secret must be at least {CLUSTER_SECRET_BYTES_MIN} bytes in cluster mode")
+    weakness = secret_weakness(config.cluster_secret)
+    if weakness is not None:
+        raise ConfigError(
+            f"cluster_secret refused: {weakness}. Use a long random secret, the same on every node, e.g. "
+            "`python3 -c 'import secrets; print(secrets.token_hex(32))'` (docs/configuration.md, \"Cluster secret\")")
     return ClusterLayout(config.node_name, members, config.cluster_secret)
 
 
