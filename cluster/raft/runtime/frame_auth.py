@@ -89,12 +89,11 @@ class FrameOpener:
         """The payload of a frame (`body`: sequence number, payload, tag); FrameAuthError if it does not open."""
         if len(body) < OVERHEAD_BYTES:
             raise FrameForged(f"frame of {len(body)} bytes is shorter than its sequence number and tag")
-        view = memoryview(body)
         mac = self._mac.copy()
-        mac.update(view[:-TAG_BYTES])
-        if not hmac.compare_digest(mac.digest(), view[-TAG_BYTES:]):
+        mac.update(body[:-TAG_BYTES])
+        if not hmac.compare_digest(mac.digest(), body[-TAG_BYTES:]):
             raise FrameForged(f"frame {self.expected}: bad tag (forged or altered)")
-        seq = int.from_bytes(view[:SEQ_BYTES], "big")
+        seq = int.from_bytes(body[:SEQ_BYTES], "big")
         if seq != self.expected:
             raise FrameReplayed(f"frame with sequence number {seq}, expected {self.expected} (replayed or reordered)")
         self.expected += 1
