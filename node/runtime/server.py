@@ -25,6 +25,12 @@ In cluster mode the broker decides instead (`node/broker/credit_flow.py`, which 
 their way through Raft): its `PauseReading` effect stops reading a connection until `ResumeReading`; heartbeats
 keep flowing to the client and the core does not count the peer's silence meanwhile (`hold_reading`).
 
+PROXY protocol (docs/configuration.md): on a listener with it on (`proxy_protocol` for `port`, or the extra
+`proxy_protocol_port` listener) `handle_connection` first reads the PROXY v1/v2 header (node/amqp/proxy_protocol.py)
+within the handshake timeout and registers the connection with the client address it names (loopback-only users,
+listings, logs), feeding the bytes that followed the header to the core; a connection without a valid header is
+closed, logged and counted (`proxy_refused`) before the broker ever hears of it.
+
 Reads are at most RECEIVE_SIZE_BYTES (32 KiB, ~190 small publishes): one read is handled in one go on the trio
 thread, so its size bounds how long every other connection waits for a turn (deliveries sit in the consumer's
 output until its writer runs). With 256 KiB reads a publisher's turn took up to 150 ms under workload (a), and the
