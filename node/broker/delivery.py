@@ -238,8 +238,11 @@ def refill_dirty(broker: BrokerState) -> None:
 
 def refill(broker: BrokerState, ch: ChannelState) -> None:
     drain_pending(broker, ch)
-    if broker.held and (ch.conn_id, ch.number) in broker.held:
-        return  # replies wait for the disk (reply_gate): no top-ups meanwhile, so what is held stays bounded
+    if broker.held:
+        hold = broker.held.get((ch.conn_id, ch.number))
+        if hold is not None and any(token not in broker.ticket_owner for token in hold.tokens):
+            return  # replies wait for the disk (reply_gate): no top-ups meanwhile, so what is held stays bounded
+            # (a hold on proposal tickets only, read_your_writes, ends within a commit round: top-ups go on)
     conn = broker.conns.get(ch.conn_id)
     flowing = conn is not None and conn.writable
     for consumer in list(ch.consumers.values()):
