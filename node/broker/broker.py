@@ -148,8 +148,10 @@ class Broker(BrokerState):
             return []
         if type(event) is ev.ContentReceived and not self.parked:  # the hot path, without one level of dispatch
             self.proposing_conn = conn
-            self._guarded(conn, event.channel, event.method, publish.handle_publish, event)
-            self.proposing_conn = None
+            try:
+                self._guarded(conn, event.channel, event.method, publish.handle_publish, event)
+            finally:
+                self.proposing_conn = None
         else:
             self._handle_event(conn, event)
         return self._finish()
@@ -221,7 +223,7 @@ class Broker(BrokerState):
             elif method_kind in reply_gate.GATED_METHODS and self.gate_replies:
                 reply_gate.run_gated(self, conn, event.channel, method)
             elif method_kind in read_your_writes.GATED_REPLIES and self.replicated:
-                self._run_reply_gated(conn, event.channel, method)
+                read_your_writes.run_reply_gated(self, conn, event.channel, method)
             else:
                 self._guarded(conn, event.channel, method, self._dispatch, method)
         elif kind is ev.ChannelOpened:
@@ -434,18 +436,6 @@ class Broker(BrokerState):
 
     # --- internals ------------------------------------------------------------------------------------------
 
-    def _run_reply_gated(self, conn: ConnState, channel: int, method: Any) -> None:
-        """A method whose reply waits until this node's replica applied what it proposed (read_your_writes)."""
-        start = len(self.out)
-        tickets: list[int] = []
-        self.ticket_sink = tickets
-        try:
-            self._guarded(conn, channel, method, self._dispatch, method)
-        finally:
-            self.ticket_sink = None
-        if tickets and channel in conn.channels:
-            read_your_writes.gate_replies(self, (conn.conn_id, channel), tickets, start, method)
-
     def _run_parked(self, conn: ConnState | None = None) -> None:
         """Run parked events: those whose wait is over (`unparked`), or every parked event of `conn`, which is
         closing (nothing of it waits any more: its reads see what the replica has)."""
@@ -457,7 +447,7 @@ class Broker(BrokerState):
             owner = self.conns.get(conn_id)
             if owner is None:
                 continue
-            self.parking = conn is None  # (a closing connection's reads wait for nothing)
+            self.parking = conn is None or conn_id != conn.conn_id  # (a closing connection's reads wait for nothing)
             try:
                 for event in events:
                     self._handle_event(owner, event)

@@ -153,6 +153,19 @@ def forget_connection(broker: BrokerState, conn: ConnState) -> None:
 # --- replies ---------------------------------------------------------------------------------------------------
 
 
+def run_reply_gated(broker: BrokerState, conn: ConnState, channel: int, method: Any) -> None:
+    """Handle a method of GATED_REPLIES; its channel's effects wait for the tickets the handler created."""
+    start = len(broker.out)
+    tickets: list[int] = []
+    broker.ticket_sink = tickets
+    try:
+        broker.dispatch_guarded(conn, channel, method)
+    finally:
+        broker.ticket_sink = None
+    if tickets and channel in conn.channels:
+        gate_replies(broker, (conn.conn_id, channel), tickets, start, method)
+
+
 def gate_replies(broker: BrokerState, key: tuple[int, int], tickets: list[int], from_index: int,
                  method: Any = None) -> None:
     """The channel's effects from `from_index` of `out` on wait until every ticket is done."""
