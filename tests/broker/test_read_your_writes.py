@@ -151,3 +151,17 @@ def test_a_closing_connection_runs_its_parked_events() -> None:
     cluster.commit()
     assert cluster.brokers["b"].vhosts["/"].queues["q"].machine.ready_count == 2
     assert not cluster.brokers["a"].parked
+
+
+def test_the_leader_deletes_an_auto_delete_queue_whose_deciding_node_never_applied_its_detach() -> None:
+    cluster, _a, b = _setup(auto_delete=True)  # led by a; the consumer is on b
+    b.consume("q", tag="t")
+    cluster.commit()
+    cluster.pause("b")  # b proposes its Detach but applies nothing (as if it died right after)
+    b.call(m.BasicCancel(consumer_tag="t"))
+    cluster.commit()
+    assert "q" in cluster.brokers["a"].vhosts["/"].queues  # the leader does not decide on b's Detach ...
+    cluster.tick("a", 1_000)
+    assert "q" in cluster.brokers["a"].vhosts["/"].queues
+    cluster.tick("a", 10_000)  # ... until the queue has stayed without consumers for a while
+    assert "q" not in cluster.brokers["a"].vhosts["/"].queues
