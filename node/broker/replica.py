@@ -21,7 +21,8 @@ replica, so a retried or repeated republish is deduplicated by the target), x-ex
 consumers of a node reported down (those duties, the timers and the queue snapshots are in `replica_control`).
 Auto-delete (once an Attach was applied and the machine has no consumer left: the local basic.consume, not yet
 applied, does not count) is decided by the node whose Detach emptied the queue (`maybe_auto_delete`), so its
-client's cancel-ok waits for the deletion (`read_your_writes`); a new leader decides for a queue left behind.
+client's cancel-ok waits for the deletion (`read_your_writes`); a new leader, or the leader after 5 s without
+consumers (`replica_control.tick`), deletes a queue left behind.
 This node's own entries end their read-your-writes tickets once applied (`read_your_writes.done`).
 Dead-lettering is at most once across a leader change (as RabbitMQ's default for quorum queues); with
 x-dead-letter-strategy at-least-once (and reject-publish) the machine holds the message until the leader saw every
@@ -322,8 +323,8 @@ def reattach(broker: BrokerState, queue: QueueState, consumer: Any) -> None:
 def maybe_auto_delete(broker: BrokerState, queue: QueueState, decided: bool = False) -> None:
     """Delete an auto-delete queue whose consumers are all gone. One node decides: the one whose Detach emptied it
     (`decided`: its own client's consumer, so that client's cancel-ok or close-ok waits for the deletion,
-    read_your_writes.py; or the leader's Detach of a down node's consumer), else a new leader (set_leader), for a
-    queue whose deciding node went away first."""
+    read_your_writes.py; or the leader's Detach of a down node's consumer), else a new leader (set_leader) or the
+    leader's timer (replica_control.tick), for a queue whose deciding node went away first."""
     if ((decided or queue.is_leader) and queue.auto_delete and queue.had_attach
             and queue.machine.consumer_count == 0):
         delete_queue(broker, queue)
