@@ -8,6 +8,11 @@ tick it, step its inbox and start its next Ready (persist, then wait 0..N ticks 
 (checkers.py) run after every step. After `chaos_ticks` everything heals (partitions removed, crashed nodes
 restarted, a clean network) and every group must commit and apply a fresh proposal on every node within
 `liveness_ticks_max`. A failing seed replays exactly: `python -m chaos.sim --seed N --trace`.
+
+With `refusals` (opt-in, so older seeds keep their meaning) the simulator also plays the transport's refusal
+detection: when a node crashes, every live node is told `peer_refused` 0..2 ticks later (each on its own delay), so
+the groups it led elect at once (`RaftCore.leader_refused`); and, as a fault proxy that closes its listener would,
+a partition sometimes makes the nodes of one side see the other side as refusing although it is alive.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ class SimConfig:
     # Test-only broken host: a restarted named leader bootstraps again and leads term 1 a second time (the checkers
     # must catch it; the real host never does: a restarted node loads its stored state).
     bootstrap_again_on_restart: bool = False
+    # The transport's refusal detection: a crashed node is reported `peer_refused` to the live ones, and partitions
+    # sometimes report live nodes refusing (false positives), opt-in: keeps old seeds.
+    refusals: bool = False
 
 
 @dataclass(slots=True)
@@ -158,6 +166,9 @@ class Simulation:
         self.trace: list[str] = []
         self.stats = {"crashes": 0, "restarts": 0, "partitions": 0, "proposals": 0, "transfers": 0,
                       "conf_changes": 0}
+        if config.refusals:
+            self.stats.update(refusals=0, false_refusals=0, refused_campaigns=0)
+        self._refusals_due: list[tuple[int, NodeId, NodeId]] = []  # (tick, told node, refusing peer)
         self._proposal_seq = 0
         self._marker_index: dict[GroupId, Index] = {}
         self._leader_terms_seen: dict[GroupId, int] = {}
@@ -249,6 +260,8 @@ class Simulation:
         if chaos:
             self._maybe_fault()
             self._maybe_propose()
+        if self._refusals_due:
+            self._deliver_refusals(tick)
         for batch in self.net.due(tick):
             node = self.nodes[batch.dst]
             if node.mr is not None and len(node.inbox) < INBOX_MAX:
@@ -414,7 +427,26 @@ class Simulation:
         node.applied = {}
         self.stats["crashes"] += 1
         self._log(f"crash {node.id} {outcome}")
+        if self.config.refusals:
+            self._report_refusing({node.id}, [other for other in sorted(self.nodes) if other != node.id])
 
+    def _report_refusing(self, refusing: set[NodeId], told: list[NodeId]) -> None:
+        """Tell each of `told`, 0..2 ticks from now, that the nodes `refusing` refuse its connections."""
+        for peer in sorted(refusing):
+            for other in told:
+                self._refusals_due.append((self.now + self.rng.randint(0, 2), other, peer))
+
+    def _deliver_refusals(self, tick: int) -> None:
+        due = [item for item in self._refusals_due if item[0] <= tick]
+        self._refusals_due = [item for item in self._refusals_due if item[0] > tick]
+        for _, told, peer in due:
+            node = self.nodes[told]
+            if node.mr is None:
+                continue
+            woken = node.mr.peer_refused(peer)
+            self.stats["refusals"] += 1
+            self.stats["refused_campaigns"] += len(woken)
+            self._log(f"refused {told} sees {peer} refusing: {len(woken)} groups campaign soon")
     def _restart(self, node: SimNode) -> None:
         node.incarnation += 1
         self._start(node, fresh=False)
@@ -455,6 +487,11 @@ class Simulation:
             self._fault_a_leader()
         if profile.membership_rate and rng.random() < profile.membership_rate:
             self._change_membership()
+        if self.config.refusals and rng.random() < 0.02:  # a spurious refusal: one node told a live peer is gone
+            told, peer = rng.sample(sorted(self.nodes), 2)
+            self.stats["false_refusals"] += 1
+            self._log(f"spurious refusal: {told} will see {peer} refusing")
+            self._report_refusing({peer}, [told])
 
     def _change_membership(self) -> None:
         """A random single-server change through a current leader: add a learner, promote one, or remove a member
@@ -493,6 +530,9 @@ class Simulation:
             self.net.partition([{node.id}, others])
             self.stats["partitions"] += 1
             self._log(f"partition isolate-leader {node.id}")
+            if self.config.refusals and self.rng.random() < 0.5:  # behind a fault proxy: it looks gone
+                self.stats["false_refusals"] += 1
+                self._report_refusing({node.id}, sorted(others))
 
     def _partition(self) -> None:
         ids = sorted(self.nodes)
@@ -516,6 +556,10 @@ class Simulation:
             self.net.partition(sides)
         self.stats["partitions"] += 1
         self._log(f"partition {shape} {' | '.join(','.join(sorted(side)) for side in sides)}")
+        if self.config.refusals and self.rng.random() < 0.3:  # a fault proxy closing its listener: false refusals
+            near, far = sides[0], sides[1]
+            self.stats["false_refusals"] += 1
+            self._report_refusing(far, sorted(near))
 
     def _leaders(self, group: GroupId, include_busy: bool = False) -> list[tuple[SimNode, RaftCore]]:
         """Nodes that believe they lead `group` (several, when some are stale); busy = waiting on an fsync."""

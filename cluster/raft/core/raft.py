@@ -91,6 +91,9 @@ class RaftConfig:
     inflight_msgs_max: int = 64
     inflight_bytes_max: int = 4 * 1024 * 1024
     uncommitted_entries_max: int = 10_000  # proposals beyond this are refused (back-pressure)
+    # `leader_refused`: the surviving voters campaign in turn, rank * this many ticks apart, each after a random
+    # 0..this-1 ticks more (a refused connection is the trigger; the election timeout applies otherwise)
+    refused_campaign_ticks: int = 2
 
 
 class RaftCore:
@@ -127,6 +130,7 @@ class RaftCore:
         self._election_elapsed = 0
         self._heartbeat_elapsed = 0
         self._randomized_timeout = 0
+        self._fast_campaign = False  # the randomized timeout is a `leader_refused` delay (one campaign only)
         self._pending_conf_index = Index(0)
         self.lead_transferee: NodeId | None = None
         self._reset_randomized_timeout()
@@ -141,7 +145,13 @@ class RaftCore:
             self._election_elapsed += 1
             if self._promotable() and self._election_elapsed >= self._randomized_timeout:
                 self._election_elapsed = 0
-                self.campaign()
+                self._campaign_on_timeout()
+
+    def _campaign_on_timeout(self) -> None:
+        if self._fast_campaign:  # the next timeout (a lost pre-vote, a split vote) is an ordinary one
+            self._fast_campaign = False
+            self._reset_randomized_timeout()
+        self.campaign()
 
     def campaign(self, transfer: bool = False) -> None:
         """Start an election now (a pre-vote round first, unless this is a leadership transfer)."""
@@ -235,6 +245,29 @@ class RaftCore:
             self._wake_self()
             if self.role is Role.FOLLOWER and self.lead is not None:
                 self._send(HeartbeatResp(self.id, self.lead, self.term))  # wake the leader too
+
+    def leader_refused(self, refusing: frozenset[NodeId]) -> bool:
+        """Node-level evidence that the nodes `refusing` are gone: their port refuses connections after our link to
+        them was lost (the host's transport sees it; a paused, slow or partitioned node does not refuse). If our
+        leader is one of them, its lease ends now (we grant votes) and we campaign within a few ticks instead of
+        after the election timeout: the surviving voters, ranked by id, campaign `refused_campaign_ticks` apart,
+        each 1..`refused_campaign_ticks` ticks after its rank's start (random), so they rarely split the vote and
+        the others have a tick to learn of the refusal too (until then their lease makes them ignore pre-votes).
+        Whether such a campaign is now scheduled.
+
+        Safe as any campaign: it is an ordinary (pre-)vote; only its timing and our lease change. If the leader is
+        in fact alive, the voters that still hear it are in its lease and ignore the pre-vote (no term is bumped),
+        and once the campaign started, the next timeout (a lost pre-vote, a split vote) is an ordinary one."""
+        if self.role is not Role.FOLLOWER or self.lead is None or self.lead not in refusing or not self._promotable():
+            return False
+        self.quiesced = False
+        survivors = sorted(self.membership.voters - refusing)
+        rank = survivors.index(self.id) if self.id in survivors else len(survivors)
+        gap = max(1, self.config.refused_campaign_ticks)
+        self._election_elapsed = max(self._election_elapsed, self.config.election_ticks)  # the lease is over
+        self._randomized_timeout = self._election_elapsed + rank * gap + self._rng(1, gap + 1)
+        self._fast_campaign = True
+        return True
 
     def step(self, m: Message) -> None:
         if self.quiesced and not (isinstance(m, Heartbeat) and m.quiesce):
@@ -335,6 +368,7 @@ class RaftCore:
         self._votes = {}
         self.lead_transferee = None
         self.quiesced = False
+        self._fast_campaign = False
         self._reset_randomized_timeout()
 
     def _reset_randomized_timeout(self) -> None:
@@ -480,6 +514,9 @@ class RaftCore:
 
     # --- follower ------------------------------------------------------------------------------------------
     def _step_follower(self, m: Message) -> None:
+        if self._fast_campaign and isinstance(m, Append | Heartbeat | InstallSnapshot):
+            self._fast_campaign = False  # the leader is alive after all: the ordinary timeout again
+            self._reset_randomized_timeout()
         if isinstance(m, Append):
             self._election_elapsed = 0
             self.lead = m.src

@@ -126,7 +126,9 @@ class RaftNodeRuntime:
         self._inbox: deque[NodeBatch] = deque()
         self.router = CommandRouter(node_id, forward_hold_ms, PROPOSALS_QUEUED_MAX)
         self._wake = trio.Event()
-        self.transport = Transport(node_id, peers, secret, self._receive, on_forward=self._receive_forward)
+        self.transport = Transport(node_id, peers, secret, self._receive, on_forward=self._receive_forward,
+                                   on_refused=self._peer_refused)
+        self._refused: set[NodeId] = set()  # peers whose port refused us since the last turn (transport.py)
         self.storage: RaftStorage | None = None
         self.multi: MultiRaft | None = None
         self._groups: dict[GroupId, Membership] = {}
@@ -250,6 +252,10 @@ class RaftNodeRuntime:
             if self.timing is not None:
                 self._inbox_times.append(self.timing.now_s())
             self._wake.set()
+
+    def _peer_refused(self, peer: NodeId) -> None:
+        self._refused.add(peer)
+        self._wake.set()
 
     def _receive_forward(self, forward: Forward) -> None:
         if self.timing is not None and not self.router.has_fresh():
@@ -397,6 +403,10 @@ class RaftNodeRuntime:
             if self._group_changes:
                 await pipeline.drain(multi, storage)  # storage is ours alone while groups come and go
                 touched.update(await self._apply_group_changes(multi, storage))  # their leaders are noticed
+            if self._refused:
+                refused, self._refused = sorted(self._refused), set()
+                for peer in refused:  # the groups it led campaign within a few ticks (multiraft.py)
+                    touched.update(multi.peer_refused(peer))
             lap_started = self._lap_start()
             stepped, leader_learned = self._step_inbox(multi)
             touched.update(stepped)
