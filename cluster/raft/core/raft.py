@@ -58,6 +58,7 @@ from cluster.raft.core.types import (
 
 Rng = Callable[[int, int], int]  # rng(low, high_exclusive), e.g. random.Random(seed).randrange
 BOOTSTRAP_TERM = Term(1)
+REFUSED_CAMPAIGN_TRIES = 2  # `leader_refused`: pre-votes on the short timing (the first, and one retry a tick later)
 
 
 def bootstrap_state(membership: Membership, leader: NodeId) -> PersistedState:
@@ -92,7 +93,7 @@ class RaftConfig:
     inflight_bytes_max: int = 4 * 1024 * 1024
     uncommitted_entries_max: int = 10_000  # proposals beyond this are refused (back-pressure)
     # `leader_refused`: the surviving voters campaign in turn, rank * this many ticks apart, each after a random
-    # 0..this-1 ticks more (a refused connection is the trigger; the election timeout applies otherwise)
+    # 0..this-1 ticks more (0: at once; a refused connection is the trigger, the election timeout applies otherwise)
     refused_campaign_ticks: int = 2
 
 
@@ -130,7 +131,7 @@ class RaftCore:
         self._election_elapsed = 0
         self._heartbeat_elapsed = 0
         self._randomized_timeout = 0
-        self._fast_campaign = False  # the randomized timeout is a `leader_refused` delay (one campaign only)
+        self._fast_tries = 0  # `leader_refused` campaigns left on the short timing (then the ordinary timeout)
         self._pending_conf_index = Index(0)
         self.lead_transferee: NodeId | None = None
         self._reset_randomized_timeout()
@@ -148,9 +149,13 @@ class RaftCore:
                 self._campaign_on_timeout()
 
     def _campaign_on_timeout(self) -> None:
-        if self._fast_campaign:  # the next timeout (a lost pre-vote, a split vote) is an ordinary one
-            self._fast_campaign = False
-            self._reset_randomized_timeout()
+        if self._fast_tries:  # a `leader_refused` campaign: a pre-vote no one answered yet is asked again next
+            self._fast_tries -= 1  # tick (a voter may learn of the refusal a moment after us), then the ordinary
+            if self._fast_tries and self.config.pre_vote:  # timeout applies (a lost pre-vote, a split vote)
+                self._randomized_timeout = 1
+            else:
+                self._fast_tries = 0
+                self._reset_randomized_timeout()
         self.campaign()
 
     def campaign(self, transfer: bool = False) -> None:
@@ -249,24 +254,30 @@ class RaftCore:
     def leader_refused(self, refusing: frozenset[NodeId]) -> bool:
         """Node-level evidence that the nodes `refusing` are gone: their port refuses connections after our link to
         them was lost (the host's transport sees it; a paused, slow or partitioned node does not refuse). If our
-        leader is one of them, its lease ends now (we grant votes) and we campaign within a few ticks instead of
-        after the election timeout: the surviving voters, ranked by id, campaign `refused_campaign_ticks` apart,
-        each 1..`refused_campaign_ticks` ticks after its rank's start (random), so they rarely split the vote and
-        the others have a tick to learn of the refusal too (until then their lease makes them ignore pre-votes).
-        Whether such a campaign is now scheduled.
+        leader is one of them, its lease ends now (we grant votes) and we campaign at once or within a few ticks
+        instead of after the election timeout: the surviving voters, ranked by id, start `refused_campaign_ticks`
+        apart, each 0..`refused_campaign_ticks`-1 ticks after its rank's start (random), so that they rarely split
+        the vote; a pre-vote is asked once more a tick later, as the other voters may learn of the refusal a
+        moment after us (until then the leader's lease makes them ignore it). Whether such a campaign started or
+        is scheduled.
 
         Safe as any campaign: it is an ordinary (pre-)vote; only its timing and our lease change. If the leader is
         in fact alive, the voters that still hear it are in its lease and ignore the pre-vote (no term is bumped),
-        and once the campaign started, the next timeout (a lost pre-vote, a split vote) is an ordinary one."""
+        and after the short tries the ordinary timeout applies again (a lost pre-vote, a split vote)."""
         if self.role is not Role.FOLLOWER or self.lead is None or self.lead not in refusing or not self._promotable():
             return False
         self.quiesced = False
         survivors = sorted(self.membership.voters - refusing)
         rank = survivors.index(self.id) if self.id in survivors else len(survivors)
         gap = max(1, self.config.refused_campaign_ticks)
+        delay = rank * gap + self._rng(0, gap)
         self._election_elapsed = max(self._election_elapsed, self.config.election_ticks)  # the lease is over
-        self._randomized_timeout = self._election_elapsed + rank * gap + self._rng(1, gap + 1)
-        self._fast_campaign = True
+        self._fast_tries = REFUSED_CAMPAIGN_TRIES
+        if delay == 0:
+            self._election_elapsed = 0
+            self._campaign_on_timeout()
+        else:
+            self._randomized_timeout = self._election_elapsed + delay
         return True
 
     def step(self, m: Message) -> None:
@@ -368,7 +379,7 @@ class RaftCore:
         self._votes = {}
         self.lead_transferee = None
         self.quiesced = False
-        self._fast_campaign = False
+        self._fast_tries = 0
         self._reset_randomized_timeout()
 
     def _reset_randomized_timeout(self) -> None:
@@ -514,8 +525,8 @@ class RaftCore:
 
     # --- follower ------------------------------------------------------------------------------------------
     def _step_follower(self, m: Message) -> None:
-        if self._fast_campaign and isinstance(m, Append | Heartbeat | InstallSnapshot):
-            self._fast_campaign = False  # the leader is alive after all: the ordinary timeout again
+        if self._fast_tries and isinstance(m, Append | Heartbeat | InstallSnapshot):
+            self._fast_tries = 0  # the leader is alive after all: the ordinary timeout again
             self._reset_randomized_timeout()
         if isinstance(m, Append):
             self._election_elapsed = 0

@@ -29,6 +29,7 @@ received from the leader (before that Ready's committed entries are applied).
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import random
 import time
@@ -55,6 +56,7 @@ INBOX_BATCHES_MAX = 4096
 PROPOSALS_QUEUED_MAX = 65536  # commands waiting to be routed or held (all groups)
 GROUP_CHANGES_QUEUED_MAX = 65536
 LEADER_SCAN_TICKS = 10  # every group's known leader is compared this often (others: when touched)
+log = logging.getLogger(__name__)
 
 
 class SnapshotHost(Protocol):
@@ -406,7 +408,11 @@ class RaftNodeRuntime:
             if self._refused:
                 refused, self._refused = sorted(self._refused), set()
                 for peer in refused:  # the groups it led campaign within a few ticks (multiraft.py)
-                    touched.update(multi.peer_refused(peer))
+                    woken = multi.peer_refused(peer)
+                    if woken:
+                        log.info("raft: %s refuses connections: %d groups it led elect a new leader now", peer,
+                                 len(woken))
+                    touched.update(woken)
             lap_started = self._lap_start()
             stepped, leader_learned = self._step_inbox(multi)
             touched.update(stepped)
