@@ -154,6 +154,8 @@ class Simulation:
             msg_size_bytes_max=self.profile.msg_size_bytes_max,
             inflight_msgs_max=self.profile.inflight_msgs_max,
             uncommitted_entries_max=200,
+            # a rank's head start must outlast a hop (1..delay_max ticks here, far shorter than a tick in the runtime)
+            refused_campaign_ticks=2 * delay_max + 1,
         )
         self.mr_config = MultiRaftConfig(raft=raft, node_heartbeat_ticks=2, node_timeout_ticks=12)
         node_ids = [NodeId(f"n{i}") for i in range(1, self.profile.node_count + 1)]
@@ -168,7 +170,7 @@ class Simulation:
                       "conf_changes": 0}
         if config.refusals:
             self.stats.update(refusals=0, false_refusals=0, refused_campaigns=0)
-        self._refusals_due: list[tuple[int, NodeId, NodeId]] = []  # (tick, told node, refusing peer)
+        self._refusals_due: list[tuple[int, NodeId, NodeId, bool]] = []  # (tick, told, refusing peer, crashed)
         self._proposal_seq = 0
         self._marker_index: dict[GroupId, Index] = {}
         self._leader_terms_seen: dict[GroupId, int] = {}
@@ -433,20 +435,27 @@ class Simulation:
     def _report_refusing(self, refusing: set[NodeId], told: list[NodeId]) -> None:
         """Tell each of `told`, 0..2 ticks from now, that the nodes `refusing` refuse its connections."""
         for peer in sorted(refusing):
+            crashed = self.nodes[peer].mr is None
             for other in told:
-                self._refusals_due.append((self.now + self.rng.randint(0, 2), other, peer))
+                self._refusals_due.append((self.now + self.rng.randint(0, 2), other, peer, crashed))
 
     def _deliver_refusals(self, tick: int) -> None:
+        """As a transport would see them: a crashed node's refusal comes after everything it sent on that link (a
+        refusal follows the link's loss, which follows its last data), and not at all once it has restarted."""
         due = [item for item in self._refusals_due if item[0] <= tick]
         self._refusals_due = [item for item in self._refusals_due if item[0] > tick]
-        for _, told, peer in due:
+        for _, told, peer, crashed in due:
             node = self.nodes[told]
-            if node.mr is None:
+            if node.mr is None or (crashed and self.nodes[peer].mr is not None):
+                continue
+            if crashed and self.net.in_flight_on(peer, told):
+                self._refusals_due.append((tick + 1, told, peer, crashed))
                 continue
             woken = node.mr.peer_refused(peer)
             self.stats["refusals"] += 1
             self.stats["refused_campaigns"] += len(woken)
             self._log(f"refused {told} sees {peer} refusing: {len(woken)} groups campaign soon")
+
     def _restart(self, node: SimNode) -> None:
         node.incarnation += 1
         self._start(node, fresh=False)

@@ -92,8 +92,8 @@ class RaftConfig:
     inflight_msgs_max: int = 64
     inflight_bytes_max: int = 4 * 1024 * 1024
     uncommitted_entries_max: int = 10_000  # proposals beyond this are refused (back-pressure)
-    # `leader_refused`: the surviving voters campaign in turn, rank * this many ticks apart, each after a random
-    # 0..this-1 ticks more (0: at once; a refused connection is the trigger, the election timeout applies otherwise)
+    # `leader_refused`: the surviving voters campaign in turn, rank * this many ticks apart (rank 0 at once), each
+    # after a random 0..half of it more (a refused connection is the trigger; the election timeout applies otherwise)
     refused_campaign_ticks: int = 2
 
 
@@ -254,12 +254,13 @@ class RaftCore:
     def leader_refused(self, refusing: frozenset[NodeId]) -> bool:
         """Node-level evidence that the nodes `refusing` are gone: their port refuses connections after our link to
         them was lost (the host's transport sees it; a paused, slow or partitioned node does not refuse). If our
-        leader is one of them, its lease ends now (we grant votes) and we campaign at once or within a few ticks
-        instead of after the election timeout: the surviving voters, ranked by id, start `refused_campaign_ticks`
-        apart, each 0..`refused_campaign_ticks`-1 ticks after its rank's start (random), so that they rarely split
-        the vote; a pre-vote is asked once more a tick later, as the other voters may learn of the refusal a
-        moment after us (until then the leader's lease makes them ignore it). Whether such a campaign started or
-        is scheduled.
+        leader is one of them, we forget it (no lease: we grant votes) and campaign at once or within a few ticks
+        instead of after the election timeout: the surviving voters, ranked by id, take turns; the first campaigns at
+        once, the one of rank r after r * `refused_campaign_ticks` ticks plus a random 0..half of that (for two
+        that see different survivors and so take the same rank), so that they rarely split the vote; and one that
+        grants another's pre-vote before its own turn leaves it to that one, keeping only the ordinary timeout. A
+        pre-vote is asked once more a tick later, as the other voters may learn of the refusal a moment after us
+        (until then the leader's lease makes them ignore it). Whether such a campaign started or is scheduled.
 
         Safe as any campaign: it is an ordinary (pre-)vote; only its timing and our lease change. If the leader is
         in fact alive, the voters that still hear it are in its lease and ignore the pre-vote (no term is bumped),
@@ -267,10 +268,11 @@ class RaftCore:
         if self.role is not Role.FOLLOWER or self.lead is None or self.lead not in refusing or not self._promotable():
             return False
         self.quiesced = False
+        self.lead = None  # gone: no lease, and the host holds commands for the group until a new leader is known
         survivors = sorted(self.membership.voters - refusing)
         rank = survivors.index(self.id) if self.id in survivors else len(survivors)
         gap = max(1, self.config.refused_campaign_ticks)
-        delay = rank * gap + self._rng(0, gap)
+        delay = 0 if rank == 0 else rank * gap + self._rng(0, (gap + 1) // 2)
         self._election_elapsed = max(self._election_elapsed, self.config.election_ticks)  # the lease is over
         self._fast_tries = REFUSED_CAMPAIGN_TRIES
         if delay == 0:
@@ -472,6 +474,10 @@ class RaftCore:
         if can_vote and self.log.is_up_to_date(m.last_index, m.last_term):
             if pre:
                 self._send(PreVoteResp(self.id, m.src, m.term, reject=False))
+                if self._fast_tries and self.role is Role.FOLLOWER:  # another survivor campaigns before our turn:
+                    self._fast_tries = 0  # leave it to them (a second campaign could split the vote), keeping
+                    self._election_elapsed = 0  # the ordinary timeout in case theirs fails
+                    self._reset_randomized_timeout()
             else:
                 self._election_elapsed = 0
                 self.vote = m.src

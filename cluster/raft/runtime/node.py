@@ -259,6 +259,18 @@ class RaftNodeRuntime:
         self._refused.add(peer)
         self._wake.set()
 
+    def _apply_refusals(self, multi: MultiRaft) -> list[GroupId]:
+        """Peers that refused our connections after their link was lost (transport.py): the groups they led elect
+        a new leader at once (`MultiRaft.peer_refused`); returns those groups."""
+        woken: list[GroupId] = []
+        refused, self._refused = sorted(self._refused), set()
+        for peer in refused:
+            groups = multi.peer_refused(peer)
+            if groups:
+                log.info("raft: %s refuses connections: %d groups it led elect a new leader now", peer, len(groups))
+            woken.extend(groups)
+        return woken
+
     def _receive_forward(self, forward: Forward) -> None:
         if self.timing is not None and not self.router.has_fresh():
             self._fresh_since = self.timing.now_s()
@@ -405,17 +417,11 @@ class RaftNodeRuntime:
             if self._group_changes:
                 await pipeline.drain(multi, storage)  # storage is ours alone while groups come and go
                 touched.update(await self._apply_group_changes(multi, storage))  # their leaders are noticed
-            if self._refused:
-                refused, self._refused = sorted(self._refused), set()
-                for peer in refused:  # the groups it led campaign within a few ticks (multiraft.py)
-                    woken = multi.peer_refused(peer)
-                    if woken:
-                        log.info("raft: %s refuses connections: %d groups it led elect a new leader now", peer,
-                                 len(woken))
-                    touched.update(woken)
             lap_started = self._lap_start()
             stepped, leader_learned = self._step_inbox(multi)
             touched.update(stepped)
+            if self._refused:  # after the inbox: whatever the peer sent before its link was lost is stepped
+                touched.update(self._apply_refusals(multi))
             self._route(multi, retry_held=ticked or self._recheck_held or leader_learned)
             lap_started = self._lap("turn_step_route", lap_started)
             await self._take_and_flush(multi, storage, pipeline, touched)
