@@ -1,8 +1,8 @@
 """The Raft state machine of one group on one node (Ongaro & Ousterhout, with etcd-io/raft's shape).
 
 Input: `tick()` (one logical clock tick), `step(message)`, `propose(data)`, `propose_conf_change(change)`,
-`transfer_leadership(node)`, `compact(data)`, `wake(...)`. Output: `ready()` returns a `Ready` (see types.py for
-the persist -> send -> apply -> advance order) and `advance(ready)` acknowledges it.
+`transfer_leadership(node)`, `compact(data)`, `wake(...)`, `leader_refused(nodes)`. Output: `ready()` returns a
+`Ready` (see types.py for the persist -> send -> apply -> advance order) and `advance(ready)` acknowledges it.
 
 A new group may be bootstrapped with a leader named in advance (`bootstrap_state`, then `start_bootstrapped`): every
 member starts at term 1 with its vote already cast for that node, so no other node can win term 1; the named node
@@ -11,9 +11,11 @@ the others time out and elect a leader of term 2 as usual.
 
 Elections use pre-vote (section 9.6: a node first asks whether it could win, without bumping its term) and
 check-quorum (a leader that has not heard from a quorum within an election timeout steps down; followers that
-heard from a leader within the timeout ignore vote requests: the "leader lease"). Replication pipelines appends
-per follower (progress.py) and a leader commits only by counting replicas of an entry of its own term
-(section 5.4.2). A follower truncates only at a real conflict. Membership changes are single-server, take effect
+heard from a leader within the timeout ignore vote requests: the "leader lease"). When the host knows that the
+leader's node is gone (its port refuses connections: `leader_refused`), a follower drops the lease and campaigns at
+once or within a few ticks, the surviving voters in id order, instead of waiting for the election timeout.
+Replication pipelines appends per follower (progress.py) and a leader commits only by counting replicas of an entry
+of its own term (section 5.4.2). A follower truncates only at a real conflict. Membership changes are single-server, take effect
 when applied, one at a time, and a learner is promoted only once it has caught up. The group can quiesce: an idle
 leader sends one final heartbeat and then nothing; see multiraft.py for the node-level failure detection that
 replaces per-group heartbeats.
