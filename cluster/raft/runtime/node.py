@@ -14,7 +14,9 @@ one fsync for all groups), send the batches, apply committed entries (`on_apply(
 given, `on_apply_many(group, entries)` once per group per cycle), `advance`. After the cycles it reports groups whose
 known leader changed to `on_leader_change` (the groups stepped or touched by the cycles, and every group each
 `LEADER_SCAN_TICKS` ticks). Replication telemetry (telemetry.py) is written after each fsync and sampled on the
-timer. Inbound batches, commands and group changes wait in bounded queues (beyond the bound, batches are dropped,
+timer. A peer the transport reports refusing connections after its link was lost (its process is gone) is handed to
+`MultiRaft.peer_refused` once the turn's inbox is stepped, so the groups it led elect a new leader at once (docs/raft.md
+"Fast failover on refused connections"). Inbound batches, commands and group changes wait in bounded queues (beyond the bound, batches are dropped,
 commands refused and group changes raise `OverflowError`).
 
 Automatic compaction (when the host gives a `SnapshotHost`): after `advance`, a group whose applied log holds more
