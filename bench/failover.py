@@ -15,7 +15,8 @@ lost its leader: it campaigns) and `leader` (the first survivor that knows the n
 `--pause-ms MS` adds, for raftmq, as many runs of a paused leader: SIGSTOP of the leader's process for MS ms
 (keep it below the nodes' `node_down_after_ms`, 5 s by default), then SIGCONT. A paused node refuses nothing, so
 the ordinary election timeout applies (the figure is the first confirm after the stop), and no survivor may take
-it for dead: a run fails if a survivor logged it refusing connections or down. Needs nothing but the raftmq sources (it runs `python -m node.cli node`)
+it for dead: a run fails if a survivor logged it refusing connections or down. `--publisher last` puts the
+publisher on the last survivor by name instead of the first (which becomes the new leader after a kill). Needs nothing but the raftmq sources (it runs `python -m node.cli node`)
 and pika. Independent of the broker's code (import-linter: bench imports no node/cluster modules).
 `--broker rabbitmq` (or `both`) does the same to Debian's RabbitMQ: a private 3-node cluster per run
 (`bench.brokers.rabbitmq_cluster`), the leader from rabbitmqctl once the queue has 3 members, and SIGKILL of that
@@ -254,9 +255,10 @@ def _taken_for_dead(survivors: list[BenchNode], node: str, since_wall_s: float) 
     return found
 
 
-def _one_run(root: Path, pause_ms: int = 0) -> RunResult:
+def _one_run(root: Path, pause_ms: int = 0, publisher_last: bool = False) -> RunResult:
     """A fresh raftmq cluster and queue, one kill of the queue's leader (or, with `pause_ms`, a SIGSTOP of it for
-    that long), then everything stopped."""
+    that long), then everything stopped. The publisher is on the first survivor by name (the one that campaigns
+    first after a kill), or with `publisher_last` on the last (its publishes then go to the new leader)."""
     cluster = BenchCluster(root)
     try:
         cluster.start()
@@ -266,7 +268,7 @@ def _one_run(root: Path, pause_ms: int = 0) -> RunResult:
         leader_name = cluster.agreed_leader(cluster.nodes)
         leader = next(n for n in cluster.nodes if n.name == leader_name)
         survivors = [n for n in cluster.nodes if n is not leader]
-        publisher_node = survivors[0]
+        publisher_node = survivors[-1] if publisher_last else survivors[0]
         if pause_ms:
             stream, killed_at = _kill_under_publisher(publisher_node.port,
                                                       lambda: cluster.signal(leader, signal.SIGSTOP))
@@ -343,7 +345,8 @@ class FailoverError(Exception):
     """A failover run could not be made (a node did not start, no leader, the publisher failed)."""
 
 
-def run_failover(runs: int, workdir: str | None = None, broker: str = RAFTMQ, pause_ms: int = 0) -> list[RunResult]:
+def run_failover(runs: int, workdir: str | None = None, broker: str = RAFTMQ, pause_ms: int = 0,
+                 publisher_last: bool = False) -> list[RunResult]:
     """`runs` kills of `broker`'s ("raftmq" or "rabbitmq") quorum queue leader, each on a fresh cluster, printing
     one line per run; `FailoverError` naming the failed run. Also what `raftmq bench --report issue16` calls.
     `pause_ms` (raftmq only): SIGSTOP the leader for that long instead of killing it (see the module header)."""
@@ -353,7 +356,8 @@ def run_failover(runs: int, workdir: str | None = None, broker: str = RAFTMQ, pa
         for i in range(runs):
             try:
                 name = f"pause{i + 1}" if pause_ms else f"run{i + 1}"
-                result = _one_run(root / name, pause_ms) if broker == RAFTMQ else _one_rabbitmq_run()
+                result = (_one_run(root / name, pause_ms, publisher_last) if broker == RAFTMQ
+                          else _one_rabbitmq_run())
             except (RuntimeError, pika.exceptions.AMQPError, OSError) as exc:
                 raise FailoverError(f"{broker} run {i + 1}: {exc}") from exc
             results.append(result)
@@ -374,6 +378,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pause-ms", type=int, default=0,
                         help="raftmq: also --runs runs of SIGSTOP of the leader for this long (below the nodes'"
                         " node_down_after_ms): first confirm after the stop, and nobody may take it for dead")
+    parser.add_argument("--publisher", choices=("first", "last"), default="first",
+                        help="raftmq: the publisher on the first surviving node by name (default; after a kill it"
+                        " becomes the new leader) or on the last (its publishes are forwarded to the new leader)")
     parser.add_argument("--broker", choices=(RAFTMQ, RABBITMQ, "both"), default=RAFTMQ,
                         help="whose quorum queue leader to kill: raftmq (default), rabbitmq (Debian's RabbitMQ,"
                         " a private 3-node cluster per run) or both, raftmq first")
@@ -383,7 +390,7 @@ def main(argv: list[str]) -> int:
     cases = [(broker, 0) for broker in brokers] + ([(RAFTMQ, args.pause_ms)] if args.pause_ms > 0 else [])
     for broker, pause_ms in cases:
         try:
-            results = run_failover(args.runs, args.workdir, broker, pause_ms)
+            results = run_failover(args.runs, args.workdir, broker, pause_ms, args.publisher == "last")
         except FailoverError as exc:
             print(f"raftmq bench failover: {exc}", file=sys.stderr)
             return 1
