@@ -38,6 +38,10 @@ side a probe loop (a bare TCP connect, closed at once, with the dialer's backoff
 feed a `RefusalTracker`: `refusing_peers()` are those whose link was lost and whose last `REFUSALS_MIN` connection
 attempts, spanning at least `REFUSAL_SPAN_MS_MIN`, were all refused. Any attempt that is not refused resets the
 count; a new connection clears the state. A peer never connected since we started is never reported refusing.
+The first redial (or probe) after a lost link is made at once, and every refused attempt at a lost peer is also
+reported to `on_refused(peer)` right away: the Raft node uses the first one to let the groups that peer led elect
+a new leader at once (a refusal is cheap evidence for that: a wrong one only starts a pre-vote that the voters still
+hearing the leader ignore), while node-down (`refusing_peers()`) waits for the stricter rule above.
 """
 
 from __future__ import annotations
@@ -125,6 +129,9 @@ class RefusalTracker:
     def forget(self, peer: NodeId) -> None:
         self.connected(peer)
 
+    def is_lost(self, peer: NodeId) -> bool:
+        return peer in self._lost
+
     def attempt(self, peer: NodeId, refused: bool, now_ms: int) -> None:
         """One connection attempt to `peer`: refused (ECONNREFUSED), or anything else (connected, timed out...)."""
         if not refused:
@@ -204,12 +211,14 @@ class Transport:
         queue_batches_max: int = 1024,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         on_forward: Callable[[Forward], None] | None = None,
+        on_refused: Callable[[NodeId], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self.peers = peers
         self._secret = secret
         self._on_batch = on_batch
         self._on_forward = on_forward
+        self._on_refused = on_refused
         self._idle_timeout_s = idle_timeout_s
         self._queue_batches_max = queue_batches_max
         self.stats = TransportStats()
@@ -336,18 +345,27 @@ class Transport:
                 stream = await trio.open_tcp_stream(host, port)
             except OSError as error:
                 log.debug("dial %s failed: %r", peer, error)
-                self.refusals.attempt(peer, is_refusal(error), _now_ms())
+                self._attempted(peer, is_refusal(error))
             else:
-                self.refusals.attempt(peer, False, _now_ms())
+                self._attempted(peer, False)
                 async with stream:
                     reader = FrameReader(stream)
                     keys = await self._dialer_handshake(peer, stream, reader)
                     if keys is not None:
                         backoff_s = BACKOFF_S_MIN
                         self.stats.connections_dialed += 1
+                        carried_since = trio.current_time()
                         await self._carry(peer, stream, reader, keys)
+                        if trio.current_time() - carried_since >= BACKOFF_S_MAX:
+                            continue  # a healthy link was lost: the first redial at once (is the peer gone?)
             await trio.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)
+
+    def _attempted(self, peer: NodeId, refused: bool) -> None:
+        """Record a connection attempt at `peer`; a refused one at a lost peer is reported to `on_refused` too."""
+        self.refusals.attempt(peer, refused, _now_ms())
+        if refused and self._on_refused is not None and self.refusals.is_lost(peer):
+            self._on_refused(peer)
 
     async def _dialer_handshake(self, peer: NodeId, stream: trio.SocketStream,
                                 reader: FrameReader) -> SessionKeys | None:
@@ -418,11 +436,11 @@ class Transport:
     async def _probe_until_back(self, peer: NodeId) -> None:
         """Listener side: connect to the lost peer's port (and close at once) with the dialer's backoff, recording
         refusals, until it dials us again or is no longer a peer."""
-        backoff_s = BACKOFF_S_MIN
+        backoff_s = 0.0  # the first probe at once
         try:
             while True:
                 await trio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)
+                backoff_s = min(max(backoff_s * 2, BACKOFF_S_MIN), BACKOFF_S_MAX)
                 address = self.peers.get(peer)
                 if address is None or peer in self._current:
                     return
@@ -436,7 +454,7 @@ class Transport:
                         await probe.aclose()
                 if peer in self._current:
                     return  # it dialed us meanwhile: the connection is proof of life
-                self.refusals.attempt(peer, refused, _now_ms())
+                self._attempted(peer, refused)
         finally:
             self._probing.discard(peer)
 

@@ -20,7 +20,8 @@ cluster metadata. `ClusterRuntime` is the glue (docs/cluster.md, "node/runtime, 
   `Broker.set_queue_leader`; snapshots to `queue_snapshot`/`queue_restore`.
 - Proposals: a `ProposeQueue` becomes `Broker.encode_proposal(node, id, ...)` proposed through Raft and tracked
   (`node.clustering.proposals.ProposalTracker`) until this node's replica applied it; a group's proposals are sent again
-  every `RETRY_MS` and at once when its leader changes; after `proposal_timeout_ms` the broker is told
+  `RETRY_MS` after the last send (doubling per resend while its leader is unchanged) and at once when its leader
+  changes; after `proposal_timeout_ms` the broker is told
   (`proposal_abandoned`: a waiting publish is nacked).
 - Liveness: a peer without a Raft connection for `node_down_after_ms`, or at once one that refuses connections
   (the Raft transport's `refusing_peers()`: its process is gone), is reported to the broker (`Broker.node_down`); the metadata leader records it (`SetNodeState`) and deletes the exclusive queues it owned.
@@ -508,6 +509,7 @@ class ClusterRuntime:
         log.info("cluster: queue %s: leader %s (group %s)", queue_key(*key), leader, group)
         self.dispatch(self.broker.set_queue_leader(key[0], key[1], leader == self.name))
         if leader is not None:
+            self.tracker.leader_changed(queue_key(*key))  # its resend interval starts again at RETRY_MS
             self._send_group(group, wall_ms())  # a new leader: what the old one may have dropped, now
 
     # ------------------------------------------------------------------------------------------ proposals
@@ -596,6 +598,7 @@ class ClusterRuntime:
             for tracked_as in {pending.group for pending in expired}:
                 self._release(tracked_as)
             for tracked_as in self.tracker.groups_due(now):
+                self.tracker.retried(tracked_as)  # the leader is unchanged: the next resend backs off (proposals.py)
                 self._send_queue(tracked_as, now)
 
     # ------------------------------------------------------------------------------------------ membership
