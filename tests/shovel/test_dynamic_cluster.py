@@ -57,8 +57,7 @@ def test_cluster_shovel_runs_on_one_node_and_moves_when_it_dies(
         cluster_and_dest: tuple[ClusterProcs, tuple[NodeProcess, int]]) -> None:
     procs, (dest, _) = cluster_and_dest
     names = [n.name for n in procs.nodes]
-    for node in procs.nodes:
-        wait_until(lambda node=node: raft_links_up(node.port), 60, f"{node.name} linked to every node")
+    wait_until(lambda: all(raft_links_up(n.port) for n in procs.nodes), 60, "every node linked to every node")
     n1 = procs.node("n1")
     publish(n1.port, "cq-src", 300, declare=QUORUM)
     value = {"src-uri": [uri(n.port) for n in procs.nodes], "src-queue": "cq-src",
