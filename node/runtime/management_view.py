@@ -13,7 +13,9 @@ answered 2xx survives a kill -9. Policies
 the vhost's queues and exchanges at once, and stored with the definitions; queue rows show the `policy` that
 applies and its `effective_policy_definition`. The cluster commands answer 501 "not in a cluster": cluster
 membership and queue placement belong to the cluster runtime, which subclasses this view and overrides `nodes`,
-`queues`, `policies` and `run_command`.
+`queues`, `policies` and `run_command`. Runtime parameters (`set_parameter`/`clear_parameter`, component "shovel"
+only, validated by cluster/shovel/params.py) are stored with the definitions (`Broker.set_parameter`); the cluster
+view keeps them in the metadata instead. `shovels` is the node's ShovelManager (docs/shovel.md), set by main.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ Membership: `add_member`, `delete_member`, `grow`, `shrink` change the queue's m
 group's Raft leader then changes the Raft membership to match, `node.clustering.reconcile`); `forget_cluster_node` moves a
 down node's memberships away and removes it from the metadata and its group; `join_cluster {node}` (run on the
 joining node) and `leave_cluster` change the cluster's members online (`members.py`; docs/cluster.md,
-"Metadata membership").
+"Metadata membership"). Runtime parameters (shovels) are `SetParameter`/`ClearParameter` in the metadata;
+`shovel_owner` picks the node that runs each shovel (docs/shovel.md, "Where a shovel runs").
 """
 
 from __future__ import annotations
@@ -114,13 +115,12 @@ class ClusterView(BrokerView):
         return {(p.vhost, p.name): p.value for p in self._parameters_state().values() if p.component == "shovel"}
 
     def shovel_owner(self, vhost: str, name: str) -> str | None:
-        """The node that runs the shovel: among the nodes this node sees up (itself, and peers with a live Raft
-        link not reported down), the highest rendezvous hash of (node, vhost, name); every node that sees the
-        same nodes up picks the same one."""
+        """The node that runs the shovel: among the nodes not reported down here (`PeerLiveness`: no Raft link for
+        `node_down_after_ms`, or refusing connections; a peer not connected yet after a start counts as up, so a
+        restarted node does not take every shovel before its links are up), the highest rendezvous hash of
+        (node, vhost, name); every node that sees the same nodes down picks the same one."""
         cluster = self.cluster
-        connected = cluster.raft.connected_peers() if cluster.raft is not None else frozenset()
-        up = [n for n in cluster.layout.names
-              if n == cluster.name or (n in connected and n not in cluster.liveness.down)]
+        up = [n for n in cluster.layout.names if n == cluster.name or n not in cluster.liveness.down]
         return max(up, key=lambda n: hashlib.sha256(f"{n}\0{vhost}\0{name}".encode()).digest(), default=None)
 
     async def set_parameter(self, component: str, vhost: str, name: str, value_json: str) -> bool:
