@@ -6,7 +6,7 @@ runs the handshake and yields a `LinkConnection`; a reader task feeds the socket
 a timer task calls its `tick` (heartbeats). Synchronous methods (`call`: declare, qos, consume, confirm.select,
 channel.open) wait for their reply, one at a time per channel. Everything else the server sends (deliveries,
 returns, publisher confirms, consumer cancels, channel and connection closes) goes, in order, to `events`, a trio
-memory channel the caller reads. `publish`/`ack`/`nack` only buffer frames; `flush()` writes them (one send for a
+memory channel the caller reads (or, after `route_events`, to a channel shared with other connections). `publish`/`ack`/`nack` only buffer frames; `flush()` writes them (one send for a
 whole batch). When the connection ends (server close, EOF, missed heartbeats, our close), a `Closed` event is the
 last one on `events`, and calls waiting or made afterwards raise `LinkClosed`. Leaving the context closes the
 connection politely (Connection.Close, Close-Ok awaited for at most 2 s) and cancels the tasks. Reconnecting is the
@@ -73,6 +73,7 @@ class LinkConnection:
         self._call_locks: dict[int, trio.Lock] = {}
         self._ready: dict[int, trio.Event] = {}
         self._events_in, self.events = trio.open_memory_channel[ClientEvent](math.inf)
+        self._route: tuple[trio.MemorySendChannel[tuple[str, ClientEvent]], str] | None = None
 
     # ------------------------------------------------------------ API
     @property
@@ -121,6 +122,17 @@ class LinkConnection:
     def nack(self, channel: int, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> None:
         self._check_open()
         self.conn.send_method(channel, m.BasicNack(delivery_tag, multiple, requeue), _now_ms())
+
+    def route_events(self, channel: trio.MemorySendChannel[tuple[str, ClientEvent]], tag: str) -> None:
+        """From now on, put `(tag, event)` on `channel` (unbounded) instead of on `events`, synchronously as the
+        socket's bytes are parsed: a reader of several connections gets whole bursts in one batch, with no task
+        switch per event. Events already on `events` move over first."""
+        while True:
+            try:
+                channel.send_nowait((tag, self.events.receive_nowait()))
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        self._route = (channel, tag)
 
     async def flush(self) -> None:
         async with self._send_lock:
@@ -183,6 +195,9 @@ class LinkConnection:
                 for ready in self._ready.values():
                     ready.set()
                 self._call_locks.clear()
+            if self._route is not None:
+                self._route[0].send_nowait((self._route[1], event))
+                continue
             self._events_in.send_nowait(event)
             if isinstance(event, Closed):
                 self._events_in.close()

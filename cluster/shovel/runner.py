@@ -179,32 +179,29 @@ class ShovelRunner:
     async def _pump(self, src: LinkConnection, src_ch: int, dest: LinkConnection, dest_ch: int,
                     effects: list[Effect]) -> list[Effect]:
         send, receive = trio.open_memory_channel[tuple[str, ClientEvent]](math.inf)
-        async with trio.open_nursery() as nursery:
-            for side, link in (("src", src), ("dest", dest)):
-                nursery.start_soon(_forward, side, link, send.clone())
-            send.close()
-            try:
-                while True:
-                    effects = self._carry_out(src, src_ch, dest, dest_ch, effects)
-                    if any(isinstance(e, Disconnect) for e in effects):
-                        await src.flush()  # the last acks go out before the connections close
-                        await dest.flush()
-                        break
-                    await src.flush()
+        src.route_events(send, "src")
+        dest.route_events(send, "dest")
+        try:
+            while True:
+                effects = self._carry_out(src, src_ch, dest, dest_ch, effects)
+                if any(isinstance(e, Disconnect) for e in effects):
+                    await src.flush()  # the last acks go out before the connections close
                     await dest.flush()
-                    batch = [await receive.receive()]
-                    while len(batch) < BATCH_MAX:
-                        try:
-                            batch.append(receive.receive_nowait())
-                        except (trio.WouldBlock, trio.EndOfChannel):
-                            break
-                    effects = []
-                    for side, event in batch:
-                        effects += self._event(side, event, src_ch, dest_ch)
-            except (_Down, LinkClosed) as exc:
-                side = exc.side if isinstance(exc, _Down) else "link"
-                effects = self.link.down(side, exc.reason if isinstance(exc, _Down) else exc.text, wall_ms())
-            nursery.cancel_scope.cancel()
+                    break
+                await src.flush()
+                await dest.flush()
+                batch = [await receive.receive()]
+                while len(batch) < BATCH_MAX:
+                    try:
+                        batch.append(receive.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                effects = []
+                for side, event in batch:
+                    effects += self._event(side, event, src_ch, dest_ch)
+        except (_Down, LinkClosed) as exc:
+            side = exc.side if isinstance(exc, _Down) else "link"
+            effects = self.link.down(side, exc.reason if isinstance(exc, _Down) else exc.text, wall_ms())
         return [e for e in effects if not isinstance(e, Disconnect)]
 
     def _carry_out(self, src: LinkConnection, src_ch: int, dest: LinkConnection, dest_ch: int,
@@ -246,12 +243,6 @@ class ShovelRunner:
         if isinstance(event, Closed):
             raise _Down(side, f"connection closed: {event.reply_code} {event.reply_text}")
         return []
-
-
-async def _forward(side: str, link: LinkConnection, send: trio.MemorySendChannel[tuple[str, ClientEvent]]) -> None:
-    async with send:
-        async for event in link.events:
-            await send.send((side, event))
 
 
 def _describe(exc: BaseException) -> str:
