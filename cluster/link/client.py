@@ -16,7 +16,7 @@ caller's business: a link simply opens a new `open_link` after its delay.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -123,15 +123,18 @@ class LinkConnection:
         self._check_open()
         self.conn.send_method(channel, m.BasicNack(delivery_tag, multiple, requeue), _now_ms())
 
-    def route_events(self, channel: trio.MemorySendChannel[tuple[str, ClientEvent]], tag: str) -> None:
+    def route_events(self, channel: trio.MemorySendChannel[tuple[str, ClientEvent]], tag: str,
+                     keep: Callable[[ClientEvent], bool] = lambda event: True) -> None:
         """From now on, put `(tag, event)` on `channel` (unbounded) instead of on `events`, synchronously as the
         socket's bytes are parsed: a reader of several connections gets whole bursts in one batch, with no task
-        switch per event. Events already on `events` move over first."""
+        switch per event. Events already on `events` move over first, those `keep` accepts."""
         while True:
             try:
-                channel.send_nowait((tag, self.events.receive_nowait()))
+                event = self.events.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
+            if keep(event):
+                channel.send_nowait((tag, event))
         self._route = (channel, tag)
 
     async def flush(self) -> None:

@@ -103,6 +103,7 @@ class ShovelLink:
         self.forwarded = 0  # messages published to the destination (all connections)
         self.acked = 0  # deliveries acked at the source (on-confirm / on-publish) or received (no-ack)
         self.remaining: int | None = None  # delete-after: messages still to forward; None: never stop
+        self.failures = 0  # failed attempts and lost connections
         self._next_seq = 1
         self._unconfirmed: dict[int, int] = {}  # destination seq -> source delivery tag (on-confirm)
         self._outstanding: OrderedDict[int, None] = OrderedDict()  # source tags published, not yet acked
@@ -218,7 +219,7 @@ class ShovelLink:
                 "src_queue": d.src_queue, "src_exchange": d.src_exchange, "src_exchange_key": d.src_exchange_key,
                 "dest_queue": d.dest_queue, "dest_exchange": d.dest_exchange, "dest_exchange_key": d.dest_exchange_key,
                 "ack_mode": d.ack_mode, "forwarded": self.forwarded, "acked": self.acked,
-                "pending": len(self._unconfirmed), "remaining": self.remaining,
+                "pending": len(self._unconfirmed), "remaining": self.remaining, "failures": self.failures,
                 "last_changed_ms": self.last_changed_ms}
 
     # ------------------------------------------------------------ internals
@@ -233,6 +234,7 @@ class ShovelLink:
         self._cancelled = False
 
     def _retry(self, reason: str, now_ms: int) -> list[Effect]:
+        self.failures += 1
         self._set(STARTING, now_ms)
         self.reason = reason
         self._reset_connection()

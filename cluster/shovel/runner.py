@@ -179,8 +179,8 @@ class ShovelRunner:
     async def _pump(self, src: LinkConnection, src_ch: int, dest: LinkConnection, dest_ch: int,
                     effects: list[Effect]) -> list[Effect]:
         send, receive = trio.open_memory_channel[tuple[str, ClientEvent]](math.inf)
-        src.route_events(send, "src")
-        dest.route_events(send, "dest")
+        for side, link in (("src", src), ("dest", dest)):  # (a passive declare's 404 closed a channel in set-up)
+            link.route_events(send, side, keep=lambda event: not isinstance(event, ChannelClosed))
         try:
             while True:
                 effects = self._carry_out(src, src_ch, dest, dest_ch, effects)

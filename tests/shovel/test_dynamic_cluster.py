@@ -80,3 +80,38 @@ def test_cluster_shovel_runs_on_one_node_and_moves_when_it_dies(
     assert code == 0, out
     wait_until(lambda: all(ctl_call(procs.node(n).port + 10_000, "shovel_status") == (0, []) for n in alive), 30,
                "the shovel gone from every live node")
+
+
+def _dest_connections(mport: int) -> int:
+    code, rows = ctl_call(mport, "list_connections")
+    return len(rows) if code == 0 and isinstance(rows, list) else -1
+
+
+def test_rolling_restart_leaves_one_copy_and_loses_nothing(
+        cluster_and_dest: tuple[ClusterProcs, tuple[NodeProcess, int]]) -> None:
+    """Each node in turn is killed and started again (RabbitMQ #3260: duplicate shovels after a rolling restart).
+    Afterwards exactly one copy runs: one connection at the destination, every node naming the same owner."""
+    procs, (dest, dest_mport) = cluster_and_dest
+    names = [n.name for n in procs.nodes]
+    wait_until(lambda: all(raft_links_up(n.port) for n in procs.nodes), 60, "every node linked to every node")
+    value = {"src-uri": [uri(n.port) for n in procs.nodes], "src-queue": "roll-src",
+             "dest-uri": uri(dest.port), "dest-queue": "roll-dst", "reconnect-delay": 1}
+    publish(procs.node("n1").port, "roll-src", 100, declare=QUORUM)
+    assert ctl_call(procs.node("n1").port + 10_000, "set_parameter", "shovel", "roll", json.dumps(value))[0] == 0
+    wait_until(lambda: _one_runner(procs, names), 60, "one node running the shovel")
+    samples: list[int] = []
+    for name in names:
+        procs.restart(name)
+        wait_until(lambda: all(raft_links_up(n.port) for n in procs.nodes), 90, f"links up after restarting {name}")
+        wait_until(lambda: _one_runner(procs, names), 90, f"one runner after restarting {name}")
+        samples.append(_dest_connections(dest_mport))
+        publish(procs.node(name).port, "roll-src", 50, declare=QUORUM, prefix=f"after-{name}-")
+    wait_until(lambda: count(dest.port, "roll-dst") >= 250, 120, "every message at the destination")
+    wait_until(lambda: _dest_connections(dest_mport) == 1, 30, "exactly one shovel connection at the destination")
+    assert _one_runner(procs, names)
+    bodies = collections.Counter(body for body, _ in drain(dest.port, "roll-dst"))
+    expected = {f"m{n}".encode() for n in range(100)} | {f"after-{name}-{n}".encode()
+                                                         for name in names for n in range(50)}
+    assert set(bodies) == expected
+    print(f"destination connections after each restart: {samples}; "
+          f"duplicates: {sum(bodies.values()) - len(bodies)}")

@@ -46,6 +46,7 @@ def test_queue_to_queue_shovel_moves_everything_and_survives_a_restart(two_nodes
     assert count(a.port, "src-q") == 0
     [row] = _status(amport)
     assert row["name"] == "s1" and row["state"] == "running" and row["node"] == "it"
+    assert row["failures"] == 0 and row["forwarded"] == 300  # (the missing dest-queue was declared in set-up)
     code, params = ctl_call(amport, "list_parameters")
     assert code == 0 and params[0]["value"]["src-queue"] == "src-q"
     a.restart()  # the definition is stored with the node's definitions

@@ -98,6 +98,7 @@ def test_failures_rotate_uris_and_reconnect_after_the_delay() -> None:
     assert link.down("dest", "connection lost", 6000) == [Disconnect("dest: connection lost")]
     assert link.confirm(1, False, True, 6001) == []  # a confirm of the old connection is ignored
     assert link.tick(8000) == [Connect(1, 1)] and link.status()["blocked_reason"] == "dest: connection lost"
+    assert link.status()["failures"] == 3
     link.connected(8000)
     assert link.delivery(1, "", "q", P, b"", 8000)[0] == Publish(1, "", "q", P, b"")  # numbering restarts
 
