@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.cluster_proc import ClusterProcs, raft_links_up, supervised
+from tests.cluster.cluster_proc import ClusterProcs, api_queue, raft_links_up, supervised
 from tests.integration.nodeproc import NodeProcess
 from tests.shovel.helpers import count, ctl_call, drain, publish, start_node, uri, wait_until
 
@@ -115,3 +115,27 @@ def test_rolling_restart_leaves_one_copy_and_loses_nothing(
     assert set(bodies) == expected
     print(f"destination connections after each restart: {samples}; "
           f"duplicates: {sum(bodies.values()) - len(bodies)}")
+
+
+def test_killing_the_destination_queue_leader_loses_nothing(
+        cluster_and_dest: tuple[ClusterProcs, tuple[NodeProcess, int]]) -> None:
+    """A single node shovels into a quorum queue of the cluster (dest-uri lists every cluster node); kill -9 of the
+    queue's Raft leader in the middle: with on-confirm every message ends up in the queue (duplicates counted)."""
+    procs, (source, source_mport) = cluster_and_dest
+    wait_until(lambda: all(raft_links_up(n.port) for n in procs.nodes), 60, "every node linked to every node")
+    publish(procs.node("n1").port, "dq", 0, declare=QUORUM)  # declared on n1: its group starts led by n1
+    total = 4000
+    publish(source.port, "sq", total)
+    value = {"src-uri": uri(source.port), "src-queue": "sq", "dest-uri": [uri(n.port) for n in procs.nodes],
+             "dest-queue": "dq", "reconnect-delay": 1}
+    assert ctl_call(source_mport, "set_parameter", "shovel", "into-cluster", json.dumps(value))[0] == 0
+    wait_until(lambda: count(procs.node("n1").port, "dq") >= 300, 60, "the shovel moving messages")
+    leader = api_queue(procs.node("n1").port, "dq")["leader"]
+    assert leader in [n.name for n in procs.nodes]
+    procs.kill(leader)
+    survivor = next(n for n in procs.nodes if n.name != leader)
+    wait_until(lambda: count(source.port, "sq") == 0, 180, "the source queue emptied")
+    wait_until(lambda: count(survivor.port, "dq") >= total, 60, "every message in the destination queue")
+    bodies = collections.Counter(body for body, _ in drain(survivor.port, "dq"))
+    assert set(bodies) == {f"m{n}".encode() for n in range(total)}
+    print(f"kill -9 of the destination queue's leader {leader}: duplicates {sum(bodies.values()) - len(bodies)}")
