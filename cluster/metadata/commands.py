@@ -105,6 +105,17 @@ class PolicyRecord:
     priority: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ParameterRecord:
+    """A runtime parameter of a vhost (component "shovel", ...); `value` is its JSON text, validated by the
+    component's owner before the command is proposed."""
+
+    vhost: str
+    component: str
+    name: str
+    value: str = ""
+
+
 # ---------------------------------------------------------------------------------------------------- commands
 
 
@@ -277,6 +288,20 @@ class ClearPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class SetParameter:
+    parameter: ParameterRecord
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClearParameter:
+    vhost: str
+    component: str
+    name: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Barrier:
     """Changes nothing and is never remembered in the command-id table: a replica that has applied it has applied
     everything committed before it (`MetadataStore.sync()`, for reads that must see the latest state)."""
@@ -288,14 +313,16 @@ Command = (
     Barrier | AddNode | RemoveNode | SetNodeState | PutVhost | DeleteVhost | PutUser | DeleteUser | SetPermissions
     | ClearPermissions | DeclareExchange | DeleteExchange | Bind | Unbind | DeclareQueue | DeleteQueue
     | SetQueueLeader | SetQueueMembers | AddQueueMember | RemoveQueueMember | SetPolicy | ClearPolicy
+    | SetParameter | ClearParameter
 )
 
 COMMAND_TYPES: tuple[type, ...] = (
     Barrier, AddNode, RemoveNode, SetNodeState, PutVhost, DeleteVhost, PutUser, DeleteUser, SetPermissions,
     ClearPermissions, DeclareExchange, DeleteExchange, Bind, Unbind, DeclareQueue, DeleteQueue,
     SetQueueLeader, SetQueueMembers, AddQueueMember, RemoveQueueMember, SetPolicy, ClearPolicy,
+    SetParameter, ClearParameter,
 )
 RECORD_TYPES: tuple[type, ...] = (
     NodeRecord, VhostRecord, UserRecord, PermissionRecord, ExchangeRecord, BindingRecord, QueueRecord,
-    PolicyRecord,
+    PolicyRecord, ParameterRecord,
 )

@@ -155,6 +155,25 @@ class PolicyRecord:
                 self.deleted]
 
 
+@dataclass(frozen=True, slots=True)
+class ParameterRecord:
+    """A runtime parameter (component "shovel", ...) of a vhost; `value` is its JSON text (single-node mode: in
+    cluster mode parameters live in the metadata)."""
+
+    component: str
+    vhost: str
+    name: str
+    value: str = ""
+    deleted: bool = False
+
+    @property
+    def stream(self) -> str:
+        return DEFINITIONS_STREAM
+
+    def to_cbor(self) -> list[Any]:
+        return ["param", self.component, self.vhost, self.name, self.value, self.deleted]
+
+
 @dataclass(slots=True, unsafe_hash=True)
 class MessageRecord:
     """A persistent message in a durable queue; msg_id is the queue machine's id for it."""
@@ -265,12 +284,14 @@ class MessageIndexRecord:
 Record = (
     VHostRecord | UserRecord | PermissionRecord | ExchangeRecord | QueueRecord | BindingRecord | MessageRecord
     | MessageRemovedRecord | MessageIndexRecord | PolicyRecord | QueueStreamStartRecord | MessagesRemovedRecord
+    | ParameterRecord
 )
 
 _TAGS: dict[str, type[Any]] = {
     "vhost": VHostRecord, "user": UserRecord, "perm": PermissionRecord, "exchange": ExchangeRecord,
     "queue": QueueRecord, "binding": BindingRecord, "msg": MessageRecord, "msg-removed": MessageRemovedRecord,
     "policy": PolicyRecord, "queue-start": QueueStreamStartRecord, "msgs-removed": MessagesRemovedRecord,
+    "param": ParameterRecord,
 }
 
 
