@@ -1,4 +1,4 @@
-"""Stage timings of the Raft runtime's confirm path, for finding serial waits (off by default; issue 7).
+"""Stage timings of the Raft runtime's confirm path, for finding serial waits (off by default).
 
 Enabled by the environment variable `RAFTMQ_RAFT_TIMING=<directory>`: the node driver then records, in
 milliseconds, how long inbound batches wait before they are stepped (`inbox_wait`), how long queued commands wait
