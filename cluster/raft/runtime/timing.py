@@ -94,9 +94,6 @@ class StageTimings:
         while marks and marks[0][0] <= index:
             self.record(stage, (now - marks.popleft()[1]) * 1000)
 
-    def forget_marks(self, stage: str, group: str) -> None:
-        self._marks.pop((stage, group), None)
-
     def summary(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
         for stage, ring in sorted(self._samples.items()):
