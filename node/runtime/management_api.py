@@ -10,9 +10,10 @@ is `Reply(status, payload, headers)`; errors carry RabbitMQ's `{"error": ..., "r
 
 Paths: GET /api/overview, /api/whoami, /api/nodes[/name], /api/vhosts[/vhost], /api/users[/name],
 /api/permissions[/vhost/user], /api/queues[/vhost[/name]], /api/exchanges[/vhost[/name]], /api/bindings[/vhost],
-/api/connections, /api/consumers[/vhost], /api/policies[/vhost[/name]]; PUT /api/vhosts/{vhost},
-/api/users/{name}, /api/permissions/{vhost}/{user}, /api/policies/{vhost}/{name}; DELETE
-/api/policies/{vhost}/{name}; POST /api/raftmq/{command} for the cluster commands (`CLUSTER_COMMANDS`).
+/api/connections, /api/consumers[/vhost], /api/policies[/vhost[/name]], /api/vhost-limits[/vhost]; PUT
+/api/vhosts/{vhost}, /api/users/{name}, /api/permissions/{vhost}/{user}, /api/policies/{vhost}/{name},
+/api/vhost-limits/{vhost}/{limit} ({"value": N}); DELETE /api/policies/{vhost}/{name},
+/api/vhost-limits/{vhost}/{limit}; POST /api/raftmq/{command} for the cluster commands (`CLUSTER_COMMANDS`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ COMMAND_ARGS: dict[str, tuple[tuple[str, type, bool], ...]] = {
     "set_policy": (("vhost", str, True), ("name", str, True), ("pattern", str, True), ("definition", dict, True),
                    ("priority", int, False), ("apply_to", str, False)),
     "clear_policy": (("vhost", str, True), ("name", str, True)),
+    "set_vhost_limit": (("vhost", str, True), ("name", str, True), ("value", int, True)),
+    "clear_vhost_limit": (("vhost", str, True), ("name", str, True)),
     "join_cluster": (("node", str, True),),
     "leave_cluster": (),
     "forget_cluster_node": (("node", str, True),),
@@ -83,6 +86,7 @@ class ManagementView(Protocol):
     def connections(self) -> list[dict[str, Any]]: ...
     def consumers(self) -> list[dict[str, Any]]: ...
     def policies(self) -> list[dict[str, Any]]: ...
+    def vhost_limits(self) -> list[dict[str, Any]]: ...
     async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]: ...
 
 
@@ -224,6 +228,9 @@ def _get(view: ManagementView, segments: tuple[str, ...], user: str, tags: tuple
         if rest:
             rows = [r for r in rows if _row_vhost(r) == rest[0]]
         return Reply(200, jsonable(rows))
+    elif what == "vhost-limits" and len(rest) <= 1:
+        rows = view.vhost_limits()
+        return Reply(200, jsonable([r for r in rows if r["vhost"] == rest[0]] if rest else rows))
     elif what == "connections" and not rest:
         return Reply(200, jsonable(view.connections()))
     raise CommandError(404, "Not Found")
@@ -251,6 +258,8 @@ def _put_command(segments: tuple[str, ...], body: dict[str, Any]) -> tuple[str, 
         return "set_policy", {"vhost": rest[0], "name": rest[1], "pattern": body.get("pattern"),
                               "definition": body.get("definition"), "priority": body.get("priority"),
                               "apply_to": body.get("apply-to", body.get("apply_to"))}
+    if what == "vhost-limits" and len(rest) == 2:
+        return "set_vhost_limit", {"vhost": rest[0], "name": rest[1], "value": body.get("value")}
     return None
 
 
@@ -269,6 +278,9 @@ async def _change(view: ManagementView, head: RequestHead, raw_body: bytes) -> R
         return Reply(200, jsonable(result))
     if head.method == "DELETE" and segments[1] == "policies" and len(segments) == 4:
         await view.run_command("clear_policy", {"vhost": segments[2], "name": segments[3]})
+        return Reply(204)
+    if head.method == "DELETE" and segments[1] == "vhost-limits" and len(segments) == 4:
+        await view.run_command("clear_vhost_limit", {"vhost": segments[2], "name": segments[3]})
         return Reply(204)
     if head.method == "PUT":
         found = _put_command(segments, body)
