@@ -83,7 +83,8 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 
 def _serve_one(port: int, tag: str) -> None:
     params = pika.ConnectionParameters("127.0.0.1", port, credentials=pika.PlainCredentials("guest", "guest"),
-                                       connection_attempts=1, socket_timeout=30, blocked_connection_timeout=None)
+                                       connection_attempts=1, socket_timeout=30, stack_timeout=120,
+                                       blocked_connection_timeout=None)
     connection = pika.BlockingConnection(params)
     try:
         ch = connection.channel()
