@@ -35,6 +35,7 @@ class VhostRecord:
     name: str
     description: str = ""
     tags: tuple[str, ...] = ()
+    limits: dict[str, int] = field(default_factory=dict)  # max-connections, max-queues (RabbitMQ's vhost limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +156,7 @@ class PutVhost:
     name: str
     description: str = ""
     tags: tuple[str, ...] = ()
+    limits: dict[str, int] = field(default_factory=dict)
     cid: str = ""
 
 

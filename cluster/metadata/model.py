@@ -250,7 +250,7 @@ def _set_node_state(s: MetadataState, c: SetNodeState) -> Step:
 
 
 def _put_vhost(s: MetadataState, c: PutVhost) -> Step:
-    s, outcome = _upsert(s, "vhosts", "vhost", c.name, VhostRecord(c.name, c.description, c.tags), (c.name,))
+    s, outcome = _upsert(s, "vhosts", "vhost", c.name, VhostRecord(c.name, c.description, c.tags, dict(c.limits)), (c.name,))
     s, created = _ensure_predeclared(s, c.name)
     return s, Outcome((*outcome.changes, *created)) if created else outcome
 

@@ -36,6 +36,10 @@ class Authenticator(Protocol):
         """May this user open this virtual host?"""
         ...
 
+    def connection_limit_reached(self, vhost: str) -> int | None:
+        """The vhost's max-connections limit when its connections reach it (this one is refused), else None."""
+        ...
+
 
 def parse_sasl_response(mechanism: str, response: bytes) -> tuple[str, str] | None:
     """Return (username, password) from a PLAIN or AMQPLAIN response, or None when it is malformed."""

@@ -683,6 +683,10 @@ class ServerConnection:
             raise ProtocolError(
                 ReplyCode.NOT_ALLOWED, f"access to vhost '{vhost}' refused for user '{self.username}'", 10, 40
             )
+        limit = self.authenticator.connection_limit_reached(vhost)
+        if limit is not None:  # RabbitMQ's text (rabbit_reader); checked after the access check, as there
+            raise ProtocolError(ReplyCode.NOT_ALLOWED, f"access to vhost '{vhost}' refused for user "
+                                f"'{self.username}': connection limit ({limit}) is reached", 10, 40)
         self.vhost = vhost
         self.state = ConnectionState.OPEN
         self._write(encode_method_frame(0, m.ConnectionOpenOk()))

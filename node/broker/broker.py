@@ -77,6 +77,9 @@ class ConnAuthenticator:
     def vhost_access(self, username: str, vhost: str) -> bool:
         return self._broker.vhost_access(username, vhost)
 
+    def connection_limit_reached(self, vhost: str) -> int | None:
+        return self._broker.connection_limit_reached(vhost)
+
 
 class Broker(BrokerState):
     """The facade the runtime calls (see the module docstring); the state and its helpers are `BrokerState`'s."""

@@ -35,13 +35,14 @@ def queue_stream(vhost: str, queue: str) -> str:
 class VHostRecord:
     name: str
     deleted: bool = False
+    limits: dict[str, int] = field(default_factory=dict)  # node/broker/vhost_limits.py (older records have none)
 
     @property
     def stream(self) -> str:
         return DEFINITIONS_STREAM
 
     def to_cbor(self) -> list[Any]:
-        return ["vhost", self.name, self.deleted]
+        return ["vhost", self.name, self.deleted, self.limits]
 
 
 @dataclass(frozen=True, slots=True)

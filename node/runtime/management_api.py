@@ -11,11 +11,11 @@ is `Reply(status, payload, headers)`; errors carry RabbitMQ's `{"error": ..., "r
 Paths: GET /api/overview, /api/whoami, /api/nodes[/name], /api/vhosts[/vhost], /api/users[/name],
 /api/permissions[/vhost/user], /api/queues[/vhost[/name]], /api/exchanges[/vhost[/name]], /api/bindings[/vhost],
 /api/connections, /api/consumers[/vhost], /api/policies[/vhost[/name]], /api/parameters[/component[/vhost[/name]]],
-/api/shovels[/vhost], /api/shovels/vhost/{vhost}/{name}; PUT /api/vhosts/{vhost}, /api/users/{name},
-/api/permissions/{vhost}/{user}, /api/policies/{vhost}/{name}, /api/parameters/{component}/{vhost}/{name}
-({"value": {...}}); DELETE /api/policies/{vhost}/{name}, /api/parameters/{component}/{vhost}/{name},
-/api/shovels/vhost/{vhost}/{name}/restart; POST /api/raftmq/{command} for the cluster commands
-(`CLUSTER_COMMANDS`).
+/api/shovels[/vhost], /api/shovels/vhost/{vhost}/{name}, /api/vhost-limits[/vhost]; PUT /api/vhosts/{vhost},
+/api/users/{name}, /api/permissions/{vhost}/{user}, /api/policies/{vhost}/{name},
+/api/parameters/{component}/{vhost}/{name} ({"value": {...}}), /api/vhost-limits/{vhost}/{limit} ({"value": N});
+DELETE /api/policies/{vhost}/{name}, /api/parameters/{component}/{vhost}/{name}, /api/vhost-limits/{vhost}/{limit},
+/api/shovels/vhost/{vhost}/{name}/restart; POST /api/raftmq/{command} for the cluster commands (`CLUSTER_COMMANDS`).
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ COMMAND_ARGS: dict[str, tuple[tuple[str, type, bool], ...]] = {
     "set_parameter": (("component", str, True), ("vhost", str, True), ("name", str, True), ("value", dict, True)),
     "clear_parameter": (("component", str, True), ("vhost", str, True), ("name", str, True)),
     "restart_shovel": (("vhost", str, True), ("name", str, True)),
+    "set_vhost_limit": (("vhost", str, True), ("name", str, True), ("value", int, True)),
+    "clear_vhost_limit": (("vhost", str, True), ("name", str, True)),
     "join_cluster": (("node", str, True),),
     "leave_cluster": (),
     "forget_cluster_node": (("node", str, True),),
@@ -91,6 +93,9 @@ class ManagementView(Protocol):
     def policies(self) -> list[dict[str, Any]]: ...
     def parameters(self) -> list[dict[str, Any]]: ...
     def shovel_status(self) -> list[dict[str, Any]]: ...
+
+
+    def vhost_limits(self) -> list[dict[str, Any]]: ...
     async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]: ...
 
 
@@ -232,6 +237,9 @@ def _get(view: ManagementView, segments: tuple[str, ...], user: str, tags: tuple
         if rest:
             rows = [r for r in rows if _row_vhost(r) == rest[0]]
         return Reply(200, jsonable(rows))
+    elif what == "vhost-limits" and len(rest) <= 1:
+        rows = view.vhost_limits()
+        return Reply(200, jsonable([r for r in rows if r["vhost"] == rest[0]] if rest else rows))
     elif what == "connections" and not rest:
         return Reply(200, jsonable(view.connections()))
     elif what == "parameters" and len(rest) <= 3:
@@ -271,6 +279,8 @@ def _put_command(segments: tuple[str, ...], body: dict[str, Any]) -> tuple[str, 
         return "set_policy", {"vhost": rest[0], "name": rest[1], "pattern": body.get("pattern"),
                               "definition": body.get("definition"), "priority": body.get("priority"),
                               "apply_to": body.get("apply-to", body.get("apply_to"))}
+    if what == "vhost-limits" and len(rest) == 2:
+        return "set_vhost_limit", {"vhost": rest[0], "name": rest[1], "value": body.get("value")}
     return None
 
 
@@ -297,6 +307,9 @@ async def _change(view: ManagementView, head: RequestHead, raw_body: bytes) -> R
         return Reply(204)
     if head.method == "DELETE" and segments[1] == "policies" and len(segments) == 4:
         await view.run_command("clear_policy", {"vhost": segments[2], "name": segments[3]})
+        return Reply(204)
+    if head.method == "DELETE" and segments[1] == "vhost-limits" and len(segments) == 4:
+        await view.run_command("clear_vhost_limit", {"vhost": segments[2], "name": segments[3]})
         return Reply(204)
     if head.method == "PUT":
         found = _put_command(segments, body)

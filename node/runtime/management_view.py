@@ -28,7 +28,7 @@ from typing import Any
 
 from cluster.shovel.params import ShovelParamError, parse_definition
 from node.broker import policies as pol
-from node.broker import policy_apply
+from node.broker import policy_apply, vhost_limits
 from node.broker.effects import Persist
 from node.runtime.management_api import CLUSTER_COMMANDS, NOT_IN_CLUSTER, CommandError
 
@@ -221,6 +221,10 @@ class BrokerView:
     def shovel_status(self) -> list[dict[str, Any]]:
         return self.shovels.status() if self.shovels is not None else []
 
+    def vhost_limits(self) -> list[dict[str, Any]]:
+        return [{"vhost": name, "value": dict(vhost.limits)}
+                for name, vhost in sorted(self.broker.vhosts.items()) if vhost.limits]
+
     # --- changes --------------------------------------------------------------------------------------------
 
     async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -240,6 +244,8 @@ class BrokerView:
             if not self.broker.clear_policy(args["vhost"], args["name"]):
                 raise CommandError(404, f"no policy {args['name']!r} in vhost {args['vhost']!r}")
             created = False
+        elif name in ("set_vhost_limit", "clear_vhost_limit"):
+            created = self._change_vhost_limit(name, args)
         elif name in CLUSTER_COMMANDS:
             raise CommandError(501, NOT_IN_CLUSTER)
         else:
@@ -284,6 +290,23 @@ class BrokerView:
             raise CommandError(400, str(exc)) from None
         except KeyError:
             raise CommandError(400, f"vhost_not_found: {args['vhost']}") from None
+        return created
+
+    def _change_vhost_limit(self, command: str, args: dict[str, Any]) -> bool:
+        """Set or clear one of a vhost's limits (node/broker/vhost_limits.py); the others stay."""
+        vhost = self.broker.vhosts.get(args["vhost"])
+        if vhost is None:
+            raise CommandError(400, f"vhost_not_found: {args['vhost']}")
+        limits = dict(vhost.limits)
+        created = args["name"] not in limits
+        if command == "set_vhost_limit":
+            limits[args["name"]] = args["value"]
+        elif limits.pop(args["name"], None) is None:
+            raise CommandError(404, f"no limit {args['name']!r} in vhost {args['vhost']!r}")
+        try:
+            self.broker.set_vhost_limits(args["vhost"], vhost_limits.validate(limits))
+        except vhost_limits.VhostLimitError as exc:
+            raise CommandError(400, str(exc)) from None
         return created
 
     def _set_permissions(self, args: dict[str, Any]) -> bool:
