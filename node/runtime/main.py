@@ -90,6 +90,8 @@ def _print_proxy_listener(node: Any, config: NodeConfig) -> None:
     if node.proxy_ports:
         print(f"raftmq node {config.node_name} PROXY protocol listener on port {node.proxy_ports[0]}",
               file=sys.stderr, flush=True)
+    if node.tls_ports:
+        print(f"raftmq node {config.node_name} amqps listener on port {node.tls_ports[0]}", file=sys.stderr, flush=True)
 
 
 def management_port(config: NodeConfig, amqp_port: int) -> int:
@@ -172,6 +174,10 @@ def _cluster_refusal(exc: BaseException) -> BaseException | None:
 def main(argv: list[str]) -> int:
     try:
         config, namespace = load(argv)
+        if config.ssl_port:  # the certificate files: a bad one is a configuration error, found before starting
+            from node.runtime.tls import server_context
+
+            server_context(config)
     except ConfigError as exc:
         print(f"raftmq node: configuration error: {exc}", file=sys.stderr)
         return 2
