@@ -58,6 +58,7 @@ class NodeConfig:
     proxy_protocol: bool = False
     proxy_protocol_port: int = 0
     ssl_port: int = 0
+    ssl_proxy_protocol_port: int = 0
     ssl_certfile: str = ""
     ssl_keyfile: str = ""
     ssl_cacertfile: str = ""
@@ -137,14 +138,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_message_size_bytes", "int", "Largest message body accepted; bigger publishes close the channel (406)."),
     Setting("connection_max", "int", "Most concurrent client connections (0 = no limit)."),
     Setting("proxy_protocol", "bool",
-            "The AMQP listener (port) requires a PROXY protocol v1/v2 header on every connection and takes the "
+            "The AMQP listener (port, and ssl_port if set) requires a PROXY protocol v1/v2 header on every "
+            "connection and takes the "
             "client's address from it (as RabbitMQ's proxy_protocol; for nodes behind HAProxy's send-proxy-v2)."),
     Setting("proxy_protocol_port", "int",
             "An extra AMQP listener on listen_address that requires a PROXY protocol header (0 = none); "
             "`raftmq cluster up` points HAProxy at it."),
     Setting("ssl_port", "int",
             "amqps (AMQP over TLS) listener on listen_address, as RabbitMQ's listeners.ssl.default (usually 5671; "
-            "0 = none). Needs ssl_certfile and ssl_keyfile."),
+            "0 = none). Needs ssl_certfile and ssl_keyfile. With proxy_protocol it requires the PROXY header too."),
+    Setting("ssl_proxy_protocol_port", "int",
+            "An extra amqps listener that requires a PROXY protocol header before the TLS handshake (0 = none); "
+            "`raftmq cluster up --tls` points HAProxy's TLS passthrough frontend at it."),
     Setting("ssl_certfile", "str", "amqps: the node's certificate (PEM; may hold the chain), as ssl_options.certfile."),
     Setting("ssl_keyfile", "str", "amqps: the private key of ssl_certfile (PEM, unencrypted), as ssl_options.keyfile."),
     Setting("ssl_cacertfile", "str",
@@ -323,6 +328,9 @@ def validate(config: NodeConfig) -> NodeConfig:
         (0 <= config.ssl_port <= 65535, "ssl_port must be 0..65535"),
         (not config.ssl_port or bool(config.ssl_certfile and config.ssl_keyfile),
          "ssl_port needs ssl_certfile and ssl_keyfile"),
+        (0 <= config.ssl_proxy_protocol_port <= 65535, "ssl_proxy_protocol_port must be 0..65535"),
+        (not config.ssl_proxy_protocol_port or bool(config.ssl_certfile and config.ssl_keyfile),
+         "ssl_proxy_protocol_port needs ssl_certfile and ssl_keyfile"),
         (config.ssl_verify in ("verify_none", "verify_peer"), "ssl_verify must be verify_none|verify_peer"),
         (config.ssl_verify == "verify_none" or bool(config.ssl_cacertfile), "ssl_verify = verify_peer needs ssl_cacertfile"),
         (not config.ssl_fail_if_no_peer_cert or config.ssl_verify == "verify_peer",

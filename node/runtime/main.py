@@ -92,6 +92,9 @@ def _print_proxy_listener(node: Any, config: NodeConfig) -> None:
               file=sys.stderr, flush=True)
     if node.tls_ports:
         print(f"raftmq node {config.node_name} amqps listener on port {node.tls_ports[0]}", file=sys.stderr, flush=True)
+    if node.tls_proxy_ports:
+        print(f"raftmq node {config.node_name} amqps PROXY protocol listener on port {node.tls_proxy_ports[0]}",
+              file=sys.stderr, flush=True)
 
 
 def management_port(config: NodeConfig, amqp_port: int) -> int:
@@ -174,7 +177,7 @@ def _cluster_refusal(exc: BaseException) -> BaseException | None:
 def main(argv: list[str]) -> int:
     try:
         config, namespace = load(argv)
-        if config.ssl_port:  # the certificate files: a bad one is a configuration error, found before starting
+        if config.ssl_port or config.ssl_proxy_protocol_port:  # the certificate files: a bad one is a configuration error, found before starting
             from node.runtime.tls import server_context
 
             server_context(config)

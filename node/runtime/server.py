@@ -35,7 +35,10 @@ TLS (amqps, docs/configuration.md): the `ssl_port` listener wraps each accepted 
 the context of node/runtime/tls.py and completes the TLS handshake within the handshake timeout before the AMQP
 protocol header is read; a failed, late or abandoned handshake (a plain AMQP client, an untrusted or missing client
 certificate) closes that connection only, logged and counted (`tls_refused`). With `ssl_cert_login` a verified client
-certificate's login name is handed to the core, which then offers EXTERNAL.
+certificate's login name is handed to the core, which then offers EXTERNAL. On an amqps listener with the PROXY
+protocol (`ssl_port` with `proxy_protocol`, or the extra `ssl_proxy_protocol_port`: HAProxy's TLS passthrough) the
+PROXY header comes first, in the clear; the bytes read after it (the start of the ClientHello) are handed to the TLS
+layer ahead of the socket's (`_PrefixedStream`).
 
 Reads are at most RECEIVE_SIZE_BYTES (32 KiB, ~190 small publishes): one read is handled in one go on the trio
 thread, so its size bounds how long every other connection waits for a turn (deliveries sit in the consumer's
@@ -134,6 +137,30 @@ class Connection:
     cancel_scope: trio.CancelScope | None = None
 
 
+class _PrefixedStream(trio.abc.Stream):
+    """A stream whose first reads return `prefix` (bytes that came with the PROXY header), then `inner`'s."""
+
+    def __init__(self, inner: trio.SocketStream, prefix: bytes) -> None:
+        self.inner = inner
+        self.prefix = prefix
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self.prefix:
+            size = len(self.prefix) if max_bytes is None else max_bytes
+            data, self.prefix = self.prefix[:size], self.prefix[size:]
+            return data
+        return await self.inner.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 def _is_loopback(host: str) -> bool:
     return host.startswith("127.") or host in ("::1", "localhost") or host.startswith("::ffff:127.")
 
@@ -189,7 +216,9 @@ class Node:
         self.proxy_ports: list[int] = []  # bound ports of the PROXY-protocol-only listener (proxy_protocol_port)
         self.tls_refused = 0  # amqps connections whose TLS handshake failed or did not finish in time
         self.tls_ports: list[int] = []  # bound ports of the amqps listener (ssl_port)
-        self.tls_context: ssl.SSLContext | None = server_context(config) if config.ssl_port else None
+        self.tls_proxy_ports: list[int] = []  # bound ports of the amqps PROXY listener (ssl_proxy_protocol_port)
+        self.tls_context: ssl.SSLContext | None = (
+            server_context(config) if config.ssl_port or config.ssl_proxy_protocol_port else None)
         self._server_scope: trio.CancelScope | None = None
 
     # ----------------------------------------------------------------------------------------- dispatch
@@ -315,16 +344,6 @@ class Node:
         initial = b""
         conn_stream: trio.abc.Stream = stream
         identity: str | None = None
-        if tls:
-            ssl_stream = await self._tls_handshake(stream, host)
-            if ssl_stream is None:
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
-                    await stream.aclose()
-                return
-            conn_stream = ssl_stream
-            if self.config.ssl_cert_login:
-                identity = certificate_login(ssl_stream.getpeercert(binary_form=True),
-                                             self.config.ssl_cert_login_from)
         if proxy_protocol:
             got = await self._read_proxy_header(stream, host)
             if got is None:
@@ -335,6 +354,18 @@ class Node:
             if header.source is not None:
                 log.debug("connection from %s:%d via proxy %s", header.source[0], header.source[1], host)
                 host = header.source[0]
+        if tls:
+            transport: trio.abc.Stream = _PrefixedStream(stream, initial) if initial else stream
+            initial = b""
+            ssl_stream = await self._tls_handshake(transport, host)
+            if ssl_stream is None:
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await stream.aclose()
+                return
+            conn_stream = ssl_stream
+            if self.config.ssl_cert_login:
+                identity = certificate_login(ssl_stream.getpeercert(binary_form=True),
+                                             self.config.ssl_cert_login_from)
         conn_id = self.next_conn_id
         self.next_conn_id += 1
         core = ServerConnection(self.broker.authenticator_for(conn_id), self.limits, mono_ms(), identity)
@@ -359,7 +390,7 @@ class Node:
             if conn_stream is not stream:
                 await trio.aclose_forcefully(stream)
 
-    async def _tls_handshake(self, stream: trio.SocketStream, peer: str) -> trio.SSLStream[trio.SocketStream] | None:
+    async def _tls_handshake(self, stream: trio.abc.Stream, peer: str) -> trio.SSLStream[trio.abc.Stream] | None:
         """The TLS stream once its handshake completed within the handshake timeout; None (the connection is
         refused: logged and counted) when it failed, was late or the peer hung up."""
         assert self.tls_context is not None
@@ -600,6 +631,10 @@ class Node:
         if self.config.ssl_port:
             tls_listeners = await trio.open_tcp_listeners(self.config.ssl_port, host=host)
             self.tls_ports = sorted({listener.socket.getsockname()[1] for listener in tls_listeners})
+        tls_proxy_listeners: list[trio.SocketListener] = []
+        if self.config.ssl_proxy_protocol_port:
+            tls_proxy_listeners = await trio.open_tcp_listeners(self.config.ssl_proxy_protocol_port, host=host)
+            self.tls_proxy_ports = sorted({listener.socket.getsockname()[1] for listener in tls_proxy_listeners})
         main_proxy = self.config.proxy_protocol
         async with trio.open_nursery() as handlers:
             with trio.CancelScope() as accept_scope:
@@ -610,10 +645,12 @@ class Node:
                     for listener in proxy_listeners:
                         acceptors.start_soon(self._accept_loop, listener, handlers, True)
                     for listener in tls_listeners:
-                        acceptors.start_soon(self._accept_loop, listener, handlers, False, True)
+                        acceptors.start_soon(self._accept_loop, listener, handlers, main_proxy, True)
+                    for listener in tls_proxy_listeners:
+                        acceptors.start_soon(self._accept_loop, listener, handlers, True, True)
                     self.ready.set()
                     task_status.started(self.bound_ports)
-            for listener in [*self.listeners, *proxy_listeners, *tls_listeners]:
+            for listener in [*self.listeners, *proxy_listeners, *tls_listeners, *tls_proxy_listeners]:
                 await listener.aclose()
             await self._close_all_connections()
             handlers.cancel_scope.cancel()

@@ -8,7 +8,8 @@ three clients publish with confirms and consume over TLS; EXTERNAL logs in as th
 vhost only that user may open), is refused (403) for a certificate naming no user, and is not offered without a
 verified certificate; a client without a certificate, or with one from another CA, is refused on `strict`; a
 plain AMQP client on the TLS port is closed and logged while an established TLS connection carries on; the plain
-listener is unaffected.
+listener is unaffected. The amqps listener with the PROXY protocol (`ssl_proxy_protocol_port`) takes the header and
+the ClientHello in one segment (the bytes after the header go to TLS) and refuses TLS without the header.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import pika.exceptions
 import pytest
 
 from deploy.certs import TestPki, make_test_pki
+from node.amqp.proxy_protocol import v2_header
 from tests.integration.nodeproc import (
     PRIVATE_USER,
     PRIVATE_VHOST,
@@ -40,6 +42,7 @@ from tests.integration.nodeproc import (
 
 pytestmark = pytest.mark.skipif(external_target() is not None, reason="needs its own node processes")
 TLS_LINE = re.compile(rb"amqps listener on port (\d+)")
+TLS_PROXY_LINE = re.compile(rb"amqps PROXY protocol listener on port (\d+)")
 WAIT_S = 30.0
 HANDSHAKE_TIMEOUT_MS = 3000
 DN_USER = "CN=dn-user,O=raftmq test cluster"  # what `distinguished_name` makes of the dn-user certificate
@@ -57,6 +60,7 @@ class Setup:
     other_pki: TestPki  # another CA: its client certificate is untrusted
     strict: TlsNode
     optional: TlsNode
+    optional_proxy_port: int  # optional's amqps listener with the PROXY protocol (ssl_proxy_protocol_port)
 
 
 def _free_port() -> int:
@@ -65,10 +69,10 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _log_port(node: NodeProcess) -> int:
+def _log_port(node: NodeProcess, pattern: re.Pattern[bytes] = TLS_LINE) -> int:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
-        found = TLS_LINE.findall(node.log_path.read_bytes())
+        found = pattern.findall(node.log_path.read_bytes())
         if found:
             return int(found[-1])
         time.sleep(0.05)
@@ -98,9 +102,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     strict = _start(workdir / "strict", pki, "ssl_verify = \"verify_peer\"\nssl_fail_if_no_peer_cert = true\n"
                     "ssl_cert_login = true\nssl_cert_login_from = \"common_name\"\n")
     try:
-        optional = _start(workdir / "optional", pki, "ssl_verify = \"verify_peer\"\nssl_cert_login = true\n")
+        optional = _start(workdir / "optional", pki, "ssl_verify = \"verify_peer\"\nssl_cert_login = true\n"
+                          f"ssl_proxy_protocol_port = {_free_port()}\n")
         try:
-            yield Setup(pki, other, strict, optional)
+            yield Setup(pki, other, strict, optional, _log_port(optional.node, TLS_PROXY_LINE))
         finally:
             optional.node.stop()
     finally:
@@ -301,3 +306,62 @@ def test_a_plain_amqp_client_on_the_tls_port_is_closed_and_others_carry_on(setup
         plain.close()
     finally:
         survivor.close()
+
+
+
+class _BioClient:
+    """A TLS client over a plain socket through memory BIOs, so the test controls what each write carries."""
+
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext) -> None:
+        self.sock = sock
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(self.incoming, self.outgoing, server_hostname="localhost")
+
+    def _receive(self) -> None:
+        data = self.sock.recv(65536)
+        assert data, "closed by the node"
+        self.incoming.write(data)
+
+    def handshake(self, first: bytes) -> None:
+        """The TLS handshake; its first write is `first` followed by the ClientHello, in one segment (as HAProxy
+        sends the PROXY header and the client's first bytes)."""
+        pending = first
+        while True:
+            try:
+                self.tls.do_handshake()
+                done = True
+            except ssl.SSLWantReadError:
+                done = False
+            self.sock.sendall(pending + self.outgoing.read())
+            pending = b""
+            if done:
+                return
+            self._receive()
+
+    def exchange(self, data: bytes, size: int) -> bytes:
+        self.tls.write(data)
+        self.sock.sendall(self.outgoing.read())
+        while True:
+            try:
+                return self.tls.read(size)
+            except ssl.SSLWantReadError:
+                self._receive()
+
+
+def test_the_amqps_proxy_listener_takes_the_header_then_tls_in_one_segment(setup: Setup) -> None:
+    header = v2_header(("127.0.0.1", 40000), ("127.0.0.1", setup.optional_proxy_port))
+    with socket.create_connection(("127.0.0.1", setup.optional_proxy_port), timeout=30) as sock:
+        client = _BioClient(sock, _context(setup, "guest"))
+        client.handshake(header)
+        assert client.exchange(b"AMQP\x00\x00\x09\x01", 3) == b"\x01\x00\x00"  # Connection.Start follows
+    # without the header (TLS straight away) the connection is refused, logged, and others are untouched
+    before = setup.optional.node.log_tail(1_000_000).count("refused")
+    with (socket.create_connection(("127.0.0.1", setup.optional_proxy_port), timeout=30) as sock,
+          pytest.raises((ssl.SSLError, OSError, AssertionError))):
+        _BioClient(sock, _context(setup, "guest")).handshake(b"")
+    deadline = time.monotonic() + WAIT_S
+    while setup.optional.node.log_tail(1_000_000).count("refused") <= before:
+        assert time.monotonic() < deadline, setup.optional.node.log_tail()
+        time.sleep(0.05)
+    connection = _pika(setup, setup.optional, "guest")
+    connection.close()
