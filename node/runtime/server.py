@@ -38,7 +38,7 @@ certificate) closes that connection only, logged and counted (`tls_refused`). Wi
 certificate's login name is handed to the core, which then offers EXTERNAL. On an amqps listener with the PROXY
 protocol (`ssl_port` with `proxy_protocol`, or the extra `ssl_proxy_protocol_port`: HAProxy's TLS passthrough) the
 PROXY header comes first, in the clear; the bytes read after it (the start of the ClientHello) are handed to the TLS
-layer ahead of the socket's (`_PrefixedStream`).
+layer ahead of the socket's (`PrefixedStream`, node/runtime/tls.py).
 
 Reads are at most RECEIVE_SIZE_BYTES (32 KiB, ~190 small publishes): one read is handled in one go on the trio
 thread, so its size bounds how long every other connection waits for a turn (deliveries sit in the consumer's
@@ -86,7 +86,7 @@ from node.broker.effects import (
 from node.runtime.config import NodeConfig
 from node.runtime.probes import ResourceProbe
 from node.runtime.store import Store
-from node.runtime.tls import certificate_login, server_context
+from node.runtime.tls import PrefixedStream, certificate_login, server_context, tls_handshake
 
 log = logging.getLogger("raftmq.node")
 
@@ -135,30 +135,6 @@ class Connection:
     read_paused: bool = False  # credit flow, cluster mode: the broker said PauseReading (until ResumeReading)
     read_resumed: trio.Event = field(default_factory=trio.Event)
     cancel_scope: trio.CancelScope | None = None
-
-
-class _PrefixedStream(trio.abc.Stream):
-    """A stream whose first reads return `prefix` (bytes that came with the PROXY header), then `inner`'s."""
-
-    def __init__(self, inner: trio.SocketStream, prefix: bytes) -> None:
-        self.inner = inner
-        self.prefix = prefix
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        if self.prefix:
-            size = len(self.prefix) if max_bytes is None else max_bytes
-            data, self.prefix = self.prefix[:size], self.prefix[size:]
-            return data
-        return await self.inner.receive_some(max_bytes)
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 def _is_loopback(host: str) -> bool:
@@ -355,7 +331,7 @@ class Node:
                 log.debug("connection from %s:%d via proxy %s", header.source[0], header.source[1], host)
                 host = header.source[0]
         if tls:
-            transport: trio.abc.Stream = _PrefixedStream(stream, initial) if initial else stream
+            transport: trio.abc.Stream = PrefixedStream(stream, initial) if initial else stream
             initial = b""
             ssl_stream = await self._tls_handshake(transport, host)
             if ssl_stream is None:
@@ -394,18 +370,11 @@ class Node:
         """The TLS stream once its handshake completed within the handshake timeout; None (the connection is
         refused: logged and counted) when it failed, was late or the peer hung up."""
         assert self.tls_context is not None
-        ssl_stream = trio.SSLStream(stream, self.tls_context, server_side=True)
-        reason = f"no TLS handshake within {self.config.handshake_timeout_ms} ms"
-        with trio.move_on_after(self.config.handshake_timeout_ms / 1000):
-            try:
-                await ssl_stream.do_handshake()
-                return ssl_stream
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                cause = exc.__cause__ if exc.__cause__ is not None else exc
-                reason = f"TLS handshake failed: {cause!r}"
-        self.tls_refused += 1
-        log.warning("amqps connection from %s refused: %s", peer or "?", reason)
-        return None
+        ssl_stream, reason = await tls_handshake(stream, self.tls_context, self.config.handshake_timeout_ms)
+        if ssl_stream is None:
+            self.tls_refused += 1
+            log.warning("amqps connection from %s refused: %s", peer or "?", reason)
+        return ssl_stream
 
     async def _read_proxy_header(self, stream: trio.SocketStream, peer: str) -> tuple[ProxyHeader, bytes] | None:
         """The PROXY protocol header and the bytes that followed it, read within the handshake timeout; None (the

@@ -10,12 +10,16 @@ file stops the node with a `ConfigError` naming the setting.
 The certificate's login name (`ssl_cert_login_from`, as rabbitmq_auth_mechanism_ssl): `distinguished_name` (the
 default there) is the subject in RFC 4514 form, most specific part first ("CN=client,O=raftmq");
 `common_name` is the subject's CN.
+
+`tls_handshake` runs the server side of the handshake under a deadline; `PrefixedStream` hands it the bytes that
+arrived with a PROXY protocol header first (the start of the ClientHello).
 """
 
 from __future__ import annotations
 
 import ssl
 
+import trio
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
@@ -58,3 +62,41 @@ def certificate_login(der: bytes | None, login_from: str) -> str | None:
         value = names[0].value
         return value if isinstance(value, str) else value.decode("utf-8", "replace")
     return subject.rfc4514_string()
+
+
+async def tls_handshake(stream: trio.abc.Stream, context: ssl.SSLContext,
+                        timeout_ms: int) -> tuple[trio.SSLStream[trio.abc.Stream] | None, str]:
+    """(the TLS stream, "") once the server-side handshake completed within `timeout_ms`, else (None, why)."""
+    ssl_stream = trio.SSLStream(stream, context, server_side=True)
+    with trio.move_on_after(timeout_ms / 1000):
+        try:
+            await ssl_stream.do_handshake()
+            return ssl_stream, ""
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            return None, f"TLS handshake failed: {cause!r}"
+    return None, f"no TLS handshake within {timeout_ms} ms"
+
+
+class PrefixedStream(trio.abc.Stream):
+    """A stream whose first reads return `prefix` (bytes that came with the PROXY header), then `inner`'s."""
+
+    def __init__(self, inner: trio.SocketStream, prefix: bytes) -> None:
+        self.inner = inner
+        self.prefix = prefix
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self.prefix:
+            size = len(self.prefix) if max_bytes is None else max_bytes
+            data, self.prefix = self.prefix[:size], self.prefix[size:]
+            return data
+        return await self.inner.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
