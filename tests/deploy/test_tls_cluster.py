@@ -4,7 +4,9 @@ passing amqps through to the nodes (TLS ends at the node, the PROXY protocol hea
 pika, aio-pika and py-amqp connect through HAProxy's amqps frontend with the generated CA and publish with
 confirms to a quorum queue and consume; pika logs in with EXTERNAL (the generated `guest` client certificate,
 common name) through HAProxy, which shows the client certificate reached the node; a plain AMQP client on the amqps
-frontend gets nowhere while a TLS connection carries on. Real processes on loopback; no timing asserted.
+frontend gets nowhere while a TLS connection carries on. HAProxy binds every interface here: from the host's
+non-loopback address the loopback-only guest is refused over amqps (403), as the PROXY header names that address
+to the node. Real processes; no timing asserted.
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster]:
     base, haproxy_port, tls_port = _free_layout()
     data_dir = tmp_path_factory.mktemp("tls-cluster") / "data"
     up = [*CLUSTER_CLI, "up", "--tls", "--nodes", str(NODES), "--base-port", str(base), "--haproxy-port",
-          str(haproxy_port), "--tls-port", str(tls_port), "--detach", "--data-dir", str(data_dir)]
+          str(haproxy_port), "--tls-port", str(tls_port), "--haproxy-bind", "*", "--detach", "--data-dir",
+          str(data_dir)]
     result = subprocess.run(up, capture_output=True, text=True, timeout=180)
     try:
         assert result.returncode == 0, result.stdout + result.stderr
@@ -196,3 +199,28 @@ def test_a_plain_client_on_the_amqps_frontend_gets_nowhere_and_others_carry_on(c
         survivor.close()
     logs = "".join(p.read_text(errors="replace") for p in cluster.data_dir.glob("rmq*.log"))
     assert "amqps connection from 127.0.0.1 refused: TLS handshake failed" in logs
+
+
+def _non_loopback_address() -> str | None:
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return next((a for a in out if "." in a and not a.startswith("127.")), None)
+
+
+def test_guest_over_amqps_from_a_non_loopback_address_is_refused(cluster: TlsCluster) -> None:
+    address = _non_loopback_address()
+    if address is None:
+        pytest.skip("this host has no non-loopback IPv4 address")
+    params = pika.ConnectionParameters(  # (the node certificates name localhost, not this address)
+        address, cluster.tls_port, credentials=pika.PlainCredentials("guest", "guest"),
+        ssl_options=pika.SSLOptions(cluster.context(), "localhost"), connection_attempts=1, socket_timeout=10)
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError) as info:
+        pika.BlockingConnection(params)
+    assert "(403) 'ACCESS_REFUSED" in str(info.value)
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):  # EXTERNAL as guest neither
+        pika.BlockingConnection(pika.ConnectionParameters(
+            address, cluster.tls_port, credentials=pika.credentials.ExternalCredentials(),
+            ssl_options=pika.SSLOptions(cluster.context("guest"), "localhost"), connection_attempts=1,
+            socket_timeout=10))
