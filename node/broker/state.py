@@ -179,6 +179,11 @@ class BrokerState(ABC):
     # --- authenticator protocol -----------------------------------------------------------------------------
 
     def check_login(self, mechanism: str, response: bytes, peer_is_loopback: bool) -> str | None:
+        if mechanism == "EXTERNAL":  # the response is the verified certificate's login name (node/amqp/auth.py)
+            name = response.decode("utf-8", "surrogateescape")
+            if name not in self.users.users or (name in self.users.loopback_users and not peer_is_loopback):
+                return None
+            return name
         parsed = parse_sasl_response(mechanism, response)
         if parsed is None:
             return None

@@ -91,6 +91,11 @@ def _print_proxy_listener(node: Any, config: NodeConfig) -> None:
     if node.proxy_ports:
         print(f"raftmq node {config.node_name} PROXY protocol listener on port {node.proxy_ports[0]}",
               file=sys.stderr, flush=True)
+    if node.tls_ports:
+        print(f"raftmq node {config.node_name} amqps listener on port {node.tls_ports[0]}", file=sys.stderr, flush=True)
+    if node.tls_proxy_ports:
+        print(f"raftmq node {config.node_name} amqps PROXY protocol listener on port {node.tls_proxy_ports[0]}",
+              file=sys.stderr, flush=True)
 
 
 def management_port(config: NodeConfig, amqp_port: int) -> int:
@@ -190,6 +195,10 @@ def _cluster_refusal(exc: BaseException) -> BaseException | None:
 def main(argv: list[str]) -> int:
     try:
         config, namespace = load(argv)
+        if config.ssl_port or config.ssl_proxy_protocol_port:  # the certificate files: a bad one is a configuration error, found before starting
+            from node.runtime.tls import server_context
+
+            server_context(config)
     except ConfigError as exc:
         print(f"raftmq node: configuration error: {exc}", file=sys.stderr)
         return 2
