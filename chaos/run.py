@@ -19,7 +19,7 @@ import socket
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -58,10 +58,16 @@ class Environment:
     urls: tuple[str, ...]
     partitioner: Partitioner | None = None
     toxiproxy_url: str | None = None
+    consumer_urls: tuple[str, ...] = ()  # consumers elsewhere than publishers (a shovel's destination cluster)
+    settle: Callable[[], str | None] | None = None  # after the faults heal and publishing ends, before the drain:
+    # waits for the deployment to finish moving messages (a shovel: the source queue empty); an error text or None
+    copies: bool = False  # republished copies are expected (the checker counts them, chaos/checker.py)
 
 
 def run_scenario(scenario: Scenario, env: Environment) -> RunOutcome:
     config = scenario.workload_config(env.urls)
+    if env.consumer_urls:
+        config = replace(config, consumer_urls=env.consumer_urls)
     workload = Workload(config)
     nemesis = Nemesis(env.cluster, workload.recorder, random.Random(scenario.seed), config.queues[0],
                       env.partitioner, env.toxiproxy_url)
@@ -83,10 +89,17 @@ def run_scenario(scenario: Scenario, env: Environment) -> RunOutcome:
     if config.messages_per_publisher == 0:  # sized by duration: publishing ends with the steps
         workload.stop_publishing()
     published_all = workload.wait_published(scenario.publish_timeout_s)
+    if env.settle is not None:
+        workload.recorder.fault("settle", "deployment")
+        settle_error = env.settle()
+        if settle_error is not None:
+            workload.recorder.fault("error", "settle", settle_error)
+            error = error or settle_error
     drained = workload.drain()
     records = workload.records()
     publishes, deliveries, faults = split(records)
-    return RunOutcome(scenario, records, check(publishes, deliveries, acks_of(records), faults), published_all, drained,
+    result = check(publishes, deliveries, acks_of(records), faults, copies=env.copies)
+    return RunOutcome(scenario, records, result, published_all, drained,
                       workload.recorder.overflowed, time.monotonic() - started_s, error)
 
 
