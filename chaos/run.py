@@ -4,7 +4,10 @@ How it works: `run_scenario` starts the workload against the given AMQP URLs, ap
 times, heals every fault (also when a step fails; a step that cannot be carried out, such as a wait for confirms
 that never come, ends the steps, is recorded as an "error" fault and fails the run, which is still drained,
 checked and reported), waits for the publishers to finish, drains every queue and
-checks the history. `spawned_environment` is the environment `raftmq chaos run` uses when not pointed at a running
+checks the history. An environment may carry `consumer_urls` (consumers elsewhere than the publishers), a `settle`
+step run before the drain (a shovel environment waits there until its source queue is empty), and `copies` (the
+checker then counts republished copies instead of failing on them); chaos/shovel.py builds such an environment.
+`spawned_environment` is the environment `raftmq chaos run` uses when not pointed at a running
 cluster: it starts the scenario's nodes itself in a temporary directory (each in its own network namespace when
 partitions are wanted, which needs root) and removes them, and the namespaces, in a finally block.
 `fault_proxy_front` puts our Toxiproxy-compatible fault proxy between the workload and every node.

@@ -14,6 +14,9 @@ follower-of-queue (a member other than the leader), random, minority, majority, 
 comma-separated list of node names ("rmq2,rmq3"); a partition of
 shape "isolate" cuts off its target (leader-of-queue, a node name...; default random). Every random choice comes from one random.Random(seed), so a
 schedule replays exactly. Every action is recorded in the history as a Fault record.
+A deployment may add target kinds of its own (`named_targets`, e.g. chaos/shovel.py's `shovel-node`); a toxic step's
+`proxy` may list several proxies, comma-separated. A `[shovel]` table makes the scenario a shovel scenario
+(chaos/shovel.py: two clusters and a shovel, with its own fault proxy, so its toxic steps need no --fault-proxy).
 A scenario's `[node_settings]` (node setting name = value, e.g. test_unsafe_confirm_before_commit = true) become
 command-line options of every node the harness starts; a setting named test_unsafe_* marks the scenario as
 deliberately unsafe (`expect_loss`): it exists to show that the checker catches what such a mode loses.

@@ -137,7 +137,7 @@ class TwoClusters:
         return str(votes.most_common(1)[0][0]) if votes else None
 
     def shovel_rows(self) -> list[dict[str, Any]]:
-        rows = []
+        rows: list[dict[str, Any]] = []
         for name in self.sides[SOURCE].nodes():
             rows.extend(row for row in _api(self.sides[SOURCE], name, "GET", "/api/shovels") or []
                         if isinstance(row, dict) and row.get("name") == SHOVEL_NAME)
@@ -215,8 +215,10 @@ def shovel_environment(raw_settings: dict[str, Any], queue: str, seed: int, node
         proxy = stack.enter_context(FaultProxyThread(seed=seed))
         api = f"http://127.0.0.1:{proxy.api_port}"
         query = f"?heartbeat={settings.heartbeat_s}&connection_timeout=3000"
-        dest_uris = [f"amqp://guest:guest@{_add_proxy(api, f'shovel-dest-{name}', (dest.spec(name).host, dest.spec(name).port))}/%2F{query}"
-                     for name in dest.nodes()]
+        dest_uris = []
+        for name in dest.nodes():
+            listen = _add_proxy(api, f"shovel-dest-{name}", (dest.spec(name).host, dest.spec(name).port))
+            dest_uris.append(f"amqp://guest:guest@{listen}/%2F{query}")
         both = TwoClusters(source, dest, queue)
         _define_shovel(both, shovel_definition(queue, dest_uris, settings))
         yield Environment(both, tuple(source.url(n) for n in source.nodes()), None, api,

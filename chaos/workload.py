@@ -9,7 +9,9 @@ has exactly one attempt. A consumer records every delivery (with the redelivered
 after sending it; when told to stop it closes its connection itself and, once close-ok came back, records a
 "closed" marker (the broker has taken every ack sent before on that connection); when its connection fails it
 records a "connection-lost" marker before reconnecting (acks sent before it may have died with the connection). Publishers start on URL i, consumers on URL
-i + consumer_url_offset, so with one URL per node they can be put on different nodes. After the faults heal, `drain()` stops the consumers and empties every queue with basic.get until it stays empty. All records
+i + consumer_url_offset, so with one URL per node they can be put on different nodes; with `consumer_urls` the
+consumers and the drain use those instead (a shovel scenario: publishers on the source cluster, consumers on the
+destination; the queues are then emptied on both sides at start). After the faults heal, `drain()` stops the consumers and empties every queue with basic.get until it stays empty. All records
 go to a bounded, thread-safe `Recorder` in the order they happened (`chaos.history` record types).
 """
 
