@@ -1,7 +1,7 @@
 """Shovel chaos scenarios (chaos/shovel.py, chaos/scenarios/shovel-*.toml): the checker's `copies` mode, the
 bundled scenarios' shape, and a short version of `shovel-kill-runner` on real processes: a 3-node source cluster,
 a dynamic on-confirm shovel to a destination (one node here, to keep CI short; the bundled scenarios use 3), kill -9
-of the node running the shovel and restart. Everything confirmed to the source must be consumed at the
+of the node running the shovel and restart, and a 9 s partition between the clusters. Everything confirmed to the source must be consumed at the
 destination; republished copies are counted, not failures. The full scenarios run with `raftmq chaos run
 shovel-kill-runner` etc.; docs/chaos.md has the verdicts of full runs.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 from chaos.checker import check
 from chaos.history import Ack, Delivery, Fault, Publish
 from chaos.report import report_json, report_text
-from chaos.run import run_scenario
-from chaos.scenario import load_scenario
+from chaos.run import RunOutcome, run_scenario
+from chaos.scenario import Scenario, load_scenario
 from chaos.shovel import TwoClusters, shovel_environment
 
 SHOVEL_SCENARIOS = ("shovel-kill-runner", "shovel-kill-dest-leader", "shovel-partition", "shovel-restart-source")
@@ -48,27 +48,46 @@ def test_bundled_shovel_scenarios_need_nothing_but_themselves() -> None:
     assert targets == {"shovel-node", "dest-leader"}
 
 
-def test_kill_9_of_the_shovels_node_loses_nothing_confirmed() -> None:
-    scenario = load_scenario("shovel-kill-runner")
+def shortened(name: str, fault_seconds_max: float) -> Scenario:
+    """The bundled scenario, one round, fewer confirms before the fault, shorter waits, one destination node."""
+    scenario = load_scenario(name)
     steps = tuple(replace(step, more_confirmed=min(step.more_confirmed, 60)) if step.more_confirmed
-                  else replace(step, seconds=min(step.seconds, 2.0)) if step.action == "wait" else step
+                  else replace(step, seconds=min(step.seconds, fault_seconds_max)) if step.action == "wait" else step
                   for step in scenario.steps)
-    assert [step.action for step in steps] == ["wait", "kill", "wait", "restart"]
-    scenario = replace(scenario, loop=1, steps=steps, shovel={**(scenario.shovel or {}), "dest_nodes": 1},
-                       publish_timeout_s=60.0)
+    return replace(scenario, loop=1, steps=steps, shovel={**(scenario.shovel or {}), "dest_nodes": 1},
+                   publish_timeout_s=60.0)
+
+
+def run_short(scenario: Scenario) -> tuple[RunOutcome, str | None]:
+    """Run it on its own two clusters; the outcome and the node that ran the shovel before the faults."""
     queue = scenario.workload_config(()).queues[0]
     with tempfile.TemporaryDirectory(prefix="raftmq-shovel-chaos-") as root, \
             shovel_environment(scenario.shovel or {}, queue, scenario.seed, data_dir=Path(root)) as env:
         assert isinstance(env.cluster, TwoClusters)
         runner = env.cluster.shovel_node()
-        assert runner is not None
         outcome = run_scenario(scenario, env)
     print(report_text(report_json(scenario.name, outcome.result, outcome.records, {"drained": outcome.drained})))
-    [kill] = [r for r in outcome.records if isinstance(r, Fault) and r.kind == "kill"]
-    assert kill.target == f"src.{runner}"  # the node running the shovel, not a fallback
+    print(f"duplicates (republished copies): {sum(count - 1 for _, count in outcome.result.duplicated)}")
     assert outcome.error is None and outcome.published_all and outcome.drained and not outcome.overflowed
     result = outcome.result
     assert result.lost == () and result.unexpected == () and result.valid
     assert result.confirmed >= 60
-    print(f"duplicates (republished copies): {sum(count - 1 for _, count in result.duplicated)}")
+    return outcome, runner
 
+
+def test_kill_9_of_the_shovels_node_loses_nothing_confirmed() -> None:
+    scenario = shortened("shovel-kill-runner", 2.0)
+    assert [step.action for step in scenario.steps] == ["wait", "kill", "wait", "restart"]
+    outcome, runner = run_short(scenario)
+    [kill] = [r for r in outcome.records if isinstance(r, Fault) and r.kind == "kill"]
+    assert runner is not None and kill.target == f"src.{runner}"  # the node running the shovel, not a fallback
+
+
+def test_a_partition_between_the_clusters_loses_nothing_confirmed() -> None:
+    # 9 s: longer than two of the shovel link's 4 s heartbeats, so the shovel notices and reconnects after the heal
+    scenario = shortened("shovel-partition", 9.0)
+    steps = tuple(replace(step, proxy="shovel-dest-rmq1") if step.action.startswith("toxic") else step
+                  for step in scenario.steps)  # one destination node here, so one proxy
+    outcome, _ = run_short(replace(scenario, steps=steps))
+    cut = [r.target for r in outcome.records if isinstance(r, Fault) and r.kind == "toxic-add"]
+    assert cut == ["shovel-dest-rmq1", "shovel-dest-rmq1"]  # both directions of the one destination node's proxy
