@@ -35,6 +35,7 @@ from typing import Any
 from chaos.faultproxy.background import FaultProxyThread
 from chaos.nemesis import LocalCluster
 from chaos.run import Environment, free_base_port
+from chaos.scenario import ScenarioError
 from node.ctl import Client, CtlError
 
 SHOVEL_NAME = "chaos-shovel"
@@ -58,8 +59,6 @@ class ShovelSettings:
         known = {f.name for f in fields(cls)}
         unknown = set(raw) - known
         if unknown:
-            from chaos.scenario import ScenarioError
-
             raise ScenarioError(f"[shovel]: unknown keys {sorted(unknown)} (known: {sorted(known)})")
         return cls(**raw)
 

@@ -12,12 +12,14 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from chaos.checker import check
 from chaos.history import Ack, Delivery, Fault, Publish
 from chaos.report import report_json, report_text
 from chaos.run import RunOutcome, run_scenario
-from chaos.scenario import Scenario, load_scenario
-from chaos.shovel import TwoClusters, shovel_environment
+from chaos.scenario import Scenario, ScenarioError, load_scenario
+from chaos.shovel import ShovelSettings, TwoClusters, shovel_environment
 
 SHOVEL_SCENARIOS = ("shovel-kill-runner", "shovel-kill-dest-leader", "shovel-partition", "shovel-restart-source")
 
@@ -46,6 +48,9 @@ def test_bundled_shovel_scenarios_need_nothing_but_themselves() -> None:
     targets = {step.target for name in SHOVEL_SCENARIOS for step in load_scenario(name).steps
                if step.action == "kill"}
     assert targets == {"shovel-node", "dest-leader"}
+    assert ShovelSettings.parse({"dest_nodes": 1}).ack_mode == "on-confirm"
+    with pytest.raises(ScenarioError):
+        ShovelSettings.parse({"dest_node": 1})  # misspelt keys are refused, not ignored
 
 
 def shortened(name: str, fault_seconds_max: float) -> Scenario:
