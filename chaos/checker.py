@@ -18,6 +18,10 @@ Order: a queue is FIFO and a publisher's channel sends in sequence order, so the
 (redelivered=False) that one consumer receives from one publisher on one queue must have increasing sequence
 numbers. Redeliveries are exempt (a requeue legitimately moves a message back). Each break is an OrderViolation.
 A run is valid when nothing is lost or unexpected, no redelivery is unflagged, and no settled ack is undone.
+With `copies` (a shovel between the publishers' and the consumers' brokers), a payload may reach the consumers'
+queue more than once as separate messages (the shovel republishes what it had published but not yet seen
+confirmed when its link broke), each first delivered with redelivered=False, possibly after an earlier copy was
+acked: unflagged redeliveries and deliveries after a settled ack are then counted as duplicates, not violations.
 """
 
 from __future__ import annotations
@@ -59,9 +63,12 @@ class CheckResult:
     unflagged_redeliveries: tuple[tuple[str, str], ...] = ()  # (payload id, consumer): again, redelivered=False
     redelivered_after_ack: tuple[str, ...] = ()  # delivered again after an ack of it was sent (ack lost: allowed)
     redelivered_after_settled_ack: tuple[str, ...] = ()  # ... after the acking connection closed cleanly
+    copies: bool = False  # republished copies are expected (a shovel): the two checks above only count
 
     @property
     def valid(self) -> bool:
+        if self.copies:
+            return not self.lost and not self.unexpected
         return (not self.lost and not self.unexpected and not self.unflagged_redeliveries
                 and not self.redelivered_after_settled_ack)
 
@@ -77,6 +84,7 @@ class CheckResult:
             "unflagged_redeliveries": len(self.unflagged_redeliveries),
             "redelivered_after_ack": len(self.redelivered_after_ack),
             "redelivered_after_settled_ack": len(self.redelivered_after_settled_ack),
+            "copies_expected": self.copies,
         }
 
 
@@ -162,9 +170,10 @@ def redelivered_after_ack(deliveries: Sequence[Delivery], acks: Iterable[Ack],
 
 
 def check(publishes: Iterable[Publish], deliveries: Sequence[Delivery], acks: Iterable[Ack] = (),
-          faults: Iterable[Fault] = ()) -> CheckResult:
+          faults: Iterable[Fault] = (), copies: bool = False) -> CheckResult:
     """Classify every payload id of the history. `deliveries` must be in the order they were received; `acks` and
-    `faults` (for the consumers' "closed" and "connection-lost" markers) are optional."""
+    `faults` (for the consumers' "closed" and "connection-lost" markers) are optional; `copies`: republished copies
+    are expected (see the module header)."""
     published = strongest_outcomes(publishes)
     delivered = Counter(delivery.payload_id for delivery in deliveries)
     outcomes = Counter(publish.outcome for publish in published.values())
@@ -190,5 +199,5 @@ def check(publishes: Iterable[Publish], deliveries: Sequence[Delivery], acks: It
         unexpected=tuple(unexpected), recovered=tuple(sorted(recovered)), unconfirmed_absent=tuple(sorted(absent)),
         duplicated=tuple(duplicated), order_violations=tuple(order_violations(published, deliveries)),
         unflagged_redeliveries=tuple(unflagged_redeliveries(deliveries)),
-        redelivered_after_ack=tuple(after_ack), redelivered_after_settled_ack=tuple(after_settled),
+        redelivered_after_ack=tuple(after_ack), redelivered_after_settled_ack=tuple(after_settled), copies=copies,
     )

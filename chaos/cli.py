@@ -8,7 +8,8 @@ proxy (one proxy "amqp-<node>" per node) so toxic steps apply to client traffic.
 first-seed+N-1; a 3-node cluster with a quorum queue unless --nodes says otherwise) and exits non-zero if any seed failed, naming it. `check HISTORY` re-checks a saved history.
 `suite [SCENARIO...]` runs several (default: every bundled one this environment can carry out, skipping the
 others with the reason, and the deliberately unsafe ones, which must fail) and writes a summary table (per scenario: confirmed, delivered, lost, duplicates,
-unavailability) to --out/summary.md; exit 1 if any failed. `list` names the bundled scenarios; `proxy --listen HOST:PORT` serves the Toxiproxy-compatible fault proxy.
+unavailability) to --out/summary.md; exit 1 if any failed. A scenario with a `[shovel]` table starts its two clusters, the fault proxy and the
+shovel itself (chaos/shovel.py). `list` names the bundled scenarios; `proxy --listen HOST:PORT` serves the Toxiproxy-compatible fault proxy.
 """
 
 from __future__ import annotations
@@ -69,6 +70,13 @@ def environment(args: argparse.Namespace, scenario: Scenario) -> Iterator[object
     from chaos.run import Environment, fault_proxy_front, spawned_environment
 
     urls = tuple(args.urls.split(",")) if args.urls else None
+    if scenario.shovel is not None:
+        from chaos.shovel import shovel_environment
+
+        queue = scenario.workload_config(()).queues[0]
+        with shovel_environment(scenario.shovel, queue, scenario.seed, scenario.node_args()) as shovel_env:
+            yield shovel_env
+        return
     if args.cluster_dir:
         cluster = LocalCluster.from_state_file(Path(args.cluster_dir))
         haproxy = cluster.haproxy_url()
@@ -92,6 +100,9 @@ def check_capabilities(args: argparse.Namespace, scenario: Scenario) -> None:
     from chaos import netns
 
     needs = scenario.needs()
+    if scenario.shovel is not None and (args.cluster_dir or args.urls or args.netns or args.fault_proxy):
+        raise ScenarioError(f"scenario {scenario.name} starts its two clusters and its fault proxy itself: run it "
+                            "without --cluster-dir/--urls/--netns/--fault-proxy")
     if scenario.node_settings and (args.cluster_dir or args.urls):
         raise ScenarioError(f"scenario {scenario.name} sets node settings {sorted(scenario.node_settings)}, which "
                             "only nodes the harness starts get: run it without --cluster-dir/--urls")
@@ -141,6 +152,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         for name in bundled_scenarios():
             scenario = load_scenario(name)
             needs = f"  [needs {', '.join(sorted(scenario.needs()))}]" if scenario.needs() else ""
+            if scenario.shovel is not None:
+                src, dst = scenario.shovel.get("source_nodes", 3), scenario.shovel.get("dest_nodes", 3)
+                print(f"{name:<24} {src}+{dst} nodes  {scenario.description}")
+                continue
             print(f"{name:<20} {scenario.nodes} node(s)  {scenario.description}{needs}")
         return 0
     if args.command == "check":

@@ -113,7 +113,8 @@ def report_text(report: dict[str, Any]) -> str:
     ]
     lines.append(f"  at-least-once: unflagged redeliveries {summary.get('unflagged_redeliveries', 0)}, "
                  f"redelivered after ack {summary.get('redelivered_after_ack', 0)}, "
-                 f"after a settled ack {summary.get('redelivered_after_settled_ack', 0)}")
+                 f"after a settled ack {summary.get('redelivered_after_settled_ack', 0)}"
+                 + (" (shovel: republished copies, counted, not failures)" if summary.get("copies_expected") else ""))
     lines.extend(_availability_lines(report.get("availability")))
     if report.get("node_settings"):
         unsafe = "DELIBERATELY UNSAFE, " if report.get("expect_loss") else ""

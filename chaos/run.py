@@ -4,7 +4,10 @@ How it works: `run_scenario` starts the workload against the given AMQP URLs, ap
 times, heals every fault (also when a step fails; a step that cannot be carried out, such as a wait for confirms
 that never come, ends the steps, is recorded as an "error" fault and fails the run, which is still drained,
 checked and reported), waits for the publishers to finish, drains every queue and
-checks the history. `spawned_environment` is the environment `raftmq chaos run` uses when not pointed at a running
+checks the history. An environment may carry `consumer_urls` (consumers elsewhere than the publishers), a `settle`
+step run before the drain (a shovel environment waits there until its source queue is empty), and `copies` (the
+checker then counts republished copies instead of failing on them); chaos/shovel.py builds such an environment.
+`spawned_environment` is the environment `raftmq chaos run` uses when not pointed at a running
 cluster: it starts the scenario's nodes itself in a temporary directory (each in its own network namespace when
 partitions are wanted, which needs root) and removes them, and the namespaces, in a finally block.
 `fault_proxy_front` puts our Toxiproxy-compatible fault proxy between the workload and every node.
@@ -19,7 +22,7 @@ import socket
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -58,10 +61,16 @@ class Environment:
     urls: tuple[str, ...]
     partitioner: Partitioner | None = None
     toxiproxy_url: str | None = None
+    consumer_urls: tuple[str, ...] = ()  # consumers elsewhere than publishers (a shovel's destination cluster)
+    settle: Callable[[], str | None] | None = None  # after the faults heal and publishing ends, before the drain:
+    # waits for the deployment to finish moving messages (a shovel: the source queue empty); an error text or None
+    copies: bool = False  # republished copies are expected (the checker counts them, chaos/checker.py)
 
 
 def run_scenario(scenario: Scenario, env: Environment) -> RunOutcome:
     config = scenario.workload_config(env.urls)
+    if env.consumer_urls:
+        config = replace(config, consumer_urls=env.consumer_urls)
     workload = Workload(config)
     nemesis = Nemesis(env.cluster, workload.recorder, random.Random(scenario.seed), config.queues[0],
                       env.partitioner, env.toxiproxy_url)
@@ -83,10 +92,17 @@ def run_scenario(scenario: Scenario, env: Environment) -> RunOutcome:
     if config.messages_per_publisher == 0:  # sized by duration: publishing ends with the steps
         workload.stop_publishing()
     published_all = workload.wait_published(scenario.publish_timeout_s)
+    if env.settle is not None:
+        workload.recorder.fault("settle", "deployment")
+        settle_error = env.settle()
+        if settle_error is not None:
+            workload.recorder.fault("error", "settle", settle_error)
+            error = error or settle_error
     drained = workload.drain()
     records = workload.records()
     publishes, deliveries, faults = split(records)
-    return RunOutcome(scenario, records, check(publishes, deliveries, acks_of(records), faults), published_all, drained,
+    result = check(publishes, deliveries, acks_of(records), faults, copies=env.copies)
+    return RunOutcome(scenario, records, result, published_all, drained,
                       workload.recorder.overflowed, time.monotonic() - started_s, error)
 
 

@@ -14,6 +14,9 @@ follower-of-queue (a member other than the leader), random, minority, majority, 
 comma-separated list of node names ("rmq2,rmq3"); a partition of
 shape "isolate" cuts off its target (leader-of-queue, a node name...; default random). Every random choice comes from one random.Random(seed), so a
 schedule replays exactly. Every action is recorded in the history as a Fault record.
+A deployment may add target kinds of its own (`named_targets`, e.g. chaos/shovel.py's `shovel-node`); a toxic step's
+`proxy` may list several proxies, comma-separated. A `[shovel]` table makes the scenario a shovel scenario
+(chaos/shovel.py: two clusters and a shovel, with its own fault proxy, so its toxic steps need no --fault-proxy).
 A scenario's `[node_settings]` (node setting name = value, e.g. test_unsafe_confirm_before_commit = true) become
 command-line options of every node the harness starts; a setting named test_unsafe_* marks the scenario as
 deliberately unsafe (`expect_loss`): it exists to show that the checker catches what such a mode loses.
@@ -84,6 +87,7 @@ class Scenario:
     seed: int = 0
     publish_timeout_s: float = 120.0
     node_settings: dict[str, Any] = field(default_factory=dict)
+    shovel: dict[str, Any] | None = None  # `[shovel]`: two clusters and a shovel between them (chaos/shovel.py)
 
     def node_args(self) -> tuple[str, ...]:
         """`[node_settings]` as `raftmq node` options (`--test-unsafe-confirm-before-commit true`)."""
@@ -104,7 +108,7 @@ class Scenario:
         for step in self.steps:
             if step.action in ("partition", "heal"):
                 needed.add("netns")
-            if step.action.startswith("toxic"):
+            if step.action.startswith("toxic") and self.shovel is None:  # a shovel scenario brings its fault proxy
                 needed.add("toxiproxy")
         return needed
 
@@ -154,7 +158,8 @@ def parse_scenario(text: str, default_name: str = "scenario") -> Scenario:
     return Scenario(name=str(raw.get("name", default_name)), description=str(raw.get("description", "")),
                     nodes=int(raw.get("nodes", 1)), workload=dict(raw.get("workload", {})), steps=steps,
                     loop=loop, seed=int(raw.get("seed", 0)),
-                    publish_timeout_s=float(raw.get("publish_timeout_s", 120.0)), node_settings=settings)
+                    publish_timeout_s=float(raw.get("publish_timeout_s", 120.0)), node_settings=settings,
+                    shovel=dict(raw["shovel"]) if "shovel" in raw else None)
 
 
 def load_scenario(name_or_path: str) -> Scenario:
@@ -210,6 +215,10 @@ class Nemesis:
             return sorted(self.down)
         if target == "paused":
             return sorted(self.paused)
+        named = getattr(self.cluster, "named_targets", None)  # deployment-specific kinds (chaos/shovel.py)
+        found = named(target) if named is not None else None
+        if found is not None:
+            return list(found)
         return pick_targets(self.cluster, target, self.rng, self.queue)
 
     def apply(self, step: Step) -> None:
@@ -306,16 +315,19 @@ class Nemesis:
         self.partitioned = False
 
     def _toxic_add(self, step: Step) -> None:
+        """The toxic on the proxy, or on each of a comma-separated list of proxies."""
         body = dict(step.toxic)
         body.setdefault("name", step.name or f"{body.get('type')}_{body.get('stream', 'downstream')}")
-        self._toxiproxy("POST", f"/proxies/{step.proxy}/toxics", body)
-        self.toxics.add((step.proxy, str(body["name"])))
-        self.recorder.fault("toxic-add", step.proxy, json.dumps(body, sort_keys=True))
+        for proxy in step.proxy.split(","):
+            self._toxiproxy("POST", f"/proxies/{proxy}/toxics", body)
+            self.toxics.add((proxy, str(body["name"])))
+            self.recorder.fault("toxic-add", proxy, json.dumps(body, sort_keys=True))
 
     def _toxic_remove(self, step: Step) -> None:
-        self._toxiproxy("DELETE", f"/proxies/{step.proxy}/toxics/{step.name}", None)
-        self.toxics.discard((step.proxy, step.name))
-        self.recorder.fault("toxic-remove", step.proxy, step.name)
+        for proxy in step.proxy.split(","):
+            self._toxiproxy("DELETE", f"/proxies/{proxy}/toxics/{step.name}", None)
+            self.toxics.discard((proxy, step.name))
+            self.recorder.fault("toxic-remove", proxy, step.name)
 
     def _toxiproxy(self, method: str, path: str, body: Any) -> None:
         if not self.toxiproxy_url:

@@ -9,7 +9,9 @@ has exactly one attempt. A consumer records every delivery (with the redelivered
 after sending it; when told to stop it closes its connection itself and, once close-ok came back, records a
 "closed" marker (the broker has taken every ack sent before on that connection); when its connection fails it
 records a "connection-lost" marker before reconnecting (acks sent before it may have died with the connection). Publishers start on URL i, consumers on URL
-i + consumer_url_offset, so with one URL per node they can be put on different nodes. After the faults heal, `drain()` stops the consumers and empties every queue with basic.get until it stays empty. All records
+i + consumer_url_offset, so with one URL per node they can be put on different nodes; with `consumer_urls` the
+consumers and the drain use those instead (a shovel scenario: publishers on the source cluster, consumers on the
+destination; the queues are then emptied on both sides at start). After the faults heal, `drain()` stops the consumers and empties every queue with basic.get until it stays empty. All records
 go to a bounded, thread-safe `Recorder` in the order they happened (`chaos.history` record types).
 """
 
@@ -52,6 +54,12 @@ class WorkloadConfig:
     drain_idle_s: float = 1.0
     drain_timeout_s: float = 60.0
     run_id: str = "run"
+    consumer_urls: tuple[str, ...] = ()  # consumers and the drain use these instead of `urls` (a shovel scenario:
+    # publishers on the source cluster, consumers on the destination)
+
+    @property
+    def consume_urls(self) -> tuple[str, ...]:
+        return self.consumer_urls or self.urls
 
 
 class Recorder:
@@ -144,8 +152,12 @@ class _Worker(threading.Thread):
         self.backoff = Backoff(config.backoff_ms_min, config.backoff_ms_max, stop)
         self.connection_failures = 0
 
+    def urls(self) -> tuple[str, ...]:
+        return self.config.urls
+
     def next_url(self) -> str:
-        url = self.config.urls[self._url_index % len(self.config.urls)]
+        urls = self.urls()
+        url = urls[self._url_index % len(urls)]
         self._url_index += 1
         return url
 
@@ -218,6 +230,9 @@ class Consumer(_Worker):
         super().__init__(name, index, config, recorder, stop)
         self.queue = queue
 
+    def urls(self) -> tuple[str, ...]:
+        return self.config.consume_urls
+
     def work(self, channel: BlockingChannel) -> None:
         channel.basic_qos(prefetch_count=self.config.prefetch)
         for method, _props, body in channel.consume(self.queue, inactivity_timeout=0.2):
@@ -273,8 +288,13 @@ class Workload:
         Emptied with basic.get (auto-ack) until get-empty, not queue.purge: in cluster mode a get is answered once
         the queue's replica applied it, so the queue is empty at that point of its log, whereas a purge-ok may go
         out before the Purge is applied, and a late Purge would remove messages confirmed after it."""
+        sides = [self.config.urls] + ([self.config.consumer_urls] if self.config.consumer_urls else [])
+        for urls in sides:
+            self._purge_through(urls)
+
+    def _purge_through(self, urls: tuple[str, ...]) -> None:
         failures: list[str] = []
-        for url in self.config.urls:
+        for url in urls:
             try:
                 with open_channel(url, self.config) as channel:
                     for queue in self.config.queues:
@@ -339,7 +359,7 @@ def drain_queue(queue: str, config: WorkloadConfig, recorder: Recorder, deadline
     """basic.get (acking each) until the queue has been empty for drain_idle_s; reconnect on failure."""
     stop = threading.Event()
     backoff = Backoff(config.backoff_ms_min, config.backoff_ms_max, stop)
-    urls = config.urls
+    urls = config.consume_urls
     attempt = 0
     while time.monotonic() < deadline_s:
         url = urls[attempt % len(urls)]

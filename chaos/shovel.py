@@ -1,0 +1,245 @@
+"""Shovel scenarios: a source cluster, a destination cluster and a dynamic shovel between them, under faults.
+
+How it works: a scenario with a `[shovel]` table (`source_nodes`, `dest_nodes`, `ack_mode`, `heartbeat_s`,
+`prefetch`, `settle_timeout_s`) gets `shovel_environment`: it starts the two clusters (nodes `rmq1..` of each in
+its own temporary directory, one cluster each), puts our fault proxy (chaos/faultproxy) in front of every
+destination node (proxies `shovel-dest-<node>`), and defines the dynamic shovel `chaos-shovel` through the source's
+management API: from the workload queue on the source node that runs it (`src-uri` `amqp://`, the node itself) to
+the same queue name on the destination, `dest-uri` listing the proxies (with a short heartbeat, so a cut link is
+noticed), both queues quorum queues. The workload's publishers (confirms) use the source nodes, its consumers and
+the drain the destination nodes. `TwoClusters` is the nemesis's view: node names `src.rmq1`, `dst.rmq1`, ..., and
+targets `shovel-node` (the source node the source nodes name as running the shovel), `dest-leader` (the leader of
+the destination queue), `source-leader`, `source`, `dest`. A partition between the clusters is a toxic on every
+destination proxy (`timeout` 0: the proxy holds the bytes both ways, so heartbeats stop, as in a partition; new
+connections open at TCP level and then hang), which needs no root and no namespaces; clients on the host still
+reach every node. After the faults heal and publishing ends, `settle` waits until the source queue has no message
+left (ready or unacked): with `on-confirm` the shovel acks at the source only what the destination confirmed, so
+everything confirmed to the source is then in the destination, and the drain empties it there. The checker runs
+with `copies`: a shovel republishes what it had published but not seen confirmed when its link broke, so a payload
+can arrive twice as two fresh messages (counted as duplicates, not violations).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from chaos.faultproxy.background import FaultProxyThread
+from chaos.nemesis import LocalCluster
+from chaos.run import Environment, free_base_port
+from chaos.scenario import ScenarioError
+from node.ctl import Client, CtlError
+
+SHOVEL_NAME = "chaos-shovel"
+SOURCE, DEST = "src", "dst"
+QUORUM = {"x-queue-type": "quorum"}
+HTTP_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class ShovelSettings:
+    source_nodes: int = 3
+    dest_nodes: int = 3
+    ack_mode: str = "on-confirm"
+    heartbeat_s: int = 4  # on the shovel's destination link: a partition is noticed after about 2 heartbeats
+    prefetch: int = 1000
+    reconnect_delay_s: float = 1.0
+    settle_timeout_s: float = 120.0  # how long the shovel gets to empty the source queue after the faults
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> ShovelSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = set(raw) - known
+        if unknown:
+            raise ScenarioError(f"[shovel]: unknown keys {sorted(unknown)} (known: {sorted(known)})")
+        return cls(**raw)
+
+
+class TwoClusters:
+    """The nemesis's `Cluster` over both clusters: nodes `src.rmqN` and `dst.rmqN`, plus the shovel targets."""
+
+    def __init__(self, source: LocalCluster, dest: LocalCluster, queue: str) -> None:
+        self.sides = {SOURCE: source, DEST: dest}
+        self.queue = queue
+
+    def _split(self, node: str) -> tuple[LocalCluster, str]:
+        side, _, name = node.partition(".")
+        return self.sides[side], name
+
+    def nodes(self) -> list[str]:
+        return [f"{side}.{name}" for side, cluster in self.sides.items() for name in cluster.nodes()]
+
+    def pid(self, node: str) -> int | None:
+        cluster, name = self._split(node)
+        return cluster.pid(name)
+
+    def url(self, node: str) -> str:
+        cluster, name = self._split(node)
+        return cluster.url(name)
+
+    def kill(self, node: str) -> None:
+        cluster, name = self._split(node)
+        cluster.kill(name)
+
+    def pause(self, node: str) -> None:
+        cluster, name = self._split(node)
+        cluster.pause(name)
+
+    def resume(self, node: str) -> None:
+        cluster, name = self._split(node)
+        cluster.resume(name)
+
+    def restart(self, node: str) -> None:
+        cluster, name = self._split(node)
+        cluster.restart(name)
+
+    def restart_many(self, nodes: list[str]) -> None:
+        """Per cluster: all its nodes started, then waited for (chaos.nemesis.LocalCluster.restart_many)."""
+        for side, cluster in self.sides.items():
+            names = [name for node in nodes for s, _, name in [node.partition(".")] if s == side]
+            if names:
+                cluster.restart_many(names)
+
+    def leader_of(self, queue: str) -> str | None:
+        """The leader of the queue on the source cluster (where the publishers are)."""
+        leader = self.sides[SOURCE].leader_of(queue)
+        return f"{SOURCE}.{leader}" if leader else None
+
+    def named_targets(self, target: str) -> list[str] | None:
+        """The shovel scenario's own target kinds; None for any other target."""
+        if target == "shovel-node":
+            runner = self.shovel_node()
+            return [f"{SOURCE}.{runner}"] if runner else [f"{SOURCE}.{self.sides[SOURCE].nodes()[0]}"]
+        if target == "dest-leader":
+            leader = self.sides[DEST].leader_of(self.queue)
+            return [f"{DEST}.{leader or self.sides[DEST].nodes()[0]}"]
+        if target == "source-leader":
+            leader = self.leader_of(self.queue)
+            return [leader or f"{SOURCE}.{self.sides[SOURCE].nodes()[0]}"]
+        if target in (SOURCE, "source"):
+            return [f"{SOURCE}.{name}" for name in self.sides[SOURCE].nodes()]
+        if target in (DEST, "dest"):
+            return [f"{DEST}.{name}" for name in self.sides[DEST].nodes()]
+        return None
+
+    def shovel_node(self) -> str | None:
+        """The source node running the shovel, as most live source nodes name it (None when none names one)."""
+        votes = Counter(row.get("node") for row in self.shovel_rows() if isinstance(row.get("node"), str))
+        return str(votes.most_common(1)[0][0]) if votes else None
+
+    def shovel_rows(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for name in self.sides[SOURCE].nodes():
+            rows.extend(row for row in _api(self.sides[SOURCE], name, "GET", "/api/shovels") or []
+                        if isinstance(row, dict) and row.get("name") == SHOVEL_NAME)
+        return rows
+
+    def source_backlog(self) -> int | None:
+        """Messages (ready + unacked) in the source queue, from its leader's view (None when nobody answers)."""
+        source = self.sides[SOURCE]
+        for name in source.nodes():
+            for row in _api(source, name, "GET", "/api/queues") or []:
+                if isinstance(row, dict) and row.get("name") == self.queue:
+                    return int(row.get("messages_ready", 0)) + int(row.get("messages_unacknowledged", 0))
+        return None
+
+    def settle(self, timeout_s: float) -> str | None:
+        """Wait until the source queue stays empty for 2 s while the shovel runs; an error text if it does not."""
+        deadline = time.monotonic() + timeout_s
+        empty_since: float | None = None
+        backlog: int | None = None
+        while time.monotonic() < deadline:
+            backlog = self.source_backlog()
+            running = any(row.get("state") == "running" for row in self.shovel_rows())
+            if backlog == 0 and running:
+                empty_since = empty_since or time.monotonic()
+                if time.monotonic() - empty_since >= 2.0:
+                    return None
+            else:
+                empty_since = None
+            time.sleep(0.2)
+        return (f"the shovel did not empty the source queue within {timeout_s} s (backlog {backlog}, shovel "
+                f"{[(row.get('node'), row.get('state')) for row in self.shovel_rows()]})")
+
+
+def _api(cluster: LocalCluster, node: str, method: str, path: str, body: Any = None) -> Any:
+    if cluster.pid(node) is None:
+        return None
+    host, port = cluster.management_address(node)
+    try:
+        return Client(f"{host}:{port}", "guest", "guest", HTTP_TIMEOUT_S).call(method, path, body)
+    except (CtlError, ValueError, OSError):
+        return None
+
+
+def shovel_definition(queue: str, dest_uris: list[str], settings: ShovelSettings) -> dict[str, Any]:
+    return {"src-uri": "amqp://", "src-queue": queue, "src-queue-args": QUORUM,
+            "src-prefetch-count": settings.prefetch, "dest-uri": dest_uris, "dest-queue": queue,
+            "dest-queue-args": QUORUM, "ack-mode": settings.ack_mode,
+            "reconnect-delay": settings.reconnect_delay_s}
+
+
+def _add_proxy(api: str, name: str, upstream: tuple[str, int]) -> str:
+    body = json.dumps({"name": name, "listen": "127.0.0.1:0", "upstream": f"{upstream[0]}:{upstream[1]}"})
+    request = urllib.request.Request(f"{api}/proxies", data=body.encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return str(json.loads(response.read())["listen"])
+
+
+@contextmanager
+def shovel_environment(raw_settings: dict[str, Any], queue: str, seed: int, node_args: tuple[str, ...] = (),
+                       data_dir: Path | None = None) -> Iterator[Environment]:
+    """Both clusters, the fault proxy in front of the destination and the shovel defined and running; everything
+    stopped and removed on the way out."""
+    import tempfile
+
+    settings = ShovelSettings.parse(raw_settings)
+    with ExitStack() as stack:
+        root = data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="raftmq-chaos-shovel-")))
+        source = LocalCluster.spawn(root / "source", settings.source_nodes, free_base_port(settings.source_nodes),
+                                    node_args, clustered=settings.source_nodes > 1)
+        stack.callback(source.stop_all)
+        dest = LocalCluster.spawn(root / "dest", settings.dest_nodes, free_base_port(settings.dest_nodes),
+                                  node_args, clustered=settings.dest_nodes > 1)
+        stack.callback(dest.stop_all)
+        proxy = stack.enter_context(FaultProxyThread(seed=seed))
+        api = f"http://127.0.0.1:{proxy.api_port}"
+        query = f"?heartbeat={settings.heartbeat_s}&connection_timeout=3000"
+        dest_uris = []
+        for name in dest.nodes():
+            listen = _add_proxy(api, f"shovel-dest-{name}", (dest.spec(name).host, dest.spec(name).port))
+            dest_uris.append(f"amqp://guest:guest@{listen}/%2F{query}")
+        both = TwoClusters(source, dest, queue)
+        _define_shovel(both, shovel_definition(queue, dest_uris, settings))
+        yield Environment(both, tuple(source.url(n) for n in source.nodes()), None, api,
+                          consumer_urls=tuple(dest.url(n) for n in dest.nodes()),
+                          settle=lambda: both.settle(settings.settle_timeout_s), copies=True)
+
+
+def _define_shovel(both: TwoClusters, definition: dict[str, Any], timeout_s: float = 60.0) -> None:
+    """PUT the parameter through the first source node that takes it, then wait until a node runs the shovel."""
+    source = both.sides[SOURCE]
+    path = f"/api/parameters/shovel/%2F/{urllib.parse.quote(SHOVEL_NAME)}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for name in source.nodes():
+            host, port = source.management_address(name)
+            try:
+                Client(f"{host}:{port}", "guest", "guest", 10.0).call("PUT", path, {"value": definition})
+            except (CtlError, OSError):
+                continue
+            while time.monotonic() < deadline:
+                if any(row.get("state") == "running" for row in both.shovel_rows()):
+                    return
+                time.sleep(0.2)
+        time.sleep(0.5)
+    raise RuntimeError(f"shovel {SHOVEL_NAME} not running within {timeout_s} s: {both.shovel_rows()}")
