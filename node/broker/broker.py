@@ -17,6 +17,11 @@ effects are held until `on_persisted`; `on_persist_failed` closes the channel in
 let the runtime widen both batches: the effects are those of calling `handle`/`on_persisted` one at a time, except
 for fewer Persist tokens and confirms coalesced into multiple acks.
 
+The owner barrier (replicated mode; docs/ARCHITECTURE.md, "Exclusive queues in a cluster"): a client's
+Connection.Close is answered once its exclusive queues' deletion is committed (`HoldCloseOk`, `SendCloseOk`); a
+method meeting an exclusive queue of another node's connection (`OwnerUnconfirmed`) defers its channel's events
+behind a metadata read barrier (`MetadataBarrierRecord`) and runs them again, in order, when its token is reported.
+
 Replicated mode (`BrokerConfig.replicated`, docs/cluster.md): every queue is a replica of a Raft group; queue
 commands come out as `ProposeQueue` effects and committed entries come back through `apply_committed`. The entry
 points of that mode are thin wrappers over `replica`, `replica_publish`, `replica_control` (queues) and `mirror`
@@ -47,10 +52,19 @@ from node.broker import (
 )
 from node.broker.auth import Permission
 from node.broker.channel import ChannelState, ConnState
-from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Send, Unblock
-from node.broker.errors import AmqpError
+from node.broker.effects import (
+    Block,
+    CloseChannel,
+    CloseConnection,
+    Effect,
+    HoldCloseOk,
+    Send,
+    SendCloseOk,
+    Unblock,
+)
+from node.broker.errors import AmqpError, OwnerUnconfirmed
 from node.broker.queues import QueueState
-from node.broker.records import PolicyRecord, Record
+from node.broker.records import MetadataBarrierRecord, PolicyRecord, Record
 from node.broker.state import BrokerConfig as BrokerConfig  # (imported from here by the runtime and tests)
 from node.broker.state import BrokerState
 
@@ -144,7 +158,7 @@ class Broker(BrokerState):
         conn = self.conns.get(conn_id)
         if conn is None:
             return []
-        if type(event) is ev.ContentReceived:  # the hot path, without one level of dispatch
+        if type(event) is ev.ContentReceived and not self.deferred:  # the hot path, without one level of dispatch
             self._guarded(conn, event.channel, event.method, publish.handle_publish, event)
         else:
             self._handle_event(conn, event)
@@ -188,6 +202,8 @@ class Broker(BrokerState):
         return backlog
 
     def _handle_event(self, conn: ConnState, event: Any) -> None:
+        if self.deferred and self._deferring(conn, event):
+            return
         kind = type(event)
         if kind is ev.ContentReceived:
             self._guarded(conn, event.channel, event.method, publish.handle_publish, event)
@@ -210,9 +226,14 @@ class Broker(BrokerState):
             if isinstance(capabilities, dict):
                 conn.cancel_notify = bool(capabilities.get("consumer_cancel_notify", False))
         elif kind is ev.ConnectionClosed:
+            written = self.records_pending()
             self._connection_closed(conn)
             if event.by_client:  # after our replies (a channel's Close) for what the client sent before it
-                self.out.append(Send(conn.conn_id, 0, m.ConnectionCloseOk()))
+                if self.replicated and self.records_pending() > written:  # and after its exclusive queues' deletion
+                    self.close_oks.setdefault(self.pending_token(), []).append(conn.conn_id)
+                    self.out.append(HoldCloseOk(conn.conn_id))
+                else:
+                    self.out.append(Send(conn.conn_id, 0, m.ConnectionCloseOk()))
 
     def tick(self, now_ms: int) -> list[Effect]:
         self.now_ms = max(self.now_ms, now_ms)
@@ -252,6 +273,8 @@ class Broker(BrokerState):
         waiters = self.persist_waiters.pop(token, None)
         if waiters:
             publish.persisted_many(self, waiters)
+        if self.deferred_gates or self.close_oks:
+            self._barrier_passed(token)
         return self._finish()
 
     def on_persist_failed(self, token: int, reply_code: int, reply_text: str) -> list[Effect]:
@@ -274,6 +297,9 @@ class Broker(BrokerState):
                 waiters.extend(found)
         if waiters:
             publish.persisted_many(self, waiters)
+        if self.deferred_gates or self.close_oks:
+            for token in tokens:
+                self._barrier_passed(token)
         return self._finish()
 
     def set_alarm(self, kind: str, active: bool) -> list[Effect]:
@@ -400,6 +426,8 @@ class Broker(BrokerState):
             return
         try:
             fn(self, conn, ch, arg)
+        except OwnerUnconfirmed:
+            self._defer(conn, channel, arg if type(arg) is ev.ContentReceived else ev.MethodReceived(channel, method))
         except AmqpError as err:
             class_id = getattr(method, "CLASS_ID", 0)
             method_id = getattr(method, "METHOD_ID", 0)
@@ -444,6 +472,52 @@ class Broker(BrokerState):
         if ch.reply_to_token is not None:
             self.reply_tokens.pop(ch.reply_to_token, None)
         self.dirty.pop((conn.conn_id, number), None)
+
+    # --- the owner barrier (see the module docstring) ----------------------------------------------------------
+
+    def _defer(self, conn: ConnState, channel: int, event: Any) -> None:
+        """Hold this channel's events behind a metadata read barrier, starting with `event` (handled again then)."""
+        key = (conn.conn_id, channel)
+        self.deferred[key] = [event]
+        token = self.persist((MetadataBarrierRecord(),))
+        self.deferred_gates.setdefault(token, []).append(key)
+
+    def _deferring(self, conn: ConnState, event: Any) -> bool:
+        """Whether `event` waits behind its channel's barrier (appended there); a channel or connection the
+        client closes or reopens drops what waited (the client gets the Close-Ok, nothing else)."""
+        kind = type(event)
+        if kind is ev.ConnectionClosed:
+            for key in [k for k in self.deferred if k[0] == conn.conn_id]:
+                del self.deferred[key]
+            return False
+        key = (conn.conn_id, getattr(event, "channel", -1))
+        waiting = self.deferred.get(key)
+        if waiting is None:
+            return False
+        if kind is ev.ChannelClosed or kind is ev.ChannelOpened:
+            del self.deferred[key]
+            return False
+        waiting.append(event)
+        return True
+
+    def _barrier_passed(self, token: int) -> None:
+        for conn_id in self.close_oks.pop(token, ()):
+            self.out.append(SendCloseOk(conn_id))
+        for key in self.deferred_gates.pop(token, ()):
+            events = self.deferred.pop(key, None)
+            conn = self.conns.get(key[0])
+            if not events or conn is None:
+                continue
+            conn.owners_confirmed = True
+            try:
+                self._handle_event(conn, events[0])
+            finally:
+                conn.owners_confirmed = False
+            for event in events[1:]:  # (deferred again behind a new barrier if one of them meets another owner)
+                if self.conns.get(key[0]) is not conn:
+                    break
+                self._handle_event(conn, event)
+            self._settle_round()
 
     def _connection_closed(self, conn: ConnState) -> None:
         for number in list(conn.channels):

@@ -48,3 +48,9 @@ def precondition(detail: str) -> AmqpError:
 
 def access_refused(detail: str) -> AmqpError:
     return AmqpError(ACCESS_REFUSED, detail)
+
+
+class OwnerUnconfirmed(Exception):
+    """Replicated mode: the method met an exclusive queue owned by another node's connection, which may be gone
+    already (its deletion committed but not yet applied here). The broker defers the channel behind a metadata read
+    barrier and runs the method again then (node/broker/broker.py, "owner barrier")."""

@@ -2,14 +2,16 @@
 a queue name: definitions, delivery, publish, replica).
 
 `lookup_queue` expands "" to the channel's last declared queue (`expand_queue_name`) and raises 404 for an unknown
-one; `check_exclusive` raises 405 when another connection owns an exclusive queue. `REPLY_TO_QUEUE` is the
+one; `check_exclusive` raises 405 when another connection owns an exclusive queue (in replicated mode, when that
+connection is another node's, first `OwnerUnconfirmed`: the answer waits for a metadata read barrier, so a queue
+whose owner closed, and whose deletion committed before its close-ok, is not reported locked here). `REPLY_TO_QUEUE` is the
 pseudo-queue of direct reply-to.
 """
 
 from __future__ import annotations
 
 from node.broker.channel import ChannelState, ConnState
-from node.broker.errors import AmqpError, not_found
+from node.broker.errors import AmqpError, OwnerUnconfirmed, not_found
 from node.broker.queues import QueueState
 from node.broker.state import BrokerState
 
@@ -17,7 +19,10 @@ REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 
 
 def check_exclusive(conn: ConnState, queue: QueueState) -> None:
-    if queue.exclusive_owner is not None and queue.exclusive_owner != conn.conn_id:
+    owner = queue.exclusive_owner
+    if owner is not None and owner != conn.conn_id:
+        if type(owner) is str and not conn.owners_confirmed:  # another node's connection ("node/boot/conn")
+            raise OwnerUnconfirmed(queue.vhost, queue.name)
         raise AmqpError(405, f"cannot obtain exclusive access to locked {queue.resource}. It could be originally "
                              "declared on another connection or the exclusive property value does not match "
                              "that of the original declaration.")

@@ -36,7 +36,6 @@ MODES = ("external",) if external_target() is not None else ("single", "cluster"
 # fails on a known broker bug -> the bug. Applied as xfail(strict=False) to the [cluster] parametrisation only.
 _AFTER_REPLY = ("a node answers (consume-ok, cancel-ok, close-ok, a publish) before its replica applied the change, so "
                 "the connection's next command does not see it yet")
-_EXCLUSIVE = "an exclusive queue outlives its connection for a while (deleted through the metadata group, not at once)"
 CLUSTER_XFAIL: dict[str, str] = {
     "test_consume.py::test_consume_receives_in_order_then_cancel_stops":
         f"{_AFTER_REPLY}: a message published right after cancel-ok goes to the cancelled consumer",
@@ -50,7 +49,6 @@ CLUSTER_XFAIL: dict[str, str] = {
         f"{_AFTER_REPLY}: queue.delete if-unused right after basic.consume does not see the consumer",
     "test_topology.py::test_auto_delete_queue_goes_with_its_last_consumer":
         f"{_AFTER_REPLY}: the auto-delete queue still exists right after its last consumer's cancel-ok",
-    "test_topology.py::test_exclusive_queue_deleted_when_connection_closes": _EXCLUSIVE,
     "test_connection.py::test_durable_definitions_and_persistent_messages_survive_restart":
         "a transient message (delivery-mode 1) in a durable classic queue survives a restart of every node",
     "test_connection.py::test_confirmed_messages_survive_a_crash":
