@@ -221,6 +221,7 @@ def queue_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, method
         if queue is None:
             queue = create_queue(broker, vhost, name, method.durable, method.auto_delete, args,
                                  conn.conn_id if method.exclusive else None)
+            queue.transient_checked = True  # (new: nothing from an earlier life of its node to drop)
         else:
             owner = conn.conn_id if method.exclusive else None
             if queue.exclusive_owner != owner:

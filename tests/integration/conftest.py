@@ -49,8 +49,6 @@ CLUSTER_XFAIL: dict[str, str] = {
         f"{_AFTER_REPLY}: queue.delete if-unused right after basic.consume does not see the consumer",
     "test_topology.py::test_auto_delete_queue_goes_with_its_last_consumer":
         f"{_AFTER_REPLY}: the auto-delete queue still exists right after its last consumer's cancel-ok",
-    "test_connection.py::test_durable_definitions_and_persistent_messages_survive_restart":
-        "a transient message (delivery-mode 1) in a durable classic queue survives a restart of every node",
     "test_connection.py::test_confirmed_messages_survive_a_crash":
         "after SIGKILL of every node and a start, basic.get on the durable queue is never answered (intermittent)",
     "test_many_connections.py::test_a_thousand_concurrent_connections":
