@@ -51,10 +51,6 @@ CLUSTER_XFAIL: dict[str, str] = {
         f"{_AFTER_REPLY}: the auto-delete queue still exists right after its last consumer's cancel-ok",
     "test_connection.py::test_confirmed_messages_survive_a_crash":
         "after SIGKILL of every node and a start, basic.get on the durable queue is never answered (intermittent)",
-    "test_many_connections.py::test_a_thousand_concurrent_connections":
-        "under a burst of 1000 handshakes on a loaded machine a node answers HAProxy's AMQP health check later than "
-        "its 2 s `timeout check`; twice in a row marks it DOWN and `on-marked-down shutdown-sessions` "
-        "(deploy/topology.py) cuts its ~330 sessions (EOFError); intermittent",
 }
 XFAIL_TIMEOUT_S = 120  # a known bug that hangs a test costs this much, not the suite's timeout
 
