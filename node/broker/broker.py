@@ -478,9 +478,9 @@ class Broker(BrokerState):
     def _defer(self, conn: ConnState, channel: int, event: Any) -> None:
         """Hold this channel's events behind a metadata read barrier, starting with `event` (handled again then)."""
         key = (conn.conn_id, channel)
-        self.deferred[key] = [event]
+        events = self.deferred[key] = [event]
         token = self.persist((MetadataBarrierRecord(),))
-        self.deferred_gates.setdefault(token, []).append(key)
+        self.deferred_gates.setdefault(token, []).append((key, events))
 
     def _deferring(self, conn: ConnState, event: Any) -> bool:
         """Whether `event` waits behind its channel's barrier (appended there); a channel or connection the
@@ -503,11 +503,11 @@ class Broker(BrokerState):
     def _barrier_passed(self, token: int) -> None:
         for conn_id in self.close_oks.pop(token, ()):
             self.out.append(SendCloseOk(conn_id))
-        for key in self.deferred_gates.pop(token, ()):
-            events = self.deferred.pop(key, None)
+        for key, events in self.deferred_gates.pop(token, ()):
             conn = self.conns.get(key[0])
-            if not events or conn is None:
-                continue
+            if self.deferred.get(key) is not events or conn is None:
+                continue  # dropped (channel closed), maybe deferred again since behind a later barrier
+            del self.deferred[key]
             conn.owners_confirmed = True
             try:
                 self._handle_event(conn, events[0])

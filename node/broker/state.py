@@ -104,7 +104,7 @@ class BrokerState(ABC):
         # Replicated mode, the owner barrier (broker.py): channels whose events wait for a metadata read barrier,
         # the channels each barrier token releases, and the close-oks each token releases (conn ids).
         self.deferred: dict[tuple[int, int], list[Any]] = {}
-        self.deferred_gates: dict[int, list[tuple[int, int]]] = {}
+        self.deferred_gates: dict[int, list[tuple[tuple[int, int], list[Any]]]] = {}
         self.close_oks: dict[int, list[int]] = {}
         self.dirty: dict[tuple[int, int], ChannelState] = {}
         self.dead_letters: list[tuple[QueueState, Any]] = []
