@@ -19,8 +19,9 @@ for fewer Persist tokens and confirms coalesced into multiple acks.
 
 The owner barrier (replicated mode; docs/ARCHITECTURE.md, "Exclusive queues in a cluster"): a client's
 Connection.Close is answered once its exclusive queues' deletion is committed (`HoldCloseOk`, `SendCloseOk`); a
-method meeting an exclusive queue of another node's connection (`OwnerUnconfirmed`) defers its channel's events
-behind a metadata read barrier (`MetadataBarrierRecord`) and runs them again, in order, when its token is reported.
+method meeting an exclusive queue of another node's connection, or a queue this node does not know
+(`MetadataUnconfirmed`), defers its channel's events behind a metadata read barrier (`MetadataBarrierRecord`) and
+runs them again, in order, when its token is reported.
 
 Replicated mode (`BrokerConfig.replicated`, docs/cluster.md): every queue is a replica of a Raft group; queue
 commands come out as `ProposeQueue` effects and committed entries come back through `apply_committed`. The entry
@@ -62,7 +63,7 @@ from node.broker.effects import (
     SendCloseOk,
     Unblock,
 )
-from node.broker.errors import AmqpError, OwnerUnconfirmed
+from node.broker.errors import AmqpError, MetadataUnconfirmed
 from node.broker.queues import QueueState
 from node.broker.records import MetadataBarrierRecord, PolicyRecord, Record
 from node.broker.state import BrokerConfig as BrokerConfig  # (imported from here by the runtime and tests)
@@ -426,7 +427,7 @@ class Broker(BrokerState):
             return
         try:
             fn(self, conn, ch, arg)
-        except OwnerUnconfirmed:
+        except MetadataUnconfirmed:
             self._defer(conn, channel, arg if type(arg) is ev.ContentReceived else ev.MethodReceived(channel, method))
         except AmqpError as err:
             class_id = getattr(method, "CLASS_ID", 0)
@@ -508,11 +509,11 @@ class Broker(BrokerState):
             if self.deferred.get(key) is not events or conn is None:
                 continue  # dropped (channel closed), maybe deferred again since behind a later barrier
             del self.deferred[key]
-            conn.owners_confirmed = True
+            conn.metadata_confirmed = True
             try:
                 self._handle_event(conn, events[0])
             finally:
-                conn.owners_confirmed = False
+                conn.metadata_confirmed = False
             for event in events[1:]:  # (deferred again behind a new barrier if one of them meets another owner)
                 if self.conns.get(key[0]) is not conn:
                     break

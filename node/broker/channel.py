@@ -129,4 +129,4 @@ class ConnState:
     blocked: bool = False
     permission_cache: dict[tuple[str, str, str], bool] = field(default_factory=dict)
     publish_seqs: dict[int, int] = field(default_factory=dict)  # replicated: channel -> last publish sequence
-    owners_confirmed: bool = False  # replicated: a method replayed after a metadata barrier (queue_lookup)
+    metadata_confirmed: bool = False  # replicated: a method replayed after a metadata barrier (queue_lookup)

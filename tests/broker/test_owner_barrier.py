@@ -63,3 +63,16 @@ def test_close_ok_waits_for_the_deletion_of_the_connection_s_exclusive_queues() 
     plain = connected(broker, conn_id=2)  # without exclusive queues: answered at once
     assert [e for e in plain.handle(ev.ConnectionClosed(200, "bye", by_client=True)) if isinstance(e, Send)] == [
         Send(2, 0, m.ConnectionCloseOk())]
+
+
+def test_a_queue_declared_on_another_node_meanwhile_is_found_after_the_barrier() -> None:
+    broker = Broker(BrokerConfig(node_name="b", boot_id=2, replicated=True))
+    client = connected(broker)
+    token = _barrier(client.declare("fresh", passive=True))
+    broker.apply_records([QueueRecord("/", "fresh", exclusive_owner=REMOTE_OWNER)])  # committed before the barrier
+    closes = [e for e in broker.on_persisted(token) if isinstance(e, CloseChannel)]
+    assert [c.reply_code for c in closes] == [405]
+    missing = connected(broker, conn_id=3)
+    token = _barrier(missing.declare("nowhere", passive=True))
+    closes = [e for e in broker.on_persisted(token) if isinstance(e, CloseChannel)]
+    assert [c.reply_code for c in closes] == [404]
