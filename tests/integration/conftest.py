@@ -49,8 +49,6 @@ CLUSTER_XFAIL: dict[str, str] = {
         f"{_AFTER_REPLY}: queue.delete if-unused right after basic.consume does not see the consumer",
     "test_topology.py::test_auto_delete_queue_goes_with_its_last_consumer":
         f"{_AFTER_REPLY}: the auto-delete queue still exists right after its last consumer's cancel-ok",
-    "test_connection.py::test_confirmed_messages_survive_a_crash":
-        "after SIGKILL of every node and a start, basic.get on the durable queue is never answered (intermittent)",
 }
 XFAIL_TIMEOUT_S = 120  # a known bug that hangs a test costs this much, not the suite's timeout
 
