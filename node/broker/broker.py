@@ -65,7 +65,7 @@ from node.broker.effects import (
 )
 from node.broker.errors import AmqpError, MetadataUnconfirmed
 from node.broker.queues import QueueState
-from node.broker.records import MetadataBarrierRecord, PolicyRecord, Record
+from node.broker.records import PolicyRecord, Record
 from node.broker.state import BrokerConfig as BrokerConfig  # (imported from here by the runtime and tests)
 from node.broker.state import BrokerState
 
@@ -203,7 +203,7 @@ class Broker(BrokerState):
         return backlog
 
     def _handle_event(self, conn: ConnState, event: Any) -> None:
-        if self.deferred and self._deferring(conn, event):
+        if self.deferred and reply_gate.deferring(self, conn, event):
             return
         kind = type(event)
         if kind is ev.ContentReceived:
@@ -428,7 +428,8 @@ class Broker(BrokerState):
         try:
             fn(self, conn, ch, arg)
         except MetadataUnconfirmed:
-            self._defer(conn, channel, arg if type(arg) is ev.ContentReceived else ev.MethodReceived(channel, method))
+            event = arg if type(arg) is ev.ContentReceived else ev.MethodReceived(channel, method)
+            reply_gate.defer(self, conn, channel, event)
         except AmqpError as err:
             class_id = getattr(method, "CLASS_ID", 0)
             method_id = getattr(method, "METHOD_ID", 0)
@@ -475,31 +476,6 @@ class Broker(BrokerState):
         self.dirty.pop((conn.conn_id, number), None)
 
     # --- the owner barrier (see the module docstring) ----------------------------------------------------------
-
-    def _defer(self, conn: ConnState, channel: int, event: Any) -> None:
-        """Hold this channel's events behind a metadata read barrier, starting with `event` (handled again then)."""
-        key = (conn.conn_id, channel)
-        events = self.deferred[key] = [event]
-        token = self.persist((MetadataBarrierRecord(),))
-        self.deferred_gates.setdefault(token, []).append((key, events))
-
-    def _deferring(self, conn: ConnState, event: Any) -> bool:
-        """Whether `event` waits behind its channel's barrier (appended there); a channel or connection the
-        client closes or reopens drops what waited (the client gets the Close-Ok, nothing else)."""
-        kind = type(event)
-        if kind is ev.ConnectionClosed:
-            for key in [k for k in self.deferred if k[0] == conn.conn_id]:
-                del self.deferred[key]
-            return False
-        key = (conn.conn_id, getattr(event, "channel", -1))
-        waiting = self.deferred.get(key)
-        if waiting is None:
-            return False
-        if kind is ev.ChannelClosed or kind is ev.ChannelOpened:
-            del self.deferred[key]
-            return False
-        waiting.append(event)
-        return True
 
     def _barrier_passed(self, token: int) -> None:
         for conn_id in self.close_oks.pop(token, ()):
