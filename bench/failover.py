@@ -8,7 +8,15 @@ with SIGKILL and records:
   flight at the kill must first get its own confirm, so this is the gap a client sees);
 - `longest_gap_ms`: the longest time between two consecutive confirms around the kill.
 Every run starts a fresh cluster (no restart between runs). Prints one line per run and the
-median/max; `--json` writes them to a file. Needs nothing but the raftmq sources (it runs `python -m node.cli node`)
+median/max; `--json` writes them to a file. For raftmq each run also gives the failover's timeline from the
+survivors' logs (ms after the kill, at the logs' 1 ms resolution): `refused` (the first survivor whose Raft transport
+saw the dead node refuse connections and let the groups it led elect at once), `campaign` (the first survivor that
+lost its leader: it campaigns) and `leader` (the first survivor that knows the new leader).
+`--pause-ms MS` adds, for raftmq, as many runs of a paused leader: SIGSTOP of the leader's process for MS ms
+(keep it below the nodes' `node_down_after_ms`, 5 s by default), then SIGCONT. A paused node refuses nothing, so
+the ordinary election timeout applies (the figure is the first confirm after the stop), and no survivor may take
+it for dead: a run fails if a survivor logged it refusing connections or down. `--publisher last` puts the
+publisher on the last survivor by name instead of the first (which becomes the new leader after a kill). Needs nothing but the raftmq sources (it runs `python -m node.cli node`)
 and pika. Independent of the broker's code (import-linter: bench imports no node/cluster modules).
 `--broker rabbitmq` (or `both`) does the same to Debian's RabbitMQ: a private 3-node cluster per run
 (`bench.brokers.rabbitmq_cluster`), the leader from rabbitmqctl once the queue has 3 members, and SIGKILL of that
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -44,6 +53,8 @@ from bench.quorum import PlacementError, wait_placement
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PORT_LINE = re.compile(rb"listening on port (\d+)")
 LEADER_LINE = re.compile(rb"cluster: queue (\S+): leader (\S+)")
+LOG_TIME = re.compile(rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", re.MULTILINE)
+DEAD_LINE = re.compile(rb"raft: (\S+) refuses connections|cluster: node (\S+) (?:refuses connections|unreachable)")
 PORT_OFFSETS = (0, 10_000, 20_000, 21_000)
 QUEUE = "bench-failover"
 GROUP = "q/%2F/bench-failover"  # the leader log line names the queue as queue_group_id("/", QUEUE) (docs/cluster.md)
@@ -140,6 +151,10 @@ class BenchCluster:
         for node, offset in zip(self.nodes, offsets, strict=True):
             self.wait_ready(node, offset)
 
+    def signal(self, node: BenchNode, signum: int) -> None:
+        if node.process is not None:
+            node.process.send_signal(signum)
+
     def kill(self, node: BenchNode) -> None:
         if node.process is not None:
             node.process.send_signal(signal.SIGKILL)
@@ -196,10 +211,54 @@ class RunResult:
     first_confirm_ms: float
     longest_gap_ms: float
     nacks: int
+    timeline: dict[str, float] = field(default_factory=dict)  # raftmq: stage -> ms after the kill (module header)
+    paused: bool = False  # a SIGSTOP (`--pause-ms`) instead of a kill; then nobody took the node for dead
 
 
-def _one_run(root: Path) -> RunResult:
-    """A fresh raftmq cluster and queue, one kill of the queue's leader, then everything stopped."""
+def _log_lines_after(log: bytes, wall_s: float) -> Iterator[tuple[float, bytes]]:
+    """(wall time in s, line) of every timestamped log line at or after `wall_s`."""
+    for line in log.splitlines():
+        found = LOG_TIME.match(line)
+        if found is None:
+            continue
+        stamp = time.mktime(time.strptime(found.group(1)[:19].decode(), "%Y-%m-%d %H:%M:%S"))
+        stamp += int(found.group(1)[20:]) / 1000
+        if stamp >= wall_s - 0.001:
+            yield stamp, line
+
+
+def _timeline(survivors: list[BenchNode], killed: str, killed_wall_s: float) -> dict[str, float]:
+    """The failover's stages from the survivors' logs, in ms after the kill (the first survivor to reach each)."""
+    firsts: dict[str, float] = {}
+    for node in survivors:
+        for stamp, line in _log_lines_after(node.log(), killed_wall_s):
+            stage = None
+            if b"raft: " + killed.encode() + b" refuses connections" in line:
+                stage = "refused"
+            else:
+                leader = LEADER_LINE.search(line)
+                if leader is not None and leader.group(1).startswith(GROUP.encode()):
+                    stage = "campaign" if leader.group(2) == b"None" else "leader"
+            if stage is not None and stage not in firsts:
+                firsts[stage] = round((stamp - killed_wall_s) * 1000, 1)
+    return dict(sorted(firsts.items(), key=lambda item: item[1]))
+
+
+def _taken_for_dead(survivors: list[BenchNode], node: str, since_wall_s: float) -> list[str]:
+    """Log lines of survivors that took `node` for dead (refusing connections, or down) since `since_wall_s`."""
+    found = []
+    for survivor in survivors:
+        for _, line in _log_lines_after(survivor.log(), since_wall_s):
+            dead = DEAD_LINE.search(line)
+            if dead is not None and node.encode() in (dead.group(1), dead.group(2)):
+                found.append(f"{survivor.name}: {line.decode(errors='replace')}")
+    return found
+
+
+def _one_run(root: Path, pause_ms: int = 0, publisher_last: bool = False) -> RunResult:
+    """A fresh raftmq cluster and queue, one kill of the queue's leader (or, with `pause_ms`, a SIGSTOP of it for
+    that long), then everything stopped. The publisher is on the first survivor by name (the one that campaigns
+    first after a kill), or with `publisher_last` on the last (its publishes then go to the new leader)."""
     cluster = BenchCluster(root)
     try:
         cluster.start()
@@ -208,11 +267,26 @@ def _one_run(root: Path) -> RunResult:
         _wait(lambda: cluster.agreed_leader(cluster.nodes) is not None, 60, "all nodes to agree on the queue leader")
         leader_name = cluster.agreed_leader(cluster.nodes)
         leader = next(n for n in cluster.nodes if n.name == leader_name)
-        publisher_node = next(n for n in cluster.nodes if n is not leader)
-        stream, killed_at = _kill_under_publisher(publisher_node.port, lambda: cluster.kill(leader))
+        survivors = [n for n in cluster.nodes if n is not leader]
+        publisher_node = survivors[-1] if publisher_last else survivors[0]
+        if pause_ms:
+            stream, killed_at = _kill_under_publisher(publisher_node.port,
+                                                      lambda: cluster.signal(leader, signal.SIGSTOP))
+            killed_wall_s = time.time() - (time.monotonic() - killed_at)
+            time.sleep(max(0.0, killed_at + pause_ms / 1000 - time.monotonic()))
+            cluster.signal(leader, signal.SIGCONT)
+            time.sleep(1.0)  # time for a wrong "down" to show in the logs
+            dead = _taken_for_dead(survivors, leader.name, killed_wall_s)
+            if dead:
+                raise RuntimeError(f"a node paused {pause_ms} ms was taken for dead: {dead}")
+        else:
+            stream, killed_at = _kill_under_publisher(publisher_node.port, lambda: cluster.kill(leader))
+            killed_wall_s = time.time() - (time.monotonic() - killed_at)
     finally:
         cluster.stop()
-    return _result(leader.name, publisher_node.name, stream, killed_at)
+    result = _result(leader.name, publisher_node.name, stream, killed_at)
+    return dataclasses.replace(result, timeline=_timeline(survivors, leader.name, killed_wall_s),
+                               paused=bool(pause_ms))
 
 
 def _one_rabbitmq_run() -> RunResult:
@@ -271,20 +345,27 @@ class FailoverError(Exception):
     """A failover run could not be made (a node did not start, no leader, the publisher failed)."""
 
 
-def run_failover(runs: int, workdir: str | None = None, broker: str = RAFTMQ) -> list[RunResult]:
+def run_failover(runs: int, workdir: str | None = None, broker: str = RAFTMQ, pause_ms: int = 0,
+                 publisher_last: bool = False) -> list[RunResult]:
     """`runs` kills of `broker`'s ("raftmq" or "rabbitmq") quorum queue leader, each on a fresh cluster, printing
-    one line per run; `FailoverError` naming the failed run. Also what `raftmq bench --report issue16` calls."""
+    one line per run; `FailoverError` naming the failed run. Also what `raftmq bench --report issue16` calls.
+    `pause_ms` (raftmq only): SIGSTOP the leader for that long instead of killing it (see the module header)."""
     results: list[RunResult] = []
+    what = f"paused {pause_ms} ms" if pause_ms else "killed"
     with _workdir(workdir) as root:
         for i in range(runs):
             try:
-                result = _one_run(root / f"run{i + 1}") if broker == RAFTMQ else _one_rabbitmq_run()
+                name = f"pause{i + 1}" if pause_ms else f"run{i + 1}"
+                result = (_one_run(root / name, pause_ms, publisher_last) if broker == RAFTMQ
+                          else _one_rabbitmq_run())
             except (RuntimeError, pika.exceptions.AMQPError, OSError) as exc:
                 raise FailoverError(f"{broker} run {i + 1}: {exc}") from exc
             results.append(result)
-            print(f"{broker} run {i + 1}: killed {result.killed} (publisher on {result.publisher_node}): first confirm "
-                  f"after {result.first_confirm_ms:.0f} ms, longest confirm gap {result.longest_gap_ms:.0f} ms,"
-                  f" {result.nacks} nacks", flush=True)
+            timeline = ", ".join(f"{stage} +{ms:.0f}" for stage, ms in result.timeline.items())
+            print(f"{broker} run {i + 1}: {what} {result.killed} (publisher on {result.publisher_node}): first confirm"
+                  f" after {result.first_confirm_ms:.0f} ms, longest confirm gap {result.longest_gap_ms:.0f} ms,"
+                  f" {result.nacks} nacks{f' (ms after: {timeline})' if timeline else ''}"
+                  f"{'; not taken for dead' if pause_ms else ''}", flush=True)
     return results
 
 
@@ -294,25 +375,35 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runs", type=int, default=5, help="kills to measure (default 5)")
     parser.add_argument("--workdir", help="keep the nodes' data and logs here (default: a temporary directory)")
     parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument("--pause-ms", type=int, default=0,
+                        help="raftmq: also --runs runs of SIGSTOP of the leader for this long (below the nodes'"
+                        " node_down_after_ms): first confirm after the stop, and nobody may take it for dead")
+    parser.add_argument("--publisher", choices=("first", "last"), default="first",
+                        help="raftmq: the publisher on the first surviving node by name (default; after a kill it"
+                        " becomes the new leader) or on the last (its publishes are forwarded to the new leader)")
     parser.add_argument("--broker", choices=(RAFTMQ, RABBITMQ, "both"), default=RAFTMQ,
                         help="whose quorum queue leader to kill: raftmq (default), rabbitmq (Debian's RabbitMQ,"
                         " a private 3-node cluster per run) or both, raftmq first")
     args = parser.parse_args(argv)
     brokers = [RAFTMQ, RABBITMQ] if args.broker == "both" else [args.broker]
     found: dict[str, list[RunResult]] = {}
-    for broker in brokers:
+    cases = [(broker, 0) for broker in brokers] + ([(RAFTMQ, args.pause_ms)] if args.pause_ms > 0 else [])
+    for broker, pause_ms in cases:
         try:
-            results = run_failover(args.runs, args.workdir, broker)
+            results = run_failover(args.runs, args.workdir, broker, pause_ms, args.publisher == "last")
         except FailoverError as exc:
             print(f"raftmq bench failover: {exc}", file=sys.stderr)
             return 1
-        found[broker] = results
+        label = f"{broker}-paused" if pause_ms else broker
+        found[label] = results
         firsts = [r.first_confirm_ms for r in results]
         gaps = [r.longest_gap_ms for r in results]
-        print(f"{broker}: first confirm after kill: median {statistics.median(firsts):.0f} ms, max {max(firsts):.0f} ms;"
-              f" longest gap: median {statistics.median(gaps):.0f} ms, max {max(gaps):.0f} ms (n={len(results)})")
+        event = f"a {pause_ms} ms pause" if pause_ms else "kill"
+        print(f"{label}: first confirm after {event}: median {statistics.median(firsts):.0f} ms, max {max(firsts):.0f} ms;"
+              f" longest gap: median {statistics.median(gaps):.0f} ms, max {max(gaps):.0f} ms (n={len(results)})"
+              f"{'; never taken for dead' if pause_ms else ''}")
     if args.json:
-        runs = [r.__dict__ for r in found.get(RAFTMQ, [])] if args.broker == RAFTMQ else {
+        runs = [r.__dict__ for r in found.get(RAFTMQ, [])] if args.broker == RAFTMQ and not args.pause_ms else {
             broker: [r.__dict__ for r in results] for broker, results in found.items()}
         Path(args.json).write_text(json.dumps(runs, indent=2))
     return 0

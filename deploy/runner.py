@@ -40,7 +40,6 @@ READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
 MANAGEMENT_TIMEOUT_S = 2.0  # per node asked by `status` (a paused node must not hang it)
 SECRET_BYTES = 32
-SECRET_BYTES_MIN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +60,7 @@ class ClusterState:
     haproxy_port: int | None
     haproxy_config: str | None
     haproxy_log: str | None
+    haproxy_bind: str = topo.HAPROXY_BIND_DEFAULT
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -95,6 +95,7 @@ def load_state(data_dir: Path) -> ClusterState | None:
         haproxy_port=raw.get("haproxy_port"),
         haproxy_config=raw.get("haproxy_config"),
         haproxy_log=raw.get("haproxy_log"),
+        haproxy_bind=raw.get("haproxy_bind", topo.HAPROXY_BIND_DEFAULT),
     )
 
 
@@ -153,8 +154,12 @@ def cluster_secret(data_dir: Path) -> str:
     path = data_dir / SECRET_FILE_NAME
     if path.exists():
         secret = path.read_text().strip()
-        if len(secret.encode()) < SECRET_BYTES_MIN:
-            raise SystemExit(f"raftmq cluster: {path} holds a secret shorter than {SECRET_BYTES_MIN} bytes")
+        from node.runtime.config import secret_weakness
+
+        weakness = secret_weakness(secret)
+        if weakness is not None:
+            raise SystemExit(f"raftmq cluster: {path} holds a secret the nodes refuse: {weakness}; remove the file "
+                             "to have a new one generated (on a cluster with data, every node must get the same)")
         if path.stat().st_mode & 0o077:
             os.chmod(path, 0o600)
         return secret
@@ -180,6 +185,7 @@ class NodePlan:
     management_port: int
     raft_port: int
     metadata_port: int
+    proxy_port: int = 0  # the node's PROXY protocol listener for HAProxy (proxy_protocol_port); 0 = none
 
     @property
     def derived(self) -> bool:
@@ -201,11 +207,19 @@ def plan_ports(amqp_port: int) -> dict[str, int]:
             for name, offset in topo.PORT_OFFSETS.items()}
 
 
+def proxy_port(amqp_port: int) -> int:
+    """A node's PROXY protocol listener (HAProxy's target): AMQP + PROXY_PORT_OFFSET, or minus it past 65535."""
+    port = amqp_port + topo.PROXY_PORT_OFFSET
+    return port if port <= 65535 else amqp_port - topo.PROXY_PORT_OFFSET
+
+
 def node_config_text(node: NodePlan, members: list[NodePlan], secret: str | None) -> str:
     """A node's TOML config: its management port, and in cluster mode every member and the secret (JSON strings
     are valid TOML strings)."""
     lines = ["# Written by `raftmq cluster up` (mode 0600: it may hold the cluster secret).",
              f"management_port = {node.management_port}"]
+    if node.proxy_port:
+        lines.append(f"proxy_protocol_port = {node.proxy_port}")
     if secret is not None:
         specs = ", ".join(json.dumps(m.member_spec()) for m in members)
         lines += [f"cluster_nodes = [{specs}]", f"cluster_secret = {json.dumps(secret)}"]
@@ -243,7 +257,8 @@ def plan_nodes(count: int, base_port: int, distinct_addresses: bool, node_port: 
         if not 0 < port <= 65535:
             raise SystemExit(f"raftmq cluster: node port {port} is out of range; use a lower --base-port")
         ports = plan_ports(port)
-        plan.append(NodePlan(f"rmq{i}", host, port, ports["management"], ports["raft"], ports["metadata"]))
+        plan.append(NodePlan(f"rmq{i}", host, port, ports["management"], ports["raft"], ports["metadata"],
+                             proxy_port(port)))
     return plan
 
 
@@ -263,12 +278,19 @@ def _local_maxconn() -> int:
     return haproxy_maxconn(resource.getrlimit(resource.RLIMIT_NOFILE)[1])
 
 
-def wait_haproxy(pid: int, port: int, log_path: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+def client_host(bind_address: str) -> str:
+    """Where a local client reaches HAProxy bound to `bind_address` (a wildcard: loopback)."""
+    host = bind_address.strip("[]")
+    return "127.0.0.1" if host in ("", "*", "0.0.0.0") else ("::1" if host == "::" else host)
+
+
+def wait_haproxy(pid: int, port: int, log_path: str, timeout_s: float = READY_TIMEOUT_S,
+                 host: str = "127.0.0.1") -> None:
     """Return once an AMQP handshake goes through HAProxy on `port` (its health checks marked a node UP, so the
     first client is not turned away); SystemExit with its log when it exits or never serves."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if answers_amqp("127.0.0.1", port, timeout_s=1.0):
+        if answers_amqp(host, port, timeout_s=1.0):
             return
         if not pid_alive(pid):
             break
@@ -321,10 +343,11 @@ def up(args: argparse.Namespace) -> int:
     haproxy_pid = haproxy_cfg_path = haproxy_log = None
     haproxy_port = None if args.no_haproxy else args.haproxy_port
     if haproxy_port is not None:
-        cfg = topo.haproxy_cfg(layout, [(n.name, n.host, n.port) for n in nodes], haproxy_port,
-                               maxconn=_local_maxconn())
+        # HAProxy sends each node the client's address (PROXY protocol v2) on the node's PROXY listener.
+        cfg = topo.haproxy_cfg(layout, [(n.name, n.host, n.proxy_port) for n in plan], haproxy_port,
+                               maxconn=_local_maxconn(), bind_address=args.haproxy_bind, proxy_protocol=True)
         haproxy_pid, haproxy_cfg_path, haproxy_log = _start_haproxy(cfg, data_dir)
-    state = ClusterState(nodes, haproxy_pid, haproxy_port, haproxy_cfg_path, haproxy_log)
+    state = ClusterState(nodes, haproxy_pid, haproxy_port, haproxy_cfg_path, haproxy_log, args.haproxy_bind)
     _save_state(data_dir, state)
     late = wait_ready(nodes)
     if late:
@@ -333,7 +356,7 @@ def up(args: argparse.Namespace) -> int:
         return 1
     if haproxy_pid is not None and haproxy_port is not None and haproxy_log is not None:
         try:
-            wait_haproxy(haproxy_pid, haproxy_port, haproxy_log)
+            wait_haproxy(haproxy_pid, haproxy_port, haproxy_log, host=client_host(args.haproxy_bind))
         except SystemExit as exc:
             print(exc, file=sys.stderr)
             stop(state)
@@ -346,7 +369,11 @@ def up(args: argparse.Namespace) -> int:
 
 def _print_up(state: ClusterState, data_dir: Path) -> None:
     if state.haproxy_port is not None:
-        print(f"AMQP URL: amqp://guest:guest@127.0.0.1:{state.haproxy_port}/  (HAProxy, log {state.haproxy_log})")
+        host = client_host(state.haproxy_bind)
+        host = f"[{host}]" if ":" in host else host
+        print(f"AMQP URL: amqp://guest:guest@{host}:{state.haproxy_port}/  (HAProxy, log {state.haproxy_log})")
+        if host != "127.0.0.1":
+            print("  (guest/guest is loopback-only: HAProxy passes the client's address to the nodes)")
     for node in state.nodes:
         print(f"  {node.name}: amqp://{node.host}:{node.port}/  management http://{node.host}:"
               f"{_management_port(node)}/  pid {node.pid}  ready  log {node.log}")
@@ -473,6 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_up.add_argument("--base-port", type=int, default=layout.amqp_port, help="node i listens on P+i")
     p_up.add_argument("--haproxy-port", type=int, default=layout.haproxy_port)
     p_up.add_argument("--no-haproxy", action="store_true")
+    p_up.add_argument("--haproxy-bind", default=os.environ.get("RAFTMQ_HAPROXY_BIND", layout.haproxy_bind_address),
+                      help="address HAProxy listens on (default 127.0.0.1, or $RAFTMQ_HAPROXY_BIND; * = every "
+                           "interface); nodes see each client's own address through the PROXY protocol")
     p_up.add_argument("--distinct-addresses", action="store_true",
                       help="node i listens on 127.0.1.i with the topology's AMQP port, like separate hosts")
     p_up.add_argument("--detach", action="store_true", help="return once every node is ready")

@@ -11,6 +11,7 @@ the master is whatever spark-submit was given.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 
@@ -55,7 +56,8 @@ def lag_parser() -> argparse.ArgumentParser:
         default=defaults.lag_threshold_entries,
         help="out-of-sync lag (entries)",
     )
-    parser.add_argument("--shuffle-partitions", type=int, default=None, help="spark.sql.shuffle.partitions")
+    parser.add_argument("--shuffle-partitions", type=int, default=None,
+                        help="spark.sql.shuffle.partitions (default: sized to local input, else Spark's)")
     parser.add_argument(
         "--report-dir", default=None, help="driver-local dir for charts/report (non-local output)"
     )
@@ -109,7 +111,13 @@ def run_generate(argv: list[str]) -> int:
 def run_lag(argv: list[str]) -> int:
     args = lag_parser().parse_args(argv)
     # Spark is imported only here, so `raftmq lag generate` and --help work without a JVM.
-    from spark_analytics.job import DEFAULT_LOCAL_REPORT_DIR, JobSpec, run_job
+    from spark_analytics.job import (
+        DEFAULT_LOCAL_REPORT_DIR,
+        JobSpec,
+        local_input_bytes,
+        run_job,
+        shuffle_partitions_for,
+    )
     from spark_analytics.session import SparkSettings, build_session
 
     config = LagConfig(
@@ -125,9 +133,12 @@ def run_lag(argv: list[str]) -> int:
         charts_max=args.charts_max,
         write_csv=not args.no_csv,
     )
-    settings = SparkSettings(
-        master=args.master, shuffle_partitions=args.shuffle_partitions, extra_conf=tuple(args.conf)
-    )
+    partitions = args.shuffle_partitions
+    if partitions is None and not any(conf.startswith("spark.sql.shuffle.partitions=") for conf in args.conf):
+        input_bytes = local_input_bytes(spec.inputs)
+        if input_bytes is not None:
+            partitions = shuffle_partitions_for(input_bytes, os.cpu_count() or 1)
+    settings = SparkSettings(master=args.master, shuffle_partitions=partitions, extra_conf=tuple(args.conf))
     spark = build_session(settings)
     try:
         result = run_job(spark, spec)

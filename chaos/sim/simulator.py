@@ -8,6 +8,11 @@ tick it, step its inbox and start its next Ready (persist, then wait 0..N ticks 
 (checkers.py) run after every step. After `chaos_ticks` everything heals (partitions removed, crashed nodes
 restarted, a clean network) and every group must commit and apply a fresh proposal on every node within
 `liveness_ticks_max`. A failing seed replays exactly: `python -m chaos.sim --seed N --trace`.
+
+With `refusals` (opt-in, so older seeds keep their meaning) the simulator also plays the transport's refusal
+detection: when a node crashes, every live node is told `peer_refused` 0..2 ticks later (each on its own delay), so
+the groups it led elect at once (`RaftCore.leader_refused`); and, as a fault proxy that closes its listener would,
+a partition sometimes makes the nodes of one side see the other side as refusing although it is alive.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ class SimConfig:
     # Test-only broken host: a restarted named leader bootstraps again and leads term 1 a second time (the checkers
     # must catch it; the real host never does: a restarted node loads its stored state).
     bootstrap_again_on_restart: bool = False
+    # The transport's refusal detection: a crashed node is reported `peer_refused` to the live ones, and partitions
+    # sometimes report live nodes refusing (false positives), opt-in: keeps old seeds.
+    refusals: bool = False
 
 
 @dataclass(slots=True)
@@ -146,6 +154,8 @@ class Simulation:
             msg_size_bytes_max=self.profile.msg_size_bytes_max,
             inflight_msgs_max=self.profile.inflight_msgs_max,
             uncommitted_entries_max=200,
+            # a rank's head start must outlast a hop (1..delay_max ticks here, far shorter than a tick in the runtime)
+            refused_campaign_ticks=2 * delay_max + 1,
         )
         self.mr_config = MultiRaftConfig(raft=raft, node_heartbeat_ticks=2, node_timeout_ticks=12)
         node_ids = [NodeId(f"n{i}") for i in range(1, self.profile.node_count + 1)]
@@ -158,6 +168,9 @@ class Simulation:
         self.trace: list[str] = []
         self.stats = {"crashes": 0, "restarts": 0, "partitions": 0, "proposals": 0, "transfers": 0,
                       "conf_changes": 0}
+        if config.refusals:
+            self.stats.update(refusals=0, false_refusals=0, refused_campaigns=0)
+        self._refusals_due: list[tuple[int, NodeId, NodeId, bool]] = []  # (tick, told, refusing peer, crashed)
         self._proposal_seq = 0
         self._marker_index: dict[GroupId, Index] = {}
         self._leader_terms_seen: dict[GroupId, int] = {}
@@ -249,6 +262,8 @@ class Simulation:
         if chaos:
             self._maybe_fault()
             self._maybe_propose()
+        if self._refusals_due:
+            self._deliver_refusals(tick)
         for batch in self.net.due(tick):
             node = self.nodes[batch.dst]
             if node.mr is not None and len(node.inbox) < INBOX_MAX:
@@ -414,6 +429,32 @@ class Simulation:
         node.applied = {}
         self.stats["crashes"] += 1
         self._log(f"crash {node.id} {outcome}")
+        if self.config.refusals:
+            self._report_refusing({node.id}, [other for other in sorted(self.nodes) if other != node.id])
+
+    def _report_refusing(self, refusing: set[NodeId], told: list[NodeId]) -> None:
+        """Tell each of `told`, 0..2 ticks from now, that the nodes `refusing` refuse its connections."""
+        for peer in sorted(refusing):
+            crashed = self.nodes[peer].mr is None
+            for other in told:
+                self._refusals_due.append((self.now + self.rng.randint(0, 2), other, peer, crashed))
+
+    def _deliver_refusals(self, tick: int) -> None:
+        """As a transport would see them: a crashed node's refusal comes after everything it sent on that link (a
+        refusal follows the link's loss, which follows its last data), and not at all once it has restarted."""
+        due = [item for item in self._refusals_due if item[0] <= tick]
+        self._refusals_due = [item for item in self._refusals_due if item[0] > tick]
+        for _, told, peer, crashed in due:
+            node = self.nodes[told]
+            if node.mr is None or (crashed and self.nodes[peer].mr is not None):
+                continue
+            if crashed and self.net.in_flight_on(peer, told):
+                self._refusals_due.append((tick + 1, told, peer, crashed))
+                continue
+            woken = node.mr.peer_refused(peer)
+            self.stats["refusals"] += 1
+            self.stats["refused_campaigns"] += len(woken)
+            self._log(f"refused {told} sees {peer} refusing: {len(woken)} groups campaign soon")
 
     def _restart(self, node: SimNode) -> None:
         node.incarnation += 1
@@ -455,6 +496,11 @@ class Simulation:
             self._fault_a_leader()
         if profile.membership_rate and rng.random() < profile.membership_rate:
             self._change_membership()
+        if self.config.refusals and rng.random() < 0.02:  # a spurious refusal: one node told a live peer is gone
+            told, peer = rng.sample(sorted(self.nodes), 2)
+            self.stats["false_refusals"] += 1
+            self._log(f"spurious refusal: {told} will see {peer} refusing")
+            self._report_refusing({peer}, [told])
 
     def _change_membership(self) -> None:
         """A random single-server change through a current leader: add a learner, promote one, or remove a member
@@ -493,6 +539,9 @@ class Simulation:
             self.net.partition([{node.id}, others])
             self.stats["partitions"] += 1
             self._log(f"partition isolate-leader {node.id}")
+            if self.config.refusals and self.rng.random() < 0.5:  # behind a fault proxy: it looks gone
+                self.stats["false_refusals"] += 1
+                self._report_refusing({node.id}, sorted(others))
 
     def _partition(self) -> None:
         ids = sorted(self.nodes)
@@ -516,6 +565,10 @@ class Simulation:
             self.net.partition(sides)
         self.stats["partitions"] += 1
         self._log(f"partition {shape} {' | '.join(','.join(sorted(side)) for side in sides)}")
+        if self.config.refusals and self.rng.random() < 0.3:  # a fault proxy closing its listener: false refusals
+            near, far = sides[0], sides[1]
+            self.stats["false_refusals"] += 1
+            self._report_refusing(far, sorted(near))
 
     def _leaders(self, group: GroupId, include_busy: bool = False) -> list[tuple[SimNode, RaftCore]]:
         """Nodes that believe they lead `group` (several, when some are stale); busy = waiting on an fsync."""

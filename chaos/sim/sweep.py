@@ -19,13 +19,14 @@ def sweep(
     membership: bool = False,
     bootstrap: bool = False,
     queue: bool = False,
+    refusals: bool = False,
 ) -> list[SimResult]:
     """`queue`: the group replicates a queue (queue_sim.py) instead of opaque entries."""
     failures: list[SimResult] = []
     run = run_queue_seed if queue else run_seed
     for seed in seeds:
         result = run(SimConfig(seed=seed, groups=groups, chaos_ticks=chaos_ticks, broken=broken,
-                               membership=membership, bootstrap=bootstrap))
+                               membership=membership, bootstrap=bootstrap, refusals=refusals))
         if not result.ok:
             failures.append(result)
             if progress:

@@ -17,11 +17,8 @@ effects are held until `on_persisted`; `on_persist_failed` closes the channel in
 let the runtime widen both batches: the effects are those of calling `handle`/`on_persisted` one at a time, except
 for fewer Persist tokens and confirms coalesced into multiple acks.
 
-The owner barrier (replicated mode; docs/ARCHITECTURE.md, "Exclusive queues in a cluster"): a client's
-Connection.Close is answered once its exclusive queues' deletion is committed (`HoldCloseOk`, `SendCloseOk`); a
-method meeting an exclusive queue of another node's connection, or a queue this node does not know
-(`MetadataUnconfirmed`), defers its channel's events behind a metadata read barrier (`MetadataBarrierRecord`) and
-runs them again, in order, when its token is reported.
+The owner barrier (replicated mode; `reply_gate`, docs/ARCHITECTURE.md "Exclusive queues in a cluster"): a method
+meeting what this node's definitions may be behind on (`MetadataUnconfirmed`) waits for a metadata read barrier.
 
 Replicated mode (`BrokerConfig.replicated`, docs/cluster.md): every queue is a replica of a Raft group; queue
 commands come out as `ProposeQueue` effects and committed entries come back through `apply_committed`. The entry
@@ -45,6 +42,7 @@ from node.broker import (
     policies,
     policy_apply,
     publish,
+    read_your_writes,
     recovery,
     replica,
     replica_control,
@@ -53,16 +51,7 @@ from node.broker import (
 )
 from node.broker.auth import Permission
 from node.broker.channel import ChannelState, ConnState
-from node.broker.effects import (
-    Block,
-    CloseChannel,
-    CloseConnection,
-    Effect,
-    HoldCloseOk,
-    Send,
-    SendCloseOk,
-    Unblock,
-)
+from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Send, Unblock
 from node.broker.errors import AmqpError, MetadataUnconfirmed
 from node.broker.queues import QueueState
 from node.broker.records import PolicyRecord, Record
@@ -98,6 +87,7 @@ class Broker(BrokerState):
     def __init__(self, config: BrokerConfig | None = None) -> None:
         super().__init__(config)
         self.handlers = _HANDLERS
+        self.parking = True  # reads may park (read_your_writes); off while a closing connection's parked run
         self.publish_route = publish.route_publish
         if self.replicated:
             self.handlers = {**_HANDLERS, **replica.HANDLERS}
@@ -159,8 +149,12 @@ class Broker(BrokerState):
         conn = self.conns.get(conn_id)
         if conn is None:
             return []
-        if type(event) is ev.ContentReceived and not self.deferred:  # the hot path, without one level of dispatch
-            self._guarded(conn, event.channel, event.method, publish.handle_publish, event)
+        if type(event) is ev.ContentReceived and not self.parked and not self.deferred:  # the hot path, one level less
+            self.proposing_conn = conn
+            try:
+                self._guarded(conn, event.channel, event.method, publish.handle_publish, event)
+            finally:
+                self.proposing_conn = None
         else:
             self._handle_event(conn, event)
         return self._finish()
@@ -203,23 +197,56 @@ class Broker(BrokerState):
         return backlog
 
     def _handle_event(self, conn: ConnState, event: Any) -> None:
+        """One event of the connection, or deferred behind its channel's metadata barrier (the owner barrier), or
+        parked behind its channel's waiting read (read_your_writes)."""
         if self.deferred and reply_gate.deferring(self, conn, event):
             return
+        parked = self.parked
+        if parked:
+            channel = getattr(event, "channel", None)
+            park = parked.get((conn.conn_id, channel)) if channel is not None else None
+            if park is not None:
+                park.events.append(event)
+                return
+            if type(event) is ev.ConnectionClosed:
+                self._run_parked(conn)
+        self.proposing_conn = conn
+        try:
+            self._run_event(conn, event)
+        finally:
+            self.proposing_conn = None
+
+    def _run_event(self, conn: ConnState, event: Any) -> None:
         kind = type(event)
         if kind is ev.ContentReceived:
             self._guarded(conn, event.channel, event.method, publish.handle_publish, event)
         elif kind is ev.MethodReceived:
-            if type(event.method) in reply_gate.GATED_METHODS and self.gate_replies:
-                reply_gate.run_gated(self, conn, event.channel, event.method)
+            method = event.method
+            method_kind = type(method)
+            if (conn.unapplied and method_kind in read_your_writes.READS and self.parking
+                    and read_your_writes.parked_for(self, conn, event.channel, method)):
+                self.parked[(conn.conn_id, event.channel)].events.append(event)
+            elif method_kind in reply_gate.GATED_METHODS and self.gate_replies:
+                reply_gate.run_gated(self, conn, event.channel, method)
+            elif method_kind in read_your_writes.GATED_REPLIES and self.replicated:
+                read_your_writes.run_reply_gated(self, conn, event.channel, method)
             else:
-                self._guarded(conn, event.channel, event.method, self._dispatch, event.method)
+                self._guarded(conn, event.channel, method, self._dispatch, method)
         elif kind is ev.ChannelOpened:
             reply_gate.drop_channel(self, (conn.conn_id, event.channel))
             self._open_channel(conn, event.channel)
         elif kind is ev.ChannelClosed:
-            reply_gate.drop_channel(self, (conn.conn_id, event.channel))
-            self.close_channel_state(conn, event.channel)
+            key = (conn.conn_id, event.channel)
+            reply_gate.drop_channel(self, key)
+            tickets: list[int] = []
+            self.ticket_sink = tickets if event.by_client else None
+            try:
+                self.close_channel_state(conn, event.channel)
+            finally:
+                self.ticket_sink = None
             if event.by_client:  # after our replies (and a Close of ours) for what the client sent before it
+                if tickets:  # close-ok once this node's replica applied what the close proposed (read_your_writes)
+                    read_your_writes.gate_replies(self, key, tickets, len(self.out))
                 self.out.append(Send(conn.conn_id, event.channel, m.ChannelCloseOk()))
         elif kind is ev.ConnectionOpened:
             conn.username, conn.vhost, conn.opened = event.username, event.vhost, True
@@ -230,15 +257,12 @@ class Broker(BrokerState):
             written = self.records_pending()
             self._connection_closed(conn)
             if event.by_client:  # after our replies (a channel's Close) for what the client sent before it
-                if self.replicated and self.records_pending() > written:  # and after its exclusive queues' deletion
-                    self.close_oks.setdefault(self.pending_token(), []).append(conn.conn_id)
-                    self.out.append(HoldCloseOk(conn.conn_id))
-                else:
-                    self.out.append(Send(conn.conn_id, 0, m.ConnectionCloseOk()))
+                reply_gate.answer_connection_close(self, conn.conn_id, written)
 
     def tick(self, now_ms: int) -> list[Effect]:
         self.now_ms = max(self.now_ms, now_ms)
         if self.replicated:
+            read_your_writes.expire(self)
             replica_control.tick(self)
             if self.now_ms - self.policy_checked_ms >= policy_apply.POLICY_RESEND_MS:
                 self.policy_checked_ms = self.now_ms
@@ -275,7 +299,8 @@ class Broker(BrokerState):
         if waiters:
             publish.persisted_many(self, waiters)
         if self.deferred_gates or self.close_oks:
-            self._barrier_passed(token)
+            reply_gate.barrier_passed(self, token, self._handle_event)
+            self._settle_round()
         return self._finish()
 
     def on_persist_failed(self, token: int, reply_code: int, reply_text: str) -> list[Effect]:
@@ -300,7 +325,8 @@ class Broker(BrokerState):
             publish.persisted_many(self, waiters)
         if self.deferred_gates or self.close_oks:
             for token in tokens:
-                self._barrier_passed(token)
+                reply_gate.barrier_passed(self, token, self._handle_event)
+            self._settle_round()
         return self._finish()
 
     def set_alarm(self, kind: str, active: bool) -> list[Effect]:
@@ -361,7 +387,10 @@ class Broker(BrokerState):
     # --- replicated mode (docs/cluster.md, "node/broker, replicated mode"; the logic is in `replica`) -------
 
     def encode_proposal(self, origin: str, proposal_id: int, vhost: str, queue: str, command: Any) -> bytes:
-        """The bytes to propose for a `ProposeQueue(vhost, queue, command)` (the broker owns the payload codec)."""
+        """The bytes to propose for a `ProposeQueue(vhost, queue, command)` (the broker owns the payload codec).
+        Call it with the effect's own command object: a reply or read waiting for it learns its proposal id."""
+        if self.ticketed:
+            read_your_writes.on_encoded(self, proposal_id, command)
         return replica.encode(origin, proposal_id, command)
 
     def apply_committed(self, vhost: str, queue: str, data: bytes) -> list[Effect]:
@@ -421,6 +450,25 @@ class Broker(BrokerState):
 
     # --- internals ------------------------------------------------------------------------------------------
 
+    def _run_parked(self, conn: ConnState | None = None) -> None:
+        """Run parked events: those whose wait is over (`unparked`), or every parked event of `conn`, which is
+        closing (nothing of it waits any more: its reads see what the replica has)."""
+        if conn is not None:
+            for key in [k for k in self.parked if k[0] == conn.conn_id]:
+                self.unparked.append((key, self.parked.pop(key).events))
+        while self.unparked:
+            (conn_id, _channel), events = self.unparked.pop(0)
+            owner = self.conns.get(conn_id)
+            if owner is None:
+                continue
+            self.parking = conn is None or conn_id != conn.conn_id  # (a closing connection's reads wait for nothing)
+            try:
+                for event in events:
+                    self._handle_event(owner, event)
+            finally:
+                self.parking = True
+            self._settle_round()
+
     def _guarded(self, conn: ConnState, channel: int, method: Any, fn: Callable[..., None], arg: Any) -> None:
         ch = conn.channels.get(channel)
         if ch is None or ch.closed:
@@ -475,27 +523,6 @@ class Broker(BrokerState):
             self.reply_tokens.pop(ch.reply_to_token, None)
         self.dirty.pop((conn.conn_id, number), None)
 
-    # --- the owner barrier (see the module docstring) ----------------------------------------------------------
-
-    def _barrier_passed(self, token: int) -> None:
-        for conn_id in self.close_oks.pop(token, ()):
-            self.out.append(SendCloseOk(conn_id))
-        for key, events in self.deferred_gates.pop(token, ()):
-            conn = self.conns.get(key[0])
-            if self.deferred.get(key) is not events or conn is None:
-                continue  # dropped (channel closed), maybe deferred again since behind a later barrier
-            del self.deferred[key]
-            conn.metadata_confirmed = True
-            try:
-                self._handle_event(conn, events[0])
-            finally:
-                conn.metadata_confirmed = False
-            for event in events[1:]:  # (deferred again behind a new barrier if one of them meets another owner)
-                if self.conns.get(key[0]) is not conn:
-                    break
-                self._handle_event(conn, event)
-            self._settle_round()
-
     def _connection_closed(self, conn: ConnState) -> None:
         for number in list(conn.channels):
             self.close_channel_state(conn, number)
@@ -504,6 +531,8 @@ class Broker(BrokerState):
         if self.held:
             reply_gate.drop_connection(self, conn.conn_id)
         self.flow_routes.pop(conn.conn_id, None)
+        if conn.unapplied or self.parked:
+            read_your_writes.forget_connection(self, conn)
         if self.flow_paused or self.flow_quiet:
             credit_flow.forget(self, conn.conn_id)
 
@@ -517,6 +546,8 @@ class Broker(BrokerState):
                 publish.run_dead_letters(self)
 
     def _finish(self) -> list[Effect]:
+        if self.unparked:
+            self._run_parked()
         if self.dead_letters or self.dirty:
             self._settle_round()
         if self.paging:

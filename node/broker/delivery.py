@@ -238,10 +238,16 @@ def refill_dirty(broker: BrokerState) -> None:
 
 def refill(broker: BrokerState, ch: ChannelState) -> None:
     drain_pending(broker, ch)
-    if broker.held and (ch.conn_id, ch.number) in broker.held:
-        return  # replies wait for the disk (reply_gate): no top-ups meanwhile, so what is held stays bounded
     conn = broker.conns.get(ch.conn_id)
     flowing = conn is not None and conn.writable
+    if broker.held:
+        hold = broker.held.get((ch.conn_id, ch.number))
+        if hold is not None:
+            if any(token not in broker.ticket_owner for token in hold.tokens):
+                return  # replies wait for the disk (reply_gate): no top-ups meanwhile, so what is held stays bounded
+            # replies wait for this node's replica (read_your_writes, about a commit round): a new consumer still
+            # gets its first window with its Attach, but no top-ups, so what is held stays bounded here too
+            flowing = False
     for consumer in list(ch.consumers.values()):
         if consumer.granted and not flowing:
             continue  # top-ups wait for the socket; a new consumer's first window does not (see below)

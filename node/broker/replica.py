@@ -17,9 +17,13 @@ What the machine decides is the same on every replica; what is proposed in react
 the owner of an id (a stray delivery or get answer for a local id that is gone: Detach/Return; an Attach of this
 node's earlier boot: Detach) or the queue's local leader (`set_leader`): Expire for TTL, dead-letter republishing
 (publisher id `("dlx", vhost, queue)`, sequence = the queue's count of DeadLetter effects, the same on every
-replica, so a retried or repeated republish is deduplicated by the target), auto-delete (once an Attach was
-applied and the machine has no consumer left: the local basic.consume, not yet applied, does not count), x-expires, and Detach of
-the consumers of a node reported down (those duties, the timers and the queue snapshots are in `replica_control`).
+replica, so a retried or repeated republish is deduplicated by the target), x-expires, and Detach of the
+consumers of a node reported down (those duties, the timers and the queue snapshots are in `replica_control`).
+Auto-delete (once an Attach was applied and the machine has no consumer left: the local basic.consume, not yet
+applied, does not count) is decided by the node whose Detach emptied the queue (`maybe_auto_delete`), so its
+client's cancel-ok waits for the deletion (`read_your_writes`); a new leader, or the leader after 5 s without
+consumers (`replica_control.tick`), deletes a queue left behind.
+This node's own entries end their read-your-writes tickets once applied (`read_your_writes.done`).
 Dead-lettering is at most once across a leader change (as RabbitMQ's default for quorum queues); with
 x-dead-letter-strategy at-least-once (and reject-publish) the machine holds the message until the leader saw every
 target accept it (`replica_dead_letters`). Per-queue bookkeeping that is a function of the log (`members`, `dead_letter_seq`,
@@ -62,7 +66,7 @@ from cluster.queue.replicated import (
     peek_proposal,
 )
 from node.amqp import methods as m
-from node.broker import credit_flow, delivery, replica_dead_letters
+from node.broker import credit_flow, delivery, read_your_writes, replica_dead_letters
 from node.broker.channel import ChannelState, ConnState, Message, Unacked
 from node.broker.definitions import delete_queue
 from node.broker.effects import CloseChannel, Send, SendContent
@@ -168,14 +172,20 @@ _NO_ID: Final = object()  # matches no consumer or publisher id
 
 
 def apply_committed(broker: BrokerState, vhost: str, name: str, data: bytes) -> None:
-    queue = queue_of(broker, vhost, name)
-    if queue is None:
-        return
-    replica = replica_of(queue)
     try:
         origin, proposal_id = peek_proposal(data)
     except ProposalDecodeError:
         return  # every replica decodes the same bytes alike, so all skip it
+    _apply_committed(broker, vhost, name, data, origin, proposal_id)
+    if broker.proposal_tickets and origin == broker.config.node_name:
+        read_your_writes.done(broker, proposal_id)  # (after the apply: what waited for it sees its effect)
+
+
+def _apply_committed(broker: BrokerState, vhost: str, name: str, data: bytes, origin: str, proposal_id: int) -> None:
+    queue = queue_of(broker, vhost, name)
+    if queue is None:
+        return
+    replica = replica_of(queue)
     if replica.seen(origin, proposal_id):  # a retried proposal applied before: skipped without decoding it
         if origin == broker.config.node_name:
             kept_proposal(data)
@@ -239,7 +249,7 @@ def apply_committed(broker: BrokerState, vhost: str, name: str, data: bytes) -> 
             else:
                 replica_dead_letters.send_held(broker, queue, effect.msg_id, effect.held_seq, effect.reason,
                                           effect.message)
-    _after_command(broker, queue, command)
+    _after_command(broker, queue, command, origin)
 
 
 def _unwatched(broker: BrokerState, publisher_id: Any) -> bool:
@@ -264,7 +274,7 @@ def _on_deliver(broker: BrokerState, queue: QueueState, effect: Deliver) -> None
     delivery._on_deliver(broker, queue, effect)
 
 
-def _after_command(broker: BrokerState, queue: QueueState, command: Any) -> None:
+def _after_command(broker: BrokerState, queue: QueueState, command: Any, origin: str) -> None:
     """Bookkeeping every replica does alike (members, counters), then what this node proposes in reaction."""
     kind = type(command)
     if kind is Attach:
@@ -275,7 +285,7 @@ def _after_command(broker: BrokerState, queue: QueueState, command: Any) -> None
         if is_stale(broker, cid):
             propose(broker, queue, Detach(cid, broker.now_ms))
     elif kind is Detach:
-        _after_detach(broker, queue, command)
+        _after_detach(broker, queue, command, origin)
     elif kind is Get:
         queue.last_used_ms = max(queue.last_used_ms, command.now_ms)
         if not command.no_ack and queue.machine.unacked_msg_ids(command.consumer_id):
@@ -288,7 +298,7 @@ def _after_command(broker: BrokerState, queue: QueueState, command: Any) -> None
         queue.expire_proposed_ms = None
 
 
-def _after_detach(broker: BrokerState, queue: QueueState, command: Detach) -> None:
+def _after_detach(broker: BrokerState, queue: QueueState, command: Detach, origin: str) -> None:
     cid = command.consumer_id
     queue.members.pop(cid, None)
     queue.last_used_ms = max(queue.last_used_ms, command.now_ms)
@@ -298,7 +308,8 @@ def _after_detach(broker: BrokerState, queue: QueueState, command: Detach) -> No
     consumer = broker.consumers.get(cid)
     if consumer is not None and not expected and consumer.queue is queue and not consumer.cancelled:
         reattach(broker, queue, consumer)  # detached by a leader that thought this node down: come back
-    maybe_auto_delete(broker, queue)
+    if origin == broker.config.node_name and (is_local(broker, cid) or queue.is_leader):
+        maybe_auto_delete(broker, queue, decided=True)
 
 
 def reattach(broker: BrokerState, queue: QueueState, consumer: Any) -> None:
@@ -309,8 +320,13 @@ def reattach(broker: BrokerState, queue: QueueState, consumer: Any) -> None:
     broker.mark_dirty(consumer.channel)
 
 
-def maybe_auto_delete(broker: BrokerState, queue: QueueState) -> None:
-    if queue.is_leader and queue.auto_delete and queue.had_attach and queue.machine.consumer_count == 0:
+def maybe_auto_delete(broker: BrokerState, queue: QueueState, decided: bool = False) -> None:
+    """Delete an auto-delete queue whose consumers are all gone. One node decides: the one whose Detach emptied it
+    (`decided`: its own client's consumer, so that client's cancel-ok or close-ok waits for the deletion,
+    read_your_writes.py; or the leader's Detach of a down node's consumer), else a new leader (set_leader) or the
+    leader's timer (replica_control.tick), for a queue whose deciding node went away first."""
+    if ((decided or queue.is_leader) and queue.auto_delete and queue.had_attach
+            and queue.machine.consumer_count == 0):
         delete_queue(broker, queue)
 
 
@@ -329,9 +345,11 @@ def _republish_dead_letter(broker: BrokerState, queue: QueueState, effect: DeadL
 
 def proposal_abandoned(broker: BrokerState, vhost: str, name: str, data: bytes) -> None:
     try:
-        origin, _proposal_id = peek_proposal(data)
+        origin, proposal_id = peek_proposal(data)
     except ProposalDecodeError:
         return
+    if broker.proposal_tickets and origin == broker.config.node_name:
+        read_your_writes.done(broker, proposal_id)  # first: a consume-ok it held goes out before a basic.cancel
     proposal = decoded(broker, data, origin, keep=True)  # kept: the entry may still commit
     if proposal is None:
         return

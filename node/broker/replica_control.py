@@ -42,6 +42,9 @@ from node.broker.state import BrokerState
 
 SNAPSHOT_VERSION: Final = 1
 EXPIRE_RETRY_MS: Final = 1000  # the leader re-proposes Expire if the last one has not applied after this long
+# an auto-delete queue left without consumers this long (its deciding node went away before applying its Detach,
+# replica.maybe_auto_delete) is deleted by its leader
+AUTO_DELETE_FALLBACK_MS: Final = 5000
 
 
 # --- leadership, nodes, time -----------------------------------------------------------------------------------
@@ -95,7 +98,7 @@ def node_down(broker: BrokerState, node: str) -> None:
 
 
 def tick(broker: BrokerState) -> None:
-    """The leader's timers: Expire for due message TTLs, x-expires deletion."""
+    """The leader's timers: Expire for due message TTLs, x-expires deletion, the auto-delete fallback."""
     now_ms = broker.now_ms
     for vhost in list(broker.vhosts.values()):
         for queue in list(vhost.queues.values()):
@@ -109,9 +112,11 @@ def tick(broker: BrokerState) -> None:
             held_due = _held_deadline_ms(queue)
             if held_due is not None and held_due <= now_ms:
                 _scan_held(broker, queue)
-            if (queue.expires_ms is not None and queue.machine.consumer_count == 0
-                    and now_ms - queue.last_used_ms >= queue.expires_ms):
-                delete_queue(broker, queue)
+            if queue.machine.consumer_count == 0:
+                idle_ms = now_ms - queue.last_used_ms
+                expired = queue.expires_ms is not None and idle_ms >= queue.expires_ms
+                if expired or (queue.auto_delete and queue.had_attach and idle_ms >= AUTO_DELETE_FALLBACK_MS):
+                    delete_queue(broker, queue)
 
 
 def next_deadline_ms(broker: BrokerState) -> int | None:

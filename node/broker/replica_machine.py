@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from cluster.queue import Detach, Enqueue, QueueArgs
 from cluster.queue.replicated import ReplicatedQueue
+from node.broker import read_your_writes
 from node.broker.effects import ProposeQueue
 from node.broker.queues import QueueState
 from node.broker.replica_wire import Batch
@@ -110,6 +111,9 @@ def propose(broker: BrokerState, queue: QueueState, command: Any) -> None:
         machine.batch = None  # a later publish must not overtake this command: it starts a new batch
     if type(command) is Enqueue:
         queue.flow_inflight += 1  # credit_flow.py: applied (or given up) later
+    conn = broker.proposing_conn
+    if conn is not None:
+        read_your_writes.issue(broker, conn, queue, command)
     broker.out.append(ProposeQueue(queue.vhost, queue.name, command))
 
 

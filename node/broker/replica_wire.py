@@ -28,7 +28,7 @@ from node.amqp.properties import (
     encode_properties,
 )
 from node.amqp.spec import CLASS_BASIC
-from node.broker import delivery
+from node.broker import delivery, read_your_writes
 from node.broker.channel import Message
 from node.broker.effects import ProposeQueue
 from node.broker.queues import QueueState
@@ -184,6 +184,9 @@ def propose_enqueue(broker: BrokerState, queue: QueueState, command: Enqueue) ->
         effect = ProposeQueue(queue.vhost, queue.name, command)
         out.append(effect)
         machine.batch = Batch(out, len(out) - 1, effect, command.message.size_bytes)
+        conn = broker.proposing_conn
+        if conn is not None:
+            read_your_writes.issue(broker, conn, queue, command)
         return
     if not batch.messages:
         first: Any = batch.effect.command
@@ -192,6 +195,8 @@ def propose_enqueue(broker: BrokerState, queue: QueueState, command: Enqueue) ->
         batch.effect = ProposeQueue(queue.vhost, queue.name, EnqueueMany(
             first.publisher_id, first.now_ms, batch.messages, batch.sequences))
         out[batch.index] = batch.effect
+        if broker.ticketed:
+            read_your_writes.replaced(broker, first, batch.effect.command)
     batch.messages.append(command.message)
     batch.sequences.append(command.sequence)
     batch.size_bytes += command.message.size_bytes

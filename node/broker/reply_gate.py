@@ -30,17 +30,19 @@ The owner barrier (replicated mode; node/broker/broker.py): `defer` holds a chan
 one whose handler raised `MetadataUnconfirmed`, behind a metadata read barrier (a Persist of a
 `MetadataBarrierRecord`); `deferring` appends the channel's later events there (a channel or connection the client
 closes or reopens drops them; past `DEFERRED_EVENTS_MAX` the connection is closed, 541), and the broker handles
-them again, in order, when the barrier's token is reported.
+them again, in order, when the barrier's token is reported (`barrier_passed`). A client's Connection.Close is
+answered (`answer_connection_close`) once what the close wrote (its exclusive queues' deletion) is committed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.broker.channel import ConnState
-from node.broker.effects import CloseChannel, CloseConnection, Effect
+from node.broker.effects import CloseChannel, CloseConnection, Effect, HoldCloseOk, Send, SendCloseOk
 from node.broker.records import MetadataBarrierRecord
 from node.broker.state import BrokerState, HeldReplies
 
@@ -176,3 +178,34 @@ def deferring(broker: BrokerState, conn: ConnState, event: Any) -> bool:
         return True
     waiting.append(event)
     return True
+
+
+def barrier_passed(broker: BrokerState, token: int, handle_event: Callable[[ConnState, Any], None]) -> None:
+    """`token` is committed: the close-oks it held go out, and the events its barrier deferred are handled again
+    (`handle_event`, the broker's), the first one with the metadata taken as confirmed."""
+    for conn_id in broker.close_oks.pop(token, ()):
+        broker.out.append(SendCloseOk(conn_id))
+    for key, events in broker.deferred_gates.pop(token, ()):
+        conn = broker.conns.get(key[0])
+        if broker.deferred.get(key) is not events or conn is None:
+            continue  # dropped (channel closed), maybe deferred again since behind a later barrier
+        del broker.deferred[key]
+        conn.metadata_confirmed = True
+        try:
+            handle_event(conn, events[0])
+        finally:
+            conn.metadata_confirmed = False
+        for event in events[1:]:  # (deferred again behind a new barrier if one of them meets another owner)
+            if broker.conns.get(key[0]) is not conn:
+                break
+            handle_event(conn, event)
+
+
+def answer_connection_close(broker: BrokerState, conn_id: int, records_before: int) -> None:
+    """Close-Ok for the client's Connection.Close: at once, or in replicated mode, when the close wrote records
+    (its exclusive queues' deletion), `HoldCloseOk` now and `SendCloseOk` once they are committed."""
+    if broker.replicated and broker.records_pending() > records_before:
+        broker.close_oks.setdefault(broker.pending_token(), []).append(conn_id)
+        broker.out.append(HoldCloseOk(conn_id))
+    else:
+        broker.out.append(Send(conn_id, 0, m.ConnectionCloseOk()))

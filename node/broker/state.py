@@ -135,6 +135,14 @@ class BrokerState(ABC):
         self.flow_quiet: dict[int, int] = {}  # replicated: conn_id -> no pauses before this now_ms (a stalled one)
         self.flow_pauses = 0  # replicated: publisher connections paused, and pauses ended by a stall
         self.flow_pauses_stalled = 0
+        # replicated: read-your-writes per connection (read_your_writes.py)
+        self.proposing_conn: ConnState | None = None  # the connection whose event is being handled
+        self.ticket_sink: list[int] | None = None  # tickets of the running handler, when its replies wait for them
+        self.ticketed: dict[int, tuple[Any, int]] = {}  # id(command) -> (command, ticket) until encoded
+        self.proposal_tickets: dict[int, int] = {}  # proposal id -> ticket, until applied or given up
+        self.ticket_owner: dict[int, tuple[ConnState, tuple[str, str], int]] = {}  # ticket -> (conn, queue, ms)
+        self.parked: dict[tuple[int, int], Any] = {}  # channels whose events wait (read_your_writes.Parked)
+        self.unparked: list[tuple[tuple[int, int], list[Any]]] = []  # parked events free to run now, in order
 
     # --- set-up and administration ---------------------------------------------------------------------------
 
@@ -190,6 +198,10 @@ class BrokerState(ABC):
         token = self._next_token
         self._next_token += 1
         return token
+
+    def last_token(self) -> int:
+        """The latest token handed out (Persist tokens and proposal tickets share this space)."""
+        return self._next_token - 1
 
     def random_name(self, prefix: str) -> str:
         return prefix + base64.urlsafe_b64encode(self.config.rng(16)).decode("ascii").rstrip("=")

@@ -2,8 +2,11 @@
 
 What it is for: `ProposalTracker` remembers every queue command this node proposed until its own replica applied
 it (the runtime reports that with `applied(proposal_id)` from the Raft apply callback). It says when to send again
-(`due`: every `retry_ms`, because a leader may have changed or a forwarded proposal may have been dropped) and
-when to give up (`timeout_ms`). A group's proposals are always (re)sent together, oldest first, so a retry never
+(`groups_due`: `retry_ms` after the last send, because a forwarded proposal may have been dropped; the runtime also
+sends a group's proposals again at once when its leader changes) and when to give up (`timeout_ms`). While the
+leader stays the same, each timer resend (`retried`) doubles the group's interval, up to `retry_ms *
+retry_backoff_max`: resending every pending proposal at a fixed pace to a leader that is merely slow adds duplicates
+faster than they commit (a livelock, docs/raft.md); `leader_changed` and an emptied group go back to `retry_ms`. A group's proposals are always (re)sent together, oldest first, so a retry never
 puts a later proposal of a queue into the log ahead of an earlier one. At most `pending_max` proposals wait.
 
 Sending in order is not enough for every command: a copy sent earlier can be lost (a forward dropped with its
@@ -93,6 +96,8 @@ class ProposalTracker:
     _by_id: dict[int, Pending] = field(default_factory=dict)
     _by_group: dict[str, dict[int, Pending]] = field(default_factory=dict)  # insertion (= id) order
     _barriers: dict[str, int] = field(default_factory=dict)  # group -> barriers it tracks (count)
+    retry_backoff_max: int = 8  # the resend interval grows to retry_ms * this while the leader is unchanged
+    _retries: dict[str, int] = field(default_factory=dict)  # group -> timer resends since its leader changed
 
     def __post_init__(self) -> None:
         self._next_id = self.first_id
@@ -127,6 +132,7 @@ class ProposalTracker:
                 group.pop(proposal_id, None)
                 if not group:
                     del self._by_group[pending.group]
+                    self._retries.pop(pending.group, None)
             if pending.barrier:
                 self._forget_barrier(pending.group)
         return pending
@@ -185,6 +191,7 @@ class ProposalTracker:
         """Forget a group's proposals (its queue is gone); returns them, to be abandoned."""
         dropped = list(self._by_group.pop(group, {}).values())
         self._barriers.pop(group, None)
+        self._retries.pop(group, None)
         for pending in dropped:
             self._by_id.pop(pending.proposal_id, None)
         return dropped
@@ -197,13 +204,26 @@ class ProposalTracker:
         return old
 
     def groups_due(self, now_ms: int) -> list[str]:
-        """Groups whose oldest proposal was last sent `retry_ms` ago or more (or never sent)."""
+        """Groups whose oldest proposal was last sent the group's retry interval ago or more (or never sent): `retry_ms`,
+        doubled for each `retried` since the leader changed, at most `retry_ms * retry_backoff_max`."""
         due = []
         for group, pendings in self._by_group.items():
             oldest = next(iter(pendings.values()))
-            if oldest.sent_ms is None or now_ms - oldest.sent_ms >= self.retry_ms:
+            interval = self.retry_ms * min(2 ** min(self._retries.get(group, 0), 16), self.retry_backoff_max)
+            if oldest.sent_ms is None or now_ms - oldest.sent_ms >= interval:
                 due.append(group)
         return due
+
+    def retried(self, group: str) -> None:
+        """The timer is sending the group's proposals again (its next interval doubles, up to the bound); a group
+        whose oldest proposal was never sent (its Raft group was not running yet) does not count."""
+        pendings = self._by_group.get(group)
+        if pendings and next(iter(pendings.values())).sent_ms is not None:
+            self._retries[group] = self._retries.get(group, 0) + 1
+
+    def leader_changed(self, group: str) -> None:
+        """The group has a new leader (the runtime sends its proposals at once): back to `retry_ms`."""
+        self._retries.pop(group, None)
 
 
 @dataclass(slots=True)

@@ -55,6 +55,8 @@ class NodeConfig:
     heartbeat_s: int = 60
     max_message_size_bytes: int = 128 * MIB
     connection_max: int = 0
+    proxy_protocol: bool = False
+    proxy_protocol_port: int = 0
     handshake_timeout_ms: int = 10_000
     output_buffer_high_bytes: int = 4 * MIB
     output_buffer_low_bytes: int = 1 * MIB
@@ -126,6 +128,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("heartbeat_s", "int", "Heartbeat timeout offered in connection.tune, seconds (0 = off)."),
     Setting("max_message_size_bytes", "int", "Largest message body accepted; bigger publishes close the channel (406)."),
     Setting("connection_max", "int", "Most concurrent client connections (0 = no limit)."),
+    Setting("proxy_protocol", "bool",
+            "The AMQP listener (port) requires a PROXY protocol v1/v2 header on every connection and takes the "
+            "client's address from it (as RabbitMQ's proxy_protocol; for nodes behind HAProxy's send-proxy-v2)."),
+    Setting("proxy_protocol_port", "int",
+            "An extra AMQP listener on listen_address that requires a PROXY protocol header (0 = none); "
+            "`raftmq cluster up` points HAProxy at it."),
     Setting("handshake_timeout_ms", "int", "Time a client has to finish the AMQP handshake."),
     Setting("output_buffer_high_bytes", "int", "Per-connection output above which deliveries to it pause."),
     Setting("output_buffer_low_bytes", "int", "Per-connection output below which deliveries resume."),
@@ -153,7 +161,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster_nodes", "list",
             "Cluster mode: every node as name=host:amqp_port[:raft_port[:metadata_port]], this node included "
             "(comma-separated). Empty = single node."),
-    Setting("cluster_secret", "str", "Cluster mode: shared secret (>= 16 bytes) authenticating Raft and metadata peers."),
+    Setting("cluster_secret", "str",
+            "Cluster mode: shared secret authenticating Raft and metadata peers (>= 16 bytes and >= 128 bits "
+            "estimated; placeholders refused)."),
     Setting("raft_port", "int", "Queue Raft port, the same on every node. 0 = each node's AMQP port + 20000."),
     Setting("metadata_port", "int", "Metadata Raft port, the same on every node. 0 = each node's AMQP port + 21000."),
     Setting("management_port", "int", "Management HTTP port. 0 = AMQP port + 10000."),
@@ -283,6 +293,7 @@ def validate(config: NodeConfig) -> NodeConfig:
         (0 <= config.heartbeat_s <= 65535, "heartbeat_s must be 0..65535"),
         (0 < config.max_message_size_bytes <= 512 * MIB, "max_message_size_bytes must be 1..536870912"),
         (config.connection_max >= 0, "connection_max must be >= 0"),
+        (0 <= config.proxy_protocol_port <= 65535, "proxy_protocol_port must be 0..65535"),
         (config.handshake_timeout_ms > 0, "handshake_timeout_ms must be > 0"),
         (0 < config.output_buffer_low_bytes < config.output_buffer_high_bytes,
          "need 0 < output_buffer_low_bytes < output_buffer_high_bytes"),
@@ -346,6 +357,47 @@ RAFT_PORT_OFFSET = 20_000
 METADATA_PORT_OFFSET = 21_000
 MANAGEMENT_PORT_OFFSET = 10_000
 CLUSTER_SECRET_BYTES_MIN = 16
+CLUSTER_SECRET_BITS_MIN = 128  # estimated strength (see `secret_weakness`)
+CLUSTER_SECRET_DISTINCT_MIN = 8  # distinct characters
+# Text that marks a placeholder rather than a secret (the example shipped before deploy/ generated secrets was
+# "change-me-to-a-long-random-secret").
+CLUSTER_SECRET_PLACEHOLDERS = ("change-me", "changeme", "change_me", "placeholder", "your-secret", "example")
+_CHARACTER_CLASSES = (
+    (26, str.islower),
+    (26, str.isupper),
+    (10, str.isdigit),
+)
+_OTHER_CHARACTERS = 33  # printable ASCII punctuation and space; anything else counts as this class too
+
+
+def secret_strength_bits(secret: str) -> float:
+    """A simple upper estimate of a secret's strength: its length times log2 of the size of the character classes
+    it uses (lower case 26, upper case 26, digits 10, anything else 33). A random hex string of 32 characters
+    scores 165 bits, `secrets.token_hex(32)` 331; "correcthorsebatterystaple" 118."""
+    import math
+
+    pool = sum(size for size, member in _CHARACTER_CLASSES if any(member(c) and c.isascii() for c in secret))
+    if any(not (c.isascii() and c.isalnum()) for c in secret):
+        pool += _OTHER_CHARACTERS
+    return len(secret) * math.log2(pool) if pool else 0.0
+
+
+def secret_weakness(secret: str) -> str | None:
+    """Why `secret` is not acceptable as the cluster secret, or None: shorter than CLUSTER_SECRET_BYTES_MIN, a
+    known placeholder, fewer than CLUSTER_SECRET_DISTINCT_MIN distinct characters, or below
+    CLUSTER_SECRET_BITS_MIN bits by `secret_strength_bits`."""
+    lowered = secret.lower()
+    marker = next((m for m in CLUSTER_SECRET_PLACEHOLDERS if m in lowered), None)
+    if len(secret.encode()) < CLUSTER_SECRET_BYTES_MIN:
+        return f"it is shorter than {CLUSTER_SECRET_BYTES_MIN} bytes"
+    if marker is not None:
+        return f"it is a placeholder (it contains {marker!r})"
+    if len(set(secret)) < CLUSTER_SECRET_DISTINCT_MIN:
+        return f"it has fewer than {CLUSTER_SECRET_DISTINCT_MIN} distinct characters"
+    bits = secret_strength_bits(secret)
+    if bits < CLUSTER_SECRET_BITS_MIN:
+        return f"it is too guessable (about {bits:.0f} bits estimated, at least {CLUSTER_SECRET_BITS_MIN} needed)"
+    return None
 
 
 def _derived_port(explicit: int, amqp_port: int, offset: int, what: str) -> int:
@@ -393,8 +445,11 @@ def cluster_layout(config: NodeConfig) -> ClusterLayout:
         raise ConfigError("cluster_nodes: node names must be distinct")
     if config.node_name not in names:
         raise ConfigError(f"cluster_nodes must include this node ({config.node_name!r})")
-    if len(config.cluster_secret.encode()) < CLUSTER_SECRET_BYTES_MIN:
-        raise ConfigError(f"cluster_secret must be at least {CLUSTER_SECRET_BYTES_MIN} bytes in cluster mode")
+    weakness = secret_weakness(config.cluster_secret)
+    if weakness is not None:
+        raise ConfigError(
+            f"cluster_secret refused: {weakness}. Use a long random secret, the same on every node, e.g. "
+            "`python3 -c 'import secrets; print(secrets.token_hex(32))'` (docs/configuration.md, \"Cluster secret\")")
     return ClusterLayout(config.node_name, members, config.cluster_secret)
 
 

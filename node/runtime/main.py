@@ -74,6 +74,7 @@ async def _serve(config: NodeConfig) -> None:
         async with trio.open_nursery() as server:
             ports = await server.start(run_node, node)
             print(f"raftmq node {config.node_name} listening on port {ports[0]}", file=sys.stderr, flush=True)
+            _print_proxy_listener(node, config)
             log.info("data dir %s; %d records recovered", data_dir, len(records))
             from node.runtime.management_view import BrokerView
 
@@ -81,6 +82,14 @@ async def _serve(config: NodeConfig) -> None:
                               wait_durable=store.wait_durable)
             await _start_management(nursery, view, config, management_port(config, config.port))
         nursery.cancel_scope.cancel()
+
+
+def _print_proxy_listener(node: Any, config: NodeConfig) -> None:
+    if config.proxy_protocol:
+        log.info("the AMQP listener requires a PROXY protocol header (proxy_protocol)")
+    if node.proxy_ports:
+        print(f"raftmq node {config.node_name} PROXY protocol listener on port {node.proxy_ports[0]}",
+              file=sys.stderr, flush=True)
 
 
 def management_port(config: NodeConfig, amqp_port: int) -> int:
@@ -135,6 +144,7 @@ async def _serve_cluster(config: NodeConfig) -> None:
         async with trio.open_nursery() as server:
             ports = await server.start(run_node, node)
             print(f"raftmq node {config.node_name} listening on port {ports[0]}", file=sys.stderr, flush=True)
+            _print_proxy_listener(node, config)
             log.info("cluster node %s (boot %d); data dir %s; %d queues", config.node_name, boot_id, data_dir,
                      len(cluster.group_queues))
             from node.runtime.cluster.view import ClusterView

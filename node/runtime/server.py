@@ -25,6 +25,12 @@ In cluster mode the broker decides instead (`node/broker/credit_flow.py`, which 
 their way through Raft): its `PauseReading` effect stops reading a connection until `ResumeReading`; heartbeats
 keep flowing to the client and the core does not count the peer's silence meanwhile (`hold_reading`).
 
+PROXY protocol (docs/configuration.md): on a listener with it on (`proxy_protocol` for `port`, or the extra
+`proxy_protocol_port` listener) `handle_connection` first reads the PROXY v1/v2 header (node/amqp/proxy_protocol.py)
+within the handshake timeout and registers the connection with the client address it names (loopback-only users,
+listings, logs), feeding the bytes that followed the header to the core; a connection without a valid header is
+closed, logged and counted (`proxy_refused`) before the broker ever hears of it.
+
 Reads are at most RECEIVE_SIZE_BYTES (32 KiB, ~190 small publishes): one read is handled in one go on the trio
 thread, so its size bounds how long every other connection waits for a turn (deliveries sit in the consumer's
 output until its writer runs). With 256 KiB reads a publisher's turn took up to 150 ms under workload (a), and the
@@ -53,6 +59,7 @@ import trio
 from node.amqp.connection import ConnectionLimits, ServerConnection, reply_text
 from node.amqp.events import ConnectionClosed, ConnectionOpened
 from node.amqp.methods import BasicAck, BasicDeliver, ConnectionCloseOk
+from node.amqp.proxy_protocol import V2_BYTES_MAX, ProxyHeader, ProxyProtocolError, parse_proxy_header
 from node.amqp.spec import ReplyCode
 from node.broker.effects import (
     Block,
@@ -84,6 +91,7 @@ FLOW_PAUSE_MAX_S = 0.25  # longest pause of a publisher behind its queues, per r
 FLOW_STALL_S = 0.05  # a pause ends when the backlog did not go down for this long (the consumer is slow)
 FLOW_QUIET_S = 0.5  # after a stalled pause: no pauses for this long (a stalled consumer must not throttle)
 SHUTDOWN_REPLY_TEXT = "broker forced connection closure with reason 'shutdown'"
+PROXY_READ_BYTES = V2_BYTES_MAX  # reads while waiting for the PROXY header (what follows it goes to the core)
 ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 
@@ -174,6 +182,8 @@ class Node:
         self.receive_size_bytes = REPLICATED_RECEIVE_SIZE_BYTES if replicated else RECEIVE_SIZE_BYTES
         self.flow_pauses = 0  # credit flow: publisher reads held back, and those that stalled
         self.flow_pauses_stalled = 0
+        self.proxy_refused = 0  # connections refused on a PROXY protocol listener (no valid header in time)
+        self.proxy_ports: list[int] = []  # bound ports of the PROXY-protocol-only listener (proxy_protocol_port)
         self._server_scope: trio.CancelScope | None = None
 
     # ----------------------------------------------------------------------------------------- dispatch
@@ -291,10 +301,22 @@ class Node:
         self.apply_effects(self.broker.set_writable(conn.conn_id, writable))
 
     # ------------------------------------------------------------------------------------- connections
-    async def handle_connection(self, stream: trio.SocketStream) -> None:
+    async def handle_connection(self, stream: trio.SocketStream, proxy_protocol: bool = False) -> None:
+        """Serve one client connection; on a PROXY protocol listener, first read the header naming the client."""
+        host = _peer_host(stream)
+        initial = b""
+        if proxy_protocol:
+            got = await self._read_proxy_header(stream, host)
+            if got is None:
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await stream.aclose()
+                return
+            header, initial = got
+            if header.source is not None:
+                log.debug("connection from %s:%d via proxy %s", header.source[0], header.source[1], host)
+                host = header.source[0]
         conn_id = self.next_conn_id
         self.next_conn_id += 1
-        host = _peer_host(stream)
         core = ServerConnection(self.broker.authenticator_for(conn_id), self.limits, mono_ms())
         conn = Connection(conn_id, stream, core, mono_ms())
         self.connections[conn_id] = conn
@@ -303,6 +325,10 @@ class Node:
             async with trio.open_nursery() as nursery:
                 conn.cancel_scope = nursery.cancel_scope
                 nursery.start_soon(self._writer, conn)
+                if initial:  # the client's first bytes came with the PROXY header
+                    conn.core.receive_data(initial, mono_ms())
+                    self._mark(conn)
+                    self.dispatch_guarded(conn)
                 await self._reader(conn)
                 conn.finished = True
                 conn.output_ready.set()
@@ -310,6 +336,33 @@ class Node:
             self._forget(conn)
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
+
+    async def _read_proxy_header(self, stream: trio.SocketStream, peer: str) -> tuple[ProxyHeader, bytes] | None:
+        """The PROXY protocol header and the bytes that followed it, read within the handshake timeout; None (the
+        connection is refused: logged and counted) when it is missing, malformed, late or the peer hung up."""
+        data = b""
+        reason = f"no PROXY protocol header within {self.config.handshake_timeout_ms} ms"
+        with trio.move_on_after(self.config.handshake_timeout_ms / 1000):
+            while True:
+                try:
+                    header = parse_proxy_header(data)
+                except ProxyProtocolError as exc:
+                    reason = str(exc)
+                    break
+                if header is not None:
+                    return header, data[header.length:]
+                try:
+                    chunk = await stream.receive_some(PROXY_READ_BYTES)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    reason = f"read failed before the end of the PROXY protocol header: {exc!r}"
+                    break
+                if not chunk:
+                    reason = "closed before the end of the PROXY protocol header"
+                    break
+                data += chunk
+        self.proxy_refused += 1
+        log.warning("connection from %s refused: %s", peer or "?", reason)
+        return None
 
     def _forget(self, conn: Connection) -> None:
         conn.finished = True
@@ -491,7 +544,8 @@ class Node:
         return sent
 
     # ---------------------------------------------------------------------------------------- listeners
-    async def _accept_loop(self, listener: trio.SocketListener, handlers: trio.Nursery) -> None:
+    async def _accept_loop(self, listener: trio.SocketListener, handlers: trio.Nursery,
+                           proxy_protocol: bool = False) -> None:
         backoff_ms = 10
         while True:
             try:
@@ -508,21 +562,28 @@ class Node:
                 log.warning("connection_max %d reached; refusing a connection", self.config.connection_max)
                 await stream.aclose()
                 continue
-            handlers.start_soon(self.handle_connection, stream)
+            handlers.start_soon(self.handle_connection, stream, proxy_protocol)
 
     async def serve_connections(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         host = self.config.listen_address or None
         self.listeners = await trio.open_tcp_listeners(self.config.port, host=host)
         self.bound_ports = sorted({listener.socket.getsockname()[1] for listener in self.listeners})
+        proxy_listeners: list[trio.SocketListener] = []
+        if self.config.proxy_protocol_port:
+            proxy_listeners = await trio.open_tcp_listeners(self.config.proxy_protocol_port, host=host)
+            self.proxy_ports = sorted({listener.socket.getsockname()[1] for listener in proxy_listeners})
+        main_proxy = self.config.proxy_protocol
         async with trio.open_nursery() as handlers:
             with trio.CancelScope() as accept_scope:
                 self._server_scope = accept_scope
                 async with trio.open_nursery() as acceptors:
                     for listener in self.listeners:
-                        acceptors.start_soon(self._accept_loop, listener, handlers)
+                        acceptors.start_soon(self._accept_loop, listener, handlers, main_proxy)
+                    for listener in proxy_listeners:
+                        acceptors.start_soon(self._accept_loop, listener, handlers, True)
                     self.ready.set()
                     task_status.started(self.bound_ports)
-            for listener in self.listeners:
+            for listener in [*self.listeners, *proxy_listeners]:
                 await listener.aclose()
             await self._close_all_connections()
             handlers.cancel_scope.cancel()

@@ -171,6 +171,29 @@ def test_tracker_retries_groups_in_id_order_and_expires() -> None:
     assert len(tracker) == 0 and tracker.groups_due(20_000) == []
 
 
+def test_tracker_backs_off_while_the_leader_is_unchanged() -> None:
+    """Resending every pending proposal at a fixed pace to a slow leader livelocks (docs/raft.md): each timer resend
+    doubles the group's interval, up to retry_ms * retry_backoff_max; a new leader or an emptied group resets it."""
+    tracker = ProposalTracker(first_id=1, retry_ms=500, timeout_ms=60_000, retry_backoff_max=4)
+    p1 = _pending(tracker, "g", 0)
+    tracker.retried("g")  # never sent yet: not a resend
+    p1.sent_ms = 0
+    assert tracker.groups_due(499) == [] and tracker.groups_due(500) == ["g"]
+    sent = 500
+    for interval in (1000, 2000, 2000):  # doubled, doubled again, then at the bound (500 * 4)
+        tracker.retried("g")
+        p1.sent_ms = sent
+        assert tracker.groups_due(sent + interval - 1) == [] and tracker.groups_due(sent + interval) == ["g"]
+        sent += interval
+    tracker.leader_changed("g")
+    assert tracker.groups_due(sent + 500) == ["g"]
+    tracker.retried("g")
+    tracker.applied(p1.proposal_id)  # the group emptied: a new proposal starts at retry_ms again
+    p2 = _pending(tracker, "g", 0)
+    p2.sent_ms = 0
+    assert tracker.groups_due(500) == ["g"]
+
+
 def test_tracker_drop_group_and_bound() -> None:
     tracker = ProposalTracker(first_id=1, pending_max=2)
     _pending(tracker, "g", 0)

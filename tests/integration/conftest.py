@@ -34,22 +34,7 @@ MODES = ("external",) if external_target() is not None else ("single", "cluster"
 
 # Test ids (file::name, or file::name[params] for one parametrisation, the mode left out) whose cluster-mode run
 # fails on a known broker bug -> the bug. Applied as xfail(strict=False) to the [cluster] parametrisation only.
-_AFTER_REPLY = ("a node answers (consume-ok, cancel-ok, close-ok, a publish) before its replica applied the change, so "
-                "the connection's next command does not see it yet")
-CLUSTER_XFAIL: dict[str, str] = {
-    "test_consume.py::test_consume_receives_in_order_then_cancel_stops":
-        f"{_AFTER_REPLY}: a message published right after cancel-ok goes to the cancelled consumer",
-    "test_publish.py::test_tx_acks_apply_on_commit_only":
-        f"{_AFTER_REPLY}: the unacked message of a closed channel is not back in the queue after close-ok",
-    "test_publish.py::test_message_over_max_size_closes_channel_406":
-        f"{_AFTER_REPLY}: the message published just before is not counted by declare-ok on another channel",
-    "test_topology.py::test_server_named_queue_and_declare_ok_counts":
-        f"{_AFTER_REPLY}: declare-ok's consumer_count misses the consumer just added",
-    "test_topology.py::test_queue_delete_returns_count_and_if_empty_if_unused":
-        f"{_AFTER_REPLY}: queue.delete if-unused right after basic.consume does not see the consumer",
-    "test_topology.py::test_auto_delete_queue_goes_with_its_last_consumer":
-        f"{_AFTER_REPLY}: the auto-delete queue still exists right after its last consumer's cancel-ok",
-}
+CLUSTER_XFAIL: dict[str, str] = {}
 XFAIL_TIMEOUT_S = 120  # a known bug that hangs a test costs this much, not the suite's timeout
 
 

@@ -29,6 +29,7 @@ from cluster.raft.runtime.codec import (
     encode_batch,
     encode_forward,
 )
+from cluster.raft.runtime.frame_auth import FrameSealer, session_keys
 from cluster.raft.runtime.routing import CommandRouter
 from cluster.raft.runtime.transport import CHALLENGE_BYTES, FrameReader, Transport, _proof, frame
 from tests.raft.test_runtime_cluster import _free_ports
@@ -140,9 +141,10 @@ async def test_a_transport_ignores_a_frame_kind_it_does_not_know_and_delivers_fo
             await stream.send_all(frame(cbor2.dumps([N1, _proof(b"k", b"dial", challenge, N1),
                                                      b"c" * CHALLENGE_BYTES])))
             assert await reader.read() is not None
+            sealer = FrameSealer(session_keys(b"k", challenge, b"c" * CHALLENGE_BYTES, N1, N2, dialer_side=True).send)
             forward = Forward(N1, N2, (Command("propose", GroupId("g"), b"p"),))
-            await stream.send_all(frame(cbor2.dumps({"k": "newer-kind"})) + frame(encode_forward(forward))
-                                  + frame(encode_batch(NodeBatch(N1, N2, 0, ()))))
+            await stream.send_all(sealer.seal(cbor2.dumps({"k": "newer-kind"})) + sealer.seal(encode_forward(forward))
+                                  + sealer.seal(encode_batch(NodeBatch(N1, N2, 0, ()))))
             while not batches:
                 await trio.sleep(0.01)
             assert N1 in b.connected_peers()  # the unknown frame did not cost the connection

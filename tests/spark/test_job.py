@@ -12,7 +12,16 @@ pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession
 
 from spark_analytics.generate import GenerateResult, GenerateSpec, generate
-from spark_analytics.job import JobResult, JobSpec, resolve_input, run_job
+from spark_analytics.job import (
+    SHUFFLE_PARTITION_BYTES,
+    SHUFFLE_PARTITIONS_MAX,
+    JobResult,
+    JobSpec,
+    local_input_bytes,
+    resolve_input,
+    run_job,
+    shuffle_partitions_for,
+)
 from spark_analytics.transforms import LagConfig
 
 # The module fixture starts the JVM (if first) and runs the whole job: ~30 s on an idle 2-core machine, but
@@ -111,3 +120,18 @@ def test_a_node_data_dir_is_expanded_to_its_telemetry_files(
     (tmp_path / "metadata").mkdir()
     assert resolve_input(str(tmp_path)) == [str(tmp_path / "raft" / "telemetry" / "*.jsonl")]
     assert resolve_input(str(tmp_path / "metadata")) == [str(tmp_path / "metadata")]
+
+
+def test_shuffle_partitions_are_sized_to_the_input(tmp_path: Path) -> None:
+    assert shuffle_partitions_for(0, cores=2) == 2
+    assert shuffle_partitions_for(31 * 1024 * 1024, cores=2) == 2
+    assert shuffle_partitions_for(10 * SHUFFLE_PARTITION_BYTES + 1, cores=2) == 11
+    assert shuffle_partitions_for(10**12, cores=2) == SHUFFLE_PARTITIONS_MAX
+    assert shuffle_partitions_for(10, cores=8) == 8
+    node = tmp_path / "n1" / "telemetry"
+    node.mkdir(parents=True)
+    (node / "replication-n1.jsonl").write_bytes(b"x" * 1000)
+    (node / "ignored.txt").write_bytes(b"x" * 5)
+    assert local_input_bytes((str(tmp_path),)) == 1000
+    assert local_input_bytes((str(node / "replication-n1.jsonl"), str(tmp_path / "n1"))) == 2000
+    assert local_input_bytes(("s3a://bucket/telemetry",)) is None

@@ -6,7 +6,10 @@ thousands of idle groups does no per-group work per tick. Liveness of quiesced g
 failure detection instead (CockroachDB's quiescence, RabbitMQ ra's per-node monitoring): every node sends each
 peer a `NodeBatch` at least every `node_heartbeat_ticks` (empty if there is nothing to carry); a peer silent for
 `node_timeout_ticks`, or one that came back with a new incarnation, wakes the groups it leads (followers then
-campaign) and the groups we lead that include it (so check-quorum can act).
+campaign) and the groups we lead that include it (so check-quorum can act). Faster, when the host knows that a
+peer's process is gone (its transport's connections to the peer are refused after the link was lost, which a paused,
+slow or partitioned node never causes): `peer_refused(peer)` makes the followers of the groups it leads campaign
+within a few ticks (`RaftCore.leader_refused`); the peer counts as refusing until a batch from it arrives.
 
 `ready()` collects every group's `Ready` and regroups all outgoing messages into one `NodeBatch` per destination
 (split at `batch_messages_max`); the host persists every group's entries with one fsync, sends the batches,
@@ -94,6 +97,7 @@ class MultiRaft:
         self._last_sent: dict[NodeId, int] = {}
         self._peer_incarnation: dict[NodeId, int] = {}
         self.down_peers: set[NodeId] = set()
+        self.refusing_peers: set[NodeId] = set()  # `peer_refused` since their last batch
 
     # --- groups --------------------------------------------------------------------------------------------
     def add_group(
@@ -148,6 +152,7 @@ class MultiRaft:
         peer = batch.src
         self._last_heard[peer] = self._now
         self.down_peers.discard(peer)
+        self.refusing_peers.discard(peer)
         known = self._peer_incarnation.get(peer)
         self._peer_incarnation[peer] = batch.incarnation
         if known is not None and known != batch.incarnation:
@@ -158,6 +163,22 @@ class MultiRaft:
                 continue  # a group we do not host (yet): the sender will retry
             core.step(message)
             self._touch(group)
+
+    def peer_refused(self, peer: NodeId) -> list[GroupId]:
+        """The host saw `peer` refuse connections after its link was lost (its process is gone): the groups it
+        leads here schedule a fast campaign (`RaftCore.leader_refused`); returns them. Repeats before the next
+        batch from `peer` do nothing."""
+        if peer in self.refusing_peers or peer not in self._last_heard:
+            return []
+        self.refusing_peers.add(peer)
+        refusing = frozenset(self.refusing_peers)
+        woken = []
+        for group in sorted(self.groups):
+            core = self.groups[group]
+            if core.lead == peer and core.leader_refused(refusing):
+                self._touch(group)
+                woken.append(group)
+        return woken
 
     def propose(self, group: GroupId, data: bytes) -> Index | None:
         core = self.groups[group]

@@ -1,8 +1,8 @@
 """The Raft state machine of one group on one node (Ongaro & Ousterhout, with etcd-io/raft's shape).
 
 Input: `tick()` (one logical clock tick), `step(message)`, `propose(data)`, `propose_conf_change(change)`,
-`transfer_leadership(node)`, `compact(data)`, `wake(...)`. Output: `ready()` returns a `Ready` (see types.py for
-the persist -> send -> apply -> advance order) and `advance(ready)` acknowledges it.
+`transfer_leadership(node)`, `compact(data)`, `wake(...)`, `leader_refused(nodes)`. Output: `ready()` returns a
+`Ready` (see types.py for the persist -> send -> apply -> advance order) and `advance(ready)` acknowledges it.
 
 A new group may be bootstrapped with a leader named in advance (`bootstrap_state`, then `start_bootstrapped`): every
 member starts at term 1 with its vote already cast for that node, so no other node can win term 1; the named node
@@ -11,9 +11,11 @@ the others time out and elect a leader of term 2 as usual.
 
 Elections use pre-vote (section 9.6: a node first asks whether it could win, without bumping its term) and
 check-quorum (a leader that has not heard from a quorum within an election timeout steps down; followers that
-heard from a leader within the timeout ignore vote requests: the "leader lease"). Replication pipelines appends
-per follower (progress.py) and a leader commits only by counting replicas of an entry of its own term
-(section 5.4.2). A follower truncates only at a real conflict. Membership changes are single-server, take effect
+heard from a leader within the timeout ignore vote requests: the "leader lease"). When the host knows that the
+leader's node is gone (its port refuses connections: `leader_refused`), a follower drops the lease and campaigns at
+once or within a few ticks, the surviving voters in id order, instead of waiting for the election timeout.
+Replication pipelines appends per follower (progress.py) and a leader commits only by counting replicas of an entry
+of its own term (section 5.4.2). A follower truncates only at a real conflict. Membership changes are single-server, take effect
 when applied, one at a time, and a learner is promoted only once it has caught up. The group can quiesce: an idle
 leader sends one final heartbeat and then nothing; see multiraft.py for the node-level failure detection that
 replaces per-group heartbeats.
@@ -58,6 +60,7 @@ from cluster.raft.core.types import (
 
 Rng = Callable[[int, int], int]  # rng(low, high_exclusive), e.g. random.Random(seed).randrange
 BOOTSTRAP_TERM = Term(1)
+REFUSED_CAMPAIGN_TRIES = 2  # `leader_refused`: pre-votes on the short timing (the first, and one retry a tick later)
 
 
 def bootstrap_state(membership: Membership, leader: NodeId) -> PersistedState:
@@ -91,6 +94,9 @@ class RaftConfig:
     inflight_msgs_max: int = 64
     inflight_bytes_max: int = 4 * 1024 * 1024
     uncommitted_entries_max: int = 10_000  # proposals beyond this are refused (back-pressure)
+    # `leader_refused`: the surviving voters campaign in turn, rank * this many ticks apart (rank 0 at once), each
+    # after a random 0..half of it more (a refused connection is the trigger; the election timeout applies otherwise)
+    refused_campaign_ticks: int = 2
 
 
 class RaftCore:
@@ -127,6 +133,7 @@ class RaftCore:
         self._election_elapsed = 0
         self._heartbeat_elapsed = 0
         self._randomized_timeout = 0
+        self._fast_tries = 0  # `leader_refused` campaigns left on the short timing (then the ordinary timeout)
         self._pending_conf_index = Index(0)
         self.lead_transferee: NodeId | None = None
         self._reset_randomized_timeout()
@@ -141,7 +148,17 @@ class RaftCore:
             self._election_elapsed += 1
             if self._promotable() and self._election_elapsed >= self._randomized_timeout:
                 self._election_elapsed = 0
-                self.campaign()
+                self._campaign_on_timeout()
+
+    def _campaign_on_timeout(self) -> None:
+        if self._fast_tries:  # a `leader_refused` campaign: a pre-vote no one answered yet is asked again next
+            self._fast_tries -= 1  # tick (a voter may learn of the refusal a moment after us), then the ordinary
+            if self._fast_tries and self.config.pre_vote:  # timeout applies (a lost pre-vote, a split vote)
+                self._randomized_timeout = 1
+            else:
+                self._fast_tries = 0
+                self._reset_randomized_timeout()
+        self.campaign()
 
     def campaign(self, transfer: bool = False) -> None:
         """Start an election now (a pre-vote round first, unless this is a leadership transfer)."""
@@ -235,6 +252,37 @@ class RaftCore:
             self._wake_self()
             if self.role is Role.FOLLOWER and self.lead is not None:
                 self._send(HeartbeatResp(self.id, self.lead, self.term))  # wake the leader too
+
+    def leader_refused(self, refusing: frozenset[NodeId]) -> bool:
+        """Node-level evidence that the nodes `refusing` are gone: their port refuses connections after our link to
+        them was lost (the host's transport sees it; a paused, slow or partitioned node does not refuse). If our
+        leader is one of them, we forget it (no lease: we grant votes) and campaign at once or within a few ticks
+        instead of after the election timeout: the surviving voters, ranked by id, take turns; the first campaigns at
+        once, the one of rank r after r * `refused_campaign_ticks` ticks plus a random 0..half of that (for two
+        that see different survivors and so take the same rank), so that they rarely split the vote; and one that
+        grants another's pre-vote before its own turn leaves it to that one, keeping only the ordinary timeout. A
+        pre-vote is asked once more a tick later, as the other voters may learn of the refusal a moment after us
+        (until then the leader's lease makes them ignore it). Whether such a campaign started or is scheduled.
+
+        Safe as any campaign: it is an ordinary (pre-)vote; only its timing and our lease change. If the leader is
+        in fact alive, the voters that still hear it are in its lease and ignore the pre-vote (no term is bumped),
+        and after the short tries the ordinary timeout applies again (a lost pre-vote, a split vote)."""
+        if self.role is not Role.FOLLOWER or self.lead is None or self.lead not in refusing or not self._promotable():
+            return False
+        self.quiesced = False
+        self.lead = None  # gone: no lease, and the host holds commands for the group until a new leader is known
+        survivors = sorted(self.membership.voters - refusing)
+        rank = survivors.index(self.id) if self.id in survivors else len(survivors)
+        gap = max(1, self.config.refused_campaign_ticks)
+        delay = 0 if rank == 0 else rank * gap + self._rng(0, (gap + 1) // 2)
+        self._election_elapsed = max(self._election_elapsed, self.config.election_ticks)  # the lease is over
+        self._fast_tries = REFUSED_CAMPAIGN_TRIES
+        if delay == 0:
+            self._election_elapsed = 0
+            self._campaign_on_timeout()
+        else:
+            self._randomized_timeout = self._election_elapsed + delay
+        return True
 
     def step(self, m: Message) -> None:
         if self.quiesced and not (isinstance(m, Heartbeat) and m.quiesce):
@@ -335,6 +383,7 @@ class RaftCore:
         self._votes = {}
         self.lead_transferee = None
         self.quiesced = False
+        self._fast_tries = 0
         self._reset_randomized_timeout()
 
     def _reset_randomized_timeout(self) -> None:
@@ -427,6 +476,10 @@ class RaftCore:
         if can_vote and self.log.is_up_to_date(m.last_index, m.last_term):
             if pre:
                 self._send(PreVoteResp(self.id, m.src, m.term, reject=False))
+                if self._fast_tries and self.role is Role.FOLLOWER:  # another survivor campaigns before our turn:
+                    self._fast_tries = 0  # leave it to them (a second campaign could split the vote), keeping
+                    self._election_elapsed = 0  # the ordinary timeout in case theirs fails
+                    self._reset_randomized_timeout()
             else:
                 self._election_elapsed = 0
                 self.vote = m.src
@@ -480,6 +533,9 @@ class RaftCore:
 
     # --- follower ------------------------------------------------------------------------------------------
     def _step_follower(self, m: Message) -> None:
+        if self._fast_tries and isinstance(m, Append | Heartbeat | InstallSnapshot):
+            self._fast_tries = 0  # the leader is alive after all: the ordinary timeout again
+            self._reset_randomized_timeout()
         if isinstance(m, Append):
             self._election_elapsed = 0
             self.lead = m.src

@@ -14,7 +14,9 @@ one fsync for all groups), send the batches, apply committed entries (`on_apply(
 given, `on_apply_many(group, entries)` once per group per cycle), `advance`. After the cycles it reports groups whose
 known leader changed to `on_leader_change` (the groups stepped or touched by the cycles, and every group each
 `LEADER_SCAN_TICKS` ticks). Replication telemetry (telemetry.py) is written after each fsync and sampled on the
-timer. Inbound batches, commands and group changes wait in bounded queues (beyond the bound, batches are dropped,
+timer. A peer the transport reports refusing connections after its link was lost (its process is gone) is handed to
+`MultiRaft.peer_refused` once the turn's inbox is stepped, so the groups it led elect a new leader at once (docs/raft.md
+"Fast failover on refused connections"). Inbound batches, commands and group changes wait in bounded queues (beyond the bound, batches are dropped,
 commands refused and group changes raise `OverflowError`).
 
 Automatic compaction (when the host gives a `SnapshotHost`): after `advance`, a group whose applied log holds more
@@ -29,6 +31,7 @@ received from the leader (before that Ready's committed entries are applied).
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import random
 import time
@@ -55,6 +58,7 @@ INBOX_BATCHES_MAX = 4096
 PROPOSALS_QUEUED_MAX = 65536  # commands waiting to be routed or held (all groups)
 GROUP_CHANGES_QUEUED_MAX = 65536
 LEADER_SCAN_TICKS = 10  # every group's known leader is compared this often (others: when touched)
+log = logging.getLogger(__name__)
 
 
 class SnapshotHost(Protocol):
@@ -126,7 +130,9 @@ class RaftNodeRuntime:
         self._inbox: deque[NodeBatch] = deque()
         self.router = CommandRouter(node_id, forward_hold_ms, PROPOSALS_QUEUED_MAX)
         self._wake = trio.Event()
-        self.transport = Transport(node_id, peers, secret, self._receive, on_forward=self._receive_forward)
+        self.transport = Transport(node_id, peers, secret, self._receive, on_forward=self._receive_forward,
+                                   on_refused=self._peer_refused)
+        self._refused: set[NodeId] = set()  # peers whose port refused us since the last turn (transport.py)
         self.storage: RaftStorage | None = None
         self.multi: MultiRaft | None = None
         self._groups: dict[GroupId, Membership] = {}
@@ -250,6 +256,22 @@ class RaftNodeRuntime:
             if self.timing is not None:
                 self._inbox_times.append(self.timing.now_s())
             self._wake.set()
+
+    def _peer_refused(self, peer: NodeId) -> None:
+        self._refused.add(peer)
+        self._wake.set()
+
+    def _apply_refusals(self, multi: MultiRaft) -> list[GroupId]:
+        """Peers that refused our connections after their link was lost (transport.py): the groups they led elect
+        a new leader at once (`MultiRaft.peer_refused`); returns those groups."""
+        woken: list[GroupId] = []
+        refused, self._refused = sorted(self._refused), set()
+        for peer in refused:
+            groups = multi.peer_refused(peer)
+            if groups:
+                log.info("raft: %s refuses connections: %d groups it led elect a new leader now", peer, len(groups))
+            woken.extend(groups)
+        return woken
 
     def _receive_forward(self, forward: Forward) -> None:
         if self.timing is not None and not self.router.has_fresh():
@@ -400,6 +422,8 @@ class RaftNodeRuntime:
             lap_started = self._lap_start()
             stepped, leader_learned = self._step_inbox(multi)
             touched.update(stepped)
+            if self._refused:  # after the inbox: whatever the peer sent before its link was lost is stepped
+                touched.update(self._apply_refusals(multi))
             self._route(multi, retry_held=ticked or self._recheck_held or leader_learned)
             lap_started = self._lap("turn_step_route", lap_started)
             await self._take_and_flush(multi, storage, pipeline, touched)

@@ -1,4 +1,4 @@
-"""Node-to-node transport over trio TCP: one connection per pair of nodes, HMAC-authenticated both ways, bounded.
+"""Node-to-node transport over trio TCP: one connection per pair of nodes, every frame HMAC-authenticated, bounded.
 
 One TCP connection per pair of nodes carries every group's traffic in both directions. Only the node with the
 smaller id dials (`dials(peer)`); the other side only accepts. Handshake (both sides prove the cluster secret, and
@@ -11,8 +11,12 @@ the role is part of what is signed, so one side's proof cannot be reflected back
 The listener refuses an unknown id, a wrong proof, or a peer that should be dialled *by* it (id not smaller); the
 dialer refuses a listener that is not the peer it dialled. Handshake frames are at most `HANDSHAKE_BYTES_MAX`, so an
 unauthenticated stranger cannot make us buffer more than that. After the handshake each side runs a reader and a
-writer on the connection. Frames: a 4-byte big-endian length, then `encode_batch` bytes (at most `FRAME_BYTES_MAX`;
-a larger frame, an undecodable one, or a batch whose source is not the authenticated peer closes the connection).
+writer on the connection. Frames: a 4-byte big-endian length, then a sequence number, the `encode_batch` bytes and
+an HMAC-SHA256 tag under a key derived from the secret and both challenges (frame_auth.py; at most
+`FRAME_BYTES_MAX`). A frame whose tag does not match (forged or altered: `frames_forged`) or whose sequence number
+is not the next (replayed or reordered: `frames_replayed`) is dropped, logged and counted, and closes the
+connection; so do a larger frame, an undecodable one, or a batch whose source is not the authenticated peer.
+Frames are authenticated, not encrypted.
 A connection silent for `idle_timeout_s` is closed (every node sends each peer a NodeBatch at least every
 `node_heartbeat_ticks`, so silence means a dead link), and so is one whose write does not finish in that time.
 
@@ -34,6 +38,10 @@ side a probe loop (a bare TCP connect, closed at once, with the dialer's backoff
 feed a `RefusalTracker`: `refusing_peers()` are those whose link was lost and whose last `REFUSALS_MIN` connection
 attempts, spanning at least `REFUSAL_SPAN_MS_MIN`, were all refused. Any attempt that is not refused resets the
 count; a new connection clears the state. A peer never connected since we started is never reported refusing.
+The first redial (or probe) after a lost link is made at once, and every refused attempt at a lost peer is also
+reported to `on_refused(peer)` right away: the Raft node uses the first one to let the groups that peer led elect
+a new leader at once (a refusal is cheap evidence for that: a wrong one only starts a pre-vote that the voters still
+hearing the leader ignore), while node-down (`refusing_peers()`) waits for the stricter rule above.
 """
 
 from __future__ import annotations
@@ -52,6 +60,14 @@ import trio
 from cluster.raft.core.multiraft import NodeBatch
 from cluster.raft.core.types import NodeId
 from cluster.raft.runtime.codec import CodecError, Forward, decode_frame, encode_batch, encode_forward
+from cluster.raft.runtime.frame_auth import (
+    FrameAuthError,
+    FrameOpener,
+    FrameReplayed,
+    FrameSealer,
+    SessionKeys,
+    session_keys,
+)
 
 FRAME_BYTES_MAX = 64 * 1024 * 1024
 HANDSHAKE_BYTES_MAX = 1024
@@ -84,6 +100,8 @@ class TransportStats:
     forwards_received: int = 0
     frames_ignored: int = 0  # frames of a kind this version does not know
     auth_failures: int = 0
+    frames_forged: int = 0  # frames after the handshake with a bad tag (forged or altered); each closed its connection
+    frames_replayed: int = 0  # ... with a good tag but an unexpected sequence number (replayed or reordered)
     connections_dialed: int = 0  # handshakes completed as the dialer
     connections_accepted: int = 0  # handshakes completed as the listener
     connections_replaced: int = 0  # an older connection from the same peer closed in favour of a new one
@@ -110,6 +128,9 @@ class RefusalTracker:
 
     def forget(self, peer: NodeId) -> None:
         self.connected(peer)
+
+    def is_lost(self, peer: NodeId) -> bool:
+        return peer in self._lost
 
     def attempt(self, peer: NodeId, refused: bool, now_ms: int) -> None:
         """One connection attempt to `peer`: refused (ECONNREFUSED), or anything else (connected, timed out...)."""
@@ -190,12 +211,14 @@ class Transport:
         queue_batches_max: int = 1024,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         on_forward: Callable[[Forward], None] | None = None,
+        on_refused: Callable[[NodeId], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self.peers = peers
         self._secret = secret
         self._on_batch = on_batch
         self._on_forward = on_forward
+        self._on_refused = on_refused
         self._idle_timeout_s = idle_timeout_s
         self._queue_batches_max = queue_batches_max
         self.stats = TransportStats()
@@ -294,7 +317,8 @@ class Transport:
                 log.debug("inbound handshake failed: %r", error)
                 return
             self.stats.connections_accepted += 1
-            await self._carry(peer, stream, reader)
+            keys = session_keys(self._secret, challenge, their_challenge, peer, self.node_id, dialer_side=False)
+            await self._carry(peer, stream, reader, keys)
 
     def _verify_hello(self, hello: bytes, challenge: bytes) -> tuple[NodeId, bytes] | None:
         """(the authenticated dialer, its challenge to us), or None."""
@@ -321,37 +345,49 @@ class Transport:
                 stream = await trio.open_tcp_stream(host, port)
             except OSError as error:
                 log.debug("dial %s failed: %r", peer, error)
-                self.refusals.attempt(peer, is_refusal(error), _now_ms())
+                self._attempted(peer, is_refusal(error))
             else:
-                self.refusals.attempt(peer, False, _now_ms())
+                self._attempted(peer, False)
                 async with stream:
                     reader = FrameReader(stream)
-                    if await self._dialer_handshake(peer, stream, reader):
+                    keys = await self._dialer_handshake(peer, stream, reader)
+                    if keys is not None:
                         backoff_s = BACKOFF_S_MIN
                         self.stats.connections_dialed += 1
-                        await self._carry(peer, stream, reader)
+                        carried_since = trio.current_time()
+                        await self._carry(peer, stream, reader, keys)
+                        if trio.current_time() - carried_since >= BACKOFF_S_MAX:
+                            continue  # a healthy link was lost: the first redial at once (is the peer gone?)
             await trio.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)
 
-    async def _dialer_handshake(self, peer: NodeId, stream: trio.SocketStream, reader: FrameReader) -> bool:
+    def _attempted(self, peer: NodeId, refused: bool) -> None:
+        """Record a connection attempt at `peer`; a refused one at a lost peer is reported to `on_refused` too."""
+        self.refusals.attempt(peer, refused, _now_ms())
+        if refused and self._on_refused is not None and self.refusals.is_lost(peer):
+            self._on_refused(peer)
+
+    async def _dialer_handshake(self, peer: NodeId, stream: trio.SocketStream,
+                                reader: FrameReader) -> SessionKeys | None:
+        """The connection's frame keys once the listener proved the secret; None if the handshake failed."""
         mine = secrets.token_bytes(CHALLENGE_BYTES)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
                 challenge = await reader.read(HANDSHAKE_BYTES_MAX)
                 if challenge is None or len(challenge) != CHALLENGE_BYTES:
-                    return False  # closed (e.g. it refused our id) or not a raftmq peer
+                    return None  # closed (e.g. it refused our id) or not a raftmq peer
                 proof = _proof(self._secret, b"dial", challenge, self.node_id)
                 await stream.send_all(frame(cbor2.dumps([self.node_id, proof, mine])))
                 reply = await reader.read(HANDSHAKE_BYTES_MAX)
         except _LINK_ERRORS as error:
             log.debug("handshake with %s failed: %r", peer, error)
-            return False
+            return None
         if reply is None:
-            return False  # the listener refused our proof
+            return None  # the listener refused our proof
         if not self._verify_reply(reply, mine, peer):
             self.stats.auth_failures += 1
-            return False
-        return True
+            return None
+        return session_keys(self._secret, challenge, mine, self.node_id, peer, dialer_side=True)
 
     def _verify_reply(self, reply: bytes, challenge: bytes, peer: NodeId) -> bool:
         try:
@@ -364,7 +400,7 @@ class Transport:
 
     # --- an authenticated connection, either side ------------------------------------------------------------
 
-    async def _carry(self, peer: NodeId, stream: trio.SocketStream, reader: FrameReader) -> None:
+    async def _carry(self, peer: NodeId, stream: trio.SocketStream, reader: FrameReader, keys: SessionKeys) -> None:
         """Carry traffic both ways until the link fails or a newer connection from the peer replaces this one."""
         connection = _Connection(peer)
         older = self._current.get(peer)
@@ -376,8 +412,8 @@ class Transport:
         try:
             with connection.scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._write_loop, peer, stream, nursery.cancel_scope)
-                    await self._read_loop(peer, reader)
+                    nursery.start_soon(self._write_loop, peer, stream, nursery.cancel_scope, FrameSealer(keys.send))
+                    await self._read_loop(peer, reader, FrameOpener(keys.receive))
                     nursery.cancel_scope.cancel()
         finally:
             if self._current.get(peer) is connection:
@@ -400,11 +436,11 @@ class Transport:
     async def _probe_until_back(self, peer: NodeId) -> None:
         """Listener side: connect to the lost peer's port (and close at once) with the dialer's backoff, recording
         refusals, until it dials us again or is no longer a peer."""
-        backoff_s = BACKOFF_S_MIN
+        backoff_s = 0.0  # the first probe at once
         try:
             while True:
                 await trio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)
+                backoff_s = min(max(backoff_s * 2, BACKOFF_S_MIN), BACKOFF_S_MAX)
                 address = self.peers.get(peer)
                 if address is None or peer in self._current:
                     return
@@ -418,18 +454,24 @@ class Transport:
                         await probe.aclose()
                 if peer in self._current:
                     return  # it dialed us meanwhile: the connection is proof of life
-                self.refusals.attempt(peer, refused, _now_ms())
+                self._attempted(peer, refused)
         finally:
             self._probing.discard(peer)
 
-    async def _read_loop(self, peer: NodeId, reader: FrameReader) -> None:
+    async def _read_loop(self, peer: NodeId, reader: FrameReader, opener: FrameOpener) -> None:
         try:
             while True:
                 with trio.fail_after(self._idle_timeout_s):
-                    payload = await reader.read()
-                if payload is None:
+                    body = await reader.read()
+                if body is None:
                     return
-                self._deliver(peer, decode_frame(payload))
+                self._deliver(peer, decode_frame(opener.open(body)))
+        except FrameAuthError as error:
+            if isinstance(error, FrameReplayed):
+                self.stats.frames_replayed += 1
+            else:
+                self.stats.frames_forged += 1
+            log.warning("connection with %s: frame dropped and connection closed: %s", peer, error)
         except _LINK_ERRORS as error:
             log.debug("connection with %s lost (read): %r", peer, error)
 
@@ -448,14 +490,16 @@ class Transport:
         self.stats.batches_received += 1
         self._on_batch(decoded)
 
-    async def _write_loop(self, peer: NodeId, stream: trio.SocketStream, scope: trio.CancelScope) -> None:
+    async def _write_loop(self, peer: NodeId, stream: trio.SocketStream, scope: trio.CancelScope,
+                          sealer: FrameSealer) -> None:
         receive = self._channels[peer][1]
+        seal = sealer.seal
         try:
             while True:
-                chunks = [frame(await receive.receive())]
+                chunks = [seal(await receive.receive())]
                 while len(chunks) < WRITE_COALESCE_MAX:  # coalesce what is already queued into one write
                     try:
-                        chunks.append(frame(receive.receive_nowait()))
+                        chunks.append(seal(receive.receive_nowait()))
                     except trio.WouldBlock:
                         break
                 # Shielded: a replacement or abort never leaves half a frame on the wire; but bounded, so a peer

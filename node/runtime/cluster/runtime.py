@@ -20,7 +20,8 @@ cluster metadata. `ClusterRuntime` is the glue (docs/cluster.md, "node/runtime, 
   `Broker.set_queue_leader`; snapshots to `queue_snapshot`/`queue_restore`.
 - Proposals: a `ProposeQueue` becomes `Broker.encode_proposal(node, id, ...)` proposed through Raft and tracked
   (`node.clustering.proposals.ProposalTracker`) until this node's replica applied it; a group's proposals are sent again
-  every `RETRY_MS` and at once when its leader changes; after `proposal_timeout_ms` the broker is told
+  `RETRY_MS` after the last send (doubling per resend while its leader is unchanged) and at once when its leader
+  changes; after `proposal_timeout_ms` the broker is told
   (`proposal_abandoned`: a waiting publish is nacked).
 - Start: the queues that died with this node's earlier life (its connections' exclusive queues, its non-durable
   classic queues) are deleted from the metadata before anything is mirrored or served (`died_with_earlier_life`).
@@ -513,6 +514,7 @@ class ClusterRuntime:
         log.info("cluster: queue %s: leader %s (group %s)", queue_key(*key), leader, group)
         self.dispatch(self.broker.set_queue_leader(key[0], key[1], leader == self.name))
         if leader is not None:
+            self.tracker.leader_changed(queue_key(*key))  # its resend interval starts again at RETRY_MS
             self._send_group(group, wall_ms())  # a new leader: what the old one may have dropped, now
 
     # ------------------------------------------------------------------------------------------ proposals
@@ -601,6 +603,7 @@ class ClusterRuntime:
             for tracked_as in {pending.group for pending in expired}:
                 self._release(tracked_as)
             for tracked_as in self.tracker.groups_due(now):
+                self.tracker.retried(tracked_as)  # the leader is unchanged: the next resend backs off (proposals.py)
                 self._send_queue(tracked_as, now)
 
     # ------------------------------------------------------------------------------------------ membership
