@@ -223,14 +223,14 @@ def rabbitmq_version() -> str | None:
 class _RabbitEnvironment:
     """A temp dir with the cookie, the plugin list and the epmd port shared by the nodes of one cluster."""
 
-    def __init__(self) -> None:
+    def __init__(self, plugins: tuple[str, ...] = ()) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="raftmq-bench-rabbit-"))
         home = self.root / "home"
         home.mkdir()
         cookie = home / ".erlang.cookie"
         cookie.write_text(f"RAFTMQBENCH{os.getpid()}{time.monotonic_ns()}")
         cookie.chmod(0o400)
-        (self.root / "enabled_plugins").write_text("[].\n")
+        (self.root / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
         self.home = home
         self.epmd_port = free_port()
         self.tag = f"raftmqbench{os.getpid()}x{time.monotonic_ns() % 100000}"
@@ -296,6 +296,10 @@ class RabbitCluster:
     def nodes(self) -> tuple[ClusterNode, ...]:
         return self._nodes
 
+    def ctl(self, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """rabbitmqctl on the first node (e.g. `ctl("set_parameter", "shovel", name, json)`)."""
+        return self._ctl(self._nodes[0].name, *args, timeout_s=timeout_s)
+
     @property
     def endpoints(self) -> list[Endpoint]:
         return [node.endpoint for node in self._nodes]
@@ -306,11 +310,13 @@ class RabbitCluster:
 
 
 @contextlib.contextmanager
-def rabbitmq_cluster(nodes: int = 1, timeout_s: float = START_TIMEOUT_S) -> Iterator[RabbitCluster]:
-    """Debian's RabbitMQ: `nodes` nodes on loopback, clustered when more than one (checked with cluster_status)."""
+def rabbitmq_cluster(nodes: int = 1, timeout_s: float = START_TIMEOUT_S,
+                     plugins: tuple[str, ...] = ()) -> Iterator[RabbitCluster]:
+    """Debian's RabbitMQ: `nodes` nodes on loopback, clustered when more than one (checked with cluster_status);
+    `plugins` (e.g. "rabbitmq_shovel") enabled from the start."""
     if not rabbitmq_available():
         raise BrokerStartError("RabbitMQ is not installed (apt-get install -y rabbitmq-server)")
-    environment = _RabbitEnvironment()
+    environment = _RabbitEnvironment(plugins)
     plans = plan_rabbit_nodes(environment.root, environment.tag, nodes, free_port)
     started: list[tuple[RabbitNodePlan, subprocess.Popen[bytes]]] = []
     try:

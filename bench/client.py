@@ -9,6 +9,7 @@ A server-sent channel.close or connection.close surfaces as `ProtocolError` with
 from __future__ import annotations
 
 import socket
+import ssl
 from dataclasses import dataclass
 
 from bench import frames
@@ -26,6 +27,7 @@ class Endpoint:
     username: str = "guest"
     password: str = "guest"
     vhost: str = "/"
+    tls_ca: str = ""  # amqps: the CA file the broker's certificate is checked with ("" = plain AMQP)
 
     @property
     def address(self) -> str:
@@ -47,6 +49,9 @@ class BenchConnection:
         self.endpoint = endpoint
         self.sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if endpoint.tls_ca:  # an ssl.SSLSocket from here on (bench.loadgen reads it without MSG_DONTWAIT)
+            context = ssl.create_default_context(cafile=endpoint.tls_ca)
+            self.sock = context.wrap_socket(self.sock, server_hostname=endpoint.host)
         self.buffer = FrameBuffer()
         self.pending: list[Frame] = []
         self.frame_max = 131072

@@ -18,6 +18,7 @@ across the process boundary: errors are reported.
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import time
 from collections import deque
@@ -222,12 +223,23 @@ def _read_wait_s(spec: PublisherSpec, timing: Timing, published: int, sent: bool
     return max(PACED_TICK_S, min(0.05, (next_due_ns - time.monotonic_ns()) / 1e9))
 
 
+def _tls_recv_now(sock: socket.socket) -> bytes:
+    """A non-blocking read on a TLS socket (which takes no recv flags): BlockingIOError when nothing is there."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(RECV_BYTES)
+    except ssl.SSLWantReadError:
+        raise BlockingIOError from None
+    finally:
+        sock.settimeout(None)
+
+
 def _read_confirms(
     sock: socket.socket, buffer: bytearray, trackers: list[ConfirmTracker], counters: _Counters, wait_s: float | None
 ) -> None:
     try:
         if wait_s == 0.0:
-            data = sock.recv(RECV_BYTES, socket.MSG_DONTWAIT)
+            data = sock.recv(RECV_BYTES, socket.MSG_DONTWAIT) if type(sock) is socket.socket else _tls_recv_now(sock)
         else:
             sock.settimeout(wait_s)
             data = sock.recv(RECV_BYTES)

@@ -192,11 +192,6 @@ class LocalCluster:
             self._start(node)
         self.wait_ready(nodes)
 
-    def start_if_down(self, node: str) -> None:
-        if self.pid(node) is None:
-            self._start(node)
-            self.wait_ready([node])
-
     def stop_all(self) -> None:
         """SIGCONT (a paused node cannot exit), SIGTERM, then SIGKILL after a grace period."""
         live = [name for name in self.nodes() if self.pid(name) is not None]

@@ -1,20 +1,25 @@
 """AMQP readiness probe: exit 0 when host:port answers the 0-9-1 protocol header with a Connection.Start frame.
 
 Used by the compose file's health checks and by the local runner; HAProxy performs the same exchange with its
-tcp-check rules (deploy/haproxy.cfg).
+tcp-check rules (deploy/haproxy.cfg). With `tls_ca_file` the exchange runs over TLS (the server's certificate
+checked against that CA): an amqps listener or HAProxy's amqps frontend.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 import sys
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 
 
-def answers_amqp(host: str, port: int, timeout_s: float = 2.0) -> bool:
+def answers_amqp(host: str, port: int, timeout_s: float = 2.0, tls_ca_file: str | None = None) -> bool:
     try:
-        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        with socket.create_connection((host, port), timeout=timeout_s) as raw:
+            sock = raw
+            if tls_ca_file is not None:
+                sock = ssl.create_default_context(cafile=tls_ca_file).wrap_socket(raw, server_hostname=host)
             sock.settimeout(timeout_s)
             sock.sendall(PROTOCOL_HEADER)
             head = b""
@@ -24,7 +29,7 @@ def answers_amqp(host: str, port: int, timeout_s: float = 2.0) -> bool:
                     return False
                 head += chunk
             return head == b"\x01\x00\x00"
-    except OSError:
+    except OSError:  # (ssl.SSLError too)
         return False
 
 

@@ -15,6 +15,13 @@ until Ctrl-C or SIGTERM and stops everything; with --detach it returns once ever
 what cluster.json names (SIGTERM, then SIGKILL after a grace period). `status` probes each node (AMQP readiness)
 and asks the management API of the first node that answers for the queues (type, leader, members); nodes that do
 not answer are skipped. Running `up` again keeps the data: nodes reuse their data directories.
+
+`up --tls` adds amqps: a local CA and certificates are generated once into <data-dir>/tls (deploy/certs.py: one
+server certificate per node, client certificates for guest and `client`; reused by later `up`s), each node gets an
+amqps listener (`ssl_port`, AMQP + TLS_PORT_OFFSET) and one with the PROXY protocol for HAProxy
+(`ssl_proxy_protocol_port`, AMQP + TLS_PROXY_PORT_OFFSET), both asking for a client certificate (verify_peer, not
+required) and offering EXTERNAL by common name; HAProxy gets a TCP passthrough frontend on --tls-port (default
+HAProxy's port - 1: 5671 beside 5672), so TLS ends at the node and client certificates reach it.
 """
 
 from __future__ import annotations
@@ -40,6 +47,10 @@ READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
 MANAGEMENT_TIMEOUT_S = 2.0  # per node asked by `status` (a paused node must not hang it)
 SECRET_BYTES = 32
+TLS_DIR_NAME = "tls"
+TLS_PORT_OFFSET = 12_000  # a node's amqps listener (set explicitly: a node does not derive it)
+TLS_PROXY_PORT_OFFSET = 13_000  # its amqps listener with the PROXY protocol, HAProxy's target
+TLS_CLIENTS = ("guest", "client")  # client certificates written for a --tls cluster (CN = the name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +72,8 @@ class ClusterState:
     haproxy_config: str | None
     haproxy_log: str | None
     haproxy_bind: str = topo.HAPROXY_BIND_DEFAULT
+    haproxy_tls_port: int | None = None  # HAProxy's amqps frontend (--tls)
+    tls_dir: str | None = None  # the CA and certificates of a --tls cluster
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -96,6 +109,8 @@ def load_state(data_dir: Path) -> ClusterState | None:
         haproxy_config=raw.get("haproxy_config"),
         haproxy_log=raw.get("haproxy_log"),
         haproxy_bind=raw.get("haproxy_bind", topo.HAPROXY_BIND_DEFAULT),
+        haproxy_tls_port=raw.get("haproxy_tls_port"),
+        tls_dir=raw.get("tls_dir"),
     )
 
 
@@ -186,6 +201,8 @@ class NodePlan:
     raft_port: int
     metadata_port: int
     proxy_port: int = 0  # the node's PROXY protocol listener for HAProxy (proxy_protocol_port); 0 = none
+    tls_port: int = 0  # --tls: the node's amqps listener (ssl_port); 0 = none
+    tls_proxy_port: int = 0  # --tls: its amqps listener with the PROXY protocol (ssl_proxy_protocol_port)
 
     @property
     def derived(self) -> bool:
@@ -213,24 +230,57 @@ def proxy_port(amqp_port: int) -> int:
     return port if port <= 65535 else amqp_port - topo.PROXY_PORT_OFFSET
 
 
-def node_config_text(node: NodePlan, members: list[NodePlan], secret: str | None) -> str:
+def offset_port(amqp_port: int, offset: int) -> int:
+    """AMQP + offset, or minus it past 65535 (as `proxy_port`)."""
+    port = amqp_port + offset
+    return port if port <= 65535 else amqp_port - offset
+
+
+def tls_settings(node: NodePlan, tls_dir: Path) -> list[str]:
+    """A --tls node's amqps settings (TOML lines): its certificate from `tls_dir`, client certificates asked for
+    and checked against the cluster's CA, EXTERNAL by common name."""
+    return [f"ssl_port = {node.tls_port}", f"ssl_proxy_protocol_port = {node.tls_proxy_port}",
+            f"ssl_certfile = {json.dumps(str(tls_dir / f'{node.name}.pem'))}",
+            f"ssl_keyfile = {json.dumps(str(tls_dir / f'{node.name}.key'))}",
+            f"ssl_cacertfile = {json.dumps(str(tls_dir / 'ca.pem'))}",
+            'ssl_verify = "verify_peer"', "ssl_cert_login = true", 'ssl_cert_login_from = "common_name"']
+
+
+def ensure_test_pki(data_dir: Path, plan: list[NodePlan]) -> Path:
+    """<data-dir>/tls with a CA and every node's and TLS_CLIENTS' certificates: generated the first time (or when a
+    node's is missing), reused otherwise."""
+    tls_dir = data_dir / TLS_DIR_NAME
+    wanted = ["ca", *(n.name for n in plan), *TLS_CLIENTS]
+    if not all((tls_dir / f"{name}.pem").exists() and (tls_dir / f"{name}.key").exists() for name in wanted):
+        from deploy.certs import make_test_pki
+
+        make_test_pki(tls_dir, {n.name: n.host for n in plan}, TLS_CLIENTS, ca_name=f"raftmq test CA {data_dir.name}")
+    return tls_dir
+
+
+def node_config_text(node: NodePlan, members: list[NodePlan], secret: str | None,
+                     tls_dir: Path | None = None) -> str:
     """A node's TOML config: its management port, and in cluster mode every member and the secret (JSON strings
-    are valid TOML strings)."""
+    are valid TOML strings); with `tls_dir` its amqps settings."""
     lines = ["# Written by `raftmq cluster up` (mode 0600: it may hold the cluster secret).",
              f"management_port = {node.management_port}"]
     if node.proxy_port:
         lines.append(f"proxy_protocol_port = {node.proxy_port}")
+    if tls_dir is not None and node.tls_port:
+        lines += tls_settings(node, tls_dir)
     if secret is not None:
         specs = ", ".join(json.dumps(m.member_spec()) for m in members)
         lines += [f"cluster_nodes = [{specs}]", f"cluster_secret = {json.dumps(secret)}"]
     return "\n".join(lines) + "\n"
 
 
-def write_node_configs(data_dir: Path, plan: list[NodePlan], cluster: bool) -> None:
-    """One private config per node: its ports, and in cluster mode every member and the cluster secret."""
+def write_node_configs(data_dir: Path, plan: list[NodePlan], cluster: bool, tls_dir: Path | None = None) -> None:
+    """One private config per node: its ports, and in cluster mode every member and the cluster secret; with
+    `tls_dir` (--tls) its amqps settings."""
     secret = cluster_secret(data_dir) if cluster else None
     for node in plan:
-        _write_private(node_config_path(node.name, str(data_dir / node.name)), node_config_text(node, plan, secret))
+        _write_private(node_config_path(node.name, str(data_dir / node.name)),
+                       node_config_text(node, plan, secret, tls_dir))
 
 
 def _start_node(node: NodePlan, data_dir: Path) -> NodeProcess:
@@ -247,8 +297,10 @@ def _start_node(node: NodePlan, data_dir: Path) -> NodeProcess:
 NODES_MAX = 1000  # node ports are base+i and the other ports +-10000/20000/21000 away: they never meet below this
 
 
-def plan_nodes(count: int, base_port: int, distinct_addresses: bool, node_port: int) -> list[NodePlan]:
-    """Every node: rmq1..rmqN on base_port+i, or on 127.0.1.i with one port, with its other ports."""
+def plan_nodes(count: int, base_port: int, distinct_addresses: bool, node_port: int,
+               tls: bool = False) -> list[NodePlan]:
+    """Every node: rmq1..rmqN on base_port+i, or on 127.0.1.i with one port, with its other ports (and with `tls`
+    its amqps ports)."""
     if not 1 <= count <= NODES_MAX:
         raise SystemExit(f"raftmq cluster: --nodes must be 1..{NODES_MAX}")
     plan = []
@@ -257,8 +309,9 @@ def plan_nodes(count: int, base_port: int, distinct_addresses: bool, node_port: 
         if not 0 < port <= 65535:
             raise SystemExit(f"raftmq cluster: node port {port} is out of range; use a lower --base-port")
         ports = plan_ports(port)
+        tls_ports = (offset_port(port, TLS_PORT_OFFSET), offset_port(port, TLS_PROXY_PORT_OFFSET)) if tls else (0, 0)
         plan.append(NodePlan(f"rmq{i}", host, port, ports["management"], ports["raft"], ports["metadata"],
-                             proxy_port(port)))
+                             proxy_port(port), *tls_ports))
     return plan
 
 
@@ -285,12 +338,13 @@ def client_host(bind_address: str) -> str:
 
 
 def wait_haproxy(pid: int, port: int, log_path: str, timeout_s: float = READY_TIMEOUT_S,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", tls_ca_file: str | None = None) -> None:
     """Return once an AMQP handshake goes through HAProxy on `port` (its health checks marked a node UP, so the
-    first client is not turned away); SystemExit with its log when it exits or never serves."""
+    first client is not turned away; over TLS with `tls_ca_file`); SystemExit with its log when it exits or never
+    serves."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if answers_amqp(host, port, timeout_s=1.0):
+        if answers_amqp(host, port, timeout_s=1.0, tls_ca_file=tls_ca_file):
             return
         if not pid_alive(pid):
             break
@@ -337,17 +391,26 @@ def up(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     layout = topo.load()
-    plan = plan_nodes(args.nodes, args.base_port, args.distinct_addresses, layout.amqp_port)
-    write_node_configs(data_dir, plan, cluster=not args.standalone and cluster_mode_supported())
+    plan = plan_nodes(args.nodes, args.base_port, args.distinct_addresses, layout.amqp_port, tls=args.tls)
+    tls_dir = ensure_test_pki(data_dir, plan) if args.tls else None
+    write_node_configs(data_dir, plan, cluster=not args.standalone and cluster_mode_supported(), tls_dir=tls_dir)
     nodes = [_start_node(node, data_dir) for node in plan]
     haproxy_pid = haproxy_cfg_path = haproxy_log = None
     haproxy_port = None if args.no_haproxy else args.haproxy_port
+    haproxy_tls_port = None
     if haproxy_port is not None:
         # HAProxy sends each node the client's address (PROXY protocol v2) on the node's PROXY listener.
+        tls_frontend = None
+        if tls_dir is not None:
+            haproxy_tls_port = args.tls_port if args.tls_port is not None else haproxy_port - 1
+            tls_frontend = topo.TlsFrontend(haproxy_tls_port, tuple((n.name, n.host, n.tls_proxy_port) for n in plan),
+                                            str(tls_dir / "ca.pem"))
         cfg = topo.haproxy_cfg(layout, [(n.name, n.host, n.proxy_port) for n in plan], haproxy_port,
-                               maxconn=_local_maxconn(), bind_address=args.haproxy_bind, proxy_protocol=True)
+                               maxconn=_local_maxconn(), bind_address=args.haproxy_bind, proxy_protocol=True,
+                               tls=tls_frontend)
         haproxy_pid, haproxy_cfg_path, haproxy_log = _start_haproxy(cfg, data_dir)
-    state = ClusterState(nodes, haproxy_pid, haproxy_port, haproxy_cfg_path, haproxy_log, args.haproxy_bind)
+    state = ClusterState(nodes, haproxy_pid, haproxy_port, haproxy_cfg_path, haproxy_log, args.haproxy_bind,
+                         haproxy_tls_port, str(tls_dir) if tls_dir is not None else None)
     _save_state(data_dir, state)
     late = wait_ready(nodes)
     if late:
@@ -357,6 +420,9 @@ def up(args: argparse.Namespace) -> int:
     if haproxy_pid is not None and haproxy_port is not None and haproxy_log is not None:
         try:
             wait_haproxy(haproxy_pid, haproxy_port, haproxy_log, host=client_host(args.haproxy_bind))
+            if haproxy_tls_port is not None and tls_dir is not None:
+                wait_haproxy(haproxy_pid, haproxy_tls_port, haproxy_log, host=client_host(args.haproxy_bind),
+                             tls_ca_file=str(tls_dir / "ca.pem"))
         except SystemExit as exc:
             print(exc, file=sys.stderr)
             stop(state)
@@ -374,6 +440,10 @@ def _print_up(state: ClusterState, data_dir: Path) -> None:
         print(f"AMQP URL: amqp://guest:guest@{host}:{state.haproxy_port}/  (HAProxy, log {state.haproxy_log})")
         if host != "127.0.0.1":
             print("  (guest/guest is loopback-only: HAProxy passes the client's address to the nodes)")
+        if state.haproxy_tls_port is not None and state.tls_dir is not None:
+            print(f"amqps URL: amqps://guest:guest@{host}:{state.haproxy_tls_port}/  (HAProxy, TLS passthrough; CA "
+                  f"{state.tls_dir}/ca.pem, client certificates {state.tls_dir}/{{guest,client}}.pem/.key for "
+                  "EXTERNAL)")
     for node in state.nodes:
         print(f"  {node.name}: amqp://{node.host}:{node.port}/  management http://{node.host}:"
               f"{_management_port(node)}/  pid {node.pid}  ready  log {node.log}")
@@ -506,6 +576,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_up.add_argument("--distinct-addresses", action="store_true",
                       help="node i listens on 127.0.1.i with the topology's AMQP port, like separate hosts")
     p_up.add_argument("--detach", action="store_true", help="return once every node is ready")
+    p_up.add_argument("--tls", action="store_true",
+                      help="amqps too: a local CA and certificates in <data-dir>/tls, an amqps listener per node and "
+                           "an HAProxy TLS passthrough frontend (deploy/README.md)")
+    p_up.add_argument("--tls-port", type=int, default=None,
+                      help="HAProxy's amqps port with --tls (default: --haproxy-port - 1)")
     p_up.add_argument("--standalone", action="store_true",
                       help="independent single nodes (no cluster settings), as before cluster mode existed")
     p_restart = sub.add_parser("restart", help="rolling restart, one node at a time (default: every node)")

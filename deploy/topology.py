@@ -112,12 +112,25 @@ CHECK_TIMEOUT = "5s"
 CHECK_TIMING = "inter 2s fastinter 1s downinter 1s fall 3 rise 2"
 
 
+@dataclass(frozen=True, slots=True)
+class TlsFrontend:
+    """HAProxy's amqps frontend (TCP passthrough): where it listens, the nodes' TLS listeners (name, host, port),
+    and the CA file its health checks verify the nodes' certificates with."""
+
+    bind_port: int
+    servers: tuple[tuple[str, str, int], ...]
+    ca_file: str
+
+
 def haproxy_cfg(topology: Topology, servers: list[tuple[str, str, int]], bind_port: int,
                 stats_port: int | None = None, maxconn: int = HAPROXY_MAXCONN,
-                bind_address: str = HAPROXY_BIND_DEFAULT, proxy_protocol: bool = False) -> str:
+                bind_address: str = HAPROXY_BIND_DEFAULT, proxy_protocol: bool = False,
+                tls: TlsFrontend | None = None) -> str:
     """An HAProxy config in TCP mode over `servers` (name, host, port), with AMQP-speaking health checks, listening
     on `bind_address` ("*": every interface). With `proxy_protocol` the servers' ports are PROXY protocol listeners:
-    HAProxy sends them a v2 header on every connection, health checks included.
+    HAProxy sends them a v2 header on every connection, health checks included. With `tls`, a second frontend
+    passes amqps through to the nodes' TLS listeners untouched (TLS ends at the node, so client certificates reach
+    it); its health checks do the TLS handshake (checking the node's certificate against `tls.ca_file`), then AMQP.
 
     HAProxy needs about two file descriptors per connection and refuses to start when it cannot raise its limit
     that far, so a local runner passes a `maxconn` that fits the machine's hard limit."""
@@ -148,7 +161,13 @@ def haproxy_cfg(topology: Topology, servers: list[tuple[str, str, int]], bind_po
         f"    tcp-check expect binary {CONNECTION_START_PREFIX_HEX}",
         f"    default-server {CHECK_TIMING} on-marked-down shutdown-sessions",
     ]
+    checks = lines[lines.index(f"backend {topology.name}_nodes") + 1:]  # (the amqps backend checks the same way)
     lines += [f"    server {name} {host}:{port} check{server_options}" for name, host, port in servers]
+    if tls is not None:
+        lines += ["", f"frontend {topology.name}_amqps", f"    bind {bind_address}:{tls.bind_port}",
+                  f"    default_backend {topology.name}_nodes_tls", "", f"backend {topology.name}_nodes_tls", *checks]
+        lines += [f"    server {name} {host}:{port} check check-ssl ca-file {tls.ca_file} verify required{server_options}"
+                  for name, host, port in tls.servers]
     if stats_port is not None:
         lines += ["", "frontend stats", "    mode http", f"    bind {bind_address}:{stats_port}", "    stats enable",
                   "    stats uri /stats", "    stats refresh 5s"]

@@ -5,7 +5,10 @@ How it works: every command is one or two HTTP requests to `--node host:port` (d
 $RAFTMQ_CTL_USER/$RAFTMQ_CTL_PASSWORD or guest/guest). `list_*` commands print aligned tables (columns may be
 named as extra arguments, as rabbitmqctl's info items; dotted names reach into nested fields: `queue.name`), or
 the raw JSON with `--json`. Changes use the RabbitMQ paths (PUT /api/users/..., /api/permissions/...,
-/api/policies/...); cluster and quorum-queue commands POST to /api/raftmq/<command>.
+/api/policies/..., /api/parameters/..., /api/vhost-limits/...: `set_vhost_limits` replaces a vhost's limits as
+rabbitmqctl does, one PUT per limit given and one DELETE per limit it drops); cluster and quorum-queue commands POST
+to /api/raftmq/<command>. `shovel_status` lists /api/shovels (the node each shovel runs on, its state);
+`restart_shovel` is DELETE /api/shovels/vhost/<vhost>/<name>/restart.
 
 Exit codes (sysexits, as rabbitmqctl): 0 done; 64 bad usage; 65 the node refused the request (bad argument,
 unknown object); 69 the node is unreachable, unavailable, or the command needs a cluster; 70 internal error on
@@ -43,9 +46,13 @@ LIST_COLUMNS: dict[str, tuple[str, tuple[str, ...]]] = {
     "list_consumers": ("/api/consumers", ("queue.vhost", "queue.name", "consumer_tag", "ack_required",
                                           "prefetch_count", "exclusive", "channel_details.connection_name")),
     "list_policies": ("/api/policies", ("vhost", "name", "pattern", "apply-to", "definition", "priority")),
+    "list_parameters": ("/api/parameters", ("component", "vhost", "name", "value")),
+    "shovel_status": ("/api/shovels", ("name", "vhost", "type", "node", "state", "src_uri", "dest_uri",
+                                       "termination_reason", "last_changed")),
+    "list_vhost_limits": ("/api/vhost-limits", ("vhost", "value")),
 }
 VHOST_SCOPED = frozenset({"list_permissions", "list_queues", "list_exchanges", "list_bindings", "list_consumers",
-                          "list_policies"})
+                          "list_policies", "shovel_status", "list_vhost_limits"})
 
 
 class CtlError(Exception):
@@ -202,6 +209,59 @@ def cmd_clear_policy(client: Client, args: argparse.Namespace) -> Any:
     return _done(args, None, f"Cleared policy {args.name!r} in vhost {args.vhost or '/'!r}")
 
 
+def cmd_set_parameter(client: Client, args: argparse.Namespace) -> Any:
+    try:
+        value = json.loads(args.value)
+    except ValueError as exc:
+        raise CtlError(f"the parameter value is not JSON: {exc}", EXIT_USAGE) from None
+    vhost = args.vhost or "/"
+    client.call("PUT", f"/api/parameters/{q(args.component)}/{q(vhost)}/{q(args.name)}",
+                {"component": args.component, "vhost": vhost, "name": args.name, "value": value})
+    return _done(args, None, f"Set runtime parameter {args.name!r} for component {args.component!r} "
+                             f"in vhost {vhost!r}")
+
+
+def cmd_clear_parameter(client: Client, args: argparse.Namespace) -> Any:
+    vhost = args.vhost or "/"
+    client.call("DELETE", f"/api/parameters/{q(args.component)}/{q(vhost)}/{q(args.name)}")
+    return _done(args, None, f"Cleared runtime parameter {args.name!r} for component {args.component!r} "
+                             f"in vhost {vhost!r}")
+
+
+def cmd_restart_shovel(client: Client, args: argparse.Namespace) -> Any:
+    vhost = args.vhost or "/"
+    client.call("DELETE", f"/api/shovels/vhost/{q(vhost)}/{q(args.name)}/restart")
+    return _done(args, None, f"Restarted shovel {args.name!r} in vhost {vhost!r}")
+
+
+def _current_limits(client: Client, vhost: str) -> dict[str, Any]:
+    rows = client.call("GET", f"/api/vhost-limits/{q(vhost)}") or []
+    return dict(rows[0]["value"]) if rows else {}
+
+
+def cmd_set_vhost_limits(client: Client, args: argparse.Namespace) -> Any:
+    try:
+        limits = json.loads(args.definition)
+    except ValueError as exc:
+        raise CtlError(f"the limits are not JSON: {exc}", EXIT_USAGE) from None
+    if not isinstance(limits, dict):
+        raise CtlError("the limits must be a JSON object, e.g. '{\"max-connections\": 10}'", EXIT_USAGE)
+    vhost = args.vhost or "/"
+    for name, value in limits.items():
+        client.call("PUT", f"/api/vhost-limits/{q(vhost)}/{q(name)}", {"value": value})
+    for name in _current_limits(client, vhost):
+        if name not in limits:
+            client.call("DELETE", f"/api/vhost-limits/{q(vhost)}/{q(name)}")
+    return _done(args, None, f"Set limits of vhost {vhost!r} to {json.dumps(limits)}")
+
+
+def cmd_clear_vhost_limits(client: Client, args: argparse.Namespace) -> Any:
+    vhost = args.vhost or "/"
+    for name in _current_limits(client, vhost):
+        client.call("DELETE", f"/api/vhost-limits/{q(vhost)}/{q(name)}")
+    return _done(args, None, f"Cleared limits of vhost {vhost!r}")
+
+
 CLUSTER_ARGS: dict[str, tuple[str, ...]] = {
     "join_cluster": ("node",), "leave_cluster": (), "forget_cluster_node": ("node",),
     "add_member": ("vhost", "queue", "node"), "delete_member": ("vhost", "queue", "node"),
@@ -291,6 +351,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--apply-to", default="all", choices=("all", "queues", "exchanges"))  # RabbitMQ 3.10's values
     add("clear_policy", cmd_clear_policy, "remove a policy", vhost=True).add_argument("name")
+    p = add("set_parameter", cmd_set_parameter, "set a runtime parameter (component shovel)", vhost=True)
+    for arg in ("component", "name", "value"):
+        p.add_argument(arg)
+    p = add("clear_parameter", cmd_clear_parameter, "remove a runtime parameter", vhost=True)
+    for arg in ("component", "name"):
+        p.add_argument(arg)
+    add("restart_shovel", cmd_restart_shovel, "restart a dynamic shovel (on the node that runs it)",
+        vhost=True).add_argument("name")
+    add("set_vhost_limits", cmd_set_vhost_limits, "replace a vhost's limits, e.g. '{\"max-connections\": 10, "
+        "\"max-queues\": 100}' (negative: no limit)", vhost=True).add_argument("definition")
+    add("clear_vhost_limits", cmd_clear_vhost_limits, "remove every limit of a vhost", vhost=True)
     add("join_cluster", cmd_cluster, "make the node addressed by --node (fresh, alone) join the cluster of NODE "
         "(rabbit@host, host:amqp_port, or name=host:amqp[:raft[:metadata]])").add_argument("node")
     add("leave_cluster", cmd_cluster, "the node addressed by --node leaves its cluster (queue replicas moved away) "

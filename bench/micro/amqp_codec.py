@@ -56,6 +56,9 @@ class _AllowAll:
     def vhost_access(self, username: str, vhost: str) -> bool:
         return True
 
+    def connection_limit_reached(self, vhost: str) -> int | None:
+        return None
+
 
 def _open_connection() -> ServerConnection:
     from node.amqp.methods import ConnectionStartOk

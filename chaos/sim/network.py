@@ -79,6 +79,3 @@ class SimNetwork:
     def in_flight_on(self, src: NodeId, dst: NodeId) -> bool:
         """Whether a batch from `src` to `dst` is still on the wire."""
         return any(batch.src == src and batch.dst == dst for _, _, batch in self._heap)
-
-    def in_flight(self) -> int:
-        return len(self._heap)

@@ -349,10 +349,6 @@ class StreamFiles:
         on_disk = self.segments[-1].next_offset if self.segments else 0
         return max(on_disk, self.snapshot_offset + 1)
 
-    @property
-    def first_offset_on_disk(self) -> int:
-        return self.segments[0].base_offset if self.segments else self.end_offset
-
     def read_snapshot(self) -> tuple[int, bytes] | None:
         try:
             return fmt.decode_snapshot((self.directory / SNAPSHOT_FILE).read_bytes())

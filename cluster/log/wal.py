@@ -4,9 +4,8 @@
 written so far durable (group commit).  A failed write cuts the file back to its previous size, so the file never
 holds a partial frame that a later write would bury.  Files are numbered; at a checkpoint (every frame is in the
 segment files, and those are fsynced) a new file starts and the old ones are deleted, so the WAL stays bounded.
-``replay`` yields the valid frames of every file in order and cuts a torn or corrupt tail off the last file;
-``replay_needed`` (what ``NodeLog.open`` uses) yields only the frames not yet in the segments, stepping over the
-others by header.
+``replay_needed`` (what ``NodeLog.open`` uses) yields, oldest file first, the valid frames not yet in the segments,
+stepping over the others by header.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import pathlib
 from collections.abc import Iterator, Mapping
 
 from cluster.log import format as fmt
-from cluster.log.scan import iter_wal_needed, scan_file
+from cluster.log.scan import iter_wal_needed
 from cluster.log.segment import fsync_directory, pwrite_all, raise_disk_full_or
 
 WAL_SUFFIX = ".wal"
@@ -26,27 +25,12 @@ def wal_files(directory: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p for p in directory.glob("*" + WAL_SUFFIX) if p.stem.isdigit())
 
 
-def replay(directory: pathlib.Path) -> Iterator[fmt.WalFrame]:
-    """Valid frames of every WAL file, oldest first, read in bounded chunks.  A torn/corrupt tail is cut off."""
-    for path in wal_files(directory):
-        end = 0
-        for position, frame in scan_file(path, 0, fmt.decode_wal_frame_at, fmt.wal_frame_size_at, _frame_size):
-            end = position + frame.size_bytes
-            yield frame
-        if end != path.stat().st_size:
-            os.truncate(path, end)
-
-
 def replay_needed(directory: pathlib.Path, applied_below: Mapping[str, int]) -> Iterator[fmt.WalFrame]:
-    """Like ``replay``, but APPEND frames with an offset below ``applied_below[stream]`` (already in the segments)
-    are skipped cheaply (by header: no CRC, no payload copy), and files are not cut: the caller checkpoints, which
+    """The valid frames of every WAL file, oldest first; APPEND frames with an offset below
+    ``applied_below[stream]`` (already in the segments) are skipped cheaply (by header: no CRC, no payload copy), and files are not cut: the caller checkpoints, which
     deletes them."""
     for path in wal_files(directory):
         yield from iter_wal_needed(path, applied_below)
-
-
-def _frame_size(frame: fmt.WalFrame) -> int:
-    return frame.size_bytes
 
 
 class WalWriter:

@@ -35,6 +35,7 @@ class VhostRecord:
     name: str
     description: str = ""
     tags: tuple[str, ...] = ()
+    limits: dict[str, int] = field(default_factory=dict)  # max-connections, max-queues (RabbitMQ's vhost limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,17 @@ class PolicyRecord:
     priority: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ParameterRecord:
+    """A runtime parameter of a vhost (component "shovel", ...); `value` is its JSON text, validated by the
+    component's owner before the command is proposed."""
+
+    vhost: str
+    component: str
+    name: str
+    value: str = ""
+
+
 # ---------------------------------------------------------------------------------------------------- commands
 
 
@@ -144,6 +156,7 @@ class PutVhost:
     name: str
     description: str = ""
     tags: tuple[str, ...] = ()
+    limits: dict[str, int] = field(default_factory=dict)
     cid: str = ""
 
 
@@ -277,6 +290,20 @@ class ClearPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class SetParameter:
+    parameter: ParameterRecord
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClearParameter:
+    vhost: str
+    component: str
+    name: str
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Barrier:
     """Changes nothing and is never remembered in the command-id table: a replica that has applied it has applied
     everything committed before it (`MetadataStore.sync()`, for reads that must see the latest state)."""
@@ -288,14 +315,16 @@ Command = (
     Barrier | AddNode | RemoveNode | SetNodeState | PutVhost | DeleteVhost | PutUser | DeleteUser | SetPermissions
     | ClearPermissions | DeclareExchange | DeleteExchange | Bind | Unbind | DeclareQueue | DeleteQueue
     | SetQueueLeader | SetQueueMembers | AddQueueMember | RemoveQueueMember | SetPolicy | ClearPolicy
+    | SetParameter | ClearParameter
 )
 
 COMMAND_TYPES: tuple[type, ...] = (
     Barrier, AddNode, RemoveNode, SetNodeState, PutVhost, DeleteVhost, PutUser, DeleteUser, SetPermissions,
     ClearPermissions, DeclareExchange, DeleteExchange, Bind, Unbind, DeclareQueue, DeleteQueue,
     SetQueueLeader, SetQueueMembers, AddQueueMember, RemoveQueueMember, SetPolicy, ClearPolicy,
+    SetParameter, ClearParameter,
 )
 RECORD_TYPES: tuple[type, ...] = (
     NodeRecord, VhostRecord, UserRecord, PermissionRecord, ExchangeRecord, BindingRecord, QueueRecord,
-    PolicyRecord,
+    PolicyRecord, ParameterRecord,
 )

@@ -61,10 +61,6 @@ class NodeEndpoints:
         return f"{self.host}:{self.metadata_port}"
 
 
-def metadata_address_of(record: NodeRecord) -> str:
-    return record.address
-
-
 def endpoints_of(record: NodeRecord) -> NodeEndpoints | None:
     """The record's endpoints, or None when it has not recorded them (a node of an older version)."""
     port = record.address.rpartition(":")[2]

@@ -1,7 +1,8 @@
 """The cluster's definitions as a deterministic, pure state machine.
 
 What it is for: every node holds one replica of the cluster metadata — nodes, vhosts, users, permissions,
-exchanges, bindings, queues with their placement (type, leader, members) and policies. The replicas are kept equal
+exchanges, bindings, queues with their placement (type, leader, members), policies and runtime parameters
+(shovels: `SetParameter`/`ClearParameter`, the value kept as JSON text). The replicas are kept equal
 by applying the same commands in the same order (the Raft log of `cluster.metadata.store`); this module is the
 function those commands go through: `apply(state, command) -> (state, Outcome)`.
 
@@ -40,6 +41,7 @@ from cluster.metadata.commands import (  # re-exported: model is where callers i
     Barrier,
     Bind,
     BindingRecord,
+    ClearParameter,
     ClearPermissions,
     ClearPolicy,
     Command,
@@ -51,6 +53,7 @@ from cluster.metadata.commands import (  # re-exported: model is where callers i
     DeleteVhost,
     ExchangeRecord,
     NodeRecord,
+    ParameterRecord,
     PermissionRecord,
     PolicyRecord,
     PutUser,
@@ -59,6 +62,7 @@ from cluster.metadata.commands import (  # re-exported: model is where callers i
     RemoveNode,
     RemoveQueueMember,
     SetNodeState,
+    SetParameter,
     SetPermissions,
     SetPolicy,
     SetQueueLeader,
@@ -85,6 +89,7 @@ __all__ = [  # the records and commands live in cluster.metadata.commands; calle
     "Barrier",
     "Bind",
     "BindingRecord",
+    "ClearParameter",
     "ClearPermissions",
     "ClearPolicy",
     "Command",
@@ -97,6 +102,7 @@ __all__ = [  # the records and commands live in cluster.metadata.commands; calle
     "DeleteVhost",
     "ExchangeRecord",
     "NodeRecord",
+    "ParameterRecord",
     "PermissionRecord",
     "PolicyRecord",
     "PutUser",
@@ -106,6 +112,7 @@ __all__ = [  # the records and commands live in cluster.metadata.commands; calle
     "RemoveNode",
     "RemoveQueueMember",
     "SetNodeState",
+    "SetParameter",
     "SetPermissions",
     "SetPolicy",
     "SetQueueLeader",
@@ -120,7 +127,7 @@ __all__ = [  # the records and commands live in cluster.metadata.commands; calle
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    kind: str  # node, vhost, user, permission, exchange, binding, queue, policy
+    kind: str  # node, vhost, user, permission, exchange, binding, queue, policy, parameter
     key: tuple[str, ...]
     action: str  # created, updated, deleted
 
@@ -152,6 +159,7 @@ class MetadataState:
     bindings: Mapping[BindingKey, BindingRecord] = field(default_factory=dict)
     queues: Mapping[tuple[str, str], QueueRecord] = field(default_factory=dict)  # (vhost, name)
     policies: Mapping[tuple[str, str], PolicyRecord] = field(default_factory=dict)  # (vhost, name)
+    parameters: Mapping[tuple[str, str, str], ParameterRecord] = field(default_factory=dict)  # (vhost, comp., name)
     applied: Mapping[str, Outcome] = field(default_factory=dict)  # command id -> first outcome, oldest first
 
     def definitions(self) -> dict[str, Any]:
@@ -242,7 +250,7 @@ def _set_node_state(s: MetadataState, c: SetNodeState) -> Step:
 
 
 def _put_vhost(s: MetadataState, c: PutVhost) -> Step:
-    s, outcome = _upsert(s, "vhosts", "vhost", c.name, VhostRecord(c.name, c.description, c.tags), (c.name,))
+    s, outcome = _upsert(s, "vhosts", "vhost", c.name, VhostRecord(c.name, c.description, c.tags, dict(c.limits)), (c.name,))
     s, created = _ensure_predeclared(s, c.name)
     return s, Outcome((*outcome.changes, *created)) if created else outcome
 
@@ -278,7 +286,7 @@ def _delete_vhost(s: MetadataState, c: DeleteVhost) -> Step:
         return s, Outcome()
     changes: list[Change] = []
     for attr, kind in (("exchanges", "exchange"), ("queues", "queue"), ("permissions", "permission"),
-                       ("policies", "policy")):
+                       ("policies", "policy"), ("parameters", "parameter")):
         doomed = {k for k in getattr(s, attr) if k[0] == c.name}
         s, more = _cascade(s, attr, kind, doomed, lambda k: tuple(k))
         changes += more
@@ -441,6 +449,20 @@ def _clear_policy(s: MetadataState, c: ClearPolicy) -> Step:
     return s2, Outcome(tuple(changes))
 
 
+def _set_parameter(s: MetadataState, c: SetParameter) -> Step:
+    p = c.parameter
+    if p.vhost not in s.vhosts:
+        return _refuse(s, f"no vhost {p.vhost}")
+    key = (p.vhost, p.component, p.name)
+    return _upsert(s, "parameters", "parameter", key, p, key)
+
+
+def _clear_parameter(s: MetadataState, c: ClearParameter) -> Step:
+    s2, changes = _cascade(s, "parameters", "parameter", {(c.vhost, c.component, c.name)} & set(s.parameters),
+                           tuple)
+    return s2, Outcome(tuple(changes))
+
+
 _HANDLERS: dict[type, Callable[[MetadataState, Any], Step]] = {
     Barrier: lambda s, c: (s, Outcome()), AddNode: _add_node, RemoveNode: _remove_node, SetNodeState: _set_node_state, PutVhost: _put_vhost,
     DeleteVhost: _delete_vhost, PutUser: _put_user, DeleteUser: _delete_user,
@@ -449,6 +471,7 @@ _HANDLERS: dict[type, Callable[[MetadataState, Any], Step]] = {
     DeclareQueue: _declare_queue, DeleteQueue: _delete_queue, SetQueueLeader: _set_queue_leader,
     SetQueueMembers: _set_queue_members, AddQueueMember: _add_queue_member,
     RemoveQueueMember: _remove_queue_member, SetPolicy: _set_policy, ClearPolicy: _clear_policy,
+    SetParameter: _set_parameter, ClearParameter: _clear_parameter,
 }
 
 
@@ -490,7 +513,8 @@ def diff(old: MetadataState, new: MetadataState) -> tuple[Change, ...]:
 
 
 _KINDS = {"nodes": "node", "vhosts": "vhost", "users": "user", "permissions": "permission",
-          "exchanges": "exchange", "bindings": "binding", "queues": "queue", "policies": "policy"}
+          "exchanges": "exchange", "bindings": "binding", "queues": "queue", "policies": "policy",
+          "parameters": "parameter"}
 
 
 def _change_key(kind: str, key: Any) -> tuple[str, ...]:
@@ -579,13 +603,14 @@ _RECORD_MAPS: dict[str, Callable[[Any], Any]] = {
     "bindings": binding_key,
     "queues": lambda r: (r.vhost, r.name),
     "policies": lambda r: (r.vhost, r.name),
+    "parameters": lambda r: (r.vhost, r.component, r.name),
 }
 
 
 def restore(data: Mapping[str, Any]) -> MetadataState:
     maps: dict[str, Any] = {}
     for attr, key_of in _RECORD_MAPS.items():
-        records = [from_plain(r) for r in data[attr]]
+        records = [from_plain(r) for r in data.get(attr, [])]  # (a map added later is absent from older ones)
         maps[attr] = {key_of(r): r for r in records}
     applied = {cid: outcome_from_dict(o) for cid, o in data["applied"]}
     return MetadataState(protocol_version=data["protocol_version"], applied=applied, **maps)

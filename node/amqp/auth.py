@@ -1,4 +1,4 @@
-"""SASL response parsing for PLAIN and AMQPLAIN, and the server properties we advertise in Connection.Start.
+"""SASL response parsing for PLAIN and AMQPLAIN (EXTERNAL: see below), and the server properties we advertise in Connection.Start.
 
 PLAIN's response is `authzid NUL user NUL password`; AMQPLAIN's is a field table *without* its 4-byte length prefix
 holding LOGIN and PASSWORD. The connection validates the response with `parse_sasl_response` (malformed ->
@@ -12,6 +12,9 @@ from typing import Any, Final, Protocol
 from node.amqp.fieldtable import DecodeError, decode_table_body
 
 MECHANISMS: Final = ("PLAIN", "AMQPLAIN")
+# Offered only on a TLS connection with a verified client certificate (ServerConnection.external_identity); the
+# authenticator then gets the certificate's login name as the response, never the client's bytes.
+EXTERNAL: Final = "EXTERNAL"
 SERVER_CAPABILITIES: Final = (
     "publisher_confirms",
     "exchange_exchange_bindings",
@@ -34,6 +37,10 @@ class Authenticator(Protocol):
 
     def vhost_access(self, username: str, vhost: str) -> bool:
         """May this user open this virtual host?"""
+        ...
+
+    def connection_limit_reached(self, vhost: str) -> int | None:
+        """The vhost's max-connections limit when its connections reach it (this one is refused), else None."""
         ...
 
 

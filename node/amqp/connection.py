@@ -34,7 +34,7 @@ from enum import Enum
 from typing import Any, Final
 
 from node.amqp import methods as m
-from node.amqp.auth import MECHANISMS, Authenticator, parse_sasl_response, server_properties
+from node.amqp.auth import EXTERNAL, MECHANISMS, Authenticator, parse_sasl_response, server_properties
 from node.amqp.channel import ChannelAssembly
 from node.amqp.codec import (
     DecodeError,
@@ -124,8 +124,12 @@ _SERVER_ONLY: Final = frozenset(
 class ServerConnection:
     """One client connection, server side. Never raises on bad input."""
 
-    def __init__(self, authenticator: Authenticator, limits: ConnectionLimits | None = None, now_ms: int = 0):
+    def __init__(self, authenticator: Authenticator, limits: ConnectionLimits | None = None, now_ms: int = 0,
+                 external_identity: str | None = None):
         self.authenticator = authenticator
+        # The login name of the client's verified TLS certificate (the runtime sets it on amqps with ssl_cert_login):
+        # EXTERNAL is offered then, and logs in as this user (the client's SASL response is not used).
+        self.external_identity = external_identity
         self.limits = limits or ConnectionLimits()
         self.state = ConnectionState.AWAIT_HEADER
         self.channel_max = self.limits.channel_max
@@ -632,24 +636,30 @@ class ServerConnection:
             0,
             9,
             server_properties(limits.product, limits.version, limits.platform),
-            " ".join(MECHANISMS),
+            " ".join(self._mechanisms()),
             "en_US",
         )
         self._write(encode_method_frame(0, start))
         self.state = ConnectionState.STARTING
 
+    def _mechanisms(self) -> tuple[str, ...]:
+        return MECHANISMS if self.external_identity is None else (*MECHANISMS, EXTERNAL)
+
     def _on_start_ok(self, method: m.Method, now_ms: int) -> None:
         assert isinstance(method, m.ConnectionStartOk)
         self.client_properties = method.client_properties
-        if method.mechanism not in MECHANISMS:
+        if method.mechanism not in self._mechanisms():
             raise ProtocolError(
                 ReplyCode.COMMAND_INVALID, f"unknown authentication mechanism '{method.mechanism}'", 10, 11
             )
-        if parse_sasl_response(method.mechanism, method.response) is None:
+        if method.mechanism == EXTERNAL and self.external_identity is not None:
+            username = self.authenticator.authenticate(EXTERNAL, self.external_identity.encode("utf-8", "surrogateescape"))
+        elif parse_sasl_response(method.mechanism, method.response) is None:
             raise ProtocolError(
                 ReplyCode.SYNTAX_ERROR, f"malformed {method.mechanism} response from the client", 10, 11
             )
-        username = self.authenticator.authenticate(method.mechanism, method.response)
+        else:
+            username = self.authenticator.authenticate(method.mechanism, method.response)
         if username is None:
             text = reply_text(
                 ReplyCode.ACCESS_REFUSED,
@@ -683,6 +693,10 @@ class ServerConnection:
             raise ProtocolError(
                 ReplyCode.NOT_ALLOWED, f"access to vhost '{vhost}' refused for user '{self.username}'", 10, 40
             )
+        limit = self.authenticator.connection_limit_reached(vhost)
+        if limit is not None:  # RabbitMQ's text (rabbit_reader); checked after the access check, as there
+            raise ProtocolError(ReplyCode.NOT_ALLOWED, f"access to vhost '{vhost}' refused for user "
+                                f"'{self.username}': connection limit ({limit}) is reached", 10, 40)
         self.vhost = vhost
         self.state = ConnectionState.OPEN
         self._write(encode_method_frame(0, m.ConnectionOpenOk()))

@@ -54,7 +54,7 @@ from node.broker.channel import ChannelState, ConnState
 from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Send, Unblock
 from node.broker.errors import AmqpError, MetadataUnconfirmed
 from node.broker.queues import QueueState
-from node.broker.records import PolicyRecord, Record
+from node.broker.records import ParameterRecord, PolicyRecord, Record
 from node.broker.state import BrokerConfig as BrokerConfig  # (imported from here by the runtime and tests)
 from node.broker.state import BrokerState
 
@@ -80,12 +80,16 @@ class ConnAuthenticator:
     def vhost_access(self, username: str, vhost: str) -> bool:
         return self._broker.vhost_access(username, vhost)
 
+    def connection_limit_reached(self, vhost: str) -> int | None:
+        return self._broker.connection_limit_reached(vhost)
+
 
 class Broker(BrokerState):
     """The facade the runtime calls (see the module docstring); the state and its helpers are `BrokerState`'s."""
 
     def __init__(self, config: BrokerConfig | None = None) -> None:
         super().__init__(config)
+        self.parameters: dict[tuple[str, str, str], str] = {}  # (component, vhost, name) -> JSON (single node)
         self.handlers = _HANDLERS
         self.parking = True  # reads may park (read_your_writes); off while a closing connection's parked run
         self.publish_route = publish.route_publish
@@ -122,6 +126,24 @@ class Broker(BrokerState):
             return False
         self.persist((PolicyRecord(vhost, name, deleted=True),))
         self._settle_round()
+        return True
+
+    def set_parameter(self, component: str, vhost: str, name: str, value_json: str) -> bool:
+        """Store a runtime parameter (validated by its component's owner before; True: it is new). KeyError for
+        an unknown vhost. The record is queued for storage (collect it with `take_effects`)."""
+        if vhost not in self.vhosts:
+            raise KeyError(vhost)
+        key = (component, vhost, name)
+        created = key not in self.parameters
+        self.parameters[key] = value_json
+        self.persist((ParameterRecord(component, vhost, name, value_json),))
+        return created
+
+    def clear_parameter(self, component: str, vhost: str, name: str) -> bool:
+        """Remove a runtime parameter (False: there was none)."""
+        if self.parameters.pop((component, vhost, name), None) is None:
+            return False
+        self.persist((ParameterRecord(component, vhost, name, deleted=True),))
         return True
 
     def take_effects(self) -> list[Effect]:
@@ -367,6 +389,12 @@ class Broker(BrokerState):
 
     def recover(self, records: list[Record]) -> list[Effect]:
         """Rebuild from storage's records; returns the `PageIn` effects of queues recovered with a tail."""
+        for param in (r for r in records if type(r) is ParameterRecord):
+            key = (param.component, param.vhost, param.name)
+            if param.deleted:
+                self.parameters.pop(key, None)
+            else:
+                self.parameters[key] = param.value
         stored_policies = [r for r in records if type(r) is PolicyRecord]
         recovery.recover(self, [r for r in records if type(r) is not PolicyRecord] if stored_policies else records)
         self._batch = None

@@ -13,7 +13,7 @@ from typing import Any
 
 from cluster.queue import Expire, Purge, Purged, Queue
 from node.amqp import methods as m
-from node.broker import delivery, paging, policy_apply, replica_machine, replica_publish
+from node.broker import delivery, paging, policy_apply, replica_machine, replica_publish, vhost_limits
 from node.broker.channel import ChannelState, ConnState
 from node.broker.effects import Effect, Send
 from node.broker.errors import AmqpError, access_refused, not_found, precondition
@@ -219,6 +219,9 @@ def queue_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, method
             broker.check_access(conn, "write", "exchange", dlx)
         queue = vhost.queues.get(name)
         if queue is None:
+            limit = vhost_limits.reached(vhost.limits, vhost_limits.MAX_QUEUES, len(vhost.queues)) if vhost.limits else None
+            if limit is not None:  # new queues only, as RabbitMQ (rabbit_channel:check_vhost_queue_limit)
+                raise precondition(vhost_limits.queue_refusal(name, vhost.name, limit))
             queue = create_queue(broker, vhost, name, method.durable, method.auto_delete, args,
                                  conn.conn_id if method.exclusive else None)
             queue.transient_checked = True  # (new: nothing from an earlier life of its node to drop)

@@ -52,8 +52,10 @@ def _apply(broker: BrokerState, record: Record, stale: list[QueueState]) -> None
     if isinstance(record, VHostRecord):
         if record.deleted:
             broker.vhosts.pop(record.name, None)
-        elif record.name not in broker.vhosts:
-            broker.vhosts[record.name] = VHost.create(record.name)
+        else:
+            if record.name not in broker.vhosts:
+                broker.vhosts[record.name] = VHost.create(record.name)
+            broker.vhosts[record.name].limits = dict(record.limits)
     elif isinstance(record, UserRecord):
         if record.deleted:
             broker.users.delete_user(record.name)

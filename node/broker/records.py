@@ -35,13 +35,14 @@ def queue_stream(vhost: str, queue: str) -> str:
 class VHostRecord:
     name: str
     deleted: bool = False
+    limits: dict[str, int] = field(default_factory=dict)  # node/broker/vhost_limits.py (older records have none)
 
     @property
     def stream(self) -> str:
         return DEFINITIONS_STREAM
 
     def to_cbor(self) -> list[Any]:
-        return ["vhost", self.name, self.deleted]
+        return ["vhost", self.name, self.deleted, self.limits]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +154,25 @@ class PolicyRecord:
     def to_cbor(self) -> list[Any]:
         return ["policy", self.vhost, self.name, self.pattern, self.apply_to, self.definition, self.priority,
                 self.deleted]
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterRecord:
+    """A runtime parameter (component "shovel", ...) of a vhost; `value` is its JSON text (single-node mode: in
+    cluster mode parameters live in the metadata)."""
+
+    component: str
+    vhost: str
+    name: str
+    value: str = ""
+    deleted: bool = False
+
+    @property
+    def stream(self) -> str:
+        return DEFINITIONS_STREAM
+
+    def to_cbor(self) -> list[Any]:
+        return ["param", self.component, self.vhost, self.name, self.value, self.deleted]
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -277,13 +297,14 @@ class MetadataBarrierRecord:
 Record = (
     VHostRecord | UserRecord | PermissionRecord | ExchangeRecord | QueueRecord | BindingRecord | MessageRecord
     | MessageRemovedRecord | MessageIndexRecord | PolicyRecord | QueueStreamStartRecord | MessagesRemovedRecord
-    | MetadataBarrierRecord
+    | ParameterRecord | MetadataBarrierRecord
 )
 
 _TAGS: dict[str, type[Any]] = {
     "vhost": VHostRecord, "user": UserRecord, "perm": PermissionRecord, "exchange": ExchangeRecord,
     "queue": QueueRecord, "binding": BindingRecord, "msg": MessageRecord, "msg-removed": MessageRemovedRecord,
     "policy": PolicyRecord, "queue-start": QueueStreamStartRecord, "msgs-removed": MessagesRemovedRecord,
+    "param": ParameterRecord,
 }
 
 

@@ -92,8 +92,10 @@ def recover(broker: BrokerState, records: list[Record]) -> None:
     for name, vrec in fold.vhosts.items():
         if vrec.deleted:
             broker.vhosts.pop(name, None)
-        elif name not in broker.vhosts:
-            broker.vhosts[name] = VHost.create(name)
+        else:
+            if name not in broker.vhosts:
+                broker.vhosts[name] = VHost.create(name)
+            broker.vhosts[name].limits = dict(vrec.limits)
     for name, urec in fold.users.items():
         if urec.deleted:
             broker.users.delete_user(name)

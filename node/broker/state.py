@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.amqp.auth import parse_sasl_response
+from node.broker import vhost_limits
 from node.broker.auth import Permission, UserStore
 from node.broker.channel import ChannelState, ConnState, Consumer
 from node.broker.effects import Effect, Persist
@@ -153,6 +154,20 @@ class BrokerState(ABC):
             self.persist((VHostRecord(name),))
         return vhost
 
+    def set_vhost_limits(self, name: str, limits: dict[str, int]) -> None:
+        """Replace the vhost's limits (validated by the caller: node/broker/vhost_limits.py); KeyError if none."""
+        vhost = self.vhosts[name]
+        vhost.limits = dict(limits)
+        self.persist((VHostRecord(name, limits=dict(limits)),))
+
+    def connection_limit_reached(self, vhost: str) -> int | None:
+        """The vhost's max-connections when its open connections on this node reach it, else None."""
+        found = self.vhosts.get(vhost)
+        if found is None or vhost_limits.MAX_CONNECTIONS not in found.limits:
+            return None
+        count = sum(1 for conn in self.conns.values() if conn.opened and conn.vhost == vhost)
+        return vhost_limits.reached(found.limits, vhost_limits.MAX_CONNECTIONS, count)
+
     def add_user(self, name: str, password: str, tags: tuple[str, ...] = ()) -> None:
         user = self.users.add_user(name, password, tags, self.config.rng(4))
         self.persist((UserRecord(user.name, user.password_hash, user.tags),))
@@ -169,6 +184,11 @@ class BrokerState(ABC):
     # --- authenticator protocol -----------------------------------------------------------------------------
 
     def check_login(self, mechanism: str, response: bytes, peer_is_loopback: bool) -> str | None:
+        if mechanism == "EXTERNAL":  # the response is the verified certificate's login name (node/amqp/auth.py)
+            name = response.decode("utf-8", "surrogateescape")
+            if name not in self.users.users or (name in self.users.loopback_users and not peer_is_loopback):
+                return None
+            return name
         parsed = parse_sasl_response(mechanism, response)
         if parsed is None:
             return None

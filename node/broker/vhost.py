@@ -32,6 +32,7 @@ class VHost(Generic[Q]):
     exchanges: dict[str, Exchange] = field(default_factory=dict)
     queues: dict[str, Q] = field(default_factory=dict)
     policies: dict[str, Policy] = field(default_factory=dict)
+    limits: dict[str, int] = field(default_factory=dict)  # max-connections, max-queues (node/broker/vhost_limits.py)
     _route_cache: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
     _policy_alternates: dict[str, str | None] = field(default_factory=dict)  # exchange -> AE from its policy
 

@@ -38,7 +38,7 @@ def _build(cls: type[Any], **values: Any) -> Any:
 def broker_record(attr: str, rec: Any, deleted: bool = False) -> Any:
     """The broker record for one metadata record of `attr` (one of `_MIRRORED_ATTRS`)."""
     if attr == "vhosts":
-        return _build(br.VHostRecord, name=rec.name, deleted=deleted)
+        return _build(br.VHostRecord, name=rec.name, deleted=deleted, limits=dict(getattr(rec, "limits", {})))
     if attr == "users":
         return _build(br.UserRecord, name=rec.name, password_hash=rec.password_hash, tags=tuple(rec.tags),
                       deleted=deleted)
@@ -142,7 +142,7 @@ def _queue_command(rec: Any, state: md.MetadataState, place: Placement) -> md.Co
 def command_for(rec: Any, state: md.MetadataState, place: Placement) -> md.Command | None:
     """The metadata command for one broker record; None for records that are not definitions (messages)."""
     if isinstance(rec, br.VHostRecord):
-        return md.DeleteVhost(rec.name) if rec.deleted else md.PutVhost(rec.name)
+        return md.DeleteVhost(rec.name) if rec.deleted else md.PutVhost(rec.name, limits=dict(rec.limits))
     if isinstance(rec, br.UserRecord):
         return md.DeleteUser(rec.name) if rec.deleted else md.PutUser(rec.name, rec.password_hash, tuple(rec.tags))
     if isinstance(rec, br.PermissionRecord):

@@ -57,6 +57,15 @@ class NodeConfig:
     connection_max: int = 0
     proxy_protocol: bool = False
     proxy_protocol_port: int = 0
+    ssl_port: int = 0
+    ssl_proxy_protocol_port: int = 0
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+    ssl_cacertfile: str = ""
+    ssl_verify: str = "verify_none"
+    ssl_fail_if_no_peer_cert: bool = False
+    ssl_cert_login: bool = False
+    ssl_cert_login_from: str = "distinguished_name"
     handshake_timeout_ms: int = 10_000
     output_buffer_high_bytes: int = 4 * MIB
     output_buffer_low_bytes: int = 1 * MIB
@@ -129,12 +138,34 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_message_size_bytes", "int", "Largest message body accepted; bigger publishes close the channel (406)."),
     Setting("connection_max", "int", "Most concurrent client connections (0 = no limit)."),
     Setting("proxy_protocol", "bool",
-            "The AMQP listener (port) requires a PROXY protocol v1/v2 header on every connection and takes the "
+            "The AMQP listener (port, and ssl_port if set) requires a PROXY protocol v1/v2 header on every "
+            "connection and takes the "
             "client's address from it (as RabbitMQ's proxy_protocol; for nodes behind HAProxy's send-proxy-v2)."),
     Setting("proxy_protocol_port", "int",
             "An extra AMQP listener on listen_address that requires a PROXY protocol header (0 = none); "
             "`raftmq cluster up` points HAProxy at it."),
-    Setting("handshake_timeout_ms", "int", "Time a client has to finish the AMQP handshake."),
+    Setting("ssl_port", "int",
+            "amqps (AMQP over TLS) listener on listen_address, as RabbitMQ's listeners.ssl.default (usually 5671; "
+            "0 = none). Needs ssl_certfile and ssl_keyfile. With proxy_protocol it requires the PROXY header too."),
+    Setting("ssl_proxy_protocol_port", "int",
+            "An extra amqps listener that requires a PROXY protocol header before the TLS handshake (0 = none); "
+            "`raftmq cluster up --tls` points HAProxy's TLS passthrough frontend at it."),
+    Setting("ssl_certfile", "str", "amqps: the node's certificate (PEM; may hold the chain), as ssl_options.certfile."),
+    Setting("ssl_keyfile", "str", "amqps: the private key of ssl_certfile (PEM, unencrypted), as ssl_options.keyfile."),
+    Setting("ssl_cacertfile", "str",
+            "amqps: CA certificates (PEM) that client certificates are checked against, as ssl_options.cacertfile."),
+    Setting("ssl_verify", "str",
+            "amqps: verify_none (no client certificate asked for) or verify_peer (asked for and checked if given), "
+            "as ssl_options.verify."),
+    Setting("ssl_fail_if_no_peer_cert", "bool",
+            "amqps with verify_peer: refuse a client without a certificate, as ssl_options.fail_if_no_peer_cert."),
+    Setting("ssl_cert_login", "bool",
+            "amqps: offer the EXTERNAL SASL mechanism to a client whose certificate was verified; it logs in as the "
+            "user the certificate names, without a password (as rabbitmq_auth_mechanism_ssl)."),
+    Setting("ssl_cert_login_from", "str",
+            "EXTERNAL login name: distinguished_name (the subject in RFC 4514 form, e.g. CN=app,O=org) or "
+            "common_name (the subject's CN), as ssl_cert_login_from."),
+    Setting("handshake_timeout_ms", "int", "Time a client has to finish the AMQP handshake (and the TLS one on amqps)."),
     Setting("output_buffer_high_bytes", "int", "Per-connection output above which deliveries to it pause."),
     Setting("output_buffer_low_bytes", "int", "Per-connection output below which deliveries resume."),
     Setting("write_timeout_ms", "int", "A socket write stuck longer than this closes the connection."),
@@ -294,6 +325,19 @@ def validate(config: NodeConfig) -> NodeConfig:
         (0 < config.max_message_size_bytes <= 512 * MIB, "max_message_size_bytes must be 1..536870912"),
         (config.connection_max >= 0, "connection_max must be >= 0"),
         (0 <= config.proxy_protocol_port <= 65535, "proxy_protocol_port must be 0..65535"),
+        (0 <= config.ssl_port <= 65535, "ssl_port must be 0..65535"),
+        (not config.ssl_port or bool(config.ssl_certfile and config.ssl_keyfile),
+         "ssl_port needs ssl_certfile and ssl_keyfile"),
+        (0 <= config.ssl_proxy_protocol_port <= 65535, "ssl_proxy_protocol_port must be 0..65535"),
+        (not config.ssl_proxy_protocol_port or bool(config.ssl_certfile and config.ssl_keyfile),
+         "ssl_proxy_protocol_port needs ssl_certfile and ssl_keyfile"),
+        (config.ssl_verify in ("verify_none", "verify_peer"), "ssl_verify must be verify_none|verify_peer"),
+        (config.ssl_verify == "verify_none" or bool(config.ssl_cacertfile), "ssl_verify = verify_peer needs ssl_cacertfile"),
+        (not config.ssl_fail_if_no_peer_cert or config.ssl_verify == "verify_peer",
+         "ssl_fail_if_no_peer_cert needs ssl_verify = verify_peer"),
+        (not config.ssl_cert_login or config.ssl_verify == "verify_peer", "ssl_cert_login needs ssl_verify = verify_peer"),
+        (config.ssl_cert_login_from in ("distinguished_name", "common_name"),
+         "ssl_cert_login_from must be distinguished_name|common_name"),
         (config.handshake_timeout_ms > 0, "handshake_timeout_ms must be > 0"),
         (0 < config.output_buffer_low_bytes < config.output_buffer_high_bytes,
          "need 0 < output_buffer_low_bytes < output_buffer_high_bytes"),

@@ -81,6 +81,7 @@ async def _serve(config: NodeConfig) -> None:
             view = BrokerView(broker, node.dispatch, node_name=config.node_name, amqp_port=ports[0],
                               wait_durable=store.wait_durable)
             await _start_management(nursery, view, config, management_port(config, config.port))
+            await _start_shovels(nursery, view, config, ports[0], owner=None)
         nursery.cancel_scope.cancel()
 
 
@@ -89,6 +90,11 @@ def _print_proxy_listener(node: Any, config: NodeConfig) -> None:
         log.info("the AMQP listener requires a PROXY protocol header (proxy_protocol)")
     if node.proxy_ports:
         print(f"raftmq node {config.node_name} PROXY protocol listener on port {node.proxy_ports[0]}",
+              file=sys.stderr, flush=True)
+    if node.tls_ports:
+        print(f"raftmq node {config.node_name} amqps listener on port {node.tls_ports[0]}", file=sys.stderr, flush=True)
+    if node.tls_proxy_ports:
+        print(f"raftmq node {config.node_name} amqps PROXY protocol listener on port {node.tls_proxy_ports[0]}",
               file=sys.stderr, flush=True)
 
 
@@ -116,6 +122,22 @@ async def _start_management(nursery: Any, view: Any, config: NodeConfig, port: i
         return
     view.management_port = bound
     print(f"raftmq node {config.node_name} management API on port {bound}", file=sys.stderr, flush=True)
+
+
+async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port: int, owner: Any) -> None:
+    """Dynamic shovels (cluster/shovel/manager.py): the definitions come from the view (broker parameters, or the
+    cluster metadata); `amqp://` with no host is this node, logged in as the default user."""
+    from cluster.link.uri import AmqpUri
+    from cluster.shovel.manager import ShovelManager
+
+    host = config.listen_address if config.listen_address not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    local = AmqpUri(host=host, port=amqp_port, username=config.default_user, password=config.default_pass)
+
+    async def delete_definition(vhost: str, name: str) -> None:
+        await view.clear_parameter("shovel", vhost, name)
+
+    view.shovels = ShovelManager(config.node_name, view.stored_shovels, owner, local, delete_definition)
+    await nursery.start(view.shovels.run)
 
 
 async def _serve_cluster(config: NodeConfig) -> None:
@@ -152,6 +174,7 @@ async def _serve_cluster(config: NodeConfig) -> None:
             view = ClusterView(cluster, node_name=config.node_name, amqp_port=ports[0],
                                cluster_name=",".join(layout.names))
             await _start_management(nursery, view, config, layout.me.management_port)
+            await _start_shovels(nursery, view, config, ports[0], owner=view.shovel_owner)
         nursery.cancel_scope.cancel()
 
 
@@ -172,6 +195,10 @@ def _cluster_refusal(exc: BaseException) -> BaseException | None:
 def main(argv: list[str]) -> int:
     try:
         config, namespace = load(argv)
+        if config.ssl_port or config.ssl_proxy_protocol_port:  # the certificate files: a bad one is a configuration error, found before starting
+            from node.runtime.tls import server_context
+
+            server_context(config)
     except ConfigError as exc:
         print(f"raftmq node: configuration error: {exc}", file=sys.stderr)
         return 2

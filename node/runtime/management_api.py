@@ -10,9 +10,12 @@ is `Reply(status, payload, headers)`; errors carry RabbitMQ's `{"error": ..., "r
 
 Paths: GET /api/overview, /api/whoami, /api/nodes[/name], /api/vhosts[/vhost], /api/users[/name],
 /api/permissions[/vhost/user], /api/queues[/vhost[/name]], /api/exchanges[/vhost[/name]], /api/bindings[/vhost],
-/api/connections, /api/consumers[/vhost], /api/policies[/vhost[/name]]; PUT /api/vhosts/{vhost},
-/api/users/{name}, /api/permissions/{vhost}/{user}, /api/policies/{vhost}/{name}; DELETE
-/api/policies/{vhost}/{name}; POST /api/raftmq/{command} for the cluster commands (`CLUSTER_COMMANDS`).
+/api/connections, /api/consumers[/vhost], /api/policies[/vhost[/name]], /api/parameters[/component[/vhost[/name]]],
+/api/shovels[/vhost], /api/shovels/vhost/{vhost}/{name}, /api/vhost-limits[/vhost]; PUT /api/vhosts/{vhost},
+/api/users/{name}, /api/permissions/{vhost}/{user}, /api/policies/{vhost}/{name},
+/api/parameters/{component}/{vhost}/{name} ({"value": {...}}), /api/vhost-limits/{vhost}/{limit} ({"value": N});
+DELETE /api/policies/{vhost}/{name}, /api/parameters/{component}/{vhost}/{name}, /api/vhost-limits/{vhost}/{limit},
+/api/shovels/vhost/{vhost}/{name}/restart; POST /api/raftmq/{command} for the cluster commands (`CLUSTER_COMMANDS`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ COMMAND_ARGS: dict[str, tuple[tuple[str, type, bool], ...]] = {
     "set_policy": (("vhost", str, True), ("name", str, True), ("pattern", str, True), ("definition", dict, True),
                    ("priority", int, False), ("apply_to", str, False)),
     "clear_policy": (("vhost", str, True), ("name", str, True)),
+    "set_parameter": (("component", str, True), ("vhost", str, True), ("name", str, True), ("value", dict, True)),
+    "clear_parameter": (("component", str, True), ("vhost", str, True), ("name", str, True)),
+    "restart_shovel": (("vhost", str, True), ("name", str, True)),
+    "set_vhost_limit": (("vhost", str, True), ("name", str, True), ("value", int, True)),
+    "clear_vhost_limit": (("vhost", str, True), ("name", str, True)),
     "join_cluster": (("node", str, True),),
     "leave_cluster": (),
     "forget_cluster_node": (("node", str, True),),
@@ -83,6 +91,11 @@ class ManagementView(Protocol):
     def connections(self) -> list[dict[str, Any]]: ...
     def consumers(self) -> list[dict[str, Any]]: ...
     def policies(self) -> list[dict[str, Any]]: ...
+    def parameters(self) -> list[dict[str, Any]]: ...
+    def shovel_status(self) -> list[dict[str, Any]]: ...
+
+
+    def vhost_limits(self) -> list[dict[str, Any]]: ...
     async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]: ...
 
 
@@ -224,8 +237,21 @@ def _get(view: ManagementView, segments: tuple[str, ...], user: str, tags: tuple
         if rest:
             rows = [r for r in rows if _row_vhost(r) == rest[0]]
         return Reply(200, jsonable(rows))
+    elif what == "vhost-limits" and len(rest) <= 1:
+        rows = view.vhost_limits()
+        return Reply(200, jsonable([r for r in rows if r["vhost"] == rest[0]] if rest else rows))
     elif what == "connections" and not rest:
         return Reply(200, jsonable(view.connections()))
+    elif what == "parameters" and len(rest) <= 3:
+        rows = view.parameters()
+        if rest:
+            rows = _filter(rows, component=rest[0])
+        return Reply(200, jsonable(_listing(lambda: rows, rest[1:])))
+    elif what == "shovels":
+        if rest[:1] == ("vhost",) and len(rest) == 3:  # /api/shovels/vhost/{vhost}/{name}
+            return Reply(200, jsonable(_one(_filter(view.shovel_status(), vhost=rest[1], name=rest[2]))))
+        if len(rest) <= 1:
+            return Reply(200, jsonable(_listing(view.shovel_status, rest)))
     raise CommandError(404, "Not Found")
 
 
@@ -247,10 +273,14 @@ def _put_command(segments: tuple[str, ...], body: dict[str, Any]) -> tuple[str, 
     if what == "permissions" and len(rest) == 2:
         return "set_permissions", {"vhost": rest[0], "user": rest[1], "configure": body.get("configure"),
                                    "write": body.get("write"), "read": body.get("read")}
+    if what == "parameters" and len(rest) == 3:
+        return "set_parameter", {"component": rest[0], "vhost": rest[1], "name": rest[2], "value": body.get("value")}
     if what == "policies" and len(rest) == 2:
         return "set_policy", {"vhost": rest[0], "name": rest[1], "pattern": body.get("pattern"),
                               "definition": body.get("definition"), "priority": body.get("priority"),
                               "apply_to": body.get("apply-to", body.get("apply_to"))}
+    if what == "vhost-limits" and len(rest) == 2:
+        return "set_vhost_limit", {"vhost": rest[0], "name": rest[1], "value": body.get("value")}
     return None
 
 
@@ -267,8 +297,19 @@ async def _change(view: ManagementView, head: RequestHead, raw_body: bytes) -> R
             raise CommandError(404, f"unknown command {name!r}")
         result = await view.run_command(name, check_command_args(name, body))
         return Reply(200, jsonable(result))
+    if head.method == "DELETE" and segments[1] == "parameters" and len(segments) == 5:
+        await view.run_command("clear_parameter", {"component": segments[2], "vhost": segments[3],
+                                                   "name": segments[4]})
+        return Reply(204)
+    if head.method == "DELETE" and segments[1:3] == ("shovels", "vhost") and len(segments) == 6 \
+            and segments[5] == "restart":
+        await view.run_command("restart_shovel", {"vhost": segments[3], "name": segments[4]})
+        return Reply(204)
     if head.method == "DELETE" and segments[1] == "policies" and len(segments) == 4:
         await view.run_command("clear_policy", {"vhost": segments[2], "name": segments[3]})
+        return Reply(204)
+    if head.method == "DELETE" and segments[1] == "vhost-limits" and len(segments) == 4:
+        await view.run_command("clear_vhost_limit", {"vhost": segments[2], "name": segments[3]})
         return Reply(204)
     if head.method == "PUT":
         found = _put_command(segments, body)

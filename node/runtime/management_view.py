@@ -13,18 +13,22 @@ answered 2xx survives a kill -9. Policies
 the vhost's queues and exchanges at once, and stored with the definitions; queue rows show the `policy` that
 applies and its `effective_policy_definition`. The cluster commands answer 501 "not in a cluster": cluster
 membership and queue placement belong to the cluster runtime, which subclasses this view and overrides `nodes`,
-`queues`, `policies` and `run_command`.
+`queues`, `policies` and `run_command`. Runtime parameters (`set_parameter`/`clear_parameter`, component "shovel"
+only, validated by cluster/shovel/params.py) are stored with the definitions (`Broker.set_parameter`); the cluster
+view keeps them in the metadata instead. `shovels` is the node's ShovelManager (docs/shovel.md), set by main.py.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cluster.shovel.params import ShovelParamError, parse_definition
 from node.broker import policies as pol
-from node.broker import policy_apply
+from node.broker import policy_apply, vhost_limits
 from node.broker.effects import Persist
 from node.runtime.management_api import CLUSTER_COMMANDS, NOT_IN_CLUSTER, CommandError
 
@@ -55,6 +59,7 @@ class BrokerView:
         self.cluster_name = cluster_name or node_name
         self.version = version
         self.started_ms = int(time.time() * 1000)
+        self.shovels: Any = None  # the node's ShovelManager (cluster/shovel/manager.py), set by main.py
 
     # --- authentication -------------------------------------------------------------------------------------
 
@@ -204,9 +209,27 @@ class BrokerView:
         return [pol.policy_row(vhost.policies[name])
                 for _, vhost in sorted(self.broker.vhosts.items()) for name in sorted(vhost.policies)]
 
+    def parameters(self) -> list[dict[str, Any]]:
+        return [{"vhost": vhost, "component": component, "name": name, "value": json.loads(value)}
+                for (component, vhost, name), value in sorted(self.broker.parameters.items())]
+
+    def stored_shovels(self) -> dict[tuple[str, str], str]:
+        """(vhost, name) -> JSON of every shovel definition (what the ShovelManager runs)."""
+        return {(vhost, name): value for (component, vhost, name), value in self.broker.parameters.items()
+                if component == "shovel"}
+
+    def shovel_status(self) -> list[dict[str, Any]]:
+        return self.shovels.status() if self.shovels is not None else []
+
+    def vhost_limits(self) -> list[dict[str, Any]]:
+        return [{"vhost": name, "value": dict(vhost.limits)}
+                for name, vhost in sorted(self.broker.vhosts.items()) if vhost.limits]
+
     # --- changes --------------------------------------------------------------------------------------------
 
     async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        if name in ("set_parameter", "clear_parameter", "restart_shovel"):
+            return await self._parameter_command(name, args)
         if name == "add_vhost":
             created = args["name"] not in self.broker.vhosts
             self.broker.add_vhost(args["name"])
@@ -221,12 +244,43 @@ class BrokerView:
             if not self.broker.clear_policy(args["vhost"], args["name"]):
                 raise CommandError(404, f"no policy {args['name']!r} in vhost {args['vhost']!r}")
             created = False
+        elif name in ("set_vhost_limit", "clear_vhost_limit"):
+            created = self._change_vhost_limit(name, args)
         elif name in CLUSTER_COMMANDS:
             raise CommandError(501, NOT_IN_CLUSTER)
         else:
             raise CommandError(404, f"unknown command {name!r}")
         await self.emit(self.broker.take_effects())
         return {"created": created}
+
+    async def _parameter_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        key = (args.get("component", "shovel"), args["vhost"], args["name"])
+        if name == "restart_shovel":
+            if self.shovels is None or not self.shovels.restart(args["vhost"], args["name"]):
+                raise CommandError(404, f"no shovel {args['name']!r} in vhost {args['vhost']!r} runs on this node")
+            return {}
+        if name == "clear_parameter":
+            if not await self.clear_parameter(*key):
+                raise CommandError(404, f"no parameter {key[0]}/{key[2]!r} in vhost {key[1]!r}")
+            created = False
+        else:
+            created = await self.set_parameter(*key, validate_parameter(*key, args["value"]))
+        if self.shovels is not None:
+            self.shovels.poke()
+        return {"created": created}
+
+    async def set_parameter(self, component: str, vhost: str, name: str, value_json: str) -> bool:
+        try:
+            created: bool = self.broker.set_parameter(component, vhost, name, value_json)
+        except KeyError:
+            raise CommandError(400, f"vhost_not_found: {vhost}") from None
+        await self.emit(self.broker.take_effects())
+        return created
+
+    async def clear_parameter(self, component: str, vhost: str, name: str) -> bool:
+        cleared: bool = self.broker.clear_parameter(component, vhost, name)
+        await self.emit(self.broker.take_effects())
+        return cleared
 
     def _set_policy(self, args: dict[str, Any]) -> bool:
         try:
@@ -236,6 +290,23 @@ class BrokerView:
             raise CommandError(400, str(exc)) from None
         except KeyError:
             raise CommandError(400, f"vhost_not_found: {args['vhost']}") from None
+        return created
+
+    def _change_vhost_limit(self, command: str, args: dict[str, Any]) -> bool:
+        """Set or clear one of a vhost's limits (node/broker/vhost_limits.py); the others stay."""
+        vhost = self.broker.vhosts.get(args["vhost"])
+        if vhost is None:
+            raise CommandError(400, f"vhost_not_found: {args['vhost']}")
+        limits = dict(vhost.limits)
+        created = args["name"] not in limits
+        if command == "set_vhost_limit":
+            limits[args["name"]] = args["value"]
+        elif limits.pop(args["name"], None) is None:
+            raise CommandError(404, f"no limit {args['name']!r} in vhost {args['vhost']!r}")
+        try:
+            self.broker.set_vhost_limits(args["vhost"], vhost_limits.validate(limits))
+        except vhost_limits.VhostLimitError as exc:
+            raise CommandError(400, str(exc)) from None
         return created
 
     def _set_permissions(self, args: dict[str, Any]) -> bool:
@@ -259,6 +330,17 @@ class BrokerView:
             await result
         if self.wait_durable is not None and any(type(e) is Persist for e in effects):
             await self.wait_durable()
+
+
+def validate_parameter(component: str, vhost: str, name: str, value: Any) -> str:
+    """The parameter's value as JSON text once its component accepts it; CommandError 400 with the reason."""
+    if component != "shovel":
+        raise CommandError(400, f"component_not_found: {component} (only shovel parameters are built)")
+    try:
+        parse_definition(vhost, name, value)
+    except ShovelParamError as exc:
+        raise CommandError(400, f"Validation failed\n\n{exc}") from None
+    return json.dumps(value, sort_keys=True)
 
 
 def _binding_row(vhost: str, source: str, dest_kind: str, dest: str, key: str, args: dict[str, Any]) -> dict[str, Any]:

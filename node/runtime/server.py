@@ -31,6 +31,15 @@ within the handshake timeout and registers the connection with the client addres
 listings, logs), feeding the bytes that followed the header to the core; a connection without a valid header is
 closed, logged and counted (`proxy_refused`) before the broker ever hears of it.
 
+TLS (amqps, docs/configuration.md): the `ssl_port` listener wraps each accepted stream in a `trio.SSLStream` with
+the context of node/runtime/tls.py and completes the TLS handshake within the handshake timeout before the AMQP
+protocol header is read; a failed, late or abandoned handshake (a plain AMQP client, an untrusted or missing client
+certificate) closes that connection only, logged and counted (`tls_refused`). With `ssl_cert_login` a verified client
+certificate's login name is handed to the core, which then offers EXTERNAL. On an amqps listener with the PROXY
+protocol (`ssl_port` with `proxy_protocol`, or the extra `ssl_proxy_protocol_port`: HAProxy's TLS passthrough) the
+PROXY header comes first, in the clear; the bytes read after it (the start of the ClientHello) are handed to the TLS
+layer ahead of the socket's (`PrefixedStream`, node/runtime/tls.py).
+
 Reads are at most RECEIVE_SIZE_BYTES (32 KiB, ~190 small publishes): one read is handled in one go on the trio
 thread, so its size bounds how long every other connection waits for a turn (deliveries sit in the consumer's
 output until its writer runs). With 256 KiB reads a publisher's turn took up to 150 ms under workload (a), and the
@@ -47,12 +56,13 @@ import errno
 import gc
 import logging
 import signal
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -78,6 +88,7 @@ from node.broker.effects import (
 from node.runtime.config import NodeConfig
 from node.runtime.probes import ResourceProbe
 from node.runtime.store import Store
+from node.runtime.tls import PrefixedStream, certificate_login, server_context, tls_handshake
 
 log = logging.getLogger("raftmq.node")
 
@@ -110,7 +121,7 @@ class Connection:
     """Runtime state of one client connection; only the trio thread touches it."""
 
     conn_id: int
-    stream: trio.SocketStream
+    stream: trio.abc.Stream  # a SocketStream, or an SSLStream around one on the amqps listener
     core: ServerConnection
     opened_ms: int
     output: deque[bytes] = field(default_factory=deque)
@@ -184,6 +195,11 @@ class Node:
         self.flow_pauses_stalled = 0
         self.proxy_refused = 0  # connections refused on a PROXY protocol listener (no valid header in time)
         self.proxy_ports: list[int] = []  # bound ports of the PROXY-protocol-only listener (proxy_protocol_port)
+        self.tls_refused = 0  # amqps connections whose TLS handshake failed or did not finish in time
+        self.tls_ports: list[int] = []  # bound ports of the amqps listener (ssl_port)
+        self.tls_proxy_ports: list[int] = []  # bound ports of the amqps PROXY listener (ssl_proxy_protocol_port)
+        self.tls_context: ssl.SSLContext | None = (
+            server_context(config) if config.ssl_port or config.ssl_proxy_protocol_port else None)
         self._server_scope: trio.CancelScope | None = None
 
     # ----------------------------------------------------------------------------------------- dispatch
@@ -301,10 +317,14 @@ class Node:
         self.apply_effects(self.broker.set_writable(conn.conn_id, writable))
 
     # ------------------------------------------------------------------------------------- connections
-    async def handle_connection(self, stream: trio.SocketStream, proxy_protocol: bool = False) -> None:
-        """Serve one client connection; on a PROXY protocol listener, first read the header naming the client."""
+    async def handle_connection(self, stream: trio.SocketStream, proxy_protocol: bool = False,
+                                tls: bool = False) -> None:
+        """Serve one client connection; on a PROXY protocol listener, first read the header naming the client; on
+        the amqps listener, first complete the TLS handshake."""
         host = _peer_host(stream)
         initial = b""
+        conn_stream: trio.abc.Stream = stream
+        identity: str | None = None
         if proxy_protocol:
             got = await self._read_proxy_header(stream, host)
             if got is None:
@@ -315,10 +335,22 @@ class Node:
             if header.source is not None:
                 log.debug("connection from %s:%d via proxy %s", header.source[0], header.source[1], host)
                 host = header.source[0]
+        if tls:
+            transport: trio.abc.Stream = PrefixedStream(stream, initial) if initial else stream
+            initial = b""
+            ssl_stream = await self._tls_handshake(transport, host)
+            if ssl_stream is None:
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await stream.aclose()
+                return
+            conn_stream = ssl_stream
+            if self.config.ssl_cert_login:
+                identity = certificate_login(ssl_stream.getpeercert(binary_form=True),
+                                             self.config.ssl_cert_login_from)
         conn_id = self.next_conn_id
         self.next_conn_id += 1
-        core = ServerConnection(self.broker.authenticator_for(conn_id), self.limits, mono_ms())
-        conn = Connection(conn_id, stream, core, mono_ms())
+        core = ServerConnection(self.broker.authenticator_for(conn_id), self.limits, mono_ms(), identity)
+        conn = Connection(conn_id, conn_stream, core, mono_ms())
         self.connections[conn_id] = conn
         self.broker.open_connection(conn_id, host, _is_loopback(host))
         try:
@@ -335,7 +367,19 @@ class Node:
         finally:
             self._forget(conn)
             with trio.CancelScope(shield=True), trio.move_on_after(1):
-                await stream.aclose()
+                await conn_stream.aclose()  # (TLS: a close_notify first, without waiting for the peer's)
+            if conn_stream is not stream:
+                await trio.aclose_forcefully(stream)
+
+    async def _tls_handshake(self, stream: trio.abc.Stream, peer: str) -> trio.SSLStream[trio.abc.Stream] | None:
+        """The TLS stream once its handshake completed within the handshake timeout; None (the connection is
+        refused: logged and counted) when it failed, was late or the peer hung up."""
+        assert self.tls_context is not None
+        ssl_stream, reason = await tls_handshake(stream, self.tls_context, self.config.handshake_timeout_ms)
+        if ssl_stream is None:
+            self.tls_refused += 1
+            log.warning("amqps connection from %s refused: %s", peer or "?", reason)
+        return ssl_stream
 
     async def _read_proxy_header(self, stream: trio.SocketStream, peer: str) -> tuple[ProxyHeader, bytes] | None:
         """The PROXY protocol header and the bytes that followed it, read within the handshake timeout; None (the
@@ -391,7 +435,8 @@ class Node:
             data = None
             with trio.move_on_after(self._read_timeout_s(conn)):
                 try:
-                    data = await stream.receive_some(self.receive_size_bytes)
+                    # (bytes from a SocketStream and from an SSLStream alike; typed bytes | bytearray)
+                    data = cast(bytes, await stream.receive_some(self.receive_size_bytes))
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     return
                 if not data:
@@ -545,7 +590,7 @@ class Node:
 
     # ---------------------------------------------------------------------------------------- listeners
     async def _accept_loop(self, listener: trio.SocketListener, handlers: trio.Nursery,
-                           proxy_protocol: bool = False) -> None:
+                           proxy_protocol: bool = False, tls: bool = False) -> None:
         backoff_ms = 10
         while True:
             try:
@@ -562,7 +607,7 @@ class Node:
                 log.warning("connection_max %d reached; refusing a connection", self.config.connection_max)
                 await stream.aclose()
                 continue
-            handlers.start_soon(self.handle_connection, stream, proxy_protocol)
+            handlers.start_soon(self.handle_connection, stream, proxy_protocol, tls)
 
     async def serve_connections(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         host = self.config.listen_address or None
@@ -572,6 +617,14 @@ class Node:
         if self.config.proxy_protocol_port:
             proxy_listeners = await trio.open_tcp_listeners(self.config.proxy_protocol_port, host=host)
             self.proxy_ports = sorted({listener.socket.getsockname()[1] for listener in proxy_listeners})
+        tls_listeners: list[trio.SocketListener] = []
+        if self.config.ssl_port:
+            tls_listeners = await trio.open_tcp_listeners(self.config.ssl_port, host=host)
+            self.tls_ports = sorted({listener.socket.getsockname()[1] for listener in tls_listeners})
+        tls_proxy_listeners: list[trio.SocketListener] = []
+        if self.config.ssl_proxy_protocol_port:
+            tls_proxy_listeners = await trio.open_tcp_listeners(self.config.ssl_proxy_protocol_port, host=host)
+            self.tls_proxy_ports = sorted({listener.socket.getsockname()[1] for listener in tls_proxy_listeners})
         main_proxy = self.config.proxy_protocol
         async with trio.open_nursery() as handlers:
             with trio.CancelScope() as accept_scope:
@@ -581,9 +634,13 @@ class Node:
                         acceptors.start_soon(self._accept_loop, listener, handlers, main_proxy)
                     for listener in proxy_listeners:
                         acceptors.start_soon(self._accept_loop, listener, handlers, True)
+                    for listener in tls_listeners:
+                        acceptors.start_soon(self._accept_loop, listener, handlers, main_proxy, True)
+                    for listener in tls_proxy_listeners:
+                        acceptors.start_soon(self._accept_loop, listener, handlers, True, True)
                     self.ready.set()
                     task_status.started(self.bound_ports)
-            for listener in [*self.listeners, *proxy_listeners]:
+            for listener in [*self.listeners, *proxy_listeners, *tls_listeners, *tls_proxy_listeners]:
                 await listener.aclose()
             await self._close_all_connections()
             handlers.cancel_scope.cancel()

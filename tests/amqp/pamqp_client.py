@@ -32,6 +32,9 @@ class Users:
     def vhost_access(self, username: str, vhost: str) -> bool:
         return vhost in self.vhosts.get(username, set())
 
+    def connection_limit_reached(self, vhost: str) -> int | None:
+        return None
+
 
 def marshal(channel: int, obj: Any) -> bytes:
     return frame.marshal(obj, channel)

@@ -136,6 +136,9 @@ class _Users:
     def vhost_access(self, username: str, vhost: str) -> bool:
         return True
 
+    def connection_limit_reached(self, vhost: str) -> int | None:
+        return None
+
 
 def test_a_repeated_header_without_headers_decodes_to_one_shared_object() -> None:
     payload = encode_content_header(10, HEADER_PROPS)

@@ -7,7 +7,9 @@ extracts their test trees into the pytest tmp dir and runs each suite in a pytes
 `raftmq node` (`[single]`) and once against a 3-node cluster behind HAProxy (`[cluster]`,
 tests/integration/clusterproc.py):
 
-* py-amqp: ``t/integration/test_rmq.py`` (``test_integration.py`` is mocked, not a broker test);
+* py-amqp: ``t/integration/test_rmq.py`` (``test_integration.py`` is mocked, not a broker test); its TLS tests run
+  against the single node's amqps listener and the cluster's HAProxy amqps frontend (TLS passed through to the
+  nodes), with the ``t/certs/*.pem`` files written from deploy/certs.py;
 * kombu: ``t/integration/test_py_amqp.py`` (with its ``common.py``);
 * aiormq and aio-pika: their whole ``tests/`` tree (aiomisc-pytest runs them, as upstream).
 
@@ -27,7 +29,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -39,6 +43,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.certs import make_test_pki
 from tests.integration.clusterproc import ClusterProcess
 from tests.integration.nodeproc import DEFAULT_LIMITS_CONFIG_TOML, NodeProcess
 
@@ -64,9 +69,8 @@ SUITES = {
     "aio-pika": Suite("aio-pika", "tests", ("tests",), 900),
 }
 
-_TLS = ("needs an amqps (TLS) listener on RABBITMQ_5671_TCP, which raftmq does not have, and t/certs/*.pem, "
-        "which upstream CI generates and the sdist does not ship")
-_TLS_ASYNC = "needs an amqps (TLS) listener (the container's 5671/tcp), which raftmq does not have"
+_TLS_ASYNC = ("needs an amqps listener as the container's 5671/tcp with the suite's certificates: raftmq has one "
+              "(ssl_port) but suite_docker.py does not start or describe it yet")
 _BADSSL = ("connects to tls-v1-2.badssl.com:1012, an external host, not the broker: it tests py-amqp's TLS "
            "transport only")
 _RMQ43 = ("RabbitMQ 4.3's consumer-timeout handshake (capability accept_consumer_cancel_ok); raftmq answers as "
@@ -80,12 +84,8 @@ _CONTAINER = ("stops and restarts the broker's Docker container (rabbitmqctl sto
 # in the suites must pass.
 DESELECT: dict[str, dict[str, str]] = {
     "amqp": {
-        r"^t/integration/test_rmq\.py::test_connect\[tls\]": _TLS,
-        r"^t/integration/test_rmq\.py::test_tls_connect_fails": _TLS,
         r"^t/integration/test_rmq\.py::test_tls_default_certs": _BADSSL,
         r"^t/integration/test_rmq\.py::test_tls_no_default_certs_fails": _BADSSL,
-        # the 'tls' parametrisation of the connection fixture, for every test of the class
-        r"^t/integration/test_rmq\.py::test_rabbitmq_operations::\w+\[tls[-\]]": _TLS,
     },
     "kombu": {},
     "aiormq": {
@@ -193,21 +193,61 @@ class Broker:
     host: str
     port: int
     process: NodeProcess | ClusterProcess
+    tls_port: int | None = None  # the amqps listener (single) or HAProxy's amqps frontend (cluster)
+    certs: dict[str, Path] | None = None  # py-amqp's t/certs/<name> -> the generated file
+
+
+TLS_LINE = re.compile(rb"amqps listener on port (\d+)")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _suite_certs(workdir: Path, ca: Path, client_cert: Path, client_key: Path) -> dict[str, Path]:
+    """The certificates py-amqp's suite reads from t/certs (upstream CI generates them; the sdist does not ship
+    them): the CA, a client certificate, and a "broken" one (from another CA, which the broker refuses)."""
+    other = make_test_pki(workdir / "other-pki", {}, ("broken",), ca_name="another CA")
+    return {"ca_certificate.pem": ca, "client_certificate.pem": client_cert, "client_key.pem": client_key,
+            "client_certificate_broken.pem": other.clients["broken"].cert,
+            "client_key_broken.pem": other.clients["broken"].key}
+
+
+def _tls_node_config(workdir: Path) -> tuple[str, dict[str, Path]]:
+    """A single node's amqps settings (client certificates required), and the suite's certificates."""
+    pki = make_test_pki(workdir / "pki", {"node": "127.0.0.1"}, ("client",))
+    node = pki.nodes["node"]
+    settings = (f"ssl_port = {_free_port()}\nssl_certfile = \"{node.cert}\"\nssl_keyfile = \"{node.key}\"\n"
+                f"ssl_cacertfile = \"{pki.ca.cert}\"\nssl_verify = \"verify_peer\"\nssl_fail_if_no_peer_cert = true\n")
+    return settings, _suite_certs(workdir, pki.ca.cert, pki.clients["client"].cert, pki.clients["client"].key)
+
+
+def _tls_port(node: NodeProcess) -> int:
+    found = TLS_LINE.findall(node.log_path.read_bytes())
+    assert found, node.log_tail()
+    return int(found[-1])
 
 
 @pytest.fixture(scope="module", params=["single", "cluster"])
 def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     workdir = tmp_path_factory.mktemp(f"clientsuites-{request.param}")
     if request.param == "cluster":
-        cluster = ClusterProcess(workdir, config_toml=DEFAULT_LIMITS_CONFIG_TOML).start()
+        cluster = ClusterProcess(workdir, config_toml=DEFAULT_LIMITS_CONFIG_TOML, tls=True).start()
+        # The cluster offers EXTERNAL (as `raftmq cluster up --tls`) and py-amqp picks it whenever it is offered, so
+        # its client certificate is guest's: it logs in as guest with it.
+        certs = _suite_certs(workdir, cluster.tls_dir / "ca.pem", cluster.tls_dir / "guest.pem",
+                             cluster.tls_dir / "guest.key")
         try:
-            yield Broker("cluster", cluster.host, cluster.port, cluster)
+            yield Broker("cluster", cluster.host, cluster.port, cluster, cluster.tls_port, certs)
         finally:
             cluster.shutdown()
         return
-    node = NodeProcess(workdir, config_toml=DEFAULT_LIMITS_CONFIG_TOML).start()
+    settings, certs = _tls_node_config(workdir)
+    node = NodeProcess(workdir, config_toml=settings + DEFAULT_LIMITS_CONFIG_TOML).start()
     try:
-        yield Broker("single", node.host, node.port, node)
+        yield Broker("single", node.host, node.port, node, _tls_port(node), certs)
     finally:
         node.stop()
 
@@ -243,6 +283,11 @@ def test_upstream_integration_suite_passes(name: str, sdists: dict[str, Path], b
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RAFTMQ_", "PYTEST_", "TOX_", "RABBITMQ_", "DOCKER_"))}
     env.update(RABBITMQ_HOST=broker.host, RABBITMQ_5672_TCP=str(broker.port), PYTHONPATH=str(root))
+    if broker.tls_port is not None and broker.certs is not None and name == "amqp":
+        (root / "t" / "certs").mkdir(exist_ok=True)
+        for target, source in broker.certs.items():
+            shutil.copy(source, root / "t" / "certs" / target)
+        env["RABBITMQ_5671_TCP"] = str(broker.tls_port)
     output = tmp_path / "output.txt"  # kept whole in the tmp dir; the report quotes its tail
     with output.open("wb") as out:
         try:

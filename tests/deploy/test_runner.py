@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -143,3 +144,24 @@ def test_haproxy_maxconn_fits_the_open_files_limit() -> None:
     assert runner.haproxy_maxconn(-1) == topo.HAPROXY_MAXCONN  # unlimited
     assert runner.haproxy_maxconn(1024) == 462 and runner.haproxy_maxconn(10) == 64
     assert "maxconn 9950" in topo.haproxy_cfg(topo.load(), [("rmq1", "127.0.0.1", 5673)], 5672, maxconn=9950)
+
+
+@pytest.mark.parametrize("base_port", [5672, 30000, 60000])
+def test_tls_ports_never_collide_and_reach_the_node_config(tmp_path: Path, base_port: int) -> None:
+    plan = runner.plan_nodes(3, base_port, False, 5672, tls=True)
+    ports = [p for n in plan for p in (n.port, n.management_port, n.raft_port, n.metadata_port, n.proxy_port,
+                                       n.tls_port, n.tls_proxy_port)]
+    assert len(ports) == len(set(ports)) and all(0 < p <= 65535 for p in ports)
+    tls_dir = runner.ensure_test_pki(tmp_path, plan)
+    assert {p.name for p in tls_dir.iterdir()} >= {"ca.pem", "ca.key", "rmq1.pem", "rmq3.key", "guest.pem"}
+    ca_before = (tls_dir / "ca.pem").read_bytes()
+    assert runner.ensure_test_pki(tmp_path, plan) == tls_dir and (tls_dir / "ca.pem").read_bytes() == ca_before
+    runner.write_node_configs(tmp_path, plan, cluster=True, tls_dir=tls_dir)
+    cfg = runner.node_config_path("rmq2", str(tmp_path / "rmq2"))
+    loaded = dataclasses.replace(node_config.NodeConfig(), **node_config.values_from_toml(cfg))
+    assert (loaded.ssl_port, loaded.ssl_proxy_protocol_port) == (plan[1].tls_port, plan[1].tls_proxy_port)
+    assert loaded.ssl_certfile == str(tls_dir / "rmq2.pem") and loaded.ssl_cert_login
+    from node.runtime.tls import server_context
+
+    server_context(loaded)  # the generated files load
+    assert runner.plan_nodes(3, base_port, False, 5672)[0].tls_port == 0  # without --tls: none

@@ -14,10 +14,14 @@ reach a node through the replicated metadata, not at once).
 `start`, `restart`, `log_tail`), applied to every node: a signal goes to every node, `stop` stops them all, and an
 exit code is 0 only when every node exited 0. HAProxy keeps its port across node restarts. `set_memory_alarm`
 forces the alarm on or off on every node and checks each node's log for the result (SIGUSR1 only toggles it).
+With `tls=True` it is put together as `raftmq cluster up --tls`: certificates in <workdir>/tls
+(`runner.ensure_test_pki`), an amqps listener per node (`runner.tls_settings`) and an HAProxy amqps frontend on
+`tls_port` passing TLS through to them (no PROXY protocol here, as for the plain frontend).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -67,6 +71,12 @@ class ClusterProcess:
     port: int = 0  # HAProxy's
     nodes: list[_Node] = field(default_factory=list)
     haproxy: subprocess.Popen[bytes] | None = None
+    tls: bool = False  # amqps on every node and through HAProxy (`tls_port`)
+    tls_port: int = 0  # HAProxy's amqps frontend
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.workdir / runner.TLS_DIR_NAME
 
     @property
     def haproxy_log(self) -> Path:
@@ -79,14 +89,23 @@ class ClusterProcess:
             ports = runner.plan_ports(amqp_port)
             plans.append(runner.NodePlan(f"rmq{i}", "127.0.0.1", amqp_port, ports["management"], ports["raft"],
                                          ports["metadata"]))
+        taken = {p for plan in plans for p in (plan.port, plan.management_port, plan.raft_port, plan.metadata_port)}
+        if self.tls:
+            for index, plan in enumerate(plans):
+                tls_port = free_port(avoid=taken)
+                taken.add(tls_port)
+                plans[index] = dataclasses.replace(plan, tls_port=tls_port)
+            runner.ensure_test_pki(self.workdir, plans)
         secret = runner.cluster_secret(self.workdir)
         for plan in plans:
             data_dir = self.workdir / plan.name
-            config = runner.node_config_text(plan, plans, secret) + self.extra_config + self.config_toml
+            config = (runner.node_config_text(plan, plans, secret, self.tls_dir if self.tls else None)
+                      + self.extra_config + self.config_toml)
             runner._write_private(runner.node_config_path(plan.name, str(data_dir)), config)
             self.nodes.append(_Node(plan, data_dir, self.workdir / f"{plan.name}.log"))
-        taken = {p for plan in plans for p in (plan.port, plan.management_port, plan.raft_port, plan.metadata_port)}
         self.port = free_port(avoid=taken)  # HAProxy's: none of the nodes' planned ports
+        if self.tls:
+            self.tls_port = free_port(avoid={*taken, self.port})
 
     def _spawn(self, node: _Node) -> None:
         node.data_dir.mkdir(parents=True, exist_ok=True)
@@ -99,7 +118,11 @@ class ClusterProcess:
 
     def _start_haproxy(self) -> None:
         servers = [(n.plan.name, n.plan.host, n.plan.port) for n in self.nodes]
-        cfg = topo.haproxy_cfg(topo.load(), servers, self.port, maxconn=runner._local_maxconn())
+        tls = None
+        if self.tls:
+            tls = topo.TlsFrontend(self.tls_port, tuple((n.plan.name, n.plan.host, n.plan.tls_port) for n in self.nodes),
+                                   str(self.tls_dir / "ca.pem"))
+        cfg = topo.haproxy_cfg(topo.load(), servers, self.port, maxconn=runner._local_maxconn(), tls=tls)
         cfg_path = self.workdir / "haproxy.cfg"
         cfg_path.write_text(cfg.replace(f"bind *:{self.port}", f"bind 127.0.0.1:{self.port}"))
         with self.haproxy_log.open("ab") as log:
@@ -133,6 +156,12 @@ class ClusterProcess:
             self._check_alive()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"HAProxy does not serve port {self.port}:\n{self.log_tail()}")
+            time.sleep(0.1)
+        while self.tls and not answers_amqp(self.host, self.tls_port, timeout_s=1.0,
+                                            tls_ca_file=str(self.tls_dir / "ca.pem")):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"HAProxy does not serve amqps on port {self.tls_port}:\n{self.log_tail()}")
             time.sleep(0.1)
 
     @staticmethod

@@ -59,6 +59,12 @@ def test_file_users_and_lists(tmp_path: Path) -> None:
         (["--output-buffer-low-bytes", "99999999"], {}, "output_buffer"),
         (["--log-level", "chatty"], {}, "log_level"),
         ([], {"RAFTMQ_TEST_SIGNAL_ALARMS": "perhaps"}, "test_signal_alarms"),
+        (["--ssl-port", "5671"], {}, "ssl_port needs ssl_certfile and ssl_keyfile"),
+        (["--ssl-verify", "verify_sometimes"], {}, "ssl_verify"),
+        (["--ssl-verify", "verify_peer"], {}, "ssl_verify = verify_peer needs ssl_cacertfile"),
+        (["--ssl-fail-if-no-peer-cert", "true"], {}, "ssl_fail_if_no_peer_cert needs"),
+        (["--ssl-cert-login", "true"], {}, "ssl_cert_login needs"),
+        (["--ssl-cert-login-from", "email"], {}, "ssl_cert_login_from"),
     ],
 )
 def test_bad_values_are_refused_naming_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
@@ -79,6 +85,13 @@ def test_main_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     out = capsys.readouterr().out
     assert "port = 5672" in out
     assert "secret" not in out
+
+
+def test_unusable_tls_files_are_a_configuration_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "not-a-certificate.pem"
+    bad.write_text("hello")
+    assert node_main.main(["--ssl-port", "5671", "--ssl-certfile", str(bad), "--ssl-keyfile", str(bad)]) == 2
+    assert "ssl_certfile/ssl_keyfile: cannot load" in capsys.readouterr().err
 
 
 def test_docs_table_is_in_sync() -> None:

@@ -88,11 +88,6 @@ class RaftLog:
                 self.persisted = entry.index
                 return
 
-    def entries_to_apply(self) -> tuple[Entry, ...]:
-        if self.applied >= self.committed:
-            return ()
-        return self.slice(Index(self.applied + 1), self.committed)
-
     def find_conflict_by_term(self, index: Index, term: Term) -> tuple[Index, Term]:
         """The largest index <= `index` whose term is <= `term` (Kafka's and etcd's fast backtracking)."""
         index = Index(min(index, self.last_index()))

@@ -255,15 +255,6 @@ class Ready:
     committed_entries: tuple[Entry, ...]
     messages: tuple[Message, ...]
 
-    def is_empty(self) -> bool:
-        return (
-            self.hard_state is None
-            and self.snapshot is None
-            and not self.entries
-            and not self.committed_entries
-            and not self.messages
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class PersistedState:

@@ -1,8 +1,8 @@
-"""Pipelined Ready cycles (issue 7): the node keeps taking Readies while an earlier one's fsync runs.
+"""Pipelined Ready cycles: the node keeps taking Readies while an earlier one's fsync runs.
 
-The Raft loop (node.py) used to await each Ready's fsync before it stepped another inbound batch or routed another
-proposal, so acknowledgements and proposals that arrived during an fsync waited for it to end, and a commit learnt
-then waited for the next cycle. Here, as with etcd's asynchronous storage writes, a Ready is *taken* at once:
+Acknowledgements and proposals that arrive during an fsync must not wait for it to end, nor a commit learnt then
+wait for the next cycle (docs/raft.md, "Pipelined Ready cycles", explains the serial loop this replaced and what it
+changed). As with etcd's asynchronous storage writes, a Ready is *taken* at once:
 `MultiRaft.ready()` (the core hands its entries, hard state and committed entries out once, docs/raft.md), the
 messages that may leave before the fsync are sent (`split_early`: a leader's appends carrying new entries and
 commit indexes), and its committed entries are applied — they are durable on a majority already. Its records and

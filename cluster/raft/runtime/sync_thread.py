@@ -3,8 +3,8 @@ through `trio.to_thread.run_sync` per cycle.
 
 `to_thread.run_sync` takes the default capacity limiter, copies the context and hands the call to trio's thread
 cache; on a loaded machine the trio thread often asks for the next call before the previous worker has put
-itself back in the cache, so a new OS thread is started per cycle (py-spy showed `start_thread_soon` at 6-15% of
-a node's GIL samples in bench/micro/raft_throughput.py). Here one daemon thread takes jobs from a queue and
+itself back in the cache, so a new OS thread is started per cycle (what that cost is in docs/benchmarks.md,
+"The trio thread hand-off per fsync"). Here one daemon thread takes jobs from a queue and
 reports each outcome back with `TrioToken.run_sync_soon(reschedule)`. At most one job runs at a time; the queue
 holds at most one per waiting task (the Ready loop awaits each call), so it is bounded by the callers. A call
 cannot be cancelled once queued (like `to_thread.run_sync` without `abandon_on_cancel`): the caller waits for

@@ -1,4 +1,4 @@
-"""Stage timings of the Raft runtime's confirm path, for finding serial waits (off by default; issue 7).
+"""Stage timings of the Raft runtime's confirm path, for finding serial waits (off by default).
 
 Enabled by the environment variable `RAFTMQ_RAFT_TIMING=<directory>`: the node driver then records, in
 milliseconds, how long inbound batches wait before they are stepped (`inbox_wait`), how long queued commands wait
@@ -93,9 +93,6 @@ class StageTimings:
         now = time.perf_counter()
         while marks and marks[0][0] <= index:
             self.record(stage, (now - marks.popleft()[1]) * 1000)
-
-    def forget_marks(self, stage: str, group: str) -> None:
-        self._marks.pop((stage, group), None)
 
     def summary(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}

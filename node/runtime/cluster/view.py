@@ -16,12 +16,15 @@ Membership: `add_member`, `delete_member`, `grow`, `shrink` change the queue's m
 group's Raft leader then changes the Raft membership to match, `node.clustering.reconcile`); `forget_cluster_node` moves a
 down node's memberships away and removes it from the metadata and its group; `join_cluster {node}` (run on the
 joining node) and `leave_cluster` change the cluster's members online (`members.py`; docs/cluster.md,
-"Metadata membership").
+"Metadata membership"). Runtime parameters (shovels) are `SetParameter`/`ClearParameter` in the metadata;
+`shovel_owner` picks the node that runs each shovel (docs/shovel.md, "Where a shovel runs").
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -100,6 +103,36 @@ class ClusterView(BrokerView):
         return [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
                  "definition": p.definition, "priority": p.priority}
                 for _, p in sorted(self.cluster.mirrored.policies.items())]
+
+    def _parameters_state(self) -> Any:
+        return self.cluster.store.state.parameters if self.cluster.store is not None else {}
+
+    def parameters(self) -> list[dict[str, Any]]:
+        return [{"vhost": p.vhost, "component": p.component, "name": p.name, "value": json.loads(p.value)}
+                for _, p in sorted(self._parameters_state().items())]
+
+    def stored_shovels(self) -> dict[tuple[str, str], str]:
+        return {(p.vhost, p.name): p.value for p in self._parameters_state().values() if p.component == "shovel"}
+
+    def shovel_owner(self, vhost: str, name: str) -> str | None:
+        """The node that runs the shovel: among the nodes not reported down here (`PeerLiveness`: no Raft link for
+        `node_down_after_ms`, or refusing connections; a peer not connected yet after a start counts as up, so a
+        restarted node does not take every shovel before its links are up), the highest rendezvous hash of
+        (node, vhost, name); every node that sees the same nodes down picks the same one."""
+        cluster = self.cluster
+        up = [n for n in cluster.layout.names if n == cluster.name or n not in cluster.liveness.down]
+        return max(up, key=lambda n: hashlib.sha256(f"{n}\0{vhost}\0{name}".encode()).digest(), default=None)
+
+    async def set_parameter(self, component: str, vhost: str, name: str, value_json: str) -> bool:
+        created = (vhost, component, name) not in self._parameters_state()
+        await self._metadata(md.SetParameter(md.ParameterRecord(vhost, component, name, value_json)))
+        return created
+
+    async def clear_parameter(self, component: str, vhost: str, name: str) -> bool:
+        if (vhost, component, name) not in self._parameters_state():
+            return False
+        await self._metadata(md.ClearParameter(vhost, component, name))
+        return True
 
     # --- changes --------------------------------------------------------------------------------------------
 

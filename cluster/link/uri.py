@@ -1,0 +1,81 @@
+"""AMQP URIs (RabbitMQ's URI spec, the subset links use): `amqp://user:pass@host:port/vhost?heartbeat=N&...`.
+
+Pure: a string in, an `AmqpUri` out, or `UriError` with the reason. Defaults are RabbitMQ's: guest/guest,
+localhost, port 5672, vhost "/" when the path is absent (an empty path `amqp://host/` is the vhost ""); the vhost is
+percent-decoded (`%2F` is "/"). Query parameters read: `heartbeat` (seconds), `connection_timeout` (ms),
+`frame_max`, `channel_max`; others are accepted and ignored, as RabbitMQ ignores unknown ones. `amqps` (TLS) is
+refused: links do not speak TLS yet. `amqp://` with no host is the local node (`local=True`; the runtime fills in
+its own listener and credentials), as in RabbitMQ's shovels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import parse_qs, unquote, urlsplit
+
+
+class UriError(ValueError):
+    """The URI cannot be used; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class AmqpUri:
+    host: str = "localhost"
+    port: int = 5672
+    username: str = "guest"
+    password: str = "guest"
+    vhost: str = "/"
+    heartbeat_s: int = 60
+    connection_timeout_ms: int = 10_000
+    frame_max: int = 131072
+    channel_max: int = 2047
+    local: bool = False  # `amqp://` with no host: the node itself (RabbitMQ's direct connection)
+
+    def redacted(self) -> str:
+        """The URI without its password (for status and logs)."""
+        vhost = self.vhost.replace("%", "%25").replace("/", "%2F")
+        return f"amqp://{self.username}@{self.host}:{self.port}/{vhost}"
+
+
+def _int_param(params: dict[str, list[str]], name: str, default: int) -> int:
+    values = params.get(name)
+    if not values:
+        return default
+    try:
+        value = int(values[-1])
+    except ValueError:
+        raise UriError(f"{name} must be an integer, not {values[-1]!r}") from None
+    if value < 0:
+        raise UriError(f"{name} must not be negative")
+    return value
+
+
+def parse_uri(uri: str) -> AmqpUri:
+    if not isinstance(uri, str) or not uri:
+        raise UriError("the URI must be a non-empty string")
+    try:
+        parts = urlsplit(uri)
+        port = parts.port
+    except ValueError as exc:
+        raise UriError(f"cannot parse {uri!r}: {exc}") from None
+    if parts.scheme == "amqps":
+        raise UriError("amqps (TLS) is not supported by raftmq links yet")
+    if parts.scheme != "amqp":
+        raise UriError(f"the URI scheme must be amqp, not {parts.scheme!r}")
+    path = parts.path
+    if not path:
+        vhost = "/"
+    else:
+        vhost = unquote(path[1:])
+        if "/" in path[1:]:
+            raise UriError(f"the vhost in {uri!r} must be percent-encoded (%2F for '/')")
+    params = parse_qs(parts.query)
+    return AmqpUri(
+        host=parts.hostname or "localhost", port=port or 5672,
+        username=unquote(parts.username) if parts.username is not None else "guest",
+        password=unquote(parts.password) if parts.password is not None else "guest",
+        vhost=vhost, heartbeat_s=_int_param(params, "heartbeat", 60),
+        connection_timeout_ms=_int_param(params, "connection_timeout", 10_000),
+        frame_max=_int_param(params, "frame_max", 131072), channel_max=_int_param(params, "channel_max", 2047),
+        local=not parts.netloc,
+    )
