@@ -101,6 +101,15 @@ def load(path: Path = TOPOLOGY_FILE) -> Topology:
 
 
 HAPROXY_MAXCONN = 20000
+# Health-check timing. A node busy with a burst of handshakes (1000 connections at once on a loaded 2-core machine)
+# answered a check 2-4 s late, and two such checks in a row marked it DOWN and cut its sessions: so 3 failures in a
+# row (`fall`), each allowed `timeout check`. A dead process refuses the check's connect at once: DOWN after the
+# failing check and two more at `fastinter` (2-4 s); a hung one after about 3 x (5 s + 1 s). RabbitMQ deployments
+# behind HAProxy mostly use a plain TCP connect check with `inter 5s rise 2 fall 3` (the kernel answers it even for a
+# hung node); ours still speaks AMQP. `retries 3` + `option redispatch`: a client sent to a node that refuses the
+# connect (dead, not yet marked DOWN) is sent to another node instead of failing.
+CHECK_TIMEOUT = "5s"
+CHECK_TIMING = "inter 2s fastinter 1s downinter 1s fall 3 rise 2"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +145,7 @@ def haproxy_cfg(topology: Topology, servers: list[tuple[str, str, int]], bind_po
         "    timeout connect 5s",
         "    timeout client 3h",
         "    timeout server 3h",
-        "    timeout check 2s",
+        f"    timeout check {CHECK_TIMEOUT}",
         "    option tcplog",
         "",
         f"frontend {topology.name}_amqp",
@@ -145,10 +154,12 @@ def haproxy_cfg(topology: Topology, servers: list[tuple[str, str, int]], bind_po
         "",
         f"backend {topology.name}_nodes",
         "    balance leastconn",
+        "    retries 3",
+        "    option redispatch",
         "    option tcp-check",
         f"    tcp-check send-binary {AMQP_PROTOCOL_HEADER_HEX}",
         f"    tcp-check expect binary {CONNECTION_START_PREFIX_HEX}",
-        "    default-server inter 1s fall 2 rise 2 on-marked-down shutdown-sessions",
+        f"    default-server {CHECK_TIMING} on-marked-down shutdown-sessions",
     ]
     checks = lines[lines.index(f"backend {topology.name}_nodes") + 1:]  # (the amqps backend checks the same way)
     lines += [f"    server {name} {host}:{port} check{server_options}" for name, host, port in servers]

@@ -26,6 +26,8 @@ Semantics chosen where RabbitMQ leaves room (the reference model in tests/queue 
   least recently used one (a retry from an evicted publisher is then accepted again: at-least-once, never lost).
 - Single active consumer: the first attached is active; when it detaches, the attached consumer with the highest
   priority (then the earliest attached) takes over.
+- Purge removes every ready message (`Purged` with the count); `Purge(transient_only=True)` only the ready
+  non-persistent ones, keeping the rest in order, with no effect (replicated mode: a classic queue's restart).
 - SetArgs (policies) replaces the arguments at its point of the log, keeping max_priority and
   single_active_consumer as declared. A new x-message-ttl applies to messages enqueued from then on; messages
   already in keep the expiry they got (as RabbitMQ, which stamps the expiry at enqueue). New length limits apply
@@ -526,7 +528,15 @@ class Queue:
         self._advance(command.now_ms, out)
 
     def _purge(self, command: Purge, out: _Effects) -> None:
-        out.append(Purged(self._ready.clear()))
+        if not command.transient_only:
+            out.append(Purged(self._ready.clear()))
+            return
+        old = self._ready  # kept in order as returned entries of a fresh store, as `_rebuild_ready` does
+        self._ready = ReadyStore(self.args.max_priority, old.queue_ttl_ms)
+        for entry in old.iter_in_order():
+            entry.flags &= ~IN_EXPIRY_HEAP
+            if entry.message.persistent:
+                self._ready.push_returned(entry)
 
     def _set_args(self, command: SetArgs, out: _Effects) -> None:
         old = self.args

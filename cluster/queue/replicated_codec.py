@@ -280,8 +280,8 @@ def _encode_command(command: QueueCommand, encode_payload: EncodePayload) -> lis
             return ["get", encode_id(consumer_id), no_ack, now_ms]
         case Expire(now_ms):
             return ["exp", now_ms]
-        case Purge():
-            return ["purge"]
+        case Purge(transient_only):
+            return ["purge", True] if transient_only else ["purge"]
         case Recover(msg_id, message, delivery_count, expiry_ms):
             return ["rec", msg_id, _encode_message(message, encode_payload), delivery_count, expiry_ms]
         case SetArgs(args):
@@ -432,6 +432,8 @@ def _decode_expire(f: list[Any], dp: DecodePayload) -> QueueCommand:
 
 
 def _decode_purge(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    if len(f) == 1:
+        return Purge(transient_only=_bool(f[0]))
     _fields(f, 0)
     return Purge()
 

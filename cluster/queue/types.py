@@ -194,7 +194,10 @@ class Expire:
 
 @dataclass(frozen=True, slots=True)
 class Purge:
-    """Remove every ready message (unacked ones stay)."""
+    """Remove every ready message (unacked ones stay). `transient_only`: only the non-persistent ones, with no
+    effect (a classic queue's transient messages do not outlive its node's restart; see the machine)."""
+
+    transient_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)

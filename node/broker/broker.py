@@ -17,6 +17,9 @@ effects are held until `on_persisted`; `on_persist_failed` closes the channel in
 let the runtime widen both batches: the effects are those of calling `handle`/`on_persisted` one at a time, except
 for fewer Persist tokens and confirms coalesced into multiple acks.
 
+The owner barrier (replicated mode; `reply_gate`, docs/ARCHITECTURE.md "Exclusive queues in a cluster"): a method
+meeting what this node's definitions may be behind on (`MetadataUnconfirmed`) waits for a metadata read barrier.
+
 Replicated mode (`BrokerConfig.replicated`, docs/cluster.md): every queue is a replica of a Raft group; queue
 commands come out as `ProposeQueue` effects and committed entries come back through `apply_committed`. The entry
 points of that mode are thin wrappers over `replica`, `replica_publish`, `replica_control` (queues) and `mirror`
@@ -49,7 +52,7 @@ from node.broker import (
 from node.broker.auth import Permission
 from node.broker.channel import ChannelState, ConnState
 from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Send, Unblock
-from node.broker.errors import AmqpError
+from node.broker.errors import AmqpError, MetadataUnconfirmed
 from node.broker.queues import QueueState
 from node.broker.records import ParameterRecord, PolicyRecord, Record
 from node.broker.state import BrokerConfig as BrokerConfig  # (imported from here by the runtime and tests)
@@ -168,7 +171,7 @@ class Broker(BrokerState):
         conn = self.conns.get(conn_id)
         if conn is None:
             return []
-        if type(event) is ev.ContentReceived and not self.parked:  # the hot path, without one level of dispatch
+        if type(event) is ev.ContentReceived and not self.parked and not self.deferred:  # the hot path, one level less
             self.proposing_conn = conn
             try:
                 self._guarded(conn, event.channel, event.method, publish.handle_publish, event)
@@ -216,7 +219,10 @@ class Broker(BrokerState):
         return backlog
 
     def _handle_event(self, conn: ConnState, event: Any) -> None:
-        """One event of the connection, or parked behind its channel's waiting read (read_your_writes)."""
+        """One event of the connection, or deferred behind its channel's metadata barrier (the owner barrier), or
+        parked behind its channel's waiting read (read_your_writes)."""
+        if self.deferred and reply_gate.deferring(self, conn, event):
+            return
         parked = self.parked
         if parked:
             channel = getattr(event, "channel", None)
@@ -270,9 +276,10 @@ class Broker(BrokerState):
             if isinstance(capabilities, dict):
                 conn.cancel_notify = bool(capabilities.get("consumer_cancel_notify", False))
         elif kind is ev.ConnectionClosed:
+            written = self.records_pending()
             self._connection_closed(conn)
             if event.by_client:  # after our replies (a channel's Close) for what the client sent before it
-                self.out.append(Send(conn.conn_id, 0, m.ConnectionCloseOk()))
+                reply_gate.answer_connection_close(self, conn.conn_id, written)
 
     def tick(self, now_ms: int) -> list[Effect]:
         self.now_ms = max(self.now_ms, now_ms)
@@ -313,6 +320,9 @@ class Broker(BrokerState):
         waiters = self.persist_waiters.pop(token, None)
         if waiters:
             publish.persisted_many(self, waiters)
+        if self.deferred_gates or self.close_oks:
+            reply_gate.barrier_passed(self, token, self._handle_event)
+            self._settle_round()
         return self._finish()
 
     def on_persist_failed(self, token: int, reply_code: int, reply_text: str) -> list[Effect]:
@@ -335,6 +345,10 @@ class Broker(BrokerState):
                 waiters.extend(found)
         if waiters:
             publish.persisted_many(self, waiters)
+        if self.deferred_gates or self.close_oks:
+            for token in tokens:
+                reply_gate.barrier_passed(self, token, self._handle_event)
+            self._settle_round()
         return self._finish()
 
     def set_alarm(self, kind: str, active: bool) -> list[Effect]:
@@ -489,6 +503,9 @@ class Broker(BrokerState):
             return
         try:
             fn(self, conn, ch, arg)
+        except MetadataUnconfirmed:
+            event = arg if type(arg) is ev.ContentReceived else ev.MethodReceived(channel, method)
+            reply_gate.defer(self, conn, channel, event)
         except AmqpError as err:
             class_id = getattr(method, "CLASS_ID", 0)
             method_id = getattr(method, "METHOD_ID", 0)

@@ -129,6 +129,7 @@ class ConnState:
     blocked: bool = False
     permission_cache: dict[tuple[str, str, str], bool] = field(default_factory=dict)
     publish_seqs: dict[int, int] = field(default_factory=dict)  # replicated: channel -> last publish sequence
+    metadata_confirmed: bool = False  # replicated: a method replayed after a metadata barrier (queue_lookup)
     # replicated: queue (vhost, name) -> tickets of this connection's proposals the local replica has not applied
     # yet, ascending (node/broker/read_your_writes.py)
     unapplied: dict[tuple[str, str], dict[int, None]] = field(default_factory=dict)

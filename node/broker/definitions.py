@@ -19,7 +19,7 @@ from node.broker.effects import Effect, Send
 from node.broker.errors import AmqpError, access_refused, not_found, precondition
 from node.broker.exchanges import EXCHANGE_TYPES, Binding, Dest, Exchange
 from node.broker.headers_match import x_match_mode
-from node.broker.queue_lookup import check_exclusive, expand_queue_name, lookup_queue
+from node.broker.queue_lookup import check_exclusive, expand_queue_name, lookup_queue, queue_not_found
 from node.broker.queues import (
     EQUIVALENCE_ARGS,
     QueueState,
@@ -147,7 +147,7 @@ def _bind(broker: BrokerState, conn: ConnState, source: str, dest: Dest, routing
         if queue is None:
             if unbind:
                 return
-            raise not_found("queue", dest.name, vhost.name)
+            raise queue_not_found(broker, conn, dest.name, vhost.name)
         check_exclusive(conn, queue)
     elif dest.name not in vhost.exchanges:
         if unbind:
@@ -202,7 +202,7 @@ def queue_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, method
     if method.passive:
         queue = vhost.queues.get(expand_queue_name(ch, name))
         if queue is None:
-            raise not_found("queue", name, vhost.name)
+            raise queue_not_found(broker, conn, name, vhost.name)
         check_exclusive(conn, queue)
     else:
         if name == "":
@@ -224,6 +224,7 @@ def queue_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, method
                 raise precondition(vhost_limits.queue_refusal(name, vhost.name, limit))
             queue = create_queue(broker, vhost, name, method.durable, method.auto_delete, args,
                                  conn.conn_id if method.exclusive else None)
+            queue.transient_checked = True  # (new: nothing from an earlier life of its node to drop)
         else:
             owner = conn.conn_id if method.exclusive else None
             if queue.exclusive_owner != owner:

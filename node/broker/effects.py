@@ -8,6 +8,8 @@ code, `Block`/`Unblock` drive connection.blocked, and `Persist` asks storage to 
 queue command to that queue's Raft group (encoded with `Broker.encode_proposal`). `PageIn` (single-node paging,
 `node/broker/paging.py`) asks storage to read back messages a long queue keeps on disk only. `PauseReading` /
 `ResumeReading` (replicated mode's credit flow, `node/broker/credit_flow.py`) stop and restart reading a connection.
+`HoldCloseOk` / `SendCloseOk` (replicated mode): the client's Connection.Close is answered later, once what the
+close wrote (the deletion of its exclusive queues) is committed; the runtime keeps the connection until then.
 """
 
 from __future__ import annotations
@@ -78,6 +80,20 @@ class ResumeReading:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldCloseOk:
+    """The client's Connection.Close is answered by a later `SendCloseOk`: keep the connection until then."""
+
+    conn_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendCloseOk:
+    """Answer the client's Connection.Close now (after `HoldCloseOk`), then finish the connection."""
+
+    conn_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class Persist:
     token: int
     records: tuple[Record, ...]
@@ -105,4 +121,4 @@ class ProposeQueue:
 
 
 Effect = (Send | SendContent | CloseChannel | CloseConnection | Block | Unblock | PauseReading | ResumeReading | Persist
-          | PageIn | ProposeQueue)
+          | PageIn | ProposeQueue | HoldCloseOk | SendCloseOk)

@@ -48,3 +48,11 @@ def precondition(detail: str) -> AmqpError:
 
 def access_refused(detail: str) -> AmqpError:
     return AmqpError(ACCESS_REFUSED, detail)
+
+
+class MetadataUnconfirmed(Exception):
+    """Replicated mode: the method's answer would be an error that this node's copy of the definitions may be
+    behind on: an exclusive queue owned by another node's connection (which may be gone already: its deletion
+    committed, not yet applied here), or a queue this node does not know (which may have just been declared on
+    another node). The broker defers the channel behind a metadata read barrier and runs the method again then
+    (node/broker/broker.py, "the owner barrier")."""

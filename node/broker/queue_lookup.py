@@ -2,14 +2,18 @@
 a queue name: definitions, delivery, publish, replica).
 
 `lookup_queue` expands "" to the channel's last declared queue (`expand_queue_name`) and raises 404 for an unknown
-one; `check_exclusive` raises 405 when another connection owns an exclusive queue. `REPLY_TO_QUEUE` is the
+one; `check_exclusive` raises 405 when another connection owns an exclusive queue. In replicated mode both errors
+are first `MetadataUnconfirmed` (`queue_not_found`; an owner that is another node's connection): the answer waits
+for a metadata read barrier, so a queue whose owner closed (its deletion committed before the close-ok) is not
+reported locked here, and a queue declared on another node (committed before its declare-ok) is not reported
+missing. `REPLY_TO_QUEUE` is the
 pseudo-queue of direct reply-to.
 """
 
 from __future__ import annotations
 
 from node.broker.channel import ChannelState, ConnState
-from node.broker.errors import AmqpError, not_found
+from node.broker.errors import AmqpError, MetadataUnconfirmed, not_found
 from node.broker.queues import QueueState
 from node.broker.state import BrokerState
 
@@ -17,10 +21,20 @@ REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 
 
 def check_exclusive(conn: ConnState, queue: QueueState) -> None:
-    if queue.exclusive_owner is not None and queue.exclusive_owner != conn.conn_id:
+    owner = queue.exclusive_owner
+    if owner is not None and owner != conn.conn_id:
+        if type(owner) is str and not conn.metadata_confirmed:  # another node's connection ("node/boot/conn")
+            raise MetadataUnconfirmed(queue.vhost, queue.name)
         raise AmqpError(405, f"cannot obtain exclusive access to locked {queue.resource}. It could be originally "
                              "declared on another connection or the exclusive property value does not match "
                              "that of the original declaration.")
+
+
+def queue_not_found(broker: BrokerState, conn: ConnState, name: str, vhost: str) -> Exception:
+    """The error for a queue this node does not know: 404, or in replicated mode first `MetadataUnconfirmed`."""
+    if broker.replicated and not conn.metadata_confirmed:
+        return MetadataUnconfirmed(vhost, name)
+    return not_found("queue", name, vhost)
 
 
 def expand_queue_name(ch: ChannelState, name: str) -> str:
@@ -35,5 +49,5 @@ def lookup_queue(broker: BrokerState, conn: ConnState, ch: ChannelState, name: s
     vhost = broker.vhost_of(conn)
     queue = vhost.queues.get(expand_queue_name(ch, name))
     if queue is None:
-        raise not_found("queue", name, vhost.name)
+        raise queue_not_found(broker, conn, name, vhost.name)
     return queue

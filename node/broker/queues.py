@@ -233,6 +233,7 @@ class QueueState:
     held_sends: Any = None  # replica_control.HeldSends: at-least-once dead-letter republishing (volatile)
     flow_inflight: int = 0  # publishes proposed here not yet applied by the local replica (credit_flow.py)
     flow_applied: int = 0  # entries the local replica applied (credit_flow.py: whether anything happens)
+    transient_checked: bool = False  # replicated: declared here in this boot, or its restart's transient purge proposed
 
     @property
     def stored(self) -> bool:

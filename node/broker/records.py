@@ -282,10 +282,22 @@ class MessageIndexRecord:
         raise TypeError("a MessageIndexRecord is built by storage at recovery and never written")
 
 
+@dataclass(frozen=True, slots=True)
+class MetadataBarrierRecord:
+    """Not written: replicated mode only. In a `Persist` it asks the cluster runtime for a read barrier on the
+    metadata (a no-op command through its log): the token is reported once this node's copy of the definitions
+    holds everything committed before it (the broker's "owner barrier", node/broker/broker.py)."""
+
+    stream = DEFINITIONS_STREAM
+
+    def to_cbor(self) -> list[Any]:
+        raise TypeError("a MetadataBarrierRecord is a cluster metadata read barrier and never written")
+
+
 Record = (
     VHostRecord | UserRecord | PermissionRecord | ExchangeRecord | QueueRecord | BindingRecord | MessageRecord
     | MessageRemovedRecord | MessageIndexRecord | PolicyRecord | QueueStreamStartRecord | MessagesRemovedRecord
-    | ParameterRecord
+    | ParameterRecord | MetadataBarrierRecord
 )
 
 _TAGS: dict[str, type[Any]] = {

@@ -2,11 +2,12 @@
 
 `set_leader` marks the queues whose local replica leads: only those propose Expire for due message TTLs (`tick`,
 re-proposed after EXPIRE_RETRY_MS if not applied yet; `next_deadline_ms` counts leader queues only), delete an
-unused queue after x-expires, and detach the consumers of nodes reported down (`node_down` remembers them, so a
-later leader does it too). `snapshot`/`restore` carry a queue's replica plus the broker's bookkeeping that is a
-function of the log; after a restore this node resyncs its own parties with the replica (`_resync`), since the
-entries the snapshot covered never produced effects here. `forget_queue` releases what waited on a deleted queue. At-least-once dead lettering (the leader republishes held
-messages, settles them once every target accepted them) is in `replica_dead_letters`.
+unused queue after x-expires, detach the consumers of nodes reported down (`node_down` remembers them, so a later
+leader does it too), and purge a classic queue's transient messages after its node's restart. `snapshot`/`restore`
+carry a queue's replica plus the broker's bookkeeping that is a function of the log; after a restore this node
+resyncs its own parties with the replica (`_resync`), since the entries the snapshot covered never produced effects
+here. `forget_queue` releases what waited on a deleted queue. At-least-once dead lettering (the leader republishes
+held messages, settles them once every target accepted them) is in `replica_dead_letters`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Final
 
 import cbor2
 
-from cluster.queue import Detach, Expire, Return
+from cluster.queue import Detach, Expire, Purge, Return
 from cluster.queue.replicated import ReplicatedQueue, decode_id, encode_id
 from node.broker.definitions import delete_queue
 from node.broker.queues import QueueState, queue_args
@@ -62,12 +63,25 @@ def set_leader(broker: BrokerState, vhost: str, name: str, is_leader: bool) -> N
     queue.expire_proposed_ms = None
     _leader_changed(queue)
     if is_leader:
+        if not queue.transient_checked:
+            _drop_transient_of_earlier_life(broker, queue)
         if queue.machine.held_count:
             _scan_held(broker, queue)  # re-send every held dead letter the old leader may not have finished
         for cid in list(queue.members):
             if cid in broker.down_consumers:
                 propose(broker, queue, Detach(cid, broker.now_ms))
         maybe_auto_delete(broker, queue)
+
+
+def _drop_transient_of_earlier_life(broker: BrokerState, queue: QueueState) -> None:
+    """A classic durable queue's transient messages do not survive its node's restart (RabbitMQ drops them, and so
+    does a single node): the first time this node leads a classic queue it did not declare in this boot (after a
+    restart, its one voter is this node again), its Raft leader proposes `Purge(transient_only=True)`. It lands
+    after every entry of the earlier life, and every replica applies it alike. Quorum queues keep them (as
+    RabbitMQ's, which store every message)."""
+    queue.transient_checked = True
+    if queue.durable and queue.exclusive_owner is None and queue.arguments.get("x-queue-type") != "quorum":
+        propose(broker, queue, Purge(transient_only=True))
 
 
 def node_down(broker: BrokerState, node: str) -> None:

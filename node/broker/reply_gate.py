@@ -25,15 +25,25 @@ consumer is held; replies are bounded by what the client sends during the wait, 
 closes (`ChannelClosed`) or a connection that goes drops its holds: the broker answers the client's Close at
 once (the client discards anything else after its Close), and a reused channel number must never receive the old
 channel's replies.
+
+The owner barrier (replicated mode; node/broker/broker.py): `defer` holds a channel's events, starting with the
+one whose handler raised `MetadataUnconfirmed`, behind a metadata read barrier (a Persist of a
+`MetadataBarrierRecord`); `deferring` appends the channel's later events there (a channel or connection the client
+closes or reopens drops them; past `DEFERRED_EVENTS_MAX` the connection is closed, 541), and the broker handles
+them again, in order, when the barrier's token is reported (`barrier_passed`). A client's Connection.Close is
+answered (`answer_connection_close`) once what the close wrote (its exclusive queues' deletion) is committed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from node.amqp import events as ev
 from node.amqp import methods as m
 from node.broker.channel import ConnState
-from node.broker.effects import CloseChannel, CloseConnection, Effect
+from node.broker.effects import CloseChannel, CloseConnection, Effect, HoldCloseOk, Send, SendCloseOk
+from node.broker.records import MetadataBarrierRecord
 from node.broker.state import BrokerState, HeldReplies
 
 GATED_METHODS: frozenset[type] = frozenset({
@@ -45,6 +55,8 @@ HELD_EFFECTS_MAX = 100_000  # per channel: far above one credit window per consu
 HELD_OVERFLOW_TEXT = "INTERNAL_ERROR - too many replies waiting for the disk"
 
 ChannelKey = tuple[int, int]  # (conn_id, channel number)
+DEFERRED_EVENTS_MAX = 100_000  # per channel waiting for a metadata read barrier (far above a client's pipelining)
+DEFERRED_OVERFLOW_TEXT = "INTERNAL_ERROR - too many commands waiting for the cluster metadata"
 
 
 def run_gated(broker: BrokerState, conn: ConnState, channel: int, method: Any) -> None:
@@ -134,3 +146,66 @@ def drop_connection(broker: BrokerState, conn_id: int) -> None:
 
 def is_held(broker: BrokerState, conn_id: int, channel: int) -> bool:
     return (conn_id, channel) in broker.held
+
+
+def defer(broker: BrokerState, conn: ConnState, channel: int, event: Any) -> None:
+    """Hold this channel's events behind a metadata read barrier, starting with `event` (handled again then)."""
+    key = (conn.conn_id, channel)
+    events = broker.deferred[key] = [event]
+    token = broker.persist((MetadataBarrierRecord(),))
+    broker.deferred_gates.setdefault(token, []).append((key, events))
+
+
+def deferring(broker: BrokerState, conn: ConnState, event: Any) -> bool:
+    """Whether `event` waits behind its channel's barrier (then appended there)."""
+    kind = type(event)
+    if kind is ev.ConnectionClosed:
+        for key in [k for k in broker.deferred if k[0] == conn.conn_id]:
+            del broker.deferred[key]
+        return False
+    key = (conn.conn_id, getattr(event, "channel", -1))
+    waiting = broker.deferred.get(key)
+    if waiting is None:
+        return False
+    if kind is ev.ChannelClosed or kind is ev.ChannelOpened:
+        del broker.deferred[key]
+        return False
+    if len(waiting) >= DEFERRED_EVENTS_MAX:  # a client pipelining without bound while the metadata is slow
+        del broker.deferred[key]
+        broker.out.append(CloseConnection(conn.conn_id, 541, DEFERRED_OVERFLOW_TEXT))
+        for number in list(conn.channels):
+            broker.close_channel_state(conn, number)
+        return True
+    waiting.append(event)
+    return True
+
+
+def barrier_passed(broker: BrokerState, token: int, handle_event: Callable[[ConnState, Any], None]) -> None:
+    """`token` is committed: the close-oks it held go out, and the events its barrier deferred are handled again
+    (`handle_event`, the broker's), the first one with the metadata taken as confirmed."""
+    for conn_id in broker.close_oks.pop(token, ()):
+        broker.out.append(SendCloseOk(conn_id))
+    for key, events in broker.deferred_gates.pop(token, ()):
+        conn = broker.conns.get(key[0])
+        if broker.deferred.get(key) is not events or conn is None:
+            continue  # dropped (channel closed), maybe deferred again since behind a later barrier
+        del broker.deferred[key]
+        conn.metadata_confirmed = True
+        try:
+            handle_event(conn, events[0])
+        finally:
+            conn.metadata_confirmed = False
+        for event in events[1:]:  # (deferred again behind a new barrier if one of them meets another owner)
+            if broker.conns.get(key[0]) is not conn:
+                break
+            handle_event(conn, event)
+
+
+def answer_connection_close(broker: BrokerState, conn_id: int, records_before: int) -> None:
+    """Close-Ok for the client's Connection.Close: at once, or in replicated mode, when the close wrote records
+    (its exclusive queues' deletion), `HoldCloseOk` now and `SendCloseOk` once they are committed."""
+    if broker.replicated and broker.records_pending() > records_before:
+        broker.close_oks.setdefault(broker.pending_token(), []).append(conn_id)
+        broker.out.append(HoldCloseOk(conn_id))
+    else:
+        broker.out.append(Send(conn_id, 0, m.ConnectionCloseOk()))

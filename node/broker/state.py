@@ -102,6 +102,11 @@ class BrokerState(ABC):
         self.persist_waiters: dict[int, list[tuple[ChannelState, int]]] = {}
         self.held: dict[tuple[int, int], HeldReplies] = {}  # channels whose replies wait (reply_gate)
         self.held_gates: dict[int, list[tuple[int, int]]] = {}  # Persist token -> channels it holds
+        # Replicated mode, the owner barrier (broker.py): channels whose events wait for a metadata read barrier,
+        # the channels each barrier token releases, and the close-oks each token releases (conn ids).
+        self.deferred: dict[tuple[int, int], list[Any]] = {}
+        self.deferred_gates: dict[int, list[tuple[tuple[int, int], list[Any]]]] = {}
+        self.close_oks: dict[int, list[int]] = {}
         self.dirty: dict[tuple[int, int], ChannelState] = {}
         self.dead_letters: list[tuple[QueueState, Any]] = []
         self.alarms: set[str] = set()

@@ -168,6 +168,8 @@ def command_for(rec: Any, state: md.MetadataState, place: Placement) -> md.Comma
                                    destination_kind=rec.dest_kind, routing_key=rec.routing_key,
                                    arguments=dict(rec.arguments))
         return md.Unbind(binding) if rec.deleted else md.Bind(binding)
+    if isinstance(rec, br.MetadataBarrierRecord):
+        return md.Barrier()
     return None
 
 

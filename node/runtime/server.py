@@ -68,18 +68,20 @@ import trio
 
 from node.amqp.connection import ConnectionLimits, ServerConnection, reply_text
 from node.amqp.events import ConnectionClosed, ConnectionOpened
-from node.amqp.methods import BasicAck, BasicDeliver
+from node.amqp.methods import BasicAck, BasicDeliver, ConnectionCloseOk
 from node.amqp.proxy_protocol import V2_BYTES_MAX, ProxyHeader, ProxyProtocolError, parse_proxy_header
 from node.amqp.spec import ReplyCode
 from node.broker.effects import (
     Block,
     CloseChannel,
     CloseConnection,
+    HoldCloseOk,
     PageIn,
     PauseReading,
     Persist,
     ResumeReading,
     Send,
+    SendCloseOk,
     SendContent,
     Unblock,
 )
@@ -135,6 +137,7 @@ class Connection:
     read_paused: bool = False  # credit flow, cluster mode: the broker said PauseReading (until ResumeReading)
     read_resumed: trio.Event = field(default_factory=trio.Event)
     cancel_scope: trio.CancelScope | None = None
+    close_ok_held: bool = False  # the broker answers the client's Connection.Close later (HoldCloseOk)
 
 
 def _is_loopback(host: str) -> bool:
@@ -185,6 +188,8 @@ class Node:
             None if replicated else getattr(broker, "publish_flow_behind", None))
         self.effect_sinks[PauseReading] = self._pause_reading
         self.effect_sinks[ResumeReading] = self._resume_reading
+        self.effect_sinks[HoldCloseOk] = self._hold_close_ok
+        self.effect_sinks[SendCloseOk] = self._send_close_ok
         self.receive_size_bytes = REPLICATED_RECEIVE_SIZE_BYTES if replicated else RECEIVE_SIZE_BYTES
         self.flow_pauses = 0  # credit flow: publisher reads held back, and those that stalled
         self.flow_pauses_stalled = 0
@@ -238,7 +243,7 @@ class Node:
                     elif cls is ConnectionClosed:
                         closed = conn.broker_told_closed = True
                 self.apply_effects(self._handle_events(conn.conn_id, events, wall_ms()))
-                if closed:  # only now: the broker's last words (a channel's Close, the Close-Ok) were written
+                if closed and not conn.close_ok_held:  # only now: the broker's last words were written
                     conn.finished = True
                 events = core.next_events()
         finally:
@@ -479,6 +484,22 @@ class Node:
                 self.flow_pauses_stalled += 1
                 conn.flow_quiet_until_s = now_s + FLOW_QUIET_S
                 return
+
+    def _hold_close_ok(self, effect: HoldCloseOk) -> None:
+        """The client closed; the broker answers once the close's definition changes are committed (cluster
+        mode: its exclusive queues' deletion): the connection stays until `SendCloseOk` (or the peer goes)."""
+        conn = self.connections.get(effect.conn_id)
+        if conn is not None:
+            conn.close_ok_held = True
+
+    def _send_close_ok(self, effect: SendCloseOk) -> None:
+        conn = self.connections.get(effect.conn_id)
+        if conn is None or conn.finished or not conn.close_ok_held:
+            return
+        conn.close_ok_held = False
+        conn.core.send_method(0, ConnectionCloseOk())
+        conn.finished = True
+        self._mark(conn)
 
     def _pause_reading(self, effect: PauseReading) -> None:
         conn = self.connections.get(effect.conn_id)

@@ -34,18 +34,7 @@ MODES = ("external",) if external_target() is not None else ("single", "cluster"
 
 # Test ids (file::name, or file::name[params] for one parametrisation, the mode left out) whose cluster-mode run
 # fails on a known broker bug -> the bug. Applied as xfail(strict=False) to the [cluster] parametrisation only.
-_EXCLUSIVE = "an exclusive queue outlives its connection for a while (deleted through the metadata group, not at once)"
-CLUSTER_XFAIL: dict[str, str] = {
-    "test_topology.py::test_exclusive_queue_deleted_when_connection_closes": _EXCLUSIVE,
-    "test_connection.py::test_durable_definitions_and_persistent_messages_survive_restart":
-        "a transient message (delivery-mode 1) in a durable classic queue survives a restart of every node",
-    "test_connection.py::test_confirmed_messages_survive_a_crash":
-        "after SIGKILL of every node and a start, basic.get on the durable queue is never answered (intermittent)",
-    "test_many_connections.py::test_a_thousand_concurrent_connections":
-        "under a burst of 1000 handshakes on a loaded machine a node answers HAProxy's AMQP health check later than "
-        "its 2 s `timeout check`; twice in a row marks it DOWN and `on-marked-down shutdown-sessions` "
-        "(deploy/topology.py) cuts its ~330 sessions (EOFError); intermittent",
-}
+CLUSTER_XFAIL: dict[str, str] = {}
 XFAIL_TIMEOUT_S = 120  # a known bug that hangs a test costs this much, not the suite's timeout
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from cluster.queue import (
@@ -171,6 +173,19 @@ def test_purge_removes_ready_only() -> None:
     assert queue.ready_count == 0
     assert queue.ready_bytes == 0
     assert queue.unacked_count == 1
+
+
+def test_purge_transient_only_keeps_persistent_messages_in_order() -> None:
+    queue = Queue("q")
+    for i in range(6):
+        queue.apply(Enqueue(dataclasses.replace(msg(f"m{i}"), persistent=i % 2 == 0), 0))
+    queue.apply(Get("g", no_ack=False, now_ms=0))  # m0 is unacked: it stays
+    assert queue.apply(Purge(transient_only=True)) == []
+    assert (queue.ready_count, queue.unacked_count) == (2, 1)
+    got: list[bytes] = []
+    for _ in range(3):
+        got += [e.message.payload for e in queue.apply(Get("h", no_ack=True, now_ms=1)) if isinstance(e, GetOk)]
+    assert got == [b"m2", b"m4"]
 
 
 def test_settle_unknown_ids_is_idempotent() -> None:

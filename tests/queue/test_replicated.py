@@ -99,6 +99,7 @@ commands: st.SearchStrategy[QueueCommand] = st.one_of(
     st.builds(Get, ids, st.booleans(), now),
     st.builds(Expire, now),
     st.just(Purge()),
+    st.just(Purge(transient_only=True)),
     st.builds(Recover, st.integers(1, 2**40).map(MsgId), messages, small_ints, opt_int),
 )
 proposals = st.builds(Proposal, names, st.integers(min_value=0, max_value=2**64 - 1), commands)

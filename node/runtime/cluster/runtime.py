@@ -23,6 +23,8 @@ cluster metadata. `ClusterRuntime` is the glue (docs/cluster.md, "node/runtime, 
   `RETRY_MS` after the last send (doubling per resend while its leader is unchanged) and at once when its leader
   changes; after `proposal_timeout_ms` the broker is told
   (`proposal_abandoned`: a waiting publish is nacked).
+- Start: the queues that died with this node's earlier life (its connections' exclusive queues, its non-durable
+  classic queues) are deleted from the metadata before anything is mirrored or served (`died_with_earlier_life`).
 - Liveness: a peer without a Raft connection for `node_down_after_ms`, or at once one that refuses connections
   (the Raft transport's `refusing_peers()`: its process is gone), is reported to the broker (`Broker.node_down`); the metadata leader records it (`SetNodeState`) and deletes the exclusive queues it owned.
 
@@ -175,6 +177,9 @@ class ClusterRuntime:
             secret=self.layout.secret, data_dir=self.data_dir / "metadata"))
         await store.start()
         adopt_metadata_layout(self)  # the metadata's members, before any group is declared (members.py)
+        for queue in died_with_earlier_life(store.state, self.name):  # before any client can see them
+            log.info("cluster: deleting %s/%s, a queue of this node's earlier life", queue.vhost, queue.name)
+            await self.apply_definition(md.DeleteQueue(queue.vhost, queue.name))
         for rec in missing_bootstrap(list(bootstrap), store.state):
             for command in commands_for([rec], store.state, self.place):
                 await self.apply_definition(command)
@@ -750,6 +755,14 @@ def uncommitted_creations(records: Iterable[Any], state: md.MetadataState) -> li
             if (record.vhost, record.name) not in committed:
                 undo.append(dataclasses.replace(record, deleted=True))
     return undo
+
+
+def died_with_earlier_life(state: md.MetadataState, node: str) -> list[md.QueueRecord]:
+    """At `node`'s start, the queues that died with its earlier life (as in RabbitMQ): the exclusive queues of its
+    connections, and its non-durable classic queues (their one member was this node)."""
+    return [queue for queue in state.queues.values()
+            if _owned_by(queue.exclusive_owner, node)
+            or (not queue.durable and queue.type == "classic" and (queue.members or (queue.leader,)) == (node,))]
 
 
 def _owned_by(owner: str, node: str) -> bool:
