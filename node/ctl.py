@@ -8,6 +8,7 @@ the raw JSON with `--json`. Changes use the RabbitMQ paths (PUT /api/users/..., 
 /api/policies/..., /api/parameters/..., /api/vhost-limits/...: `set_vhost_limits` replaces a vhost's limits as
 rabbitmqctl does, one PUT per limit given and one DELETE per limit it drops); cluster and quorum-queue commands POST
 to /api/raftmq/<command>. `shovel_status` lists /api/shovels (the node each shovel runs on, its state);
+`federation_status` lists /api/federation-links (the links of the node asked, as in RabbitMQ);
 `restart_shovel` is DELETE /api/shovels/vhost/<vhost>/<name>/restart.
 
 Exit codes (sysexits, as rabbitmqctl): 0 done; 64 bad usage; 65 the node refused the request (bad argument,
@@ -50,9 +51,12 @@ LIST_COLUMNS: dict[str, tuple[str, tuple[str, ...]]] = {
     "shovel_status": ("/api/shovels", ("name", "vhost", "type", "node", "state", "src_uri", "dest_uri",
                                        "termination_reason", "last_changed")),
     "list_vhost_limits": ("/api/vhost-limits", ("vhost", "value")),
+    "federation_status": ("/api/federation-links", ("type", "vhost", "exchange", "upstream_exchange", "upstream",
+                                                    "status", "error", "uri", "node", "timestamp")),
 }
 VHOST_SCOPED = frozenset({"list_permissions", "list_queues", "list_exchanges", "list_bindings", "list_consumers",
-                          "list_policies", "shovel_status", "list_vhost_limits"})
+                          "list_policies", "shovel_status", "list_vhost_limits",
+                          "federation_status"})
 
 
 class CtlError(Exception):
@@ -351,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--apply-to", default="all", choices=("all", "queues", "exchanges"))  # RabbitMQ 3.10's values
     add("clear_policy", cmd_clear_policy, "remove a policy", vhost=True).add_argument("name")
-    p = add("set_parameter", cmd_set_parameter, "set a runtime parameter (component shovel)", vhost=True)
+    p = add("set_parameter", cmd_set_parameter,
+            "set a runtime parameter (component shovel, federation-upstream or federation-upstream-set)", vhost=True)
     for arg in ("component", "name", "value"):
         p.add_argument(arg)
     p = add("clear_parameter", cmd_clear_parameter, "remove a runtime parameter", vhost=True)
