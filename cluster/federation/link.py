@@ -24,6 +24,7 @@ Inputs:
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -85,6 +86,11 @@ def upstream_queue_name(upstream_exchange: str, downstream_cluster: str, downstr
     the two exchange names differ)."""
     suffix = "" if upstream_exchange == downstream_exchange else f":{downstream_exchange}"
     return f"federation: {upstream_exchange} -> {downstream_cluster}{suffix}"
+
+
+def link_id(vhost: str, exchange: str, upstream: str) -> str:
+    """A short stable id of a link (RabbitMQ's status rows carry one too; the restart path uses it)."""
+    return hashlib.sha1(f"{vhost}\0{exchange}\0{upstream}".encode()).hexdigest()[:8]
 
 
 class ExchangeLink:
@@ -210,7 +216,7 @@ class ExchangeLink:
         status = self.state if self.state != STARTING or not self.error else "error"
         return {"type": "exchange", "vhost": self.vhost, "exchange": self.exchange,
                 "upstream_exchange": self.upstream_exchange, "upstream": self.upstream.name,
-                "id": f"{self.vhost}/{self.exchange}/{self.upstream.name}",
+                "id": link_id(self.vhost, self.exchange, self.upstream.name),
                 "status": status, "error": self.error, "uri": self.upstream.uri(self.uri_index).redacted(),
                 "upstream_cluster": self.upstream_cluster, "queue": self.queue_name, "forwarded": self.forwarded,
                 "dropped": self.dropped, "pending": len(self._unconfirmed), "failures": self.failures,

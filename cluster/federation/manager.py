@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from cluster.federation.link import BindingKey
+from cluster.federation.link import BindingKey, link_id
 from cluster.federation.params import COMPONENTS, POLICY_KEYS, Upstream, resolve
 from cluster.federation.runner import ExchangeLinkRunner, wall_ms
 from cluster.link.uri import AmqpUri
@@ -98,11 +98,13 @@ class FederationManager:
     def poke(self) -> None:
         self._wake.set()
 
-    def restart(self, vhost: str, exchange: str, upstream: str) -> bool:
-        entry = self._entries.pop((vhost, exchange, upstream), None)
-        if entry is None:
+    def restart(self, vhost: str, link: str) -> bool:
+        """Restart the link with this id (`link_id`) running here (False: no such link runs on this node). The
+        upstream queue is kept, so nothing it buffered is lost."""
+        key = next((k for k in self._entries if k[0] == vhost and link_id(*k) == link), None)
+        if key is None:
             return False
-        entry.scope.cancel()
+        self._entries.pop(key).scope.cancel()
         self.poke()
         return True
 

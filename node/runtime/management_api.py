@@ -11,11 +11,13 @@ is `Reply(status, payload, headers)`; errors carry RabbitMQ's `{"error": ..., "r
 Paths: GET /api/overview, /api/whoami, /api/nodes[/name], /api/vhosts[/vhost], /api/users[/name],
 /api/permissions[/vhost/user], /api/queues[/vhost[/name]], /api/exchanges[/vhost[/name]], /api/bindings[/vhost],
 /api/connections, /api/consumers[/vhost], /api/policies[/vhost[/name]], /api/parameters[/component[/vhost[/name]]],
-/api/shovels[/vhost], /api/shovels/vhost/{vhost}/{name}, /api/federation-links[/vhost], /api/vhost-limits[/vhost]; PUT /api/vhosts/{vhost},
+/api/shovels[/vhost], /api/shovels/vhost/{vhost}/{name}, /api/federation-links[/vhost], /api/vhost-limits[/vhost];
+PUT /api/vhosts/{vhost},
 /api/users/{name}, /api/permissions/{vhost}/{user}, /api/policies/{vhost}/{name},
 /api/parameters/{component}/{vhost}/{name} ({"value": {...}}), /api/vhost-limits/{vhost}/{limit} ({"value": N});
 DELETE /api/policies/{vhost}/{name}, /api/parameters/{component}/{vhost}/{name}, /api/vhost-limits/{vhost}/{limit},
-/api/shovels/vhost/{vhost}/{name}/restart; POST /api/raftmq/{command} for the cluster commands (`CLUSTER_COMMANDS`).
+/api/shovels/vhost/{vhost}/{name}/restart,
+/api/federation-links/vhost/{vhost}/{id}/{node}/restart; POST /api/raftmq/{command} for the cluster commands (`CLUSTER_COMMANDS`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ COMMAND_ARGS: dict[str, tuple[tuple[str, Any, bool], ...]] = {
                       ("value", (dict, list), True)),  # (a federation-upstream-set is a list)
     "clear_parameter": (("component", str, True), ("vhost", str, True), ("name", str, True)),
     "restart_shovel": (("vhost", str, True), ("name", str, True)),
+    "restart_federation_link": (("vhost", str, True), ("id", str, True)),
     "set_vhost_limit": (("vhost", str, True), ("name", str, True), ("value", int, True)),
     "clear_vhost_limit": (("vhost", str, True), ("name", str, True)),
     "join_cluster": (("node", str, True),),
@@ -309,6 +312,10 @@ async def _change(view: ManagementView, head: RequestHead, raw_body: bytes) -> R
     if head.method == "DELETE" and segments[1:3] == ("shovels", "vhost") and len(segments) == 6 \
             and segments[5] == "restart":
         await view.run_command("restart_shovel", {"vhost": segments[3], "name": segments[4]})
+        return Reply(204)
+    if head.method == "DELETE" and segments[1:3] == ("federation-links", "vhost") and len(segments) == 7 \
+            and segments[6] == "restart":  # /api/federation-links/vhost/{vhost}/{id}/{node}/restart
+        await view.run_command("restart_federation_link", {"vhost": segments[3], "id": segments[4]})
         return Reply(204)
     if head.method == "DELETE" and segments[1] == "policies" and len(segments) == 4:
         await view.run_command("clear_policy", {"vhost": segments[2], "name": segments[3]})

@@ -236,6 +236,11 @@ class BrokerView:
     async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         if name in ("set_parameter", "clear_parameter", "restart_shovel"):
             return await self._parameter_command(name, args)
+        if name == "restart_federation_link":
+            if self.federation is None or not self.federation.restart(args["vhost"], args["id"]):
+                raise CommandError(404, f"no federation link {args['id']!r} in vhost {args['vhost']!r} runs on "
+                                        "this node")
+            return {}
         if name == "add_vhost":
             created = args["name"] not in self.broker.vhosts
             self.broker.add_vhost(args["name"])

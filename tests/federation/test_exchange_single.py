@@ -103,6 +103,15 @@ def test_messages_and_bindings_flow_from_upstream_to_downstream(two_nodes: tuple
     _publish(a.port, "fx", ["b.2"] * 3 + ["a.2"])
     wait_until(lambda: count(b.port, "bq2") == 3, 30, "messages for the new binding never arrived")
     assert count(a.port, queue) == 0 and count(b.port, "bq") == 0
+    # a restart (by the id federation_status shows) reconnects and keeps the upstream queue
+    link = _links(b_m)[0]
+    assert ctl_call(b_m, "restart_federation_link", "no-such-id")[0] != 0
+    code, out = ctl_call(b_m, "restart_federation_link", link["id"])
+    assert code == 0, out
+    wait_until(lambda: [r for r in _links(b_m) if r["status"] == "running" and r["forwarded"] == 0], 30,
+               "the restarted link never ran again")
+    _publish(a.port, "fx", ["b.3"] * 2)
+    wait_until(lambda: count(b.port, "bq2") == 5, 30, "messages after the restart never arrived")
     # removing the policy removes the link and its upstream queue
     assert ctl_call(b_m, "clear_policy", "fed")[0] == 0
     wait_until(lambda: count(a.port, queue) == -1, 30, "the upstream queue was not deleted")
