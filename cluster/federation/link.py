@@ -105,6 +105,7 @@ class ExchangeLink:
         self.reconnect_at_ms: int | None = None
         self.last_changed_ms = 0
         self.upstream_cluster = ""
+        self._uri_text = ""
         self.forwarded = 0
         self.dropped = 0  # refused by the loop check (acked upstream, not forwarded)
         self.failures = 0
@@ -132,6 +133,7 @@ class ExchangeLink:
         self._set(RUNNING, now_ms)
         self.error = ""
         self.upstream_cluster = upstream_cluster
+        self._uri_text = self.upstream.uri(self.uri_index).redacted()  # (parsed once, not per message)
         self._reset()
         return self._sync_bindings()
 
@@ -175,7 +177,7 @@ class ExchangeLink:
         if not self._should_forward(hops):
             self.dropped += 1
             return [] if mode == "no-ack" else [Ack(tag)]
-        entry = {"uri": self.upstream.uri(self.uri_index).redacted(), "exchange": self.upstream_exchange,
+        entry = {"uri": self._uri_text, "exchange": self.upstream_exchange,
                  "redelivered": redelivered, "cluster-name": self.upstream_cluster}
         headers["x-received-from"] = [entry, *hops]
         fields: dict[str, Any] = {"headers": headers}
