@@ -8,7 +8,9 @@ the raw JSON with `--json`. Changes use the RabbitMQ paths (PUT /api/users/..., 
 /api/policies/..., /api/parameters/..., /api/vhost-limits/...: `set_vhost_limits` replaces a vhost's limits as
 rabbitmqctl does, one PUT per limit given and one DELETE per limit it drops); cluster and quorum-queue commands POST
 to /api/raftmq/<command>. `shovel_status` lists /api/shovels (the node each shovel runs on, its state);
-`restart_shovel` is DELETE /api/shovels/vhost/<vhost>/<name>/restart.
+`federation_status` lists /api/federation-links (the links of the node asked, as in RabbitMQ);
+`restart_shovel` is DELETE /api/shovels/vhost/<vhost>/<name>/restart; `restart_federation_link` is DELETE
+/api/federation-links/vhost/<vhost>/<id>/<node>/restart (the node asked restarts it if it runs it).
 
 Exit codes (sysexits, as rabbitmqctl): 0 done; 64 bad usage; 65 the node refused the request (bad argument,
 unknown object); 69 the node is unreachable, unavailable, or the command needs a cluster; 70 internal error on
@@ -50,9 +52,12 @@ LIST_COLUMNS: dict[str, tuple[str, tuple[str, ...]]] = {
     "shovel_status": ("/api/shovels", ("name", "vhost", "type", "node", "state", "src_uri", "dest_uri",
                                        "termination_reason", "last_changed")),
     "list_vhost_limits": ("/api/vhost-limits", ("vhost", "value")),
+    "federation_status": ("/api/federation-links", ("type", "vhost", "exchange", "upstream_exchange", "upstream",
+                                                    "status", "error", "uri", "node", "timestamp")),
 }
 VHOST_SCOPED = frozenset({"list_permissions", "list_queues", "list_exchanges", "list_bindings", "list_consumers",
-                          "list_policies", "shovel_status", "list_vhost_limits"})
+                          "list_policies", "shovel_status", "list_vhost_limits",
+                          "federation_status"})
 
 
 class CtlError(Exception):
@@ -228,6 +233,12 @@ def cmd_clear_parameter(client: Client, args: argparse.Namespace) -> Any:
                              f"in vhost {vhost!r}")
 
 
+def cmd_restart_federation_link(client: Client, args: argparse.Namespace) -> Any:
+    vhost = args.vhost or "/"
+    client.call("DELETE", f"/api/federation-links/vhost/{q(vhost)}/{q(args.id)}/-/restart")
+    return _done(args, None, f"Restarted federation link {args.id!r} in vhost {vhost!r}")
+
+
 def cmd_restart_shovel(client: Client, args: argparse.Namespace) -> Any:
     vhost = args.vhost or "/"
     client.call("DELETE", f"/api/shovels/vhost/{q(vhost)}/{q(args.name)}/restart")
@@ -351,7 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--apply-to", default="all", choices=("all", "queues", "exchanges"))  # RabbitMQ 3.10's values
     add("clear_policy", cmd_clear_policy, "remove a policy", vhost=True).add_argument("name")
-    p = add("set_parameter", cmd_set_parameter, "set a runtime parameter (component shovel)", vhost=True)
+    p = add("set_parameter", cmd_set_parameter,
+            "set a runtime parameter (component shovel, federation-upstream or federation-upstream-set)", vhost=True)
     for arg in ("component", "name", "value"):
         p.add_argument(arg)
     p = add("clear_parameter", cmd_clear_parameter, "remove a runtime parameter", vhost=True)
@@ -359,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(arg)
     add("restart_shovel", cmd_restart_shovel, "restart a dynamic shovel (on the node that runs it)",
         vhost=True).add_argument("name")
+    add("restart_federation_link", cmd_restart_federation_link,
+        "restart a federation link by its id (federation_status; on the node that runs it)", vhost=True).add_argument("id")
     add("set_vhost_limits", cmd_set_vhost_limits, "replace a vhost's limits, e.g. '{\"max-connections\": 10, "
         "\"max-queues\": 100}' (negative: no limit)", vhost=True).add_argument("definition")
     add("clear_vhost_limits", cmd_clear_vhost_limits, "remove every limit of a vhost", vhost=True)

@@ -1,1 +1,2 @@
-"""Federation links (exchange and queue) between clusters."""
+"""Federation links between clusters: exchange federation (params, link machine, runner, manager; docs/federation.md).
+Queue federation is not built yet."""

@@ -67,8 +67,8 @@ def parse_sasl_response(mechanism: str, response: bytes) -> tuple[str, str] | No
     return None
 
 
-def server_properties(product: str, version: str, platform: str) -> dict[str, Any]:
-    return {
+def server_properties(product: str, version: str, platform: str, cluster_name: str = "") -> dict[str, Any]:
+    props: dict[str, Any] = {
         "product": product,
         "version": version,
         "platform": platform,
@@ -76,3 +76,6 @@ def server_properties(product: str, version: str, platform: str) -> dict[str, An
         "information": "raftmq: a clustered AMQP 0-9-1 broker",
         "copyright": "raftmq contributors",
     }
+    if cluster_name:
+        props["cluster_name"] = cluster_name
+    return props

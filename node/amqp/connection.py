@@ -99,6 +99,7 @@ class ConnectionLimits:
     product: str = "raftmq"
     version: str = "0.1.0"
     platform: str = "Python 3.11"
+    cluster_name: str = ""  # sent as the `cluster_name` server property when set (federation's loop check)
 
 
 class ConnectionState(Enum):
@@ -635,7 +636,7 @@ class ServerConnection:
         start = m.ConnectionStart(
             0,
             9,
-            server_properties(limits.product, limits.version, limits.platform),
+            server_properties(limits.product, limits.version, limits.platform, limits.cluster_name),
             " ".join(self._mechanisms()),
             "en_US",
         )

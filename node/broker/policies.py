@@ -23,6 +23,7 @@ the rules, the effective arguments of the machine (`machine_args`) and the recor
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -123,7 +124,16 @@ _CHECKS: Final[dict[str, Any]] = {
     "overflow": _one_of(OVERFLOW_MODES), "dead-letter-exchange": _check_text,
     "dead-letter-routing-key": _check_text, "dead-letter-strategy": _one_of(DEAD_LETTER_STRATEGIES),
     "queue-mode": _one_of(QUEUE_MODES), "alternate-exchange": _check_text,
+    "federation-upstream": lambda key, value: _check_federation_name(key, value, "upstream"),
+    "federation-upstream-set": lambda key, value: _check_federation_name(key, value, "upstream set"),
 }
+
+
+def _check_federation_name(key: str, value: Any, kind: str) -> str | None:
+    """rabbit_federation_parameters:validate_policy (the keys are used by cluster/federation)."""
+    if not isinstance(value, str):
+        return f"{json.dumps(value)} is not a valid federation {kind} name"
+    return None
 
 
 def validate_policy(name: str, pattern: str, apply_to: str, definition: Mapping[str, Any], priority: int) -> None:
@@ -145,6 +155,8 @@ def validate_policy(name: str, pattern: str, apply_to: str, definition: Mapping[
     unknown = sorted(k for k in definition if k not in _CHECKS)
     if unknown:
         raise PolicyError(f"Validation failed: {unknown} are not recognised policy settings")
+    if "federation-upstream" in definition and "federation-upstream-set" in definition:
+        raise PolicyError("Validation failed: cannot specify federation-upstream and federation-upstream-set together")
     for key in sorted(definition):
         error = _CHECKS[key](key, definition[key])
         if error is not None:

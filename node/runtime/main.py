@@ -69,6 +69,7 @@ async def _serve(config: NodeConfig) -> None:
     records = store.recover()
     effects = broker.recover(records) if records else []
     node = Node(config, broker, store, ResourceProbe(config, data_dir))
+    node.limits = dataclasses.replace(node.limits, cluster_name=config.node_name)  # (federation's loop check)
     node.apply_effects(effects)
     async with trio.open_nursery() as nursery:
         async with trio.open_nursery() as server:
@@ -125,8 +126,9 @@ async def _start_management(nursery: Any, view: Any, config: NodeConfig, port: i
 
 
 async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port: int, owner: Any) -> None:
-    """Dynamic shovels (cluster/shovel/manager.py): the definitions come from the view (broker parameters, or the
-    cluster metadata); `amqp://` with no host is this node, logged in as the default user."""
+    """Dynamic shovels (cluster/shovel/manager.py) and exchange federation links (cluster/federation/manager.py):
+    the definitions come from the view (broker parameters, or the cluster metadata); `amqp://` with no host is this
+    node, logged in as the default user."""
     from cluster.link.uri import AmqpUri
     from cluster.shovel.manager import ShovelManager
 
@@ -138,6 +140,10 @@ async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port:
 
     view.shovels = ShovelManager(config.node_name, view.stored_shovels, owner, local, delete_definition)
     await nursery.start(view.shovels.run)
+    from cluster.federation.manager import FederationManager
+
+    view.federation = FederationManager(config.node_name, view.cluster_name, view, owner, local)
+    await nursery.start(view.federation.run)
 
 
 async def _serve_cluster(config: NodeConfig) -> None:
@@ -159,6 +165,7 @@ async def _serve_cluster(config: NodeConfig) -> None:
     data_dir = config.resolved_data_dir()
     data_dir.mkdir(parents=True, exist_ok=True)
     node = Node(config, broker, cluster, ResourceProbe(config, data_dir))
+    node.limits = dataclasses.replace(node.limits, cluster_name=",".join(layout.names))  # (the view's cluster_name)
     cluster.attach(node)
     await cluster.start(bootstrap_records(config))  # a wrong secret or version raises here, before any change
     async with trio.open_nursery() as nursery:

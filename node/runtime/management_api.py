@@ -11,11 +11,13 @@ is `Reply(status, payload, headers)`; errors carry RabbitMQ's `{"error": ..., "r
 Paths: GET /api/overview, /api/whoami, /api/nodes[/name], /api/vhosts[/vhost], /api/users[/name],
 /api/permissions[/vhost/user], /api/queues[/vhost[/name]], /api/exchanges[/vhost[/name]], /api/bindings[/vhost],
 /api/connections, /api/consumers[/vhost], /api/policies[/vhost[/name]], /api/parameters[/component[/vhost[/name]]],
-/api/shovels[/vhost], /api/shovels/vhost/{vhost}/{name}, /api/vhost-limits[/vhost]; PUT /api/vhosts/{vhost},
+/api/shovels[/vhost], /api/shovels/vhost/{vhost}/{name}, /api/federation-links[/vhost], /api/vhost-limits[/vhost];
+PUT /api/vhosts/{vhost},
 /api/users/{name}, /api/permissions/{vhost}/{user}, /api/policies/{vhost}/{name},
 /api/parameters/{component}/{vhost}/{name} ({"value": {...}}), /api/vhost-limits/{vhost}/{limit} ({"value": N});
 DELETE /api/policies/{vhost}/{name}, /api/parameters/{component}/{vhost}/{name}, /api/vhost-limits/{vhost}/{limit},
-/api/shovels/vhost/{vhost}/{name}/restart; POST /api/raftmq/{command} for the cluster commands (`CLUSTER_COMMANDS`).
+/api/shovels/vhost/{vhost}/{name}/restart,
+/api/federation-links/vhost/{vhost}/{id}/{node}/restart; POST /api/raftmq/{command} for the cluster commands (`CLUSTER_COMMANDS`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ REALM = 'Basic realm="RabbitMQ Management"'
 ADMIN_TAG = "administrator"
 
 # name -> ((arg, type, required), ...); `type` is what the JSON value must be.
-COMMAND_ARGS: dict[str, tuple[tuple[str, type, bool], ...]] = {
+COMMAND_ARGS: dict[str, tuple[tuple[str, Any, bool], ...]] = {
     "add_vhost": (("name", str, True),),
     "add_user": (("name", str, True), ("password", str, True), ("tags", list, False)),
     "set_permissions": (("vhost", str, True), ("user", str, True), ("configure", str, True),
@@ -45,9 +47,11 @@ COMMAND_ARGS: dict[str, tuple[tuple[str, type, bool], ...]] = {
     "set_policy": (("vhost", str, True), ("name", str, True), ("pattern", str, True), ("definition", dict, True),
                    ("priority", int, False), ("apply_to", str, False)),
     "clear_policy": (("vhost", str, True), ("name", str, True)),
-    "set_parameter": (("component", str, True), ("vhost", str, True), ("name", str, True), ("value", dict, True)),
+    "set_parameter": (("component", str, True), ("vhost", str, True), ("name", str, True),
+                      ("value", (dict, list), True)),  # (a federation-upstream-set is a list)
     "clear_parameter": (("component", str, True), ("vhost", str, True), ("name", str, True)),
     "restart_shovel": (("vhost", str, True), ("name", str, True)),
+    "restart_federation_link": (("vhost", str, True), ("id", str, True)),
     "set_vhost_limit": (("vhost", str, True), ("name", str, True), ("value", int, True)),
     "clear_vhost_limit": (("vhost", str, True), ("name", str, True)),
     "join_cluster": (("node", str, True),),
@@ -63,7 +67,8 @@ COMMAND_ARGS: dict[str, tuple[tuple[str, type, bool], ...]] = {
 CLUSTER_COMMANDS = frozenset({"join_cluster", "leave_cluster", "forget_cluster_node", "add_member", "delete_member",
                               "grow", "shrink", "rebalance"})
 NOT_IN_CLUSTER = "not in a cluster"
-JSON_TYPE_NAMES: dict[type, str] = {str: "a string", int: "an integer", list: "an array", dict: "an object"}
+JSON_TYPE_NAMES: dict[Any, str] = {str: "a string", int: "an integer", list: "an array", dict: "an object",
+                                   (dict, list): "an object or an array"}
 
 
 class CommandError(Exception):
@@ -93,6 +98,7 @@ class ManagementView(Protocol):
     def policies(self) -> list[dict[str, Any]]: ...
     def parameters(self) -> list[dict[str, Any]]: ...
     def shovel_status(self) -> list[dict[str, Any]]: ...
+    def federation_links(self) -> list[dict[str, Any]]: ...
 
 
     def vhost_limits(self) -> list[dict[str, Any]]: ...
@@ -252,6 +258,8 @@ def _get(view: ManagementView, segments: tuple[str, ...], user: str, tags: tuple
             return Reply(200, jsonable(_one(_filter(view.shovel_status(), vhost=rest[1], name=rest[2]))))
         if len(rest) <= 1:
             return Reply(200, jsonable(_listing(view.shovel_status, rest)))
+    elif what == "federation-links" and len(rest) <= 1:  # this node's links, as in RabbitMQ
+        return Reply(200, jsonable(_listing(view.federation_links, rest)))
     raise CommandError(404, "Not Found")
 
 
@@ -304,6 +312,10 @@ async def _change(view: ManagementView, head: RequestHead, raw_body: bytes) -> R
     if head.method == "DELETE" and segments[1:3] == ("shovels", "vhost") and len(segments) == 6 \
             and segments[5] == "restart":
         await view.run_command("restart_shovel", {"vhost": segments[3], "name": segments[4]})
+        return Reply(204)
+    if head.method == "DELETE" and segments[1:3] == ("federation-links", "vhost") and len(segments) == 7 \
+            and segments[6] == "restart":  # /api/federation-links/vhost/{vhost}/{id}/{node}/restart
+        await view.run_command("restart_federation_link", {"vhost": segments[3], "id": segments[4]})
         return Reply(204)
     if head.method == "DELETE" and segments[1] == "policies" and len(segments) == 4:
         await view.run_command("clear_policy", {"vhost": segments[2], "name": segments[3]})

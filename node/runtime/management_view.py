@@ -26,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cluster.federation import params as fed_params
 from cluster.shovel.params import ShovelParamError, parse_definition
 from node.broker import policies as pol
 from node.broker import policy_apply, vhost_limits
@@ -60,6 +61,7 @@ class BrokerView:
         self.version = version
         self.started_ms = int(time.time() * 1000)
         self.shovels: Any = None  # the node's ShovelManager (cluster/shovel/manager.py), set by main.py
+        self.federation: Any = None  # the node's FederationManager (cluster/federation/manager.py), set by main.py
 
     # --- authentication -------------------------------------------------------------------------------------
 
@@ -221,6 +223,10 @@ class BrokerView:
     def shovel_status(self) -> list[dict[str, Any]]:
         return self.shovels.status() if self.shovels is not None else []
 
+    def federation_links(self) -> list[dict[str, Any]]:
+        """The exchange federation links this node runs (RabbitMQ's federation_status reports one node too)."""
+        return self.federation.status() if self.federation is not None else []
+
     def vhost_limits(self) -> list[dict[str, Any]]:
         return [{"vhost": name, "value": dict(vhost.limits)}
                 for name, vhost in sorted(self.broker.vhosts.items()) if vhost.limits]
@@ -230,6 +236,11 @@ class BrokerView:
     async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         if name in ("set_parameter", "clear_parameter", "restart_shovel"):
             return await self._parameter_command(name, args)
+        if name == "restart_federation_link":
+            if self.federation is None or not self.federation.restart(args["vhost"], args["id"]):
+                raise CommandError(404, f"no federation link {args['id']!r} in vhost {args['vhost']!r} runs on "
+                                        "this node")
+            return {}
         if name == "add_vhost":
             created = args["name"] not in self.broker.vhosts
             self.broker.add_vhost(args["name"])
@@ -267,6 +278,8 @@ class BrokerView:
             created = await self.set_parameter(*key, validate_parameter(*key, args["value"]))
         if self.shovels is not None:
             self.shovels.poke()
+        if self.federation is not None:
+            self.federation.poke()
         return {"created": created}
 
     async def set_parameter(self, component: str, vhost: str, name: str, value_json: str) -> bool:
@@ -334,8 +347,15 @@ class BrokerView:
 
 def validate_parameter(component: str, vhost: str, name: str, value: Any) -> str:
     """The parameter's value as JSON text once its component accepts it; CommandError 400 with the reason."""
+    if component in fed_params.COMPONENTS:
+        try:
+            fed_params.parse(component, vhost, name, value)
+        except fed_params.FederationParamError as exc:
+            raise CommandError(400, f"Validation failed\n\n{exc}") from None
+        return json.dumps(value, sort_keys=True)
     if component != "shovel":
-        raise CommandError(400, f"component_not_found: {component} (only shovel parameters are built)")
+        raise CommandError(400, f"component_not_found: {component} (shovel, federation-upstream and "
+                                "federation-upstream-set parameters are built)")
     try:
         parse_definition(vhost, name, value)
     except ShovelParamError as exc:

@@ -72,8 +72,10 @@ def test_invalid_definitions_are_refused_and_change_nothing(two_nodes) -> None: 
                       "src-delete-after": 5}
     code, out = ctl_call(amport, "set_parameter", "shovel", "bad", json.dumps(numeric_no_ack))
     assert code == 65 and "Cannot specify 'no-ack' and numerical 'delete-after'" in out
-    code, out = ctl_call(amport, "set_parameter", "federation-upstream", "u", "{}")
+    code, out = ctl_call(amport, "set_parameter", "no-such-component", "u", "{}")
     assert code == 65 and "component_not_found" in out
+    code, out = ctl_call(amport, "set_parameter", "federation-upstream", "u", "{}")  # (built now: issue 19)
+    assert code == 65 and 'Key "uri" not found in federation-upstream' in out
     assert ctl_call(amport, "list_parameters") == (0, []) and _status(amport) == []
 
 

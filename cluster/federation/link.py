@@ -1,0 +1,249 @@
+"""ExchangeLink: the pure state machine of one exchange federation link (one downstream exchange x one upstream).
+
+Pure: inputs are method calls with `now_ms`, outputs are frozen effects the runner (cluster/federation/runner.py)
+carries out over two link connections (the upstream, and this node). States: `starting` (connecting, or waiting
+`reconnect-delay` after a failure; `error` holds the last failure), `running`, `terminated` (stopped by policy).
+
+Inputs:
+- `start(now_ms)` -> `Connect(uri_index)`; `connect_failed(reason)` / `down(reason)` -> `Disconnect` and a
+  reconnect timer (the next URI of the upstream's list is tried); `tick(now_ms)` -> `Connect` when due.
+- `connected(now_ms, upstream_cluster)`: the upstream queue is declared and consumed. `upstream_cluster` is the
+  upstream's `cluster_name` server property (its URI's host:port if it sends none).
+- `bindings(now_ms, wanted)`: the downstream exchange's current bindings as a set of (routing key, arguments as a
+  sorted tuple); the machine answers `Bind` / `Unbind` for the difference with what it has bound upstream (all of
+  `wanted` after a (re)connect).
+- `delivery(tag, routing_key, properties, body, redelivered)`: loop safety first (rabbit_federation_util:
+  should_forward): a message whose `x-received-from` already has `max-hops` entries, or an entry naming this
+  cluster (`cluster-name`), is acked upstream and dropped. Otherwise -> `Publish` to the downstream exchange with
+  the routing key kept and an entry {uri (no password), exchange, redelivered, cluster-name (the upstream's)}
+  prepended to `x-received-from`; `user_id` is cleared unless `trust-user-id`. Then per ack mode: `no-ack`
+  nothing; `on-publish` `Ack(tag)` at once; `on-confirm` the ack waits for the local confirm.
+- `confirm(seq, multiple, ack)`: the local broker's Basic.Ack/Nack for the publishes (numbered 1, 2, ... from each
+  connect); acked -> `Ack`, nacked -> `Nack(requeue)`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from typing import Any
+
+from cluster.federation.params import Upstream
+from node.amqp.properties import BasicProperties
+
+STARTING = "starting"
+RUNNING = "running"
+TERMINATED = "terminated"
+BindingKey = tuple[str, tuple[tuple[str, Any], ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    uri_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    routing_key: str
+    arguments: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Unbind:
+    routing_key: str
+    arguments: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    seq: int  # local confirm sequence number (0 when none is awaited)
+    routing_key: str
+    properties: BasicProperties
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    tag: int
+    multiple: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    tag: int
+
+
+Effect = Connect | Disconnect | Bind | Unbind | Publish | Ack | Nack
+
+
+def upstream_queue_name(upstream_exchange: str, downstream_cluster: str, downstream_exchange: str) -> str:
+    """RabbitMQ's name: `federation: <upstream X> -> <downstream cluster>[:<downstream X>]` (the suffix only when
+    the two exchange names differ)."""
+    suffix = "" if upstream_exchange == downstream_exchange else f":{downstream_exchange}"
+    return f"federation: {upstream_exchange} -> {downstream_cluster}{suffix}"
+
+
+def link_id(vhost: str, exchange: str, upstream: str) -> str:
+    """A short stable id of a link (RabbitMQ's status rows carry one too; the restart path uses it)."""
+    return hashlib.sha1(f"{vhost}\0{exchange}\0{upstream}".encode()).hexdigest()[:8]
+
+
+class ExchangeLink:
+    def __init__(self, upstream: Upstream, vhost: str, exchange: str, cluster_name: str) -> None:
+        self.upstream = upstream
+        self.vhost = vhost
+        self.exchange = exchange  # the downstream (local) exchange
+        self.cluster_name = cluster_name  # this (downstream) cluster
+        self.state = STARTING
+        self.error = ""
+        self.uri_index = 0
+        self.reconnect_at_ms: int | None = None
+        self.last_changed_ms = 0
+        self.upstream_cluster = ""
+        self._uri_text = ""
+        self.forwarded = 0
+        self.dropped = 0  # refused by the loop check (acked upstream, not forwarded)
+        self.failures = 0
+        self._bound: set[BindingKey] = set()
+        self._wanted: set[BindingKey] = set()
+        self._next_seq = 1
+        self._unconfirmed: dict[int, int] = {}
+
+    @property
+    def upstream_exchange(self) -> str:
+        return self.upstream.exchange or self.exchange
+
+    @property
+    def queue_name(self) -> str:
+        return upstream_queue_name(self.upstream_exchange, self.cluster_name, self.exchange)
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self, now_ms: int) -> list[Effect]:
+        self._set(STARTING, now_ms)
+        return [Connect(self.uri_index)]
+
+    def connected(self, now_ms: int, upstream_cluster: str) -> list[Effect]:
+        if self.state != STARTING:
+            return []
+        self._set(RUNNING, now_ms)
+        self.error = ""
+        self.upstream_cluster = upstream_cluster
+        self._uri_text = self.upstream.uri(self.uri_index).redacted()  # (parsed once, not per message)
+        self._reset()
+        return self._sync_bindings()
+
+    def connect_failed(self, reason: str, now_ms: int) -> list[Effect]:
+        if self.state == TERMINATED:
+            return []
+        self.uri_index = (self.uri_index + 1) % len(self.upstream.uris)
+        return self._retry(reason, now_ms)
+
+    def down(self, reason: str, now_ms: int) -> list[Effect]:
+        if self.state == TERMINATED:
+            return []
+        return self._retry(reason, now_ms)
+
+    def stop(self, reason: str, now_ms: int) -> list[Effect]:
+        if self.state == TERMINATED:
+            return []
+        self._set(TERMINATED, now_ms)
+        self.error = reason
+        return [Disconnect(reason)]
+
+    def tick(self, now_ms: int) -> list[Effect]:
+        if self.state == STARTING and self.reconnect_at_ms is not None and now_ms >= self.reconnect_at_ms:
+            self.reconnect_at_ms = None
+            return [Connect(self.uri_index)]
+        return []
+
+    # ------------------------------------------------------------ bindings and messages
+    def bindings(self, wanted: set[BindingKey]) -> list[Effect]:
+        self._wanted = set(wanted)
+        return self._sync_bindings() if self.state == RUNNING else []
+
+    def delivery(self, tag: int, routing_key: str, properties: BasicProperties, body: bytes,
+                 redelivered: bool) -> list[Effect]:
+        if self.state != RUNNING:
+            return []
+        mode = self.upstream.ack_mode
+        headers = dict(properties.headers or {})
+        received = headers.get("x-received-from")
+        hops = list(received) if isinstance(received, list) else []
+        if not self._should_forward(hops):
+            self.dropped += 1
+            return [] if mode == "no-ack" else [Ack(tag)]
+        entry = {"uri": self._uri_text, "exchange": self.upstream_exchange,
+                 "redelivered": redelivered, "cluster-name": self.upstream_cluster}
+        headers["x-received-from"] = [entry, *hops]
+        fields: dict[str, Any] = {"headers": headers}
+        if not self.upstream.trust_user_id:
+            fields["user_id"] = None
+        seq = 0
+        if mode == "on-confirm":
+            seq = self._next_seq
+            self._next_seq += 1
+            self._unconfirmed[seq] = tag
+        self.forwarded += 1
+        effects: list[Effect] = [Publish(seq, routing_key, replace(properties, **fields), body)]
+        if mode == "on-publish":
+            effects.append(Ack(tag))
+        return effects
+
+    def confirm(self, seq: int, multiple: bool, ack: bool) -> list[Effect]:
+        if self.state != RUNNING:
+            return []
+        seqs = sorted(s for s in self._unconfirmed if s <= seq) if multiple else \
+            ([seq] if seq in self._unconfirmed else [])
+        tags = [self._unconfirmed.pop(s) for s in seqs]
+        return [Ack(t) if ack else Nack(t) for t in tags]
+
+    def _should_forward(self, hops: list[Any]) -> bool:
+        if len(hops) >= self.upstream.max_hops:
+            return False
+        for hop in hops:
+            name = hop.get("cluster-name") if isinstance(hop, dict) else None
+            if isinstance(name, bytes):
+                name = name.decode("utf-8", "replace")
+            if name == self.cluster_name:
+                return False
+        return True
+
+    # ------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        status = self.state if self.state != STARTING or not self.error else "error"
+        return {"type": "exchange", "vhost": self.vhost, "exchange": self.exchange,
+                "upstream_exchange": self.upstream_exchange, "upstream": self.upstream.name,
+                "id": link_id(self.vhost, self.exchange, self.upstream.name),
+                "status": status, "error": self.error, "uri": self.upstream.uri(self.uri_index).redacted(),
+                "upstream_cluster": self.upstream_cluster, "queue": self.queue_name, "forwarded": self.forwarded,
+                "dropped": self.dropped, "pending": len(self._unconfirmed), "failures": self.failures,
+                "bindings": len(self._bound), "timestamp_ms": self.last_changed_ms}
+
+    # ------------------------------------------------------------ internals
+    def _sync_bindings(self) -> list[Effect]:
+        effects: list[Effect] = [Bind(k, a) for k, a in sorted(self._wanted - self._bound, key=repr)]
+        effects += [Unbind(k, a) for k, a in sorted(self._bound - self._wanted, key=repr)]
+        self._bound = set(self._wanted)
+        return effects
+
+    def _set(self, state: str, now_ms: int) -> None:
+        self.state = state
+        self.last_changed_ms = now_ms
+
+    def _reset(self) -> None:
+        self._next_seq = 1
+        self._unconfirmed.clear()
+        self._bound = set()
+
+    def _retry(self, reason: str, now_ms: int) -> list[Effect]:
+        self.failures += 1
+        self._set(STARTING, now_ms)
+        self.error = reason
+        self._reset()
+        self.reconnect_at_ms = now_ms + self.upstream.reconnect_delay_ms
+        return [Disconnect(reason)]

@@ -1,0 +1,177 @@
+"""FederationManager: the exchange federation links of one node — which ones it runs, their tasks, their status.
+
+How it works: every `POLL_S` (and at once after `poke()`) the manager reads the node's view (the management view:
+policies, exchanges with the policy that applies to each, bindings, runtime parameters). For each exchange whose
+policy has `federation-upstream` or `federation-upstream-set`, `resolve` (cluster/federation/params.py) gives the
+upstreams; each (vhost, exchange, upstream) is one link. `owner(vhost, "federation:<exchange>:<upstream>")` picks
+the node that runs it (single node: this one; cluster: the shovels' rendezvous choice, docs/shovel.md). It starts
+an `ExchangeLinkRunner` for each link it owns and does not run, cancels one it no longer owns or whose upstream
+definition (or exchange type) changed, and pushes the downstream exchange's current bindings to each running link
+(the link binds/unbinds upstream for the difference). A link no node should run any more (policy or upstream
+removed, exchange deleted) also has its upstream queue deleted (best effort); a link that moved or stopped keeps it.
+A runner that fails unexpectedly is logged and started again after its reconnect delay.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from cluster.federation.link import BindingKey, link_id
+from cluster.federation.params import COMPONENTS, POLICY_KEYS, Upstream, resolve
+from cluster.federation.runner import ExchangeLinkRunner, wall_ms
+from cluster.link.uri import AmqpUri
+
+log = logging.getLogger("raftmq.federation")
+POLL_S = 0.5
+LinkKey = tuple[str, str, str]  # vhost, exchange, upstream name
+
+
+@dataclass
+class _Entry:
+    identity: str
+    runner: ExchangeLinkRunner
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    upstream: Upstream
+    exchange_type: str
+    bindings: frozenset[BindingKey]
+
+    @property
+    def identity(self) -> str:
+        return json.dumps([self.upstream.value, self.exchange_type], sort_keys=True)
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def wanted_links(view: Any) -> dict[LinkKey, _Wanted]:
+    """Every link the stored policies, exchanges and upstreams call for (the same on every node)."""
+    policies = {(p["vhost"], p["name"]): p["definition"] for p in view.policies()
+                if POLICY_KEYS & set(p["definition"])}
+    if not policies:
+        return {}
+    stored = {(p["component"], p["vhost"], p["name"]): json.dumps(p["value"]) for p in view.parameters()
+              if p["component"] in COMPONENTS}
+    exchanges = [x for x in view.exchanges()
+                 if x["name"] and not x["name"].startswith("amq.") and (x["vhost"], x.get("policy")) in policies]
+    if not exchanges:
+        return {}
+    names = {(x["vhost"], x["name"]) for x in exchanges}
+    bindings: dict[tuple[str, str], set[BindingKey]] = {key: set() for key in names}
+    for b in view.bindings():
+        key = (b["vhost"], b["source"])
+        if key in bindings:
+            bindings[key].add((b["routing_key"], _hashable(b.get("arguments") or {})))
+    links: dict[LinkKey, _Wanted] = {}
+    for x in exchanges:
+        vhost, name = x["vhost"], x["name"]
+        for upstream in resolve(policies[(vhost, x["policy"])], vhost, stored):
+            links[(vhost, name, upstream.name)] = _Wanted(upstream, x["type"], frozenset(bindings[(vhost, name)]))
+    return links
+
+
+class FederationManager:
+    def __init__(self, node_name: str, cluster_name: str, view: Any,
+                 owner: Callable[[str, str], str | None] | None = None, local: AmqpUri | None = None) -> None:
+        self.node_name = node_name
+        self.cluster_name = cluster_name
+        self.view = view
+        self.owner = owner or (lambda vhost, name: node_name)
+        self.local = local
+        self._entries: dict[LinkKey, _Entry] = {}
+        self._wake = trio.Event()
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def restart(self, vhost: str, link: str) -> bool:
+        """Restart the link with this id (`link_id`) running here (False: no such link runs on this node). The
+        upstream queue is kept, so nothing it buffered is lost."""
+        key = next((k for k in self._entries if k[0] == vhost and link_id(*k) == link), None)
+        if key is None:
+            return False
+        self._entries.pop(key).scope.cancel()
+        self.poke()
+        return True
+
+    def status(self) -> list[dict[str, Any]]:
+        """RabbitMQ's /api/federation-links rows for the links this node runs, plus `node`."""
+        rows = []
+        for key in sorted(self._entries):
+            row = self._entries[key].runner.link.status()
+            row["node"] = self.node_name
+            row["local_connection"] = f"Federation link (upstream: {key[2]}, exchange: {key[1]})"
+            row["timestamp"] = _iso(row.pop("timestamp_ms"))
+            rows.append(row)
+        return rows
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                try:
+                    self._reconcile(nursery)
+                except Exception:
+                    log.exception("federation: reconcile failed")
+                with trio.move_on_after(POLL_S):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+
+    def _reconcile(self, nursery: trio.Nursery) -> None:
+        wanted = wanted_links(self.view)
+        mine = {k: w for k, w in wanted.items() if self.owner(k[0], f"federation:{k[1]}:{k[2]}") == self.node_name}
+        for key, entry in list(self._entries.items()):
+            w = mine.get(key)
+            if w is None or w.identity != entry.identity:
+                del self._entries[key]
+                entry.scope.cancel()
+                if key not in wanted:
+                    log.info("federation link %s/%s <- %s removed", *key)
+                    nursery.start_soon(entry.runner.cleanup)
+                else:
+                    log.info("federation link %s/%s <- %s stopped here (moved or changed)", *key)
+            else:
+                entry.runner.set_bindings(set(w.bindings))
+        for key, w in mine.items():
+            if key in self._entries:
+                continue
+            entry = _Entry(w.identity, self._runner(key, w))
+            self._entries[key] = entry
+            nursery.start_soon(self._run_one, key, entry, w)
+            log.info("federation link %s/%s <- %s starting on %s", *key, self.node_name)
+
+    def _runner(self, key: LinkKey, w: _Wanted) -> ExchangeLinkRunner:
+        return ExchangeLinkRunner(w.upstream, key[0], key[1], w.exchange_type, self.cluster_name, self.local,
+                                  set(w.bindings))
+
+    async def _run_one(self, key: LinkKey, entry: _Entry, w: _Wanted) -> None:
+        with entry.scope:
+            while True:
+                try:
+                    await entry.runner.run()
+                    return
+                except Exception as exc:
+                    log.exception("federation link %s/%s <- %s failed", *key)
+                    entry.runner.link.stop(f"failed: {type(exc).__name__}: {exc}", wall_ms())
+                await trio.sleep(max(w.upstream.reconnect_delay_ms, 1000) / 1000)
+                entry.runner = self._runner(key, w)
+
+
+def _iso(ms: int) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")

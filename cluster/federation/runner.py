@@ -1,0 +1,242 @@
+"""ExchangeLinkRunner: runs one exchange federation link's `ExchangeLink` (cluster/federation/link.py) over two
+link connections (trio): the upstream (a URI of the upstream's list) and this node (the downstream).
+
+How it works: `run()` asks the machine what to do. On `Connect(i)` it opens upstream URI i and the local node,
+sets up the topology, tells the machine `connected(upstream cluster name)` and then feeds it, in batches, what the
+two connections and the manager report: upstream deliveries -> `delivery`, local Basic.Ack/Nack -> `confirm`, the
+downstream exchange's bindings (pushed by the manager through `set_bindings`) -> `bindings`, a closed channel or
+connection or a cancelled consumer -> `down`. Effects are carried out in order (publish locally, ack/nack
+upstream, queue.bind/unbind upstream with nowait: a failure closes the channel, which is a `down`), and both
+connections are flushed once per batch.
+
+Upstream topology: the upstream exchange is declared passively (declared durable with the downstream exchange's
+type when it is missing); a durable queue named as RabbitMQ names it (`federation: <upstream X> -> <downstream
+cluster>[:<downstream X>]`, with `x-expires` / `x-message-ttl` from the upstream's `expires` / `message-ttl`) is
+bound directly to the upstream exchange with each (routing key, arguments) of the downstream exchange's bindings.
+RabbitMQ puts an internal exchange of type `x-federation-upstream` between the two (docs/federation.md says why
+raftmq does not yet). The queue is kept when the link stops (a restart or a move loses nothing buffered in it);
+it is deleted when the link is removed by policy (`cleanup`, best effort), unless `resource-cleanup-mode` is
+`never`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from contextlib import AsyncExitStack
+from dataclasses import replace
+from typing import Any
+
+import trio
+
+from cluster.federation.link import (
+    TERMINATED,
+    Ack,
+    Bind,
+    BindingKey,
+    Connect,
+    Disconnect,
+    Effect,
+    ExchangeLink,
+    Nack,
+    Publish,
+    Unbind,
+)
+from cluster.federation.params import Upstream
+from cluster.link.client import LinkClosed, LinkConnection, open_link
+from cluster.link.uri import AmqpUri
+from node.amqp import methods as m
+from node.amqp.client import ChannelClosed, Closed, ContentIn, MethodIn
+
+log = logging.getLogger("raftmq.federation")
+BATCH_MAX = 1000
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class _Down(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ExchangeLinkRunner:
+    def __init__(self, upstream: Upstream, vhost: str, exchange: str, exchange_type: str, cluster_name: str,
+                 local: AmqpUri | None, bindings: set[BindingKey]) -> None:
+        self.link = ExchangeLink(upstream, vhost, exchange, cluster_name)
+        self.upstream = upstream
+        self.exchange_type = exchange_type
+        self.local = local
+        self.link.bindings(bindings)
+        self._send, self._receive = trio.open_memory_channel[tuple[str, Any]](math.inf)
+        self._session_no = 0
+
+    def set_bindings(self, wanted: set[BindingKey]) -> None:
+        """The downstream exchange's bindings now (called by the manager; cheap when nothing changed)."""
+        self._send.send_nowait(("bindings", frozenset(wanted)))
+
+    def _uri(self, uri: AmqpUri) -> AmqpUri:
+        if uri.local and self.local is not None:
+            return replace(self.local, vhost=uri.vhost)
+        return uri
+
+    async def run(self) -> None:
+        effects = self.link.start(wall_ms())
+        while True:
+            connect = next((e for e in effects if isinstance(e, Connect)), None)
+            if self.link.state == TERMINATED:
+                return
+            if connect is None:
+                wait_ms = (self.link.reconnect_at_ms or wall_ms() + 1000) - wall_ms()
+                with trio.move_on_after(max(0.0, wait_ms / 1000)):
+                    while True:  # keep the machine's wanted bindings current while waiting
+                        side, wanted = await self._receive.receive()
+                        if side == "bindings":
+                            self.link.bindings(set(wanted))
+                effects = self.link.tick(wall_ms())
+                continue
+            effects = await self._session(connect)
+
+    async def _session(self, connect: Connect) -> list[Effect]:
+        link = self.link
+        name = f"Federation link (upstream: {self.upstream.name}, exchange: {link.exchange})"
+        assert self.local is not None
+        local_uri = replace(self.local, vhost=link.vhost)
+        async with AsyncExitStack() as stack:
+            try:
+                up = await stack.enter_async_context(open_link(self._uri(self.upstream.uri(connect.uri_index)), name))
+                down = await stack.enter_async_context(open_link(local_uri, name))
+                with trio.fail_after(30):
+                    down_ch = await down.channel()
+                    if self.upstream.ack_mode == "on-confirm":
+                        await down.call(down_ch, m.ConfirmSelect(), m.ConfirmSelectOk)
+                    up_ch = await self._setup_upstream(up)
+            except (OSError, trio.TooSlowError, LinkClosed) as exc:
+                return link.connect_failed(_describe(exc), wall_ms())
+            cluster = up.server_properties.get("cluster_name")
+            if isinstance(cluster, bytes):
+                cluster = cluster.decode("utf-8", "replace")
+            if not isinstance(cluster, str) or not cluster:
+                uri = self.upstream.uri(connect.uri_index)
+                cluster = f"{uri.host}:{uri.port}"
+            log.info("federation link %s/%s <- %s running", link.vhost, link.exchange, self.upstream.name)
+            effects = link.connected(wall_ms(), cluster)
+            return await self._pump(up, up_ch, down, down_ch, effects)
+        return []
+
+    async def _setup_upstream(self, up: LinkConnection) -> int:
+        link, u = self.link, self.upstream
+        ch = await up.channel()
+        try:
+            await up.call(ch, m.ExchangeDeclare(exchange=link.upstream_exchange, passive=True), m.ExchangeDeclareOk)
+        except LinkClosed as exc:
+            if exc.code != 404:
+                raise
+            ch = await up.channel()
+            await up.call(ch, m.ExchangeDeclare(exchange=link.upstream_exchange, type=self.exchange_type,
+                                                durable=True), m.ExchangeDeclareOk)
+        args: dict[str, Any] = {}
+        if u.expires is not None:
+            args["x-expires"] = u.expires
+        if u.message_ttl is not None:
+            args["x-message-ttl"] = u.message_ttl
+        await up.call(ch, m.QueueDeclare(queue=link.queue_name, durable=True, arguments=args), m.QueueDeclareOk)
+        if u.ack_mode != "no-ack" and u.prefetch_count:
+            await up.call(ch, m.BasicQos(prefetch_count=u.prefetch_count), m.BasicQosOk)
+        await up.call(ch, m.BasicConsume(queue=link.queue_name, consumer_tag="raftmq-federation",
+                                         no_ack=u.ack_mode == "no-ack"), m.BasicConsumeOk)
+        return ch
+
+    async def _pump(self, up: LinkConnection, up_ch: int, down: LinkConnection, down_ch: int,
+                    effects: list[Effect]) -> list[Effect]:
+        self._session_no += 1
+        send = self._send.clone()
+        for side, conn in (("up", up), ("down", down)):
+            conn.route_events(send, f"{side}:{self._session_no}", keep=lambda event: not isinstance(event, ChannelClosed))
+        try:
+            while True:
+                self._carry_out(up, up_ch, down, down_ch, effects)
+                await up.flush()
+                await down.flush()
+                batch = [await self._receive.receive()]
+                while len(batch) < BATCH_MAX:
+                    try:
+                        batch.append(self._receive.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                effects = []
+                for side, event in batch:
+                    effects += self._event(side, event, up_ch, down_ch)
+        except (_Down, LinkClosed) as exc:
+            reason = exc.reason if isinstance(exc, _Down) else exc.text
+            return [e for e in self.link.down(reason, wall_ms()) if not isinstance(e, Disconnect)]
+
+    def _carry_out(self, up: LinkConnection, up_ch: int, down: LinkConnection, down_ch: int,
+                   effects: list[Effect]) -> None:
+        queue, exchange = self.link.queue_name, self.link.upstream_exchange
+        for effect in effects:
+            if isinstance(effect, Publish):
+                down.publish(down_ch, self.link.exchange, effect.routing_key, effect.properties, effect.body)
+            elif isinstance(effect, Ack):
+                up.ack(up_ch, effect.tag, effect.multiple)
+            elif isinstance(effect, Nack):
+                up.nack(up_ch, effect.tag, requeue=True)
+            elif isinstance(effect, Bind):
+                up.conn.send_method(up_ch, m.QueueBind(queue=queue, exchange=exchange, routing_key=effect.routing_key,
+                                                       nowait=True, arguments=dict(effect.arguments)), wall_ms())
+            elif isinstance(effect, Unbind):
+                up.conn.send_method(up_ch, m.QueueUnbind(queue=queue, exchange=exchange,
+                                                         routing_key=effect.routing_key,
+                                                         arguments=dict(effect.arguments)), wall_ms())
+
+    def _event(self, side: str, event: Any, up_ch: int, down_ch: int) -> list[Effect]:
+        if side == "bindings":
+            return self.link.bindings(set(event))
+        if side not in (f"up:{self._session_no}", f"down:{self._session_no}"):
+            return []  # an event of an earlier session's connections
+        side = side.split(":")[0]
+        if isinstance(event, ContentIn):
+            deliver = event.method
+            if side == "up" and isinstance(deliver, m.BasicDeliver):
+                return self.link.delivery(deliver.delivery_tag, deliver.routing_key, event.properties, event.body,
+                                          deliver.redelivered)
+            return []
+        if isinstance(event, MethodIn):
+            method = event.method
+            if side == "down" and isinstance(method, m.BasicAck):
+                return self.link.confirm(method.delivery_tag, method.multiple, True)
+            if side == "down" and isinstance(method, m.BasicNack):
+                return self.link.confirm(method.delivery_tag, method.multiple, False)
+            if side == "up" and isinstance(method, m.BasicCancel):
+                raise _Down("upstream: the consumer was cancelled (queue deleted?)")
+            return []
+        if isinstance(event, ChannelClosed) and event.channel == (up_ch if side == "up" else down_ch):
+            where = "upstream" if side == "up" else "downstream"
+            raise _Down(f"{where}: channel closed: {event.reply_code} {event.reply_text}")
+        if isinstance(event, Closed):
+            where = "upstream" if side == "up" else "downstream"
+            raise _Down(f"{where}: connection closed: {event.reply_code} {event.reply_text}")
+        return []
+
+    async def cleanup(self) -> None:
+        """The link was removed by policy: delete its upstream queue (best effort), unless cleanup is `never`."""
+        if self.upstream.resource_cleanup_mode == "never":
+            return
+        with trio.move_on_after(10):
+            try:
+                async with open_link(self._uri(self.upstream.uri(self.link.uri_index)), "federation cleanup") as up:
+                    ch = await up.channel()
+                    await up.call(ch, m.QueueDelete(queue=self.link.queue_name), m.QueueDeleteOk)
+            except (OSError, trio.TooSlowError, LinkClosed) as exc:
+                log.warning("federation: could not delete upstream queue %r: %s", self.link.queue_name, exc)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, trio.TooSlowError):
+        return "timed out"
+    if isinstance(exc, LinkClosed):
+        return f"{exc.code} {exc.text}"
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,94 @@
+"""The exchange link machine (cluster/federation/link.py): x-received-from, loop safety (max-hops, cluster seen),
+ack modes, binding diffs, reconnects."""
+
+from __future__ import annotations
+
+from cluster.federation.link import (
+    RUNNING,
+    STARTING,
+    Ack,
+    Bind,
+    Connect,
+    Disconnect,
+    ExchangeLink,
+    Nack,
+    Publish,
+    Unbind,
+    upstream_queue_name,
+)
+from cluster.federation.params import parse_upstream
+from node.amqp.properties import BasicProperties
+
+URI = "amqp://u:secret@up-host:5672"
+
+
+def _link(**extra: object) -> ExchangeLink:
+    link = ExchangeLink(parse_upstream("/", "up", {"uri": URI, **extra}), "/", "x", "down-cluster")
+    assert link.start(0) == [Connect(0)]
+    return link
+
+
+def test_queue_name_is_rabbitmqs() -> None:
+    assert upstream_queue_name("x", "c1", "x") == "federation: x -> c1"
+    assert upstream_queue_name("up-x", "c1", "x") == "federation: up-x -> c1:x"
+    assert _link(exchange="up-x").queue_name == "federation: up-x -> down-cluster:x"
+
+
+def test_forward_appends_received_from_and_acks_on_confirm() -> None:
+    link = _link()
+    assert link.connected(1, "up-cluster") == []
+    assert link.state == RUNNING
+    effects = link.delivery(7, "k", BasicProperties(user_id="guest", headers={"a": 1}), b"m", False)
+    assert len(effects) == 1 and isinstance(effects[0], Publish)
+    pub = effects[0]
+    assert (pub.seq, pub.routing_key, pub.body) == (1, "k", b"m")
+    assert pub.properties.user_id is None  # trust-user-id false
+    assert pub.properties.headers == {"a": 1, "x-received-from": [
+        {"uri": "amqp://u@up-host:5672/%2F", "exchange": "x", "redelivered": False, "cluster-name": "up-cluster"}]}
+    assert link.confirm(1, False, True) == [Ack(7)]
+    link.delivery(8, "k", BasicProperties(), b"m", True)
+    link.delivery(9, "k", BasicProperties(), b"m", False)
+    assert link.confirm(3, True, False) == [Nack(8), Nack(9)]
+
+
+def test_loop_safety() -> None:
+    link = _link()
+    link.connected(1, "up-cluster")
+    one_hop = BasicProperties(headers={"x-received-from": [{"cluster-name": "elsewhere"}]})
+    assert link.delivery(1, "k", one_hop, b"", False) == [Ack(1)]  # max-hops 1 reached: acked, dropped
+    link2 = _link(**{"max-hops": 3})
+    link2.connected(1, "up-cluster")
+    seen = BasicProperties(headers={"x-received-from": [{"cluster-name": b"down-cluster"}]})
+    assert link2.delivery(1, "k", seen, b"", False) == [Ack(1)]  # names this cluster
+    fresh = link2.delivery(2, "k", one_hop, b"", False)
+    assert isinstance(fresh[0], Publish)
+    assert [h["cluster-name"] for h in fresh[0].properties.headers["x-received-from"]] == ["up-cluster",
+                                                                                            "elsewhere"]
+    assert (link.dropped, link2.dropped, link2.forwarded) == (1, 1, 1)
+
+
+def test_ack_modes() -> None:
+    link = _link(**{"ack-mode": "on-publish", "trust-user-id": True})
+    link.connected(1, "c")
+    effects = link.delivery(3, "k", BasicProperties(user_id="guest"), b"", False)
+    assert isinstance(effects[0], Publish) and effects[0].seq == 0 and effects[0].properties.user_id == "guest"
+    assert effects[1:] == [Ack(3)]
+    link = _link(**{"ack-mode": "no-ack"})
+    link.connected(1, "c")
+    assert len(link.delivery(3, "k", BasicProperties(), b"", False)) == 1
+    assert link.delivery(4, "k", BasicProperties(headers={"x-received-from": [{}]}), b"", False) == []
+
+
+def test_bindings_diff_and_replay_after_reconnect() -> None:
+    link = _link()
+    assert link.bindings({("a", ()), ("b", ())}) == []  # not running yet: kept for the connect
+    assert sorted(link.connected(1, "c"), key=repr) == [Bind("a", ()), Bind("b", ())]
+    assert link.bindings({("b", ()), ("c", (("x-match", "all"),))}) == [Bind("c", (("x-match", "all"),)),
+                                                                         Unbind("a", ())]
+    assert link.bindings({("b", ()), ("c", (("x-match", "all"),))}) == []
+    assert link.down("upstream: connection closed", 10) == [Disconnect("upstream: connection closed")]
+    assert link.state == STARTING and link.status()["status"] == "error"
+    assert link.tick(10 + 4999) == [] and link.tick(10 + 5000) == [Connect(0)]
+    assert len(link.connected(6000, "c")) == 2  # every binding again on the new connection
+    assert link.stop("removed", 7000) == [Disconnect("removed")]
+    assert link.connect_failed("refused", 7001) == [] and link.delivery(1, "k", BasicProperties(), b"", False) == []

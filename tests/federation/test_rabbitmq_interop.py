@@ -1,0 +1,66 @@
+"""Exchange federation with RabbitMQ 3.10 as the upstream and raftmq downstream (real processes, pika). Skipped
+when Debian's rabbitmq-server is not installed. (RabbitMQ's federation plugin downstream of a raftmq upstream is
+not built: it needs the x-federation-upstream exchange type, docs/federation.md.)"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pika
+
+from tests.federation.test_exchange_single import _links, _start
+from tests.link.conftest import Broker
+from tests.shovel.helpers import count, ctl_call, drain, wait_until
+
+
+def test_raftmq_downstream_of_a_rabbitmq_upstream(rabbitmq_broker: Broker, tmp_path: Path) -> None:
+    exchange = f"fx-{uuid.uuid4().hex[:8]}"
+    params = pika.ConnectionParameters(rabbitmq_broker.host, rabbitmq_broker.port,
+                                       credentials=pika.PlainCredentials("guest", "guest"))
+    with pika.BlockingConnection(params) as conn:
+        conn.channel().exchange_declare(exchange, "topic", durable=True)
+    node, mport = _start(tmp_path / "d", "raftmq-down")
+    try:
+        with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port)) as conn:
+            ch = conn.channel()
+            ch.exchange_declare(exchange, "topic", durable=True)
+            ch.queue_declare("dq", durable=True)
+            ch.queue_bind("dq", exchange, "k.#")
+        code, out = ctl_call(mport, "set_parameter", "federation-upstream", "rabbit",
+                             json.dumps({"uri": rabbitmq_broker.uri()}))
+        assert code == 0, out
+        code, out = ctl_call(mport, "set_policy", "fed", f"^{exchange}$",
+                             json.dumps({"federation-upstream": "rabbit"}), "--apply-to", "exchanges")
+        assert code == 0, out
+        wait_until(lambda: [r for r in _links(mport) if r["status"] == "running"], 60, "the link never ran")
+        queue = f"federation: {exchange} -> raftmq-down"
+
+        def bound() -> bool:  # RabbitMQ shows the replayed binding as a queue binding of its exchange
+            with pika.BlockingConnection(params) as conn:
+                ch = conn.channel()
+                ch.queue_declare(queue, passive=True)
+                ch.confirm_delivery()
+                ch.basic_publish(exchange, "k.probe", b"probe")
+            return count(node.port, "dq") >= 1
+        wait_until(bound, 60, "RabbitMQ's messages never reached raftmq")
+        with pika.BlockingConnection(params) as conn:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            for n in range(50):
+                ch.basic_publish(exchange, "k.x", f"m{n}".encode(), pika.BasicProperties(delivery_mode=2))
+            ch.basic_publish(exchange, "other", b"not bound")
+        wait_until(lambda: count(node.port, "dq") >= 51, 60, "the 50 messages never arrived")
+        got = drain(node.port, "dq")
+        bodies = [b for b, _ in got if b != b"probe"]
+        assert bodies == [f"m{n}".encode() for n in range(50)]
+        hop = got[-1][1]["x-received-from"][0]
+        assert hop["exchange"] == exchange and hop["cluster-name"]  # RabbitMQ's cluster_name
+
+        def upstream_empty() -> bool:  # every message acked upstream (the acks follow the local confirms)
+            with pika.BlockingConnection(params) as conn:
+                return int(conn.channel().queue_declare(queue, passive=True).method.message_count) == 0
+        wait_until(upstream_empty, 30, "messages left in RabbitMQ's upstream queue")
+    finally:
+        node.stop()
