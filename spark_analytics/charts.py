@@ -38,7 +38,6 @@ class QueueSeries:
         window_start_ms: int,
         lag_entries_max: int | None,
         lag_ms_max: int | None,
-        persist_lag_ms_p99: int | None,
     ) -> None:
         series = self.followers.setdefault(follower, FollowerSeries())
         series.window_start_ms.append(window_start_ms)

@@ -200,7 +200,7 @@ def charted_groups(follower_summary: DataFrame, charts_max: int) -> list[str]:
 
 def collect_series(windows: DataFrame, groups: list[str]) -> dict[str, QueueSeries]:
     """Per charted queue, its per-window aggregates (small: one row per follower and window)."""
-    columns = ["group", "follower", "window_start_ms", "lag_entries_max", "lag_ms_max", "persist_lag_ms_p99"]
+    columns = ["group", "follower", "window_start_ms", "lag_entries_max", "lag_ms_max"]
     rows: list[Row] = (
         windows.where(F.col("group").isin(groups)).select(*columns).orderBy("window_start_ms").collect()
     )
@@ -211,7 +211,6 @@ def collect_series(windows: DataFrame, groups: list[str]) -> dict[str, QueueSeri
             row["window_start_ms"],
             row["lag_entries_max"],
             row["lag_ms_max"],
-            row["persist_lag_ms_p99"],
         )
     return series
 

@@ -8,7 +8,8 @@ import argparse
 import sys
 
 from chaos.sim.queue_sim import run_queue_seed
-from chaos.sim.simulator import SimConfig, run_seed
+from chaos.sim.sim_types import SimConfig
+from chaos.sim.simulator import run_seed
 from chaos.sim.sweep import sweep
 
 

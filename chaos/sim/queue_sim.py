@@ -32,7 +32,8 @@ from typing import Any
 import cbor2
 
 from chaos.sim.checkers import AppliedState, SafetyViolation
-from chaos.sim.simulator import PROPOSALS_QUEUED_MAX, SimConfig, SimNode, SimResult, Simulation
+from chaos.sim.sim_types import SimConfig, SimNode, SimResult
+from chaos.sim.simulator import PROPOSALS_QUEUED_MAX, Simulation
 from cluster.queue.replicated import ReplicatedQueue
 from cluster.queue.replicated_codec import Proposal, ProposalDecodeError, decode_proposal, encode_proposal
 from cluster.queue.types import Accepted, Attach, Deliver, Detach, Enqueue, MsgId, QueuedMessage, Settle

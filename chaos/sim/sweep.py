@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from chaos.sim.queue_sim import run_queue_seed
-from chaos.sim.simulator import SimConfig, SimResult, run_seed
+from chaos.sim.sim_types import SimConfig, SimResult
+from chaos.sim.simulator import run_seed
 from cluster.raft.core.raft import BrokenVariant
 
 

@@ -6,7 +6,9 @@ commands in the same order produce the same effects on every replica: there is n
 
 How a command runs: advance time and expire what is due, change state, then hand ready messages to consumers with
 capacity (see `consumers.ConsumerRings`), highest consumer priority first and round-robin among equals. Ready
-messages live in `ready.ReadyStore` (priority levels, ascending msg_id, requeued messages back at their place).
+messages live in `ready.ReadyStore` (priority levels, ascending msg_id, requeued messages back at their place). The
+queries are in `queue_views.QueueViews`, how messages are lost (dead letters, holding, length limits) in
+`dead_letters.DeadLettering`: mixins of `Queue`.
 
 Hot paths (each gives exactly the effects and state of the plain path; tests/queue/test_batch_paths.py): a new
 message with nothing ready ahead of it and no expiry goes straight to the head consumer, never through the store;
@@ -50,7 +52,9 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from cluster.queue.consumers import Consumer, ConsumerRings
+from cluster.queue.dead_letters import DeadLettering
 from cluster.queue.holding import DEAD_LETTER_HELD_MAX, DeadLetterHolding
+from cluster.queue.queue_views import QueueViews
 from cluster.queue.ready import (
     GONE,
     IN_EXPIRY_HEAP,
@@ -67,11 +71,9 @@ from cluster.queue.types import (
     AddCredit,
     Attach,
     DeadLetter,
-    DeadLetterReason,
     Deliver,
     Detach,
     Discard,
-    Dropped,
     Duplicate,
     Enqueue,
     EnqueueMany,
@@ -99,7 +101,7 @@ PUBLISHERS_MAX_DEFAULT: Final = 10_000
 _Effects = list[QueueEffect]
 
 
-class Queue:
+class Queue(QueueViews, DeadLettering):
     """One queue's state. Mutable for speed; use snapshot()/restore() to copy it."""
 
     __slots__ = (
@@ -178,63 +180,6 @@ class Queue:
         handler(command, out)
         return out
 
-    @property
-    def ready_count(self) -> int:
-        return self._ready.count
-
-    @property
-    def ready_bytes(self) -> int:
-        return self._ready.size_bytes
-
-    @property
-    def unacked_count(self) -> int:
-        return self._unacked_count
-
-    @property
-    def consumer_count(self) -> int:
-        return self._attached_count
-
-    @property
-    def active_consumer(self) -> Hashable | None:
-        """The single active consumer's id (None without one or when SAC is off)."""
-        return self._active.consumer_id if self._active is not None else None
-
-    @property
-    def held_count(self) -> int:
-        """Dead-lettered messages held until their targets accepted them (at-least-once)."""
-        return self._held.count
-
-    @property
-    def held_bytes(self) -> int:
-        return self._held.size_bytes
-
-    def held_letters(self) -> list[tuple[MsgId, int, DeadLetterReason, QueuedMessage, int]]:
-        """(msg_id, hold sequence, reason, message, delivery_count) of every held message, in hold order (O(n))."""
-        return [(h.entry.msg_id, h.seq, h.reason, h.entry.message, h.entry.delivery_count) for h in self._held]
-
-    def held_msg_id(self, held_seq: int) -> MsgId | None:
-        """The msg id held under this hold sequence (None: not held, e.g. settled already)."""
-        return self._held.msg_id_of(held_seq)
-
-    def held_seq(self, msg_id: MsgId) -> int | None:
-        """The hold sequence of a held message (None: not held)."""
-        letter = self._held.held.get(msg_id)
-        return letter.seq if letter is not None else None
-
-    def held_letter(self, msg_id: MsgId) -> tuple[int, DeadLetterReason, QueuedMessage] | None:
-        """(hold sequence, reason, message) of a held message (None: not held)."""
-        letter = self._held.held.get(msg_id)
-        return (letter.seq, letter.reason, letter.entry.message) if letter is not None else None
-
-    @property
-    def now_ms(self) -> int:
-        """The latest time seen in a command."""
-        return self._now_ms
-
-    def next_expiry_ms(self) -> int | None:
-        """When the runtime should next send Expire (None: no ready message has an expiry)."""
-        return self._ready.next_expiry_ms()
-
     def reserve_msg_id(self) -> MsgId:
         """Take the next msg id without enqueueing (single-node paging: the message waits on disk and comes
         back later by `Recover(msg_id, ..., redelivered=False)`). Not for replicated queues: it is no command."""
@@ -246,21 +191,6 @@ class Queue:
         """Never hand out `msg_id` or a lower id again (single-node paging: ids of messages still on disk)."""
         if msg_id >= self._next_msg_id:
             self._next_msg_id = msg_id + 1
-
-    def withdraw_newest_ready(self, count_max: int) -> list[tuple[MsgId, QueuedMessage, int, bool]]:
-        """Single-node paging under memory pressure (not a command: never for replicated queues): remove up to
-        `count_max` of the newest ready messages, stopping at one with an expiry; (msg_id, message,
-        delivery_count, redelivered) each, highest msg id first. They come back later by `Recover`."""
-        return [(entry.msg_id, entry.message, entry.delivery_count, entry.redelivered)
-                for entry in self._ready.withdraw_newest(count_max)]
-
-    def ready_msg_ids(self) -> list[MsgId]:
-        """Ready message ids in delivery order (O(n); for tests and tools)."""
-        return [entry.msg_id for entry in self._ready.iter_in_order()]
-
-    def unacked_msg_ids(self, consumer_id: Hashable) -> list[MsgId]:
-        consumer = self._consumers.get(consumer_id)
-        return sorted(consumer.unacked) if consumer is not None else []
 
     def snapshot(
         self,
@@ -565,17 +495,6 @@ class Queue:
             self._ready.push_returned(entry)
         self._ttl_epoch_msg_id = self._next_msg_id
 
-    def _release_held(self, out: _Effects) -> None:
-        for letter in self._held.release_all():
-            entry = letter.entry
-            if self.args.dead_letter_exchange is not None:
-                out.append(DeadLetter(entry.message, letter.reason, entry.delivery_count, entry.msg_id))
-            else:
-                out.append(Dropped(entry.msg_id, letter.reason))
-
-    def _settle_dead_lettered(self, command: SettleDeadLettered, out: _Effects) -> None:
-        self._held.settle(command.msg_ids)
-
     def _recover(self, command: Recover, out: _Effects) -> None:
         msg_id = command.msg_id
         if msg_id >= self._next_msg_id:
@@ -660,16 +579,6 @@ class Queue:
         else:
             self._ready.push_returned(entry)
 
-    def _lose(self, entry: Entry, reason: DeadLetterReason, out: _Effects) -> None:
-        entry.flags = (entry.flags & ~STATE_MASK) | GONE
-        if self.hold_dead_letters and self.args.holds_dead_letters:
-            held_seq = self._held.hold(entry, reason)
-            out.append(DeadLetter(entry.message, reason, entry.delivery_count, entry.msg_id, held_seq))
-        elif self.args.dead_letter_exchange is not None:
-            out.append(DeadLetter(entry.message, reason, entry.delivery_count, entry.msg_id))
-        else:
-            out.append(Dropped(entry.msg_id, reason))
-
     def _after_unacked_shrank(self, consumer: Consumer, out: _Effects) -> None:
         if consumer.attached:
             self._offer(consumer)
@@ -694,27 +603,6 @@ class Queue:
         out.append(ActiveConsumerChanged(best.consumer_id if best is not None else None))
         if best is not None:
             self._rings.offer(best)
-
-    def _would_overflow(self, size_bytes: int) -> bool:
-        """Held dead letters count too (they are only ever held under reject-publish)."""
-        held = self._held
-        max_length = self.args.max_length
-        if max_length is not None and self._ready.count + held.count + 1 > max_length:
-            return True
-        max_bytes = self.args.max_length_bytes
-        return max_bytes is not None and self._ready.size_bytes + held.size_bytes + size_bytes > max_bytes
-
-    def _drop_heads_over_limit(self, out: _Effects) -> None:
-        ready = self._ready
-        max_length = self.args.max_length
-        max_bytes = self.args.max_length_bytes
-        while ready.count and (
-            (max_length is not None and ready.count > max_length)
-            or (max_bytes is not None and ready.size_bytes > max_bytes)
-        ):
-            entry = ready.pop_head()
-            assert entry is not None
-            self._lose(entry, "maxlen", out)
 
     def _remember_publisher(self, publisher_id: Hashable, sequence: int) -> None:
         publishers = self._publishers

@@ -99,7 +99,6 @@ class ChannelState:
     next_publish_seq: int = 1
     confirm_floor: int = 0
     confirm_waiting: dict[int, int] = field(default_factory=dict)  # seq -> persist token
-    confirm_nacked: set[int] = field(default_factory=set)
     tx: TxState | None = None
     commits_waiting: dict[int, int] = field(default_factory=dict)  # tx.commit id -> Persist tokens unreported
     next_commit_id: int = 1

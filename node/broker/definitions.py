@@ -116,13 +116,6 @@ def delete_exchange(broker: BrokerState, vhost: VHost[QueueState], exchange: Exc
                                        durable=exchange.durable),))
 
 
-def _lookup_exchange(vhost: VHost[QueueState], name: str) -> Exchange:
-    exchange = vhost.exchanges.get(name)
-    if exchange is None:
-        raise not_found("exchange", name, vhost.name)
-    return exchange
-
-
 def exchange_bind(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.ExchangeBind) -> None:
     _bind(broker, conn, method.source, Dest("exchange", method.destination), method.routing_key,
           method.arguments, unbind=False)

@@ -16,18 +16,12 @@ _NAMES = {
 
 ACCESS_REFUSED = 403
 NOT_FOUND = 404
-RESOURCE_LOCKED = 405
 PRECONDITION_FAILED = 406
 COMMAND_INVALID = 503
 CHANNEL_ERROR = 504
 NOT_ALLOWED = 530
 NOT_IMPLEMENTED = 540
 INTERNAL_ERROR = 541
-NO_ROUTE = 312
-
-
-def vhost_resource(kind: str, name: str, vhost: str) -> str:
-    return f"{kind} '{name}' in vhost '{vhost}'"
 
 
 class AmqpError(Exception):

@@ -144,10 +144,6 @@ def drop_connection(broker: BrokerState, conn_id: int) -> None:
         del broker.held[key]
 
 
-def is_held(broker: BrokerState, conn_id: int, channel: int) -> bool:
-    return (conn_id, channel) in broker.held
-
-
 def defer(broker: BrokerState, conn: ConnState, channel: int, event: Any) -> None:
     """Hold this channel's events behind a metadata read barrier, starting with `event` (handled again then)."""
     key = (conn.conn_id, channel)

@@ -83,10 +83,6 @@ class VHost(Generic[Q]):
             out.extend(exchange.bindings_to(dest))
         return out
 
-    def has_bindings_from(self, exchange_name: str) -> bool:
-        exchange = self.exchanges.get(exchange_name)
-        return exchange is not None and bool(exchange.bindings)
-
     def route(self, exchange_name: str, routing_key: str, headers: Mapping[str, Any] | None) -> tuple[str, ...]:
         cache_key = (exchange_name, routing_key)
         cached = self._route_cache.get(cache_key)

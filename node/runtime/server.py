@@ -7,9 +7,10 @@ nursery with one child nursery per connection (a reader task and a writer task).
 The reader owns its connection's protocol core (`ServerConnection`): it reads under a deadline taken from the
 core's `next_deadline_ms` (heartbeats) or the handshake timeout, feeds `receive_data`, and calls `dispatch`. The
 writer drains the bytes `dispatch` collected and writes them under a lock with a shielded, time-bounded
-`send_all`, so cancellation never leaves half a frame on the wire. `dispatch` is the only place events meet the
-broker: it passes each event to `Broker.handle` and carries out the returned effects on the connection named by
-their `conn_id` (which may be another connection: deliveries), repeating until no connection has events left.
+`send_all`, so cancellation never leaves half a frame on the wire. `dispatch` (node/runtime/dispatch.py) is the only
+place events meet the broker: it passes each event to `Broker.handle` and carries out the returned effects on the
+connection named by their `conn_id` (which may be another connection: deliveries), repeating until no connection
+has events left.
 All of this runs on the trio thread, so the broker needs no locks. Output per connection is bounded: above
 `output_buffer_high_bytes` the broker is told the connection is not writable (it stops delivering to it) and
 below `output_buffer_low_bytes` it is told again that it is. A connection the broker blocked (a publisher during
@@ -53,39 +54,24 @@ about 20% more CPU per message over the three nodes.
 from __future__ import annotations
 
 import errno
-import gc
 import logging
 import signal
 import ssl
-import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, cast
 
 import trio
 
 from node.amqp.connection import ConnectionLimits, ServerConnection, reply_text
-from node.amqp.events import ConnectionClosed, ConnectionOpened
-from node.amqp.methods import BasicAck, BasicDeliver, ConnectionCloseOk
+from node.amqp.events import ConnectionClosed
+from node.amqp.methods import ConnectionCloseOk
 from node.amqp.proxy_protocol import V2_BYTES_MAX, ProxyHeader, ProxyProtocolError, parse_proxy_header
 from node.amqp.spec import ReplyCode
-from node.broker.effects import (
-    Block,
-    CloseChannel,
-    CloseConnection,
-    HoldCloseOk,
-    PageIn,
-    PauseReading,
-    Persist,
-    ResumeReading,
-    Send,
-    SendCloseOk,
-    SendContent,
-    Unblock,
-)
+from node.broker.effects import HoldCloseOk, PageIn, PauseReading, ResumeReading, SendCloseOk
 from node.runtime.config import NodeConfig
+from node.runtime.dispatch import Connection, Dispatcher, mono_ms, wall_ms
+from node.runtime.hot_path_gc import hot_path_gc
 from node.runtime.probes import ResourceProbe
 from node.runtime.store import Store
 from node.runtime.tls import PrefixedStream, certificate_login, server_context, tls_handshake
@@ -95,7 +81,6 @@ log = logging.getLogger("raftmq.node")
 RECEIVE_SIZE_BYTES = 32 * 1024  # per read: bounds one connection's turn (see the module docstring)
 REPLICATED_RECEIVE_SIZE_BYTES = 256 * 1024  # cluster mode: a read's publishes are one Raft entry per queue
 BLOCKED_POLL_S = 0.1  # how often a blocked connection looks whether its alarm cleared (and sends heartbeats)
-DISPATCH_ROUNDS_MAX = 100_000  # events+effects cascades longer than this indicate a bug; stop and log
 BROKER_TICK_MS_MAX = 1_000
 FLOW_POLL_S = 0.001  # how often a paused publisher looks whether its queues caught up
 FLOW_PAUSE_MAX_S = 0.25  # longest pause of a publisher behind its queues, per read
@@ -104,40 +89,6 @@ FLOW_QUIET_S = 0.5  # after a stalled pause: no pauses for this long (a stalled 
 SHUTDOWN_REPLY_TEXT = "broker forced connection closure with reason 'shutdown'"
 PROXY_READ_BYTES = V2_BYTES_MAX  # reads while waiting for the PROXY header (what follows it goes to the core)
 ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
-
-
-def wall_ms() -> int:
-    """Wall-clock milliseconds: the broker's time base (message TTLs and timestamps survive restarts)."""
-    return int(time.time() * 1000)
-
-
-def mono_ms() -> int:
-    """trio's monotonic clock in milliseconds: the time base of the protocol cores (heartbeats)."""
-    return int(trio.current_time() * 1000)
-
-
-@dataclass(eq=False, slots=True)
-class Connection:
-    """Runtime state of one client connection; only the trio thread touches it."""
-
-    conn_id: int
-    stream: trio.abc.Stream  # a SocketStream, or an SSLStream around one on the amqps listener
-    core: ServerConnection
-    opened_ms: int
-    output: deque[bytes] = field(default_factory=deque)
-    output_bytes: int = 0
-    writable: bool = True
-    opened: bool = False
-    finished: bool = False
-    dirty: bool = False  # queued in Node._dirty: events or output to collect
-    broker_told_closed: bool = False
-    output_ready: trio.Event = field(default_factory=trio.Event)
-    send_lock: trio.Lock = field(default_factory=trio.Lock)
-    flow_quiet_until_s: float = 0.0  # credit flow: no pauses before this trio time
-    read_paused: bool = False  # credit flow, cluster mode: the broker said PauseReading (until ResumeReading)
-    read_resumed: trio.Event = field(default_factory=trio.Event)
-    cancel_scope: trio.CancelScope | None = None
-    close_ok_held: bool = False  # the broker answers the client's Connection.Close later (HoldCloseOk)
 
 
 def _is_loopback(host: str) -> bool:
@@ -152,7 +103,7 @@ def _peer_host(stream: trio.SocketStream) -> str:
     return str(peer[0]) if isinstance(peer, tuple) else str(peer)
 
 
-class Node:
+class Node(Dispatcher):
     """One broker node: owns the broker, the store and every live connection."""
 
     def __init__(self, config: NodeConfig, broker: Any, store: Store | Any, probe: ResourceProbe) -> None:
@@ -202,120 +153,6 @@ class Node:
             server_context(config) if config.ssl_port or config.ssl_proxy_protocol_port else None)
         self._server_scope: trio.CancelScope | None = None
 
-    # ----------------------------------------------------------------------------------------- dispatch
-    def dispatch(self, effects: Iterable[Any] = ()) -> None:
-        """Carry out effects, then hand every pending event of every touched connection to the broker.
-
-        A connection is queued at most once while it waits (`Connection.dirty`), so a batch of effects for one
-        connection costs one pump and one writer wake-up, however many effects it holds."""
-        self.apply_effects(effects)
-        dirty = self._dirty
-        rounds = 0
-        while dirty:
-            rounds += 1
-            if rounds > DISPATCH_ROUNDS_MAX:
-                log.error("dispatch: cascade longer than %d rounds; stopping", DISPATCH_ROUNDS_MAX)
-                self._clear_dirty()
-                return
-            self._pump(dirty.popleft())
-
-    def _mark(self, conn: Connection) -> None:
-        if not conn.dirty:
-            conn.dirty = True
-            self._dirty.append(conn)
-
-    def _clear_dirty(self) -> None:
-        for conn in self._dirty:
-            conn.dirty = False
-        self._dirty.clear()
-
-    def _pump(self, conn: Connection) -> None:
-        """Every event of `conn` (including those its own effects add) to the broker, then its output once."""
-        core = conn.core
-        try:
-            events = core.next_events()
-            while events:
-                closed = False
-                for event in events:
-                    cls = type(event)
-                    if cls is ConnectionOpened:
-                        conn.opened = True
-                    elif cls is ConnectionClosed:
-                        closed = conn.broker_told_closed = True
-                self.apply_effects(self._handle_events(conn.conn_id, events, wall_ms()))
-                if closed and not conn.close_ok_held:  # only now: the broker's last words were written
-                    conn.finished = True
-                events = core.next_events()
-        finally:
-            conn.dirty = False
-        self._collect_output(conn)
-
-    def _handle_events(self, conn_id: int, events: list[Any], now_ms: int) -> list[Any]:
-        """One read's events to the broker at once (`Broker.handle_many`: one Persist, one commit round for all of
-        them), or one by one through `Broker.handle` for a broker without it."""
-        broker = self.broker
-        handle_many = getattr(broker, "handle_many", None)
-        if handle_many is not None:
-            return list(handle_many(conn_id, events, now_ms))
-        effects: list[Any] = []
-        for event in events:
-            effects.extend(broker.handle(conn_id, event, now_ms))
-        return effects
-
-    def apply_effects(self, effects: Iterable[Any]) -> None:
-        """Carry out effects in order: Persist on the store, the rest on their connection's core (by type)."""
-        connections = self.connections
-        dirty = self._dirty
-        for effect in effects:
-            cls = type(effect)
-            if cls is SendContent:  # a delivery (the hot path, inlined)
-                conn = connections.get(effect.conn_id)
-                if conn is None or conn.finished:
-                    continue
-                method = effect.method
-                if type(method) is BasicDeliver:
-                    conn.core.send_deliver(effect.channel, method.consumer_tag, method.delivery_tag,
-                                           method.redelivered, method.exchange, method.routing_key,
-                                           effect.properties, effect.body)
-                else:
-                    conn.core.send_content(effect.channel, method, effect.properties, effect.body)
-                if not conn.dirty:
-                    conn.dirty = True
-                    dirty.append(conn)
-                continue
-            if cls is Persist:
-                self.store.persist(effect.token, effect.records)
-                continue
-            sink = self.effect_sinks.get(cls)
-            if sink is not None:
-                sink(effect)
-                continue
-            conn = connections.get(effect.conn_id)
-            if conn is None or conn.finished:
-                continue
-            apply = _CONNECTION_EFFECTS.get(cls) or _effect_handler_by_isinstance(effect)
-            if apply is None:
-                log.error("unknown effect %r", effect)
-                continue
-            apply(conn.core, effect)
-            if not conn.dirty:
-                conn.dirty = True
-                dirty.append(conn)
-
-    def _collect_output(self, conn: Connection) -> None:
-        data = conn.core.data_to_send()
-        if not data:
-            return
-        conn.output.append(data)
-        conn.output_bytes += len(data)
-        conn.output_ready.set()
-        if conn.writable and conn.output_bytes > self.config.output_buffer_high_bytes:
-            conn.writable = False
-            self._set_writable(conn, False)
-
-    def _set_writable(self, conn: Connection, writable: bool) -> None:
-        self.apply_effects(self.broker.set_writable(conn.conn_id, writable))
-
     # ------------------------------------------------------------------------------------- connections
     async def handle_connection(self, stream: trio.SocketStream, proxy_protocol: bool = False,
                                 tls: bool = False) -> None:
@@ -350,7 +187,7 @@ class Node:
         conn_id = self.next_conn_id
         self.next_conn_id += 1
         core = ServerConnection(self.broker.authenticator_for(conn_id), self.limits, mono_ms(), identity)
-        conn = Connection(conn_id, conn_stream, core, mono_ms())
+        conn = Connection(conn_id, conn_stream, core)
         self.connections[conn_id] = conn
         self.broker.open_connection(conn_id, host, _is_loopback(host))
         try:
@@ -536,19 +373,6 @@ class Node:
             self._mark(conn)
             self.dispatch_guarded(conn)
 
-    def dispatch_guarded(self, conn: Connection, produce: Callable[[], Iterable[Any]] | None = None) -> None:
-        """`dispatch` (of `produce()`'s effects, if given), but a bug below the runtime closes this connection
-        (541) instead of the whole node."""
-        try:
-            self.dispatch(produce() if produce is not None else ())
-        except Exception:
-            log.exception("connection %d: internal error; closing it", conn.conn_id)
-            self._clear_dirty()
-            conn.core.close_connection(
-                int(ReplyCode.INTERNAL_ERROR), reply_text(ReplyCode.INTERNAL_ERROR, "internal error"))
-            self._collect_output(conn)
-            conn.finished = True
-
     async def _wait_flushed(self, conn: Connection) -> None:
         """After ConnectionClosed: give the writer a bounded time to flush close/close-ok."""
         with trio.move_on_after(self.config.write_timeout_ms / 1000):
@@ -708,79 +532,6 @@ class Node:
                 else:
                     log.info("signal %s: shutting down", signal.Signals(signum).name)
                     self.request_stop()
-
-
-def _send_content(core: ServerConnection, effect: SendContent) -> None:
-    method = effect.method
-    if type(method) is BasicDeliver:
-        core.send_deliver(effect.channel, method.consumer_tag, method.delivery_tag, method.redelivered,
-                          method.exchange, method.routing_key, effect.properties, effect.body)
-    else:
-        core.send_content(effect.channel, method, effect.properties, effect.body)
-
-
-def _send(core: ServerConnection, effect: Send) -> None:
-    method = effect.method
-    if type(method) is BasicAck:
-        core.send_ack(effect.channel, method.delivery_tag, method.multiple)
-    else:
-        core.send_method(effect.channel, method)
-
-
-def _close_channel(core: ServerConnection, effect: CloseChannel) -> None:
-    core.close_channel(effect.channel, effect.reply_code, effect.reply_text, effect.class_id, effect.method_id)
-
-
-def _close_connection(core: ServerConnection, effect: CloseConnection) -> None:
-    core.close_connection(effect.reply_code, effect.reply_text, effect.class_id, effect.method_id)
-
-
-def _block(core: ServerConnection, effect: Block) -> None:
-    core.block(effect.reason)
-
-
-def _unblock(core: ServerConnection, effect: Unblock) -> None:
-    core.unblock()
-
-
-# How each connection-bound effect is carried out, by exact type (one dict lookup instead of an isinstance chain).
-_CONNECTION_EFFECTS: dict[type, Callable[[ServerConnection, Any], None]] = {
-    SendContent: _send_content,
-    Send: _send,
-    CloseChannel: _close_channel,
-    CloseConnection: _close_connection,
-    Block: _block,
-    Unblock: _unblock,
-}
-
-
-def _effect_handler_by_isinstance(effect: Any) -> Callable[[ServerConnection, Any], None] | None:
-    """The slow path for a subclass of a known effect type."""
-    for cls, apply in _CONNECTION_EFFECTS.items():
-        if isinstance(effect, cls):
-            return apply
-    return None
-
-
-GC_YOUNG_THRESHOLD = 50_000  # net container allocations between young collections (CPython's default: 700)
-
-
-@contextmanager
-def hot_path_gc() -> Iterator[None]:
-    """Fewer cyclic collections while the node serves. Per-message objects die by reference counting, yet each
-    allocation counts toward the young generation's threshold, so with CPython's default (700) a workload (a) run
-    spent ~10% of its CPU in the collector, with full collections of up to 70 ms (a p99 stall). Everything alive
-    when serving starts (modules, the recovered state) is frozen out of the scans, and young collections wait for
-    GC_YOUNG_THRESHOLD net allocations (cyclic garbage still gets collected: it counts toward that threshold).
-    Restored on the way out (tests run nodes inside their own process)."""
-    threshold = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(max(threshold[0], GC_YOUNG_THRESHOLD), *threshold[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*threshold)
-        gc.unfreeze()
 
 
 async def run_node(node: Node, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:

@@ -20,7 +20,7 @@ import requests
 
 from cluster.metadata import model as md
 from node.broker import records as br
-from node.runtime.cluster.runtime import (
+from node.runtime.cluster.definition_replies import (
     DEFINITION_TIMEOUT_S,
     INTERNAL_ERROR,
     NOT_FOUND,

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.sim.simulator import DRIVE_ROUNDS_MAX, SimConfig, SimNode, Simulation
+from chaos.sim.sim_types import SimConfig, SimNode
+from chaos.sim.simulator import DRIVE_ROUNDS_MAX, Simulation
 from cluster.raft.core.image import GroupImage
 from cluster.raft.core.multiraft import NodeReady
 from cluster.raft.core.types import AppendResp, Entry, GroupId, Index, NodeId, Ready, Term

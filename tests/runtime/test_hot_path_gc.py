@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from node.runtime.server import GC_YOUNG_THRESHOLD, hot_path_gc
+from node.runtime.hot_path_gc import GC_YOUNG_THRESHOLD, hot_path_gc
 
 
 def test_gc_settings_inside_and_restored_after() -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.sim.simulator import SimConfig, Simulation, run_seed
+from chaos.sim.sim_types import SimConfig
+from chaos.sim.simulator import Simulation, run_seed
 from cluster.raft.core.types import GroupId, Term
 
 STARTS = ("up", "down", "isolated")

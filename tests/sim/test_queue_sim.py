@@ -7,7 +7,7 @@ import pytest
 
 from chaos.sim.__main__ import main
 from chaos.sim.queue_sim import QueueSimulation, run_queue_seed
-from chaos.sim.simulator import SimConfig
+from chaos.sim.sim_types import SimConfig
 from chaos.sim.sweep import sweep
 
 QUEUE_CI_SEEDS = range(0, 30)

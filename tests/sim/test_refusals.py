@@ -9,7 +9,8 @@ and the groups must recover after healing, as without refusals.
 
 from __future__ import annotations
 
-from chaos.sim.simulator import SimConfig, Simulation, run_seed
+from chaos.sim.sim_types import SimConfig
+from chaos.sim.simulator import Simulation, run_seed
 from cluster.raft.core.raft import BrokenVariant
 from cluster.raft.core.types import GroupId, Role
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from chaos.sim.__main__ import main
-from chaos.sim.simulator import SimConfig, run_seed
+from chaos.sim.sim_types import SimConfig
+from chaos.sim.simulator import run_seed
 from chaos.sim.sweep import sweep
 from cluster.raft.core.raft import BrokenVariant
 

@@ -235,5 +235,3 @@ class RaftCore(Elections):
         so this is what its state machine reflects; `log.applied` moves only at `advance`)."""
         return self._applied_handed
 
-    def soft_state(self) -> tuple[Role, NodeId | None]:
-        return self.role, self.lead

@@ -24,9 +24,12 @@ cluster metadata. `ClusterRuntime` is the glue (docs/cluster.md, "node/runtime, 
   changes; after `proposal_timeout_ms` the broker is told
   (`proposal_abandoned`: a waiting publish is nacked).
 - Start: the queues that died with this node's earlier life (its connections' exclusive queues, its non-durable
-  classic queues) are deleted from the metadata before anything is mirrored or served (`died_with_earlier_life`).
-- Liveness: a peer without a Raft connection for `node_down_after_ms`, or at once one that refuses connections
-  (the Raft transport's `refusing_peers()`: its process is gone), is reported to the broker (`Broker.node_down`); the metadata leader records it (`SetNodeState`) and deletes the exclusive queues it owned.
+  classic queues) are deleted from the metadata before anything is mirrored or served (`died_with_earlier_life`,
+  node/runtime/cluster/definition_replies.py, with the channel errors of failed definition changes).
+- Liveness (and queue group membership: node/runtime/cluster/liveness.py): a peer without a Raft connection for
+  `node_down_after_ms`, or at once one that refuses connections (the Raft transport's `refusing_peers()`: its
+  process is gone), is reported to the broker (`Broker.node_down`); the metadata leader records it
+  (`SetNodeState`) and deletes the exclusive queues it owned.
 
 Everything runs on the trio thread; effects go through `Node.dispatch` (or `Node.apply_effects` when called from
 inside a dispatch), exactly as the single-node path does.
@@ -37,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import time
 import uuid
 from collections import deque
 from collections.abc import Iterable
@@ -46,7 +48,6 @@ from typing import Any
 import trio
 
 from cluster.metadata import model as md
-from cluster.metadata import placement
 from cluster.metadata.store import MetadataError, MetadataStore, MetadataTimeout, StoreConfig
 from cluster.queue.replicated_codec import peek_proposal
 from cluster.queue.types import Detach, Enqueue, EnqueueMany
@@ -56,7 +57,6 @@ from cluster.raft.runtime.ready_pipeline import QUEUED_READIES_MAX
 from node.broker import records as br
 from node.broker.auth import hash_password
 from node.clustering.definitions import (
-    broker_record,
     client_local_placement,
     commands_for,
     mirror_records,
@@ -82,25 +82,26 @@ from node.clustering.proposals import (
     stale_groups,
     unframe,
 )
-from node.clustering.reconcile import RECONCILE_POLL_S, Transfer, leader_to_record, next_step
+from node.runtime.cluster.definition_replies import (
+    DEFINITION_TIMEOUT_S,
+    INTERNAL_ERROR,
+    died_with_earlier_life,
+    not_committed_text,
+    refusal_reply,
+    uncommitted_creations,
+)
 from node.runtime.cluster.incarnation_file import IncarnationFile
-from node.runtime.cluster.members import adopt_metadata_layout, replace_member, watch_membership
+from node.runtime.cluster.liveness import MembershipAndLiveness, wall_ms
+from node.runtime.cluster.members import adopt_metadata_layout, watch_membership
 from node.runtime.config import ClusterLayout, NodeConfig
 
 log = logging.getLogger("raftmq.cluster")
 
 RETRY_MS = 500  # a group's unapplied proposals are sent again this often (the leader may have changed)
 RETRY_POLL_S = 0.1
-LIVENESS_POLL_S = 0.25
 PERSIST_QUEUED_MAX = 10_000  # Persist effects waiting for the metadata group; beyond: released with an error
-# A definition change the metadata group cannot commit closes the client's channel (`Broker.on_persist_failed`):
-# 541 INTERNAL_ERROR as RabbitMQ answers a declare its metadata store / quorum cannot carry out; a refusal
-# gets the code of its reason (404 a missing exchange or queue, 406 a conflicting definition).
-INTERNAL_ERROR, NOT_FOUND, PRECONDITION_FAILED = 541, 404, 406
 OVERLOADED_TEXT = "INTERNAL_ERROR - too many definition changes waiting for the cluster metadata"
-DEFINITION_TIMEOUT_S = 30.0  # one definition command's total retry time before it is given up (client: 541)
 FLUSH_TIMEOUT_S = 5.0
-EXCLUSIVE_OWNER_SEPARATOR = "/"  # exclusive owners are "<node>/<boot_id>/<conn_id>" (node/broker/records.py)
 
 
 def _readies_behind_fsync_max() -> int:
@@ -110,11 +111,7 @@ def _readies_behind_fsync_max() -> int:
     return int(value) if value.isdigit() else QUEUED_READIES_MAX
 
 
-def wall_ms() -> int:
-    return int(time.time() * 1000)
-
-
-class ClusterRuntime:
+class ClusterRuntime(MembershipAndLiveness):
     """The cluster layer of one node; create it, `attach(node)`, `await start()`, then run `run` in a nursery."""
 
     def __init__(self, config: NodeConfig, layout: ClusterLayout, broker: Any, boot_id: int) -> None:
@@ -606,170 +603,6 @@ class ClusterRuntime:
                 self.tracker.retried(tracked_as)  # the leader is unchanged: the next resend backs off (proposals.py)
                 self._send_queue(tracked_as, now)
 
-    # ------------------------------------------------------------------------------------------ membership
-
-    async def _reconcile_groups(self) -> None:
-        """Every RECONCILE_POLL_S: for each queue group this node leads, one Raft membership step towards the
-        metadata's members, and the metadata's leader brought in step with the Raft leader (`node.clustering.reconcile`)."""
-        while True:
-            await trio.sleep(RECONCILE_POLL_S)
-            try:
-                self._reconcile_round(wall_ms())
-            except Exception:
-                log.exception("cluster: membership reconciliation failed")
-
-    def _reconcile_round(self, now_ms: int) -> None:
-        raft = self.raft
-        if raft is None:
-            return
-        me = NodeId(self.name)
-        for group, key in list(self.group_queues.items()):
-            record = self.mirrored.queues.get(key)
-            membership = raft.membership_of(group)
-            if raft.leader_of(group) != me or record is None or membership is None:
-                self._last_steps.pop(group, None)
-                continue
-            step = next_step(me, record.members, self.layout.names, membership)
-            if step != self._last_steps.get(group) and step is not None:
-                log.info("cluster: queue %s: membership %s/%s -> members %s: %s", group, sorted(membership.voters),
-                         sorted(membership.learners), list(record.members), step)
-            self._last_steps[group] = step
-            if isinstance(step, Transfer):
-                raft.transfer_leadership(group, self._transfer_target(group, step.candidates))
-            elif step is not None:
-                raft.change_membership(group, step)
-            if leader_to_record(me, me, record.leader, record.members, self._leader_recorded_ms.get(group), now_ms):
-                self._leader_recorded_ms[group] = now_ms
-                if self._metadata_tasks is not None:
-                    log.info("cluster: queue %s: recording Raft leader %s (metadata said %s)", group, me,
-                             record.leader)
-                    self._metadata_tasks.start_soon(self.apply_definition,
-                                                    md.SetQueueLeader(record.vhost, record.name, self.name))
-
-    def _transfer_target(self, group: GroupId, candidates: tuple[NodeId, ...]) -> NodeId:
-        """The reachable candidate whose log matches the leader's furthest (the first candidate if none known)."""
-        assert self.raft is not None
-        try:
-            match: dict[Any, int] = self.raft.group_status(group).get("match") or {}
-        except KeyError:
-            match = {}
-        connected = self.raft.connected_peers()
-        ranked = sorted(candidates, key=lambda n: (n not in connected, -int(match.get(n, 0)), n))
-        return ranked[0]
-
-    # ------------------------------------------------------------------------------------------ liveness
-
-    def _is_metadata_leader(self) -> bool:
-        me = self.layout.me
-        return self.store is not None and self.store.leader() == f"{me.host}:{me.metadata_port}"
-
-    async def _liveness_watch(self) -> None:
-        assert self.raft is not None
-        self.liveness.start_ms = wall_ms()  # peers get node_down_after_ms from now to connect
-        while True:
-            await trio.sleep(LIVENESS_POLL_S)
-            refusing = self.raft.transport.refusing_peers()
-            went_down, came_up = self.liveness.observe(self.raft.connected_peers(), wall_ms(), refusing)
-            for peer in went_down:
-                if peer in refusing:
-                    log.warning("cluster: node %s refuses connections (its process is gone): down", peer)
-                else:
-                    log.warning("cluster: node %s unreachable for %d ms: down", peer, self.config.node_down_after_ms)
-                self.dispatch(self.broker.node_down(peer))
-            for peer in came_up:
-                log.info("cluster: node %s is back", peer)
-            if not self._reconciling and self._metadata_tasks is not None and self._is_metadata_leader():
-                self._reconciling = True
-                self._metadata_tasks.start_soon(self._reconcile_node_states)
-
-    _reconciling = False
-
-    async def _reconcile_node_states(self) -> None:
-        """On the metadata leader: make each node's recorded state match this node's view (SetNodeState), and
-        delete the exclusive queues of nodes recorded down (their owning connections are gone)."""
-        try:
-            assert self.store is not None
-            for name, record in sorted(self.store.state.nodes.items()):
-                wanted = "down" if name in self.liveness.down else "up"
-                if record.state != wanted and name in self.layout.names:
-                    log.info("cluster: recording node %s %s", name, wanted)
-                    await self.apply_definition(md.SetNodeState(name, wanted))
-            state = self.store.state
-            down = {name for name, record in state.nodes.items() if record.state == "down"}
-            for queue in list(state.queues.values()):
-                if any(_owned_by(queue.exclusive_owner, node) for node in down):
-                    log.info("cluster: deleting exclusive queue %s/%s of a down node", queue.vhost, queue.name)
-                    await self.apply_definition(md.DeleteQueue(queue.vhost, queue.name))
-            self._plan_replacements()
-        finally:
-            self._reconciling = False
-
-    def _plan_replacements(self) -> None:
-        """Start a replacement for each quorum member down longer than member_replace_after_ms (0 = never)."""
-        replace_after_ms = self.config.member_replace_after_ms
-        if not replace_after_ms or self.store is None or self._metadata_tasks is None:
-            return
-        plan = placement.replacement_plan(self.store.state, self.liveness.down_since_ms, wall_ms(), replace_after_ms)
-        for vhost, queue, old, new in plan:
-            if (vhost, queue) not in self._replacing:
-                self._replacing.add((vhost, queue))
-                self._metadata_tasks.start_soon(self._replace, vhost, queue, old, new)
-
-    async def _replace(self, vhost: str, queue: str, old: str, new: str) -> None:
-        try:
-            if await replace_member(self, vhost, queue, old, new):
-                log.warning("cluster: queue %s/%s: member %s replaced by %s", vhost, queue, old, new)
-        finally:
-            self._replacing.discard((vhost, queue))
-
-
-def not_committed_text(command: md.Command) -> str:
-    return (f"INTERNAL_ERROR - {type(command).__name__} not committed by the cluster metadata within "
-            f"{DEFINITION_TIMEOUT_S:.0f} s (no majority of nodes reachable?)")
-
-
-def refusal_reply(command: md.Command, refused: str) -> tuple[int, str]:
-    """The channel error for a metadata refusal (the reason's wording is `cluster.metadata.model`'s)."""
-    if "exists with a different definition" in refused:
-        return PRECONDITION_FAILED, f"PRECONDITION_FAILED - {refused}"
-    if refused.startswith("no "):
-        return NOT_FOUND, f"NOT_FOUND - {refused}"
-    return INTERNAL_ERROR, f"INTERNAL_ERROR - cluster metadata refused {type(command).__name__}: {refused}"
-
-
-def uncommitted_creations(records: Iterable[Any], state: md.MetadataState) -> list[Any]:
-    """Deletion records for what `records` created (exchanges, queues, bindings) that `state` lacks: the broker
-    applied a failed Persist at once, and must not keep definitions the cluster never recorded. Bindings first."""
-    undo: list[Any] = []
-    committed_bindings: list[Any] | None = None
-    for record in records:
-        if getattr(record, "deleted", True):
-            continue
-        if isinstance(record, br.BindingRecord):
-            if committed_bindings is None:
-                committed_bindings = [broker_record("bindings", b) for b in state.bindings.values()]
-            if record not in committed_bindings:
-                undo.insert(0, dataclasses.replace(record, deleted=True))
-        elif isinstance(record, br.QueueRecord | br.ExchangeRecord):
-            committed = state.queues if isinstance(record, br.QueueRecord) else state.exchanges
-            if (record.vhost, record.name) not in committed:
-                undo.append(dataclasses.replace(record, deleted=True))
-    return undo
-
-
-def died_with_earlier_life(state: md.MetadataState, node: str) -> list[md.QueueRecord]:
-    """At `node`'s start, the queues that died with its earlier life (as in RabbitMQ): the exclusive queues of its
-    connections, and its non-durable classic queues (their one member was this node)."""
-    return [queue for queue in state.queues.values()
-            if _owned_by(queue.exclusive_owner, node)
-            or (not queue.durable and queue.type == "classic" and (queue.members or (queue.leader,)) == (node,))]
-
-
-def _owned_by(owner: str, node: str) -> bool:
-    """Whether an exclusive owner id names a connection of `node`."""
-    return bool(owner) and owner.startswith(node + EXCLUSIVE_OWNER_SEPARATOR)
-
-
 def bootstrap_records(config: NodeConfig) -> list[Any]:
     """The configured users (and their vhosts and permissions) as broker records, for the metadata group."""
     records: list[Any] = [br.VHostRecord(config.default_vhost)]
@@ -778,4 +611,3 @@ def bootstrap_records(config: NodeConfig) -> list[Any]:
         records.append(br.UserRecord(user.name, hash_password(user.password, os.urandom(4)), tuple(user.tags)))
         records.append(br.PermissionRecord(user.name, user.vhost, user.configure, user.write, user.read))
     return records
-

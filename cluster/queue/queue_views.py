@@ -1,0 +1,99 @@
+"""The read-only side of `Queue` (a mixin of cluster/queue/machine.py): counts, the held dead letters, the
+time and next expiry, and the msg ids for tests and tools. None of it is a command; only
+`withdraw_newest_ready` (single-node paging, never for replicated queues) changes the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from cluster.queue.consumers import Consumer
+from cluster.queue.holding import DeadLetterHolding
+from cluster.queue.ready import ReadyStore
+from cluster.queue.types import DeadLetterReason, MsgId, QueuedMessage
+
+
+class QueueViews:
+    """Queries on one queue's state; `Queue` holds the attributes."""
+
+    __slots__ = ()
+
+    _ready: ReadyStore
+    _consumers: dict[Hashable, Consumer]
+    _active: Consumer | None
+    _attached_count: int
+    _unacked_count: int
+    _held: DeadLetterHolding
+    _now_ms: int
+
+    @property
+    def ready_count(self) -> int:
+        return self._ready.count
+
+    @property
+    def ready_bytes(self) -> int:
+        return self._ready.size_bytes
+
+    @property
+    def unacked_count(self) -> int:
+        return self._unacked_count
+
+    @property
+    def consumer_count(self) -> int:
+        return self._attached_count
+
+    @property
+    def active_consumer(self) -> Hashable | None:
+        """The single active consumer's id (None without one or when SAC is off)."""
+        return self._active.consumer_id if self._active is not None else None
+
+    @property
+    def held_count(self) -> int:
+        """Dead-lettered messages held until their targets accepted them (at-least-once)."""
+        return self._held.count
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held.size_bytes
+
+    def held_letters(self) -> list[tuple[MsgId, int, DeadLetterReason, QueuedMessage, int]]:
+        """(msg_id, hold sequence, reason, message, delivery_count) of every held message, in hold order (O(n))."""
+        return [(h.entry.msg_id, h.seq, h.reason, h.entry.message, h.entry.delivery_count) for h in self._held]
+
+    def held_msg_id(self, held_seq: int) -> MsgId | None:
+        """The msg id held under this hold sequence (None: not held, e.g. settled already)."""
+        return self._held.msg_id_of(held_seq)
+
+    def held_seq(self, msg_id: MsgId) -> int | None:
+        """The hold sequence of a held message (None: not held)."""
+        letter = self._held.held.get(msg_id)
+        return letter.seq if letter is not None else None
+
+    def held_letter(self, msg_id: MsgId) -> tuple[int, DeadLetterReason, QueuedMessage] | None:
+        """(hold sequence, reason, message) of a held message (None: not held)."""
+        letter = self._held.held.get(msg_id)
+        return (letter.seq, letter.reason, letter.entry.message) if letter is not None else None
+
+    @property
+    def now_ms(self) -> int:
+        """The latest time seen in a command."""
+        return self._now_ms
+
+    def next_expiry_ms(self) -> int | None:
+        """When the runtime should next send Expire (None: no ready message has an expiry)."""
+        return self._ready.next_expiry_ms()
+
+    def withdraw_newest_ready(self, count_max: int) -> list[tuple[MsgId, QueuedMessage, int, bool]]:
+        """Single-node paging under memory pressure (not a command: never for replicated queues): remove up to
+        `count_max` of the newest ready messages, stopping at one with an expiry; (msg_id, message,
+        delivery_count, redelivered) each, highest msg id first. They come back later by `Recover`."""
+        return [(entry.msg_id, entry.message, entry.delivery_count, entry.redelivered)
+                for entry in self._ready.withdraw_newest(count_max)]
+
+    def ready_msg_ids(self) -> list[MsgId]:
+        """Ready message ids in delivery order (O(n); for tests and tools)."""
+        return [entry.msg_id for entry in self._ready.iter_in_order()]
+
+    def unacked_msg_ids(self, consumer_id: Hashable) -> list[MsgId]:
+        consumer = self._consumers.get(consumer_id)
+        return sorted(consumer.unacked) if consumer is not None else []
