@@ -25,8 +25,14 @@ import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
 from node.clustering.proposals import PeerLiveness
-from tests.cluster.cluster_proc import (ClusterNode, ClusterProcs, raft_links_up, ready_count, supervised,
-                                       wait_until)
+from tests.cluster.cluster_proc import (
+    ClusterNode,
+    ClusterProcs,
+    raft_links_up,
+    ready_count,
+    supervised,
+    wait_until,
+)
 
 QUORUM = {"x-queue-type": "quorum"}
 QUEUE = "q-fast-down"
