@@ -179,7 +179,7 @@ CLUSTER_XFAIL: dict[str, dict[str, str]] = {
         r"^tests/test_amqp_robust_proxy\.py::test_iterator_cancellation_survives_close_timeout\[True-":
             f"{_AFTER_REPLY}: declare-ok's consumer_count still counts the iterator's consumer after its cancel-ok",
         r"^tests/test_amqp_robust_proxy\.py::test_(channel_reconnect_stairway\[|queue_iterator_reconnect_after_disconnect$|"
-        r"iterator_cancellation_survives_close_timeout\[False-)": _PROXY_RECOVERY,
+        r"iterator_cancellation_survives_close_timeout\[False-|robust_reconnect$)": _PROXY_RECOVERY,
     },
 }
 
