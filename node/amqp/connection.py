@@ -761,10 +761,13 @@ class ServerConnection:
             )
 
     def _frame_on_new_channel(self, frame_type: int, channel: int, payload: bytes) -> None:
-        if channel > self.channel_max:
+        # channel_max bounds how many channels are open (closing ones included), not their numbers: any number
+        # 1..65535 may be opened, as in RabbitMQ 3.10.
+        if len(self._channels) >= self.channel_max:
             raise ProtocolError(
                 ReplyCode.NOT_ALLOWED,
-                f"channel number {channel} is above the negotiated channel_max ({self.channel_max})",
+                f"number of channels opened ({len(self._channels)}) has reached the negotiated channel_max "
+                f"({self.channel_max})",
             )
         method = self._decode(payload) if frame_type == FRAME_METHOD else None
         if not isinstance(method, m.ChannelOpen):

@@ -53,13 +53,13 @@ def exchange_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, met
     vhost = broker.vhost_of(conn)
     name = method.exchange
     resource = exchange_resource(name, vhost.name)
+    if name == "":  # passive too, as RabbitMQ 3.10
+        raise _default_exchange_refused()
     if method.passive:
-        if name != "" and name not in vhost.exchanges:
+        if name not in vhost.exchanges:
             raise not_found("exchange", name, vhost.name)
         _reply(broker, ch, method.nowait, m.ExchangeDeclareOk())
         return
-    if name == "":
-        raise _default_exchange_refused()
     broker.check_access(conn, "configure", "exchange", name)
     if method.type not in EXCHANGE_TYPES:
         raise AmqpError(503, f"invalid exchange type '{method.type}'", connection=True)

@@ -204,14 +204,29 @@ def test_second_channel_open() -> None:
     assert close_of(out) == (0, 504, "CHANNEL_ERROR - second 'channel.open' seen", 20, 10)
 
 
-def test_channel_number_above_channel_max() -> None:
+def test_channel_number_above_channel_max_opens() -> None:
+    """channel_max limits how many channels are open, not their numbers (RabbitMQ 3.10; aiormq opens 65535)."""
     session = Session()
     session.handshake(channel_max=10)
-    out = session.send_frame(11, commands.Channel.Open())
+    session.open_channel(65535)
+    assert 65535 in session.conn.open_channels
+
+
+def test_channel_count_above_channel_max() -> None:
+    """The channel_max-th open is refused with RabbitMQ 3.10's text; a channel the server closed counts until its
+    Close-Ok (RabbitMQ counts a channel until its process is gone)."""
+    session = Session()
+    session.handshake(channel_max=3)
+    session.open_channel(65535)
+    session.conn.close_channel(65535, 403, "ACCESS_REFUSED - operation not permitted on the default exchange", 40, 10)
+    assert close_of(parse_frames(session.conn.data_to_send()))[:2] == (65535, 403)
+    session.open_channel(1)
+    session.open_channel(2)
+    out = session.send_frame(3, commands.Channel.Open())
     assert close_of(out) == (
         0,
         530,
-        "NOT_ALLOWED - channel number 11 is above the negotiated channel_max (10)",
+        "NOT_ALLOWED - number of channels opened (3) has reached the negotiated channel_max (3)",
         0,
         0,
     )

@@ -21,9 +21,17 @@ def test_exchange_declare_and_passive() -> None:
     c = connected()
     assert of_type(c.call(m.ExchangeDeclare(exchange="x", type="topic")), m.ExchangeDeclareOk)
     assert of_type(c.call(m.ExchangeDeclare(exchange="x", passive=True)), m.ExchangeDeclareOk)
-    assert of_type(c.call(m.ExchangeDeclare(exchange="", passive=True)), m.ExchangeDeclareOk)
     assert channel_close(c.call(m.ExchangeDeclare(exchange="nope", passive=True))) == (
         404, "NOT_FOUND - no exchange 'nope' in vhost '/'")
+
+
+def test_default_exchange_declare_refused_passive_too() -> None:
+    """RabbitMQ 3.10 refuses exchange.declare of "" even when passive (aiormq's test_channel_closed_reuse)."""
+    c = connected()
+    for passive in (True, False):
+        c.open(1)
+        assert channel_close(c.call(m.ExchangeDeclare(exchange="", passive=passive))) == (
+            403, "ACCESS_REFUSED - operation not permitted on the default exchange")
 
 
 def test_exchange_nowait_sends_nothing() -> None:

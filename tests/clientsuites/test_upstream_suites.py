@@ -17,8 +17,9 @@ py-amqp and kombu read ``RABBITMQ_HOST`` and ``RABBITMQ_5672_TCP``. aiormq and a
 container through their ``tests/docker_client.py``; that file is replaced by ``suite_docker.py`` (next to this
 module), whose one "container" is the broker under test, and a plugin (``suite_plugin.py``) gives aiormq the
 session fixtures its conftest expects from elsewhere. The same plugin deselects the tests of ``DESELECT`` (they
-cannot apply to raftmq; each has its reason) and, in cluster mode only, marks those of ``CLUSTER_XFAIL``
-xfail(strict=False): known cluster-mode broker bugs, one entry each, to delete as the bugs are fixed.
+cannot apply to raftmq, or fail against RabbitMQ 3.10 too; each has its reason) and of ``SUBSET`` (left out for CI
+time only) and, in cluster mode only, marks those of ``CLUSTER_XFAIL`` xfail(strict=False): known cluster-mode
+broker bugs, one entry each, to delete as the bugs are fixed.
 Upstream ``flaky`` marks stay inert (rerunfailures is disabled on purpose, so a flaky test fails instead of being
 retried into a pass). Only the test trees are extracted, so the tests import the INSTALLED libraries.
 
@@ -52,6 +53,10 @@ CACHE_DIR = Path(os.environ.get("RAFTMQ_CLIENTSUITES_CACHE", Path.home() / ".cac
 DOWNLOAD_TIMEOUT_S = 600  # pip builds each sdist's metadata: minutes on a loaded machine
 PER_TEST_TIMEOUT_S = 60
 XFAIL_TIMEOUT_S = 20  # a known cluster bug that hangs a test costs this much, not PER_TEST_TIMEOUT_S
+# aiormq's and aio-pika's tests carry their own limits (aiomisc.timeout, up to 60 s), which cancel the test cleanly;
+# pytest-timeout's SIGALRM lands inside the event loop, where a test's `except Exception: continue` retry loop can
+# swallow it and hang the whole suite, so for them it must never fire first (per test, xfail or not).
+ASYNC_XFAIL_TIMEOUT_S = 90
 
 
 @dataclass(frozen=True)
@@ -65,8 +70,8 @@ class Suite:
 SUITES = {
     "amqp": Suite("amqp", "t", ("t/integration/test_rmq.py",), 240),
     "kombu": Suite("kombu", "t", ("t/integration/test_py_amqp.py",), 240),
-    "aiormq": Suite("aiormq", "tests", ("tests",), 600),
-    "aio-pika": Suite("aio-pika", "tests", ("tests",), 900),
+    "aiormq": Suite("aiormq", "tests", ("tests",), 900),
+    "aio-pika": Suite("aio-pika", "tests", ("tests",), 1200),
 }
 
 _TLS_ASYNC = ("needs an amqps listener as the container's 5671/tcp with the suite's certificates: raftmq has one "
@@ -75,13 +80,29 @@ _BADSSL = ("connects to tls-v1-2.badssl.com:1012, an external host, not the brok
            "transport only")
 _RMQ43 = ("RabbitMQ 4.3's consumer-timeout handshake (capability accept_consumer_cancel_ok); raftmq answers as "
           "RabbitMQ 3.10, and the test skips itself on such a broker")
+_RMQ43_ASYNC = ("RabbitMQ 4.3's consumer-timeout handshake (capability accept_consumer_cancel_ok): the test skips "
+                "itself on a broker without it, as on RabbitMQ 3.10.8, which raftmq answers as")
+_CLIENT_RACE = ("the broker never sees this publish (the test replaces the channel's write queue); whether the "
+                "publish then raises ConnectionClosed or a bare Exception depends on which of aiormq's own close paths "
+                "rejects its drain future first: it fails against RabbitMQ 3.10.8 too (both parametrisations)")
+_RECONNECT_RACE = ("aio-pika's own reconnect race: a channel opened while the robust connection restores its channels "
+                   "gets the closed connection (RuntimeError ... closed) or logs an error; run 25 times in a row it "
+                   "failed 19 times against RabbitMQ 3.10.8 and 17 times against a raftmq node, the same two ways")
+_GC_TIMING = ("counts the client's channel objects still alive after the connection closed and gc.collect(): "
+              "client-side and intermittent; it failed against RabbitMQ 3.10.8 too (once in one run)")
+_CLOSE_RACE = ("closing the connection with an error, the test expects that error from the `closing` future; "
+               "which of aiormq's own close paths completes it first is a race: intermittent against RabbitMQ "
+               "3.10.8 too (3 of the 4 connection-True parametrisations failed there in one run)")
+_CONFIRM_WITHIN_200MS = ("a timing assert (10 publishes confirmed within 200 ms, repeated 10 times), not a behaviour: "
+                         "with other suites running alongside (load average 9-16 on 2 cores) it failed against "
+                         "RabbitMQ 3.10.8 in all 3 parametrisations and once against a raftmq node")
 _CONTAINER = ("stops and restarts the broker's Docker container (rabbitmqctl stop_app / docker kill and start): "
               "here the broker under test is shared by the whole suite and is not a container; aio-pika's "
               "recovery after a broker restart is tested in both modes by tests/integration/test_aio_pika.py::"
               "test_robust_connection_recovers_after_node_restart")
 
-# Tests that cannot apply to raftmq, by node-id regular expression (re.search), with the reason. Everything else
-# in the suites must pass.
+# Tests that cannot apply to raftmq, or that fail against RabbitMQ 3.10.8 as well (client-side races, a timing
+# assert), by node-id regular expression (re.search), with the reason. Everything else in the suites must pass.
 DESELECT: dict[str, dict[str, str]] = {
     "amqp": {
         r"^t/integration/test_rmq\.py::test_tls_default_certs": _BADSSL,
@@ -94,11 +115,32 @@ DESELECT: dict[str, dict[str, str]] = {
         r"^tests/test_connection\.py::test_ssl_verification_fails_without_trusted_ca": _TLS_ASYNC,
         r"^tests/test_connection\.py::test_ssl_context\b": _TLS_ASYNC,
         r"^tests/test_channel\.py::test_consumer_timeout_allows_the_same_consumer_tag": _RMQ43,
+        r"^tests/test_connection_futures\.py::test_connection_close_during_publish_drain\[": _CLIENT_RACE,
+        r"^tests/test_connection\.py::test_closing_waiter_cancellation\[.*-connection-True\]$": _CLOSE_RACE,
+        r"^tests/test_channel\.py::test_confirm_multiple\[": _CONFIRM_WITHIN_200MS,
     },
     "aio-pika": {
         r"^tests/test_amqps\.py::": _TLS_ASYNC,
         r"^tests/test_robust_recovery\.py::test_restore_topology_and_consumers\[(stop_app|kill)\]": _CONTAINER,
+        r"^tests/test_robust_recovery\.py::test_pool_consumer_survives_broker_restart$": _CONTAINER,
+        r"^tests/test_consumer_cancel_recovery\.py::test_consumer_timeout_restores_same_tag$": _RMQ43_ASYNC,
+        r"^tests/test_reconnect_channel_snapshot\.py::test_create_channels_during_reconnect$": _RECONNECT_RACE,
+        r"^tests/test_memory_leak\.py::test_leak_unclosed_channel\[": _GC_TIMING,
     },
+}
+
+# A subset, for CI time only (not a claim that these cannot pass): aiormq runs each connection test once per
+# amqp_url parametrisation, and `amqp-named` differs from `amqp` only by ?name=pytest in the URL (one more client
+# property, connection_name). Outside test_connection.py, where both stay, the named run is left out: it took about
+# half of aiormq's time in each mode.
+SUBSET: dict[str, dict[str, str]] = {
+    "amqp": {},
+    "kombu": {},
+    "aiormq": {
+        r"^(?!tests/test_connection\.py::).*\[(.*-)?amqp-named(-.*)?\]$":
+            "the same test as its [amqp] parametrisation with ?name=pytest in the URL: left out for CI time",
+    },
+    "aio-pika": {},
 }
 
 # Cluster mode only: tests that fail on a known cluster-mode broker bug, by node-id regular expression -> the bug.
@@ -106,13 +148,39 @@ DESELECT: dict[str, dict[str, str]] = {
 _LATE_EXCLUSIVE_DELETE = ("an exclusive queue is deleted through the metadata group some time after its connection "
                           "closed, and that late delete removes the queue of the same name the next test's connection "
                           "declared meanwhile: the server cancels its consumer (basic.cancel)")
+_AFTER_REPLY = ("a node answers (cancel-ok, channel close-ok) before its replica applied the change, so the client's "
+                "next command does not see it yet")
+_REQUEUE_AFTER_CLOSE = (f"{_AFTER_REPLY}: the unacked message of the channel just closed is not back in the queue, "
+                        "basic.get on another channel answers get-empty")
+_DELETE_IN_USE = (f"{_AFTER_REPLY}: queue.delete if-unused right after the last consumer's cancel-ok (or its "
+                  "connection's loss) still sees the consumer: 406 PRECONDITION_FAILED in use")
+_PROXY_RECOVERY = ("under load (load average 11-20 on the 2-core machine, other suites running alongside) the robust "
+                   "consumer's recovery through the test's TCP proxy does not finish within the test's own limit "
+                   "(the connection is cut again and again; 30 s for the stairway): each of these passed alone "
+                   "against the cluster; the slow step (re-attach or redelivery after the reconnect) is not yet "
+                   "pinned down")
 CLUSTER_XFAIL: dict[str, dict[str, str]] = {
     "amqp": {
         r"^t/integration/test_rmq\.py::test_rabbitmq_operations::test_publish_consume\[plain-": _LATE_EXCLUSIVE_DELETE,
     },
     "kombu": {},
-    "aiormq": {},  # no cluster-mode inventory yet (the async suites are opt-in: ASYNC_OPT_IN)
-    "aio-pika": {},
+    "aiormq": {
+        r"^tests/test_consumer_cancel\.py::test_ack_from_cancelled_consumer\[.*channel-close": _REQUEUE_AFTER_CLOSE,
+        r"^tests/test_consumer_exceptions\.py::test_consumer_exception_is_reported_once\[.*-(cancel|error)\]":
+            _REQUEUE_AFTER_CLOSE,
+        r"^tests/test_nowait\.py::test_basic_cancel_nowait\[":
+            f"{_AFTER_REPLY}: declare-ok's consumer_count still counts the consumer cancelled just before",
+    },
+    "aio-pika": {
+        # every test of the module ends with queue.delete() (if-unused) right after its consumer's cancel; 8 of its 13
+        # that run here failed so at least once
+        r"^tests/test_consumer_cancel_recovery\.py::": _DELETE_IN_USE,
+        r"^tests/test_amqp_robust_proxy\.py::test_iterator_survives_reconnection$": _DELETE_IN_USE,
+        r"^tests/test_amqp_robust_proxy\.py::test_iterator_cancellation_survives_close_timeout\[True-":
+            f"{_AFTER_REPLY}: declare-ok's consumer_count still counts the iterator's consumer after its cancel-ok",
+        r"^tests/test_amqp_robust_proxy\.py::test_(channel_reconnect_stairway\[|queue_iterator_reconnect_after_disconnect$|"
+        r"iterator_cancellation_survives_close_timeout\[False-|robust_reconnect$)": _PROXY_RECOVERY,
+    },
 }
 
 # aiormq's and aio-pika's conftests wrap every test in `memory_tracer`, a tracemalloc check that the CLIENT
@@ -169,15 +237,17 @@ def _extract_tests(sdist: Path, suite: Suite, dest: Path, mode: str, name: str) 
         members = [m for m in tar.getmembers() if m.name.startswith(f"{top}/{suite.tree}/")]
         tar.extractall(dest, members=members, filter="data")
     root = dest / top
-    (root / "pytest.ini").write_text(PYTEST_INI)
+    ini = PYTEST_INI if suite.tree != "tests" else PYTEST_INI.replace(f"timeout = {PER_TEST_TIMEOUT_S}\n",
+                                                                      f"timeout = {ASYNC_XFAIL_TIMEOUT_S}\n")
+    (root / "pytest.ini").write_text(ini)
     shutil.copy(HERE / "suite_plugin.py", root / "raftmq_suite_plugin.py")
     if (root / suite.tree / "docker_client.py").exists():
         shutil.copy(HERE / "suite_docker.py", root / suite.tree / "docker_client.py")
     conftest = root / suite.tree / "conftest.py"
     if conftest.exists():  # see LEAK_CHECK
         conftest.write_text(conftest.read_text().replace(LEAK_CHECK, LEAK_CHECK.replace("(autouse=True)", "")))
-    config = {"deselect": DESELECT[name], "xfail": CLUSTER_XFAIL[name] if mode == "cluster" else {},
-              "xfail_timeout_s": XFAIL_TIMEOUT_S}
+    config = {"deselect": DESELECT[name] | SUBSET[name], "xfail": CLUSTER_XFAIL[name] if mode == "cluster" else {},
+              "xfail_timeout_s": ASYNC_XFAIL_TIMEOUT_S if suite.tree == "tests" else XFAIL_TIMEOUT_S}
     (root / "raftmq_suite.json").write_text(json.dumps(config, indent=2))
     return root
 
@@ -264,22 +334,18 @@ def _counts(junit: Path, report: str) -> dict[str, int]:
     return counts
 
 
-# Unfinished: aiormq's and aio-pika's suites run only with RAFTMQ_CLIENTSUITES_ASYNC=1 until their failures (in both
-# modes) are listed and their time in CI is measured.
-ASYNC_OPT_IN = "RAFTMQ_CLIENTSUITES_ASYNC"
-_OPT_IN = pytest.mark.skipif(not os.environ.get(ASYNC_OPT_IN), reason=f"unfinished: set {ASYNC_OPT_IN}=1")
-
-
 @pytest.mark.timeout(max(suite.timeout_s for suite in SUITES.values()) + 120)
-@pytest.mark.parametrize("name", [pytest.param(name, marks=[_OPT_IN] if name in ("aiormq", "aio-pika") else [])
-                                  for name in sorted(SUITES)])
+@pytest.mark.parametrize("name", sorted(SUITES))
 def test_upstream_integration_suite_passes(name: str, sdists: dict[str, Path], broker: Broker,
                                            tmp_path: Path) -> None:
     suite = SUITES[name]
     root = _extract_tests(sdists[suite.dist], suite, tmp_path, broker.mode, name)
     junit = tmp_path / "junit.xml"
-    args = [sys.executable, "-m", "pytest", "-q", "-rfEsxX", "-p", "no:cacheprovider", "-p", "no:rerunfailures",
-            "-p", "raftmq_suite_plugin", f"--junitxml={junit}", *suite.paths]
+    # --tb=native: pytest's own traceback formatting parses the failing test's source (ast.parse), which failed on
+    # CPython 3.11.7 for some aiormq and aio-pika failures ("SystemError: AST constructor recursion depth mismatch")
+    # and ended the run with INTERNALERROR, losing the rest of the suite and its report.
+    args = [sys.executable, "-m", "pytest", "-q", "-rfEsxX", "--tb=native", "-p", "no:cacheprovider",
+            "-p", "no:rerunfailures", "-p", "raftmq_suite_plugin", f"--junitxml={junit}", *suite.paths]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RAFTMQ_", "PYTEST_", "TOX_", "RABBITMQ_", "DOCKER_"))}
     env.update(RABBITMQ_HOST=broker.host, RABBITMQ_5672_TCP=str(broker.port), PYTHONPATH=str(root))

@@ -4,7 +4,8 @@ The server's Close for a method goes out before its Close-Ok for a channel or co
 that method (a publish to a missing exchange followed at once by a close must report the 404); when both sides
 close a channel at once each answers the other's Close, and the number is free again once both are answered
 (RabbitMQ 3.10.8 on the wire: Channel.Close 404, then Channel.CloseOk or Connection.CloseOk; after the client's
-Close-Ok, Channel.OpenOk for the reopened number).
+Close-Ok, Channel.OpenOk for the reopened number). channel_max bounds how many channels are open, not their
+numbers (RabbitMQ 3.10.8 on the wire, as the channel_max test below).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ MISSING_EXCHANGE_TEXT = "NOT_FOUND - no exchange '{}' in vhost '/'"
 class RawConnection:
     """A hand-opened AMQP connection on a blocking socket (PLAIN guest/guest, vhost '/')."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, channel_max: int | None = None) -> None:
         self.sock = socket.create_connection((target.host, target.port), timeout=WAIT_S)
         self.buffer = bytearray()
         self.sock.sendall(header.ProtocolHeader().marshal())
@@ -42,7 +43,7 @@ class RawConnection:
             client_properties={"product": "raw-test"}, mechanism="PLAIN", response="\0guest\0guest")))
         _, tune = self.read()
         assert isinstance(tune, commands.Connection.Tune)
-        self.send((0, commands.Connection.TuneOk(tune.channel_max, tune.frame_max, 0)),
+        self.send((0, commands.Connection.TuneOk(channel_max or tune.channel_max, tune.frame_max, 0)),
                   (0, commands.Connection.Open("/")))
         assert isinstance(self.read()[1], commands.Connection.OpenOk)
 
@@ -137,6 +138,29 @@ def test_crossing_closes_are_both_answered_and_the_number_is_reused(amqp_target:
         _expect(raw, 1, commands.Queue.DeclareOk)
     finally:
         raw.close()
+
+
+def test_channel_max_limits_how_many_channels_are_open_not_their_numbers(amqp_target: Target) -> None:
+    """RabbitMQ 3.10: any channel number opens (aiormq's suite opens 65535 under channel_max 2047); the open that
+    would make more than channel_max channels closes the connection with 530, and a channel the server closed counts
+    until its Close-Ok. The default exchange refuses a passive declare too (403)."""
+    raw = RawConnection(amqp_target, channel_max=3)
+    try:
+        raw.send((65535, commands.Channel.Open()))
+        _expect(raw, 65535, commands.Channel.OpenOk)
+        raw.send((65535, commands.Exchange.Declare(exchange="", passive=True)))
+        close = _expect(raw, 65535, commands.Channel.Close)
+        assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (  # type: ignore[attr-defined]
+            403, "ACCESS_REFUSED - operation not permitted on the default exchange", 40, 10)
+        raw.send((1, commands.Channel.Open()), (2, commands.Channel.Open()))
+        _expect(raw, 1, commands.Channel.OpenOk)
+        _expect(raw, 2, commands.Channel.OpenOk)
+        raw.send((3, commands.Channel.Open()))
+        close = _expect(raw, 0, commands.Connection.Close)
+        assert (close.reply_code, close.reply_text) == (  # type: ignore[attr-defined]
+            530, "NOT_ALLOWED - number of channels opened (3) has reached the negotiated channel_max (3)")
+    finally:
+        raw.sock.close()
 
 
 # ---------------------------------------------------------------- pika

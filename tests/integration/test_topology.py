@@ -146,6 +146,12 @@ def test_passive_declare_of_missing_exchange_is_404(ch: BlockingChannel, uid: st
     assert f"missing-{uid}" in error.reply_text
 
 
+def test_passive_declare_of_the_default_exchange_is_403(ch: BlockingChannel) -> None:
+    """As RabbitMQ 3.10 (aiormq's test_channel_closed_reuse relies on it)."""
+    error = expect_channel_error(403, lambda: ch.exchange_declare("", passive=True))
+    assert error.reply_text == "ACCESS_REFUSED - operation not permitted on the default exchange"
+
+
 def test_unknown_exchange_type_is_503_connection_error(conn: pika.BlockingConnection, uid: str) -> None:
     ch = conn.channel()
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
