@@ -45,7 +45,6 @@ from node.amqp.codec import (
     encode_content_frames,
     encode_deliver_frames,
     encode_method_frame,
-    encode_nack_frame,
 )
 from node.amqp.errors import (
     ChannelProtocolError,
@@ -381,10 +380,6 @@ class ServerConnection:
         """Publisher confirm (Basic.Ack), hot path."""
         if self._channel_writable(channel):
             self._write(encode_ack_frame(channel, delivery_tag, multiple))
-
-    def send_nack(self, channel: int, delivery_tag: int, multiple: bool = False) -> None:
-        if self._channel_writable(channel):
-            self._write(encode_nack_frame(channel, delivery_tag, multiple))
 
     def close_channel(
         self, channel: int, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0
