@@ -24,7 +24,8 @@ import trio
 
 from cluster.federation.link import BindingKey, link_id
 from cluster.federation.params import COMPONENTS, POLICY_KEYS, Upstream, resolve
-from cluster.federation.runner import ExchangeLinkRunner, wall_ms
+from cluster.federation.runner import ExchangeLinkRunner
+from cluster.link.client import wall_ms
 from cluster.link.uri import AmqpUri
 
 log = logging.getLogger("raftmq.federation")

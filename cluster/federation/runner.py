@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import Any
@@ -44,17 +43,13 @@ from cluster.federation.link import (
     Unbind,
 )
 from cluster.federation.params import Upstream
-from cluster.link.client import LinkClosed, LinkConnection, open_link
-from cluster.link.uri import AmqpUri
+from cluster.link.client import LinkClosed, LinkConnection, open_link, wall_ms
+from cluster.link.uri import AmqpUri, resolve_local
 from node.amqp import methods as m
 from node.amqp.client import ChannelClosed, Closed, ContentIn, MethodIn
 
 log = logging.getLogger("raftmq.federation")
 BATCH_MAX = 1000
-
-
-def wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class _Down(Exception):
@@ -79,9 +74,7 @@ class ExchangeLinkRunner:
         self._send.send_nowait(("bindings", frozenset(wanted)))
 
     def _uri(self, uri: AmqpUri) -> AmqpUri:
-        if uri.local and self.local is not None:
-            return replace(self.local, vhost=uri.vhost)
-        return uri
+        return resolve_local(uri, self.local)
 
     async def run(self) -> None:
         effects = self.link.start(wall_ms())

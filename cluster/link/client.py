@@ -16,6 +16,7 @@ caller's business: a link simply opens a new `open_link` after its delay.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -50,6 +51,11 @@ class LinkClosed(Exception):
 
 def _now_ms() -> int:
     return int(trio.current_time() * 1000)
+
+
+def wall_ms() -> int:
+    """Wall-clock milliseconds: the time base of the shovel and federation link machines."""
+    return int(time.time() * 1000)
 
 
 class _Waiter:

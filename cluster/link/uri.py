@@ -10,7 +10,7 @@ its own listener and credentials), as in RabbitMQ's shovels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import parse_qs, unquote, urlsplit
 
 
@@ -79,3 +79,10 @@ def parse_uri(uri: str) -> AmqpUri:
         frame_max=_int_param(params, "frame_max", 131072), channel_max=_int_param(params, "channel_max", 2047),
         local=not parts.netloc,
     )
+
+
+def resolve_local(uri: AmqpUri, local: AmqpUri | None) -> AmqpUri:
+    """`uri`, or for `amqp://` (the node itself) the node's own address `local` with `uri`'s vhost."""
+    if uri.local and local is not None:
+        return replace(local, vhost=uri.vhost)
+    return uri

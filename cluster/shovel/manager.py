@@ -21,11 +21,11 @@ from typing import Any
 
 import trio
 
-from cluster.link.client import LinkClosed, open_link
+from cluster.link.client import LinkClosed, open_link, wall_ms
 from cluster.link.uri import AmqpUri
 from cluster.shovel.link import TERMINATED
 from cluster.shovel.params import ShovelDefinition, ShovelParamError, parse_definition
-from cluster.shovel.runner import ShovelRunner, exchange_source_queue, wall_ms
+from cluster.shovel.runner import ShovelRunner, exchange_source_queue
 from node.amqp import methods as m
 
 log = logging.getLogger("raftmq.shovel")

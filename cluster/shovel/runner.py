@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from dataclasses import replace
 from typing import Any
 
 import trio
 
-from cluster.link.client import LinkClosed, LinkConnection, open_link
-from cluster.link.uri import AmqpUri
+from cluster.link.client import LinkClosed, LinkConnection, open_link, wall_ms
+from cluster.link.uri import AmqpUri, resolve_local
 from cluster.shovel.link import (
     TERMINATED,
     AckSource,
@@ -54,10 +52,6 @@ from node.amqp.client import ChannelClosed, ClientEvent, Closed, ContentIn, Meth
 log = logging.getLogger("raftmq.shovel")
 CONSUMER_TAG = "raftmq-shovel"
 BATCH_MAX = 1000  # events handled before the connections are flushed
-
-
-def wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def exchange_source_queue(definition: ShovelDefinition) -> str:
@@ -82,9 +76,7 @@ class ShovelRunner:
         self.node_name = node_name
 
     def _uri(self, uri: AmqpUri) -> AmqpUri:
-        if uri.local and self.local is not None:
-            return replace(self.local, vhost=uri.vhost)
-        return uri
+        return resolve_local(uri, self.local)
 
     async def run(self) -> None:
         """Until the shovel terminates (delete-after) or the task is cancelled (deleted, moved, node stopping)."""

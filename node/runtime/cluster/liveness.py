@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -30,14 +29,11 @@ from node.clustering.reconcile import RECONCILE_POLL_S, Transfer, leader_to_reco
 from node.runtime.cluster.definition_replies import owned_by
 from node.runtime.cluster.members import replace_member
 from node.runtime.config import ClusterLayout, NodeConfig
+from node.runtime.dispatch import wall_ms
 
 log = logging.getLogger("raftmq.cluster")
 
 LIVENESS_POLL_S = 0.25
-
-
-def wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class MembershipAndLiveness:

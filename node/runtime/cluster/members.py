@@ -40,6 +40,7 @@ from cluster.metadata.store import JoinRefused, MetadataError, MetadataStore, Me
 from cluster.raft.core.types import NodeId
 from node.clustering.definitions import client_local_placement
 from node.runtime.config import ClusterLayout, ClusterMember
+from node.runtime.dispatch import wall_ms
 
 log = logging.getLogger("raftmq.cluster")
 
@@ -188,10 +189,6 @@ async def watch_membership(runtime: Any) -> None:
         except Exception:
             log.exception("cluster: membership watch failed")
         await trio.sleep(MEMBERSHIP_POLL_S)
-
-
-def wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # ---------------------------------------------------------------------------------------------------- join

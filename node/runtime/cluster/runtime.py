@@ -91,9 +91,10 @@ from node.runtime.cluster.definition_replies import (
     uncommitted_creations,
 )
 from node.runtime.cluster.incarnation_file import IncarnationFile
-from node.runtime.cluster.liveness import MembershipAndLiveness, wall_ms
+from node.runtime.cluster.liveness import MembershipAndLiveness
 from node.runtime.cluster.members import adopt_metadata_layout, watch_membership
 from node.runtime.config import ClusterLayout, NodeConfig
+from node.runtime.dispatch import wall_ms
 
 log = logging.getLogger("raftmq.cluster")
 
