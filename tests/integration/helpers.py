@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 
 import pika
 import pika.exceptions
 import pytest
+from pamqp import frame
 from pika.adapters.blocking_connection import BlockingChannel
 
 WAIT_S = 10.0  # generous: only an upper bound for things that should happen promptly
@@ -59,3 +61,20 @@ def expect_connection_error(code: int, action: Callable[[], object]) -> pika.exc
 
 def publish(ch: BlockingChannel, exchange: str, routing_key: str, body: bytes | str, **props: object) -> None:
     ch.basic_publish(exchange, routing_key, body, pika.BasicProperties(**props))  # type: ignore[arg-type]
+
+
+def read_frame(sock: socket.socket, buffer: bytearray) -> object:
+    """The next whole frame's pamqp value from a raw socket, `buffer` holding what was read beyond it."""
+    while True:
+        if buffer:
+            try:
+                consumed, _channel, value = frame.unmarshal(bytes(buffer))
+            except Exception:  # pamqp raises UnmarshalingException for incomplete frames
+                consumed = 0
+            if consumed:
+                del buffer[:consumed]
+                return value
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed")
+        buffer.extend(chunk)

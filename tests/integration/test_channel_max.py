@@ -10,23 +10,7 @@ import pika
 from pamqp import commands, frame, header
 
 from tests.integration.conftest import Target
-from tests.integration.helpers import WAIT_S
-
-
-def _read_method(sock: socket.socket, buffer: bytearray) -> object:
-    while True:
-        if buffer:
-            try:
-                consumed, _channel, value = frame.unmarshal(bytes(buffer))
-            except Exception:  # pamqp raises UnmarshalingException for incomplete frames
-                consumed = 0
-            if consumed:
-                del buffer[:consumed]
-                return value
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed")
-        buffer.extend(chunk)
+from tests.integration.helpers import WAIT_S, read_frame
 
 
 def _open(target: Target, channel_max: int) -> tuple[socket.socket, bytearray, int]:
@@ -34,20 +18,20 @@ def _open(target: Target, channel_max: int) -> tuple[socket.socket, bytearray, i
     sock = socket.create_connection((target.host, target.port), timeout=WAIT_S)
     buffer = bytearray()
     sock.sendall(header.ProtocolHeader().marshal())
-    assert isinstance(_read_method(sock, buffer), commands.Connection.Start)
+    assert isinstance(read_frame(sock, buffer), commands.Connection.Start)
     sock.sendall(frame.marshal(commands.Connection.StartOk(
         client_properties={"product": "channel-max-test"}, mechanism="PLAIN", response="\0guest\0guest"), 0))
-    tune = _read_method(sock, buffer)
+    tune = read_frame(sock, buffer)
     assert isinstance(tune, commands.Connection.Tune)
     sock.sendall(frame.marshal(commands.Connection.TuneOk(channel_max, tune.frame_max, 0), 0)
                  + frame.marshal(commands.Connection.Open("/"), 0))
-    assert isinstance(_read_method(sock, buffer), commands.Connection.OpenOk)
+    assert isinstance(read_frame(sock, buffer), commands.Connection.OpenOk)
     return sock, buffer, tune.channel_max
 
 
 def _next_close(sock: socket.socket, buffer: bytearray) -> commands.Connection.Close | commands.Channel.Close:
     while True:
-        method = _read_method(sock, buffer)
+        method = read_frame(sock, buffer)
         if isinstance(method, commands.Connection.Close | commands.Channel.Close):
             return method
 
@@ -59,7 +43,7 @@ def test_a_channel_above_the_negotiated_channel_max_closes_only_that_connection(
         assert offered >= 3
         for channel in (1, 2, 3):
             sock.sendall(frame.marshal(commands.Channel.Open(), channel))
-            assert isinstance(_read_method(sock, buffer), commands.Channel.OpenOk)
+            assert isinstance(read_frame(sock, buffer), commands.Channel.OpenOk)
         sock.sendall(frame.marshal(commands.Channel.Open(), 4))
         close = _next_close(sock, buffer)
         assert isinstance(close, commands.Connection.Close)
@@ -75,7 +59,7 @@ def test_a_second_channel_open_on_an_open_channel_is_504(amqp_target: Target) ->
     sock, buffer, _ = _open(amqp_target, channel_max=10)
     try:
         sock.sendall(frame.marshal(commands.Channel.Open(), 1))
-        assert isinstance(_read_method(sock, buffer), commands.Channel.OpenOk)
+        assert isinstance(read_frame(sock, buffer), commands.Channel.OpenOk)
         sock.sendall(frame.marshal(commands.Channel.Open(), 1))
         close = _next_close(sock, buffer)
         assert isinstance(close, commands.Connection.Close) and close.reply_code == 504, close

@@ -13,26 +13,10 @@ import pytest
 from pamqp import commands, frame, header
 
 from tests.integration.conftest import AlarmControl, Target
-from tests.integration.helpers import WAIT_S, drain, publish, queue_depth, wait_until
+from tests.integration.helpers import WAIT_S, drain, publish, queue_depth, read_frame, wait_until
 from tests.integration.nodeproc import NodeProcess, external_target
 
 SHUTDOWN_TEXT = "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"
-
-
-def _read_frame(sock: socket.socket, buffer: bytearray) -> object:
-    while True:
-        if buffer:
-            try:
-                consumed, _channel, value = frame.unmarshal(bytes(buffer))
-            except Exception:  # pamqp raises UnmarshalingException for incomplete frames
-                consumed = 0
-            if consumed:
-                del buffer[:consumed]
-                return value
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed")
-        buffer.extend(chunk)
 
 
 def _raw_open(target: Target, heartbeat_s: int) -> socket.socket:
@@ -40,14 +24,14 @@ def _raw_open(target: Target, heartbeat_s: int) -> socket.socket:
     sock = socket.create_connection((target.host, target.port), timeout=WAIT_S)
     buffer = bytearray()
     sock.sendall(header.ProtocolHeader().marshal())
-    assert isinstance(_read_frame(sock, buffer), commands.Connection.Start)
+    assert isinstance(read_frame(sock, buffer), commands.Connection.Start)
     sock.sendall(frame.marshal(commands.Connection.StartOk(
         client_properties={"product": "raw-test"}, mechanism="PLAIN", response="\0guest\0guest"), 0))
-    tune = _read_frame(sock, buffer)
+    tune = read_frame(sock, buffer)
     assert isinstance(tune, commands.Connection.Tune)
     sock.sendall(frame.marshal(commands.Connection.TuneOk(tune.channel_max, tune.frame_max, heartbeat_s), 0))
     sock.sendall(frame.marshal(commands.Connection.Open("/"), 0))
-    while not isinstance(_read_frame(sock, buffer), commands.Connection.OpenOk):
+    while not isinstance(read_frame(sock, buffer), commands.Connection.OpenOk):
         pass
     return sock
 
