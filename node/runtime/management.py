@@ -8,7 +8,9 @@ requests with 400; our checks add 405/411/413/431/505) and reads one request, he
 at once. Connections are keep-alive (as h11 decides from the request) for up to `requests_per_connection_max`
 requests; at most `connections_max` are served at once (the rest get 503 and are closed). A command that does not
 finish within `command_timeout_s` is answered 503 with "outcome unknown" (the change may still happen). Everything
-runs on the trio thread of the node, so views read the broker without locks.
+runs on the trio thread of the node, so views read the broker without locks. `GET /metrics[/per-object]`
+(metrics.py) needs no login, as RabbitMQ's Prometheus endpoint; the Prometheus listener (`metrics_only`) serves
+only those paths.
 
 Usage by the runtime: `await nursery.start(serve_management, view, host, port)` returns the bound port. The view is
 `management_view.BrokerView(broker, node.dispatch, node_name=...)` on a single node, a subclass in cluster mode.
@@ -23,6 +25,7 @@ from typing import Any
 import h11
 import trio
 
+from node.runtime import metrics
 from node.runtime.management_api import (
     CLUSTER_COMMANDS,
     NOT_IN_CLUSTER,
@@ -38,6 +41,7 @@ from node.runtime.management_http import (
     BODY_BYTES_MAX,
     HttpError,
     RequestHead,
+    Text,
     check_head,
     new_connection,
     request_head,
@@ -64,9 +68,10 @@ class ManagementLimits:
 
 
 class _Server:
-    def __init__(self, view: ManagementView, limits: ManagementLimits) -> None:
+    def __init__(self, view: ManagementView, limits: ManagementLimits, metrics_only: bool = False) -> None:
         self.view = view
         self.limits = limits
+        self.metrics_only = metrics_only  # the Prometheus listener: /metrics paths only
         self.active = 0
 
     async def handle(self, stream: trio.SocketStream) -> None:
@@ -109,6 +114,13 @@ class _Server:
             client.conn.start_next_cycle()
 
     async def _reply(self, head: RequestHead, body: bytes, loopback: bool) -> Reply:
+        if head.segments[:1] == ("metrics",) and head.method in ("GET", "HEAD") and \
+                head.segments[1:] in ((), ("per-object",)):  # no login, as RabbitMQ's Prometheus endpoint
+            view: Any = self.view
+            return Reply(200, Text(metrics.render(view, view.counters, view.probe, len(head.segments) == 2),
+                                   metrics.CONTENT_TYPE))
+        if self.metrics_only:
+            return error_reply(404, "Object Not Found", "Not Found")
         try:
             with trio.fail_after(self.limits.command_timeout_s):
                 return await handle_request(self.view, head, body, loopback, ROUTES)
@@ -184,13 +196,14 @@ def _peer_is_loopback(stream: trio.SocketStream) -> bool:
 
 
 async def serve_management(view: ManagementView, host: str, port: int, *,
-                           limits: ManagementLimits | None = None,
+                           limits: ManagementLimits | None = None, metrics_only: bool = False,
                            task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve the management API on host:port until cancelled; `task_status.started(bound_port)`.
+    """Serve the management API on host:port until cancelled; `task_status.started(bound_port)`. With
+    `metrics_only`, only the Prometheus paths (/metrics, /metrics/per-object) are served: the Prometheus listener.
 
     host "" listens on every interface (IPv4 and IPv6, as the AMQP listener does); port 0 picks a free port, in
     which case an empty host binds IPv4 only, so there is one port to report."""
-    server = _Server(view, limits or ManagementLimits())
+    server = _Server(view, limits or ManagementLimits(), metrics_only)
     bind_host: str | None = host or None
     if port == 0 and bind_host is None:
         bind_host = "0.0.0.0"

@@ -100,6 +100,7 @@ class ManagementView(Protocol):
     def channels(self) -> list[dict[str, Any]]: ...
     def alarms(self) -> list[str]: ...
     def has(self, kind: str, vhost: str, name: str) -> bool: ...
+    def peers(self) -> list[tuple[str, int]]: ...
     async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]: ...
 
 
@@ -207,6 +208,11 @@ class Caller:
     tags: tuple[str, ...]
     target: AmqpTarget
     vhosts: frozenset[str] | None = None
+
+    @property
+    def authorization(self) -> str:
+        """The caller's credentials as a Basic Authorization header (to ask peers for their rows as them)."""
+        return "Basic " + base64.b64encode(f"{self.user}:{self.password}".encode()).decode("ascii")
 
     @property
     def sees_everything(self) -> bool:

@@ -11,20 +11,23 @@ GET /api/exchanges/{vhost}/{name}/bindings/source|destination,
 GET/POST /api/bindings/{vhost}/e/{source}/q|e/{destination}, GET/DELETE .../{properties_key},
 GET /api/channels, /api/channels/{name}, /api/vhosts/{vhost}/channels, /api/connections/{name}/channels,
 GET /api/aliveness-test/{vhost}, /api/healthchecks/node, /api/health/checks/alarms|local-alarms,
-GET /api/user-limits[/{user}] (user limits are not enforced: PUT answers 501).
+GET /api/user-limits[/{user}] (user limits are not enforced: PUT answers 501). In cluster mode GET /api/connections,
+/api/channels and /api/consumers[/{vhost}] add every peer's rows (management_peers.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote_plus
+from urllib.parse import quote, quote_plus
 
 from node.amqp import methods as m
 from node.runtime import management_amqp as amqp
 from node.runtime.management_api import Caller, CommandError, ManagementView, Reply, jsonable
 from node.runtime.management_http import RequestHead, parse_json_body, properties_key
+from node.runtime.management_peers import LOCAL_QUERY, peer_rows
 
 DEFAULT_EXCHANGE = "amq.default"
+CLUSTER_WIDE = frozenset({"connections", "channels", "consumers"})
 ALIVENESS_QUEUE = "aliveness-test"
 
 
@@ -56,6 +59,8 @@ async def handle_object_request(view: ManagementView, head: RequestHead, raw: by
         return await _exchange(view, method, head, rest, raw, caller)
     if what == "bindings" and len(rest) >= 5 and rest[1] == "e" and rest[3] in ("q", "e"):
         return await _binding(view, method, rest, raw, caller)
+    if method == "GET" and what in CLUSTER_WIDE and (len(rest) == 0 or (what == "consumers" and len(rest) == 1)):
+        return await _cluster_wide(view, head, caller)
     if method != "GET":
         if what == "user-limits" and len(rest) == 2 and method in ("PUT", "DELETE"):
             raise CommandError(501, "user limits are not enforced by raftmq yet", error="not_implemented")
@@ -86,14 +91,32 @@ async def handle_object_request(view: ManagementView, head: RequestHead, raw: by
     return None
 
 
+async def _cluster_wide(view: ManagementView, head: RequestHead, caller: Caller) -> Reply:
+    """Connections, channels or consumers of every node: this node's, and (unless asked for its own only, as
+    peers ask) each peer's over its management API (management_peers.py)."""
+    what, rest = head.segments[1], head.segments[2:]
+    rows = {"connections": view.connections, "channels": view.channels, "consumers": view.consumers}[what]()
+    peers = view.peers()
+    if peers and LOCAL_QUERY not in head.query:
+        rows = rows + await peer_rows(peers, "/" + "/".join(quote(s, safe="") for s in head.segments),
+                                      caller.authorization)
+    if rest:
+        rows = [r for r in rows if isinstance(r.get("queue"), dict) and r["queue"].get("vhost") == rest[0]]
+    if what == "consumers":
+        return Reply(200, jsonable(caller.visible(rows)))
+    return Reply(200, jsonable(caller.visible_connections(rows)))
+
+
 def _one(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if not rows:
         raise CommandError(404, "Not Found")
     return rows[0]
 
 
-def _need_vhost(view: ManagementView, vhost: str) -> None:
+def _need_vhost(view: ManagementView, vhost: str, creating: bool = False) -> None:
     if not view.has("vhost", vhost, ""):
+        if creating:  # RabbitMQ's answer to a PUT into a missing vhost
+            raise CommandError(404, "vhost_not_found", error="not_found")
         raise CommandError(404, "Not Found")
 
 
@@ -107,7 +130,7 @@ async def _queue(view: ManagementView, method: str, head: RequestHead, rest: tup
         return Reply(200, jsonable([b for b in view.bindings() if b["vhost"] == vhost
                                     and b["destination_type"] == "queue" and b["destination"] == name]))
     if method == "PUT" and not tail:
-        _need_vhost(view, vhost)
+        _need_vhost(view, vhost, creating=True)
         body = _body(raw)
         existed = view.has("queue", vhost, name)
         async with caller.amqp(vhost) as session:
@@ -146,7 +169,7 @@ async def _exchange(view: ManagementView, method: str, head: RequestHead, rest: 
         return Reply(200, jsonable([b for b in view.bindings() if b["vhost"] == vhost and b[field] == name and
                                     (field == "source" or b["destination_type"] == "exchange")]))
     if method == "PUT" and not tail:
-        _need_vhost(view, vhost)
+        _need_vhost(view, vhost, creating=True)
         body = _body(raw)
         existed = view.has("exchange", vhost, name)
         async with caller.amqp(vhost) as session:
@@ -208,7 +231,8 @@ async def _aliveness(view: ManagementView, vhost: str, caller: Caller) -> Reply:
         await amqp.declare_queue(session, ALIVENESS_QUEUE, {"durable": False})
         await amqp.publish(session, "", {"routing_key": ALIVENESS_QUEUE, "properties": {},
                                          "payload": "test_message", "payload_encoding": "string"})
-        got = await amqp.get(session, ALIVENESS_QUEUE, {"count": 1, "ackmode": "ack_requeue_false"})
+        got = await amqp.get(session, ALIVENESS_QUEUE, {"count": 1, "ackmode": "ack_requeue_false",
+                                                          "encoding": "auto"})
     if not got or got[0]["payload"] != "test_message":
         return Reply(503, {"status": "failed", "reason": "the test message did not come back"})
     return Reply(200, {"status": "ok"})

@@ -65,6 +65,8 @@ class BrokerView:
         self.started_ms = int(time.time() * 1000)
         self.shovels: Any = None  # the node's ShovelManager (cluster/shovel/manager.py), set by main.py
         self.federation: Any = None  # the node's FederationManager (cluster/federation/manager.py), set by main.py
+        self.counters: Any = None  # the node (messages_received/_delivered) and its resource probe, set by main.py
+        self.probe: Any = None
 
     # --- authentication -------------------------------------------------------------------------------------
 
@@ -209,6 +211,14 @@ class BrokerView:
     def alarms(self) -> list[str]:
         """The resource alarms in effect on this node ("memory", "disk")."""
         return sorted(str(a) for a in self.broker.alarms)
+
+    def raft_groups(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(vhost, queue, Raft status) of every queue group this node hosts: none on a single node."""
+        return []
+
+    def peers(self) -> list[tuple[str, int]]:
+        """(host, management port) of every other cluster node: none on a single node."""
+        return []
 
     def has(self, kind: str, vhost: str, name: str) -> bool:
         """Whether vhost / queue / exchange `name` exists (the default exchange "" always does)."""
