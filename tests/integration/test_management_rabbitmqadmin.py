@@ -56,8 +56,9 @@ def test_rabbitmqadmin_declares_publishes_gets_and_deletes(amqp_target: Target, 
     assert admin_ok(first, "declare", "exchange", f"name={exchange}", "type=topic") == "exchange declared\n"
     admin_ok(first, "declare", "queue", f"name={queue}", "durable=true")
     admin_ok(first, "declare", "binding", f"source={exchange}", f"destination={queue}", "routing_key=a.*")
-    mine = eventually("the binding on the last node", lambda: [
-        b for b in json.loads(admin_ok(last, "list", "bindings")) if b["source"] == exchange])
+    eventually("the binding on the last node", lambda: [
+        b for b in api(last, "GET", "/api/bindings").json() if b["source"] == exchange])  # (polled cheaply)
+    mine = [b for b in json.loads(admin_ok(last, "list", "bindings")) if b["source"] == exchange]
     assert mine == [{"source": exchange, "vhost": "/", "destination": queue, "destination_type": "queue",
                      "routing_key": "a.*", "arguments": {}, "properties_key": "a.%2A"}]
 
@@ -79,7 +80,7 @@ def test_rabbitmqadmin_declares_publishes_gets_and_deletes(amqp_target: Target, 
     admin_ok(first, "delete", "binding", f"source={exchange}", f"destination={queue}", "destination_type=queue",
              "properties_key=a.%2A")
     eventually("the binding gone", lambda: not [
-        b for b in json.loads(admin_ok(last, "list", "bindings")) if b["source"] == exchange])
+        b for b in api(last, "GET", "/api/bindings").json() if b["source"] == exchange])
     admin_ok(first, "delete", "queue", f"name={queue}")
     admin_ok(first, "delete", "exchange", f"name={exchange}")
     done = admin(first, "delete", "queue", f"name={queue}")
@@ -117,14 +118,15 @@ def test_channels_consumers_health_and_limits(amqp_target: Target, uid: str) -> 
         ch.queue_declare(queue, durable=True)
         ch.basic_qos(prefetch_count=7)
         ch.basic_consume(queue, lambda *a: None, consumer_tag=f"ctag-{uid}")
+        eventually("the consumer", lambda: [c for c in api(ports[0], "GET", "/api/consumers").json()
+                                            if c["consumer_tag"] == f"ctag-{uid}"])
         for port in ports:  # every node answers for the whole cluster
-            channels = eventually("the channel", lambda port=port: [
-                c for c in json.loads(admin_ok(port, "list", "channels")) if c["consumer_count"] == 1
-                and c["user"] == "guest" and c["prefetch_count"] == 7])
-            assert channels
-            consumers = eventually("the consumer", lambda port=port: [
-                c for c in json.loads(admin_ok(port, "list", "consumers")) if c["consumer_tag"] == f"ctag-{uid}"])
-            assert consumers[0]["queue"] == {"name": queue, "vhost": "/"}
+            channels = [c for c in json.loads(admin_ok(port, "list", "channels")) if c["consumer_count"] == 1
+                        and c["user"] == "guest" and c["prefetch_count"] == 7]
+            assert channels, port
+            consumers = [c for c in json.loads(admin_ok(port, "list", "consumers"))
+                         if c["consumer_tag"] == f"ctag-{uid}"]
+            assert consumers and consumers[0]["queue"] == {"name": queue, "vhost": "/"}, port
         ch.queue_delete(queue)
     port = ports[-1]
     for path in ("/api/aliveness-test/%2F", "/api/healthchecks/node", "/api/health/checks/alarms"):
@@ -167,6 +169,8 @@ def test_export_and_import_definitions(amqp_target: Target, uid: str, tmp_path: 
 
 
 def _export_has(port: int, out: Path, vhost: str) -> dict[str, Any] | None:
+    if not [b for b in api(port, "GET", "/api/bindings").json() if b["vhost"] == vhost and b["source"] == "x1"]:
+        return None  # (not there yet: polled cheaply, exported once it is)
     admin_ok(port, "export", str(out))
     exported: dict[str, Any] = json.loads(out.read_text())
     names = {(b["vhost"], b["source"]) for b in exported["bindings"]}
