@@ -42,6 +42,12 @@ class _Out:
             else:
                 self.lines.append(f"{name} {value}")
 
+    def rendered(self, name: str, help_text: str, samples: Iterable[tuple[str, int]]) -> None:
+        """A gauge whose label sets come rendered (`{vhost="..",queue=".."}`), shared by several metrics."""
+        self.lines.append(f"# TYPE {name} gauge")
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.extend(f"{name}{labels} {value}" for labels, value in samples)
+
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
 
@@ -63,7 +69,7 @@ RAFT_METRICS = (
 def render(view: Any, counters: Any, probe: Any, per_object: bool) -> str:
     broker = view.broker
     out = _Out()
-    queue_rows: list[tuple[dict[str, str], tuple[int, int, int, int]]] = []
+    queue_rows: list[tuple[str, tuple[int, int, int, int]]] = []
     totals = [0, 0, 0, 0]
     for vhost_name, vhost in broker.vhosts.items():
         for name, queue in vhost.queues.items():
@@ -73,14 +79,16 @@ def render(view: Any, counters: Any, probe: Any, per_object: bool) -> str:
             for i, v in enumerate(values):
                 totals[i] += v
             if per_object:
-                queue_rows.append(({"vhost": vhost_name, "queue": name}, values))
+                queue_rows.append((f'{{vhost="{_escape(vhost_name)}",queue="{_escape(name)}"}}', values))
     node_label = {"rabbitmq_node": view.node_name, "rabbitmq_cluster": view.cluster_name}
     out.metric("rabbitmq_identity_info", "untyped", "RabbitMQ node & cluster identity info", [(node_label, 1)])
     out.metric("rabbitmq_queues", "gauge", "Queues available", [({}, sum(len(v.queues) for v in
                                                                         broker.vhosts.values()))])
     for i, (name, help_text) in enumerate(QUEUE_METRICS):
-        samples = [(labels, values[i]) for labels, values in queue_rows] if per_object else [({}, totals[i])]
-        out.metric(name, "gauge", help_text, samples)
+        if per_object:  # the label text of each queue is rendered once for all four metrics
+            out.rendered(name, help_text, [(labels, values[i]) for labels, values in queue_rows])
+        else:
+            out.metric(name, "gauge", help_text, [({}, totals[i])])
     conns = broker.conns.values()
     out.metric("rabbitmq_connections", "gauge", "Connections currently open", [({}, len(broker.conns))])
     out.metric("rabbitmq_channels", "gauge", "Channels currently open",
