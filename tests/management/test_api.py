@@ -201,3 +201,41 @@ async def test_connections_over_the_limit_get_503() -> None:
                 answer += await holder.receive_some(4096)
             status, _, body = split_response(await raw_exchange(s.port, b""))
             assert status == 503 and body["reason"] == "too many connections"
+
+
+async def test_metrics_parse_with_prometheus_client_and_need_no_login() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with served_broker() as s:
+        client = Client(s.broker)
+        client.open()
+        client.declare('we"ird\\q', durable=True)
+        for n in range(2):
+            client.publish("", 'we"ird\\q', f"m{n}".encode())
+        raw = await raw_exchange(s.port, b"GET /metrics/per-object HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK") and b"text/plain; version=0.0.4" in head
+        samples = {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+                   for family in text_string_to_metric_families(body.decode()) for smp in family.samples}
+        assert samples[("rabbitmq_queue_messages_ready", (("queue", 'we"ird\\q'), ("vhost", "/")))] == 2
+        assert samples[("rabbitmq_connections", ())] == 1 and samples[("rabbitmq_queues", ())] == 1
+        raw = await raw_exchange(s.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        aggregated = list(text_string_to_metric_families(raw.partition(b"\r\n\r\n")[2].decode()))
+        ready = next(f for f in aggregated if f.name == "rabbitmq_queue_messages_ready")
+        assert [(smp.labels, smp.value) for smp in ready.samples] == [({}, 2)]
+
+
+async def test_a_management_user_sees_only_its_vhosts() -> None:
+    async with served_broker() as s:
+        from node.broker.auth import Permission
+
+        s.broker.add_vhost("mine")
+        s.broker.add_vhost("theirs")
+        s.broker.add_user("m", "pw", ("management",))
+        s.broker.set_permissions("m", "mine", Permission(".*", ".*", ".*"))
+        status, _, vhosts = await request(s.port, "GET", "/api/vhosts", user="m", password="pw")
+        assert status == 200 and [v["name"] for v in vhosts] == ["mine"]
+        status, _, _ = await request(s.port, "GET", "/api/vhosts/theirs", user="m", password="pw")
+        assert status == 404
+        status, _, me = await request(s.port, "GET", "/api/whoami", user="m", password="pw")
+        assert me == {"name": "m", "tags": ["management"]}

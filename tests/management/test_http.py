@@ -9,7 +9,13 @@ import h11
 import pytest
 
 from node.runtime import management_http as http
-from node.runtime.management_api import CommandError, check_command_args, jsonable, parse_basic_auth
+from node.runtime.management_api import (
+    CommandError,
+    check_command_args,
+    jsonable,
+    parse_basic_auth,
+    required_tag,
+)
 
 
 def test_head_is_bounded() -> None:
@@ -94,3 +100,25 @@ def test_command_arguments_are_checked_before_a_view_sees_them() -> None:
     with pytest.raises(CommandError) as err:
         check_command_args("nope", {})
     assert err.value.status == 404
+
+
+def test_binding_properties_keys_are_rabbitmqs() -> None:
+    # RabbitMQ 3.10 answers these for bindings without arguments (checked against it, test_rabbitmq_compare.py).
+    assert http.properties_key("", {}) == "~"
+    assert http.properties_key("a.*", {}) == "a.%2A"
+    assert http.properties_key("a b~c", {}) == "a+b%7Ec"
+    with_args = http.properties_key("k", {"x-match": "all"})
+    assert with_args.startswith("k~") and with_args != http.properties_key("k", {"x-match": "any"})
+
+
+@pytest.mark.parametrize(("method", "path", "tag"), [
+    ("GET", "/api/overview", "management"), ("GET", "/api/queues/%2F", "management"),
+    ("PUT", "/api/queues/%2F/q", "management"), ("GET", "/api/vhosts", "management"),
+    ("PUT", "/api/vhosts/v", "administrator"), ("GET", "/api/users", "administrator"),
+    ("GET", "/api/definitions", "administrator"), ("POST", "/api/raftmq/grow", "administrator"),
+    ("GET", "/api/nodes", "monitoring"), ("GET", "/api/vhost-limits", "monitoring"),
+    ("PUT", "/api/vhost-limits/%2F/max-queues", "administrator"), ("GET", "/api/policies", "policymaker"),
+    ("PUT", "/api/parameters/shovel/%2F/s", "policymaker"),
+])
+def test_each_path_needs_rabbitmqs_tag(method: str, path: str, tag: str) -> None:
+    assert required_tag(method, http.split_path(path)) == tag
