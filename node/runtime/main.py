@@ -118,20 +118,20 @@ async def _start_management(nursery: Any, view: Any, config: NodeConfig, port: i
     from node.runtime.management import serve_management
 
     view.counters, view.probe = node, node.probe
-    if config.prometheus_port:
-        try:
-            await nursery.start(partial(serve_management, view, config.listen_address, config.prometheus_port,
-                                        metrics_only=True))
-        except OSError as exc:
-            log.error("Prometheus metrics not served: cannot listen on port %d: %s", config.prometheus_port, exc)
     view.management_port = port or None
     try:
         bound = await nursery.start(serve_management, view, config.listen_address, port)
     except OSError as exc:
         log.error("management API not started: cannot listen on port %d: %s", port, exc)
-        return
-    view.management_port = bound
-    print(f"raftmq node {config.node_name} management API on port {bound}", file=sys.stderr, flush=True)
+    else:
+        view.management_port = bound
+        print(f"raftmq node {config.node_name} management API on port {bound}", file=sys.stderr, flush=True)
+    if config.prometheus_port:  # after the management API, which clients wait for
+        try:
+            await nursery.start(partial(serve_management, view, config.listen_address, config.prometheus_port,
+                                        metrics_only=True))
+        except OSError as exc:
+            log.error("Prometheus metrics not served: cannot listen on port %d: %s", config.prometheus_port, exc)
 
 
 async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port: int, owner: Any) -> None:
