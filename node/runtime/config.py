@@ -89,6 +89,7 @@ class NodeConfig:
     raft_port: int = 0
     metadata_port: int = 0
     management_port: int = 0
+    prometheus_port: int = 15692
     node_down_after_ms: int = 5_000
     proposal_timeout_ms: int = 10_000
     member_replace_after_ms: int = 0
@@ -198,6 +199,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("raft_port", "int", "Queue Raft port, the same on every node. 0 = each node's AMQP port + 20000."),
     Setting("metadata_port", "int", "Metadata Raft port, the same on every node. 0 = each node's AMQP port + 21000."),
     Setting("management_port", "int", "Management HTTP port. 0 = AMQP port + 10000."),
+    Setting("prometheus_port", "int", "Prometheus metrics port (GET /metrics, RabbitMQ's 15692). 0 = off."),
     Setting("node_down_after_ms", "int", "Cluster mode: a peer unreachable this long is reported down."),
     Setting("proposal_timeout_ms", "int", "Cluster mode: a queue command not applied within this is given up (publish nacked)."),
     Setting("member_replace_after_ms", "int",
@@ -356,6 +358,7 @@ def validate(config: NodeConfig) -> NodeConfig:
         (0 <= config.raft_port <= 65535, "raft_port must be 0..65535"),
         (0 <= config.metadata_port <= 65535, "metadata_port must be 0..65535"),
         (0 <= config.management_port <= 65535, "management_port must be 0..65535"),
+        (0 <= config.prometheus_port <= 65535, "prometheus_port must be 0..65535"),
         (config.node_down_after_ms > 0, "node_down_after_ms must be > 0"),
         (config.proposal_timeout_ms > 0, "proposal_timeout_ms must be > 0"),
         (config.member_replace_after_ms >= 0, "member_replace_after_ms must be >= 0"),

@@ -5,7 +5,8 @@
 named in `Node.effect_sinks` by their sink, the rest on the protocol core of the connection named by their
 `conn_id` (deliveries inlined, the others through `CONNECTION_EFFECTS` by exact type), repeating until no
 connection has events left. `Connection` is the runtime state of one client connection that this and the reader
-and writer tasks of node/runtime/server.py share; everything here runs on the trio thread.
+and writer tasks of node/runtime/server.py share; everything here runs on the trio thread. It also counts the
+publishes that arrive and the deliveries that leave (`messages_received`/`messages_delivered`, node/runtime/metrics.py).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any
 import trio
 
 from node.amqp.connection import ServerConnection, reply_text
-from node.amqp.events import ConnectionClosed, ConnectionOpened
-from node.amqp.methods import BasicAck, BasicDeliver
+from node.amqp.events import ConnectionClosed, ConnectionOpened, ContentReceived
+from node.amqp.methods import BasicAck, BasicDeliver, BasicGetOk
 from node.amqp.spec import ReplyCode
 from node.broker.effects import Block, CloseChannel, CloseConnection, Persist, Send, SendContent, Unblock
 from node.runtime.config import NodeConfig
@@ -74,6 +75,8 @@ class Dispatcher:
     connections: dict[int, Connection]
     effect_sinks: dict[type, Callable[[Any], None]]
     _dirty: deque[Connection]
+    messages_received = 0  # publishes that arrived (Prometheus rabbitmq_global_messages_received_total)
+    messages_delivered = 0  # Basic.Deliver and Basic.GetOk sent (rabbitmq_global_messages_delivered_total)
 
     def dispatch(self, effects: Iterable[Any] = ()) -> None:
         """Carry out effects, then hand every pending event of every touched connection to the broker.
@@ -110,7 +113,9 @@ class Dispatcher:
                 closed = False
                 for event in events:
                     cls = type(event)
-                    if cls is ConnectionOpened:
+                    if cls is ContentReceived:
+                        self.messages_received += 1
+                    elif cls is ConnectionOpened:
                         conn.opened = True
                     elif cls is ConnectionClosed:
                         closed = conn.broker_told_closed = True
@@ -149,8 +154,11 @@ class Dispatcher:
                     conn.core.send_deliver(effect.channel, method.consumer_tag, method.delivery_tag,
                                            method.redelivered, method.exchange, method.routing_key,
                                            effect.properties, effect.body)
+                    self.messages_delivered += 1
                 else:
                     conn.core.send_content(effect.channel, method, effect.properties, effect.body)
+                    if type(method) is BasicGetOk:
+                        self.messages_delivered += 1
                 if not conn.dirty:
                     conn.dirty = True
                     dirty.append(conn)

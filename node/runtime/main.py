@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import sys
+from functools import partial
 from typing import Any
 
 from node.runtime.config import ConfigError, NodeConfig, describe, load
@@ -81,7 +82,7 @@ async def _serve(config: NodeConfig) -> None:
 
             view = BrokerView(broker, node.dispatch, node_name=config.node_name, amqp_port=ports[0],
                               wait_durable=store.wait_durable)
-            await _start_management(nursery, view, config, management_port(config, config.port))
+            await _start_management(nursery, view, config, management_port(config, config.port), node)
             await _start_shovels(nursery, view, config, ports[0], owner=None)
         nursery.cancel_scope.cancel()
 
@@ -110,19 +111,27 @@ def management_port(config: NodeConfig, amqp_port: int) -> int:
     return derived if amqp_port and derived <= 65535 else 0
 
 
-async def _start_management(nursery: Any, view: Any, config: NodeConfig, port: int) -> None:
-    """The management HTTP API (node/runtime/management.py). A port that cannot be bound is logged and the node
-    serves AMQP without it, rather than refusing to start."""
+async def _start_management(nursery: Any, view: Any, config: NodeConfig, port: int, node: Any) -> None:
+    """The management HTTP API (node/runtime/management.py) and the Prometheus listener (`prometheus_port`,
+    metrics.py). A port that cannot be bound is logged and the node serves AMQP without it, rather than refusing
+    to start."""
     from node.runtime.management import serve_management
 
+    view.counters, view.probe = node, node.probe
     view.management_port = port or None
     try:
         bound = await nursery.start(serve_management, view, config.listen_address, port)
     except OSError as exc:
         log.error("management API not started: cannot listen on port %d: %s", port, exc)
-        return
-    view.management_port = bound
-    print(f"raftmq node {config.node_name} management API on port {bound}", file=sys.stderr, flush=True)
+    else:
+        view.management_port = bound
+        print(f"raftmq node {config.node_name} management API on port {bound}", file=sys.stderr, flush=True)
+    if config.prometheus_port:  # after the management API, which clients wait for
+        try:
+            await nursery.start(partial(serve_management, view, config.listen_address, config.prometheus_port,
+                                        metrics_only=True))
+        except OSError as exc:
+            log.error("Prometheus metrics not served: cannot listen on port %d: %s", config.prometheus_port, exc)
 
 
 async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port: int, owner: Any) -> None:
@@ -180,7 +189,7 @@ async def _serve_cluster(config: NodeConfig) -> None:
 
             view = ClusterView(cluster, node_name=config.node_name, amqp_port=ports[0],
                                cluster_name=",".join(layout.names))
-            await _start_management(nursery, view, config, layout.me.management_port)
+            await _start_management(nursery, view, config, layout.me.management_port, node)
             await _start_shovels(nursery, view, config, ports[0], owner=view.shovel_owner)
         nursery.cancel_scope.cancel()
 

@@ -27,10 +27,13 @@ import binascii
 import datetime
 import decimal
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from node.runtime.management_amqp import AmqpTarget, Session, amqp_session
+from node.runtime.management_http import CommandError as CommandError
 from node.runtime.management_http import HttpError, RequestHead, parse_json_body
 
 log = logging.getLogger("raftmq.management")
@@ -71,16 +74,10 @@ JSON_TYPE_NAMES: dict[Any, str] = {str: "a string", int: "an integer", list: "an
                                    (dict, list): "an object or an array"}
 
 
-class CommandError(Exception):
-    """A view refuses a command or a lookup: answered with `status` and `reason`."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
 class ManagementView(Protocol):
+    node_name: str
+    amqp_port: int
+
     """What the management API reads and changes. Reads are sync snapshots (lists of JSON-able dicts with
     RabbitMQ's field names); changes go through `run_command`, which may wait (for storage or a Raft commit)."""
 
@@ -99,9 +96,11 @@ class ManagementView(Protocol):
     def parameters(self) -> list[dict[str, Any]]: ...
     def shovel_status(self) -> list[dict[str, Any]]: ...
     def federation_links(self) -> list[dict[str, Any]]: ...
-
-
     def vhost_limits(self) -> list[dict[str, Any]]: ...
+    def channels(self) -> list[dict[str, Any]]: ...
+    def alarms(self) -> list[str]: ...
+    def has(self, kind: str, vhost: str, name: str) -> bool: ...
+    def peers(self) -> list[tuple[str, int]]: ...
     async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]: ...
 
 
@@ -169,24 +168,118 @@ def check_command_args(name: str, args: Any) -> dict[str, Any]:
     return out
 
 
-async def handle_request(view: ManagementView, head: RequestHead, body: bytes, peer_is_loopback: bool) -> Reply:
-    """Authenticate, route and run one request; never raises for a bad request."""
+Route = Callable[[ManagementView, RequestHead, bytes, "Caller"], Awaitable[Reply | None]]
+
+# RabbitMQ's tags: administrator may do everything; monitoring and policymaker include management.
+TAG_RANKS: dict[str, frozenset[str]] = {
+    "management": frozenset({"management", "monitoring", "policymaker", ADMIN_TAG}),
+    "monitoring": frozenset({"monitoring", ADMIN_TAG}),
+    "policymaker": frozenset({"policymaker", ADMIN_TAG}),
+    ADMIN_TAG: frozenset({ADMIN_TAG}),
+}
+TAG_REFUSALS = {"management": "Not management user", "monitoring": "Not monitor user",
+                "policymaker": "User not authorised to access object", ADMIN_TAG: "Not administrator user"}
+ADMIN_PATHS = frozenset({"users", "permissions", "definitions", "user-limits", "raftmq", "topic-permissions"})
+MONITOR_PATHS = frozenset({"nodes", "federation-links", "shovels"})
+POLICY_PATHS = frozenset({"policies", "parameters"})
+
+
+def required_tag(method: str, segments: tuple[str, ...]) -> str:
+    """The tag RabbitMQ's management plugin requires for a request (the paths it checks the same way)."""
+    what = segments[1] if len(segments) > 1 else ""
+    read = method in ("GET", "HEAD")
+    if what in ADMIN_PATHS or (what == "vhosts" and not read and len(segments) == 3) or \
+            (what == "vhost-limits" and not read):
+        return ADMIN_TAG
+    if what in MONITOR_PATHS or what == "vhost-limits":
+        return "monitoring"
+    if what in POLICY_PATHS:
+        return "policymaker"
+    return "management"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is asking: their credentials (AMQP operations run as them), tags, and the vhosts they may see (None: all,
+    for administrator and monitoring users, as in RabbitMQ)."""
+
+    user: str
+    password: str
+    tags: tuple[str, ...]
+    target: AmqpTarget
+    vhosts: frozenset[str] | None = None
+
+    @property
+    def authorization(self) -> str:
+        """The caller's credentials as a Basic Authorization header (to ask peers for their rows as them)."""
+        return "Basic " + base64.b64encode(f"{self.user}:{self.password}".encode()).decode("ascii")
+
+    @property
+    def sees_everything(self) -> bool:
+        return self.vhosts is None
+
+    def amqp(self, vhost: str) -> AbstractAsyncContextManager[Session]:
+        return amqp_session(self.target, self.user, self.password, vhost)
+
+    def visible(self, rows: Iterable[dict[str, Any]], key: str = "vhost") -> list[dict[str, Any]]:
+        vhosts = self.vhosts
+        return list(rows) if vhosts is None else [r for r in rows if _row_vhost(r, key) in vhosts]
+
+    def visible_connections(self, rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Monitoring and administrator users see every connection and channel; others their own."""
+        return list(rows) if self.vhosts is None else [r for r in rows if r.get("user") == self.user]
+
+
+def _caller(view: ManagementView, user: str, password: str, tags: tuple[str, ...]) -> Caller:
+    target = AmqpTarget(port=view.amqp_port)
+    if ADMIN_TAG in tags or "monitoring" in tags:
+        return Caller(user, password, tags, target)
+    return Caller(user, password, tags, target, frozenset(p["vhost"] for p in view.permissions() if p["user"] == user))
+
+
+async def handle_request(view: ManagementView, head: RequestHead, body: bytes, peer_is_loopback: bool,
+                         routes: tuple[Route, ...] = ()) -> Reply:
+    """Authenticate, check the tag, route and run one request; never raises for a bad request."""
     credentials = parse_basic_auth(head.headers.get("authorization", ""))
     if credentials is None:
         return error_reply(401, "not_authorised", "Login failed", (("WWW-Authenticate", REALM),))
     tags = view.authenticate(credentials[0], credentials[1], peer_is_loopback)
     if tags is None:
         return error_reply(401, "not_authorised", "Login failed", (("WWW-Authenticate", REALM),))
-    if ADMIN_TAG not in tags:
-        return error_reply(401, "not_authorised", "Not administrator user")
+    needed = required_tag(head.method, head.segments)
+    if not TAG_RANKS[needed] & set(tags):
+        return error_reply(401, "not_authorised", TAG_REFUSALS[needed])
+    caller = _caller(view, credentials[0], credentials[1], tags)
     try:
+        for route in routes:
+            reply = await route(view, head, body, caller)
+            if reply is not None:
+                return reply
         if head.method in ("GET", "HEAD"):
-            return _get(view, head.segments, credentials[0], tags)
+            return _visible(_get(view, head.segments, credentials[0], tags), head.segments, caller)
         return await _change(view, head, body)
     except CommandError as err:
-        return error_reply(err.status, _error_name(err.status), err.reason)
+        return error_reply(err.status, err.error or _error_name(err.status), err.reason)
     except HttpError as err:
         return error_reply(err.status, _error_name(err.status), err.reason)
+
+
+def _visible(reply: Reply, segments: tuple[str, ...], caller: Caller) -> Reply:
+    """A listing as the caller may see it (users without monitoring see their vhosts' objects and their own
+    connections only)."""
+    if caller.sees_everything:
+        return reply
+    if isinstance(reply.payload, dict):
+        vhost = reply.payload.get("name" if segments[1] == "vhosts" else "vhost")
+        if isinstance(vhost, str) and caller.vhosts is not None and vhost not in caller.vhosts:
+            raise CommandError(404, "Not Found")
+        return reply
+    if not isinstance(reply.payload, list):
+        return reply
+    what = segments[1]
+    if what in ("connections", "channels"):
+        return Reply(reply.status, caller.visible_connections(reply.payload), reply.headers)
+    return Reply(reply.status, caller.visible(reply.payload, "name" if what == "vhosts" else "vhost"), reply.headers)
 
 
 def _error_name(status: int) -> str:
@@ -263,9 +356,9 @@ def _get(view: ManagementView, segments: tuple[str, ...], user: str, tags: tuple
     raise CommandError(404, "Not Found")
 
 
-def _row_vhost(row: dict[str, Any]) -> Any:
+def _row_vhost(row: dict[str, Any], key: str = "vhost") -> Any:
     queue = row.get("queue")
-    return row.get("vhost", queue.get("vhost") if isinstance(queue, dict) else None)
+    return row.get(key, queue.get("vhost") if isinstance(queue, dict) else None)
 
 
 def _put_command(segments: tuple[str, ...], body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:

@@ -30,8 +30,11 @@ from cluster.federation import params as fed_params
 from cluster.shovel.params import ShovelParamError, parse_definition
 from node.broker import policies as pol
 from node.broker import policy_apply, vhost_limits
+from node.broker.auth import User
 from node.broker.effects import Persist
+from node.broker.records import UserRecord
 from node.runtime.management_api import CLUSTER_COMMANDS, NOT_IN_CLUSTER, CommandError
+from node.runtime.management_http import properties_key
 
 PRODUCT = "raftmq"
 MANAGEMENT_VERSION = "3.12.0"  # the RabbitMQ management API generation whose paths and fields we follow
@@ -62,6 +65,8 @@ class BrokerView:
         self.started_ms = int(time.time() * 1000)
         self.shovels: Any = None  # the node's ShovelManager (cluster/shovel/manager.py), set by main.py
         self.federation: Any = None  # the node's FederationManager (cluster/federation/manager.py), set by main.py
+        self.counters: Any = None  # the node (messages_received/_delivered) and its resource probe, set by main.py
+        self.probe: Any = None
 
     # --- authentication -------------------------------------------------------------------------------------
 
@@ -186,6 +191,46 @@ class BrokerView:
             return "flow"
         return "running" if conn.opened else "starting"
 
+    def channels(self) -> list[dict[str, Any]]:
+        """This node's channels, as RabbitMQ's /api/channels lists them."""
+        rows = []
+        for conn in sorted(self.broker.conns.values(), key=lambda c: c.conn_id):
+            conn_name = self.connection_name(conn)
+            for number, ch in sorted(conn.channels.items()):
+                rows.append({
+                    "name": f"{conn_name} ({number})", "number": number, "node": self.node_name,
+                    "vhost": conn.vhost, "user": conn.username, "state": "running",
+                    "connection_details": {"name": conn_name, "peer_host": conn.peer_host},
+                    "consumer_count": len(ch.consumers), "messages_unacknowledged": len(ch.unacked),
+                    "messages_unconfirmed": len(ch.confirm_waiting), "messages_uncommitted": 0,
+                    "acks_uncommitted": 0, "prefetch_count": ch.prefetch_consumer,
+                    "global_prefetch_count": ch.prefetch_channel, "confirm": ch.confirm,
+                    "transactional": ch.tx is not None})
+        return rows
+
+    def alarms(self) -> list[str]:
+        """The resource alarms in effect on this node ("memory", "disk")."""
+        return sorted(str(a) for a in self.broker.alarms)
+
+    def raft_groups(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(vhost, queue, Raft status) of every queue group this node hosts: none on a single node."""
+        return []
+
+    def peers(self) -> list[tuple[str, int]]:
+        """(host, management port) of every other cluster node: none on a single node."""
+        return []
+
+    def has(self, kind: str, vhost: str, name: str) -> bool:
+        """Whether vhost / queue / exchange `name` exists (the default exchange "" always does)."""
+        found = self.broker.vhosts.get(vhost)
+        if found is None:
+            return False
+        if kind == "queue":
+            return name in found.queues
+        if kind == "exchange":
+            return name == "" or name in found.exchanges
+        return True
+
     def connection_name(self, conn: Any) -> str:
         return f"{conn.peer_host or '?'} -> {self.node_name} #{conn.conn_id}"
 
@@ -282,6 +327,13 @@ class BrokerView:
             self.federation.poke()
         return {"created": created}
 
+    async def import_user(self, name: str, password_hash: str, tags: tuple[str, ...]) -> None:
+        """A user with a password hash as a definitions file carries it (RabbitMQ's sha256 scheme, as ours): the
+        smallest entry point the import needs that the broker lacks (Broker.add_user takes a password)."""
+        self.broker.users.put_user(User(name, password_hash, tags))
+        self.broker.persist((UserRecord(name, password_hash, tags),))
+        await self.emit(self.broker.take_effects())
+
     async def set_parameter(self, component: str, vhost: str, name: str, value_json: str) -> bool:
         try:
             created: bool = self.broker.set_parameter(component, vhost, name, value_json)
@@ -365,4 +417,4 @@ def validate_parameter(component: str, vhost: str, name: str, value: Any) -> str
 
 def _binding_row(vhost: str, source: str, dest_kind: str, dest: str, key: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"source": source, "vhost": vhost, "destination": dest, "destination_type": dest_kind,
-            "routing_key": key, "arguments": args, "properties_key": key or "~"}
+            "routing_key": key, "arguments": args, "properties_key": properties_key(key, args)}

@@ -32,6 +32,7 @@ PRIVATE_USER = ("it-private-owner", "it-private-pw")
 
 TEST_CONFIG_TOML = f"""
 heartbeat_s = 60
+prometheus_port = 0
 test_signal_alarms = true
 resource_probe_interval_ms = 200
 broker_tick_ms = 50

@@ -23,7 +23,7 @@ async def test_overview_and_nodes_name_this_node() -> None:
         assert me == {"name": "guest", "tags": ["administrator"]}
 
 
-async def test_login_required_and_administrator_tag_required() -> None:
+async def test_login_required_and_each_path_needs_rabbitmqs_tag() -> None:
     async with served_broker() as s:
         status, headers, body = await request(s.port, "GET", "/api/overview", user=None)
         assert status == 401 and headers["www-authenticate"].startswith("Basic")
@@ -32,7 +32,16 @@ async def test_login_required_and_administrator_tag_required() -> None:
         assert status == 401
         s.broker.add_user("bob", "pw", ())
         status, _, body = await request(s.port, "GET", "/api/overview", user="bob", password="pw")
+        assert status == 401 and body["reason"] == "Not management user"  # RabbitMQ's tag for the overview
+        s.broker.add_user("bob", "pw", ("management",))
+        status, _, _ = await request(s.port, "GET", "/api/overview", user="bob", password="pw")
+        assert status == 200
+        status, _, body = await request(s.port, "GET", "/api/users", user="bob", password="pw")
         assert status == 401 and body["reason"] == "Not administrator user"
+        status, _, body = await request(s.port, "GET", "/api/nodes", user="bob", password="pw")
+        assert status == 401 and body["reason"] == "Not monitor user"
+        status, _, body = await request(s.port, "GET", "/api/policies", user="bob", password="pw")
+        assert status == 401 and body["reason"] == "User not authorised to access object"
 
 
 async def test_put_user_and_permissions_hand_persist_effects_to_the_runtime() -> None:
@@ -107,7 +116,7 @@ async def test_queues_exchanges_bindings_connections_consumers() -> None:
         assert {"", "amq.topic", "amq.direct"} <= {e["name"] for e in exchanges}
         _, _, bindings = await request(s.port, "GET", "/api/bindings")
         assert {"source": "amq.topic", "vhost": "/", "destination": "jobs", "destination_type": "queue",
-                "routing_key": "a.*", "arguments": {}, "properties_key": "a.*"} in bindings
+                "routing_key": "a.*", "arguments": {}, "properties_key": "a.%2A"} in bindings  # RabbitMQ 3.10 quotes it
         assert any(b["source"] == "" and b["destination"] == "other" for b in bindings)
         _, _, conns = await request(s.port, "GET", "/api/connections")
         assert len(conns) == 1 and conns[0]["user"] == "guest" and conns[0]["channels"] == 1
@@ -141,20 +150,22 @@ async def test_bad_requests_are_refused_with_the_right_status() -> None:
         assert status == 400
         status, _, _ = split_response(await raw_exchange(s.port, b"GET /api/overview HTTP/2.0\r\n\r\n"))
         assert status == 505
-        huge = b"GET /api/overview HTTP/1.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
+        status, _, _ = split_response(await raw_exchange(s.port, b"GET /api/overview HTTP/1.1\r\n\r\n"))
+        assert status == 400  # HTTP/1.1 without Host, as RabbitMQ 3.10 (cowboy) answers
+        huge = b"GET /api/overview HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
         status, _, _ = split_response(await raw_exchange(s.port, huge))
         assert status == 431
         status, _, _ = split_response(await raw_exchange(
-            s.port, b"PUT /api/users/x HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n"))
+            s.port, b"PUT /api/users/x HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n"))
         assert status == 413
         status, _, _ = split_response(await raw_exchange(
-            s.port, b"PUT /api/users/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"))
+            s.port, b"PUT /api/users/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"))
         assert status == 411
         status, _, body = await request(s.port, "GET", "/nothing/here")
         assert status == 404
         status, _, body = await request(s.port, "DELETE", "/api/users/guest")
         assert status == 405
-        bad_json = (f"PUT /api/users/x HTTP/1.1\r\nAuthorization: {auth_header()}\r\nContent-Length: 3\r\n"
+        bad_json = (f"PUT /api/users/x HTTP/1.1\r\nHost: x\r\nAuthorization: {auth_header()}\r\nContent-Length: 3\r\n"
                     "Connection: close\r\n\r\n{{{").encode()
         status, _, body = split_response(await raw_exchange(s.port, bad_json))
         assert status == 400 and "JSON" in body["reason"]
@@ -162,8 +173,8 @@ async def test_bad_requests_are_refused_with_the_right_status() -> None:
 
 async def test_keep_alive_serves_several_requests_on_one_connection() -> None:
     async with served_broker() as s:
-        one = f"GET /api/whoami HTTP/1.1\r\nAuthorization: {auth_header()}\r\n\r\n".encode()
-        last = f"GET /api/nodes HTTP/1.1\r\nAuthorization: {auth_header()}\r\nConnection: close\r\n\r\n".encode()
+        one = f"GET /api/whoami HTTP/1.1\r\nHost: x\r\nAuthorization: {auth_header()}\r\n\r\n".encode()
+        last = f"GET /api/nodes HTTP/1.1\r\nHost: x\r\nAuthorization: {auth_header()}\r\nConnection: close\r\n\r\n".encode()
         raw = await raw_exchange(s.port, one + one + last)
         assert raw.count(b"HTTP/1.1 200 OK") == 3
         assert raw.rstrip().endswith(b"}]")
@@ -171,7 +182,7 @@ async def test_keep_alive_serves_several_requests_on_one_connection() -> None:
 
 async def test_a_silent_client_is_dropped_with_408() -> None:
     async with served_broker(ManagementLimits(request_timeout_s=0.2)) as s:
-        raw = await raw_exchange(s.port, b"GET /api/overview HTTP/1.1\r\n")  # head never finishes
+        raw = await raw_exchange(s.port, b"GET /api/overview HTTP/1.1\r\nHost: x\r\n")  # head never finishes
         status, _, _ = split_response(raw)
         assert status == 408
         stream = await trio.open_tcp_stream("127.0.0.1", s.port)
@@ -184,9 +195,47 @@ async def test_connections_over_the_limit_get_503() -> None:
         holder = await trio.open_tcp_stream("127.0.0.1", s.port)
         async with holder:
             # A keep-alive request answered: the server now holds the only slot for this connection.
-            await holder.send_all(f"GET /api/whoami HTTP/1.1\r\nAuthorization: {auth_header()}\r\n\r\n".encode())
+            await holder.send_all(f"GET /api/whoami HTTP/1.1\r\nHost: x\r\nAuthorization: {auth_header()}\r\n\r\n".encode())
             answer = b""
             while not answer.endswith(b"}"):
                 answer += await holder.receive_some(4096)
             status, _, body = split_response(await raw_exchange(s.port, b""))
             assert status == 503 and body["reason"] == "too many connections"
+
+
+async def test_metrics_parse_with_prometheus_client_and_need_no_login() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with served_broker() as s:
+        client = Client(s.broker)
+        client.open()
+        client.declare('we"ird\\q', durable=True)
+        for n in range(2):
+            client.publish("", 'we"ird\\q', f"m{n}".encode())
+        raw = await raw_exchange(s.port, b"GET /metrics/per-object HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK") and b"text/plain; version=0.0.4" in head
+        samples = {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+                   for family in text_string_to_metric_families(body.decode()) for smp in family.samples}
+        assert samples[("rabbitmq_queue_messages_ready", (("queue", 'we"ird\\q'), ("vhost", "/")))] == 2
+        assert samples[("rabbitmq_connections", ())] == 1 and samples[("rabbitmq_queues", ())] == 1
+        raw = await raw_exchange(s.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        aggregated = list(text_string_to_metric_families(raw.partition(b"\r\n\r\n")[2].decode()))
+        ready = next(f for f in aggregated if f.name == "rabbitmq_queue_messages_ready")
+        assert [(smp.labels, smp.value) for smp in ready.samples] == [({}, 2)]
+
+
+async def test_a_management_user_sees_only_its_vhosts() -> None:
+    async with served_broker() as s:
+        from node.broker.auth import Permission
+
+        s.broker.add_vhost("mine")
+        s.broker.add_vhost("theirs")
+        s.broker.add_user("m", "pw", ("management",))
+        s.broker.set_permissions("m", "mine", Permission(".*", ".*", ".*"))
+        status, _, vhosts = await request(s.port, "GET", "/api/vhosts", user="m", password="pw")
+        assert status == 200 and [v["name"] for v in vhosts] == ["mine"]
+        status, _, _ = await request(s.port, "GET", "/api/vhosts/theirs", user="m", password="pw")
+        assert status == 404
+        status, _, me = await request(s.port, "GET", "/api/whoami", user="m", password="pw")
+        assert me == {"name": "m", "tags": ["management"]}

@@ -99,6 +99,27 @@ class ClusterView(BrokerView):
         row["group"] = group  # the queue's Raft group id on this node (incarnation included); None while it has none
         return row
 
+    def raft_groups(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(vhost, queue, `group_status`) of every queue group hosted here (the Prometheus raft metrics)."""
+        cluster = self.cluster
+        if cluster.raft is None:
+            return []
+        rows = []
+        for vhost_name, vhost in self.broker.vhosts.items():
+            for name in vhost.queues:
+                group = cluster.group_queues.group_of(queue_key(vhost_name, name))
+                if group is None:
+                    continue
+                try:
+                    rows.append((vhost_name, name, cluster.raft.group_status(group)))
+                except KeyError:
+                    continue
+        return rows
+
+    def peers(self) -> list[tuple[str, int]]:
+        """(host, management port) of the other members, for the cluster-wide connection/channel/consumer lists."""
+        return [(m.host, m.management_port) for m in self.cluster.layout.peers]
+
     def policies(self) -> list[dict[str, Any]]:
         return [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
                  "definition": p.definition, "priority": p.priority}
