@@ -148,38 +148,26 @@ SUBSET: dict[str, dict[str, str]] = {
 _LATE_EXCLUSIVE_DELETE = ("an exclusive queue is deleted through the metadata group some time after its connection "
                           "closed, and that late delete removes the queue of the same name the next test's connection "
                           "declared meanwhile: the server cancels its consumer (basic.cancel)")
-_AFTER_REPLY = ("a node answers (cancel-ok, channel close-ok) before its replica applied the change, so the client's "
-                "next command does not see it yet")
-_REQUEUE_AFTER_CLOSE = (f"{_AFTER_REPLY}: the unacked message of the channel just closed is not back in the queue, "
-                        "basic.get on another channel answers get-empty")
-_DELETE_IN_USE = (f"{_AFTER_REPLY}: queue.delete if-unused right after the last consumer's cancel-ok (or its "
-                  "connection's loss) still sees the consumer: 406 PRECONDITION_FAILED in use")
-_PROXY_RECOVERY = ("under load (load average 11-20 on the 2-core machine, other suites running alongside) the robust "
-                   "consumer's recovery through the test's TCP proxy does not finish within the test's own limit "
-                   "(the connection is cut again and again; 30 s for the stairway): each of these passed alone "
-                   "against the cluster; the slow step (re-attach or redelivery after the reconnect) is not yet "
-                   "pinned down")
+_CONSUME_OK_50MS = ("the test gives basic.consume the iterator's own 50 ms timeout (queue.iterator(timeout=0.05)); in "
+                    "cluster mode consume-ok leaves once the node's replica applied the Attach (read-your-writes), a "
+                    "Raft commit with an fsync: 22-164 ms (p50 51 ms) through HAProxy at load average 22-28 on the "
+                    "2-core machine, against 1-59 ms (p50 11 ms) on a single node at the same time; a timing limit, "
+                    "not a behaviour")
+_SERIAL_RAFT_ROUNDS = ("100 messages of 12 kB, each publish awaiting its confirm and each delivery (prefetch 1) its "
+                       "predecessor's ack, while the proxy cuts the connection at every doubling byte count: about "
+                       "200 serial Raft commits (fsync included) through the queue's group, 45-100 ms each at load "
+                       "average 20-28 on the 2-core machine, so the test passes alone in about 15 s but not within "
+                       "its 30 s limit when other suites run alongside; the reconnects themselves are not the slow "
+                       "step (proxy cut to reconnected: 0.2-0.4 s through HAProxy, in a traced run)")
 CLUSTER_XFAIL: dict[str, dict[str, str]] = {
     "amqp": {
         r"^t/integration/test_rmq\.py::test_rabbitmq_operations::test_publish_consume\[plain-": _LATE_EXCLUSIVE_DELETE,
     },
     "kombu": {},
-    "aiormq": {
-        r"^tests/test_consumer_cancel\.py::test_ack_from_cancelled_consumer\[.*channel-close": _REQUEUE_AFTER_CLOSE,
-        r"^tests/test_consumer_exceptions\.py::test_consumer_exception_is_reported_once\[.*-(cancel|error)\]":
-            _REQUEUE_AFTER_CLOSE,
-        r"^tests/test_nowait\.py::test_basic_cancel_nowait\[":
-            f"{_AFTER_REPLY}: declare-ok's consumer_count still counts the consumer cancelled just before",
-    },
+    "aiormq": {},
     "aio-pika": {
-        # every test of the module ends with queue.delete() (if-unused) right after its consumer's cancel; 8 of its 13
-        # that run here failed so at least once
-        r"^tests/test_consumer_cancel_recovery\.py::": _DELETE_IN_USE,
-        r"^tests/test_amqp_robust_proxy\.py::test_iterator_survives_reconnection$": _DELETE_IN_USE,
-        r"^tests/test_amqp_robust_proxy\.py::test_iterator_cancellation_survives_close_timeout\[True-":
-            f"{_AFTER_REPLY}: declare-ok's consumer_count still counts the iterator's consumer after its cancel-ok",
-        r"^tests/test_amqp_robust_proxy\.py::test_(channel_reconnect_stairway\[|queue_iterator_reconnect_after_disconnect$|"
-        r"iterator_cancellation_survives_close_timeout\[False-|robust_reconnect$)": _PROXY_RECOVERY,
+        r"^tests/test_amqp_robust_proxy\.py::test_iterator_cancellation_survives_close_timeout\[": _CONSUME_OK_50MS,
+        r"^tests/test_amqp_robust_proxy\.py::test_channel_reconnect_stairway\[": _SERIAL_RAFT_ROUNDS,
     },
 }
 
