@@ -82,7 +82,7 @@ async def _serve(config: NodeConfig) -> None:
             view = BrokerView(broker, node.dispatch, node_name=config.node_name, amqp_port=ports[0],
                               wait_durable=store.wait_durable)
             await _start_management(nursery, view, config, management_port(config, config.port))
-            await _start_shovels(nursery, view, config, ports[0], owner=None)
+            await _start_shovels(nursery, view, config, ports[0], ownership=None)
         nursery.cancel_scope.cancel()
 
 
@@ -125,10 +125,10 @@ async def _start_management(nursery: Any, view: Any, config: NodeConfig, port: i
     print(f"raftmq node {config.node_name} management API on port {bound}", file=sys.stderr, flush=True)
 
 
-async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port: int, owner: Any) -> None:
+async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port: int, ownership: Any) -> None:
     """Dynamic shovels (cluster/shovel/manager.py) and exchange federation links (cluster/federation/manager.py):
     the definitions come from the view (broker parameters, or the cluster metadata); `amqp://` with no host is this
-    node, logged in as the default user."""
+    node, logged in as the default user. In a cluster, `ownership` (cluster/link/ownership.py) says what runs here."""
     from cluster.link.uri import AmqpUri
     from cluster.shovel.manager import ShovelManager
 
@@ -138,12 +138,17 @@ async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port:
     async def delete_definition(vhost: str, name: str) -> None:
         await view.clear_parameter("shovel", vhost, name)
 
+    owner = ownership.owner_for("shovel") if ownership is not None else None
     view.shovels = ShovelManager(config.node_name, view.stored_shovels, owner, local, delete_definition)
     await nursery.start(view.shovels.run)
     from cluster.federation.manager import FederationManager
 
+    owner = ownership.owner_for("federation") if ownership is not None else None
     view.federation = FederationManager(config.node_name, view.cluster_name, view, owner, local)
     await nursery.start(view.federation.run)
+    if ownership is not None:
+        ownership.on_change += [view.shovels.poke, view.federation.poke]
+        await nursery.start(ownership.run)
 
 
 async def _serve_cluster(config: NodeConfig) -> None:
@@ -181,7 +186,12 @@ async def _serve_cluster(config: NodeConfig) -> None:
             view = ClusterView(cluster, node_name=config.node_name, amqp_port=ports[0],
                                cluster_name=",".join(layout.names))
             await _start_management(nursery, view, config, layout.me.management_port)
-            await _start_shovels(nursery, view, config, ports[0], owner=view.shovel_owner)
+            from cluster.link.ownership import LeaseOwnership
+
+            store = cluster.store
+            assert store is not None  # (set by cluster.start)
+            ownership = LeaseOwnership(config.node_name, lambda: store.state, store.apply, view.shovel_owner)
+            await _start_shovels(nursery, view, config, ports[0], ownership)
         nursery.cancel_scope.cancel()
 
 
