@@ -10,9 +10,9 @@ up) is this node. The rule and its timing are in docs/shovel.md, "Where a shovel
 How it works: `owner()` only reads the replica and remembers that the key is wanted; the decisions are taken by
 `run()`'s loop, one metadata command at a time: claim a wanted key this node is preferred for when the lease rule
 allows it (free, or its holder's node lease expired `margin_ms` ago by this node's wall clock); release a key this
-node holds and should not run (not wanted any more, or another node is preferred) `stop_guard_ms` after it was
-last answered "run" (the manager has stopped its runner by then), and at once a key an earlier process of this
-node held. A second task renews this node's lease every `renew_every_ms` while it holds any. A claim or renewal
+node holds and should not run (not wanted any more, or another node is preferred) once its copy has stopped (the
+component's `busy` check says its task finished, connections closed; without one, `stop_guard_ms` after it was
+last answered "run"), and at once a key an earlier process of this node held. A second task renews this node's lease every `renew_every_ms` while it holds any. A claim or renewal
 counts from the monotonic time read before it was sent: the node runs its keys until that + `lease_ms` -
 `stop_guard_ms`, so a node cut off from the metadata majority stops them before anyone may take them.
 """
@@ -37,8 +37,8 @@ LOOP_S = 0.25
 class LeaseTiming:
     lease_ms: int = 10_000  # a claim or renewal keeps the node's leases for this long (from its sending)
     renew_every_ms: int = 2000
-    stop_guard_ms: int = 4000  # the holder stops this long before its lease ends (a reconcile poll + a runner's
-    # close); a key no longer run here is released this long after it was last answered "run"
+    stop_guard_ms: int = 5000  # the holder stops this long before its lease ends (a reconcile poll + a runner's
+    # close); without a `busy` check, a key no longer run here is released this long after it was last run
     margin_ms: int = 1500  # for the clock difference between nodes: a lease is taken this long after it ended
 
 
@@ -51,6 +51,9 @@ class LeaseOwnership:
         self.preferred = preferred
         self.timing = timing or LeaseTiming()
         self.on_change: list[Callable[[], None]] = []  # called after a claim (the managers' poke)
+        # component -> (vhost, name) -> whether a copy still exists here (its task has not finished closing): a
+        # lease is released only once that is False (components without one: `stop_guard_ms` after the last run)
+        self.busy: dict[str, Callable[[str, str], bool]] = {}
         self._generations: dict[ls.LeaseKey, int] = {}  # what this process claimed
         self._asked: dict[ls.LeaseKey, float] = {}  # key -> when a manager last asked (monotonic s)
         self._ran: dict[ls.LeaseKey, float] = {}  # key -> when it was last answered "run here"
@@ -113,7 +116,7 @@ class LeaseOwnership:
             wanted_here = key in self._asked and self.preferred(key[1], key[2]) == self.node
             if self._generations.get(key) != record.generation:  # an earlier process of this node held it
                 await (self._claim(key, record.generation + 1) if wanted_here else self._release(key, record))
-            elif not wanted_here and now - self._ran.get(key, 0.0) > forget:
+            elif not wanted_here and self._stopped(key, now):
                 await self._release(key, record)
         for key in list(self._asked):
             record = state.leases.get(key)
@@ -125,6 +128,13 @@ class LeaseOwnership:
                                 t.margin_ms):
                 continue
             await self._claim(key, (record.generation if record is not None else 0) + 1)
+
+    def _stopped(self, key: ls.LeaseKey, now: float) -> bool:
+        """Whether this node's copy of `key` has certainly stopped (so the lease may be released)."""
+        busy = self.busy.get(key[0])
+        if busy is None:
+            return now - self._ran.get(key, 0.0) > self.timing.stop_guard_ms / 1000
+        return now - self._ran.get(key, 0.0) > LOOP_S and not busy(key[1], key[2])
 
     async def _claim(self, key: ls.LeaseKey, generation: int) -> None:
         sent = time.monotonic()

@@ -53,6 +53,7 @@ class ShovelManager:
         self.local = local
         self.delete_definition = delete_definition
         self._entries: dict[Key, _Entry] = {}
+        self._live: set[Key] = set()  # shovels with a task here, until it has finished (connections closed)
         self._invalid: dict[Key, str] = {}
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
@@ -61,6 +62,10 @@ class ShovelManager:
     def poke(self) -> None:
         """Definitions changed: reconcile now instead of at the next poll."""
         self._wake.set()
+
+    def running_here(self, vhost: str, name: str) -> bool:
+        """Whether a copy of the shovel still exists on this node (running, or stopping: its task not finished)."""
+        return (vhost, name) in self._live
 
     def restart(self, vhost: str, name: str) -> bool:
         """Restart a shovel running here (False: it does not run on this node)."""
@@ -141,6 +146,7 @@ class ShovelManager:
                             may_run=lambda: self.owner(*key) == self.node_name)
 
     async def _run_one(self, key: Key, entry: _Entry) -> None:
+        self._live.add(key)
         with entry.scope:
             _report_copy("started", key, self.node_name)
             try:
@@ -154,6 +160,9 @@ class ShovelManager:
                     await trio.sleep(max(entry.definition.reconnect_delay_ms, 1000) / 1000)
                     entry.runner = self._runner(entry.definition)
             finally:
+                current = self._entries.get(key)
+                if current is None or current is entry:  # (not replaced by a newer task for the same key)
+                    self._live.discard(key)
                 _report_copy("stopped", key, self.node_name)  # (its connections are closed by now)
 
     async def _deleted_self(self, definition: ShovelDefinition) -> None:

@@ -148,6 +148,7 @@ async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port:
     await nursery.start(view.federation.run)
     if ownership is not None:
         ownership.on_change += [view.shovels.poke, view.federation.poke]
+        ownership.busy["shovel"] = view.shovels.running_here
         await nursery.start(ownership.run)
 
 

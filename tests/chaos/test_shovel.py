@@ -2,7 +2,8 @@
 bundled scenarios' shape, and a short version of `shovel-kill-runner` on real processes: a 3-node source cluster,
 a dynamic on-confirm shovel to a destination (one node here, to keep CI short; the bundled scenarios use 3), kill -9
 of the node running the shovel and restart, and a 9 s partition between the clusters. Everything confirmed to the source must be consumed at the
-destination; republished copies are counted, not failures. The full scenarios run with `raftmq chaos run
+destination; republished copies are counted, not failures; never two copies of the shovel may run at once
+(`count_copies`, from the source nodes' copy reports and kill times). The full scenarios run with `raftmq chaos run
 shovel-kill-runner` etc.; docs/chaos.md has the verdicts of full runs.
 """
 
