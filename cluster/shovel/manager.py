@@ -46,8 +46,10 @@ class _Entry:
 class ShovelManager:
     def __init__(self, node_name: str, definitions: Callable[[], dict[Key, str]],
                  owner: Callable[[str, str], str | None] | None = None, local: AmqpUri | None = None,
-                 delete_definition: Callable[[str, str], Awaitable[None]] | None = None) -> None:
+                 delete_definition: Callable[[str, str], Awaitable[None]] | None = None,
+                 shovel_type: str = "dynamic") -> None:
         self.node_name = node_name
+        self.shovel_type = shovel_type  # "dynamic", or "static" (the config file's, cluster/shovel/static.py)
         self.definitions = definitions
         self.owner = owner or (lambda vhost, name: node_name)
         self.local = local
@@ -96,6 +98,7 @@ class ShovelManager:
                 owner = self.owner(vhost, name)
                 row = {"name": name, "vhost": vhost, "type": "dynamic", "node": owner,
                        "state": "starting" if owner == self.node_name else "running elsewhere"}
+            row["type"] = self.shovel_type
             rows.append(row)
         return rows
 

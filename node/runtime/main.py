@@ -143,12 +143,19 @@ async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port:
     await nursery.start(view.shovels.run)
     from cluster.federation.manager import FederationManager
 
+    if config.static_shovels:  # the config file's [shovels.NAME]: run like dynamic ones, leased apart from them
+        statics = {("/", name): value for name, value in config.static_shovels}
+        owner = ownership.owner_for("static-shovel") if ownership is not None else None
+        view.static_shovels = ShovelManager(config.node_name, lambda: statics, owner, local, shovel_type="static")
+        await nursery.start(view.static_shovels.run)
     owner = ownership.owner_for("federation") if ownership is not None else None
     view.federation = FederationManager(config.node_name, view.cluster_name, view, owner, local)
     await nursery.start(view.federation.run)
     if ownership is not None:
         ownership.on_change += [view.shovels.poke, view.federation.poke]
         ownership.busy["shovel"] = view.shovels.running_here
+        if view.static_shovels is not None:
+            ownership.busy["static-shovel"] = view.static_shovels.running_here
         await nursery.start(ownership.run)
 
 
