@@ -16,17 +16,20 @@ reach every node. After the faults heal and publishing ends, `settle` waits unti
 left (ready or unacked): with `on-confirm` the shovel acks at the source only what the destination confirmed, so
 everything confirmed to the source is then in the destination, and the drain empties it there. The checker runs
 with `copies`: a shovel republishes what it had published but not seen confirmed when its link broke, so a payload
-can arrive twice as two fresh messages (counted as duplicates, not violations).
+can arrive twice as two fresh messages (counted as duplicates, not violations). `settle` also counts the copies
+of the shovel that ran at once (`count_copies`: the source nodes log every start and stop of a copy, and
+`TwoClusters` notes when it kills a source node): more than one at any moment fails the run.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -69,6 +72,13 @@ class TwoClusters:
     def __init__(self, source: LocalCluster, dest: LocalCluster, queue: str) -> None:
         self.sides = {SOURCE: source, DEST: dest}
         self.queue = queue
+        self.deaths: dict[str, list[int]] = {}  # source node -> when it was killed (wall ms): its copy ended then
+        self.copies: CopyCount | None = None  # set by `settle`
+
+    def _died(self, node: str) -> None:
+        side, _, name = node.partition(".")
+        if side == SOURCE:
+            self.deaths.setdefault(name, []).append(int(time.time() * 1000))
 
     def _split(self, node: str) -> tuple[LocalCluster, str]:
         side, _, name = node.partition(".")
@@ -88,6 +98,7 @@ class TwoClusters:
     def kill(self, node: str) -> None:
         cluster, name = self._split(node)
         cluster.kill(name)
+        self._died(node)
 
     def pause(self, node: str) -> None:
         cluster, name = self._split(node)
@@ -99,10 +110,16 @@ class TwoClusters:
 
     def restart(self, node: str) -> None:
         cluster, name = self._split(node)
+        if cluster.pid(name) is not None:
+            self.kill(node)
         cluster.restart(name)
 
     def restart_many(self, nodes: list[str]) -> None:
         """Per cluster: all its nodes started, then waited for (chaos.nemesis.LocalCluster.restart_many)."""
+        for node in nodes:
+            cluster, name = self._split(node)
+            if cluster.pid(name) is not None:
+                self.kill(node)
         for side, cluster in self.sides.items():
             names = [name for node in nodes for s, _, name in [node.partition(".")] if s == side]
             if names:
@@ -151,6 +168,23 @@ class TwoClusters:
                     return int(row.get("messages_ready", 0)) + int(row.get("messages_unacknowledged", 0))
         return None
 
+    def count_copies(self) -> CopyCount:
+        """The most copies of the shovel that ran at once, from the source nodes' logs (`shovel copy started` and
+        `stopped` lines, cluster/shovel/manager.py) and the kill times of the source nodes."""
+        source = self.sides[SOURCE]
+        logs = {name: _read(Path(source.spec(name).log)) for name in source.nodes()}
+        return count_copies(logs, self.deaths, SHOVEL_NAME)
+
+    def settle_and_count(self, timeout_s: float) -> str | None:
+        """`settle`, then `count_copies`: two copies at once is an error."""
+        error = self.settle(timeout_s)
+        self.copies = self.count_copies()
+        if self.copies.most > 1:
+            return error or f"{self.copies.most} copies of the shovel ran at once: {self.copies.overlap}"
+        if not self.copies.intervals:
+            return error or "no `shovel copy started` line in the source nodes' logs (log level above info?)"
+        return error
+
     def settle(self, timeout_s: float) -> str | None:
         """Wait until the source queue stays empty for 2 s while the shovel runs; an error text if it does not."""
         deadline = time.monotonic() + timeout_s
@@ -168,6 +202,50 @@ class TwoClusters:
             time.sleep(0.2)
         return (f"the shovel did not empty the source queue within {timeout_s} s (backlog {backlog}, shovel "
                 f"{[(row.get('node'), row.get('state')) for row in self.shovel_rows()]})")
+
+
+COPY_LINE = re.compile(r"shovel copy (started|stopped) (\{.*\})")
+
+
+@dataclass(frozen=True, slots=True)
+class CopyCount:
+    intervals: tuple[tuple[str, int, int | None], ...]  # (node, started wall ms, ended wall ms or None: still runs)
+    most: int  # the most copies running at the same time
+    overlap: tuple[tuple[str, int, int | None], ...] = ()  # the intervals of the first moment with `most` copies
+
+
+def count_copies(logs: Mapping[str, str], deaths: Mapping[str, Iterable[int]], shovel: str) -> CopyCount:
+    """Pure: each node's copies of `shovel` as intervals (a started line opens one, a stopped line or the node's
+    death closes it), and the most that overlap. A copy ends no later than its process: a kill -9 ends it."""
+    intervals: list[tuple[str, int, int | None]] = []
+    for node, text in logs.items():
+        events: list[tuple[int, int, str]] = [(at, 0, "died") for at in deaths.get(node, ())]
+        for match in COPY_LINE.finditer(text):
+            report = json.loads(match.group(2))
+            if report.get("name") == shovel:
+                events.append((int(report["at_ms"]), 1 if match.group(1) == "started" else 0, match.group(1)))
+        opened: int | None = None
+        for at, _, what in sorted(events):
+            if what == "started":
+                opened = at if opened is None else opened
+            elif opened is not None:
+                intervals.append((node, opened, at))
+                opened = None
+        if opened is not None:
+            intervals.append((node, opened, None))
+    most, overlap = 0, ()  # type: tuple[int, tuple[tuple[str, int, int | None], ...]]
+    for _, start, _ in intervals:
+        running = tuple(i for i in intervals if i[1] <= start and (i[2] is None or i[2] > start))
+        if len(running) > most:
+            most, overlap = len(running), running
+    return CopyCount(tuple(sorted(intervals, key=lambda i: i[1])), most, overlap)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _api(cluster: LocalCluster, node: str, method: str, path: str, body: Any = None) -> Any:
@@ -222,7 +300,7 @@ def shovel_environment(raw_settings: dict[str, Any], queue: str, seed: int, node
         _define_shovel(both, shovel_definition(queue, dest_uris, settings))
         yield Environment(both, tuple(source.url(n) for n in source.nodes()), None, api,
                           consumer_urls=tuple(dest.url(n) for n in dest.nodes()),
-                          settle=lambda: both.settle(settings.settle_timeout_s), copies=True)
+                          settle=lambda: both.settle_and_count(settings.settle_timeout_s), copies=True)
 
 
 def _define_shovel(both: TwoClusters, definition: dict[str, Any], timeout_s: float = 60.0) -> None:

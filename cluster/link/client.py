@@ -10,12 +10,16 @@ memory channel the caller reads (or, after `route_events`, to a channel shared w
 whole batch). When the connection ends (server close, EOF, missed heartbeats, our close), a `Closed` event is the
 last one on `events`, and calls waiting or made afterwards raise `LinkClosed`. Leaving the context closes the
 connection politely (Connection.Close, Close-Ok awaited for at most 2 s) and cancels the tasks. Reconnecting is the
-caller's business: a link simply opens a new `open_link` after its delay.
+caller's business: a link simply opens a new `open_link` after its delay. An `amqps` URI gets TLS over the socket
+(`tls_context`: RabbitMQ's URI keys, cluster/link/uri.py); the TLS handshake runs under the connection timeout, and
+a failed one (an untrusted or misnamed certificate, no TLS at the other end) is an `OSError` like a refused
+connection.
 """
 
 from __future__ import annotations
 
 import math
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -268,6 +272,39 @@ async def _handshake(link: LinkConnection, timeout_s: float) -> None:
     link._check_open()
 
 
+def tls_context(uri: AmqpUri) -> ssl.SSLContext:
+    """The client TLS context of an amqps URI (files read now: a missing one is an OSError)."""
+    context = ssl.create_default_context(cafile=uri.cacertfile or None)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if uri.verify == "verify_none":
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif uri.tls_server_name is None:
+        context.check_hostname = False  # (server_name_indication=disable: the chain is still verified)
+    if uri.certfile:
+        context.load_cert_chain(uri.certfile, uri.keyfile or None)
+    return context
+
+
+async def _connect(uri: AmqpUri) -> trio.abc.Stream:
+    """A TCP stream, with TLS on it for amqps (handshake done), under the URI's connection timeout."""
+    with trio.fail_after(uri.connection_timeout_ms / 1000):
+        tcp = await trio.open_tcp_stream(uri.host, uri.port)
+        if not uri.tls:
+            return tcp
+        try:
+            stream = trio.SSLStream(tcp, tls_context(uri), server_hostname=uri.tls_server_name)
+            await stream.do_handshake()
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                await tcp.aclose()
+            if isinstance(exc, trio.BrokenResourceError):
+                cause = exc.__cause__ or exc
+                raise OSError(f"TLS handshake with {uri.host}:{uri.port} failed: {cause}") from None
+            raise
+        return stream
+
+
 @asynccontextmanager
 async def open_link(uri: AmqpUri, connection_name: str = "") -> AsyncIterator[LinkConnection]:
     """Connect and handshake (LinkClosed on refusal, OSError/trio.TooSlowError when unreachable), yield the
@@ -276,8 +313,7 @@ async def open_link(uri: AmqpUri, connection_name: str = "") -> AsyncIterator[Li
                               heartbeat_s=uri.heartbeat_s, frame_max=uri.frame_max, channel_max=uri.channel_max,
                               connection_name=connection_name)
     timeout_s = uri.connection_timeout_ms / 1000
-    with trio.fail_after(timeout_s):
-        stream: trio.abc.Stream = await trio.open_tcp_stream(uri.host, uri.port)
+    stream = await _connect(uri)
     link = LinkConnection(stream, ClientConnection(settings, _now_ms()))
     try:
         await _handshake(link, timeout_s)

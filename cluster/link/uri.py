@@ -1,11 +1,16 @@
-"""AMQP URIs (RabbitMQ's URI spec, the subset links use): `amqp://user:pass@host:port/vhost?heartbeat=N&...`.
+"""AMQP URIs (RabbitMQ's URI spec, the subset links use): `amqp[s]://user:pass@host:port/vhost?heartbeat=N&...`.
 
 Pure: a string in, an `AmqpUri` out, or `UriError` with the reason. Defaults are RabbitMQ's: guest/guest,
-localhost, port 5672, vhost "/" when the path is absent (an empty path `amqp://host/` is the vhost ""); the vhost is
-percent-decoded (`%2F` is "/"). Query parameters read: `heartbeat` (seconds), `connection_timeout` (ms),
-`frame_max`, `channel_max`; others are accepted and ignored, as RabbitMQ ignores unknown ones. `amqps` (TLS) is
-refused: links do not speak TLS yet. `amqp://` with no host is the local node (`local=True`; the runtime fills in
-its own listener and credentials), as in RabbitMQ's shovels.
+localhost, port 5672 (5671 for amqps), vhost "/" when the path is absent (an empty path `amqp://host/` is the vhost
+""); the vhost is percent-decoded (`%2F` is "/"). Query parameters read: `heartbeat` (seconds), `connection_timeout`
+(ms), `frame_max`, `channel_max`, and for `amqps` RabbitMQ's TLS keys (its "URI query parameters" page):
+`cacertfile`, `certfile`, `keyfile` (paths; a client certificate is sent when `certfile` is given, its key from
+`keyfile` or from the certificate file), `verify` (`verify_peer`, the default here as in RabbitMQ on Erlang/OTP 26+:
+the server's chain is checked against `cacertfile`, or the system's CAs without one, and its name against
+`server_name_indication`, by default the URI's host; `verify_none`: no check) and `server_name_indication` (a host
+name, or `disable`: no SNI and no name check). Other keys are accepted and ignored, as RabbitMQ ignores unknown
+ones; TLS keys on an `amqp` URI are refused (they would silently not apply). `amqp://` with no host is the local
+node (`local=True`; the runtime fills in its own listener and credentials), as in RabbitMQ's shovels.
 """
 
 from __future__ import annotations
@@ -30,11 +35,28 @@ class AmqpUri:
     frame_max: int = 131072
     channel_max: int = 2047
     local: bool = False  # `amqp://` with no host: the node itself (RabbitMQ's direct connection)
+    tls: bool = False  # amqps
+    cacertfile: str = ""
+    certfile: str = ""
+    keyfile: str = ""
+    verify: str = "verify_peer"
+    server_name_indication: str = ""  # "" = the host; "disable" = none
 
     def redacted(self) -> str:
         """The URI without its password (for status and logs)."""
         vhost = self.vhost.replace("%", "%25").replace("/", "%2F")
-        return f"amqp://{self.username}@{self.host}:{self.port}/{vhost}"
+        return f"{'amqps' if self.tls else 'amqp'}://{self.username}@{self.host}:{self.port}/{vhost}"
+
+    @property
+    def tls_server_name(self) -> str | None:
+        """The name sent as SNI and checked in the server's certificate (None: `disable`)."""
+        if self.server_name_indication == "disable":
+            return None
+        return self.server_name_indication or self.host
+
+
+TLS_KEYS = ("cacertfile", "certfile", "keyfile", "verify", "server_name_indication")
+VERIFY_MODES = ("verify_peer", "verify_none")
 
 
 def _int_param(params: dict[str, list[str]], name: str, default: int) -> int:
@@ -58,10 +80,9 @@ def parse_uri(uri: str) -> AmqpUri:
         port = parts.port
     except ValueError as exc:
         raise UriError(f"cannot parse {uri!r}: {exc}") from None
-    if parts.scheme == "amqps":
-        raise UriError("amqps (TLS) is not supported by raftmq links yet")
-    if parts.scheme != "amqp":
-        raise UriError(f"the URI scheme must be amqp, not {parts.scheme!r}")
+    if parts.scheme not in ("amqp", "amqps"):
+        raise UriError(f"the URI scheme must be amqp or amqps, not {parts.scheme!r}")
+    tls = parts.scheme == "amqps"
     path = parts.path
     if not path:
         vhost = "/"
@@ -70,14 +91,23 @@ def parse_uri(uri: str) -> AmqpUri:
         if "/" in path[1:]:
             raise UriError(f"the vhost in {uri!r} must be percent-encoded (%2F for '/')")
     params = parse_qs(parts.query)
+    tls_options = {key: params[key][-1] for key in TLS_KEYS if params.get(key)}
+    if tls_options and not tls:
+        raise UriError(f"{', '.join(sorted(tls_options))}: TLS options need an amqps URI")
+    if tls_options.get("verify", "verify_peer") not in VERIFY_MODES:
+        raise UriError(f"verify must be verify_peer or verify_none, not {tls_options['verify']!r}")
+    if tls and not parts.netloc:
+        raise UriError("amqps:// needs a host (amqp:// with no host is the node itself)")
+    if "keyfile" in tls_options and "certfile" not in tls_options:
+        raise UriError("keyfile needs certfile (the client certificate)")
     return AmqpUri(
-        host=parts.hostname or "localhost", port=port or 5672,
+        host=parts.hostname or "localhost", port=port or (5671 if tls else 5672),
         username=unquote(parts.username) if parts.username is not None else "guest",
         password=unquote(parts.password) if parts.password is not None else "guest",
         vhost=vhost, heartbeat_s=_int_param(params, "heartbeat", 60),
         connection_timeout_ms=_int_param(params, "connection_timeout", 10_000),
         frame_max=_int_param(params, "frame_max", 131072), channel_max=_int_param(params, "channel_max", 2047),
-        local=not parts.netloc,
+        local=not parts.netloc, tls=tls, **tls_options,
     )
 
 

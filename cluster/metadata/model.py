@@ -33,6 +33,7 @@ from typing import Any
 
 import cbor2
 
+from cluster.metadata import leases as ls
 from cluster.metadata.commands import (  # re-exported: model is where callers import them from
     COMMAND_TYPES,
     RECORD_TYPES,
@@ -160,6 +161,8 @@ class MetadataState:
     queues: Mapping[tuple[str, str], QueueRecord] = field(default_factory=dict)  # (vhost, name)
     policies: Mapping[tuple[str, str], PolicyRecord] = field(default_factory=dict)  # (vhost, name)
     parameters: Mapping[tuple[str, str, str], ParameterRecord] = field(default_factory=dict)  # (vhost, comp., name)
+    leases: ls.Leases = field(default_factory=dict)  # (component, vhost, name): who runs it (cluster.metadata.leases)
+    node_leases: ls.NodeLeases = field(default_factory=dict)  # node -> its lease expiry
     applied: Mapping[str, Outcome] = field(default_factory=dict)  # command id -> first outcome, oldest first
 
     def definitions(self) -> dict[str, Any]:
@@ -463,6 +466,16 @@ def _clear_parameter(s: MetadataState, c: ClearParameter) -> Step:
     return s2, Outcome(tuple(changes))
 
 
+def _claim_lease(s: MetadataState, c: ls.ClaimLease) -> Step:
+    leases, node_leases, refused = ls.claim(s.leases, s.node_leases, c)
+    return replace(s, leases=leases, node_leases=node_leases), Outcome(refused=refused)  # (no Change: polled)
+
+
+def _release_lease(s: MetadataState, c: ls.ReleaseLease) -> Step:
+    leases, refused = ls.release(s.leases, c)
+    return replace(s, leases=leases), Outcome(refused=refused)
+
+
 _HANDLERS: dict[type, Callable[[MetadataState, Any], Step]] = {
     Barrier: lambda s, c: (s, Outcome()), AddNode: _add_node, RemoveNode: _remove_node, SetNodeState: _set_node_state, PutVhost: _put_vhost,
     DeleteVhost: _delete_vhost, PutUser: _put_user, DeleteUser: _delete_user,
@@ -471,7 +484,9 @@ _HANDLERS: dict[type, Callable[[MetadataState, Any], Step]] = {
     DeclareQueue: _declare_queue, DeleteQueue: _delete_queue, SetQueueLeader: _set_queue_leader,
     SetQueueMembers: _set_queue_members, AddQueueMember: _add_queue_member,
     RemoveQueueMember: _remove_queue_member, SetPolicy: _set_policy, ClearPolicy: _clear_policy,
-    SetParameter: _set_parameter, ClearParameter: _clear_parameter,
+    SetParameter: _set_parameter, ClearParameter: _clear_parameter, ls.ClaimLease: _claim_lease,
+    ls.RenewNodeLease: lambda s, c: (replace(s, node_leases=ls.renew(s.node_leases, c)), Outcome()),
+    ls.ReleaseLease: _release_lease,
 }
 
 
@@ -604,6 +619,8 @@ _RECORD_MAPS: dict[str, Callable[[Any], Any]] = {
     "queues": lambda r: (r.vhost, r.name),
     "policies": lambda r: (r.vhost, r.name),
     "parameters": lambda r: (r.vhost, r.component, r.name),
+    "leases": ls.lease_key,
+    "node_leases": lambda r: r.node,
 }
 
 

@@ -3,12 +3,14 @@
 How it works: every `POLL_S` (and at once after `poke()`) the manager reads the stored definitions through
 `definitions()` (vhost, name) -> JSON text (single node: the broker's parameters; cluster: the metadata's) and
 `owner(vhost, name)` -> the node that should run it (single node: always this one; cluster: a deterministic
-choice among the nodes this node sees up, docs/shovel.md). It starts a `ShovelRunner` task for each definition it
+lease-based choice, cluster/link/ownership.py and docs/shovel.md). It starts a `ShovelRunner` task for each definition it
 owns and does not run yet, cancels the task of one it no longer owns (moved, or deleted) or whose JSON changed
 (restarted with the new definition), and keeps a finished one (delete-after reached) as `terminated` until its
 definition is gone. A runner that fails unexpectedly is logged, shown `terminated` with the error and started
 again after its reconnect delay (RabbitMQ leaves such a shovel terminated: rabbitmq-shovel#60). When a shovel with
-an exchange source is deleted here, its durable source queue is deleted too (best effort).
+an exchange source is deleted here, its durable source queue is deleted too (best effort). Every start and stop
+of a copy is logged (`shovel copy started|stopped {json}`), and a runner asks `owner` again before each batch it
+carries out (a node paused past its lease stops before acting).
 """
 
 from __future__ import annotations
@@ -44,13 +46,16 @@ class _Entry:
 class ShovelManager:
     def __init__(self, node_name: str, definitions: Callable[[], dict[Key, str]],
                  owner: Callable[[str, str], str | None] | None = None, local: AmqpUri | None = None,
-                 delete_definition: Callable[[str, str], Awaitable[None]] | None = None) -> None:
+                 delete_definition: Callable[[str, str], Awaitable[None]] | None = None,
+                 shovel_type: str = "dynamic") -> None:
         self.node_name = node_name
+        self.shovel_type = shovel_type  # "dynamic", or "static" (the config file's, cluster/shovel/static.py)
         self.definitions = definitions
         self.owner = owner or (lambda vhost, name: node_name)
         self.local = local
         self.delete_definition = delete_definition
         self._entries: dict[Key, _Entry] = {}
+        self._live: set[Key] = set()  # shovels with a task here, until it has finished (connections closed)
         self._invalid: dict[Key, str] = {}
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
@@ -59,6 +64,10 @@ class ShovelManager:
     def poke(self) -> None:
         """Definitions changed: reconcile now instead of at the next poll."""
         self._wake.set()
+
+    def running_here(self, vhost: str, name: str) -> bool:
+        """Whether a copy of the shovel still exists on this node (running, or stopping: its task not finished)."""
+        return (vhost, name) in self._live
 
     def restart(self, vhost: str, name: str) -> bool:
         """Restart a shovel running here (False: it does not run on this node)."""
@@ -89,6 +98,7 @@ class ShovelManager:
                 owner = self.owner(vhost, name)
                 row = {"name": name, "vhost": vhost, "type": "dynamic", "node": owner,
                        "state": "starting" if owner == self.node_name else "running elsewhere"}
+            row["type"] = self.shovel_type
             rows.append(row)
         return rows
 
@@ -134,19 +144,29 @@ class ShovelManager:
             log.info("shovel %s/%s starting on %s", key[0], key[1], self.node_name)
 
     def _runner(self, definition: ShovelDefinition) -> ShovelRunner:
-        return ShovelRunner(definition, self.node_name, self.local, self._deleted_self)
+        key = (definition.vhost, definition.name)
+        return ShovelRunner(definition, self.node_name, self.local, self._deleted_self,
+                            may_run=lambda: self.owner(*key) == self.node_name)
 
     async def _run_one(self, key: Key, entry: _Entry) -> None:
+        self._live.add(key)
         with entry.scope:
-            while True:
-                try:
-                    await entry.runner.run()
-                    return  # terminated (delete-after): kept as such until its definition is gone
-                except Exception as exc:
-                    log.exception("shovel %s/%s failed", *key)
-                    entry.runner.link.stop(f"failed: {type(exc).__name__}: {exc}", wall_ms())
-                await trio.sleep(max(entry.definition.reconnect_delay_ms, 1000) / 1000)
-                entry.runner = self._runner(entry.definition)
+            _report_copy("started", key, self.node_name)
+            try:
+                while True:
+                    try:
+                        await entry.runner.run()
+                        return  # terminated (delete-after): kept as such until its definition is gone
+                    except Exception as exc:
+                        log.exception("shovel %s/%s failed", *key)
+                        entry.runner.link.stop(f"failed: {type(exc).__name__}: {exc}", wall_ms())
+                    await trio.sleep(max(entry.definition.reconnect_delay_ms, 1000) / 1000)
+                    entry.runner = self._runner(entry.definition)
+            finally:
+                current = self._entries.get(key)
+                if current is None or current is entry:  # (not replaced by a newer task for the same key)
+                    self._live.discard(key)
+                _report_copy("stopped", key, self.node_name)  # (its connections are closed by now)
 
     async def _deleted_self(self, definition: ShovelDefinition) -> None:
         log.info("shovel %s/%s completed (src-delete-after); deleting its definition", definition.vhost,
@@ -169,6 +189,16 @@ class ShovelManager:
                     await link.call(ch, m.QueueDelete(queue=exchange_source_queue(definition)), m.QueueDeleteOk)
         except (OSError, LinkClosed, trio.TooSlowError) as exc:
             log.warning("shovel %s/%s: its source queue was not deleted: %s", definition.vhost, definition.name, exc)
+
+
+COPY_REPORT = "shovel copy "
+
+
+def _report_copy(what: str, key: Key, node: str) -> None:
+    """One log line when a copy of a shovel starts or stops on this node (after its connections closed), read by
+    the chaos scenarios' check that no two copies ever run at once (chaos/shovel.py)."""
+    log.info("%s%s %s", COPY_REPORT, what, json.dumps({"vhost": key[0], "name": key[1], "node": node,
+                                                      "at_ms": wall_ms()}))
 
 
 def _iso(ms: int) -> str:

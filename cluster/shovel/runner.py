@@ -68,8 +68,10 @@ class _Down(Exception):
 
 class ShovelRunner:
     def __init__(self, definition: ShovelDefinition, node_name: str, local: AmqpUri | None = None,
-                 on_delete_self: Callable[[ShovelDefinition], Awaitable[None]] | None = None) -> None:
+                 on_delete_self: Callable[[ShovelDefinition], Awaitable[None]] | None = None,
+                 may_run: Callable[[], bool] = lambda: True) -> None:
         self.definition = definition
+        self.may_run = may_run  # checked before each batch: False (lease lost) ends the session
         self.link = ShovelLink(definition, node_name)
         self.local = local
         self.on_delete_self = on_delete_self
@@ -175,6 +177,8 @@ class ShovelRunner:
             link.route_events(send, side, keep=lambda event: not isinstance(event, ChannelClosed))
         try:
             while True:
+                if not self.may_run():
+                    raise _Down("link", "this node no longer holds the shovel's lease")
                 effects = self._carry_out(src, src_ch, dest, dest_ch, effects)
                 if any(isinstance(e, Disconnect) for e in effects):
                     await src.flush()  # the last acks go out before the connections close

@@ -50,6 +50,7 @@ class NodeConfig:
     default_vhost: str = "/"
     loopback_users: tuple[str, ...] = ("guest",)
     extra_users: tuple[BootstrapUser, ...] = ()
+    static_shovels: tuple[tuple[str, str], ...] = ()  # (name, dynamic definition JSON): [shovels.NAME] tables
     frame_max: int = 131072
     channel_max: int = 2047
     heartbeat_s: int = 60
@@ -269,8 +270,21 @@ def _users_from_toml(raw: Any, origin: str) -> tuple[BootstrapUser, ...]:
     return tuple(users)
 
 
+def _shovels_from_toml(raw: Any, origin: str) -> tuple[tuple[str, str], ...]:
+    from cluster.shovel.params import ShovelParamError
+    from cluster.shovel.static import static_definition
+
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{origin}: shovels must be tables ([shovels.NAME])")
+    try:
+        return tuple((str(name), static_definition(str(name), table)) for name, table in sorted(raw.items()))
+    except ShovelParamError as exc:
+        raise ConfigError(f"{origin}: {exc}") from None
+
+
 def values_from_toml(path: Path) -> dict[str, Any]:
-    """Read a TOML file: top-level keys are setting names; `[[users]]` tables add users."""
+    """Read a TOML file: top-level keys are setting names; `[[users]]` tables add users; `[shovels.NAME]` tables
+    are static shovels (cluster/shovel/static.py)."""
     try:
         with path.open("rb") as handle:
             raw = tomllib.load(handle)
@@ -280,6 +294,9 @@ def values_from_toml(path: Path) -> dict[str, Any]:
     for key, value in raw.items():
         if key == "users":
             values["extra_users"] = _users_from_toml(value, str(path))
+            continue
+        if key == "shovels":
+            values["static_shovels"] = _shovels_from_toml(value, str(path))
             continue
         setting = _SETTINGS_BY_NAME.get(key)
         if setting is None:

@@ -83,7 +83,7 @@ async def _serve(config: NodeConfig) -> None:
             view = BrokerView(broker, node.dispatch, node_name=config.node_name, amqp_port=ports[0],
                               wait_durable=store.wait_durable)
             await _start_management(nursery, view, config, management_port(config, config.port), node)
-            await _start_shovels(nursery, view, config, ports[0], owner=None)
+            await _start_shovels(nursery, view, config, ports[0], ownership=None)
         nursery.cancel_scope.cancel()
 
 
@@ -134,10 +134,10 @@ async def _start_management(nursery: Any, view: Any, config: NodeConfig, port: i
             log.error("Prometheus metrics not served: cannot listen on port %d: %s", config.prometheus_port, exc)
 
 
-async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port: int, owner: Any) -> None:
+async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port: int, ownership: Any) -> None:
     """Dynamic shovels (cluster/shovel/manager.py) and exchange federation links (cluster/federation/manager.py):
     the definitions come from the view (broker parameters, or the cluster metadata); `amqp://` with no host is this
-    node, logged in as the default user."""
+    node, logged in as the default user. In a cluster, `ownership` (cluster/link/ownership.py) says what runs here."""
     from cluster.link.uri import AmqpUri
     from cluster.shovel.manager import ShovelManager
 
@@ -147,12 +147,25 @@ async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port:
     async def delete_definition(vhost: str, name: str) -> None:
         await view.clear_parameter("shovel", vhost, name)
 
+    owner = ownership.owner_for("shovel") if ownership is not None else None
     view.shovels = ShovelManager(config.node_name, view.stored_shovels, owner, local, delete_definition)
     await nursery.start(view.shovels.run)
     from cluster.federation.manager import FederationManager
 
+    if config.static_shovels:  # the config file's [shovels.NAME]: run like dynamic ones, leased apart from them
+        statics = {("/", name): value for name, value in config.static_shovels}
+        owner = ownership.owner_for("static-shovel") if ownership is not None else None
+        view.static_shovels = ShovelManager(config.node_name, lambda: statics, owner, local, shovel_type="static")
+        await nursery.start(view.static_shovels.run)
+    owner = ownership.owner_for("federation") if ownership is not None else None
     view.federation = FederationManager(config.node_name, view.cluster_name, view, owner, local)
     await nursery.start(view.federation.run)
+    if ownership is not None:
+        ownership.on_change += [view.shovels.poke, view.federation.poke]
+        ownership.busy["shovel"] = view.shovels.running_here
+        if view.static_shovels is not None:
+            ownership.busy["static-shovel"] = view.static_shovels.running_here
+        await nursery.start(ownership.run)
 
 
 async def _serve_cluster(config: NodeConfig) -> None:
@@ -190,7 +203,12 @@ async def _serve_cluster(config: NodeConfig) -> None:
             view = ClusterView(cluster, node_name=config.node_name, amqp_port=ports[0],
                                cluster_name=",".join(layout.names))
             await _start_management(nursery, view, config, layout.me.management_port, node)
-            await _start_shovels(nursery, view, config, ports[0], owner=view.shovel_owner)
+            from cluster.link.ownership import LeaseOwnership
+
+            store = cluster.store
+            assert store is not None  # (set by cluster.start)
+            ownership = LeaseOwnership(config.node_name, lambda: store.state, store.apply, view.shovel_owner)
+            await _start_shovels(nursery, view, config, ports[0], ownership)
         nursery.cancel_scope.cancel()
 
 

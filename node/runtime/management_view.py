@@ -64,6 +64,7 @@ class BrokerView:
         self.version = version
         self.started_ms = int(time.time() * 1000)
         self.shovels: Any = None  # the node's ShovelManager (cluster/shovel/manager.py), set by main.py
+        self.static_shovels: Any = None  # the ShovelManager of the config file's static shovels, if any
         self.federation: Any = None  # the node's FederationManager (cluster/federation/manager.py), set by main.py
         self.counters: Any = None  # the node (messages_received/_delivered) and its resource probe, set by main.py
         self.probe: Any = None
@@ -266,7 +267,8 @@ class BrokerView:
                 if component == "shovel"}
 
     def shovel_status(self) -> list[dict[str, Any]]:
-        return self.shovels.status() if self.shovels is not None else []
+        static = self.static_shovels.status() if self.static_shovels is not None else []
+        return (self.shovels.status() if self.shovels is not None else []) + static
 
     def federation_links(self) -> list[dict[str, Any]]:
         """The exchange federation links this node runs (RabbitMQ's federation_status reports one node too)."""

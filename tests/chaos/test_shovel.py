@@ -2,7 +2,8 @@
 bundled scenarios' shape, and a short version of `shovel-kill-runner` on real processes: a 3-node source cluster,
 a dynamic on-confirm shovel to a destination (one node here, to keep CI short; the bundled scenarios use 3), kill -9
 of the node running the shovel and restart, and a 9 s partition between the clusters. Everything confirmed to the source must be consumed at the
-destination; republished copies are counted, not failures. The full scenarios run with `raftmq chaos run
+destination; republished copies are counted, not failures; never two copies of the shovel may run at once
+(`count_copies`, from the source nodes' copy reports and kill times). The full scenarios run with `raftmq chaos run
 shovel-kill-runner` etc.; docs/chaos.md has the verdicts of full runs.
 """
 
@@ -19,7 +20,7 @@ from chaos.history import Ack, Delivery, Fault, Publish
 from chaos.report import report_json, report_text
 from chaos.run import RunOutcome, run_scenario
 from chaos.scenario import Scenario, ScenarioError, load_scenario
-from chaos.shovel import ShovelSettings, TwoClusters, shovel_environment
+from chaos.shovel import ShovelSettings, TwoClusters, count_copies, shovel_environment
 
 SHOVEL_SCENARIOS = ("shovel-kill-runner", "shovel-kill-dest-leader", "shovel-partition", "shovel-restart-source")
 
@@ -38,6 +39,25 @@ def test_copies_mode_counts_republished_copies_but_still_fails_a_loss() -> None:
     assert shovelled.valid and shovelled.duplicated == (("a", 2),)
     assert shovelled.summary()["copies_expected"] is True
     assert not check(publishes, deliveries[:1], copies=True).valid  # "b" confirmed, never consumed: lost
+
+
+def _line(what: str, at_ms: int, name: str = "chaos-shovel") -> str:
+    return f'INFO raftmq.shovel: shovel copy {what} {{"vhost": "/", "name": "{name}", "node": "x", "at_ms": {at_ms}}}\n'
+
+
+def test_copies_are_counted_from_the_logs_and_kill_times() -> None:
+    # rmq1 runs it, is killed at 50 (no stopped line), restarted, takes it back at 90; rmq2 ran it from 60 to 85
+    logs = {"rmq1": _line("started", 10) + _line("started", 90, "other") + _line("started", 90),
+            "rmq2": _line("started", 60) + _line("stopped", 85), "rmq3": ""}
+    counted = count_copies(logs, {"rmq1": [50]}, "chaos-shovel")
+    assert counted.most == 1
+    assert counted.intervals == (("rmq1", 10, 50), ("rmq2", 60, 85), ("rmq1", 90, None))
+    # without the kill time, rmq1's first copy would still run when rmq2's starts: two at once
+    twice = count_copies(logs, {}, "chaos-shovel")
+    assert twice.most == 2 and {i[0] for i in twice.overlap} == {"rmq1", "rmq2"}
+    # a start at the very moment the other copy stopped is not an overlap
+    assert count_copies({"a": _line("started", 1) + _line("stopped", 5), "b": _line("started", 5)}, {},
+                        "chaos-shovel").most == 1
 
 
 def test_bundled_shovel_scenarios_need_nothing_but_themselves() -> None:
@@ -71,8 +91,11 @@ def run_short(scenario: Scenario) -> tuple[RunOutcome, str | None]:
         assert isinstance(env.cluster, TwoClusters)
         runner = env.cluster.shovel_node()
         outcome = run_scenario(scenario, env)
+        copies = env.cluster.copies
     print(report_text(report_json(scenario.name, outcome.result, outcome.records, {"drained": outcome.drained})))
     print(f"duplicates (republished copies): {sum(count - 1 for _, count in outcome.result.duplicated)}")
+    print(f"copies of the shovel: {copies}")
+    assert copies is not None and copies.most == 1 and copies.intervals  # never two copies at once
     assert outcome.error is None and outcome.published_all and outcome.drained and not outcome.overflowed
     result = outcome.result
     assert result.lost == () and result.unexpected == () and result.valid

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import collections
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from chaos.shovel import count_copies
 from tests.cluster.cluster_proc import ClusterProcs, api_queue, raft_links_up, supervised
 from tests.integration.nodeproc import NodeProcess
 from tests.shovel.helpers import count, ctl_call, drain, publish, start_node, uri, wait_until
@@ -53,6 +55,19 @@ def _one_runner(procs: ClusterProcs, alive: list[str]) -> str | None:
     return owner if all(state == "running elsewhere" for state in others) else None
 
 
+def _kill(procs: ClusterProcs, name: str, deaths: dict[str, list[int]]) -> None:
+    procs.kill(name)
+    deaths.setdefault(name, []).append(int(time.time() * 1000))
+
+
+def _assert_one_copy_at_a_time(procs: ClusterProcs, shovel: str, deaths: dict[str, list[int]]) -> None:
+    """From the nodes' `shovel copy started/stopped` lines and the kill times: never two copies at once."""
+    logs = {n.name: n.log_text().decode(errors="replace") for n in procs.nodes}
+    copies = count_copies(logs, deaths, shovel)
+    print(f"copies of {shovel} (node, from, to): {copies.intervals}")
+    assert copies.most == 1, copies.overlap
+
+
 def test_cluster_shovel_runs_on_one_node_and_moves_when_it_dies(
         cluster_and_dest: tuple[ClusterProcs, tuple[NodeProcess, int]]) -> None:
     procs, (dest, _) = cluster_and_dest
@@ -66,16 +81,21 @@ def test_cluster_shovel_runs_on_one_node_and_moves_when_it_dies(
     assert code == 0, out
     owner = wait_until(lambda: _one_runner(procs, names), 60, "one node running the shovel, named by all")
     wait_until(lambda: count(dest.port, "from-cluster") == 300, 90, "300 messages at the destination")
-    procs.kill(owner)
+    deaths: dict[str, list[int]] = {}
+    _kill(procs, owner, deaths)
+    killed_at = time.monotonic()
     alive = [n for n in names if n != owner]
     new_owner = wait_until(lambda: _one_runner(procs, alive), 90, "the shovel moved to a live node")
     assert new_owner != owner
+    print(f"the shovel ran again on {new_owner} {time.monotonic() - killed_at:.1f} s after the kill of {owner} "
+          f"(lease 10 s + margin 1.5 s after its last renewal)")
     publish(procs.node(alive[0]).port, "cq-src", 200, declare=QUORUM, prefix="late")
     wait_until(lambda: count(dest.port, "from-cluster") >= 500, 120, "the later 200 messages shovelled too")
     bodies = collections.Counter(body for body, _ in drain(dest.port, "from-cluster"))
     expected = {f"m{n}".encode() for n in range(300)} | {f"late{n}".encode() for n in range(200)}
     assert set(bodies) == expected  # nothing lost; duplicates (unconfirmed at the kill) are possible
     print(f"duplicates after the kill of {owner}: {sum(bodies.values()) - len(bodies)}")
+    _assert_one_copy_at_a_time(procs, "cs", deaths)
     code, out = ctl_call(procs.node(alive[0]).port + 10_000, "clear_parameter", "shovel", "cs")
     assert code == 0, out
     wait_until(lambda: all(ctl_call(procs.node(n).port + 10_000, "shovel_status") == (0, []) for n in alive), 30,
@@ -100,7 +120,9 @@ def test_rolling_restart_leaves_one_copy_and_loses_nothing(
     assert ctl_call(procs.node("n1").port + 10_000, "set_parameter", "shovel", "roll", json.dumps(value))[0] == 0
     wait_until(lambda: _one_runner(procs, names), 60, "one node running the shovel")
     samples: list[int] = []
+    deaths: dict[str, list[int]] = {}
     for name in names:
+        _kill(procs, name, deaths)
         procs.restart(name)
         wait_until(lambda: all(raft_links_up(n.port) for n in procs.nodes), 90, f"links up after restarting {name}")
         wait_until(lambda: _one_runner(procs, names), 90, f"one runner after restarting {name}")
@@ -115,6 +137,7 @@ def test_rolling_restart_leaves_one_copy_and_loses_nothing(
     assert set(bodies) == expected
     print(f"destination connections after each restart: {samples}; "
           f"duplicates: {sum(bodies.values()) - len(bodies)}")
+    _assert_one_copy_at_a_time(procs, "roll", deaths)
 
 
 def test_killing_the_destination_queue_leader_loses_nothing(

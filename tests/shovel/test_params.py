@@ -45,7 +45,8 @@ def test_uri_lists_legacy_keys_and_numbers() -> None:
     ({"src-queue": "a", "dest-uri": DEST}, 'Key "src-uri" not found'),
     (_value(**{"dest-uri": []}), "non-empty list"),
     (_value(**{"dest-uri": "http://x"}), "scheme must be amqp"),
-    (_value(**{"src-uri": "amqps://h"}), "amqps"),
+    (_value(**{"src-uri": "amqps://h?verify=sometimes"}), "verify must be verify_peer or verify_none"),
+    (_value(**{"src-uri": "amqp://h?cacertfile=/ca.pem"}), "TLS options need an amqps URI"),
     (_value(**{"src-prefetch-count": -1}), "src-prefetch-count"),
     (_value(**{"src-delete-after": "sometime"}), "src-delete-after"),
     (_value(**{"reconnect-delay": "soon"}), "reconnect-delay"),
@@ -68,3 +69,19 @@ def test_uri_parsing() -> None:
     assert parse_uri("amqp://").local and "p:w" not in u.redacted()
     with pytest.raises(UriError):
         parse_uri("amqp://h/a/b")
+
+
+def test_amqps_uris_take_rabbitmqs_tls_keys() -> None:
+    u = parse_uri("amqps://u:p@broker.example/v?cacertfile=/tls/ca.pem&certfile=/tls/c.pem&keyfile=/tls/c.key"
+                  "&verify=verify_peer&server_name_indication=other.example&fail_if_no_peer_cert=true")
+    assert (u.tls, u.port, u.cacertfile, u.certfile, u.keyfile) == (True, 5671, "/tls/ca.pem", "/tls/c.pem",
+                                                                    "/tls/c.key")
+    assert (u.verify, u.tls_server_name) == ("verify_peer", "other.example")
+    assert u.redacted() == "amqps://u@broker.example:5671/v"
+    plain = parse_uri("amqps://h:1234")
+    assert (plain.port, plain.verify, plain.tls_server_name) == (1234, "verify_peer", "h")  # checked by default
+    assert parse_uri("amqps://h?server_name_indication=disable").tls_server_name is None
+    assert parse_uri("amqps://h?verify=verify_none").verify == "verify_none"
+    for bad in ("amqps://", "amqps://h?keyfile=/k.pem", "amqp://h?verify=verify_none"):
+        with pytest.raises(UriError):
+            parse_uri(bad)

@@ -136,7 +136,8 @@ class ClusterView(BrokerView):
         return {(p.vhost, p.name): p.value for p in self._parameters_state().values() if p.component == "shovel"}
 
     def shovel_owner(self, vhost: str, name: str) -> str | None:
-        """The node that runs the shovel: among the nodes not reported down here (`PeerLiveness`: no Raft link for
+        """The node that should run the shovel (or federation link; the lease decides which node does,
+        cluster/link/ownership.py): among the nodes not reported down here (`PeerLiveness`: no Raft link for
         `node_down_after_ms`, or refusing connections; a peer not connected yet after a start counts as up, so a
         restarted node does not take every shovel before its links are up), the highest rendezvous hash of
         (node, vhost, name); every node that sees the same nodes down picks the same one."""
