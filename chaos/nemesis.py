@@ -29,8 +29,10 @@ from typing import Protocol
 from chaos.netns import NetLab
 from deploy.healthcheck import answers_amqp
 from deploy.runner import (
+    PROMETHEUS_PORT_OFFSET,
     NodePlan,
     NodeProcess,
+    offset_port,
     pid_alive,
     plan_ports,
     queues_from_management,
@@ -67,7 +69,8 @@ def node_command(spec: NodeSpec, extra_args: tuple[str, ...] = ()) -> list[str]:
 def node_plan(spec: NodeSpec) -> NodePlan:
     """The node as deploy/runner.py plans it (its other ports derived from the AMQP port the same way)."""
     ports = plan_ports(spec.port)
-    return NodePlan(spec.name, spec.host, spec.port, ports["management"], ports["raft"], ports["metadata"])
+    return NodePlan(spec.name, spec.host, spec.port, ports["management"], ports["raft"], ports["metadata"],
+                    prometheus_port=offset_port(spec.port, PROMETHEUS_PORT_OFFSET))
 
 
 class LocalCluster:

@@ -50,6 +50,7 @@ SECRET_BYTES = 32
 TLS_DIR_NAME = "tls"
 TLS_PORT_OFFSET = 12_000  # a node's amqps listener (set explicitly: a node does not derive it)
 TLS_PROXY_PORT_OFFSET = 13_000  # its amqps listener with the PROXY protocol, HAProxy's target
+PROMETHEUS_PORT_OFFSET = 10_020  # node i on 5672+i serves /metrics on 15692+i, as RabbitMQ's make start-cluster
 TLS_CLIENTS = ("guest", "client")  # client certificates written for a --tls cluster (CN = the name)
 
 
@@ -203,6 +204,7 @@ class NodePlan:
     proxy_port: int = 0  # the node's PROXY protocol listener for HAProxy (proxy_protocol_port); 0 = none
     tls_port: int = 0  # --tls: the node's amqps listener (ssl_port); 0 = none
     tls_proxy_port: int = 0  # --tls: its amqps listener with the PROXY protocol (ssl_proxy_protocol_port)
+    prometheus_port: int = 0  # its /metrics listener (prometheus_port); 0 = not written (the node's own setting)
 
     @property
     def derived(self) -> bool:
@@ -266,6 +268,8 @@ def node_config_text(node: NodePlan, members: list[NodePlan], secret: str | None
              f"management_port = {node.management_port}"]
     if node.proxy_port:
         lines.append(f"proxy_protocol_port = {node.proxy_port}")
+    if node.prometheus_port:
+        lines.append(f"prometheus_port = {node.prometheus_port}")
     if tls_dir is not None and node.tls_port:
         lines += tls_settings(node, tls_dir)
     if secret is not None:
@@ -311,7 +315,7 @@ def plan_nodes(count: int, base_port: int, distinct_addresses: bool, node_port: 
         ports = plan_ports(port)
         tls_ports = (offset_port(port, TLS_PORT_OFFSET), offset_port(port, TLS_PROXY_PORT_OFFSET)) if tls else (0, 0)
         plan.append(NodePlan(f"rmq{i}", host, port, ports["management"], ports["raft"], ports["metadata"],
-                             proxy_port(port), *tls_ports))
+                             proxy_port(port), *tls_ports, prometheus_port=offset_port(port, PROMETHEUS_PORT_OFFSET)))
     return plan
 
 

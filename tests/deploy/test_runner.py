@@ -93,7 +93,9 @@ def test_cluster_config_names_every_node_and_reaches_the_node_command(tmp_path: 
     assert secret not in " ".join(command)  # the secret never shows in ps
     runner.write_node_configs(tmp_path, plan, cluster=False)
     standalone = node_config.values_from_toml(cfg)
-    assert standalone == {"management_port": plan[1].management_port, "proxy_protocol_port": plan[1].proxy_port}
+    assert standalone == {"management_port": plan[1].management_port, "proxy_protocol_port": plan[1].proxy_port,
+                          "prometheus_port": plan[1].prometheus_port}
+    assert len({node.prometheus_port for node in plan}) == len(plan)  # one /metrics port per node on one host
 
 
 def _closed_port() -> int:
