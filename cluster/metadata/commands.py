@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.metadata.mirror import MIRROR_COMMAND_TYPES, MirrorCommand, MirrorRecord
+
 Args = dict[str, Any]
 
 # ---------------------------------------------------------------------------------------------------- records
@@ -315,16 +317,16 @@ Command = (
     Barrier | AddNode | RemoveNode | SetNodeState | PutVhost | DeleteVhost | PutUser | DeleteUser | SetPermissions
     | ClearPermissions | DeclareExchange | DeleteExchange | Bind | Unbind | DeclareQueue | DeleteQueue
     | SetQueueLeader | SetQueueMembers | AddQueueMember | RemoveQueueMember | SetPolicy | ClearPolicy
-    | SetParameter | ClearParameter
+    | SetParameter | ClearParameter | MirrorCommand
 )
 
 COMMAND_TYPES: tuple[type, ...] = (
     Barrier, AddNode, RemoveNode, SetNodeState, PutVhost, DeleteVhost, PutUser, DeleteUser, SetPermissions,
     ClearPermissions, DeclareExchange, DeleteExchange, Bind, Unbind, DeclareQueue, DeleteQueue,
     SetQueueLeader, SetQueueMembers, AddQueueMember, RemoveQueueMember, SetPolicy, ClearPolicy,
-    SetParameter, ClearParameter,
+    SetParameter, ClearParameter, *MIRROR_COMMAND_TYPES,
 )
 RECORD_TYPES: tuple[type, ...] = (
     NodeRecord, VhostRecord, UserRecord, PermissionRecord, ExchangeRecord, BindingRecord, QueueRecord,
-    PolicyRecord, ParameterRecord,
+    PolicyRecord, ParameterRecord, MirrorRecord,
 )
