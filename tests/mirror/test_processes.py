@@ -4,7 +4,8 @@ files, with the controller committing leader, epoch and ISR in a real three-node
 The test process is the controller's host and the publishing client. It publishes, kills a follower with kill -9
 and restarts it, kills the leader with kill -9 (the metadata group elects a new one from the recorded ISR),
 restarts the old leader (it truncates by leader epoch and follows), and checks that every confirmed message is in
-the leader's log at its offset below the HW and that the replicas hold the same messages below the HW. Plus the
+the leader's log at its offset below the HW and that the replicas hold the same messages below the HW (the old
+leader comes back with a tail of publishes its paused followers never fetched, and truncates it). Plus the
 transport's authentication: a peer without the secret gets nothing delivered.
 """
 
@@ -151,7 +152,7 @@ async def _caught_up(h: Harness, names: tuple[str, ...]) -> bool:
     if leader is None or not leader.leader:
         return False
     top = await h.status(leader.leader)
-    if set(names) - set(top.isr):
+    if top.role != "leader" or top.epoch != leader.epoch or set(names) - set(top.isr):
         return False
     leos = [(await h.status(n)).leo for n in names]
     return all(leo == top.leo for leo in leos)
@@ -166,6 +167,7 @@ async def _wait_caught_up(h: Harness, names: tuple[str, ...]) -> None:
 async def test_kill_a_follower_then_the_leader_and_nothing_confirmed_is_lost(harness: Harness) -> None:
     h = harness
     await wait_until(lambda: len(h.controller.live) == 3, timeout_s=30, what="three replicas said hello")
+    await _wait_caught_up(h, REPLICAS)
     confirmed: dict[str, int] = {}
     await _publish_many(h, "first-", 30, confirmed)
     assert len(confirmed) == 30
@@ -178,7 +180,18 @@ async def test_kill_a_follower_then_the_leader_and_nothing_confirmed_is_lost(har
 
     before = h.record()
     assert before is not None and before.leader == "a"
-    h.kill("a")  # the leader: the metadata group elects from the recorded ISR and bumps the epoch
+    # With both followers paused, a burst goes into a's log only (still uncommitted); then a dies.
+    for name in ("b", "c"):
+        h.procs[name].send_signal(signal.SIGSTOP)
+    top = await h.status("a")
+    for i in range(20):
+        h.send("a", Publish(f"burst-{i}"))
+    with trio.fail_after(20):
+        while (await h.status("a")).leo < top.leo + 20:
+            await trio.sleep(0.01)
+    h.kill("a")  # the leader: the metadata group elects from the recorded ISR (or ELR) and bumps the epoch
+    for name in ("b", "c"):
+        h.procs[name].send_signal(signal.SIGCONT)
     await wait_until(lambda: (r := h.record()) is not None and r.leader in ("b", "c") and r.epoch > before.epoch,
                      what="a new leader from the ISR")
     await _publish_many(h, "after-a-", 30, confirmed)
@@ -202,6 +215,9 @@ async def test_kill_a_follower_then_the_leader_and_nothing_confirmed_is_lost(har
     telemetry = list((h.tmp / record.leader / "mirror" / "telemetry").glob("replication-*.jsonl"))
     kinds = {json.loads(line)["type"] for path in telemetry for line in path.read_text().splitlines()}
     assert {"append", "commit", "isr"} <= kinds
+    truncations = [json.loads(line) for path in (h.tmp / "a" / "mirror" / "telemetry").glob("*.jsonl")
+                   for line in path.read_text().splitlines() if '"truncate"' in line]
+    assert [(t["from_index"], t["how"]) for t in truncations] == [(top.leo + 20, "leader-epoch")]
 
 
 async def test_a_peer_without_the_secret_gets_nothing_delivered() -> None:

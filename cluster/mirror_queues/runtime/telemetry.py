@@ -52,6 +52,7 @@ class MirrorTelemetry(TelemetryWriter):
         record = self._record("truncate", replica)
         record.update(role=replica.role, from_index=effect.from_leo, to_index=effect.to_leo, how=effect.how)
         self._write(record)
+        self.flush()  # rare and telling: on disk at once, so a kill -9 right after does not lose it
 
     def after(self, replica: Replica) -> None:
         """After every core call: a `commit` record if the HW moved, an `isr` record if the leader or ISR did."""
@@ -67,6 +68,7 @@ class MirrorTelemetry(TelemetryWriter):
                 record = self._record("isr", replica)
                 record.update(leader=replica.name, isr=list(isr[1]))
                 self._write(record)
+                self.flush()
         elif self._isr is not None:
             self._isr = None
 
