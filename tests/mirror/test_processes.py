@@ -169,11 +169,11 @@ async def test_kill_a_follower_then_the_leader_and_nothing_confirmed_is_lost(har
     await wait_until(lambda: len(h.controller.live) == 3, timeout_s=30, what="three replicas said hello")
     await _wait_caught_up(h, REPLICAS)
     confirmed: dict[str, int] = {}
-    await _publish_many(h, "first-", 30, confirmed)
-    assert len(confirmed) == 30
+    await _publish_many(h, "first-", 10, confirmed)
+    assert len(confirmed) == 10
 
     h.kill("b")  # a follower; the leader's lag check drops it from the ISR, the rest goes on (min ISR 2)
-    await _publish_many(h, "without-b-", 30, confirmed)
+    await _publish_many(h, "without-b-", 10, confirmed)
     await wait_until(lambda: (r := h.record()) is not None and "b" not in r.isr, what="b out of the ISR")
     h.start("b")
     await _wait_caught_up(h, REPLICAS)
@@ -194,7 +194,7 @@ async def test_kill_a_follower_then_the_leader_and_nothing_confirmed_is_lost(har
         h.procs[name].send_signal(signal.SIGCONT)
     await wait_until(lambda: (r := h.record()) is not None and r.leader in ("b", "c") and r.epoch > before.epoch,
                      what="a new leader from the ISR")
-    await _publish_many(h, "after-a-", 30, confirmed)
+    await _publish_many(h, "after-a-", 10, confirmed)
     h.start("a")
     await _wait_caught_up(h, REPLICAS)
 
@@ -208,7 +208,7 @@ async def test_kill_a_follower_then_the_leader_and_nothing_confirmed_is_lost(har
     for name, log in logs.items():
         diverged = [o for o in range(leader.hw) if log[o] != leader.log[o]]
         assert not diverged, f"{name} differs from the leader at offsets {diverged[:5]}"
-    assert len(confirmed) >= 60
+    assert len(confirmed) >= 20
     # the controller's record went through the metadata group: every store holds it
     await wait_until(lambda: len({repr(s.state.mirrors) for s in h.stores}) == 1, what="equal metadata")
     assert any(kind == "AlterMirrorIsr" and outcome.ok for kind, outcome in h.controller.outcomes)

@@ -5,7 +5,7 @@ What it is for: the replicas' link to the metadata group, where leader, epoch an
 becomes `AlterMirrorIsr`, and the failure detector's verdict that a replica is gone (`replica_down`) becomes
 `MirrorReplicaDown`; after each commit every live replica is told the committed record (`LeaderAndIsr`), so a
 replica acts only on what the metadata group committed. A refused `AlterIsr` (a deposed leader, "fenced") is
-answered the same way: the record tells it who leads now.
+answered the same way, also when its sender was reported down: the record tells it who leads now.
 
 How it works: `commit` is how a command reaches the metadata group (`MetadataStore.apply`, which goes through the
 pysyncobj log; or `model.apply` on a local state in a test) and `record()` reads the committed record. Events are
@@ -80,10 +80,12 @@ class MirrorController:
         if outcome.refused:
             log.info("%s refused: %s", type(command).__name__, outcome.refused)
         self.broadcast()
+        if isinstance(message, AlterIsr) and replica not in self.live:
+            self.broadcast(replica)  # a deposed leader reported down: the record tells it who leads now
 
-    def broadcast(self) -> None:
+    def broadcast(self, *also: str) -> None:
         record = self._record()
         if record is None:
             return
-        for replica in sorted(self.live):
+        for replica in sorted(self.live | set(also)):
             self._send(replica, LeaderAndIsr(record.leader, record.epoch, record.isr))

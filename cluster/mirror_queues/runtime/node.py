@@ -12,9 +12,11 @@ follower reports a LEO, before it is on disk), then the effects are carried out:
 logged. On start the replica recovers from its files (if any) and says `Hello` to the controller (repeated every
 second until the controller answers) with its log end and whether its crash may have lost acknowledged writes
 (`flush="unsynced"`); the controller's `LeaderAndIsr` makes it leader or follower of a newer epoch, or updates a
-leader's ISR. A timer every `tick_ms` ticks the core (lag check, HW checkpoint), lets a follower fetch (at once
-after a reply that carried records, else on the next tick; a request unanswered for `fetch_timeout_ms` is sent
-again), and with `flush="unsynced"` writes the page cache back every `writeback_interval_ms` (`Replica.flush`).
+leader's ISR. A follower fetches again as soon as a reply comes; a leader parks a fetch that would get
+nothing new for up to `fetch_max_wait_ms` and answers it when its log or HW moves (Kafka's fetch.max.wait.ms), so
+a publish reaches the followers without a polling loop. A timer every `tick_ms` ticks the core (lag check, HW
+checkpoint), answers parked fetches that waited long enough, resends a follower's request unanswered for
+`fetch_timeout_ms`, and with `flush="unsynced"` writes the page cache back every `writeback_interval_ms` (`Replica.flush`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from cluster.mirror_queues.core.types import (
     Confirmed,
     Effect,
     EpochEndResponse,
+    FetchRequest,
     FetchResponse,
     IsrChanged,
     Nacked,
@@ -76,6 +79,9 @@ class NodeConfig:
     settings: dict[str, Any] = field(default_factory=dict)  # Settings fields
     tick_ms: int = 10
     fetch_timeout_ms: int = 500
+    # how long a leader parks a fetch that has nothing new: below fetch_timeout_ms and well below
+    # replica_lag_max_ms (a parked follower's lag clock is refreshed only when its fetch is answered)
+    fetch_max_wait_ms: int = 200
     writeback_interval_ms: int = 1000
 
     @classmethod
@@ -105,6 +111,8 @@ class ReplicaNode:
         self.greeted = False
         self.awaiting_since: int | None = None  # a follower's request in flight since
         self.fetch_now = False
+        self.parked: dict[str, tuple[FetchRequest, int]] = {}  # leader: fetches with nothing new, and since when
+        self.hw_sent: dict[str, int] = {}  # leader: the HW each follower was last told
         self.last_hello_ms = 0
         self.last_writeback_ms = now
 
@@ -116,6 +124,8 @@ class ReplicaNode:
         self.telemetry.on_append(self.replica, self.replica.log[min(written, self.store.written) : self.store.written])
         for effect in effects:
             if isinstance(effect, Send):
+                if isinstance(effect.message, FetchResponse):
+                    self.hw_sent[effect.dst] = effect.message.leader_hw
                 self.transport.send(effect.dst, effect.message)
             elif isinstance(effect, Confirmed):
                 client = self.publishers.pop(effect.msg, None)
@@ -149,14 +159,35 @@ class ReplicaNode:
                                                  tuple(r.log) if message.with_log else ()))
         elif isinstance(message, AlterIsr | Hello | PublishResult | StatusReply):
             pass  # the controller's and the clients' messages
+        elif isinstance(message, FetchRequest) and self._parks(message):
+            self.parked[src] = (message, now)
         else:
             if isinstance(message, FetchResponse | EpochEndResponse) and src == self.replica.leader:
                 self.awaiting_since = None
-                self.fetch_now = isinstance(message, EpochEndResponse) or bool(message.records)
+                self.fetch_now = True  # the leader parks a fetch with nothing new: ask again at once
             self._run(self.replica.handle(message, now))
             if self.fetch_now:
                 self._poll(now)
+        self._release(now)
 
+    def _parks(self, request: FetchRequest) -> bool:
+        """A leader holds a fetch that tells it nothing new (the follower's LEO is known) and would get nothing new (no
+        records, a HW the follower has) for up to
+        `fetch_max_wait_ms`, as Kafka's fetch.max.wait.ms, so a follower hears of a publish at once without polling
+        in a loop; it is answered (through the core, with the time of the answer) when the log or HW moves."""
+        r = self.replica
+        return (r.role == "leader" and request.epoch == r.epoch and request.fetch_offset == r.leo
+                and r.follower_leo.get(request.src) == request.fetch_offset  # nothing new for the core either
+                and self.hw_sent.get(request.src) == r.hw)
+
+    def _release(self, now: int, expired_only: bool = False) -> None:
+        r = self.replica
+        for src, (request, since) in list(self.parked.items()):
+            moved = r.role != "leader" or request.epoch != r.epoch or request.fetch_offset != r.leo or (
+                self.hw_sent.get(src) != r.hw)
+            if (moved and not expired_only) or now - since >= self.config.fetch_max_wait_ms:
+                del self.parked[src]
+                self._run(r.handle(request, now))
     def _on_leader_and_isr(self, message: LeaderAndIsr, now: int) -> None:
         r = self.replica
         if not message.leader:
@@ -191,6 +222,7 @@ class ReplicaNode:
             self.replica.flush()
             self._run([])
         self._run(self.replica.tick(now))
+        self._release(now)
         if self.replica.role == "follower" and (
                 self.awaiting_since is None or now - self.awaiting_since >= self.config.fetch_timeout_ms):
             self._poll(now)
