@@ -119,9 +119,7 @@ class ReplicaNode:
     # --- effects -----------------------------------------------------------------------------------------------
 
     def _run(self, effects: list[Effect]) -> None:
-        written = self.store.written
-        self.store.persist(self.replica, effects)
-        self.telemetry.on_append(self.replica, self.replica.log[min(written, self.store.written) : self.store.written])
+        self.telemetry.on_append(self.replica, self.store.persist(self.replica, effects))
         for effect in effects:
             if isinstance(effect, Send):
                 if isinstance(effect.message, FetchResponse):

@@ -124,9 +124,9 @@ class ReplicaStore:
         self._cut(self._positions[records])
         del self._positions[records:]
 
-    def persist(self, replica: Replica, effects: Iterable[Effect] = ()) -> None:
+    def persist(self, replica: Replica, effects: Iterable[Effect] = ()) -> list[Record]:
         """Make the files hold `replica.crash_image()`: cut truncated records, write the epoch cache if it changed,
-        append and fsync the newly flushed records, write the HW checkpoint if it moved."""
+        append and fsync the newly flushed records (returned), write the HW checkpoint if it moved."""
         cuts = [e.to_leo for e in effects if isinstance(e, Truncated)]
         if cuts:
             self._truncate_to(min(cuts))
@@ -137,10 +137,10 @@ class ReplicaStore:
             _write_atomically(self.epochs_path, cbor2.dumps([list(e) for e in epochs]))
             self._epochs = epochs
             self.fsyncs += 1
-        if replica.flushed > self.written:
-            self._log.seek(self._end)
+        appended = replica.log[self.written : replica.flushed]
+        if appended:
             chunks = []
-            for record in replica.log[self.written : replica.flushed]:
+            for record in appended:
                 encoded = encode_record(record)
                 self._positions.append(self._end)
                 self._end += len(encoded)
@@ -153,6 +153,7 @@ class ReplicaStore:
             _write_atomically(self.hw_path, str(replica.hw_checkpoint).encode())
             self._hw_checkpoint = replica.hw_checkpoint
             self.fsyncs += 1
+        return appended
 
     def close(self) -> None:
         self._log.close()
