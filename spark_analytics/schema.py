@@ -8,6 +8,7 @@ from whatever sample it sees). Every field of every record type is listed here, 
 from __future__ import annotations
 
 from pyspark.sql.types import (
+    ArrayType,
     IntegerType,
     LongType,
     MapType,
@@ -21,6 +22,7 @@ SCHEMA_VERSION = 1
 RECORD_STATE = "state"
 RECORD_APPEND = "append"
 RECORD_COMMIT = "commit"
+RECORD_ISR = "isr"  # mirrored queues only: the leader's ISR changed (or a new leader took over)
 
 ROLE_LEADER = "leader"
 ROLE_FOLLOWER = "follower"
@@ -54,5 +56,8 @@ TELEMETRY_SCHEMA = StructType(
         StructField("bytes", LongType(), True),
         # append only, optional: the term of the batch's last entry (absent in older telemetry)
         StructField("entries_term", LongType(), True),
+        # mirrored queues ("kind": "mirror"): isr records (and leader state records) carry the ISR, isr the leader
+        StructField("isr", ArrayType(StringType(), True), True),
+        StructField("leader", StringType(), True),
     ]
 )

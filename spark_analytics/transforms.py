@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 from spark_analytics.schema import (
     RECORD_APPEND,
     RECORD_COMMIT,
+    RECORD_ISR,
     RECORD_STATE,
     ROLE_LEADER,
     SCHEMA_VERSION,
@@ -57,7 +58,7 @@ def valid_records(records: DataFrame) -> DataFrame:
     """Schema-v1 records of a known type with every identifying field present."""
     return records.where(
         (F.col("v") == SCHEMA_VERSION)
-        & F.col("type").isin(RECORD_STATE, RECORD_APPEND, RECORD_COMMIT)
+        & F.col("type").isin(RECORD_STATE, RECORD_APPEND, RECORD_COMMIT, RECORD_ISR)
         & F.col("ts_ms").isNotNull()
         & F.col("node").isNotNull()
         & F.col("group").isNotNull()

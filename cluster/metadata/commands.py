@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.metadata.leases import ClaimLease, LeaseRecord, NodeLeaseRecord, ReleaseLease, RenewNodeLease
+from cluster.metadata.mirror import MIRROR_COMMAND_TYPES, MirrorCommand, MirrorRecord
 
 Args = dict[str, Any]
 
@@ -317,16 +318,16 @@ Command = (
     Barrier | AddNode | RemoveNode | SetNodeState | PutVhost | DeleteVhost | PutUser | DeleteUser | SetPermissions
     | ClearPermissions | DeclareExchange | DeleteExchange | Bind | Unbind | DeclareQueue | DeleteQueue
     | SetQueueLeader | SetQueueMembers | AddQueueMember | RemoveQueueMember | SetPolicy | ClearPolicy
-    | SetParameter | ClearParameter | ClaimLease | RenewNodeLease | ReleaseLease
+    | SetParameter | ClearParameter | ClaimLease | RenewNodeLease | ReleaseLease | MirrorCommand
 )
 
 COMMAND_TYPES: tuple[type, ...] = (
     Barrier, AddNode, RemoveNode, SetNodeState, PutVhost, DeleteVhost, PutUser, DeleteUser, SetPermissions,
     ClearPermissions, DeclareExchange, DeleteExchange, Bind, Unbind, DeclareQueue, DeleteQueue,
     SetQueueLeader, SetQueueMembers, AddQueueMember, RemoveQueueMember, SetPolicy, ClearPolicy,
-    SetParameter, ClearParameter, ClaimLease, RenewNodeLease, ReleaseLease,
+    SetParameter, ClearParameter, ClaimLease, RenewNodeLease, ReleaseLease, *MIRROR_COMMAND_TYPES,
 )
 RECORD_TYPES: tuple[type, ...] = (
     NodeRecord, VhostRecord, UserRecord, PermissionRecord, ExchangeRecord, BindingRecord, QueueRecord,
-    PolicyRecord, ParameterRecord, LeaseRecord, NodeLeaseRecord,
+    PolicyRecord, ParameterRecord, LeaseRecord, NodeLeaseRecord, MirrorRecord,
 )

@@ -72,6 +72,7 @@ from cluster.metadata.commands import (  # re-exported: model is where callers i
     UserRecord,
     VhostRecord,
 )
+from cluster.metadata.mirror import MIRROR_COMMAND_TYPES, MirrorCommand, MirrorRecord, apply_mirror
 
 PROTOCOL_VERSION = 1
 DEDUP_MAX = 4096
@@ -85,42 +86,12 @@ PREDECLARED_EXCHANGES = (
 )
 
 __all__ = [  # the records and commands live in cluster.metadata.commands; callers import them from here
-    "AddNode",
-    "AddQueueMember",
-    "Barrier",
-    "Bind",
-    "BindingRecord",
-    "ClearParameter",
-    "ClearPermissions",
-    "ClearPolicy",
-    "Command",
-    "COMMAND_TYPES",
-    "DeclareExchange",
-    "DeclareQueue",
-    "DeleteExchange",
-    "DeleteQueue",
-    "DeleteUser",
-    "DeleteVhost",
-    "ExchangeRecord",
-    "NodeRecord",
-    "ParameterRecord",
-    "PermissionRecord",
-    "PolicyRecord",
-    "PutUser",
-    "PutVhost",
-    "QueueRecord",
-    "RECORD_TYPES",
-    "RemoveNode",
-    "RemoveQueueMember",
-    "SetNodeState",
-    "SetParameter",
-    "SetPermissions",
-    "SetPolicy",
-    "SetQueueLeader",
-    "SetQueueMembers",
-    "Unbind",
-    "UserRecord",
-    "VhostRecord",
+    "AddNode", "AddQueueMember", "Barrier", "Bind", "BindingRecord", "ClearParameter", "ClearPermissions",
+    "ClearPolicy", "Command", "COMMAND_TYPES", "DeclareExchange", "DeclareQueue", "DeleteExchange", "DeleteQueue",
+    "DeleteUser", "DeleteVhost", "ExchangeRecord", "NodeRecord", "ParameterRecord", "PermissionRecord",
+    "PolicyRecord", "PutUser", "PutVhost", "QueueRecord", "RECORD_TYPES", "RemoveNode", "RemoveQueueMember",
+    "SetNodeState", "SetParameter", "SetPermissions", "SetPolicy", "SetQueueLeader", "SetQueueMembers", "Unbind",
+    "UserRecord", "VhostRecord",
 ]
 
 # ---------------------------------------------------------------------------------------------------- outcome
@@ -163,6 +134,7 @@ class MetadataState:
     parameters: Mapping[tuple[str, str, str], ParameterRecord] = field(default_factory=dict)  # (vhost, comp., name)
     leases: ls.Leases = field(default_factory=dict)  # (component, vhost, name): who runs it (cluster.metadata.leases)
     node_leases: ls.NodeLeases = field(default_factory=dict)  # node -> its lease expiry
+    mirrors: Mapping[tuple[str, str], MirrorRecord] = field(default_factory=dict)  # (vhost, queue): cluster.metadata.mirror
     applied: Mapping[str, Outcome] = field(default_factory=dict)  # command id -> first outcome, oldest first
 
     def definitions(self) -> dict[str, Any]:
@@ -289,7 +261,7 @@ def _delete_vhost(s: MetadataState, c: DeleteVhost) -> Step:
         return s, Outcome()
     changes: list[Change] = []
     for attr, kind in (("exchanges", "exchange"), ("queues", "queue"), ("permissions", "permission"),
-                       ("policies", "policy"), ("parameters", "parameter")):
+                       ("policies", "policy"), ("parameters", "parameter"), ("mirrors", "mirror")):
         doomed = {k for k in getattr(s, attr) if k[0] == c.name}
         s, more = _cascade(s, attr, kind, doomed, lambda k: tuple(k))
         changes += more
@@ -394,8 +366,9 @@ def _delete_queue(s: MetadataState, c: DeleteQueue) -> Step:
         return s, Outcome()
     s, changes = _drop_bindings(s, {k for k in s.bindings if k[0] == c.vhost and k[2] == "queue"
                                     and k[3] == c.name})
+    s, more = _cascade(s, "mirrors", "mirror", {(c.vhost, c.name)} & set(s.mirrors), tuple)
     s = replace(s, queues=_without(s.queues, {(c.vhost, c.name)}))
-    return s, Outcome((*changes, Change("queue", (c.vhost, c.name), "deleted")))
+    return s, Outcome((*changes, *more, Change("queue", (c.vhost, c.name), "deleted")))
 
 
 def _set_queue_leader(s: MetadataState, c: SetQueueLeader) -> Step:
@@ -476,8 +449,20 @@ def _release_lease(s: MetadataState, c: ls.ReleaseLease) -> Step:
     return replace(s, leases=leases), Outcome(refused=refused)
 
 
+def _mirror(s: MetadataState, c: MirrorCommand) -> Step:
+    q = s.queues.get((c.vhost, c.name))
+    if q is None or q.type != "mirrored":
+        return _refuse(s, f"no mirrored queue {c.name!r} in vhost {c.vhost}")
+    record, refused = apply_mirror(s.mirrors, c)
+    if refused or record is None:
+        return _refuse(s, refused) if refused else (s, Outcome())
+    return _upsert(s, "mirrors", "mirror", (c.vhost, c.name), record, (c.vhost, c.name))
+
+
 _HANDLERS: dict[type, Callable[[MetadataState, Any], Step]] = {
-    Barrier: lambda s, c: (s, Outcome()), AddNode: _add_node, RemoveNode: _remove_node, SetNodeState: _set_node_state, PutVhost: _put_vhost,
+    **{t: _mirror for t in MIRROR_COMMAND_TYPES},
+    Barrier: lambda s, c: (s, Outcome()), AddNode: _add_node, RemoveNode: _remove_node,
+    SetNodeState: _set_node_state, PutVhost: _put_vhost,
     DeleteVhost: _delete_vhost, PutUser: _put_user, DeleteUser: _delete_user,
     SetPermissions: _set_permissions, ClearPermissions: _clear_permissions,
     DeclareExchange: _declare_exchange, DeleteExchange: _delete_exchange, Bind: _bind, Unbind: _unbind,
@@ -529,7 +514,7 @@ def diff(old: MetadataState, new: MetadataState) -> tuple[Change, ...]:
 
 _KINDS = {"nodes": "node", "vhosts": "vhost", "users": "user", "permissions": "permission",
           "exchanges": "exchange", "bindings": "binding", "queues": "queue", "policies": "policy",
-          "parameters": "parameter"}
+          "parameters": "parameter", "mirrors": "mirror"}
 
 
 def _change_key(kind: str, key: Any) -> tuple[str, ...]:
@@ -621,6 +606,7 @@ _RECORD_MAPS: dict[str, Callable[[Any], Any]] = {
     "parameters": lambda r: (r.vhost, r.component, r.name),
     "leases": ls.lease_key,
     "node_leases": lambda r: r.node,
+    "mirrors": lambda r: (r.vhost, r.name),
 }
 
 
