@@ -15,13 +15,12 @@ from typing import Any, Final
 
 from cluster.queue import SetArgs
 from cluster.queue.types import QueueArgs
-from node.broker import delivery, paging
+from node.broker.backend import backend_of
 from node.broker.policies import (
     Policy,
     _is_int,
     effective_queue_arguments,
     from_record,
-    machine_args,
     queue_type_of,
 )
 from node.broker.queues import QueueState
@@ -52,19 +51,10 @@ def apply_to_queue(broker: BrokerState, vhost: VHost[Any], queue: QueueState) ->
     merged = effective_of(vhost, queue)
     expires = merged.get("x-expires")
     queue.expires_ms = expires if _is_int(expires) else None
-    wanted = machine_args(merged)
-    if broker.replicated:
-        _propose_if_leader(broker, queue, wanted)
-        return
-    if any(key in merged for key in LIMIT_ARGS):
-        queue.pageable = False  # limits count what the machine holds: no new tail (one already there stays)
-    elif queue.tail is None:
-        queue.pageable = paging.is_pageable(broker, queue)  # (a cleared policy gives paging back)
-    if queue.machine.args != wanted:
-        delivery.apply_queue(broker, queue, SetArgs(wanted))
+    backend_of(queue).apply_args(broker, queue, merged)
 
 
-def _propose_if_leader(broker: BrokerState, queue: QueueState, wanted: QueueArgs) -> None:
+def propose_if_leader(broker: BrokerState, queue: QueueState, wanted: QueueArgs) -> None:
     key = (queue.vhost, queue.name)
     if not queue.is_leader or queue.machine.args == wanted:
         broker.policy_sent.pop(key, None)
