@@ -23,7 +23,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from node.broker.channel import Consumer
+from node.broker.channel import ChannelState, Consumer
 from node.broker.queues import QueueState
 from node.broker.state import BrokerState
 from node.broker.vhost import VHost
@@ -49,8 +49,13 @@ class QueueBackend(ABC):
         write its definition's deletion if this backend keeps it."""
 
     @abstractmethod
-    def purge(self, broker: BrokerState, queue: QueueState) -> int:
-        """Drop the ready messages; returns the count queue.purge-ok reports."""
+    def purge(self, broker: BrokerState, ch: ChannelState, queue: QueueState, nowait: bool) -> None:
+        """queue.purge (checked by the handler): drop the ready messages and answer queue.purge-ok on `ch` (unless
+        `nowait`), now or once the purge took effect."""
+
+    @abstractmethod
+    def get(self, broker: BrokerState, ch: ChannelState, queue: QueueState, no_ack: bool) -> None:
+        """basic.get (checked by the handler): answer get-ok or get-empty on `ch`, now or once the Get took effect."""
 
     # --- questions the handlers ask ----------------------------------------------------------------------------
 

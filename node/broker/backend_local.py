@@ -12,8 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.queue import Purge, Purged, Queue, SetArgs
+from node.amqp import methods as m
 from node.broker import definitions, delivery, paging, policy_apply
 from node.broker.backend import QueueBackend
+from node.broker.channel import ChannelState
+from node.broker.effects import Send
 from node.broker.policies import machine_args
 from node.broker.queues import QueueState, queue_args
 from node.broker.records import MessageRemovedRecord, QueueRecord
@@ -39,7 +42,8 @@ class LocalBackend(QueueBackend):
         if queue.stored:
             broker.persist((QueueRecord(queue.vhost, queue.name, deleted=True),))
 
-    def purge(self, broker: BrokerState, queue: QueueState) -> int:
+    def purge(self, broker: BrokerState, ch: ChannelState, queue: QueueState, nowait: bool) -> None:
+        """At once; a paged tail goes too."""
         count = 0
         ready_ids = set(queue.machine.ready_msg_ids()) if queue.persisted_ids else set()
         for effect in queue.machine.apply(Purge()):
@@ -50,7 +54,13 @@ class LocalBackend(QueueBackend):
             removed = queue.persisted_ids & ready_ids
             queue.persisted_ids -= removed
             broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in sorted(removed)))
-        return count
+        if queue.tail is not None:
+            count += paging.forget_tail(broker, queue)
+        if not nowait:
+            broker.out.append(Send(ch.conn_id, ch.number, m.QueuePurgeOk(message_count=count)))
+
+    def get(self, broker: BrokerState, ch: ChannelState, queue: QueueState, no_ack: bool) -> None:
+        delivery.get_now(broker, ch, queue, no_ack)
 
     def consumer_count(self, queue: QueueState) -> int:
         return len(queue.consumers)

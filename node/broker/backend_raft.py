@@ -13,20 +13,19 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from cluster.queue import Purge
 from node.broker import (
     credit_flow,
-    delivery,
     policy_apply,
     read_your_writes,
+    replica,
     replica_control,
     replica_machine,
 )
 from node.broker.backend import QueueBackend
-from node.broker.channel import Consumer
+from node.broker.channel import ChannelState, Consumer
 from node.broker.policies import machine_args
 from node.broker.queues import QueueState, queue_args
-from node.broker.records import MessageRemovedRecord, QueueRecord
+from node.broker.records import QueueRecord
 from node.broker.replica_publish import forget_queue
 from node.broker.state import BrokerState
 from node.broker.vhost import VHost
@@ -50,15 +49,11 @@ class RaftBackend(QueueBackend):
         forget_queue(broker, queue)
         broker.persist((QueueRecord(queue.vhost, queue.name, deleted=True),))
 
-    def purge(self, broker: BrokerState, queue: QueueState) -> int:
-        """The count is the local replica's; the Purge is proposed."""
-        count: int = queue.machine.ready_count
-        queue.machine.apply(Purge())
-        if queue.persisted_ids:
-            removed = queue.persisted_ids - delivery.unacked_ids(queue)
-            queue.persisted_ids -= removed
-            broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in sorted(removed)))
-        return count
+    def purge(self, broker: BrokerState, ch: ChannelState, queue: QueueState, nowait: bool) -> None:
+        replica.queue_purge(broker, ch, queue, nowait)
+
+    def get(self, broker: BrokerState, ch: ChannelState, queue: QueueState, no_ack: bool) -> None:
+        replica.basic_get(broker, ch, queue, no_ack)
 
     def consumer_count(self, queue: QueueState) -> int:
         return int(queue.machine.consumer_count)  # every node's: the Attaches the replica applied

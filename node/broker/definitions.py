@@ -269,15 +269,7 @@ def queue_purge(broker: BrokerState, conn: ConnState, ch: ChannelState, method: 
     queue = lookup_queue(broker, conn, ch, method.queue)
     broker.check_access(conn, "read", "queue", queue.name)
     check_exclusive(conn, queue)
-    count = purge_queue(broker, queue)
-    _reply(broker, ch, method.nowait, m.QueuePurgeOk(message_count=count))
-
-
-def purge_queue(broker: BrokerState, queue: QueueState) -> int:
-    count = backend_of(queue).purge(broker, queue)
-    if queue.tail is not None:
-        count += paging.forget_tail(broker, queue)
-    return count
+    backend_of(queue).purge(broker, ch, queue, method.nowait)
 
 
 def queue_delete(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueueDelete) -> None:

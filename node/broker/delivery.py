@@ -159,12 +159,6 @@ def forget_persisted(broker: BrokerState, queue: QueueState, msg_ids: Iterable[i
         broker.persist(removed)
 
 
-def unacked_ids(queue: QueueState) -> set[int]:
-    """Ids of this queue's messages currently delivered and not settled (for purge bookkeeping)."""
-    ready = set(queue.machine.ready_msg_ids())
-    return set(queue.persisted_ids) - ready
-
-
 def _on_deliver(broker: BrokerState, queue: QueueState, effect: Deliver) -> None:
     consumer = broker.consumers.get(effect.consumer_id)
     if consumer is None:
@@ -428,8 +422,13 @@ def basic_get(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.
     broker.check_access(conn, "read", "queue", queue.name)
     check_exclusive(conn, queue)
     queue.last_used_ms = broker.now_ms
-    ch.get_no_ack = method.no_ack
-    apply_queue(broker, queue, Get(ch.get_consumer_id, method.no_ack, broker.now_ms))
+    backend_of(queue).get(broker, ch, queue, method.no_ack)
+
+
+def get_now(broker: BrokerState, ch: ChannelState, queue: QueueState, no_ack: bool) -> None:
+    """basic.get of a queue whose machine applies commands at once (`LocalBackend.get`)."""
+    ch.get_no_ack = no_ack
+    apply_queue(broker, queue, Get(ch.get_consumer_id, no_ack, broker.now_ms))
 
 
 def collect_tags(ch: ChannelState, delivery_tag: int, multiple: bool) -> list[int]:
