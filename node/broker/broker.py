@@ -20,10 +20,12 @@ for fewer Persist tokens and confirms coalesced into multiple acks.
 The owner barrier (replicated mode; `reply_gate`, docs/ARCHITECTURE.md "Exclusive queues in a cluster"): a method
 meeting what this node's definitions may be behind on (`MetadataUnconfirmed`) waits for a metadata read barrier.
 
-Replicated mode (`BrokerConfig.replicated`, docs/cluster.md): every queue is a replica of a Raft group; queue
-commands come out as `ProposeQueue` effects and committed entries come back through `apply_committed`. The entry
-points of that mode are thin wrappers over `replica`, `replica_publish`, `replica_control` (queues) and `mirror`
-(definitions from other nodes).
+Queue backends (node/broker/backend.py; docs/ARCHITECTURE.md, "Queue backends"): every queue gets its backend
+when declared or recovered, from `_choose_backends`, the one place that reads the node's mode
+(`BrokerConfig.replicated`). A single node's queues are `LocalBackend`s; a cluster node's are `RaftBackend`s
+(docs/cluster.md): queue commands come out as `ProposeQueue` effects and committed entries come back through
+`apply_committed`. The entry points of the cluster are thin wrappers over `replica`, `replica_publish`,
+`replica_control` (queues) and `mirror` (definitions from other nodes).
 """
 
 from __future__ import annotations
