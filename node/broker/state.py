@@ -3,7 +3,9 @@
 `BrokerState` holds what one node's broker knows (users, vhosts, connections, channels, consumers, what waits for
 storage or for the queue groups, the effects of the running entry point in `out`) and the small helpers every
 handler module calls on it: `persist` (one `Persist` per entry point), `check_access`, `vhost_of`, `mark_dirty`,
-fresh ids and names. Handler modules (definitions, delivery, publish, paging, policy_apply, recovery, mirror,
+fresh ids and names. What differs between a single node and a cluster node is a queue's backend
+(node/broker/backend.py, installed by `Broker`) plus three flags named for what they mean (`global_ids`,
+`definitions_shared`, `reads_wait_for_replica`). Handler modules (definitions, delivery, publish, paging, policy_apply, recovery, mirror,
 replica*, reply_gate) take a `BrokerState` and import nothing above them; `Broker` (node/broker/broker.py), the facade
 the runtime calls, subclasses it, dispatches events to the handlers and supplies the operations that need them
 (`dispatch_guarded`, `delete_queue`, `close_channel_state`, abstract here).
