@@ -20,10 +20,12 @@ for fewer Persist tokens and confirms coalesced into multiple acks.
 The owner barrier (replicated mode; `reply_gate`, docs/ARCHITECTURE.md "Exclusive queues in a cluster"): a method
 meeting what this node's definitions may be behind on (`MetadataUnconfirmed`) waits for a metadata read barrier.
 
-Replicated mode (`BrokerConfig.replicated`, docs/cluster.md): every queue is a replica of a Raft group; queue
-commands come out as `ProposeQueue` effects and committed entries come back through `apply_committed`. The entry
-points of that mode are thin wrappers over `replica`, `replica_publish`, `replica_control` (queues) and `mirror`
-(definitions from other nodes).
+Queue backends (node/broker/backend.py; docs/ARCHITECTURE.md, "Queue backends"): every queue gets its backend
+when declared or recovered, from `_choose_backends`, the one place that reads the node's mode
+(`BrokerConfig.replicated`). A single node's queues are `LocalBackend`s; a cluster node's are `RaftBackend`s
+(docs/cluster.md): queue commands come out as `ProposeQueue` effects and committed entries come back through
+`apply_committed`. The entry points of the cluster are thin wrappers over `replica`, `replica_publish`,
+`replica_control` (queues) and `mirror` (definitions from other nodes).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ from node.broker import (
     reply_gate,
 )
 from node.broker.auth import Permission
+from node.broker.backend_local import LocalBackend
+from node.broker.backend_raft import RaftBackend
 from node.broker.channel import ChannelState, ConnState
 from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Send, Unblock
 from node.broker.errors import AmqpError, MetadataUnconfirmed
@@ -57,8 +61,6 @@ from node.broker.queues import QueueState
 from node.broker.records import ParameterRecord, PolicyRecord, Record
 from node.broker.state import BrokerConfig as BrokerConfig  # (imported from here by the runtime and tests)
 from node.broker.state import BrokerState
-
-FLOW_ROUTES_MAX = 64  # queues remembered per publishing connection for `publish_flow_behind`
 
 
 def alarm_reason(kind: str) -> str:
@@ -92,11 +94,25 @@ class Broker(BrokerState):
         self.parameters: dict[tuple[str, str, str], str] = {}  # (component, vhost, name) -> JSON (single node)
         self.handlers = _HANDLERS
         self.parking = True  # reads may park (read_your_writes); off while a closing connection's parked run
-        self.publish_route = publish.route_publish
-        if self.replicated:
-            self.handlers = {**_HANDLERS, **replica.HANDLERS}
-            self.publish_route = replica_publish.route_publish
+        self._choose_backends()
         self._bootstrap()
+
+    def _choose_backends(self) -> None:
+        """The one place the node's mode is looked at: which queue backend new and recovered queues get, and the
+        broker-wide consequences of a cluster (ids, shared definitions, read-your-writes, the replicated publish
+        path and basic.get through the log)."""
+        if not self.config.replicated:
+            local = LocalBackend()
+            self.backends = (local,)
+            self.choose_backend = lambda queue: local
+            self.publish_route = publish.route_publish
+            return
+        raft = RaftBackend()
+        self.backends = (raft,)
+        self.choose_backend = lambda queue: raft
+        self.publish_route = replica_publish.route_publish
+        self.handlers = {**_HANDLERS, **replica.HANDLERS}
+        self.global_ids = self.definitions_shared = self.reads_wait_for_replica = True
 
     # --- set-up and administration ---------------------------------------------------------------------------
 
@@ -193,13 +209,8 @@ class Broker(BrokerState):
                 break
             self._handle_event(conn, event)
             self._settle_round()
-        if self.replicated:
-            credit_flow.after_read(self, conn_id)
-        elif touched:
-            self.flow_routes[conn_id] = list(touched.values())[:FLOW_ROUTES_MAX]
-            touched.clear()
-        elif self.flow_routes:
-            self.flow_routes.pop(conn_id, None)
+        for backend in self.backends:
+            backend.after_read(self, conn_id)
         return self._finish()
 
     def publish_flow_behind(self, conn_id: int) -> int:
@@ -250,7 +261,7 @@ class Broker(BrokerState):
                 self.parked[(conn.conn_id, event.channel)].events.append(event)
             elif method_kind in reply_gate.GATED_METHODS and self.gate_replies:
                 reply_gate.run_gated(self, conn, event.channel, method)
-            elif method_kind in read_your_writes.GATED_REPLIES and self.replicated:
+            elif method_kind in read_your_writes.GATED_REPLIES and self.reads_wait_for_replica:
                 read_your_writes.run_reply_gated(self, conn, event.channel, method)
             else:
                 self._guarded(conn, event.channel, method, self._dispatch, method)
@@ -283,15 +294,8 @@ class Broker(BrokerState):
 
     def tick(self, now_ms: int) -> list[Effect]:
         self.now_ms = max(self.now_ms, now_ms)
-        if self.replicated:
-            read_your_writes.expire(self)
-            replica_control.tick(self)
-            if self.now_ms - self.policy_checked_ms >= policy_apply.POLICY_RESEND_MS:
-                self.policy_checked_ms = self.now_ms
-                policy_apply.resend_leader_policies(self)
-        else:
-            definitions.expire_queues(self, self.now_ms)
-            paging.spill_under_alarm(self)  # (only under the memory alarm)
+        for backend in self.backends:
+            backend.tick(self)
         for conn in self.conns.values():
             for ch in conn.channels.values():
                 self.dirty[(conn.conn_id, ch.number)] = ch
@@ -299,19 +303,11 @@ class Broker(BrokerState):
 
     def next_deadline_ms(self) -> int | None:
         """The earliest time `tick` has work to do (message TTL or x-expires), if any."""
-        if self.replicated:
-            due = replica_control.next_deadline_ms(self)
-            stall = credit_flow.next_deadline_ms(self)
-            return due if stall is None else stall if due is None else min(due, stall)
         best: int | None = None
-        for vhost in self.vhosts.values():
-            for queue in vhost.queues.values():
-                due = queue.machine.next_expiry_ms()
-                if queue.expires_ms is not None and not queue.consumers:
-                    expiry = queue.last_used_ms + queue.expires_ms
-                    due = expiry if due is None else min(due, expiry)
-                if due is not None and (best is None or due < best):
-                    best = due
+        for backend in self.backends:
+            due = backend.next_deadline_ms(self)
+            if due is not None and (best is None or due < best):
+                best = due
         return best
 
     def on_persisted(self, token: int) -> list[Effect]:
@@ -534,7 +530,7 @@ class Broker(BrokerState):
         ch = ChannelState(conn.conn_id, number, get_id, conn=conn)
         conn.channels[number] = ch
         self.getters[get_id] = ch
-        if self.replicated:
+        if self.global_ids:
             ch.publisher_id = (self.config.node_name, self.config.boot_id, conn.conn_id, number)
             self.publishers[ch.publisher_id] = ch
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.queue import Expire, Purge, Purged, Queue
+from cluster.queue import Expire
 from node.amqp import methods as m
-from node.broker import delivery, paging, policy_apply, replica_machine, replica_publish, vhost_limits
+from node.broker import delivery, paging, policy_apply, vhost_limits
+from node.broker.backend import QueueBackend, backend_of
 from node.broker.channel import ChannelState, ConnState
 from node.broker.effects import Effect, Send
 from node.broker.errors import AmqpError, access_refused, not_found, precondition
@@ -26,10 +27,9 @@ from node.broker.queues import (
     assert_args_equivalent,
     assert_flag_equivalent,
     inequivalent,
-    queue_args,
     validate_queue_args,
 )
-from node.broker.records import BindingRecord, ExchangeRecord, MessageRemovedRecord, QueueRecord
+from node.broker.records import BindingRecord, ExchangeRecord, MessageRemovedRecord
 from node.broker.state import BrokerState
 from node.broker.vhost import VHost
 
@@ -75,7 +75,7 @@ def exchange_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, met
         exchange = Exchange(name, method.type, method.durable, method.auto_delete, method.internal, args)
         vhost.exchanges[name] = exchange
         vhost.invalidate()
-        if exchange.durable or broker.replicated:
+        if exchange.durable or broker.definitions_shared:
             broker.persist((ExchangeRecord(vhost.name, name, exchange.type, exchange.auto_delete,
                                            exchange.internal, args, durable=exchange.durable),))
     else:
@@ -111,7 +111,7 @@ def delete_exchange(broker: BrokerState, vhost: VHost[QueueState], exchange: Exc
     for binding in vhost.bindings_to(Dest("exchange", exchange.name)):
         _forget_binding(broker, vhost, binding)
     vhost.invalidate()
-    if exchange.durable or broker.replicated:
+    if exchange.durable or broker.definitions_shared:
         broker.persist((ExchangeRecord(vhost.name, exchange.name, exchange.type, deleted=True,
                                        durable=exchange.durable),))
 
@@ -158,7 +158,7 @@ def _bind(broker: BrokerState, conn: ConnState, source: str, dest: Dest, routing
     if exchange.type == "headers" and x_match_mode(arguments) is None:
         raise precondition(f"Invalid x-match field value {arguments.get('x-match')!r}; "
                            "expected all, any, all-with-x, or any-with-x")
-    if vhost.add_binding(binding) and (broker.replicated or _binding_durable(vhost, binding)):
+    if vhost.add_binding(binding) and (broker.definitions_shared or _binding_durable(vhost, binding)):
         broker.persist((BindingRecord(vhost.name, source, dest.kind, dest.name, routing_key, dict(arguments)),))
 
 
@@ -175,7 +175,7 @@ def _binding_durable(vhost: VHost[QueueState], binding: Binding) -> bool:
 
 def _forget_binding(broker: BrokerState, vhost: VHost[QueueState], binding: Binding, check_auto_delete: bool = True
                     ) -> None:
-    durable = broker.replicated or _binding_durable(vhost, binding)
+    durable = broker.definitions_shared or _binding_durable(vhost, binding)
     if not vhost.remove_binding(binding) and check_auto_delete:
         return
     if durable:
@@ -231,7 +231,7 @@ def queue_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, method
             assert_args_equivalent(queue.arguments, args, EQUIVALENCE_ARGS, resource)
     queue.last_used_ms = broker.now_ms
     ch.last_queue = queue.name
-    consumer_count = queue.machine.consumer_count if broker.replicated else len(queue.consumers)  # all nodes'
+    consumer_count = backend_of(queue).consumer_count(queue)  # (every node's)
     count = queue.machine.ready_count if queue.tail is None else paging.message_count(queue)
     ok = m.QueueDeclareOk(queue=queue.name, message_count=count, consumer_count=consumer_count)
     _reply(broker, ch, method.nowait, ok)
@@ -242,20 +242,13 @@ def create_queue(broker: BrokerState, vhost: VHost[QueueState], name: str, durab
     expires = args.get("x-expires")
     queue = QueueState(vhost.name, name, durable, auto_delete, args, None, owner,
                        expires_ms=expires if isinstance(expires, int) else None, last_used_ms=broker.now_ms)
-    if broker.replicated:
-        queue.machine = replica_machine.ProposingMachine(broker, queue, queue_args(args))
-        global_owner = replica_machine.global_owner(broker, owner)
-        broker.persist((QueueRecord(vhost.name, name, auto_delete, args, durable=durable,
-                                    exclusive_owner=global_owner),))
-    else:
-        queue.machine = Queue(name, queue_args(args))
-        queue.pageable = paging.is_pageable(broker, queue)
-        if queue.stored:
-            broker.persist((QueueRecord(vhost.name, name, auto_delete, args),))
+    backend: QueueBackend = broker.choose_backend(queue)
+    queue.backend = backend  # (chosen once: the queue keeps it for life)
+    backend.create(broker, vhost, queue)
     vhost.queues[name] = queue
     vhost.invalidate()
     if vhost.policies:
-        policy_apply.apply_to_queue(broker, vhost, queue)  # (replicated: its Raft leader proposes SetArgs)
+        policy_apply.apply_to_queue(broker, vhost, queue)  # (a Raft queue: its leader proposes SetArgs)
     return queue
 
 
@@ -276,25 +269,7 @@ def queue_purge(broker: BrokerState, conn: ConnState, ch: ChannelState, method: 
     queue = lookup_queue(broker, conn, ch, method.queue)
     broker.check_access(conn, "read", "queue", queue.name)
     check_exclusive(conn, queue)
-    count = purge_queue(broker, queue)
-    _reply(broker, ch, method.nowait, m.QueuePurgeOk(message_count=count))
-
-
-def purge_queue(broker: BrokerState, queue: QueueState) -> int:
-    count = queue.machine.ready_count if broker.replicated else 0  # replicated: the local replica's count
-    ready_ids = set(queue.machine.ready_msg_ids()) if queue.persisted_ids and not broker.replicated else set()
-    for effect in queue.machine.apply(Purge()):
-        if isinstance(effect, Purged):
-            count += effect.count
-    if queue.persisted_ids:
-        # the ready ones before the purge (computed after it, "unacked" would be every persisted id)
-        removed = queue.persisted_ids & ready_ids if not broker.replicated else (
-            queue.persisted_ids - delivery.unacked_ids(queue))
-        queue.persisted_ids -= removed
-        broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in sorted(removed)))
-    if queue.tail is not None:
-        count += paging.forget_tail(broker, queue)
-    return count
+    backend_of(queue).purge(broker, ch, queue, method.nowait)
 
 
 def queue_delete(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueueDelete) -> None:
@@ -305,7 +280,7 @@ def queue_delete(broker: BrokerState, conn: ConnState, ch: ChannelState, method:
     count = 0
     if queue is not None:
         check_exclusive(conn, queue)
-        if method.if_unused and (queue.consumers or (broker.replicated and queue.machine.consumer_count)):
+        if method.if_unused and (queue.consumers or backend_of(queue).consumer_count(queue)):
             raise precondition(f"{queue.resource} in use")
         count = queue.machine.ready_count if queue.tail is None else paging.message_count(queue)
         if method.if_empty and count:
@@ -331,14 +306,11 @@ def delete_queue(broker: BrokerState, queue: QueueState, cancels: list[Effect] |
     del vhost.queues[queue.name]
     vhost.invalidate()
     delivery.cancel_queue_consumers(broker, queue, cancels)
-    if broker.replicated:
-        replica_publish.forget_queue(broker, queue)
     # The definition's deletion is written first, its messages' removals after it (one Persist): a crash that
     # cuts the batch leaves a deleted queue, never a live one missing some messages. Removals a crash cut off
     # cannot bring a message back: a queue declared again under this name starts its stream afresh (the store
     # writes a QueueStreamStartRecord before its QueueRecord; recovery drops what precedes it).
-    if queue.stored or broker.replicated:
-        broker.persist((QueueRecord(queue.vhost, queue.name, deleted=True),))
+    backend_of(queue).delete(broker, queue)
     if queue.tail is not None:
         paging.forget_tail(broker, queue)
     if queue.persisted_ids:  # (not stored: paged-in persistent messages; the stream stays consistent on its own)
@@ -355,12 +327,15 @@ def delete_exclusive_queues(broker: BrokerState, conn: ConnState) -> None:
         delete_queue(broker, queue)
 
 
-def expire_queues(broker: BrokerState, now_ms: int) -> None:
+def expire_queues(broker: BrokerState, now_ms: int, backend: QueueBackend) -> None:
+    """Message TTL and x-expires of the queues `backend` holds (one whose machine applies commands at once)."""
     for vhost in list(broker.vhosts.values()):
         for queue in list(vhost.queues.values()):
+            if queue.backend is not backend:
+                continue
             expiry = queue.machine.next_expiry_ms()
             if expiry is not None and expiry <= now_ms:
-                            delivery.apply_queue(broker, queue, Expire(now_ms))
+                delivery.apply_queue(broker, queue, Expire(now_ms))
             if (queue.expires_ms is not None and not queue.consumers
                     and now_ms - queue.last_used_ms >= queue.expires_ms):
                 delete_queue(broker, queue)

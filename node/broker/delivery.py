@@ -40,6 +40,7 @@ from cluster.queue import (
 )
 from node.amqp import methods as m
 from node.amqp.properties import BasicProperties
+from node.broker.backend import backend_of
 from node.broker.channel import ChannelState, ConnState, Consumer, Message, PendingDelivery, Unacked
 from node.broker.effects import Effect, Send, SendContent
 from node.broker.errors import AmqpError, access_refused, precondition
@@ -48,7 +49,6 @@ from node.broker.queues import QueueState
 from node.broker.records import MessageRecord, MessageRemovedRecord, Record
 from node.broker.state import BrokerState
 
-REPLICATED_CREDIT_WINDOW_MAX = 4096  # replicated mode: the largest credit window (credit_window)
 _new_tuple = tuple.__new__  # _new_tuple(Unacked, (...)): a NamedTuple without its Python-level __new__
 _PROPERTY_NAMES = tuple(f.name for f in dataclasses.fields(BasicProperties))
 _property_values = operator.attrgetter(*_PROPERTY_NAMES)
@@ -159,12 +159,6 @@ def forget_persisted(broker: BrokerState, queue: QueueState, msg_ids: Iterable[i
         broker.persist(removed)
 
 
-def unacked_ids(queue: QueueState) -> set[int]:
-    """Ids of this queue's messages currently delivered and not settled (for purge bookkeeping)."""
-    ready = set(queue.machine.ready_msg_ids())
-    return set(queue.persisted_ids) - ready
-
-
 def _on_deliver(broker: BrokerState, queue: QueueState, effect: Deliver) -> None:
     consumer = broker.consumers.get(effect.consumer_id)
     if consumer is None:
@@ -261,16 +255,10 @@ def refill(broker: BrokerState, ch: ChannelState) -> None:
 
 
 def credit_window(broker: BrokerState, ch: ChannelState, consumer: Consumer) -> int:
-    """A consumer's credit window: `consumer_credit_window`, except in replicated mode for a consumer with a prefetch
-    limit: twice its prefetch (at most REPLICATED_CREDIT_WINDOW_MAX). There every top-up is an AddCredit through Raft
-    (a commit round trip, tens of ms on a loaded node), so a window smaller than the prefetch, not the client, capped
-    deliveries at about a window per round trip; the prefetch bounds what the node holds for the consumer anyway."""
-    window = broker.config.consumer_credit_window
-    if broker.replicated and not consumer.no_ack:
-        prefetch = consumer.prefetch or ch.prefetch_channel
-        if prefetch:
-            window = max(window, min(2 * prefetch, REPLICATED_CREDIT_WINDOW_MAX))
-    return window
+    """A consumer's credit window: `consumer_credit_window`, widened by its queue's backend (a Raft queue's
+    consumer with a prefetch limit: twice its prefetch, node/broker/backend_raft.py)."""
+    return backend_of(consumer.queue).credit_window(broker.config.consumer_credit_window, consumer,
+                                                  consumer.prefetch or ch.prefetch_channel)
 
 
 def credit_target(broker: BrokerState, ch: ChannelState, no_ack: bool, window: int = 0) -> int:
@@ -296,7 +284,7 @@ def basic_consume(broker: BrokerState, conn: ConnState, ch: ChannelState, method
     if tag in ch.consumers or tag == ch.reply_to_tag:
         raise AmqpError(530, f"attempt to reuse consumer tag '{tag}'", connection=True)
     if queue.exclusive_consumer is not None or (method.exclusive and (
-            queue.consumers or (broker.replicated and queue.machine.consumer_count))):  # replicated: any node's
+            queue.consumers or backend_of(queue).consumer_count(queue))):  # (any node's)
         raise access_refused(f"{queue.resource} in exclusive use")
     priority = method.arguments.get("x-priority", 0)
     if not isinstance(priority, int) or isinstance(priority, bool):
@@ -370,8 +358,8 @@ def _leave_queue(queue: QueueState, consumer: Consumer, now_ms: int) -> None:
 
 
 def _maybe_auto_delete(broker: BrokerState, queue: QueueState) -> None:
-    if broker.replicated:
-        return  # the queue's leader decides, from the machine's consumers on every node (replica.py)
+    if not backend_of(queue).auto_delete_on_local_cancel:
+        return  # (a Raft queue's leader decides, from the machine's consumers on every node: replica.py)
     if queue.auto_delete and queue.had_consumer and not queue.consumers:
         broker.delete_queue(queue)
 
@@ -434,8 +422,13 @@ def basic_get(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.
     broker.check_access(conn, "read", "queue", queue.name)
     check_exclusive(conn, queue)
     queue.last_used_ms = broker.now_ms
-    ch.get_no_ack = method.no_ack
-    apply_queue(broker, queue, Get(ch.get_consumer_id, method.no_ack, broker.now_ms))
+    backend_of(queue).get(broker, ch, queue, method.no_ack)
+
+
+def get_now(broker: BrokerState, ch: ChannelState, queue: QueueState, no_ack: bool) -> None:
+    """basic.get of a queue whose machine applies commands at once (`LocalBackend.get`)."""
+    ch.get_no_ack = no_ack
+    apply_queue(broker, queue, Get(ch.get_consumer_id, no_ack, broker.now_ms))
 
 
 def collect_tags(ch: ChannelState, delivery_tag: int, multiple: bool) -> list[int]:

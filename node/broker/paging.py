@@ -47,6 +47,7 @@ from typing import Any, Final
 
 from cluster.queue import MsgId, QueuedMessage, Recover
 from node.amqp.properties import BasicProperties
+from node.broker.backend import backend_of
 from node.broker.channel import Message
 from node.broker.delivery import apply_queue, properties_to_dict
 from node.broker.effects import PageIn
@@ -124,7 +125,7 @@ class PagedTail:
 def is_pageable(broker: BrokerState, queue: QueueState) -> bool:
     """Whether the queue may page (see the module docstring for the opt-outs)."""
     args = queue.arguments
-    return (not broker.replicated and broker.config.queue_messages_in_memory_max > 0
+    return (backend_of(queue).can_page and broker.config.queue_messages_in_memory_max > 0
             and not any(key in args for key in ("x-max-length", "x-max-length-bytes", "x-max-priority",
                                                  "x-message-ttl")))
 
@@ -310,7 +311,7 @@ def alarm_floor(limit: int) -> int:
 def spill_under_alarm(broker: BrokerState) -> None:
     """Under the memory alarm (from `set_alarm` and every `tick`): each pageable queue holding more than the
     floor moves its newest ready messages, in bounded batches, to the front of its tail on disk."""
-    if MEMORY_ALARM not in broker.alarms or broker.replicated:
+    if MEMORY_ALARM not in broker.alarms:
         return
     floor = alarm_floor(broker.config.queue_messages_in_memory_max)
     budget = SPILL_CALL_MAX

@@ -2,9 +2,9 @@
 
 The vhost keeps its policies by name; a change re-applies every queue the changed policy's old or new pattern
 matches (`apply_to_queue`): its effective arguments become `QueueArgs`, and when they differ from the machine's, a
-single node applies `SetArgs` to the machine at once while in replicated mode only the queue's Raft leader proposes
-it (re-proposed from `tick` each second while the replica still differs, and on gaining leadership), so all
-replicas change at one log index. Stored (recovery) and mirrored (cluster metadata) policy records come in through
+local queue's backend applies `SetArgs` to the machine at once while for a Raft queue only its leader proposes it
+(`propose_if_leader`, re-proposed from `tick` each second while the replica still differs, and on gaining
+leadership), so all replicas change at one log index. Stored (recovery) and mirrored (cluster metadata) policy records come in through
 `apply_records`.
 """
 
@@ -15,13 +15,12 @@ from typing import Any, Final
 
 from cluster.queue import SetArgs
 from cluster.queue.types import QueueArgs
-from node.broker import delivery, paging
+from node.broker.backend import backend_of
 from node.broker.policies import (
     Policy,
     _is_int,
     effective_queue_arguments,
     from_record,
-    machine_args,
     queue_type_of,
 )
 from node.broker.queues import QueueState
@@ -46,25 +45,15 @@ def effective_of(vhost: VHost[Any], queue: QueueState) -> dict[str, Any]:
 def apply_to_queue(broker: BrokerState, vhost: VHost[Any], queue: QueueState) -> None:
     """Bring the queue's machine (and its x-expires) to the arguments its policy gives.
 
-    Single node: `SetArgs` is applied to the machine at once (its effects, e.g. drop-head or dead letters past a
-    new max-length, handled as any command's). Replicated: only the queue's Raft leader proposes `SetArgs`, and
-    only when the replica's arguments differ (a retry is harmless: the same arguments again)."""
+    The queue's backend applies them (`QueueBackend.apply_args`): a local queue's machine at once, a Raft queue
+    through its leader's `SetArgs` proposal (`propose_if_leader`)."""
     merged = effective_of(vhost, queue)
     expires = merged.get("x-expires")
     queue.expires_ms = expires if _is_int(expires) else None
-    wanted = machine_args(merged)
-    if broker.replicated:
-        _propose_if_leader(broker, queue, wanted)
-        return
-    if any(key in merged for key in LIMIT_ARGS):
-        queue.pageable = False  # limits count what the machine holds: no new tail (one already there stays)
-    elif queue.tail is None:
-        queue.pageable = paging.is_pageable(broker, queue)  # (a cleared policy gives paging back)
-    if queue.machine.args != wanted:
-        delivery.apply_queue(broker, queue, SetArgs(wanted))
+    backend_of(queue).apply_args(broker, queue, merged)
 
 
-def _propose_if_leader(broker: BrokerState, queue: QueueState, wanted: QueueArgs) -> None:
+def propose_if_leader(broker: BrokerState, queue: QueueState, wanted: QueueArgs) -> None:
     key = (queue.vhost, queue.name)
     if not queue.is_leader or queue.machine.args == wanted:
         broker.policy_sent.pop(key, None)

@@ -31,8 +31,8 @@ def check_exclusive(conn: ConnState, queue: QueueState) -> None:
 
 
 def queue_not_found(broker: BrokerState, conn: ConnState, name: str, vhost: str) -> Exception:
-    """The error for a queue this node does not know: 404, or in replicated mode first `MetadataUnconfirmed`."""
-    if broker.replicated and not conn.metadata_confirmed:
+    """The error for a queue this node does not know: 404, or first `MetadataUnconfirmed` where definitions come from other nodes too."""
+    if broker.definitions_shared and not conn.metadata_confirmed:
         return MetadataUnconfirmed(vhost, name)
     return not_found("queue", name, vhost)
 

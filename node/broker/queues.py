@@ -234,6 +234,7 @@ class QueueState:
     flow_inflight: int = 0  # publishes proposed here not yet applied by the local replica (credit_flow.py)
     flow_applied: int = 0  # entries the local replica applied (credit_flow.py: whether anything happens)
     transient_checked: bool = False  # replicated: declared here in this boot, or its restart's transient purge proposed
+    backend: Any = None  # the node.broker.backend.QueueBackend holding it, chosen at declare or recovery
 
     @property
     def stored(self) -> bool:

@@ -67,10 +67,9 @@ from cluster.queue.replicated import (
 )
 from node.amqp import methods as m
 from node.broker import credit_flow, delivery, read_your_writes, replica_dead_letters
-from node.broker.channel import ChannelState, ConnState, Message, Unacked
+from node.broker.channel import ChannelState, Message, Unacked
 from node.broker.definitions import delete_queue
 from node.broker.effects import CloseChannel, Send, SendContent
-from node.broker.queue_lookup import check_exclusive, lookup_queue
 from node.broker.queues import QueueState
 from node.broker.replica_dead_letters import dead_letter_copy
 from node.broker.replica_machine import (
@@ -105,13 +104,10 @@ def _is_getter(cid: Any) -> bool:
 # --- basic.get -------------------------------------------------------------------------------------------------
 
 
-def basic_get(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.BasicGet) -> None:
-    queue = lookup_queue(broker, conn, ch, method.queue)
-    broker.check_access(conn, "read", "queue", queue.name)
-    check_exclusive(conn, queue)
-    queue.last_used_ms = broker.now_ms
+def basic_get(broker: BrokerState, ch: ChannelState, queue: QueueState, no_ack: bool) -> None:
+    """basic.get of a Raft queue (`RaftBackend.get`): answered when this node's replica applied the Get."""
     getter_id = broker.new_getter_id()
-    broker.pending_gets[getter_id] = (ch, queue, method.no_ack)
+    broker.pending_gets[getter_id] = (ch, queue, no_ack)
     # Always a Get with ack: a no-ack get is settled once its answer reached this node, so an answer this node
     # never saw (it installed a snapshot past it, or the client left) is returned instead of lost.
     propose(broker, queue, Get(getter_id, False, broker.now_ms))
@@ -137,13 +133,11 @@ def _on_get_ok(broker: BrokerState, queue: QueueState, effect: GetOk, command: A
     broker.out.append(SendContent(ch.conn_id, ch.number, ok, msg.properties, msg.body))
 
 
-def queue_purge(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.QueuePurge) -> None:
-    """queue.purge-ok only once this node's replica applied the Purge: a message confirmed after purge-ok was
-    enqueued after the Purge in the log, so the purge cannot take it (purge-ok at once lost such messages)."""
-    queue = lookup_queue(broker, conn, ch, method.queue)
-    broker.check_access(conn, "read", "queue", queue.name)
-    check_exclusive(conn, queue)
-    queue.purge_waiters.append((ch, method.nowait))
+def queue_purge(broker: BrokerState, ch: ChannelState, queue: QueueState, nowait: bool) -> None:
+    """queue.purge of a Raft queue (`RaftBackend.purge`): purge-ok only once this node's replica applied the
+    Purge: a message confirmed after purge-ok was enqueued after the Purge in the log, so the purge cannot take it
+    (purge-ok at once lost such messages)."""
+    queue.purge_waiters.append((ch, nowait))
     propose(broker, queue, Purge())
 
 
@@ -161,7 +155,7 @@ def _answer_purge(broker: BrokerState, queue: QueueState, count: int | None) -> 
         broker.out.append(Send(ch.conn_id, ch.number, m.QueuePurgeOk(message_count=count)))
 
 
-HANDLERS: dict[type, Any] = {m.BasicGet: basic_get, m.TxCommit: tx_commit, m.QueuePurge: queue_purge}
+HANDLERS: dict[type, Any] = {m.TxCommit: tx_commit}
 
 
 _SKIPPED: Final = Purge()  # stands for the command of a skipped entry (never applied)

@@ -200,7 +200,7 @@ def barrier_passed(broker: BrokerState, token: int, handle_event: Callable[[Conn
 def answer_connection_close(broker: BrokerState, conn_id: int, records_before: int) -> None:
     """Close-Ok for the client's Connection.Close: at once, or in replicated mode, when the close wrote records
     (its exclusive queues' deletion), `HoldCloseOk` now and `SendCloseOk` once they are committed."""
-    if broker.replicated and broker.records_pending() > records_before:
+    if broker.definitions_shared and broker.records_pending() > records_before:
         broker.close_oks.setdefault(broker.pending_token(), []).append(conn_id)
         broker.out.append(HoldCloseOk(conn_id))
     else:

@@ -3,7 +3,9 @@
 `BrokerState` holds what one node's broker knows (users, vhosts, connections, channels, consumers, what waits for
 storage or for the queue groups, the effects of the running entry point in `out`) and the small helpers every
 handler module calls on it: `persist` (one `Persist` per entry point), `check_access`, `vhost_of`, `mark_dirty`,
-fresh ids and names. Handler modules (definitions, delivery, publish, paging, policy_apply, recovery, mirror,
+fresh ids and names. What differs between a single node and a cluster node is a queue's backend
+(node/broker/backend.py, installed by `Broker`) plus three flags named for what they mean (`global_ids`,
+`definitions_shared`, `reads_wait_for_replica`). Handler modules (definitions, delivery, publish, paging, policy_apply, recovery, mirror,
 replica*, reply_gate) take a `BrokerState` and import nothing above them; `Broker` (node/broker/broker.py), the facade
 the runtime calls, subclasses it, dispatches events to the handlers and supplies the operations that need them
 (`dispatch_guarded`, `delete_queue`, `close_channel_state`, abstract here).
@@ -90,6 +92,7 @@ class BrokerState(ABC):
     """One node's broker state and the helpers the handler modules share (see the module docstring)."""
 
     publish_route: Callable[..., list[int]]  # routes and enqueues one publish (set by Broker: single node or replica)
+    choose_backend: Callable[[QueueState], Any]  # the QueueBackend (node/broker/backend.py) for a new queue (Broker)
 
     def __init__(self, config: BrokerConfig | None = None) -> None:
         self.config = config or BrokerConfig()
@@ -117,7 +120,11 @@ class BrokerState(ABC):
         self.now_ms = 0
         self._next_consumer_id = 1
         self._next_token = 1
-        self.replicated = self.config.replicated
+        # Set by Broker from the node's mode, once (node/broker/broker.py, `_choose_backends`):
+        self.backends: tuple[Any, ...] = ()  # the QueueBackends in use; their per-broker hooks run from the facade
+        self.global_ids = False  # consumer, getter and publisher ids name this node and boot (other nodes see them)
+        self.definitions_shared = False  # every definition goes to the cluster's metadata, which may be ahead of us
+        self.reads_wait_for_replica = False  # replies and reads wait until this node applied the conn's proposals
         self.gate_replies = self.config.durable_replies  # cluster mode: until the metadata group committed
         self.publishers: dict[Hashable, ChannelState] = {}  # replicated: publisher id -> its channel
         self.detaching: dict[Hashable, None] = {}  # replicated: local consumer ids whose Detach is proposed
@@ -201,15 +208,15 @@ class BrokerState(ABC):
     # --- helpers shared by the handler modules --------------------------------------------------------------
 
     def new_consumer_id(self) -> Hashable:
-        """A fresh consumer id: an int, or in replicated mode the global (node_name, boot_id, n)."""
+        """A fresh consumer id: an int, or with `global_ids` (node_name, boot_id, n)."""
         cid = self._next_consumer_id
         self._next_consumer_id += 1
-        if self.replicated:
+        if self.global_ids:
             return (self.config.node_name, self.config.boot_id, cid)
         return cid
 
     def new_getter_id(self) -> Hashable:
-        """Replicated mode: a fresh id for one basic.get, ("get", node_name, boot_id, n)."""
+        """A fresh id for one basic.get of a Raft queue, ("get", node_name, boot_id, n)."""
         n = self._next_consumer_id
         self._next_consumer_id += 1
         return ("get", self.config.node_name, self.config.boot_id, n)

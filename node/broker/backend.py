@@ -1,0 +1,92 @@
+"""The queue backend interface: what the broker's handlers ask of whatever holds a queue's messages (pure).
+
+A queue's backend is chosen once, when the queue is declared or recovered (`BrokerState.choose_backend`, installed
+by the `Broker` facade), and kept in `QueueState.backend`. Handlers (definitions, delivery, publish, policy_apply,
+paging) never ask which mode the node runs in: they call the queue's backend for what differs between backends.
+
+- `LocalBackend` (node/broker/backend_local.py): the queue machine lives in this process and commands apply at
+  once; storage is the node's own (records, paging). A single node's queues.
+- `RaftBackend` (node/broker/backend_raft.py): the queue machine is a replica of the queue's Raft group; commands
+  are proposed (`ProposeQueue`) and take effect when committed entries come back (`Broker.apply_committed`).
+  Quorum queues and classic queues of a cluster.
+
+A mirrored backend (cluster/mirror_queues/core) fits the same shape: `create` installs its machine, publishes
+confirm when its high watermark passes them (the way a Raft backend confirms on apply) and deliveries stay below
+the watermark; its per-broker hooks (`tick`, `next_deadline_ms`, `after_read`) drive its own timers.
+
+Every method takes the broker state and the queue as arguments; a backend holds no per-queue state itself (what
+a queue needs lives on its `QueueState`). The per-broker hooks run for every backend in `BrokerState.backends`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from node.broker.channel import ChannelState, Consumer
+from node.broker.queues import QueueState
+from node.broker.state import BrokerState
+from node.broker.vhost import VHost
+
+
+class QueueBackend(ABC):
+    """What holds one queue's messages (see the module docstring)."""
+
+    name: str = ""
+    auto_delete_on_local_cancel = True  # the last local consumer leaving deletes an auto-delete queue here and now
+    can_page = False  # may keep a backlog on disk (node/broker/paging.py)
+
+    # --- a queue's life ----------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def create(self, broker: BrokerState, vhost: VHost[QueueState], queue: QueueState) -> None:
+        """Install the queue's machine (and what else it needs) and write its definition if this backend keeps
+        it; the queue is not in the vhost yet."""
+
+    @abstractmethod
+    def delete(self, broker: BrokerState, queue: QueueState) -> None:
+        """The queue is gone from its vhost (bindings and consumers already dropped): forget what waits on it and
+        write its definition's deletion if this backend keeps it."""
+
+    @abstractmethod
+    def purge(self, broker: BrokerState, ch: ChannelState, queue: QueueState, nowait: bool) -> None:
+        """queue.purge (checked by the handler): drop the ready messages and answer queue.purge-ok on `ch` (unless
+        `nowait`), now or once the purge took effect."""
+
+    @abstractmethod
+    def get(self, broker: BrokerState, ch: ChannelState, queue: QueueState, no_ack: bool) -> None:
+        """basic.get (checked by the handler): answer get-ok or get-empty on `ch`, now or once the Get took effect."""
+
+    # --- questions the handlers ask ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def consumer_count(self, queue: QueueState) -> int:
+        """The consumers queue.declare-ok reports and exclusive / if-unused checks see (every node's)."""
+
+    def credit_window(self, window: int, consumer: Consumer, prefetch: int) -> int:
+        """The credit window of a consumer with `prefetch` (0: none), starting from the configured `window`."""
+        return window
+
+    @abstractmethod
+    def apply_args(self, broker: BrokerState, queue: QueueState, merged: dict[str, Any]) -> None:
+        """Bring the queue's machine to the effective arguments `merged` (its own under the vhost's policies)."""
+
+    # --- per-broker hooks (run for every backend in `BrokerState.backends`) ------------------------------------
+
+    @abstractmethod
+    def tick(self, broker: BrokerState) -> None:
+        """Timers of this backend's queues (`broker.now_ms` is current)."""
+
+    @abstractmethod
+    def next_deadline_ms(self, broker: BrokerState) -> int | None:
+        """The earliest time `tick` has work to do, if any."""
+
+    @abstractmethod
+    def after_read(self, broker: BrokerState, conn_id: int) -> None:
+        """After one read's events of `conn_id`: credit flow for the queues it published to (`flow_touched`)."""
+
+
+def backend_of(queue: QueueState) -> QueueBackend:
+    """The queue's backend, typed (`QueueState.backend` is `Any`: node/broker/queues.py sits below this module)."""
+    backend: QueueBackend = queue.backend
+    return backend

@@ -1,0 +1,104 @@
+"""The local queue backend: the queue machine lives in this process and commands apply at once (pure).
+
+A single node's queues. The machine is a `cluster.queue.Queue`; a durable, non-exclusive queue writes its
+definition and persistent messages to the node's own storage, and may keep its backlog on disk (paging). Its
+timers (message TTL, x-expires) and the memory alarm's spilling run from `tick`; credit flow slows a publisher
+whose queues have a backlog their consumers drain (`Broker.publish_flow_behind`). See node/broker/backend.py for
+the interface.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cluster.queue import Purge, Purged, Queue, SetArgs
+from node.amqp import methods as m
+from node.broker import definitions, delivery, paging, policy_apply
+from node.broker.backend import QueueBackend
+from node.broker.channel import ChannelState
+from node.broker.effects import Send
+from node.broker.policies import machine_args
+from node.broker.queues import QueueState, queue_args
+from node.broker.records import MessageRemovedRecord, QueueRecord
+from node.broker.state import BrokerState
+from node.broker.vhost import VHost
+
+FLOW_ROUTES_MAX = 64  # queues remembered per publishing connection for `Broker.publish_flow_behind`
+
+
+class LocalBackend(QueueBackend):
+    """The queue machine in this process (see the module docstring)."""
+
+    name = "local"
+    can_page = True
+
+    def create(self, broker: BrokerState, vhost: VHost[QueueState], queue: QueueState) -> None:
+        queue.machine = Queue(queue.name, queue_args(queue.arguments))
+        queue.pageable = paging.is_pageable(broker, queue)
+        if queue.stored:
+            broker.persist((QueueRecord(vhost.name, queue.name, queue.auto_delete, queue.arguments),))
+
+    def delete(self, broker: BrokerState, queue: QueueState) -> None:
+        if queue.stored:
+            broker.persist((QueueRecord(queue.vhost, queue.name, deleted=True),))
+
+    def purge(self, broker: BrokerState, ch: ChannelState, queue: QueueState, nowait: bool) -> None:
+        """At once; a paged tail goes too."""
+        count = 0
+        ready_ids = set(queue.machine.ready_msg_ids()) if queue.persisted_ids else set()
+        for effect in queue.machine.apply(Purge()):
+            if isinstance(effect, Purged):
+                count += effect.count
+        if queue.persisted_ids:
+            # the ready ones before the purge (computed after it, "unacked" would be every persisted id)
+            removed = queue.persisted_ids & ready_ids
+            queue.persisted_ids -= removed
+            broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in sorted(removed)))
+        if queue.tail is not None:
+            count += paging.forget_tail(broker, queue)
+        if not nowait:
+            broker.out.append(Send(ch.conn_id, ch.number, m.QueuePurgeOk(message_count=count)))
+
+    def get(self, broker: BrokerState, ch: ChannelState, queue: QueueState, no_ack: bool) -> None:
+        delivery.get_now(broker, ch, queue, no_ack)
+
+    def consumer_count(self, queue: QueueState) -> int:
+        return len(queue.consumers)
+
+    def apply_args(self, broker: BrokerState, queue: QueueState, merged: dict[str, Any]) -> None:
+        """`SetArgs` applies to the machine at once (its effects, e.g. drop-head or dead letters past a new
+        max-length, handled as any command's)."""
+        if any(key in merged for key in policy_apply.LIMIT_ARGS):
+            queue.pageable = False  # limits count what the machine holds: no new tail (one already there stays)
+        elif queue.tail is None:
+            queue.pageable = paging.is_pageable(broker, queue)  # (a cleared policy gives paging back)
+        wanted = machine_args(merged)
+        if queue.machine.args != wanted:
+            delivery.apply_queue(broker, queue, SetArgs(wanted))
+
+    def tick(self, broker: BrokerState) -> None:
+        definitions.expire_queues(broker, broker.now_ms, self)
+        paging.spill_under_alarm(broker)  # (only under the memory alarm)
+
+    def next_deadline_ms(self, broker: BrokerState) -> int | None:
+        best: int | None = None
+        for vhost in broker.vhosts.values():
+            for queue in vhost.queues.values():
+                if queue.backend is not self:
+                    continue
+                due = queue.machine.next_expiry_ms()
+                if queue.expires_ms is not None and not queue.consumers:
+                    expiry = queue.last_used_ms + queue.expires_ms
+                    due = expiry if due is None else min(due, expiry)
+                if due is not None and (best is None or due < best):
+                    best = due
+        return best
+
+    def after_read(self, broker: BrokerState, conn_id: int) -> None:
+        """Remember the queues this read published to (`Broker.publish_flow_behind` looks at their backlog)."""
+        touched = broker.flow_touched
+        if touched:
+            broker.flow_routes[conn_id] = list(touched.values())[:FLOW_ROUTES_MAX]
+            touched.clear()
+        elif broker.flow_routes:
+            broker.flow_routes.pop(conn_id, None)
