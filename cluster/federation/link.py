@@ -88,9 +88,11 @@ def upstream_queue_name(upstream_exchange: str, downstream_cluster: str, downstr
     return f"federation: {upstream_exchange} -> {downstream_cluster}{suffix}"
 
 
-def link_id(vhost: str, exchange: str, upstream: str) -> str:
-    """A short stable id of a link (RabbitMQ's status rows carry one too; the restart path uses it)."""
-    return hashlib.sha1(f"{vhost}\0{exchange}\0{upstream}".encode()).hexdigest()[:8]
+def link_id(vhost: str, name: str, upstream: str, kind: str = "exchange") -> str:
+    """A short stable id of a link (RabbitMQ's status rows carry one too; the restart path uses it). `name` is the
+    federated exchange's or queue's; `kind` "exchange" or "queue"."""
+    text = f"{vhost}\0{name}\0{upstream}" if kind == "exchange" else f"{vhost}\0{kind}\0{name}\0{upstream}"
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
 class ExchangeLink:
@@ -117,6 +119,11 @@ class ExchangeLink:
     @property
     def upstream_exchange(self) -> str:
         return self.upstream.exchange or self.exchange
+
+    @property
+    def publish_exchange(self) -> str:
+        """Where forwarded messages are published locally (the downstream exchange)."""
+        return self.exchange
 
     @property
     def queue_name(self) -> str:

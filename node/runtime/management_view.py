@@ -224,8 +224,30 @@ class BrokerView:
         return self.shovels.status() if self.shovels is not None else []
 
     def federation_links(self) -> list[dict[str, Any]]:
-        """The exchange federation links this node runs (RabbitMQ's federation_status reports one node too)."""
+        """The federation links (exchange and queue) this node runs (RabbitMQ's federation_status reports one node
+        too)."""
         return self.federation.status() if self.federation is not None else []
+
+    def queue_policies(self) -> list[tuple[str, str, str | None]]:
+        """(vhost, queue, name of the policy that applies) of every queue: cheaper than `queues()` (no counts, no
+        Raft status), for the federation manager's poll."""
+        rows: list[tuple[str, str, str | None]] = []
+        for vhost_name in sorted(self.broker.vhosts):
+            vhost = self.broker.vhosts[vhost_name]
+            for name in sorted(vhost.queues):
+                policy = policy_apply.queue_policy(vhost, vhost.queues[name])
+                rows.append((vhost_name, name, policy.name if policy is not None else None))
+        return rows
+
+    def queue_demand(self, vhost: str, name: str) -> tuple[int, int] | None:
+        """(consumers, ready messages) of a queue as this node's replica knows them (cluster: every replica knows
+        every node's consumers); None when the queue is not here. Queue federation links poll it."""
+        host = self.broker.vhosts.get(vhost)
+        queue = host.queues.get(name) if host is not None else None
+        if queue is None:
+            return None
+        machine = queue.machine
+        return int(machine.consumer_count), int(machine.ready_count)
 
     def vhost_limits(self) -> list[dict[str, Any]]:
         return [{"vhost": name, "value": dict(vhost.limits)}
