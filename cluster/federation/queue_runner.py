@@ -3,7 +3,7 @@ exchange runner's machinery (cluster/federation/runner.py: two link connections,
 reconnects).
 
 How it works: besides what the exchange runner does, a poller task reads the local queue's consumer count and
-ready count every `DEMAND_POLL_S` through `demand(vhost, queue)` (the node's management view: every replica of a
+ready count every `DEMAND_POLL_S` (sent on only when they changed) through `demand(vhost, queue)` (the node's management view: every replica of a
 quorum queue knows both) and feeds them to the machine as `demand` inputs; the machine answers `Consume` (sent as
 basic.consume with `x-priority: -1` and the link's consumer tag, not waited for) or `Cancel` (basic.cancel).
 Upstream topology: the upstream queue is declared passively, and declared durable (no arguments) if missing;
@@ -27,7 +27,7 @@ from cluster.link.uri import AmqpUri
 from node.amqp import methods as m
 from node.amqp.client import ContentIn
 
-DEMAND_POLL_S = 0.1
+DEMAND_POLL_S = 0.02
 Demand = Callable[[str, str], "tuple[int, int] | None"]  # (vhost, queue) -> (consumers, ready); None: no queue
 
 
@@ -51,9 +51,12 @@ class QueueLinkRunner(ExchangeLinkRunner):
             nursery.cancel_scope.cancel()
 
     async def _poll_demand(self) -> None:
+        last: tuple[int, int] | None = None
         while True:
             counts = self._demand(self.link.vhost, self.link.queue) or (0, 0)
-            self._send.send_nowait(("demand", counts))
+            if counts != last:  # (the counts are cheap to read; the pump only wakes on a change)
+                self._send.send_nowait(("demand", counts))
+                last = counts
             await trio.sleep(DEMAND_POLL_S)
 
     def _idle_input(self, side: str, value: Any) -> None:
