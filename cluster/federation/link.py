@@ -95,6 +95,37 @@ def link_id(vhost: str, name: str, upstream: str, kind: str = "exchange") -> str
     return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
+def _text(value: Any) -> Any:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def should_forward(hops: list[Any], max_hops: int, cluster_name: str, vhost: str | None = None) -> bool:
+    """rabbit_federation_util:should_forward: `hops` is a message's `x-received-from` list; False when it already
+    has `max_hops` entries or an entry naming `cluster_name` (and `vhost`, when given and the entry has one)."""
+    if len(hops) >= max_hops:
+        return False
+    for hop in hops:
+        if not isinstance(hop, dict) or _text(hop.get("cluster-name")) != cluster_name:
+            continue
+        if vhost is None or "vhost" not in hop or _text(hop["vhost"]) == vhost:
+            return False
+    return True
+
+
+def upstream_exchange_routes(arguments: dict[str, Any], headers: dict[str, Any] | None) -> bool:
+    """Whether an exchange of type `x-federation-upstream` (RabbitMQ's plugin declares one on the upstream per
+    link, arguments `x-max-hops`, `x-downstream-name`, `x-downstream-vhost`) passes a message on to its bindings
+    (as a fanout): rabbit_federation_upstream_exchange:route. For the broker's routing (not wired in yet)."""
+    received = (headers or {}).get("x-received-from")
+    if not isinstance(received, list):
+        return True
+    max_hops = arguments.get("x-max-hops", 1)
+    name = _text(arguments.get("x-downstream-name", ""))
+    vhost = arguments.get("x-downstream-vhost")
+    return should_forward(received, max_hops if isinstance(max_hops, int) else 1, name,
+                          _text(vhost) if vhost is not None else None)
+
+
 class ExchangeLink:
     def __init__(self, upstream: Upstream, vhost: str, exchange: str, cluster_name: str) -> None:
         self.upstream = upstream
@@ -210,15 +241,7 @@ class ExchangeLink:
         return [Ack(t) if ack else Nack(t) for t in tags]
 
     def _should_forward(self, hops: list[Any]) -> bool:
-        if len(hops) >= self.upstream.max_hops:
-            return False
-        for hop in hops:
-            name = hop.get("cluster-name") if isinstance(hop, dict) else None
-            if isinstance(name, bytes):
-                name = name.decode("utf-8", "replace")
-            if name == self.cluster_name:
-                return False
-        return True
+        return should_forward(hops, self.upstream.max_hops, self.cluster_name)
 
     # ------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
