@@ -16,7 +16,8 @@ bound directly to the upstream exchange with each (routing key, arguments) of th
 RabbitMQ puts an internal exchange of type `x-federation-upstream` between the two (docs/federation.md says why
 raftmq does not yet). The queue is kept when the link stops (a restart or a move loses nothing buffered in it);
 it is deleted when the link is removed by policy (`cleanup`, best effort), unless `resource-cleanup-mode` is
-`never`.
+`never`. `QueueLinkRunner` (queue_runner.py) reuses all this through the methods it overrides (`_setup_upstream`,
+`_carry_out`, `_event`, `_delivery`, `_idle_input`, `cleanup`, `connection_name`).
 """
 
 from __future__ import annotations
