@@ -19,7 +19,8 @@ Inputs:
   prepended to `x-received-from`; `user_id` is cleared unless `trust-user-id`. Then per ack mode: `no-ack`
   nothing; `on-publish` `Ack(tag)` at once; `on-confirm` the ack waits for the local confirm.
 - `confirm(seq, multiple, ack)`: the local broker's Basic.Ack/Nack for the publishes (numbered 1, 2, ... from each
-  connect); acked -> `Ack`, nacked -> `Nack(requeue)`.
+  connect); acked -> `Ack` (one `Ack(tag, multiple=True)` for a multiple confirm of several), nacked ->
+  `Nack(requeue)`.
 """
 
 from __future__ import annotations
@@ -238,6 +239,12 @@ class ExchangeLink:
         seqs = sorted(s for s in self._unconfirmed if s <= seq) if multiple else \
             ([seq] if seq in self._unconfirmed else [])
         tags = [self._unconfirmed.pop(s) for s in seqs]
+        if ack and len(tags) > 1:
+            # one multiple ack: delivery tags grow with the publish sequence, so every tag still outstanding
+            # upstream and below the highest confirmed one is among these (checked on the oldest unconfirmed)
+            oldest = next(iter(self._unconfirmed.values()), None)
+            if oldest is None or oldest > tags[-1]:
+                return [Ack(tags[-1], multiple=True)]
         return [Ack(t) if ack else Nack(t) for t in tags]
 
     def _should_forward(self, hops: list[Any]) -> bool:

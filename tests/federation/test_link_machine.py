@@ -105,3 +105,12 @@ def test_upstream_exchange_type_filter() -> None:
     assert upstream_exchange_routes(args, {"x-received-from": [{"cluster-name": "down", "vhost": "v2"}]})
     assert not upstream_exchange_routes(args, {"x-received-from": [{"cluster-name": "a"}, {"cluster-name": "b"}]})
     assert not upstream_exchange_routes({"x-downstream-name": "down"}, {"x-received-from": [{"cluster-name": "x"}]})
+
+
+def test_a_multiple_confirm_is_one_multiple_ack_upstream() -> None:
+    link = _link()
+    link.connected(1, "up-cluster")
+    for tag in (5, 6, 7, 8):
+        link.delivery(tag, "k", BasicProperties(), b"m", False)
+    assert link.confirm(3, True, True) == [Ack(7, multiple=True)]  # tags 5, 6, 7
+    assert link.confirm(4, True, True) == [Ack(8)]
