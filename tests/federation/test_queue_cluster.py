@@ -51,7 +51,7 @@ def test_cluster_queue_link_moves_when_its_node_dies(cluster_and_upstream: tuple
         conn.channel().queue_declare("fq", durable=True, arguments={"x-queue-type": "quorum"})
     mport = n1.port + 10_000
     assert ctl_call(mport, "set_parameter", "federation-upstream", "up",
-                    json.dumps({"uri": uri(up.port), "reconnect-delay": 1}))[0] == 0
+                    json.dumps({"uri": uri(up.port), "reconnect-delay": 1, "prefetch-count": 10}))[0] == 0
     assert ctl_call(mport, "set_policy", "fedq", "^fq$", json.dumps({"federation-upstream": "up"}),
                     "--apply-to", "queues")[0] == 0
     runners = wait_until(lambda: (r := _runners(procs, names)) and len(r) == 1 and r, 60, "one node runs the link")
@@ -59,8 +59,9 @@ def test_cluster_queue_link_moves_when_its_node_dies(cluster_and_upstream: tuple
     alive = [n for n in names if n != owner]
     consumer = Consumer(procs.node(alive[0]).port, "fq", prefetch=50)
     try:
-        # kill the link's node half way: the consumer (prefetch 50) acks only as it is pumped, so the link pauses
-        # and resumes as the queue's ready count rises and falls, and messages are in flight when the node dies
+        # kill the link's node half way: the link pulls 10 at a time (prefetch-count) and the consumer (prefetch 50)
+        # acks only as it is pumped, so the link pauses and resumes as the queue's ready count rises and falls, and
+        # messages are still upstream or in flight when the node dies
         wait_until(lambda: consumer.pump() >= 100, 90, "early messages reached the cluster's consumer")
         upstream_left = count(up.port, "fq")
         procs.kill(owner)
