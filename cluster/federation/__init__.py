@@ -1,2 +1,2 @@
-"""Federation links between clusters: exchange federation (params, link machine, runner, manager; docs/federation.md).
-Queue federation is not built yet."""
+"""Federation links between clusters: exchange federation (params, link, runner, manager) and queue federation
+(queue_link, queue_runner; run by the same manager). docs/federation.md."""

@@ -19,7 +19,8 @@ Inputs:
   prepended to `x-received-from`; `user_id` is cleared unless `trust-user-id`. Then per ack mode: `no-ack`
   nothing; `on-publish` `Ack(tag)` at once; `on-confirm` the ack waits for the local confirm.
 - `confirm(seq, multiple, ack)`: the local broker's Basic.Ack/Nack for the publishes (numbered 1, 2, ... from each
-  connect); acked -> `Ack`, nacked -> `Nack(requeue)`.
+  connect); acked -> `Ack` (one `Ack(tag, multiple=True)` for a multiple confirm of several), nacked ->
+  `Nack(requeue)`.
 """
 
 from __future__ import annotations
@@ -88,9 +89,42 @@ def upstream_queue_name(upstream_exchange: str, downstream_cluster: str, downstr
     return f"federation: {upstream_exchange} -> {downstream_cluster}{suffix}"
 
 
-def link_id(vhost: str, exchange: str, upstream: str) -> str:
-    """A short stable id of a link (RabbitMQ's status rows carry one too; the restart path uses it)."""
-    return hashlib.sha1(f"{vhost}\0{exchange}\0{upstream}".encode()).hexdigest()[:8]
+def link_id(vhost: str, name: str, upstream: str, kind: str = "exchange") -> str:
+    """A short stable id of a link (RabbitMQ's status rows carry one too; the restart path uses it). `name` is the
+    federated exchange's or queue's; `kind` "exchange" or "queue"."""
+    text = f"{vhost}\0{name}\0{upstream}" if kind == "exchange" else f"{vhost}\0{kind}\0{name}\0{upstream}"
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def _text(value: Any) -> Any:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def should_forward(hops: list[Any], max_hops: int, cluster_name: str, vhost: str | None = None) -> bool:
+    """rabbit_federation_util:should_forward: `hops` is a message's `x-received-from` list; False when it already
+    has `max_hops` entries or an entry naming `cluster_name` (and `vhost`, when given and the entry has one)."""
+    if len(hops) >= max_hops:
+        return False
+    for hop in hops:
+        if not isinstance(hop, dict) or _text(hop.get("cluster-name")) != cluster_name:
+            continue
+        if vhost is None or "vhost" not in hop or _text(hop["vhost"]) == vhost:
+            return False
+    return True
+
+
+def upstream_exchange_routes(arguments: dict[str, Any], headers: dict[str, Any] | None) -> bool:
+    """Whether an exchange of type `x-federation-upstream` (RabbitMQ's plugin declares one on the upstream per
+    link, arguments `x-max-hops`, `x-downstream-name`, `x-downstream-vhost`) passes a message on to its bindings
+    (as a fanout): rabbit_federation_upstream_exchange:route. For the broker's routing (not wired in yet)."""
+    received = (headers or {}).get("x-received-from")
+    if not isinstance(received, list):
+        return True
+    max_hops = arguments.get("x-max-hops", 1)
+    name = _text(arguments.get("x-downstream-name", ""))
+    vhost = arguments.get("x-downstream-vhost")
+    return should_forward(received, max_hops if isinstance(max_hops, int) else 1, name,
+                          _text(vhost) if vhost is not None else None)
 
 
 class ExchangeLink:
@@ -117,6 +151,11 @@ class ExchangeLink:
     @property
     def upstream_exchange(self) -> str:
         return self.upstream.exchange or self.exchange
+
+    @property
+    def publish_exchange(self) -> str:
+        """Where forwarded messages are published locally (the downstream exchange)."""
+        return self.exchange
 
     @property
     def queue_name(self) -> str:
@@ -200,18 +239,16 @@ class ExchangeLink:
         seqs = sorted(s for s in self._unconfirmed if s <= seq) if multiple else \
             ([seq] if seq in self._unconfirmed else [])
         tags = [self._unconfirmed.pop(s) for s in seqs]
+        if ack and len(tags) > 1:
+            # one multiple ack: delivery tags grow with the publish sequence, so every tag still outstanding
+            # upstream and below the highest confirmed one is among these (checked on the oldest unconfirmed)
+            oldest = next(iter(self._unconfirmed.values()), None)
+            if oldest is None or oldest > tags[-1]:
+                return [Ack(tags[-1], multiple=True)]
         return [Ack(t) if ack else Nack(t) for t in tags]
 
     def _should_forward(self, hops: list[Any]) -> bool:
-        if len(hops) >= self.upstream.max_hops:
-            return False
-        for hop in hops:
-            name = hop.get("cluster-name") if isinstance(hop, dict) else None
-            if isinstance(name, bytes):
-                name = name.decode("utf-8", "replace")
-            if name == self.cluster_name:
-                return False
-        return True
+        return should_forward(hops, self.upstream.max_hops, self.cluster_name)
 
     # ------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:

@@ -1,13 +1,16 @@
-"""FederationManager: the exchange federation links of one node — which ones it runs, their tasks, their status.
+"""FederationManager: the federation links of one node (exchange and queue) — which ones it runs, their tasks,
+their status.
 
 How it works: every `POLL_S` (and at once after `poke()`) the manager reads the node's view (the management view:
-policies, exchanges with the policy that applies to each, bindings, runtime parameters). For each exchange whose
-policy has `federation-upstream` or `federation-upstream-set`, `resolve` (cluster/federation/params.py) gives the
-upstreams; each (vhost, exchange, upstream) is one link. `owner(vhost, "federation:<exchange>:<upstream>")` picks
-the node that runs it (single node: this one; cluster: the shovels' rendezvous choice, docs/shovel.md). It starts
-an `ExchangeLinkRunner` for each link it owns and does not run, cancels one it no longer owns or whose upstream
-definition (or exchange type) changed, and pushes the downstream exchange's current bindings to each running link
-(the link binds/unbinds upstream for the difference). A link no node should run any more (policy or upstream
+policies, exchanges and queues with the policy that applies to each, bindings, runtime parameters). For each
+exchange or queue whose policy has `federation-upstream` or `federation-upstream-set`, `resolve`
+(cluster/federation/params.py) gives the upstreams; each (vhost, kind, exchange or queue, upstream) is one link.
+`owner(vhost, "federation:<exchange>:<upstream>")` (queues: `"federation-queue:<queue>:<upstream>"`) picks the
+node that runs it (single node: this one; cluster: the shovels' rendezvous choice, docs/shovel.md). It starts an
+`ExchangeLinkRunner` or a `QueueLinkRunner` (cluster/federation/queue_runner.py; it reads the local queue's
+consumer and ready counts through `view.queue_demand`) for each link it owns and does not run, cancels one it no
+longer owns or whose upstream definition (or exchange type) changed, and pushes the downstream exchange's current
+bindings to each running exchange link (the link binds/unbinds upstream for the difference). A link no node should run any more (policy or upstream
 removed, exchange deleted) also has its upstream queue deleted (best effort); a link that moved or stopped keeps it.
 A runner that fails unexpectedly is logged and started again after its reconnect delay.
 """
@@ -24,13 +27,15 @@ import trio
 
 from cluster.federation.link import BindingKey, link_id
 from cluster.federation.params import COMPONENTS, POLICY_KEYS, Upstream, resolve
+from cluster.federation.queue_runner import QueueLinkRunner
 from cluster.federation.runner import ExchangeLinkRunner
 from cluster.link.client import wall_ms
 from cluster.link.uri import AmqpUri
 
 log = logging.getLogger("raftmq.federation")
 POLL_S = 0.5
-LinkKey = tuple[str, str, str]  # vhost, exchange, upstream name
+LinkKey = tuple[str, str, str, str]  # vhost, kind ("exchange" or "queue"), exchange or queue name, upstream name
+EXCHANGE, QUEUE = "exchange", "queue"
 
 
 @dataclass
@@ -43,7 +48,7 @@ class _Entry:
 @dataclass(frozen=True)
 class _Wanted:
     upstream: Upstream
-    exchange_type: str
+    exchange_type: str  # "" for a queue link
     bindings: frozenset[BindingKey]
 
     @property
@@ -67,21 +72,26 @@ def wanted_links(view: Any) -> dict[LinkKey, _Wanted]:
         return {}
     stored = {(p["component"], p["vhost"], p["name"]): json.dumps(p["value"]) for p in view.parameters()
               if p["component"] in COMPONENTS}
+    links: dict[LinkKey, _Wanted] = {}
+    for vhost, queue, policy in view.queue_policies():
+        if (vhost, policy) in policies:
+            for upstream in resolve(policies[(vhost, policy)], vhost, stored):
+                links[(vhost, QUEUE, queue, upstream.name)] = _Wanted(upstream, "", frozenset())
     exchanges = [x for x in view.exchanges()
                  if x["name"] and not x["name"].startswith("amq.") and (x["vhost"], x.get("policy")) in policies]
     if not exchanges:
-        return {}
+        return links
     names = {(x["vhost"], x["name"]) for x in exchanges}
     bindings: dict[tuple[str, str], set[BindingKey]] = {key: set() for key in names}
     for b in view.bindings():
         key = (b["vhost"], b["source"])
         if key in bindings:
             bindings[key].add((b["routing_key"], _hashable(b.get("arguments") or {})))
-    links: dict[LinkKey, _Wanted] = {}
     for x in exchanges:
         vhost, name = x["vhost"], x["name"]
         for upstream in resolve(policies[(vhost, x["policy"])], vhost, stored):
-            links[(vhost, name, upstream.name)] = _Wanted(upstream, x["type"], frozenset(bindings[(vhost, name)]))
+            links[(vhost, EXCHANGE, name, upstream.name)] = _Wanted(upstream, x["type"],
+                                                                    frozenset(bindings[(vhost, name)]))
     return links
 
 
@@ -102,7 +112,7 @@ class FederationManager:
     def restart(self, vhost: str, link: str) -> bool:
         """Restart the link with this id (`link_id`) running here (False: no such link runs on this node). The
         upstream queue is kept, so nothing it buffered is lost."""
-        key = next((k for k in self._entries if k[0] == vhost and link_id(*k) == link), None)
+        key = next((k for k in self._entries if k[0] == vhost and link_id(k[0], k[2], k[3], k[1]) == link), None)
         if key is None:
             return False
         self._entries.pop(key).scope.cancel()
@@ -115,7 +125,7 @@ class FederationManager:
         for key in sorted(self._entries):
             row = self._entries[key].runner.link.status()
             row["node"] = self.node_name
-            row["local_connection"] = f"Federation link (upstream: {key[2]}, exchange: {key[1]})"
+            row["local_connection"] = self._entries[key].runner.connection_name
             row["timestamp"] = _iso(row.pop("timestamp_ms"))
             rows.append(row)
         return rows
@@ -134,18 +144,18 @@ class FederationManager:
 
     def _reconcile(self, nursery: trio.Nursery) -> None:
         wanted = wanted_links(self.view)
-        mine = {k: w for k, w in wanted.items() if self.owner(k[0], f"federation:{k[1]}:{k[2]}") == self.node_name}
+        mine = {k: w for k, w in wanted.items() if self.owner(k[0], _owner_name(k)) == self.node_name}
         for key, entry in list(self._entries.items()):
             w = mine.get(key)
             if w is None or w.identity != entry.identity:
                 del self._entries[key]
                 entry.scope.cancel()
                 if key not in wanted:
-                    log.info("federation link %s/%s <- %s removed", *key)
+                    log.info("federation link %s removed", _label(key))
                     nursery.start_soon(entry.runner.cleanup)
                 else:
-                    log.info("federation link %s/%s <- %s stopped here (moved or changed)", *key)
-            else:
+                    log.info("federation link %s stopped here (moved or changed)", _label(key))
+            elif key[1] == EXCHANGE:
                 entry.runner.set_bindings(set(w.bindings))
         for key, w in mine.items():
             if key in self._entries:
@@ -153,10 +163,13 @@ class FederationManager:
             entry = _Entry(w.identity, self._runner(key, w))
             self._entries[key] = entry
             nursery.start_soon(self._run_one, key, entry, w)
-            log.info("federation link %s/%s <- %s starting on %s", *key, self.node_name)
+            log.info("federation link %s starting on %s", _label(key), self.node_name)
 
     def _runner(self, key: LinkKey, w: _Wanted) -> ExchangeLinkRunner:
-        return ExchangeLinkRunner(w.upstream, key[0], key[1], w.exchange_type, self.cluster_name, self.local,
+        if key[1] == QUEUE:
+            return QueueLinkRunner(w.upstream, key[0], key[2], self.cluster_name, self.local,
+                                   self.view.queue_demand)
+        return ExchangeLinkRunner(w.upstream, key[0], key[2], w.exchange_type, self.cluster_name, self.local,
                                   set(w.bindings))
 
     async def _run_one(self, key: LinkKey, entry: _Entry, w: _Wanted) -> None:
@@ -166,10 +179,21 @@ class FederationManager:
                     await entry.runner.run()
                     return
                 except Exception as exc:
-                    log.exception("federation link %s/%s <- %s failed", *key)
+                    log.exception("federation link %s failed", _label(key))
                     entry.runner.link.stop(f"failed: {type(exc).__name__}: {exc}", wall_ms())
                 await trio.sleep(max(w.upstream.reconnect_delay_ms, 1000) / 1000)
                 entry.runner = self._runner(key, w)
+
+
+def _label(key: LinkKey) -> str:
+    vhost, kind, name, upstream = key
+    return f"({kind}) {vhost}/{name} <- {upstream}"
+
+
+def _owner_name(key: LinkKey) -> str:
+    """The name the owner choice hashes (exchange links keep the name they had before queue links existed)."""
+    _vhost, kind, name, upstream = key
+    return f"federation:{name}:{upstream}" if kind == EXCHANGE else f"federation-queue:{name}:{upstream}"
 
 
 def _iso(ms: int) -> str:

@@ -11,7 +11,7 @@ Keys and defaults are RabbitMQ 3.10's (rabbit_federation_parameters, rabbit_fede
 a string or a non-empty list), `prefetch-count` 1000, `reconnect-delay` 5 (seconds: the code's default; the docs
 say 1), `ack-mode` `on-confirm` / `on-publish` / `no-ack`, `trust-user-id` false, `exchange` (default: the
 downstream exchange's name), `max-hops` 1, `expires`, `message-ttl` (on the upstream queue), `queue` and
-`consumer-tag` (queue federation: accepted and stored, not used yet), `ha-policy`, `bind-nowait`,
+`consumer-tag` (queue federation), `ha-policy`, `bind-nowait`,
 `resource-cleanup-mode` (`default` / `never`), `queue-type`. The error texts are RabbitMQ's
 (rabbit_parameter_validation): "prefetch-count should be a number, actually was ...", "trust-user-id should be
 boolean, ...", "ack-mode should be one of [...], ...", "Key \"uri\" not found in federation-upstream", and

@@ -16,7 +16,8 @@ bound directly to the upstream exchange with each (routing key, arguments) of th
 RabbitMQ puts an internal exchange of type `x-federation-upstream` between the two (docs/federation.md says why
 raftmq does not yet). The queue is kept when the link stops (a restart or a move loses nothing buffered in it);
 it is deleted when the link is removed by policy (`cleanup`, best effort), unless `resource-cleanup-mode` is
-`never`.
+`never`. `QueueLinkRunner` (queue_runner.py) reuses all this through the methods it overrides (`_setup_upstream`,
+`_carry_out`, `_event`, `_delivery`, `_idle_input`, `cleanup`, `connection_name`).
 """
 
 from __future__ import annotations
@@ -85,17 +86,25 @@ class ExchangeLinkRunner:
             if connect is None:
                 wait_ms = (self.link.reconnect_at_ms or wall_ms() + 1000) - wall_ms()
                 with trio.move_on_after(max(0.0, wait_ms / 1000)):
-                    while True:  # keep the machine's wanted bindings current while waiting
-                        side, wanted = await self._receive.receive()
-                        if side == "bindings":
-                            self.link.bindings(set(wanted))
+                    while True:  # keep the machine's inputs (bindings, demand) current while waiting
+                        side, value = await self._receive.receive()
+                        self._idle_input(side, value)
                 effects = self.link.tick(wall_ms())
                 continue
             effects = await self._session(connect)
 
+    def _idle_input(self, side: str, value: Any) -> None:
+        """An input from the manager while no session runs."""
+        if side == "bindings":
+            self.link.bindings(set(value))
+
+    @property
+    def connection_name(self) -> str:
+        return f"Federation link (upstream: {self.upstream.name}, exchange: {self.link.exchange})"
+
     async def _session(self, connect: Connect) -> list[Effect]:
         link = self.link
-        name = f"Federation link (upstream: {self.upstream.name}, exchange: {link.exchange})"
+        name = self.connection_name
         assert self.local is not None
         local_uri = replace(self.local, vhost=link.vhost)
         async with AsyncExitStack() as stack:
@@ -168,11 +177,11 @@ class ExchangeLinkRunner:
             return [e for e in self.link.down(reason, wall_ms()) if not isinstance(e, Disconnect)]
 
     def _carry_out(self, up: LinkConnection, up_ch: int, down: LinkConnection, down_ch: int,
-                   effects: list[Effect]) -> None:
+                   effects: list[Any]) -> None:
         queue, exchange = self.link.queue_name, self.link.upstream_exchange
         for effect in effects:
             if isinstance(effect, Publish):
-                down.publish(down_ch, self.link.exchange, effect.routing_key, effect.properties, effect.body)
+                down.publish(down_ch, self.link.publish_exchange, effect.routing_key, effect.properties, effect.body)
             elif isinstance(effect, Ack):
                 up.ack(up_ch, effect.tag, effect.multiple)
             elif isinstance(effect, Nack):
@@ -194,8 +203,7 @@ class ExchangeLinkRunner:
         if isinstance(event, ContentIn):
             deliver = event.method
             if side == "up" and isinstance(deliver, m.BasicDeliver):
-                return self.link.delivery(deliver.delivery_tag, deliver.routing_key, event.properties, event.body,
-                                          deliver.redelivered)
+                return self._delivery(deliver, event)
             return []
         if isinstance(event, MethodIn):
             method = event.method
@@ -213,6 +221,10 @@ class ExchangeLinkRunner:
             where = "upstream" if side == "up" else "downstream"
             raise _Down(f"{where}: connection closed: {event.reply_code} {event.reply_text}")
         return []
+
+    def _delivery(self, deliver: m.BasicDeliver, event: ContentIn) -> list[Effect]:
+        return self.link.delivery(deliver.delivery_tag, deliver.routing_key, event.properties, event.body,
+                                  deliver.redelivered)
 
     async def cleanup(self) -> None:
         """The link was removed by policy: delete its upstream queue (best effort), unless cleanup is `never`."""

@@ -92,3 +92,25 @@ def test_bindings_diff_and_replay_after_reconnect() -> None:
     assert len(link.connected(6000, "c")) == 2  # every binding again on the new connection
     assert link.stop("removed", 7000) == [Disconnect("removed")]
     assert link.connect_failed("refused", 7001) == [] and link.delivery(1, "k", BasicProperties(), b"", False) == []
+
+
+def test_upstream_exchange_type_filter() -> None:
+    """The routing rule of an `x-federation-upstream` exchange (RabbitMQ's plugin declares one upstream)."""
+    from cluster.federation.link import upstream_exchange_routes
+
+    args = {"x-max-hops": 2, "x-downstream-name": "down", "x-downstream-vhost": "/"}
+    assert upstream_exchange_routes(args, None)
+    assert upstream_exchange_routes(args, {"x-received-from": [{"cluster-name": "other", "vhost": "/"}]})
+    assert not upstream_exchange_routes(args, {"x-received-from": [{"cluster-name": b"down", "vhost": b"/"}]})
+    assert upstream_exchange_routes(args, {"x-received-from": [{"cluster-name": "down", "vhost": "v2"}]})
+    assert not upstream_exchange_routes(args, {"x-received-from": [{"cluster-name": "a"}, {"cluster-name": "b"}]})
+    assert not upstream_exchange_routes({"x-downstream-name": "down"}, {"x-received-from": [{"cluster-name": "x"}]})
+
+
+def test_a_multiple_confirm_is_one_multiple_ack_upstream() -> None:
+    link = _link()
+    link.connected(1, "up-cluster")
+    for tag in (5, 6, 7, 8):
+        link.delivery(tag, "k", BasicProperties(), b"m", False)
+    assert link.confirm(3, True, True) == [Ack(7, multiple=True)]  # tags 5, 6, 7
+    assert link.confirm(4, True, True) == [Ack(8)]

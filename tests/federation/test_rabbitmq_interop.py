@@ -1,4 +1,4 @@
-"""Exchange federation with RabbitMQ 3.10 as the upstream and raftmq downstream (real processes, pika). Skipped
+"""Exchange and queue federation with RabbitMQ 3.10 as the upstream and raftmq downstream (real processes, pika). Skipped
 when Debian's rabbitmq-server is not installed. (RabbitMQ's federation plugin downstream of a raftmq upstream is
 not built: it needs the x-federation-upstream exchange type, docs/federation.md.)"""
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pika
 
 from tests.federation.test_exchange_single import _links, _start
+from tests.federation.test_queue_single import Consumer
 from tests.link.conftest import Broker
 from tests.shovel.helpers import count, ctl_call, drain, wait_until
 
@@ -62,5 +63,42 @@ def test_raftmq_downstream_of_a_rabbitmq_upstream(rabbitmq_broker: Broker, tmp_p
             with pika.BlockingConnection(params) as conn:
                 return int(conn.channel().queue_declare(queue, passive=True).method.message_count) == 0
         wait_until(upstream_empty, 30, "messages left in RabbitMQ's upstream queue")
+    finally:
+        node.stop()
+
+
+def test_raftmq_queue_downstream_of_a_rabbitmq_upstream(rabbitmq_broker: Broker, tmp_path: Path) -> None:
+    """Queue federation: a raftmq queue with a consumer pulls from RabbitMQ's queue of the same name (RabbitMQ
+    advertises consumer priorities and takes the link's x-priority -1 consumer)."""
+    queue = f"fq-{uuid.uuid4().hex[:8]}"
+    params = pika.ConnectionParameters(rabbitmq_broker.host, rabbitmq_broker.port,
+                                       credentials=pika.PlainCredentials("guest", "guest"))
+    with pika.BlockingConnection(params) as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True)
+        ch.confirm_delivery()
+        for n in range(30):
+            ch.basic_publish("", queue, f"r{n}".encode(), pika.BasicProperties(delivery_mode=2))
+    node, mport = _start(tmp_path / "dq", "raftmq-qdown")
+    try:
+        with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port)) as conn:
+            conn.channel().queue_declare(queue, durable=True)
+        assert ctl_call(mport, "set_parameter", "federation-upstream", "rabbit",
+                        json.dumps({"uri": rabbitmq_broker.uri()}))[0] == 0
+        assert ctl_call(mport, "set_policy", "fedq", f"^{queue}$", json.dumps({"federation-upstream": "rabbit"}),
+                        "--apply-to", "queues")[0] == 0
+        wait_until(lambda: [r for r in _links(mport) if r["status"] == "running" and r["type"] == "queue"], 60,
+                   "the queue link never ran")
+        consumer = Consumer(node.port, queue)
+        try:
+            wait_until(lambda: consumer.pump() >= 30, 60, "RabbitMQ's messages never reached raftmq's consumer")
+        finally:
+            consumer.close()
+        assert sorted(b for b, _ in consumer.got) == sorted(f"r{n}".encode() for n in range(30))
+        hop = consumer.got[0][1]["x-received-from"][0]
+        assert hop["queue"] == queue and hop["cluster-name"]  # RabbitMQ's cluster_name
+        with pika.BlockingConnection(params) as conn:  # acked upstream (after the local confirms)
+            wait_until(lambda: int(conn.channel().queue_declare(queue, passive=True).method.message_count) == 0,
+                       30, "messages left in RabbitMQ's queue")
     finally:
         node.stop()
