@@ -54,6 +54,7 @@ QUORUM_ONLY: Final = frozenset({"delivery-limit", "dead-letter-strategy"})
 QUORUM_APPLICABLE: Final = frozenset({
     "max-length", "max-length-bytes", "overflow", "expires", "delivery-limit", "dead-letter-exchange",
     "dead-letter-routing-key", "dead-letter-strategy", "message-ttl",
+    "federation-upstream", "federation-upstream-set",  # RabbitMQ 3.10 federates quorum queues too
 })
 OVERFLOW_MODES: Final = ("drop-head", "reject-publish", "reject-publish-dlx")
 DEAD_LETTER_STRATEGIES: Final = ("at-most-once", "at-least-once")

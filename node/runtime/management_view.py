@@ -276,21 +276,13 @@ class BrokerView:
         return self.federation.status() if self.federation is not None else []
 
     def queue_policies(self) -> list[tuple[str, str, str | None]]:
-        """(vhost, queue, name of the policy that applies for federation) of every queue: cheaper than `queues()`
-        (no counts, no Raft status), for the federation manager's poll. For a quorum queue the federation policy
-        keys count as applicable (RabbitMQ 3.10 federates quorum queues; node/broker/policies.py's
-        QUORUM_APPLICABLE does not list the two keys yet, so the broker's own match would skip such a policy)."""
+        """(vhost, queue, name of the policy that applies) of every queue: cheaper than `queues()` (no counts, no
+        Raft status), for the federation manager's poll."""
         rows: list[tuple[str, str, str | None]] = []
-        quorum_keys = pol.QUORUM_APPLICABLE | fed_params.POLICY_KEYS
         for vhost_name in sorted(self.broker.vhosts):
             vhost = self.broker.vhosts[vhost_name]
             for name in sorted(vhost.queues):
-                queue = vhost.queues[name]
-                if pol.queue_type_of(queue.arguments) == "quorum" and vhost.policies:
-                    policy = pol.match_policy([p for p in vhost.policies.values() if set(p.definition) <= quorum_keys],
-                                              "queue", name, "classic")
-                else:
-                    policy = policy_apply.queue_policy(vhost, queue)
+                policy = policy_apply.queue_policy(vhost, vhost.queues[name])
                 rows.append((vhost_name, name, policy.name if policy is not None else None))
         return rows
 
