@@ -3,7 +3,9 @@
 A destination is a `Dest(kind, name)` with kind "queue" or "exchange". A binding is identified, as in RabbitMQ, by
 (source, destination, routing key, arguments). Each exchange keeps the set of its bindings plus an index for its
 type: direct = routing key -> destinations, fanout = destinations, topic = a `TopicTrie`, headers = the binding list
-evaluated with `headers_match`. The default exchange ("") routes to the queue named by the routing key and is not
+evaluated with `headers_match`; x-federation-upstream (the exchange RabbitMQ's federation plugin declares on an
+upstream per link) = a fanout that passes on only what `cluster.federation.link.upstream_exchange_routes` allows
+(hop count, loop check). The default exchange ("") routes to the queue named by the routing key and is not
 stored here (see vhost.py).
 """
 
@@ -13,10 +15,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from cluster.federation.link import upstream_exchange_routes
 from node.broker.headers_match import headers_match
 from node.broker.topic_trie import TopicTrie
 
-EXCHANGE_TYPES = frozenset({"direct", "fanout", "topic", "headers"})
+FEDERATION_UPSTREAM = "x-federation-upstream"
+EXCHANGE_TYPES = frozenset({"direct", "fanout", "topic", "headers", FEDERATION_UPSTREAM})
+_FANOUT_INDEXED = frozenset({"fanout", FEDERATION_UPSTREAM})
 
 
 class Dest(NamedTuple):
@@ -78,7 +83,7 @@ class Exchange:
         if self.type == "direct":
             dests = self._direct.setdefault(binding.routing_key, {})
             dests[binding.dest] = dests.get(binding.dest, 0) + 1
-        elif self.type == "fanout":
+        elif self.type in _FANOUT_INDEXED:
             self._fanout[binding.dest] = self._fanout.get(binding.dest, 0) + 1
         elif self.type == "topic":
             self._topic.add(binding.routing_key, binding.dest)
@@ -93,7 +98,7 @@ class Exchange:
             _decrement(dests, stored.dest)
             if not dests:
                 self._direct.pop(stored.routing_key, None)
-        elif self.type == "fanout":
+        elif self.type in _FANOUT_INDEXED:
             _decrement(self._fanout, stored.dest)
         elif self.type == "topic":
             self._topic.remove(stored.routing_key, stored.dest)
@@ -109,6 +114,8 @@ class Exchange:
             return self._fanout
         if self.type == "topic":
             return self._topic.match(routing_key)
+        if self.type == FEDERATION_UPSTREAM:
+            return self._fanout if upstream_exchange_routes(self.arguments, dict(headers or {})) else ()
         return {b.dest for b in self.bindings.values() if headers_match(b.arguments, headers)}
 
 

@@ -1,6 +1,6 @@
-"""Exchange and queue federation with RabbitMQ 3.10 as the upstream and raftmq downstream (real processes, pika). Skipped
-when Debian's rabbitmq-server is not installed. (RabbitMQ's federation plugin downstream of a raftmq upstream is
-not built: it needs the x-federation-upstream exchange type, docs/federation.md.)"""
+"""Exchange and queue federation with RabbitMQ 3.10 as the upstream and raftmq downstream, and RabbitMQ's own
+federation plugin downstream of a raftmq upstream (the x-federation-upstream exchange type); real processes, pika.
+Skipped when Debian's rabbitmq-server is not installed."""
 
 from __future__ import annotations
 
@@ -100,5 +100,67 @@ def test_raftmq_queue_downstream_of_a_rabbitmq_upstream(rabbitmq_broker: Broker,
         with pika.BlockingConnection(params) as conn:  # acked upstream (after the local confirms)
             wait_until(lambda: int(conn.channel().queue_declare(queue, passive=True).method.message_count) == 0,
                        30, "messages left in RabbitMQ's queue")
+    finally:
+        node.stop()
+
+
+def test_rabbitmq_federation_plugin_downstream_of_a_raftmq_upstream(rabbitmq_broker: Broker, tmp_path: Path) -> None:
+    """RabbitMQ's own federation plugin as the downstream: on raftmq it declares its upstream exchange of type
+    x-federation-upstream (bound to the federated exchange) and a queue, and consumes; a message published on
+    raftmq arrives once in RabbitMQ, with raftmq's hop in x-received-from."""
+    assert rabbitmq_broker.rabbit is not None
+    exchange = f"fx-{uuid.uuid4().hex[:8]}"
+    node, mport = _start(tmp_path / "u", "raftmq-up")
+    try:
+        with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port)) as conn:
+            conn.channel().exchange_declare(exchange, "direct", durable=True)
+        params = pika.ConnectionParameters(rabbitmq_broker.host, rabbitmq_broker.port,
+                                           credentials=pika.PlainCredentials("guest", "guest"))
+        with pika.BlockingConnection(params) as conn:
+            ch = conn.channel()
+            ch.exchange_declare(exchange, "direct", durable=True)
+            ch.queue_declare(f"{exchange}-q", durable=True)
+            ch.queue_bind(f"{exchange}-q", exchange, "k")
+        ctl = rabbitmq_broker.rabbit.ctl
+        done = ctl("set_parameter", "federation-upstream", f"raftmq-{exchange}",
+                   json.dumps({"uri": f"amqp://guest:guest@127.0.0.1:{node.port}"}))
+        assert done.returncode == 0, done.stderr
+        done = ctl("set_policy", f"fed-{exchange}", f"^{exchange}$",
+                   json.dumps({"federation-upstream": f"raftmq-{exchange}"}), "--apply-to", "exchanges")
+        assert done.returncode == 0, done.stderr
+        try:
+            def bound() -> bool:  # the plugin's binding replayed on raftmq: a probe published there arrives
+                with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port)) as conn:
+                    ch = conn.channel()
+                    ch.confirm_delivery()
+                    ch.basic_publish(exchange, "k", b"probe")
+                with pika.BlockingConnection(params) as conn:
+                    return int(conn.channel().queue_declare(f"{exchange}-q", passive=True)
+                               .method.message_count) >= 1
+            wait_until(bound, 90, "RabbitMQ's federation link never moved a message from raftmq")
+            code, exchanges = ctl_call(mport, "list_exchanges")
+            assert code == 0 and [x for x in exchanges if x["type"] == "x-federation-upstream"], exchanges
+            with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port)) as conn:
+                ch = conn.channel()
+                ch.confirm_delivery()
+                for n in range(20):
+                    ch.basic_publish(exchange, "k", f"m{n}".encode(), pika.BasicProperties(delivery_mode=2))
+                ch.basic_publish(exchange, "other", b"not bound")
+            got: list[tuple[bytes, dict[str, object]]] = []
+
+            def arrived() -> bool:
+                with pika.BlockingConnection(params) as conn:
+                    ch = conn.channel()
+                    while (message := ch.basic_get(f"{exchange}-q", auto_ack=True))[0] is not None:
+                        got.append((message[2], dict(message[1].headers or {})))
+                return len([b for b, _ in got if b != b"probe"]) >= 20
+            wait_until(arrived, 60, "the 20 messages never reached RabbitMQ")
+            bodies = [b for b, _ in got if b != b"probe"]
+            assert bodies == [f"m{n}".encode() for n in range(20)]  # once each, in order, nothing unbound
+            hops = got[-1][1]["x-received-from"]
+            assert isinstance(hops, list) and hops[0]["exchange"] == exchange
+        finally:
+            ctl("clear_policy", f"fed-{exchange}")
+            ctl("clear_parameter", "federation-upstream", f"raftmq-{exchange}")
     finally:
         node.stop()

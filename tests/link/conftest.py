@@ -39,7 +39,7 @@ def rabbitmq_broker() -> Iterator[Broker]:
     if not rabbitmq_available():
         pytest.skip("Debian's rabbitmq-server is not installed")
     try:
-        with rabbitmq_cluster(1, plugins=("rabbitmq_shovel",)) as cluster:
+        with rabbitmq_cluster(1, plugins=("rabbitmq_shovel", "rabbitmq_federation")) as cluster:
             endpoint = cluster.endpoints[0]
             yield Broker("rabbitmq", endpoint.host, endpoint.port, cluster)
     except BrokerStartError as exc:
