@@ -188,7 +188,7 @@ class DockerHost:
         started = time.monotonic()
         for project, files in reversed(self.projects):
             with contextlib.suppress(Exception):
-                self.compose(project, [Path(f) for f in files], "down", "-v", "--timeout", "5")
+                self.compose(project, [Path(f) for f in files], "down", "-v", "--timeout", "0")
         if self._dockerd is not None and self._dockerd.poll() is None:
             self._dockerd.send_signal(signal.SIGTERM)  # dockerd stops its containerd itself
             try:
