@@ -3,7 +3,7 @@
 How it works: a compose project's node containers are found by the labels Compose (v1 and v2) puts on every
 container (com.docker.compose.project / .service) and by the RAFTMQ_NODE_NAME in their environment; everything
 goes through the `docker` CLI on PATH (DOCKER_HOST selects the engine). kill is `docker kill` (SIGKILL), pause and
-resume are `docker pause`/`unpause` (the cgroup freezer), restart is `docker start` followed by a wait for the
+resume are `docker pause`/`unpause` (the cgroup freezer; a pause the freezer gives up on is tried again), restart is `docker start` followed by a wait for the
 container's health check to report healthy. The leader of a queue is asked of every running, unpaused node's
 management API from inside its container (`docker exec`, so no management port needs publishing) and the leader
 most of them name wins, as for local nodes. `ComposePartitioner` cuts nodes off with `docker network disconnect`
@@ -25,6 +25,7 @@ from chaos.scenario import ScenarioError
 
 DOCKER_TIMEOUT_S = 60.0
 HEALTHY_TIMEOUT_S = 90.0
+PAUSE_ATTEMPTS = 5
 MANAGEMENT_PORT = 15672
 LEADERS_SCRIPT = (  # standard library only (starts fast): each named node's leader of queue argv[4], or null
     "import base64, json, sys, urllib.request as u\n"
@@ -108,7 +109,16 @@ class ComposeCluster:
         self._paused.discard(node)
 
     def pause(self, node: str) -> None:
-        self.docker("pause", self._containers[node])
+        """`docker pause`, tried again a few times: the freezer gives up ("unable to freeze") when a process of the
+        container stays in uninterruptible sleep (an fsync on a busy disk) while it waits."""
+        for attempt in range(PAUSE_ATTEMPTS):
+            try:
+                self.docker("pause", self._containers[node])
+                break
+            except ScenarioError:
+                if attempt == PAUSE_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.5)
         self._paused.add(node)
 
     def resume(self, node: str) -> None:
