@@ -3,13 +3,13 @@
 How it works: a compose project's node containers are found by the labels Compose (v1 and v2) puts on every
 container (com.docker.compose.project / .service) and by the RAFTMQ_NODE_NAME in their environment; everything
 goes through the `docker` CLI on PATH (DOCKER_HOST selects the engine). kill is `docker kill` (SIGKILL), pause and
-resume are `docker pause`/`unpause` (the cgroup freezer; a pause the freezer gives up on is tried again), restart is `docker start` followed by a wait for the
-container's health check to report healthy. The leader of a queue is asked of every running, unpaused node's
-management API from inside its container (`docker exec`, so no management port needs publishing) and the leader
-most of them name wins, as for local nodes. `ComposePartitioner` cuts nodes off with `docker network disconnect`
-from every network they are on and heals by connecting them again with the same aliases and address: it can only
-isolate whole nodes (a node cut off also loses its clients and HAProxy), so a shape that splits pairs otherwise is
-refused.
+resume are `docker pause`/`unpause` (the cgroup freezer; a pause the freezer gives up on is tried again), restart
+is `docker start` followed by a wait for the container's health check to report healthy. The leader of a queue is
+asked of the running, unpaused nodes' management APIs from inside one of their containers (one `docker exec`, by
+service name, so no management port needs publishing) and the leader most of them name wins, as for local nodes.
+`ComposePartitioner` cuts nodes off with `docker network disconnect` from every network they are on and heals by
+connecting them again with the same aliases and address: it can only isolate whole nodes (a node cut off also
+loses its clients and HAProxy), so a shape that splits pairs otherwise is refused.
 """
 
 from __future__ import annotations
