@@ -2,7 +2,8 @@
 
 How it works: `run SCENARIO` loads a bundled scenario (or a .toml path), starts the scenario's nodes itself (in
 network namespaces when it partitions, which needs root) unless --cluster-dir points at a running `raftmq cluster`,
-runs it, writes the report (text, JSON, PNG timeline, history) to --out, and exits 0 only when nothing confirmed
+runs it (`--target compose`: against the node containers of a running docker-compose project, chaos/compose.py:
+docker kill/pause, partitions by `docker network disconnect`), writes the report (text, JSON, PNG timeline, history) to --out, and exits 0 only when nothing confirmed
 was lost and nothing unexpected was delivered; --fault-proxy routes the workload through our Toxiproxy-compatible
 proxy (one proxy "amqp-<node>" per node) so toxic steps apply to client traffic. `sweep --seeds N` runs N random schedules (seeds first-seed ..
 first-seed+N-1; a 3-node cluster with a quorum queue unless --nodes says otherwise) and exits non-zero if any seed failed, naming it. `check HISTORY` re-checks a saved history.
@@ -61,6 +62,10 @@ def _environment_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--toxiproxy", help="Toxiproxy API URL for toxic steps, e.g. http://127.0.0.1:8474")
     parser.add_argument("--fault-proxy", action="store_true",
                         help="put our fault proxy (proxy amqp-<node>) between the workload and the nodes started")
+    parser.add_argument("--target", choices=("local", "compose"), default="local",
+                        help="local: nodes on this machine (started here, or --cluster-dir); compose: the node "
+                        "containers of a running docker-compose project (--compose-project, --urls; docker on PATH)")
+    parser.add_argument("--compose-project", default="raftmq", help="the compose project of --target compose")
     parser.add_argument("--out", default="chaos-reports", help="directory for reports")
 
 
@@ -76,6 +81,19 @@ def environment(args: argparse.Namespace, scenario: Scenario) -> Iterator[object
         queue = scenario.workload_config(()).queues[0]
         with shovel_environment(scenario.shovel, queue, scenario.seed, scenario.node_args()) as shovel_env:
             yield shovel_env
+        return
+    if getattr(args, "target", "local") == "compose":
+        from urllib.parse import unquote, urlsplit
+
+        from chaos.compose import ComposeCluster, ComposePartitioner
+
+        if not urls:
+            raise ScenarioError("--target compose needs --urls (HAProxy's address, with a user that may log in "
+                                "from there: guest is loopback-only)")
+        parts = urlsplit(urls[0])
+        compose = ComposeCluster(args.compose_project, urls[0], unquote(parts.username or "guest"),
+                                 unquote(parts.password or "guest"))
+        yield Environment(compose, urls, ComposePartitioner(compose), args.toxiproxy)
         return
     if args.cluster_dir:
         cluster = LocalCluster.from_state_file(Path(args.cluster_dir))
@@ -103,12 +121,18 @@ def check_capabilities(args: argparse.Namespace, scenario: Scenario) -> None:
     if scenario.shovel is not None and (args.cluster_dir or args.urls or args.netns or args.fault_proxy):
         raise ScenarioError(f"scenario {scenario.name} starts its two clusters and its fault proxy itself: run it "
                             "without --cluster-dir/--urls/--netns/--fault-proxy")
+    compose = getattr(args, "target", "local") == "compose"
+    if compose and (scenario.shovel is not None or args.cluster_dir or args.netns
+                                     or args.fault_proxy):
+        raise ScenarioError(f"scenario {scenario.name}: --target compose runs against the compose project's "
+                            "containers only: no shovel scenarios, --cluster-dir, --netns or --fault-proxy")
     if scenario.node_settings and (args.cluster_dir or args.urls):
         raise ScenarioError(f"scenario {scenario.name} sets node settings {sorted(scenario.node_settings)}, which "
                             "only nodes the harness starts get: run it without --cluster-dir/--urls")
     if "toxiproxy" in needs and not (args.fault_proxy or args.toxiproxy):
         raise ScenarioError(f"scenario {scenario.name} has toxic steps: pass --fault-proxy or --toxiproxy URL")
-    if ("netns" in needs or args.netns) and not args.cluster_dir and netns.available() is not None:
+    if ("netns" in needs or args.netns) and not (args.cluster_dir or compose) \
+            and netns.available() is not None:
         raise ScenarioError(f"scenario {scenario.name} partitions the network, which {netns.available()}")
 
 

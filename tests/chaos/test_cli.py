@@ -91,6 +91,14 @@ def test_unknown_scenario_or_missing_capability_is_exit_2() -> None:
     assert main(["run", "latency-toxic"]) == 2  # toxic steps without --fault-proxy/--toxiproxy
 
 
+def test_compose_target_refusals_are_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before any container is looked for (the compose target itself runs in tests/deploy/test_compose.py)."""
+    assert main(["run", "qq-leader-pause", "--target", "compose"]) == 2
+    assert "--target compose needs --urls" in capsys.readouterr().err
+    assert main(["run", "qq-leader-pause", "--target", "compose", "--fault-proxy"]) == 2
+    assert main(["run", "qq-unsafe-confirm-before-commit", "--target", "compose", "--urls", "amqp://x"]) == 2
+
+
 def test_check_a_saved_history(tmp_path: Path) -> None:
     path = tmp_path / "h.jsonl"
     write_history(path, [Publish("p", 0, "a", "q", "confirmed", 0, 1), Delivery("a", "c", "q", False, 2)])
