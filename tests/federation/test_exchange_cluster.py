@@ -6,37 +6,13 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pika
-import pytest
 
-from tests.cluster.cluster_proc import ClusterProcs, raft_links_up, supervised
-from tests.federation.test_exchange_single import Node, _links, _publish, _start
+from tests.cluster.cluster_proc import ClusterProcs, raft_links_up
+from tests.federation.conftest import link_runners
+from tests.federation.test_exchange_single import Node, _links, _publish
 from tests.shovel.helpers import connect, count, ctl_call, drain, uri, wait_until
-
-
-@pytest.fixture
-def cluster_and_upstream(tmp_path: Path) -> Iterator[tuple[ClusterProcs, Node]]:
-    up = _start(tmp_path / "up", "upstream")
-    try:
-        with supervised(ClusterProcs(tmp_path / "cluster")) as procs:
-            procs.start_all()
-            yield procs, up
-    finally:
-        up[0].stop()
-
-
-def _runners(procs: ClusterProcs, alive: list[str]) -> list[str] | None:
-    """The nodes that run a running link (None while a node does not answer)."""
-    found = []
-    for name in alive:
-        code, rows = ctl_call(procs.node(name).port + 10_000, "federation_status")
-        if code != 0:
-            return None
-        found += [name for r in rows if r["status"] == "running"]
-    return found
 
 
 def test_cluster_runs_the_link_once_and_moves_it_when_its_node_dies(
@@ -57,7 +33,7 @@ def test_cluster_runs_the_link_once_and_moves_it_when_its_node_dies(
                     json.dumps({"uri": uri(up.port), "reconnect-delay": 1}))[0] == 0
     assert ctl_call(mport, "set_policy", "fed", "^fx$", json.dumps({"federation-upstream": "up"}),
                     "--apply-to", "exchanges")[0] == 0
-    runners = wait_until(lambda: (r := _runners(procs, names)) and len(r) == 1 and r, 60, "one node runs the link")
+    runners = wait_until(lambda: (r := link_runners(procs, names, "exchange")) and len(r) == 1 and r, 60, "one node runs the link")
     owner = runners[0]
     cluster_name = ",".join(names)
     queue = f"federation: fx -> {cluster_name}"
@@ -68,7 +44,7 @@ def test_cluster_runs_the_link_once_and_moves_it_when_its_node_dies(
                "200 messages in the cluster's quorum queue")
     procs.kill(owner)
     alive = [n for n in names if n != owner]
-    wait_until(lambda: (r := _runners(procs, alive)) and len(r) == 1, 90, "the link moved to a live node")
+    wait_until(lambda: (r := link_runners(procs, alive, "exchange")) and len(r) == 1, 90, "the link moved to a live node")
     _publish(up.port, "fx", ["late"] * 100)  # (keys are bodies' prefixes: "late#0" ... "late#99")
     port = procs.node(alive[0]).port
     wait_until(lambda: count(port, "cq") >= 300, 120, "the later 100 messages arrived too")

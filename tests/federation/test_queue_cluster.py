@@ -8,37 +8,12 @@ from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
-from tests.cluster.cluster_proc import ClusterProcs, raft_links_up, supervised
-from tests.federation.test_exchange_single import Node, _start
+from tests.cluster.cluster_proc import ClusterProcs, raft_links_up
+from tests.federation.conftest import link_runners
+from tests.federation.test_exchange_single import Node
 from tests.federation.test_queue_single import Consumer
 from tests.shovel.helpers import connect, count, ctl_call, publish, uri, wait_until
-
-
-@pytest.fixture
-def cluster_and_upstream(tmp_path: Path) -> Iterator[tuple[ClusterProcs, Node]]:
-    up = _start(tmp_path / "up", "upstream")
-    try:
-        with supervised(ClusterProcs(tmp_path / "cluster")) as procs:
-            procs.start_all()
-            yield procs, up
-    finally:
-        up[0].stop()
-
-
-def _runners(procs: ClusterProcs, alive: list[str]) -> list[str] | None:
-    """The nodes that run a running queue link (None while a node does not answer)."""
-    found = []
-    for name in alive:
-        code, rows = ctl_call(procs.node(name).port + 10_000, "federation_status")
-        if code != 0:
-            return None
-        found += [name for r in rows if r["status"] == "running" and r["type"] == "queue"]
-    return found
 
 
 def test_cluster_queue_link_moves_when_its_node_dies(cluster_and_upstream: tuple[ClusterProcs, Node]) -> None:
@@ -54,7 +29,7 @@ def test_cluster_queue_link_moves_when_its_node_dies(cluster_and_upstream: tuple
                     json.dumps({"uri": uri(up.port), "reconnect-delay": 1, "prefetch-count": 10}))[0] == 0
     assert ctl_call(mport, "set_policy", "fedq", "^fq$", json.dumps({"federation-upstream": "up"}),
                     "--apply-to", "queues")[0] == 0
-    runners = wait_until(lambda: (r := _runners(procs, names)) and len(r) == 1 and r, 60, "one node runs the link")
+    runners = wait_until(lambda: (r := link_runners(procs, names, "queue")) and len(r) == 1 and r, 60, "one node runs the link")
     owner = runners[0]
     alive = [n for n in names if n != owner]
     consumer = Consumer(procs.node(alive[0]).port, "fq", prefetch=50)
@@ -65,7 +40,7 @@ def test_cluster_queue_link_moves_when_its_node_dies(cluster_and_upstream: tuple
         wait_until(lambda: consumer.pump() >= 100, 90, "early messages reached the cluster's consumer")
         upstream_left = count(up.port, "fq")
         procs.kill(owner)
-        wait_until(lambda: (r := _runners(procs, alive)) and len(r) == 1, 90, "the link moved to a live node")
+        wait_until(lambda: (r := link_runners(procs, alive, "queue")) and len(r) == 1, 90, "the link moved to a live node")
         publish(up.port, "fq", 100, prefix="late")
         wait_until(lambda: consumer.pump() >= 300, 120, "the later 100 messages arrived too")
         bodies = collections.Counter(body for body, _ in consumer.got)
