@@ -7,7 +7,9 @@ Each round starts two fresh single-node brokers of one kind, preloads the source
 confirms), defines the shovel on the source node (raftmq: PUT /api/parameters/shovel; RabbitMQ 3.10:
 `rabbitmqctl set_parameter shovel` with the rabbitmq_shovel plugin), and times from the definition to the moment
 the destination queue holds every message (polled every 50 ms). Messages/s = messages / that time, so the shovel's
-start-up (two connections, declares) is included. Both brokers of a pair run on this machine.
+start-up (two connections, declares) is included. Both brokers of a pair run on this machine. With `--clusters`,
+raftmq's source and destination are two local 3-node clusters (the shovel is defined on the source's first node and
+runs on whichever node holds its lease); RabbitMQ's stay single nodes.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from collections.abc import Callable, Iterator
 
 import pika
 
-from bench.brokers import free_port, rabbitmq_cluster, raftmq_node
+from bench.brokers import free_port, rabbitmq_cluster, raftmq_cluster, raftmq_node
 from bench.client import Endpoint
+from deploy.runner import plan_ports
 
 BODY = b"x" * 100
 
@@ -78,8 +81,15 @@ def raftmq_pair() -> Iterator[tuple[Endpoint, Endpoint, int]]:
         yield src, dest, mport
 
 
-def raftmq_round(messages: int) -> float:
-    with raftmq_pair() as (src, dest, mport):
+@contextlib.contextmanager
+def raftmq_cluster_pair() -> Iterator[tuple[Endpoint, Endpoint, int]]:
+    with raftmq_cluster(3) as source, raftmq_cluster(3) as target:
+        src = source.nodes[0].endpoint
+        yield src, target.nodes[0].endpoint, plan_ports(src.port)["management"]
+
+
+def raftmq_round(messages: int, clusters: bool = False) -> float:
+    with (raftmq_cluster_pair() if clusters else raftmq_pair()) as (src, dest, mport):
         def define() -> None:
             body = json.dumps({"value": definition(src, dest)}).encode()
             request = urllib.request.Request(f"http://127.0.0.1:{mport}/api/parameters/shovel/%2F/bench", body,
@@ -113,10 +123,12 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--broker", choices=("raftmq", "rabbitmq", "both"), default="both")
+    parser.add_argument("--clusters", action="store_true", help="raftmq between two local 3-node clusters")
     args = parser.parse_args()
     kinds = ["raftmq", "rabbitmq"] if args.broker == "both" else [args.broker]
     for kind in kinds:
-        rates = [(raftmq_round if kind == "raftmq" else rabbitmq_round)(args.messages) for _ in range(args.rounds)]
+        rates = [raftmq_round(args.messages, args.clusters) if kind == "raftmq" else rabbitmq_round(args.messages)
+                 for _ in range(args.rounds)]
         print(f"{kind}: {args.messages} x 100 B persistent, on-confirm: "
               f"{', '.join(f'{r:.0f}' for r in rates)} msg/s (median {statistics.median(rates):.0f})", flush=True)
 
