@@ -10,7 +10,8 @@ the copy goes to the trace exchange with routing key `publish.<exchange>`. `tap_
 and basic.get-ok: `deliver.<queue>`. The copy keeps the body, carries RabbitMQ's headers (exchange_name,
 routing_keys, properties, node, vhost, connection, channel, user; routed_queues for publishes, redelivered for
 deliveries) and no other property (so it is transient), and is published at most once: no confirm, no mandatory
-return. Messages that came through the trace exchange itself are not traced again (no loop).
+return. Messages that came through the trace exchange itself are not traced again (no loop). While nothing is bound
+to the trace exchange (and no policy gives it an alternate exchange) no copy is built at all: it would be dropped.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from node.amqp import methods as m
 from node.amqp.properties import BasicProperties
 from node.broker.channel import ChannelState, ConnState, Message
 from node.broker.state import BrokerState
+from node.broker.vhost import VHost
 
 TRACE_EXCHANGE = "amq.rabbitmq.trace"
 _PROPERTY_NAMES = tuple(f.name for f in dataclasses.fields(BasicProperties))
@@ -38,13 +40,21 @@ def _properties_table(props: Any) -> dict[str, Any]:
     return {name: value for name in _PROPERTY_NAMES if (value := getattr(props, name)) is not None}
 
 
-def _trace(broker: BrokerState, ch: ChannelState, vhost_name: str, exchange: str, routing_key: str, props: Any,
-           body: bytes, key: str, before: dict[str, Any], after: dict[str, Any]) -> None:
-    if exchange == TRACE_EXCHANGE:
-        return
+def _listened(broker: BrokerState, vhost_name: str) -> VHost[Any] | None:
+    """The vhost, if a copy sent to its trace exchange would go anywhere (a binding, or an alternate exchange from
+    a policy); else None, and the copy is not built: routed nowhere, it would be dropped unseen."""
     vhost = broker.vhosts.get(vhost_name)
-    if vhost is None or TRACE_EXCHANGE not in vhost.exchanges:
-        return
+    if vhost is None:
+        return None
+    exchange = vhost.exchanges.get(TRACE_EXCHANGE)
+    if exchange is None or (not exchange.bindings and vhost.alternate_of(exchange) is None):
+        return None
+    return vhost
+
+
+def _trace(broker: BrokerState, ch: ChannelState, vhost: VHost[Any], exchange: str, routing_key: str, props: Any,
+           body: bytes, key: str, before: dict[str, Any], after: dict[str, Any]) -> None:
+    vhost_name = vhost.name
     conn = ch.conn
     headers = {
         "exchange_name": exchange,
@@ -77,19 +87,24 @@ def _cc(props: Any) -> list[str]:
 
 def tap_in(broker: BrokerState, ch: ChannelState, vhost_name: str, method: Any, props: Any, body: bytes) -> None:
     """A publish in a vhost with tracing on: `publish.<exchange>`, with the queues it routes to."""
-    vhost = broker.vhosts.get(vhost_name)
+    vhost = _listened(broker, vhost_name)
+    if vhost is None:
+        return
     routed: tuple[str, ...] | list[str] = ()
-    if vhost is not None:
-        if method.exchange == "":
-            routed = [method.routing_key] if method.routing_key in vhost.queues else []
-        elif method.exchange in vhost.exchanges:
-            routed = vhost.route(method.exchange, method.routing_key, props.headers)
-    _trace(broker, ch, vhost_name, method.exchange, method.routing_key, props, body,
+    if method.exchange == "":
+        routed = [method.routing_key] if method.routing_key in vhost.queues else []
+    elif method.exchange in vhost.exchanges:
+        routed = vhost.route(method.exchange, method.routing_key, props.headers)
+    _trace(broker, ch, vhost, method.exchange, method.routing_key, props, body,
            "publish." + method.exchange, {}, {"routed_queues": list(routed)})
 
 
 def tap_out(broker: BrokerState, ch: ChannelState, vhost_name: str, queue_name: str, msg: Message,
             redelivered: bool) -> None:
     """A delivery (basic.deliver or basic.get-ok) from a queue of a vhost with tracing on: `deliver.<queue>`."""
-    _trace(broker, ch, vhost_name, msg.exchange, msg.routing_key, msg.properties, msg.body,
-           "deliver." + queue_name, {"redelivered": 1 if redelivered else 0}, {})
+    if msg.exchange == TRACE_EXCHANGE:  # a copy delivered from a queue bound to the trace exchange: not again
+        return
+    vhost = _listened(broker, vhost_name)
+    if vhost is not None:
+        _trace(broker, ch, vhost, msg.exchange, msg.routing_key, msg.properties, msg.body,
+               "deliver." + queue_name, {"redelivered": 1 if redelivered else 0}, {})
