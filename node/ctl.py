@@ -11,6 +11,9 @@ to /api/raftmq/<command>. `shovel_status` lists /api/shovels (the node each shov
 `federation_status` lists /api/federation-links (the links of the node asked, as in RabbitMQ);
 `restart_shovel` is DELETE /api/shovels/vhost/<vhost>/<name>/restart; `restart_federation_link` is DELETE
 /api/federation-links/vhost/<vhost>/<id>/<node>/restart (the node asked restarts it if it runs it).
+`trace_on`/`trace_off [-p vhost]` switch Firehose tracing of the vhost on the node asked only (PUT /api/vhosts/<vhost>
+{"tracing": ...}, as RabbitMQ's management API; rabbitmqctl's act on one node too): run them against every node
+whose publishes and deliveries should be traced.
 
 Exit codes (sysexits, as rabbitmqctl): 0 done; 64 bad usage; 65 the node refused the request (bad argument,
 unknown object); 69 the node is unreachable, unavailable, or the command needs a cluster; 70 internal error on
@@ -245,6 +248,15 @@ def cmd_restart_shovel(client: Client, args: argparse.Namespace) -> Any:
     return _done(args, None, f"Restarted shovel {args.name!r} in vhost {vhost!r}")
 
 
+def cmd_trace(client: Client, args: argparse.Namespace) -> Any:
+    """trace_on / trace_off: Firehose tracing of one vhost on the node addressed (--node), as rabbitmqctl's."""
+    vhost = args.vhost or "/"
+    on = args.command == "trace_on"
+    client.call("GET", f"/api/vhosts/{q(vhost)}")  # 404 (exit 65) for a vhost that does not exist
+    client.call("PUT", f"/api/vhosts/{q(vhost)}", {"tracing": on})
+    return _done(args, None, f"{'Started' if on else 'Stopped'} tracing for vhost {vhost!r} on node {client.node}")
+
+
 def _current_limits(client: Client, vhost: str) -> dict[str, Any]:
     rows = client.call("GET", f"/api/vhost-limits/{q(vhost)}") or []
     return dict(rows[0]["value"]) if rows else {}
@@ -376,6 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("set_vhost_limits", cmd_set_vhost_limits, "replace a vhost's limits, e.g. '{\"max-connections\": 10, "
         "\"max-queues\": 100}' (negative: no limit)", vhost=True).add_argument("definition")
     add("clear_vhost_limits", cmd_clear_vhost_limits, "remove every limit of a vhost", vhost=True)
+    add("trace_on", cmd_trace, "Firehose: copy every message published or delivered in the vhost to its "
+        "amq.rabbitmq.trace exchange, on the node addressed by --node only", vhost=True)
+    add("trace_off", cmd_trace, "Firehose: stop tracing the vhost on the node addressed by --node", vhost=True)
     add("join_cluster", cmd_cluster, "make the node addressed by --node (fresh, alone) join the cluster of NODE "
         "(rabbit@host, host:amqp_port, or name=host:amqp[:raft[:metadata]])").add_argument("node")
     add("leave_cluster", cmd_cluster, "the node addressed by --node leaves its cluster (queue replicas moved away) "

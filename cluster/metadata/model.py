@@ -82,8 +82,9 @@ EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 # Every vhost has these from its creation on, as in RabbitMQ (the broker's node/broker/vhost.py PREDECLARED).
 PREDECLARED_EXCHANGES = (
     ("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.topic", "topic"), ("amq.headers", "headers"),
-    ("amq.match", "headers"),
+    ("amq.match", "headers"), ("amq.rabbitmq.trace", "topic"),
 )
+PREDECLARED_INTERNAL = frozenset({"amq.rabbitmq.trace"})  # internal, as in RabbitMQ (the Firehose's exchange)
 
 __all__ = [  # the records and commands live in cluster.metadata.commands; callers import them from here
     "AddNode", "AddQueueMember", "Barrier", "Bind", "BindingRecord", "ClearParameter", "ClearPermissions",
@@ -233,7 +234,8 @@ def _put_vhost(s: MetadataState, c: PutVhost) -> Step:
 def _ensure_predeclared(s: MetadataState, vhost: str) -> tuple[MetadataState, list[Change]]:
     """The vhost's pre-declared `amq.*` exchanges, added where missing (also for a state written before they were
     part of every vhost, when a bind names one)."""
-    missing = [ExchangeRecord(vhost, name, kind) for name, kind in PREDECLARED_EXCHANGES
+    missing = [ExchangeRecord(vhost, name, kind, internal=name in PREDECLARED_INTERNAL)
+               for name, kind in PREDECLARED_EXCHANGES
                if (vhost, name) not in s.exchanges]
     if not missing or vhost not in s.vhosts:
         return s, []

@@ -40,6 +40,7 @@ from cluster.queue import (
 )
 from node.amqp import methods as m
 from node.amqp.properties import BasicProperties
+from node.broker import trace
 from node.broker.backend import backend_of
 from node.broker.channel import ChannelState, ConnState, Consumer, Message, PendingDelivery, Unacked
 from node.broker.effects import Effect, Send, SendContent
@@ -195,6 +196,10 @@ def _send_delivery(broker: BrokerState, ch: ChannelState, consumer: Consumer, ms
         consumer.unacked_count += 1
     deliver = m.BasicDeliver(consumer.tag, tag, redelivered, msg.exchange, msg.routing_key)
     broker.out.append(SendContent(ch.conn_id, ch.number, deliver, msg.properties, msg.body))
+    if broker.trace_vhosts:  # Firehose (node/broker/trace.py)
+        queue = consumer.queue
+        if queue.vhost in broker.trace_vhosts:
+            trace.tap_out(broker, ch, queue.vhost, queue.name, msg, redelivered)
 
 
 def drain_pending(broker: BrokerState, ch: ChannelState) -> None:
@@ -218,6 +223,8 @@ def _on_get_ok(broker: BrokerState, queue: QueueState, effect: GetOk) -> None:
     ok = m.BasicGetOk(delivery_tag=tag, redelivered=effect.redelivered, exchange=msg.exchange,
                       routing_key=msg.routing_key, message_count=effect.remaining)
     broker.out.append(SendContent(ch.conn_id, ch.number, ok, msg.properties, msg.body))
+    if broker.trace_vhosts and queue.vhost in broker.trace_vhosts:  # Firehose (node/broker/trace.py)
+        trace.tap_out(broker, ch, queue.vhost, queue.name, msg, effect.redelivered)
 
 
 # --- credit -----------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Any
 
 from cluster.queue import DeadLetter, Enqueue, QueuedMessage
 from node.amqp import methods as m
-from node.broker import paging
+from node.broker import paging, trace
 from node.broker.channel import ChannelState, ConnState, Message, TxState
 from node.broker.delivery import enqueue, settle_entries
 from node.broker.effects import Block, Send, SendContent
@@ -84,6 +84,8 @@ def handle_publish(broker: BrokerState, conn: ConnState, ch: ChannelState, event
         if broker.alarms and not conn.blocked:
             conn.blocked = True
             broker.out.append(Block(conn.conn_id, f"low on {sorted(broker.alarms)[0]}"))
+    if broker.trace_vhosts and vhost.name in broker.trace_vhosts:  # Firehose (node/broker/trace.py)
+        trace.tap_in(broker, ch, vhost.name, method, props, event.body)
     if ch.tx is not None:
         if len(ch.tx.publishes) >= broker.config.tx_messages_max:
             raise AmqpError(506, f"too many messages in one transaction (max {broker.config.tx_messages_max})")

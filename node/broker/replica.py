@@ -66,7 +66,7 @@ from cluster.queue.replicated import (
     peek_proposal,
 )
 from node.amqp import methods as m
-from node.broker import credit_flow, delivery, read_your_writes, replica_dead_letters
+from node.broker import credit_flow, delivery, read_your_writes, replica_dead_letters, trace
 from node.broker.channel import ChannelState, Message, Unacked
 from node.broker.definitions import delete_queue
 from node.broker.effects import CloseChannel, Send, SendContent
@@ -131,6 +131,8 @@ def _on_get_ok(broker: BrokerState, queue: QueueState, effect: GetOk, command: A
     ok = m.BasicGetOk(delivery_tag=tag, redelivered=effect.redelivered, exchange=msg.exchange,
                       routing_key=msg.routing_key, message_count=effect.remaining)
     broker.out.append(SendContent(ch.conn_id, ch.number, ok, msg.properties, msg.body))
+    if broker.trace_vhosts and queue.vhost in broker.trace_vhosts:  # Firehose (node/broker/trace.py)
+        trace.tap_out(broker, ch, queue.vhost, queue.name, msg, effect.redelivered)
 
 
 def queue_purge(broker: BrokerState, ch: ChannelState, queue: QueueState, nowait: bool) -> None:

@@ -138,6 +138,8 @@ class BrokerState(ABC):
         self.policy_sent: dict[tuple[str, str], tuple[Any, int]] = {}  # replicated: SetArgs proposed, and when
         self.policy_checked_ms = 0  # replicated: when `tick` last compared leader queues with their policies
         self.flow_touched: dict[int, QueueState] = {}  # queues enqueued into by the running entry point, by id
+        self.trace_vhosts: set[str] = set()  # vhosts with Firehose tracing on, on this node (node/broker/trace.py)
+        self.trace_node = ""  # this node's name in the trace headers
         self.flow_routes: dict[int, list[QueueState]] = {}  # conn_id -> queues its last read published to
         self.flow_paused: dict[int, FlowPause] = {}  # replicated: connections not read (credit_flow)
         self.flow_quiet: dict[int, int] = {}  # replicated: conn_id -> no pauses before this now_ms (a stalled one)
@@ -160,6 +162,14 @@ class BrokerState(ABC):
             vhost = self.vhosts[name] = VHost.create(name)
             self.persist((VHostRecord(name),))
         return vhost
+
+    def set_tracing(self, vhost: str, on: bool, node: str) -> None:
+        """Firehose tracing of `vhost` on this node on or off (node/broker/trace.py; node-local, not persisted)."""
+        self.trace_node = node
+        if on:
+            self.trace_vhosts.add(vhost)
+        else:
+            self.trace_vhosts.discard(vhost)
 
     def set_vhost_limits(self, name: str, limits: dict[str, int]) -> None:
         """Replace the vhost's limits (validated by the caller: node/broker/vhost_limits.py); KeyError if none."""

@@ -20,8 +20,9 @@ from node.broker.policies import Policy, effective_alternate_exchange, match_pol
 ROUTE_CACHE_ENTRIES_MAX = 8192
 PREDECLARED = (
     ("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.topic", "topic"), ("amq.headers", "headers"),
-    ("amq.match", "headers"),
+    ("amq.match", "headers"), ("amq.rabbitmq.trace", "topic"),
 )
+PREDECLARED_INTERNAL = frozenset({"amq.rabbitmq.trace"})  # Firehose's (node/broker/trace.py): clients cannot publish
 
 Q = TypeVar("Q")
 
@@ -40,7 +41,7 @@ class VHost(Generic[Q]):
     def create(cls, name: str) -> VHost[Q]:
         vhost: VHost[Q] = cls(name)
         for ex_name, ex_type in PREDECLARED:
-            vhost.exchanges[ex_name] = Exchange(ex_name, ex_type, durable=True)
+            vhost.exchanges[ex_name] = Exchange(ex_name, ex_type, durable=True, internal=ex_name in PREDECLARED_INTERNAL)
         return vhost
 
     def invalidate(self) -> None:

@@ -12,7 +12,7 @@ Paths: GET /api/overview, /api/whoami, /api/nodes[/name], /api/vhosts[/vhost], /
 /api/permissions[/vhost/user], /api/queues[/vhost[/name]], /api/exchanges[/vhost[/name]], /api/bindings[/vhost],
 /api/connections, /api/consumers[/vhost], /api/policies[/vhost[/name]], /api/parameters[/component[/vhost[/name]]],
 /api/shovels[/vhost], /api/shovels/vhost/{vhost}/{name}, /api/federation-links[/vhost], /api/vhost-limits[/vhost];
-PUT /api/vhosts/{vhost},
+PUT /api/vhosts/{vhost} ({"tracing": true|false} also switches Firehose tracing of the vhost on this node only),
 /api/users/{name}, /api/permissions/{vhost}/{user}, /api/policies/{vhost}/{name},
 /api/parameters/{component}/{vhost}/{name} ({"value": {...}}), /api/vhost-limits/{vhost}/{limit} ({"value": N});
 DELETE /api/policies/{vhost}/{name}, /api/parameters/{component}/{vhost}/{name}, /api/vhost-limits/{vhost}/{limit},
@@ -101,6 +101,7 @@ class ManagementView(Protocol):
     def alarms(self) -> list[str]: ...
     def has(self, kind: str, vhost: str, name: str) -> bool: ...
     def peers(self) -> list[tuple[str, int]]: ...
+    def set_tracing(self, vhost: str, on: bool) -> None: ...
     async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]: ...
 
 
@@ -421,6 +422,8 @@ async def _change(view: ManagementView, head: RequestHead, raw_body: bytes) -> R
         if found is not None:
             name, args = found
             result = await view.run_command(name, check_command_args(name, args))
+            if name == "add_vhost" and "tracing" in body:  # Firehose on this node, as RabbitMQ's PUT
+                view.set_tracing(args["name"], body["tracing"] is True)
             return Reply(201 if result.get("created") else 204)
     raise CommandError(405 if _put_command(segments, {}) is not None else 404,
                        f"{head.method} {head.target} is not supported")

@@ -112,7 +112,7 @@ class BrokerView:
         rows = []
         for name in sorted(self.broker.vhosts):
             ready, unacked = totals.get(name, [0, 0])
-            rows.append({"name": name, "description": "", "tracing": False, "messages": ready + unacked,
+            rows.append({"name": name, "description": "", "tracing": name in self.broker.trace_vhosts, "messages": ready + unacked,
                          "messages_ready": ready, "messages_unacknowledged": unacked})
         return rows
 
@@ -301,6 +301,10 @@ class BrokerView:
                 for name, vhost in sorted(self.broker.vhosts.items()) if vhost.limits]
 
     # --- changes --------------------------------------------------------------------------------------------
+
+    def set_tracing(self, vhost: str, on: bool) -> None:
+        """Firehose tracing of `vhost` on this node (node/broker/trace.py), as rabbit_trace:start/stop."""
+        self.broker.set_tracing(vhost, on, self.node_name)
 
     async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         if name in ("set_parameter", "clear_parameter", "restart_shovel"):

@@ -93,7 +93,8 @@ def test_broker_records_become_commands_and_mirror_back() -> None:
     mirrored = mirror_records(state, after)
     assert mirrored == [
         br.VHostRecord("v"),
-        *(br.ExchangeRecord("v", name, kind) for name, kind in md.PREDECLARED_EXCHANGES),  # every vhost has them
+        *(br.ExchangeRecord("v", name, kind, internal=name in md.PREDECLARED_INTERNAL)  # every vhost has them
+          for name, kind in md.PREDECLARED_EXCHANGES),
         br.ExchangeRecord("v", "x", "topic", arguments={"k": 1}),
         br.QueueRecord("v", "q", arguments={"x-queue-type": "quorum"}),
         br.QueueRecord("v", "c1"),
