@@ -219,6 +219,13 @@ class ExchangeLink:
         entry = {"uri": self._uri_text, "exchange": self.upstream_exchange,
                  "redelivered": redelivered, "cluster-name": self.upstream_cluster}
         headers["x-received-from"] = [entry, *hops]
+        return self._forward(tag, routing_key, properties, headers, body)
+
+    def _forward(self, tag: int, routing_key: str, properties: BasicProperties, headers: dict[str, Any],
+                 body: bytes) -> list[Effect]:
+        """Republish a delivery downstream with `headers` (x-received-from already added): the user id dropped
+        unless trusted, a confirm sequence under on-confirm, the upstream ack at once under on-publish."""
+        mode = self.upstream.ack_mode
         fields: dict[str, Any] = {"headers": headers}
         if not self.upstream.trust_user_id:
             fields["user_id"] = None

@@ -17,10 +17,10 @@ rabbit_federation_queue_link):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from cluster.federation.link import RUNNING, Ack, Effect, ExchangeLink, Publish, link_id
+from cluster.federation.link import RUNNING, Effect, ExchangeLink, link_id
 from cluster.federation.params import Upstream
 from node.amqp.properties import BasicProperties
 
@@ -98,7 +98,6 @@ class QueueLink(ExchangeLink):
                  redelivered: bool, exchange: str = "") -> list[Effect]:
         if self.state != RUNNING:
             return []
-        mode = self.upstream.ack_mode
         headers = dict(properties.headers or {})
         received = headers.get("x-received-from")
         hops = list(received) if isinstance(received, list) else []
@@ -108,19 +107,7 @@ class QueueLink(ExchangeLink):
         entry = {"uri": self._uri_text, "queue": self.queue_name, "redelivered": redelivered,
                  "cluster-name": self.upstream_cluster}
         headers["x-received-from"] = [entry, *hops]
-        fields: dict[str, Any] = {"headers": headers}
-        if not self.upstream.trust_user_id:
-            fields["user_id"] = None
-        seq = 0
-        if mode == "on-confirm":
-            seq = self._next_seq
-            self._next_seq += 1
-            self._unconfirmed[seq] = tag
-        self.forwarded += 1
-        effects: list[Effect] = [Publish(seq, self.queue, replace(properties, **fields), body)]
-        if mode == "on-publish":
-            effects.append(Ack(tag))
-        return effects
+        return self._forward(tag, self.queue, properties, headers, body)
 
     def status(self) -> dict[str, Any]:
         row = super().status()
