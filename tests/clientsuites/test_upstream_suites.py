@@ -322,6 +322,18 @@ def _counts(junit: Path, report: str) -> dict[str, int]:
     return counts
 
 
+def _failed_tests(junit: Path) -> str:
+    """The failed and errored tests of the junit report, one line each with the first line of its message: first in
+    the assertion message, so that a report cut to its head still names them."""
+    lines = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        for bad in (*case.findall("failure"), *case.findall("error")):
+            message = (bad.get("message") or "").strip().splitlines()
+            lines.append(f"{bad.tag.upper()} {case.get('classname')}::{case.get('name')}: "
+                         f"{message[0][:200] if message else ''}")
+    return "\n".join(lines) or "(no failed test case in the junit report)"
+
+
 @pytest.mark.timeout(max(suite.timeout_s for suite in SUITES.values()) + 120)
 @pytest.mark.parametrize("name", sorted(SUITES))
 def test_upstream_integration_suite_passes(name: str, sdists: dict[str, Path], broker: Broker,
@@ -355,7 +367,7 @@ def test_upstream_integration_suite_passes(name: str, sdists: dict[str, Path], b
     print(text.strip().splitlines()[-1] if text.strip() else "(no output)")
     assert junit.exists(), report
     counts = _counts(junit, report)
-    assert counts["failures"] == counts["errors"] == 0, report
+    assert counts["failures"] == counts["errors"] == 0, f"{_failed_tests(junit)}\n{report}"
     assert returncode == 0, report
     assert counts["tests"] - counts["skipped"] - counts["xfailed"] > 0, report  # something actually ran
     assert counts["skipped"] == 0, report  # a skip upstream would hide a test we claim to pass
