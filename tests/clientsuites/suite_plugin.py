@@ -5,7 +5,8 @@ reason: tests that cannot apply to raftmq, reported as deselected) and `xfail` (
 expression -> known broker bug; such a test runs as xfail(strict=False) with a shorter timeout, so a hang costs
 little). It also gives a suite the session fixtures `rabbitmq_container` and `amqp_direct_url` where its conftest
 expects them from elsewhere (aiormq); a conftest that defines them (aio-pika) wins. The "container" is the broker
-under test, from docker_client.py, which test_upstream_suites.py replaces with suite_docker.py.
+under test, from docker_client.py, which test_upstream_suites.py replaces with suite_docker.py. Every test that
+fails (in any phase) is appended by node id to raftmq_failed.txt beside it, for test_upstream_suites.py's one rerun.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 
 import pytest
 
-_CONFIG = json.loads((Path(__file__).resolve().parent / "raftmq_suite.json").read_text())
+_HERE = Path(__file__).resolve().parent
+_CONFIG = json.loads((_HERE / "raftmq_suite.json").read_text())
+FAILED_FILE = _HERE / "raftmq_failed.txt"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,6 +40,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.failed:
+        with FAILED_FILE.open("a") as out:
+            out.write(report.nodeid + "\n")
 
 
 @pytest.fixture(scope="session")
