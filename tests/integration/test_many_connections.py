@@ -76,7 +76,9 @@ async def test_accept_backs_off_when_file_descriptors_run_out(tmp_path: Any) -> 
         # Far more connections than descriptors: the node must neither crash nor spin, only wait.
         for _ in range(100):
             streams.append(await trio.open_tcp_stream(node.host, node.port))
-        await trio.sleep(0.5)
+        with trio.fail_after(30):  # until the accept loop met EMFILE (a loaded machine may take a while)
+            while "backing off" not in node.log_tail(200_000):
+                await trio.sleep(0.1)
         for stream in streams:
             await stream.aclose()
         streams.clear()
