@@ -449,6 +449,15 @@ class Broker(BrokerState):
             policy_apply.resend_leader_policies(self, (vhost, queue))
         return self._finish_replicated()
 
+    def keep_transient(self, vhost: str, queue: str) -> None:
+        """Cluster: the queue's log outlives its nodes (a mirrored queue's ISR log, node/runtime/cluster/
+        mirror_groups.py), so its transient messages survive a leader change, as on RabbitMQ's mirrors: no new
+        leader drops them as an earlier life's (`replica_control._drop_transient_of_earlier_life`)."""
+        vh = self.vhosts.get(vhost)
+        q = vh.queues.get(queue) if vh is not None else None
+        if q is not None:
+            q.transient_checked = True
+
     def node_down(self, node: str) -> list[Effect]:
         replica_control.node_down(self, node)
         return self._finish_replicated()

@@ -194,7 +194,7 @@ class ClusterRuntime(MembershipAndLiveness):
             on_apply_many=self._on_apply_many, readies_behind_fsync_max=_readies_behind_fsync_max())
         self.mirror = MirrorGroups(
             self.name, self.data_dir, {p.name: (p.host, p.amqp_port + MIRROR_PORT_OFFSET) for p in self.layout.peers},
-            self.layout.secret.encode(), self._on_apply_many, self._on_leader_change, self._submit_mirror)
+            self.layout.secret.encode(), self._on_apply_many, self._on_mirror_leader_change, self._submit_mirror)
         self._drop_stale_groups(self.mirrored)
         self._sync_groups(self.mirrored)
 
@@ -606,6 +606,12 @@ class ClusterRuntime(MembershipAndLiveness):
             self.mirror.propose(group, framed)
         else:
             self.raft.propose(group, framed)
+
+    def _on_mirror_leader_change(self, group: GroupId, leader: NodeId | None) -> None:
+        key = self.group_queues.get(group)
+        if key is not None:
+            self.broker.keep_transient(*key)  # (the replicas hold them: a failover keeps them)
+        self._on_leader_change(group, leader)
 
     def _submit_mirror(self, command: Any) -> None:
         """A mirrored queue's controller command (ISR change, replica down/up) into the metadata group."""
