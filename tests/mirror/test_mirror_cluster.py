@@ -133,3 +133,12 @@ def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -
         while len(got) < count and time.monotonic() < deadline:
             conn.process_data_events(time_limit=0.2)
     assert [b for b in confirmed if b not in got] == []  # nothing confirmed is lost (redeliveries may repeat)
+
+    conn, ch = _channel(cluster)
+    with conn:
+        ch.queue_delete(QUEUE)  # every node drops its replica (and its files)
+    for name, n in nodes.items():
+        if name != leader:
+            _wait(f"{QUEUE} gone on {name}", lambda n=n: http(n.plan.management_port, "GET",
+                                                               f"/api/queues/%2F/{QUEUE}")[0] == 404)
+            assert not any((n.data_dir / "mirror").glob("*")), list((n.data_dir / "mirror").iterdir())

@@ -9,8 +9,8 @@ the Enqueue), deliveries (each node to its own consumers), acks and requeues wor
 commits when every ISR member has it (and the ISR has at least `ha-min-insync` members) instead of on a majority.
 
 How it works: `MirrorGroups` hosts one pure `Replica` (cluster/mirror_queues/core) per mirrored queue group over
-its files (`ReplicaStore`, fsync per batch, in the trio thread), and one `MirrorTransport` per node (port: the
-node's AMQP port + MIRROR_PORT_OFFSET) carrying every queue's messages wrapped in `Routed(group, ...)`. The loop is
+its files (`ReplicaStore`, fsync per batch, in the trio thread), and one `MirrorTransport` per node (port:
+`mirror_port`, the node's AMQP port + 22000) carrying every queue's messages wrapped in `Routed(group, ...)`. The loop is
 the one of cluster/mirror_queues/runtime/node.py: every core call goes through `_run` (files first, then the
 effects), a follower fetches again when a reply comes, a leader parks a fetch with nothing new (fetch.max.wait)
 and a 10 ms timer ticks the cores (ISR lag check, HW checkpoint) and resends unanswered requests.
@@ -67,6 +67,12 @@ FETCH_TIMEOUT_MS: Final = 500
 FETCH_MAX_WAIT_MS: Final = 200
 LAG_MAX_MS: Final = 3_000  # a follower this far behind leaves the ISR (Kafka's replica.lag.time.max.ms)
 HW_CHECKPOINT_MS: Final = 1_000
+
+
+def mirror_port(amqp_port: int) -> int:
+    """A node's mirror fetch port: its AMQP port + MIRROR_PORT_OFFSET, or - MIRROR_PORT_OFFSET past 65535."""
+    port = amqp_port + MIRROR_PORT_OFFSET
+    return port if port <= 65535 else amqp_port - MIRROR_PORT_OFFSET
 
 
 def wall_ms() -> int:

@@ -95,7 +95,7 @@ from node.runtime.cluster.definition_replies import (
 from node.runtime.cluster.incarnation_file import IncarnationFile
 from node.runtime.cluster.liveness import MembershipAndLiveness
 from node.runtime.cluster.members import adopt_metadata_layout, watch_membership
-from node.runtime.cluster.mirror_groups import MIRROR_PORT_OFFSET, MirrorGroups
+from node.runtime.cluster.mirror_groups import MirrorGroups, mirror_port
 from node.runtime.config import ClusterLayout, NodeConfig
 from node.runtime.dispatch import wall_ms
 
@@ -193,7 +193,7 @@ class ClusterRuntime(MembershipAndLiveness):
             self.layout.secret.encode(), self._on_apply, snapshots=self, on_leader_change=self._on_leader_change,
             on_apply_many=self._on_apply_many, readies_behind_fsync_max=_readies_behind_fsync_max())
         self.mirror = MirrorGroups(
-            self.name, self.data_dir, {p.name: (p.host, p.amqp_port + MIRROR_PORT_OFFSET) for p in self.layout.peers},
+            self.name, self.data_dir, {p.name: (p.host, mirror_port(p.amqp_port)) for p in self.layout.peers},
             self.layout.secret.encode(), self._on_apply_many, self._on_mirror_leader_change, self._submit_mirror)
         self._drop_stale_groups(self.mirrored)
         self._sync_groups(self.mirrored)
@@ -207,7 +207,7 @@ class ClusterRuntime(MembershipAndLiveness):
                 await nursery.start(self.raft.run)
                 if self.mirror is not None:
                     me = self.layout.me
-                    await nursery.start(partial(self.mirror.run, me.host, me.amqp_port + MIRROR_PORT_OFFSET))
+                    await nursery.start(partial(self.mirror.run, me.host, mirror_port(me.amqp_port)))
                     for command in self._mirror_backlog:
                         nursery.start_soon(self.apply_definition, command)
                     self._mirror_backlog.clear()
