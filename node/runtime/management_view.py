@@ -152,6 +152,16 @@ class BrokerView:
             **_mirror_fields(mirror_status(self.broker, queue, self.node_name)),
         }
 
+    def mirror_statuses(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(vhost, queue, mirror status) of each mirrored queue (Prometheus' per-object mirror gauges)."""
+        rows = []
+        for vhost_name, vhost in self.broker.vhosts.items():
+            for name, queue in vhost.queues.items():
+                status = mirror_status(self.broker, queue, self.node_name)
+                if status is not None:
+                    rows.append((vhost_name, name, status))
+        return rows
+
     def exchanges(self) -> list[dict[str, Any]]:
         rows = []
         for vhost_name in sorted(self.broker.vhosts):

@@ -14,7 +14,7 @@ from node.broker.backend_local import LocalBackend
 from node.broker.backend_mirror import MirrorBackend, mirror_status
 from node.broker.policies import PolicyError
 from tests.broker.harness import Client, bodies, connected, new_broker
-from tests.management.helpers import served_broker
+from tests.management.helpers import raw_exchange, served_broker
 
 HA = {"ha-mode": "exactly", "ha-params": 3, "ha-min-insync": 2}
 
@@ -67,3 +67,8 @@ async def test_ctl_list_queues_shows_the_mirror(capsys: pytest.CaptureFixture[st
         assert row["effective_policy_definition"] == HA and row["policy"] == "ha"
         assert row["slave_nodes"] == [] and row["synchronised_slave_nodes"] == []
         assert row["mirror"]["replicas"] == ["rabbit@test"] and row["mirror"]["truncation"] == "leader-epoch"
+        raw = await raw_exchange(s.port, b"GET /metrics/per-object HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        text = raw.decode()
+        assert 'raftmq_mirror_isr_size{vhost="/",queue="ha.orders"} 1' in text
+        assert 'raftmq_mirror_high_watermark{vhost="/",queue="ha.orders"} 1' in text
+        assert "q2" not in "".join(line for line in text.splitlines() if line.startswith("raftmq_mirror"))

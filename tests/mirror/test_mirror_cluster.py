@@ -9,6 +9,7 @@ The time from the kill to the first new confirm is printed (`-s`), not asserted 
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,9 @@ def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -
         (row := _row(cluster, nodes[leader]))["mirror"]["isr"] == sorted(nodes)
         and set(row["mirror"]["leo"]) == set(nodes) and row["mirror"]["hw"] >= 31 and row))
     assert leader_row["slave_nodes"] and leader_row["synchronised_slave_nodes"] == leader_row["slave_nodes"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{nodes[leader].plan.management_port}/metrics/per-object",
+                                timeout=10) as resp:
+        assert f'raftmq_mirror_isr_size{{vhost="/",queue="{QUEUE}"}} 3' in resp.read().decode()
 
     killed = nodes[leader]
     assert killed.process is not None

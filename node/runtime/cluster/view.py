@@ -123,6 +123,19 @@ class ClusterView(BrokerView):
                     continue
         return rows
 
+    def mirror_statuses(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(vhost, queue, mirror status) of each mirrored queue hosted here (node/runtime/cluster/mirror_groups.py)."""
+        cluster = self.cluster
+        if cluster.mirror is None:
+            return []
+        rows = []
+        for group in list(cluster.mirror.groups):
+            key = cluster.group_queues.get(group)
+            status = cluster.mirror.status(group)
+            if key is not None and status is not None:
+                rows.append((key[0], key[1], status))
+        return rows
+
     def peers(self) -> list[tuple[str, int]]:
         """(host, management port) of the other members, for the cluster-wide connection/channel/consumer lists."""
         return [(m.host, m.management_port) for m in self.cluster.layout.peers]
