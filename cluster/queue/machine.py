@@ -180,6 +180,11 @@ class Queue(QueueViews, DeadLettering):
         handler(command, out)
         return out
 
+    @property
+    def msg_ids_used(self) -> int:
+        """How many message ids the queue handed out in its life (the last id; read-only)."""
+        return self._next_msg_id - 1
+
     def reserve_msg_id(self) -> MsgId:
         """Take the next msg id without enqueueing (single-node paging: the message waits on disk and comes
         back later by `Recover(msg_id, ..., redelivered=False)`). Not for replicated queues: it is no command."""

@@ -10,7 +10,10 @@ paging) never ask which mode the node runs in: they call the queue's backend for
   are proposed (`ProposeQueue`) and take effect when committed entries come back (`Broker.apply_committed`).
   Quorum queues and classic queues of a cluster.
 
-A mirrored backend (cluster/mirror_queues/core) fits the same shape: `create` installs its machine, publishes
+- `MirrorBackend` (node/broker/backend_mirror.py): a classic queue an `ha-mode` policy applies to, on a single
+  node (one replica: the local machine, plus the mirror's leader/epoch/ISR/HW/LEO for management).
+
+The cluster's mirrored backend (cluster/mirror_queues/core) fits the same shape: `create` installs its machine, publishes
 confirm when its high watermark passes them (the way a Raft backend confirms on apply) and deliveries stay below
 the watermark; its per-broker hooks (`tick`, `next_deadline_ms`, `after_read`) drive its own timers.
 
@@ -70,6 +73,15 @@ class QueueBackend(ABC):
     @abstractmethod
     def apply_args(self, broker: BrokerState, queue: QueueState, merged: dict[str, Any]) -> None:
         """Bring the queue's machine to the effective arguments `merged` (its own under the vhost's policies)."""
+
+    def hand_over(self, queue: QueueState, to: QueueBackend) -> bool:
+        """A policy change asks for backend `to` (`BrokerState.choose_backend`): move the queue there if the two
+        share its machine and storage (a backend and its subclass, e.g. local and single-node mirrored); False:
+        it keeps this backend for life."""
+        if isinstance(to, type(self)) or isinstance(self, type(to)):
+            queue.backend = to
+            return True
+        return False
 
     # --- per-broker hooks (run for every backend in `BrokerState.backends`) ------------------------------------
 

@@ -53,6 +53,7 @@ from node.broker import (
 )
 from node.broker.auth import Permission
 from node.broker.backend_local import LocalBackend
+from node.broker.backend_mirror import MirrorBackend, mirror_spec
 from node.broker.backend_raft import RaftBackend
 from node.broker.channel import ChannelState, ConnState
 from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Send, Unblock
@@ -102,9 +103,10 @@ class Broker(BrokerState):
         broker-wide consequences of a cluster (ids, shared definitions, read-your-writes, the replicated publish
         path and basic.get through the log)."""
         if not self.config.replicated:
-            local = LocalBackend()
-            self.backends = (local,)
-            self.choose_backend = lambda queue: local
+            local, mirror = LocalBackend(), MirrorBackend()
+            self.backends = (local, mirror)
+            self.choose_backend = lambda queue: (
+                mirror if mirror_spec(self.vhosts.get(queue.vhost), queue) is not None else local)
             self.publish_route = publish.route_publish
             return
         raft = RaftBackend()
@@ -446,6 +448,15 @@ class Broker(BrokerState):
         if is_local_leader:
             policy_apply.resend_leader_policies(self, (vhost, queue))
         return self._finish_replicated()
+
+    def keep_transient(self, vhost: str, queue: str) -> None:
+        """Cluster: the queue's log outlives its nodes (a mirrored queue's ISR log, node/runtime/cluster/
+        mirror_groups.py), so its transient messages survive a leader change, as on RabbitMQ's mirrors: no new
+        leader drops them as an earlier life's (`replica_control._drop_transient_of_earlier_life`)."""
+        vh = self.vhosts.get(vhost)
+        q = vh.queues.get(queue) if vh is not None else None
+        if q is not None:
+            q.transient_checked = True
 
     def node_down(self, node: str) -> list[Effect]:
         replica_control.node_down(self, node)

@@ -31,6 +31,7 @@ from functools import lru_cache
 from typing import Any, Final
 
 from cluster.queue.types import QueueArgs
+from node.broker.ha_policy import HA_KEYS, validate_ha
 from node.broker.queues import queue_args
 from node.broker.records import PolicyRecord
 
@@ -127,6 +128,7 @@ _CHECKS: Final[dict[str, Any]] = {
     "queue-mode": _one_of(QUEUE_MODES), "alternate-exchange": _check_text,
     "federation-upstream": lambda key, value: _check_federation_name(key, value, "upstream"),
     "federation-upstream-set": lambda key, value: _check_federation_name(key, value, "upstream set"),
+    **{key: lambda key, value: None for key in HA_KEYS},  # checked together by ha_policy.validate_ha
 }
 
 
@@ -162,6 +164,9 @@ def validate_policy(name: str, pattern: str, apply_to: str, definition: Mapping[
         error = _CHECKS[key](key, definition[key])
         if error is not None:
             raise PolicyError(f"Validation failed: {error}")
+    error = validate_ha(definition)
+    if error is not None:
+        raise PolicyError(f"Validation failed: {error}")
 
 
 def make_policy(vhost: str, name: str, pattern: str, apply_to: str | None, definition: Mapping[str, Any],
@@ -238,7 +243,8 @@ def applied_definition(policy: Policy | None, kind: str, queue_type: str = "clas
     if kind == "exchange":
         return {k: v for k, v in policy.definition.items() if k in EXCHANGE_KEYS}
     return {k: v for k, v in policy.definition.items()
-            if k in QUEUE_KEYS and (k not in QUORUM_ONLY or queue_type == "quorum")}
+            if (k in QUEUE_KEYS and (k not in QUORUM_ONLY or queue_type == "quorum"))
+            or (k in HA_KEYS and queue_type == "classic")}
 
 
 def policy_row(policy: Policy) -> dict[str, Any]:

@@ -47,6 +47,9 @@ def apply_to_queue(broker: BrokerState, vhost: VHost[Any], queue: QueueState) ->
 
     The queue's backend applies them (`QueueBackend.apply_args`): a local queue's machine at once, a Raft queue
     through its leader's `SetArgs` proposal (`propose_if_leader`)."""
+    chosen = broker.choose_backend(queue)
+    if chosen is not queue.backend:
+        backend_of(queue).hand_over(queue, chosen)  # (ha-mode added or removed: node/broker/backend_mirror.py)
     merged = effective_of(vhost, queue)
     expires = merged.get("x-expires")
     queue.expires_ms = expires if _is_int(expires) else None

@@ -20,7 +20,10 @@ from typing import Any
 
 from cluster.metadata import model as md
 from cluster.metadata import placement
+from cluster.metadata.mirror import DeclareMirror
 from node.broker import records as br
+from node.broker.ha_policy import HaSpec, ha_spec, mirror_replicas
+from node.broker.policies import PolicyError, make_policy, match_policy
 
 QUEUE_TYPE_ARG = "x-queue-type"
 GROUP_SIZE_ARG = "x-quorum-initial-group-size"
@@ -125,6 +128,24 @@ def client_local_placement(self_name: str, group_size_default: int, configured: 
     return place
 
 
+def mirror_spec_in(state: md.MetadataState, vhost: str, name: str) -> HaSpec | None:
+    """The ha-* mirroring asked for a classic queue `name` by the one policy of the vhost that applies to it."""
+    policies = []
+    for record in state.policies.values():
+        if record.vhost == vhost:
+            try:
+                policies.append(make_policy(vhost, record.name, record.pattern, record.apply_to,
+                                            dict(record.definition), record.priority))
+            except PolicyError:
+                continue
+    chosen = match_policy(policies, "queue", name, "classic")
+    return ha_spec(chosen.definition) if chosen is not None else None
+
+
+def _up_nodes(state: md.MetadataState, me: str) -> tuple[str, ...]:
+    return tuple(sorted({n for n, r in state.nodes.items() if r.state != "down"} | {me}))
+
+
 def _queue_command(rec: Any, state: md.MetadataState, place: Placement) -> md.Command:
     if rec.deleted:
         return md.DeleteQueue(rec.vhost, rec.name)
@@ -133,6 +154,14 @@ def _queue_command(rec: Any, state: md.MetadataState, place: Placement) -> md.Co
     kind = queue_type(arguments)
     leader, members = (existing.leader, existing.members) if existing is not None else place(state, rec.vhost, rec.name, kind, arguments)
     owner = getattr(rec, "exclusive_owner", "") or ""
+    if existing is not None and existing.type == "mirrored":
+        kind = "mirrored"  # (a redeclare keeps the queue as it is)
+    elif existing is None and kind == "classic" and not owner:
+        spec = mirror_spec_in(state, rec.vhost, rec.name)
+        if spec is not None:  # an ha-mode policy at declare: a mirrored queue (docs/mirrored_queues.md)
+            kind = "mirrored"
+            members = mirror_replicas(spec, _up_nodes(state, leader), leader)
+            leader = members[0]
     return md.DeclareQueue(md.QueueRecord(
         vhost=rec.vhost, name=rec.name, type=kind, durable=bool(getattr(rec, "durable", True)),
         auto_delete=rec.auto_delete, exclusive_owner=str(owner), arguments=arguments, leader=leader,
@@ -175,12 +204,26 @@ def command_for(rec: Any, state: md.MetadataState, place: Placement) -> md.Comma
 
 def commands_for(records: Sequence[Any], state: md.MetadataState, place: Placement) -> list[md.Command]:
     """The metadata commands of one Persist effect, in the broker's order."""
-    commands = []
+    commands: list[md.Command] = []
     for rec in records:
         command = command_for(rec, state, place)
         if command is not None:
             commands.append(command)
+        if isinstance(command, md.DeclareQueue) and command.queue.type == "mirrored":
+            commands.append(declare_mirror(state, command.queue))
     return commands
+
+
+def declare_mirror(state: md.MetadataState, queue: md.QueueRecord) -> md.Command:
+    """The controller's record of a mirrored queue (after its DeclareQueue; the same replicas again: a no-op)."""
+    spec = mirror_spec_in(state, queue.vhost, queue.name)
+    min_insync = spec.min_insync if spec is not None else 1
+    promote = spec.promote_on_failure if spec is not None else "when-synced"
+    existing = state.mirrors.get((queue.vhost, queue.name))
+    if existing is not None:
+        min_insync, promote = existing.min_insync, existing.promote_on_failure
+    return DeclareMirror(queue.vhost, queue.name, tuple(queue.members), max(1, min(min_insync, len(queue.members))),
+                         promote)
 
 
 def missing_bootstrap(records: Sequence[Any], state: md.MetadataState) -> list[Any]:

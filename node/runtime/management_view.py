@@ -31,6 +31,7 @@ from cluster.shovel.params import ShovelParamError, parse_definition
 from node.broker import policies as pol
 from node.broker import policy_apply, vhost_limits
 from node.broker.auth import User
+from node.broker.backend_mirror import mirror_status
 from node.broker.effects import Persist
 from node.broker.records import UserRecord
 from node.runtime.management_api import CLUSTER_COMMANDS, NOT_IN_CLUSTER, CommandError
@@ -148,7 +149,18 @@ class BrokerView:
             "consumers": machine.consumer_count, "policy": policy.name if policy is not None else None,
             "messages_dlx": getattr(machine, "held_count", 0), "message_bytes_dlx": getattr(machine, "held_bytes", 0),
             "effective_policy_definition": pol.applied_definition(policy, "queue", pol.queue_type_of(queue.arguments)),
+            **_mirror_fields(mirror_status(self.broker, queue, self.node_name)),
         }
+
+    def mirror_statuses(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(vhost, queue, mirror status) of each mirrored queue (Prometheus' per-object mirror gauges)."""
+        rows = []
+        for vhost_name, vhost in self.broker.vhosts.items():
+            for name, queue in vhost.queues.items():
+                status = mirror_status(self.broker, queue, self.node_name)
+                if status is not None:
+                    rows.append((vhost_name, name, status))
+        return rows
 
     def exchanges(self) -> list[dict[str, Any]]:
         rows = []
@@ -446,3 +458,15 @@ def validate_parameter(component: str, vhost: str, name: str, value: Any) -> str
 def _binding_row(vhost: str, source: str, dest_kind: str, dest: str, key: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"source": source, "vhost": vhost, "destination": dest, "destination_type": dest_kind,
             "routing_key": key, "arguments": args, "properties_key": properties_key(key, args)}
+
+
+def _mirror_fields(status: dict[str, Any] | None) -> dict[str, Any]:
+    """A mirrored queue's extra columns: ours (`mirror`: leader, epoch, ISR, HW, each replica's LEO; `epoch`,
+    `isr`, `hw` flat for `raftmq ctl list_queues`) and RabbitMQ's (`slave_nodes`, `synchronised_slave_nodes`)."""
+    if status is None:
+        return {}
+    followers = [n for n in status["replicas"] if n != status["leader"]]
+    return {"mirror": status, "leader": status["leader"], "members": status["replicas"], "epoch": status["epoch"],
+            "isr": status["isr"], "hw": status["hw"], "slave_nodes": followers,
+            "synchronised_slave_nodes": [n for n in followers if n in status["isr"]]}
+

@@ -5,7 +5,9 @@ What it is for: RabbitMQ's rabbitmq_prometheus plugin serves these on port 15692
 exists. `/metrics` aggregates (one sample per metric, summed over queues, as RabbitMQ's default does);
 `/metrics/per-object` adds `vhost`/`queue` labels per queue. Ours, for what RabbitMQ lacks:
 `raftmq_raft_follower_lag_entries{queue,vhost,follower}` (per object only; on a queue's Raft leader: its last
-index minus the follower's match index).
+index minus the follower's match index), and for mirrored queues (docs/mirrored_queues.md)
+`raftmq_mirror_isr_size{queue,vhost}` and `raftmq_mirror_high_watermark{queue,vhost}` (per object only; as this
+node knows them: the committed ISR, its replica's HW).
 
 How it works: `render(view, counters, per_object)` reads the broker's tables on the trio thread (queue machines'
 counts, connections, channels, consumers), the node's counters (`messages_received`, `messages_delivered`,
@@ -115,7 +117,19 @@ def render(view: Any, counters: Any, probe: Any, per_object: bool) -> str:
     out.metric("rabbitmq_alarms_free_disk_space_watermark", "gauge",
                "1 if the free disk space alarm is in effect", [({}, int("disk" in broker.alarms))])
     _raft(out, view.raft_groups(), per_object)
+    mirrors = getattr(view, "mirror_statuses", None)
+    if per_object and mirrors is not None:
+        _mirrors(out, mirrors())
     return out.text()
+
+
+def _mirrors(out: _Out, rows: list[tuple[str, str, dict[str, Any]]]) -> None:
+    if not rows:
+        return
+    out.metric("raftmq_mirror_isr_size", "gauge", "A mirrored queue's in-sync replicas (the committed ISR)",
+               [({"vhost": vhost, "queue": queue}, len(status["isr"])) for vhost, queue, status in rows])
+    out.metric("raftmq_mirror_high_watermark", "gauge", "A mirrored queue's high watermark on this node's replica",
+               [({"vhost": vhost, "queue": queue}, int(status["hw"])) for vhost, queue, status in rows])
 
 
 def _raft(out: _Out, groups: list[tuple[str, str, dict[str, Any]]], per_object: bool) -> None:

@@ -22,7 +22,8 @@ def test_a_single_node_gives_every_queue_a_local_backend_and_recovery_does_too()
     client.declare("excl-q", exclusive=True)
     queues = client.broker.vhosts["/"].queues
     assert all(type(q.backend) is LocalBackend for q in queues.values())
-    assert client.broker.backends == (queues["durable-q"].backend,)  # one backend object, shared
+    assert queues["durable-q"].backend is queues["excl-q"].backend  # one backend object, shared
+    assert client.broker.backends[0] is queues["durable-q"].backend  # (then the mirrored backend: ha-* policies)
 
     recovered = new_broker()
     recovered.recover([QueueRecord("/", "durable-q", False, {})])

@@ -42,7 +42,7 @@ START_TIMEOUT_S = 60.0
 PORT_LINE = re.compile(rb"listening on port (\d+)")
 LEADER_LINE = re.compile(rb"cluster: queue (\S+): leader (\S+)")
 AMQP_PORT_LOW, AMQP_PORT_HIGH = 3000, 11000
-PORT_OFFSETS = (0, 10_000, 20_000, 21_000)
+PORT_OFFSETS = (0, 10_000, 20_000, 21_000, 22_000)  # amqp, management, raft, metadata, mirror
 
 
 def _binds(port: int) -> bool:

@@ -36,7 +36,7 @@ def policy(name: str, pattern: str = ".*", apply_to: str = "all", priority: int 
     (".*", "all", {"overflow": "drop-tail"}, 0, "overflow"),
     (".*", "all", {"dead-letter-strategy": "exactly-once"}, 0, "dead-letter-strategy"),
     (".*", "all", {"dead-letter-exchange": 5}, 0, "dead-letter-exchange"),
-    (".*", "all", {"ha-mode": "all"}, 0, "not recognised"),
+    (".*", "all", {"queue-master-locator": "min-masters"}, 0, "not recognised"),
     (".*", "all", {"max-length": 1}, True, "priority"),
 ])
 def test_invalid_policies_are_refused_with_the_reason(pattern: str, apply_to: str, definition: dict[str, Any],

@@ -49,10 +49,12 @@ from cluster.mirror_queues.runtime.telemetry import MirrorTelemetry
 from cluster.mirror_queues.runtime.transport import MirrorTransport
 from cluster.mirror_queues.runtime.wire import (
     AlterIsr,
+    Forward,
     Hello,
     LeaderAndIsr,
     Publish,
     PublishResult,
+    Routed,
     Status,
     StatusReply,
     WireMessage,
@@ -155,8 +157,8 @@ class ReplicaNode:
             r = self.replica
             self.transport.send(src, StatusReply(r.name, r.role, r.epoch, r.leo, r.hw, tuple(sorted(r.isr)),
                                                  tuple(r.log) if message.with_log else ()))
-        elif isinstance(message, AlterIsr | Hello | PublishResult | StatusReply):
-            pass  # the controller's and the clients' messages
+        elif isinstance(message, AlterIsr | Hello | PublishResult | StatusReply | Routed | Forward):
+            pass  # the controller's and the clients' messages (and the broker's, which this harness never gets)
         elif isinstance(message, FetchRequest) and self._parks(message):
             self.parked[src] = (message, now)
         else:

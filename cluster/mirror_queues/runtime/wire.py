@@ -84,12 +84,28 @@ class StatusReply:
     log: tuple[Record, ...] = ()
 
 
-Control = LeaderAndIsr | AlterIsr | Hello | Publish | PublishResult | Status | StatusReply
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """Inside the broker (node/runtime/cluster/mirror_groups.py): one node's transport carries every mirrored
+    queue's messages, each wrapped with its queue group id; `payload` is the inner message's encoding."""
+
+    group: str
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """A queue command proposed on a node that does not lead the mirrored queue, sent (Routed) to its leader."""
+
+    data: bytes
+
+
+Control = LeaderAndIsr | AlterIsr | Hello | Publish | PublishResult | Status | StatusReply | Routed | Forward
 WireMessage = FetchRequest | FetchResponse | EpochEndRequest | EpochEndResponse | Control
 
 _TYPES: dict[str, type] = {t.__name__: t for t in (FetchRequest, FetchResponse, EpochEndRequest, EpochEndResponse,
                                                   LeaderAndIsr, AlterIsr, Hello, Publish, PublishResult, Status,
-                                                  StatusReply)}
+                                                  StatusReply, Routed, Forward)}
 _RECORD_FIELDS = {"records", "log"}
 
 

@@ -45,6 +45,7 @@ class MembershipAndLiveness:
     name: str
     store: MetadataStore | None
     raft: RaftNodeRuntime | None
+    mirror: Any  # mirror_groups.MirrorGroups | None
     mirrored: md.MetadataState
     group_queues: QueueGroups
     liveness: PeerLiveness
@@ -125,8 +126,12 @@ class MembershipAndLiveness:
                 else:
                     log.warning("cluster: node %s unreachable for %d ms: down", peer, self.config.node_down_after_ms)
                 self.dispatch(self.broker.node_down(peer))
+                if self.mirror is not None:  # mirrored queues: the metadata group elects from the ISR
+                    self.mirror.node_down(peer, set(self.layout.names) - set(self.liveness.down))
             for peer in came_up:
                 log.info("cluster: node %s is back", peer)
+                if self.mirror is not None:
+                    self.mirror.node_up(peer)
             if not self._reconciling and self._metadata_tasks is not None and self._is_metadata_leader():
                 self._reconciling = True
                 self._metadata_tasks.start_soon(self._reconcile_node_states)

@@ -43,6 +43,7 @@ import os
 import uuid
 from collections import deque
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 import trio
@@ -60,6 +61,7 @@ from node.clustering.definitions import (
     client_local_placement,
     commands_for,
     mirror_records,
+    mirror_spec_in,
     missing_bootstrap,
 )
 from node.clustering.incarnations import (
@@ -93,6 +95,7 @@ from node.runtime.cluster.definition_replies import (
 from node.runtime.cluster.incarnation_file import IncarnationFile
 from node.runtime.cluster.liveness import MembershipAndLiveness
 from node.runtime.cluster.members import adopt_metadata_layout, watch_membership
+from node.runtime.cluster.mirror_groups import MirrorGroups, mirror_port
 from node.runtime.config import ClusterLayout, NodeConfig
 from node.runtime.dispatch import wall_ms
 
@@ -125,6 +128,8 @@ class ClusterRuntime(MembershipAndLiveness):
         self.node: Any = None
         self.store: MetadataStore | None = None
         self.raft: RaftNodeRuntime | None = None
+        self.mirror: MirrorGroups | None = None  # the mirrored queues' groups (mirror_groups.py)
+        self._mirror_backlog: list[Any] = []  # their metadata commands from before `run`
         self.mirrored = md.MetadataState()
         self.group_queues = QueueGroups()  # group -> (vhost, name), and the queue's current group (group_of)
         self.group_incarnations: dict[GroupId, int] = {}  # the incarnation each hosted group serves
@@ -187,6 +192,9 @@ class ClusterRuntime(MembershipAndLiveness):
             NodeId(self.name), self.data_dir / "raft", (me.host, me.raft_port), peers,
             self.layout.secret.encode(), self._on_apply, snapshots=self, on_leader_change=self._on_leader_change,
             on_apply_many=self._on_apply_many, readies_behind_fsync_max=_readies_behind_fsync_max())
+        self.mirror = MirrorGroups(
+            self.name, self.data_dir, {p.name: (p.host, mirror_port(p.amqp_port)) for p in self.layout.peers},
+            self.layout.secret.encode(), self._on_apply_many, self._on_mirror_leader_change, self._submit_mirror)
         self._drop_stale_groups(self.mirrored)
         self._sync_groups(self.mirrored)
 
@@ -197,6 +205,12 @@ class ClusterRuntime(MembershipAndLiveness):
             async with trio.open_nursery() as nursery:
                 self._metadata_tasks = nursery
                 await nursery.start(self.raft.run)
+                if self.mirror is not None:
+                    me = self.layout.me
+                    await nursery.start(partial(self.mirror.run, me.host, mirror_port(me.amqp_port)))
+                    for command in self._mirror_backlog:
+                        nursery.start_soon(self.apply_definition, command)
+                    self._mirror_backlog.clear()
                 self._raft_started()
                 nursery.start_soon(self._watch_metadata)
                 nursery.start_soon(self._retry_timer)
@@ -260,8 +274,19 @@ class ClusterRuntime(MembershipAndLiveness):
             self._record_incarnation(group, queue.incarnation)
             self.group_queues[group] = (queue.vhost, queue.name)
             self.group_incarnations[group] = queue.incarnation
-            self.raft.add_group(group, self._membership(queue), self._bootstrap(group, queue))
+            if queue.type == "mirrored" and self.mirror is not None:
+                spec = mirror_spec_in(state, queue.vhost, queue.name)
+                self.mirror.add_group(group, queue.vhost, queue.name, tuple(queue.members),
+                                      spec.truncation if spec is not None else "leader-epoch",
+                                      state.mirrors.get((queue.vhost, queue.name)))
+            else:
+                self.raft.add_group(group, self._membership(queue), self._bootstrap(group, queue))
             self._send_queue(queue_key(queue.vhost, queue.name), wall_ms())
+        if self.mirror is not None:
+            for group in list(self.mirror.groups):
+                key = self.group_queues.get(group)
+                if key is not None:
+                    self.mirror.on_record(group, state.mirrors.get(key))
 
     def _bootstrap(self, group: GroupId, queue: md.QueueRecord) -> Bootstrap | None:
         """How a new group of `queue` starts: with its term-1 vote cast for the queue's initial leader (fixed at
@@ -279,7 +304,10 @@ class ClusterRuntime(MembershipAndLiveness):
         assert self.raft is not None
         vhost, name = self.group_queues.pop(group)
         self.group_incarnations.pop(group, None)
-        self.raft.remove_group(group)
+        if self.mirror is not None and group in self.mirror.groups:
+            self.mirror.remove_group(group)
+        else:
+            self.raft.remove_group(group)
         keep_from = self._quarantined.pop(group, None)
         for pending in self.tracker.drop_group(queue_key(vhost, name)):
             if keep_from is not None and pending.proposal_id >= keep_from:
@@ -573,7 +601,24 @@ class ClusterRuntime(MembershipAndLiveness):
 
     def _propose_raw(self, group: GroupId, data: bytes) -> None:
         assert self.raft is not None
-        self.raft.propose(group, frame(self.group_incarnations.get(group, 0), data))
+        framed = frame(self.group_incarnations.get(group, 0), data)
+        if self.mirror is not None and group in self.mirror.groups:
+            self.mirror.propose(group, framed)
+        else:
+            self.raft.propose(group, framed)
+
+    def _on_mirror_leader_change(self, group: GroupId, leader: NodeId | None) -> None:
+        key = self.group_queues.get(group)
+        if key is not None:
+            self.broker.keep_transient(*key)  # (the replicas hold them: a failover keeps them)
+        self._on_leader_change(group, leader)
+
+    def _submit_mirror(self, command: Any) -> None:
+        """A mirrored queue's controller command (ISR change, replica down/up) into the metadata group."""
+        if self._metadata_tasks is None:
+            self._mirror_backlog.append(command)
+        else:
+            self._metadata_tasks.start_soon(self.apply_definition, command)
 
     def _release(self, tracked_as: str) -> None:
         """Send the queue's barriers (Detach) whose earlier proposals have all been applied or given up now."""

@@ -97,6 +97,13 @@ class ClusterView(BrokerView):
         row["node"] = leader if leader is not None else (record.leader if record is not None else None)
         row["raft"] = raft
         row["group"] = group  # the queue's Raft group id on this node (incarnation included); None while it has none
+        status = cluster.mirror.status(group) if cluster.mirror is not None and group is not None else None
+        if status is not None:  # a mirrored queue (mirror_groups.py): its leader, epoch, ISR, HW and LEOs
+            followers = [n for n in status["replicas"] if n != status["leader"]]
+            row.update({"leader": status["leader"], "node": status["leader"] or row["node"], "mirror": status,
+                        "epoch": status["epoch"], "isr": status["isr"], "hw": status["hw"],
+                        "slave_nodes": followers,
+                        "synchronised_slave_nodes": [n for n in followers if n in status["isr"]]})
         return row
 
     def raft_groups(self) -> list[tuple[str, str, dict[str, Any]]]:
@@ -114,6 +121,19 @@ class ClusterView(BrokerView):
                     rows.append((vhost_name, name, cluster.raft.group_status(group)))
                 except KeyError:
                     continue
+        return rows
+
+    def mirror_statuses(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(vhost, queue, mirror status) of each mirrored queue hosted here (node/runtime/cluster/mirror_groups.py)."""
+        cluster = self.cluster
+        if cluster.mirror is None:
+            return []
+        rows = []
+        for group in list(cluster.mirror.groups):
+            key = cluster.group_queues.get(group)
+            status = cluster.mirror.status(group)
+            if key is not None and status is not None:
+                rows.append((key[0], key[1], status))
         return rows
 
     def peers(self) -> list[tuple[str, int]]:

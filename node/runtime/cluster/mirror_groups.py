@@ -1,0 +1,360 @@
+"""Mirrored queues in a cluster node: the queue's log is a mirror log (leader, ISR, HW) instead of a Raft group.
+
+What it is for: a classic queue declared under an `ha-mode` policy is a "mirrored" queue in the metadata
+(node/clustering/definitions.py) with a controller record (cluster/metadata/mirror.py). Its queue machine is the
+broker's replicated one, fed exactly as a Raft group feeds it (`ClusterRuntime._on_apply_many`): a proposal (the
+same bytes the runtime would give Raft) is appended to the mirror leader's log, the followers fetch it, and every
+node applies the records below the high watermark, in order. So confirms (the publishing node's replica applied
+the Enqueue), deliveries (each node to its own consumers), acks and requeues work as with Raft, but a record
+commits when every ISR member has it (and the ISR has at least `ha-min-insync` members) instead of on a majority.
+
+How it works: `MirrorGroups` hosts one pure `Replica` (cluster/mirror_queues/core) per mirrored queue group over
+its files (`ReplicaStore`, fsync per batch, in the trio thread), and one `MirrorTransport` per node (port:
+`mirror_port`, the node's AMQP port + 22000) carrying every queue's messages wrapped in `Routed(group, ...)`. The loop is
+the one of cluster/mirror_queues/runtime/node.py: every core call goes through `_run` (files first, then the
+effects), a follower fetches again when a reply comes, a leader parks a fetch with nothing new (fetch.max.wait)
+and a 10 ms timer ticks the cores (ISR lag check, HW checkpoint) and resends unanswered requests.
+- Leader, epoch and ISR come from the committed `MirrorRecord` (`on_record`, from the metadata watch): newer epoch
+  -> `become_leader`/`become_follower`; the leader's `IsrChanged` is committed as `AlterMirrorIsr` (`submit`).
+  A node that is not a replica follows too, as an observer: the leader serves it only records below the HW and
+  never counts it in the ISR.
+- `propose`: on the leader, appended; elsewhere forwarded to the leader (`Forward`); without a leader, dropped
+  (the runtime's tracker resends, then abandons: the publish is nacked). A publish while the ISR is below
+  min-insync is refused by the core and retried the same way until the proposal times out (nack).
+- Failures: the node liveness (node/runtime/cluster/liveness.py) calls `node_down`, which reports the node as
+  `MirrorReplicaDown` for each queue it leads or is in the ISR of: the metadata group elects from the ISR (or
+  uncleanly with `ha-promote-on-failure: always`). A node starting with a queue nobody can lead says
+  `MirrorReplicaUp`.
+- Records hold the proposal bytes as a latin-1 `str` (the core's `msg` is a `str`); the log is never trimmed
+  (no log start offset yet: docs/mirrored_queues.md, "Not built yet").
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import trio
+
+from cluster.metadata.mirror import AlterMirrorIsr, MirrorRecord, MirrorReplicaDown, MirrorReplicaUp
+from cluster.mirror_queues.core.replica import Replica
+from cluster.mirror_queues.core.types import (
+    Effect,
+    EpochEndResponse,
+    FetchRequest,
+    FetchResponse,
+    IsrChanged,
+    Message,
+    Nacked,
+    Send,
+    Settings,
+    Truncated,
+)
+from cluster.mirror_queues.runtime.storage import ReplicaStore
+from cluster.mirror_queues.runtime.transport import MirrorTransport
+from cluster.mirror_queues.runtime.wire import Forward, Routed, WireError, WireMessage, decode, encode
+from cluster.raft.core.types import Entry, GroupId, Index, NodeId, Term
+
+log = logging.getLogger(__name__)
+
+MIRROR_PORT_OFFSET: Final = 22_000  # a node's mirror fetch port: its AMQP port + this
+TICK_S: Final = 0.01
+FETCH_TIMEOUT_MS: Final = 500
+FETCH_MAX_WAIT_MS: Final = 200
+LAG_MAX_MS: Final = 3_000  # a follower this far behind leaves the ISR (Kafka's replica.lag.time.max.ms)
+HW_CHECKPOINT_MS: Final = 1_000
+
+
+def mirror_port(amqp_port: int) -> int:
+    """A node's mirror fetch port: its AMQP port + MIRROR_PORT_OFFSET, or - MIRROR_PORT_OFFSET past 65535."""
+    port = amqp_port + MIRROR_PORT_OFFSET
+    return port if port <= 65535 else amqp_port - MIRROR_PORT_OFFSET
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class _Group:
+    group: GroupId
+    vhost: str
+    name: str
+    replicas: tuple[str, ...]
+    replica: Replica
+    store: ReplicaStore
+    applied: int = 0  # records below this offset went to the broker
+    leader: str = ""  # as the last committed record says ("" = none)
+    record: MirrorRecord | None = None
+    awaiting_since: int | None = None
+    fetch_now: bool = False
+    parked: dict[str, tuple[FetchRequest, int, int, int]] = field(default_factory=dict)  # (req, since, leo, hw)
+    hw_sent: dict[str, int] = field(default_factory=dict)
+    said_up: bool = False
+
+
+class MirrorGroups:
+    """The mirrored queue groups this node hosts (see the module docstring)."""
+
+    def __init__(self, name: str, data_dir: pathlib.Path, peers: dict[str, tuple[str, int]], secret: bytes,
+                 on_apply_many: Callable[[GroupId, tuple[Entry, ...]], None],
+                 on_leader_change: Callable[[GroupId, NodeId | None], None],
+                 submit: Callable[[Any], None]) -> None:
+        self.name = name
+        self.data_dir = data_dir
+        self.transport = MirrorTransport(name, secret, peers, self._on_message)
+        self.on_apply_many = on_apply_many
+        self.on_leader_change = on_leader_change
+        self.submit = submit
+        self.groups: dict[GroupId, _Group] = {}
+        self.live: frozenset[str] = frozenset(peers) | {name}
+        self.stats = {"appended": 0, "forwarded": 0, "refused": 0, "truncations": 0}
+
+    async def run(self, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            try:
+                await nursery.start(self.transport.serve, host, port)
+            except OSError as exc:
+                log.error("cluster: mirrored queues: cannot listen on %s:%d (%s); this node's mirrored queues "
+                          "will not replicate", host, port, exc)
+            task_status.started()
+            while True:
+                await trio.sleep(TICK_S)
+                try:
+                    self._tick(wall_ms())
+                except Exception:
+                    log.exception("cluster: mirrored queues: tick failed")
+
+    # --- hosting ----------------------------------------------------------------------------------------------
+
+    def add_group(self, group: GroupId, vhost: str, name: str, replicas: tuple[str, ...], truncation: str,
+                  record: MirrorRecord | None) -> None:
+        if group in self.groups:
+            return
+        settings = Settings(min_insync=record.min_insync if record is not None else 1,
+                            replica_lag_max_ms=LAG_MAX_MS, hw_checkpoint_interval_ms=HW_CHECKPOINT_MS,
+                            truncation="hw" if truncation == "hw" else "leader-epoch")
+        store = ReplicaStore(self.data_dir / "mirror" / group.replace("/", "~"))
+        now = wall_ms()
+        replica = (Replica.recover(self.name, settings, store.load(), now) if store.exists()
+                   else Replica(self.name, settings, now))
+        store.persist(replica)
+        g = _Group(group, vhost, name, replicas, replica, store)
+        self.groups[group] = g
+        log.info("cluster: mirrored queue %s/%s: replica here (replicas %s, log end %d, HW %d)", vhost, name,
+                 ",".join(replicas), replica.leo, replica.hw)
+        if record is not None:
+            self.on_record(group, record)
+
+    def remove_group(self, group: GroupId) -> None:
+        g = self.groups.pop(group, None)
+        if g is None:
+            return
+        g.store.close()
+        directory = g.store.directory  # the queue is gone (a redeclared one has another group id)
+        if directory.exists():
+            for path in directory.iterdir():
+                path.unlink(missing_ok=True)
+            directory.rmdir()
+
+    def on_record(self, group: GroupId, record: MirrorRecord | None) -> None:
+        """The committed leader, epoch and ISR of the queue (None: not recorded yet)."""
+        g = self.groups.get(group)
+        if g is None or record is None or record == g.record:
+            return
+        g.record = record
+        r = g.replica
+        now = wall_ms()
+        if record.leader and (record.epoch > r.epoch or r.role == "none"):
+            if record.leader == self.name:
+                self._run(g, r.become_leader(record.epoch, frozenset(record.isr), now))
+            else:
+                self._run(g, r.become_follower(record.leader, record.epoch))
+                g.awaiting_since = None
+                self._poll(g, now)
+        elif record.epoch == r.epoch and r.role == "leader" and record.leader == self.name:
+            self._run(g, r.update_isr(frozenset(record.isr), now))
+        leader = record.leader if record.epoch == r.epoch or not record.leader else g.leader
+        if not record.leader and self.name in record.replicas and not g.said_up:
+            g.said_up = True  # nobody can lead: say this replica is up (it may be electable)
+            self.submit(MirrorReplicaUp(g.vhost, g.name, self.name, record.epoch, tuple(sorted(self.live)),
+                                        False, {self.name: [r.latest_epoch(), r.leo]}))
+        if leader != g.leader:
+            g.leader = leader
+            log.info("cluster: mirrored queue %s/%s: leader %s, epoch %d, ISR %s", g.vhost, g.name, leader or "-",
+                     record.epoch, ",".join(record.isr))
+            self.on_leader_change(group, NodeId(leader) if leader else None)
+
+    def leader_of(self, group: GroupId) -> str | None:
+        g = self.groups.get(group)
+        return g.leader or None if g is not None else None
+
+    def node_down(self, node: str, live: Iterable[str]) -> None:
+        """The liveness declared `node` down: report it for each queue it leads or is in the ISR of."""
+        self.live = frozenset(live) | {self.name}
+        for g in self.groups.values():
+            record = g.record
+            if record is None or node not in record.replicas or (node != record.leader and node not in record.isr):
+                continue
+            self.submit(MirrorReplicaDown(g.vhost, g.name, node, record.epoch,
+                                          tuple(sorted(n for n in self.live if n != node))))
+
+    def node_up(self, node: str) -> None:
+        self.live = self.live | {node}
+
+    # --- proposals --------------------------------------------------------------------------------------------
+
+    def propose(self, group: GroupId, data: bytes) -> bool:
+        g = self.groups.get(group)
+        if g is None:
+            return False
+        if g.replica.role == "leader":
+            self._publish(g, data)
+            return True
+        if g.leader and g.leader != self.name:
+            self.stats["forwarded"] += 1
+            self._send(g, g.leader, Forward(data))
+            return True
+        return False
+
+    def _publish(self, g: _Group, data: bytes) -> None:
+        effects = g.replica.publish(data.decode("latin-1"))
+        if effects and all(isinstance(e, Nacked) for e in effects):
+            self.stats["refused"] += 1  # not leader, or the ISR below min-insync: the tracker resends
+        else:
+            self.stats["appended"] += 1
+        self._run(g, effects)
+
+    # --- the loop ---------------------------------------------------------------------------------------------
+
+    def _send(self, g: _Group, dst: str, message: WireMessage) -> None:
+        self.transport.send(dst, Routed(g.group, encode(message)))
+
+    def _run(self, g: _Group, effects: list[Effect]) -> None:
+        """Files first (the core's crash image), then the effects, then the newly committed records."""
+        g.store.persist(g.replica, effects)
+        for effect in effects:
+            if isinstance(effect, Send):
+                if isinstance(effect.message, FetchResponse):
+                    g.hw_sent[effect.dst] = effect.message.leader_hw
+                self._send(g, effect.dst, effect.message)
+            elif isinstance(effect, IsrChanged):
+                self.submit(AlterMirrorIsr(g.vhost, g.name, effect.leader, effect.epoch, tuple(sorted(effect.isr))))
+            elif isinstance(effect, Truncated):
+                self.stats["truncations"] += 1
+                log.info("cluster: mirrored queue %s/%s: truncated %d -> %d by %s", g.vhost, g.name,
+                         effect.from_leo, effect.to_leo, effect.how)
+        self._deliver(g)
+
+    def _deliver(self, g: _Group) -> None:
+        r = g.replica
+        if r.leo < g.applied:  # only an unsafe setting (ha-truncation: hw) cuts committed records
+            log.error("cluster: mirrored queue %s/%s: log cut below what was applied (%d < %d)", g.vhost, g.name,
+                      r.leo, g.applied)
+            g.applied = r.leo
+        if r.hw <= g.applied:
+            return
+        records = r.log[g.applied:r.hw]
+        g.applied = r.hw
+        self.on_apply_many(g.group, tuple(Entry(Term(rec.epoch), Index(rec.offset + 1), rec.msg.encode("latin-1"))
+                                          for rec in records))
+
+    def _on_message(self, src: str, message: WireMessage) -> None:
+        if not isinstance(message, Routed):
+            return
+        g = self.groups.get(GroupId(message.group))
+        if g is None:
+            return
+        try:
+            inner = decode(message.payload)
+        except WireError as exc:
+            log.warning("cluster: mirrored queue %s: bad message from %s: %s", message.group, src, exc)
+            return
+        now = wall_ms()
+        r = g.replica
+        if isinstance(inner, Forward):
+            if r.role == "leader":
+                self._publish(g, inner.data)
+            elif g.leader and g.leader not in (self.name, src):
+                self._send(g, g.leader, inner)  # (leadership moved: once more)
+        elif isinstance(inner, FetchRequest) and inner.src not in g.replicas:
+            self._serve_observer(g, inner, now)
+        elif isinstance(inner, FetchRequest) and self._parks(g, inner):
+            g.parked[src] = (inner, now, r.leo, r.hw)
+        elif isinstance(inner, Message):
+            if isinstance(inner, FetchResponse | EpochEndResponse) and src == r.leader:
+                g.awaiting_since = None
+                g.fetch_now = True
+            self._run(g, r.handle(inner, now))
+            if g.fetch_now:
+                self._poll(g, now)
+        self._release(g, now)
+
+    def _parks(self, g: _Group, request: FetchRequest) -> bool:
+        r = g.replica
+        return (r.role == "leader" and request.epoch == r.epoch and request.fetch_offset == r.leo
+                and r.follower_leo.get(request.src) == request.fetch_offset and g.hw_sent.get(request.src) == r.hw)
+
+    def _serve_observer(self, g: _Group, request: FetchRequest, now: int) -> None:
+        """A node that is not a replica reads the committed log; it never joins the ISR."""
+        r = g.replica
+        if r.role != "leader" or request.epoch != r.epoch:
+            return
+        if request.fetch_offset >= r.hw and g.hw_sent.get(request.src) == r.hw and request.fetch_offset <= r.leo:
+            g.parked[request.src] = (request, now, r.leo, r.hw)
+            return
+        out_of_range = request.fetch_offset > r.leo
+        end = min(r.hw, request.fetch_offset + r.settings.fetch_max_records)
+        records = () if out_of_range else tuple(r.log[request.fetch_offset:end])
+        g.hw_sent[request.src] = r.hw
+        self._send(g, request.src, FetchResponse(self.name, r.epoch, records, r.hw, out_of_range, r.leo))
+
+    def _release(self, g: _Group, now: int, expired_only: bool = False) -> None:
+        r = g.replica
+        for src, (request, since, leo, hw) in list(g.parked.items()):
+            moved = r.role != "leader" or request.epoch != r.epoch or r.leo != leo or r.hw != hw
+            if (moved and not expired_only) or now - since >= FETCH_MAX_WAIT_MS:
+                del g.parked[src]
+                if request.src not in g.replicas:
+                    g.hw_sent.pop(request.src, None)
+                    self._serve_observer(g, request, now)
+                else:
+                    self._run(g, r.handle(request, now))
+
+    def _poll(self, g: _Group, now: int) -> None:
+        g.fetch_now = False
+        effects = g.replica.poll()
+        if effects:
+            g.awaiting_since = now
+            self._run(g, effects)
+
+    def _tick(self, now: int) -> None:
+        for g in list(self.groups.values()):
+            self._run(g, g.replica.tick(now))
+            self._release(g, now)
+            if g.replica.role == "follower" and (
+                    g.awaiting_since is None or now - g.awaiting_since >= FETCH_TIMEOUT_MS):
+                self._poll(g, now)
+
+    # --- status -----------------------------------------------------------------------------------------------
+
+    def status(self, group: GroupId) -> dict[str, Any] | None:
+        """Leader, epoch, ISR, HW and the LEOs this node knows (a leader knows every replica's)."""
+        g = self.groups.get(group)
+        if g is None:
+            return None
+        r = g.replica
+        record = g.record
+        leo = {self.name: r.leo}
+        if r.role == "leader":
+            leo.update({n: v for n, v in r.follower_leo.items() if n in g.replicas})
+        return {"leader": g.leader or None, "epoch": record.epoch if record is not None else r.epoch,
+                "replicas": list(g.replicas), "isr": list(record.isr) if record is not None else [],
+                "hw": r.hw, "leo": leo, "role": r.role,
+                "min_insync": record.min_insync if record is not None else r.settings.min_insync,
+                "promote_on_failure": record.promote_on_failure if record is not None else "when-synced",
+                "truncation": r.settings.truncation, "unclean_elections": record.unclean_elections if record else 0}
