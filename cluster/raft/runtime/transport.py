@@ -1,4 +1,4 @@
-"""Node-to-node transport over trio TCP: one connection per pair of nodes, every frame HMAC-authenticated, bounded.
+"""Node-to-node transport over trio TCP: one connection per pair of nodes, every frame encrypted and authenticated.
 
 One TCP connection per pair of nodes carries every group's traffic in both directions. Only the node with the
 smaller id dials (`dials(peer)`); the other side only accepts. The handshake is the shared one of
