@@ -21,7 +21,8 @@ server certificate per node, client certificates for guest and `client`; reused 
 amqps listener (`ssl_port`, AMQP + TLS_PORT_OFFSET) and one with the PROXY protocol for HAProxy
 (`ssl_proxy_protocol_port`, AMQP + TLS_PROXY_PORT_OFFSET), both asking for a client certificate (verify_peer, not
 required) and offering EXTERNAL by common name; HAProxy gets a TCP passthrough frontend on --tls-port (default
-HAProxy's port - 1: 5671 beside 5672), so TLS ends at the node and client certificates reach it.
+HAProxy's port - 1: 5671 beside 5672), so TLS ends at the node and client certificates reach it. Each node also
+serves its management API over HTTPS (`management_ssl_port`, AMQP + MANAGEMENT_TLS_PORT_OFFSET) with its certificate.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ SECRET_BYTES = 32
 TLS_DIR_NAME = "tls"
 TLS_PORT_OFFSET = 12_000  # a node's amqps listener (set explicitly: a node does not derive it)
 TLS_PROXY_PORT_OFFSET = 13_000  # its amqps listener with the PROXY protocol, HAProxy's target
+MANAGEMENT_TLS_PORT_OFFSET = 14_000  # its management API over HTTPS (management_ssl_port)
 PROMETHEUS_PORT_OFFSET = 10_020  # node i on 5672+i serves /metrics on 15692+i, as RabbitMQ's make start-cluster
 TLS_CLIENTS = ("guest", "client")  # client certificates written for a --tls cluster (CN = the name)
 
@@ -205,6 +207,7 @@ class NodePlan:
     tls_port: int = 0  # --tls: the node's amqps listener (ssl_port); 0 = none
     tls_proxy_port: int = 0  # --tls: its amqps listener with the PROXY protocol (ssl_proxy_protocol_port)
     prometheus_port: int = 0  # its /metrics listener (prometheus_port); 0 = not written (the node's own setting)
+    management_tls_port: int = 0  # --tls: its management API over HTTPS (management_ssl_port); 0 = none
 
     @property
     def derived(self) -> bool:
@@ -240,12 +243,16 @@ def offset_port(amqp_port: int, offset: int) -> int:
 
 def tls_settings(node: NodePlan, tls_dir: Path) -> list[str]:
     """A --tls node's amqps settings (TOML lines): its certificate from `tls_dir`, client certificates asked for
-    and checked against the cluster's CA, EXTERNAL by common name."""
+    and checked against the cluster's CA, EXTERNAL by common name; and its management API over HTTPS with the same
+    certificate."""
     return [f"ssl_port = {node.tls_port}", f"ssl_proxy_protocol_port = {node.tls_proxy_port}",
             f"ssl_certfile = {json.dumps(str(tls_dir / f'{node.name}.pem'))}",
             f"ssl_keyfile = {json.dumps(str(tls_dir / f'{node.name}.key'))}",
             f"ssl_cacertfile = {json.dumps(str(tls_dir / 'ca.pem'))}",
-            'ssl_verify = "verify_peer"', "ssl_cert_login = true", 'ssl_cert_login_from = "common_name"']
+            'ssl_verify = "verify_peer"', "ssl_cert_login = true", 'ssl_cert_login_from = "common_name"',
+            f"management_ssl_port = {node.management_tls_port}",
+            f"management_ssl_certfile = {json.dumps(str(tls_dir / f'{node.name}.pem'))}",
+            f"management_ssl_keyfile = {json.dumps(str(tls_dir / f'{node.name}.key'))}"]
 
 
 def ensure_test_pki(data_dir: Path, plan: list[NodePlan]) -> Path:
@@ -315,7 +322,8 @@ def plan_nodes(count: int, base_port: int, distinct_addresses: bool, node_port: 
         ports = plan_ports(port)
         tls_ports = (offset_port(port, TLS_PORT_OFFSET), offset_port(port, TLS_PROXY_PORT_OFFSET)) if tls else (0, 0)
         plan.append(NodePlan(f"rmq{i}", host, port, ports["management"], ports["raft"], ports["metadata"],
-                             proxy_port(port), *tls_ports, prometheus_port=offset_port(port, PROMETHEUS_PORT_OFFSET)))
+                             proxy_port(port), *tls_ports, prometheus_port=offset_port(port, PROMETHEUS_PORT_OFFSET),
+                             management_tls_port=offset_port(port, MANAGEMENT_TLS_PORT_OFFSET) if tls else 0))
     return plan
 
 

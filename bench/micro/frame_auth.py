@@ -1,9 +1,9 @@
-"""CPU cost of authenticating queue Raft frames (cluster/raft/runtime/frame_auth.py) against plain length framing.
+"""CPU cost of sealing node-to-node frames (cluster/authlink/frames.py) against plain length framing.
 
     .venv/bin/python -m bench.micro.frame_auth [--rounds 5] [--seconds 0.5]
 
 For each payload size: microseconds per frame to frame it plainly (4-byte length + payload, what the transport did
-before frames were authenticated) and to seal it and open it again (sequence number + HMAC-SHA256 both ways: what
+before frames were authenticated) and to seal it and open it again (sequence number + AES-256-GCM both ways: what
 one frame now costs its sender plus its receiver). Best of `--rounds`; prints one JSON line per size.
 """
 
@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import Callable
 
-from cluster.raft.runtime.frame_auth import FrameOpener, FrameSealer, session_keys
+from cluster.authlink.frames import FrameOpener, FrameSealer, session_keys
 
 SIZES = (64, 512, 4096, 65536, 1 << 20)
 

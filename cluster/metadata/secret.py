@@ -12,10 +12,17 @@ How it works:
   encrypted key (we only check that it authenticates; we never unpickle it); a peer with another secret cannot
   decrypt our frame and closes the connection, or answers with a frame we cannot authenticate. Either is a
   mismatch. A peer that is down is "unreachable" and says nothing about the secret.
+- `AuditedEncryptor` is the Fernet encryptor pysyncobj's connections use (store.py hands it to them): the same
+  key, but every received frame that does not authenticate (forged, altered, or sealed with another secret) is
+  counted (`rejected`) and logged before pysyncobj drops it and closes the connection, which pysyncobj itself does
+  silently. What it cannot see: a frame that authenticates but carries another connection's random key (pysyncobj
+  drops that one silently too), and a frame replayed on the same connection within the same second (pysyncobj
+  accepts it; Raft's messages tolerate duplicates; docs/configuration.md, "Cluster secret").
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import struct
@@ -23,10 +30,11 @@ import time
 import zlib
 from enum import Enum
 
-from cryptography.fernet import InvalidToken
+from cryptography.fernet import Fernet, InvalidToken
 from pysyncobj.encryptor import getEncryptor
 from pysyncobj.pickle import dumps as _pysyncobj_dumps
 
+log = logging.getLogger(__name__)
 SECRET_MIN_BYTES = 16
 FRAME_MAX_BYTES = 1 << 16  # the peer's first frame is a 32-byte key; anything bigger is not a pysyncobj peer
 
@@ -110,3 +118,36 @@ def check_peers(peers: list[str], secret: bytes, timeout_s: float = 3.0) -> dict
             f"cluster secret mismatch: peer(s) {', '.join(refused)} refused this node's cluster secret; "
             "not starting the metadata store (check RAFTMQ cluster secret on every node)")
     return results
+
+
+class AuditedEncryptor:
+    """pysyncobj's Fernet encryptor for `secret`, counting and logging every received frame that does not
+    authenticate. Called from pysyncobj's tick thread; `rejected` is read by others (an int: no lock needed)."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._fernet: Fernet = getEncryptor(secret)
+        self.rejected = 0
+
+    def encrypt_at_time(self, data: bytes, current_time: int) -> bytes:
+        return self._fernet.encrypt_at_time(data, current_time)
+
+    def extract_timestamp(self, token: bytes) -> int:
+        """Checks the frame's tag too (Fernet verifies the HMAC before it returns the timestamp)."""
+        try:
+            return self._fernet.extract_timestamp(token)
+        except InvalidToken:
+            self._reject(token)
+            raise
+
+    def decrypt(self, token: bytes, ttl: int | None = None) -> bytes:
+        try:
+            return self._fernet.decrypt(token, ttl)
+        except InvalidToken:
+            self._reject(token)
+            raise
+
+    def _reject(self, token: bytes) -> None:
+        self.rejected += 1
+        log.warning("metadata: a frame of %d bytes from a peer does not authenticate (forged, altered, or another "
+                    "cluster secret): dropped, and pysyncobj closes the connection (%d so far)", len(token),
+                    self.rejected)

@@ -23,7 +23,8 @@ How it works:
   returns the first outcome.
 - Start: the secret is checked (length), the peers are probed with it (`secret.check_peers`: a peer with another
   secret is a clear `ClusterSecretError` and nothing is started), pysyncobj starts with `password` = secret, bound
-  to this node's cluster address only, with the durable journal and fsynced compaction snapshots (`durable`).
+  to this node's cluster address only (its connections use `secret.AuditedEncryptor`, which counts and logs
+  frames that do not authenticate), with the durable journal and fsynced compaction snapshots (`durable`).
   Then the store waits for a leader and applies `AddNode(name, address, version)`: a refusal (another protocol version) stops the store and
   raises `IncompatibleVersionError`.
 - Membership (online join/leave/forget): `StoreMembership` (`store_membership.py`), the base class; pysyncobj
@@ -57,7 +58,13 @@ from cluster.metadata.errors import (
     MetadataTimeout,
 )
 from cluster.metadata.model import AddNode, Command, MetadataState, Outcome
-from cluster.metadata.secret import ClusterSecretError, check_bind_address, check_peers, secret_bytes
+from cluster.metadata.secret import (
+    AuditedEncryptor,
+    ClusterSecretError,
+    check_bind_address,
+    check_peers,
+    secret_bytes,
+)
 from cluster.metadata.store_membership import ATTEMPT_TIMED_OUT, ATTEMPT_TIMEOUT_S, StoreMembership, _deliver
 
 RETRYABLE = frozenset({FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.DISCARDED,
@@ -188,6 +195,22 @@ def _syncobj_conf(config: StoreConfig, secret: bytes, replica: _Replica,
     )
 
 
+class _AuditedSyncObj(SyncObj):  # type: ignore[misc]  # (pysyncobj has no type hints)
+    """A SyncObj whose connections use an `AuditedEncryptor`: pysyncobj reads `encryptor` for every connection it
+    opens or accepts (set before SyncObj starts, so no connection ever gets another)."""
+
+    def __init__(self, *args: Any, audited: AuditedEncryptor, **kwargs: Any) -> None:
+        self._audited = audited
+        super().__init__(*args, **kwargs)
+
+    @property
+    def encryptor(self) -> AuditedEncryptor:
+        return self._audited
+
+    def _getEncryptor(self) -> AuditedEncryptor:
+        return self._audited
+
+
 class _SyncObjOwner:
     """A daemon thread that creates the `SyncObj` and then waits until released: pysyncobj's tick thread runs
     exactly as long as the thread that created the `SyncObj`, so this one lives as long as the store."""
@@ -238,6 +261,7 @@ class MetadataStore(StoreMembership):
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
         self._secret = secret_bytes(config.secret)
+        self.audit = AuditedEncryptor(self._secret)  # `audit.rejected`: frames from peers that did not authenticate
         check_bind_address(config.address)
         self._token = trio.lowlevel.current_trio_token()
         self._replica: _Replica = _Replica()
@@ -275,7 +299,8 @@ class MetadataStore(StoreMembership):
             raise
 
     def _create_syncobj(self, partners: tuple[str, ...], conf: SyncObjConf) -> SyncObj:
-        syncobj = SyncObj(self.config.address, list(partners), conf, consumers=[self._replica])
+        syncobj = _AuditedSyncObj(self.config.address, list(partners), conf, consumers=[self._replica],
+                                  audited=self.audit)
         transport = syncobj._SyncObj__transport  # pysyncobj has no public hook for utility messages
         transport.setOnUtilityMessageCallback(mb.JOIN_COMMAND, self._on_join_request)
         return syncobj

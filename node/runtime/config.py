@@ -91,6 +91,13 @@ class NodeConfig:
     metadata_port: int = 0
     management_port: int = 0
     prometheus_port: int = 15692
+    management_ssl_port: int = 0
+    management_ssl_certfile: str = ""
+    management_ssl_keyfile: str = ""
+    management_ssl_cacertfile: str = ""
+    management_ssl_verify: str = "verify_none"
+    management_ssl_fail_if_no_peer_cert: bool = False
+    prometheus_ssl_port: int = 0
     node_down_after_ms: int = 5_000
     proposal_timeout_ms: int = 10_000
     member_replace_after_ms: int = 0
@@ -201,6 +208,21 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("metadata_port", "int", "Metadata Raft port, the same on every node. 0 = each node's AMQP port + 21000."),
     Setting("management_port", "int", "Management HTTP port. 0 = AMQP port + 10000."),
     Setting("prometheus_port", "int", "Prometheus metrics port (GET /metrics, RabbitMQ's 15692). 0 = off."),
+    Setting("management_ssl_port", "int",
+            "Management API over HTTPS on this port, as RabbitMQ's management.ssl.port (usually 15671; 0 = none). "
+            "Served besides the HTTP port. Needs management_ssl_certfile and management_ssl_keyfile."),
+    Setting("management_ssl_certfile", "str", "HTTPS management (and Prometheus): the certificate (PEM; may hold the "
+            "chain), as management.ssl.certfile."),
+    Setting("management_ssl_keyfile", "str", "HTTPS management: the private key (PEM, unencrypted), as "
+            "management.ssl.keyfile."),
+    Setting("management_ssl_cacertfile", "str", "HTTPS management: CA certificates (PEM) client certificates are "
+            "checked against, as management.ssl.cacertfile."),
+    Setting("management_ssl_verify", "str", "HTTPS management: verify_none | verify_peer (ask for a client "
+            "certificate), as management.ssl.verify."),
+    Setting("management_ssl_fail_if_no_peer_cert", "bool", "HTTPS management with verify_peer: refuse a client "
+            "without a certificate, as management.ssl.fail_if_no_peer_cert."),
+    Setting("prometheus_ssl_port", "int", "Prometheus metrics over HTTPS on this port, with the management_ssl_* "
+            "certificate settings, as prometheus.ssl.port (usually 15691; 0 = none)."),
     Setting("node_down_after_ms", "int", "Cluster mode: a peer unreachable this long is reported down."),
     Setting("proposal_timeout_ms", "int", "Cluster mode: a queue command not applied within this is given up (publish nacked)."),
     Setting("member_replace_after_ms", "int",
@@ -376,6 +398,17 @@ def validate(config: NodeConfig) -> NodeConfig:
         (0 <= config.metadata_port <= 65535, "metadata_port must be 0..65535"),
         (0 <= config.management_port <= 65535, "management_port must be 0..65535"),
         (0 <= config.prometheus_port <= 65535, "prometheus_port must be 0..65535"),
+        (0 <= config.management_ssl_port <= 65535, "management_ssl_port must be 0..65535"),
+        (0 <= config.prometheus_ssl_port <= 65535, "prometheus_ssl_port must be 0..65535"),
+        (not (config.management_ssl_port or config.prometheus_ssl_port)
+         or bool(config.management_ssl_certfile and config.management_ssl_keyfile),
+         "management_ssl_port and prometheus_ssl_port need management_ssl_certfile and management_ssl_keyfile"),
+        (config.management_ssl_verify in ("verify_none", "verify_peer"),
+         "management_ssl_verify must be verify_none|verify_peer"),
+        (config.management_ssl_verify == "verify_none" or bool(config.management_ssl_cacertfile),
+         "management_ssl_verify = verify_peer needs management_ssl_cacertfile"),
+        (not config.management_ssl_fail_if_no_peer_cert or config.management_ssl_verify == "verify_peer",
+         "management_ssl_fail_if_no_peer_cert needs management_ssl_verify = verify_peer"),
         (config.node_down_after_ms > 0, "node_down_after_ms must be > 0"),
         (config.proposal_timeout_ms > 0, "proposal_timeout_ms must be > 0"),
         (config.member_replace_after_ms >= 0, "member_replace_after_ms must be >= 0"),

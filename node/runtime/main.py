@@ -132,6 +132,25 @@ async def _start_management(nursery: Any, view: Any, config: NodeConfig, port: i
                                         metrics_only=True))
         except OSError as exc:
             log.error("Prometheus metrics not served: cannot listen on port %d: %s", config.prometheus_port, exc)
+    await _start_https(nursery, view, config)
+
+
+async def _start_https(nursery: Any, view: Any, config: NodeConfig) -> None:
+    """Management and Prometheus over HTTPS (`management_ssl_port`, `prometheus_ssl_port`; node/runtime/tls.py)."""
+    from node.runtime.management import serve_management
+    from node.runtime.tls import management_context
+
+    for port, metrics_only, what in ((config.management_ssl_port, False, "management API (HTTPS)"),
+                                     (config.prometheus_ssl_port, True, "Prometheus metrics (HTTPS)")):
+        if not port:
+            continue
+        try:
+            bound = await nursery.start(partial(serve_management, view, config.listen_address, port,
+                                                metrics_only=metrics_only, ssl_context=management_context(config)))
+        except OSError as exc:
+            log.error("%s not served: cannot listen on port %d: %s", what, port, exc)
+        else:
+            print(f"raftmq node {config.node_name} {what} on port {bound}", file=sys.stderr, flush=True)
 
 
 async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port: int, ownership: Any) -> None:
@@ -233,6 +252,10 @@ def main(argv: list[str]) -> int:
             from node.runtime.tls import server_context
 
             server_context(config)
+        if config.management_ssl_port or config.prometheus_ssl_port:
+            from node.runtime.tls import management_context
+
+            management_context(config)
     except ConfigError as exc:
         print(f"raftmq node: configuration error: {exc}", file=sys.stderr)
         return 2

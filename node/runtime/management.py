@@ -8,7 +8,9 @@ requests with 400; our checks add 405/411/413/431/505) and reads one request, he
 at once. Connections are keep-alive (as h11 decides from the request) for up to `requests_per_connection_max`
 requests; at most `connections_max` are served at once (the rest get 503 and are closed). A command that does not
 finish within `command_timeout_s` is answered 503 with "outcome unknown" (the change may still happen). Everything
-runs on the trio thread of the node, so views read the broker without locks. `GET /metrics[/per-object]`
+runs on the trio thread of the node, so views read the broker without locks. With an `ssl_context` (the
+`management_ssl_*` settings, node/runtime/tls.py) the listener speaks HTTPS: each connection first completes a TLS
+handshake within `request_timeout_s`; everything after it is the same. `GET /metrics[/per-object]`
 (metrics.py) needs no login, as RabbitMQ's Prometheus endpoint; the Prometheus listener (`metrics_only`) serves
 only those paths.
 
@@ -19,6 +21,7 @@ Usage by the runtime: `await nursery.start(serve_management, view, host, port)` 
 from __future__ import annotations
 
 import logging
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +52,7 @@ from node.runtime.management_http import (
 )
 from node.runtime.management_objects import handle_object_request
 from node.runtime.management_view import BrokerView
+from node.runtime.tls import tls_handshake
 
 __all__ = ["CLUSTER_COMMANDS", "NOT_IN_CLUSTER", "BrokerView", "CommandError", "ManagementLimits", "ManagementView",
            "jsonable", "serve_management"]
@@ -68,25 +72,37 @@ class ManagementLimits:
 
 
 class _Server:
-    def __init__(self, view: ManagementView, limits: ManagementLimits, metrics_only: bool = False) -> None:
+    def __init__(self, view: ManagementView, limits: ManagementLimits, metrics_only: bool = False,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.view = view
         self.limits = limits
         self.metrics_only = metrics_only  # the Prometheus listener: /metrics paths only
+        self.ssl_context = ssl_context  # HTTPS: each connection starts with a TLS handshake
         self.active = 0
 
-    async def handle(self, stream: trio.SocketStream) -> None:
+    async def handle(self, socket_stream: trio.SocketStream) -> None:
         if self.active >= self.limits.connections_max:
-            await self._send_error(_Client(stream), 503, "unavailable", "too many connections")
-            await trio.aclose_forcefully(stream)
+            if self.ssl_context is None:  # (over TLS there is nobody to answer before a handshake)
+                await self._send_error(_Client(socket_stream), 503, "unavailable", "too many connections")
+            await trio.aclose_forcefully(socket_stream)
             return
         self.active += 1
         try:
-            await self._serve(_Client(stream), _peer_is_loopback(stream))
+            loopback = _peer_is_loopback(socket_stream)
+            stream: trio.abc.Stream = socket_stream
+            if self.ssl_context is not None:  # the handshake counts against the request time limit
+                timeout_ms = int(self.limits.request_timeout_s * 1000)
+                tls, why = await tls_handshake(socket_stream, self.ssl_context, timeout_ms, https_compatible=True)
+                if tls is None:
+                    log.debug("management: %s", why)
+                    return
+                stream = tls
+            await self._serve(_Client(stream), loopback)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
             self.active -= 1
-            await trio.aclose_forcefully(stream)
+            await trio.aclose_forcefully(socket_stream)
 
     async def _serve(self, client: _Client, loopback: bool) -> None:
         for served in range(1, self.limits.requests_per_connection_max + 1):
@@ -147,7 +163,7 @@ class _Server:
 class _Client:
     """One client connection: its stream and its h11 state; `partial` while a request has begun arriving."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
         self.conn = new_connection()
         self.partial = False
@@ -163,7 +179,7 @@ class _Client:
             except h11.RemoteProtocolError as exc:
                 raise HttpError(exc.error_status_hint, str(exc)) from None
             if event is h11.NEED_DATA:
-                chunk = await self.stream.receive_some(RECEIVE_BYTES)
+                chunk = bytes(await self.stream.receive_some(RECEIVE_BYTES))
                 if head is None:
                     check_head(bytes(self.conn.trailing_data[0]) + chunk)
                 if chunk:
@@ -197,19 +213,22 @@ def _peer_is_loopback(stream: trio.SocketStream) -> bool:
 
 async def serve_management(view: ManagementView, host: str, port: int, *,
                            limits: ManagementLimits | None = None, metrics_only: bool = False,
+                           ssl_context: ssl.SSLContext | None = None,
                            task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Serve the management API on host:port until cancelled; `task_status.started(bound_port)`. With
     `metrics_only`, only the Prometheus paths (/metrics, /metrics/per-object) are served: the Prometheus listener.
+    With `ssl_context`, over HTTPS (each connection's TLS handshake must finish within the request timeout).
 
     host "" listens on every interface (IPv4 and IPv6, as the AMQP listener does); port 0 picks a free port, in
     which case an empty host binds IPv4 only, so there is one port to report."""
-    server = _Server(view, limits or ManagementLimits(), metrics_only)
+    server = _Server(view, limits or ManagementLimits(), metrics_only, ssl_context)
     bind_host: str | None = host or None
     if port == 0 and bind_host is None:
         bind_host = "0.0.0.0"
     listeners = await trio.open_tcp_listeners(port, host=bind_host)
     bound_port = int(listeners[0].socket.getsockname()[1])
-    log.info("management API listening on %s:%d", host or "*", bound_port)
+    log.info("%s listening on %s:%d", ("Prometheus" if metrics_only else "management API")
+             + (" (HTTPS)" if ssl_context else ""), host or "*", bound_port)
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, server.handle, listeners)
         task_status.started(bound_port)

@@ -1,4 +1,5 @@
-"""TLS for the amqps listener: the server's `ssl.SSLContext` built from the `ssl_*` settings, and the login name a
+"""TLS for the amqps listener and the HTTPS management listener: the server's `ssl.SSLContext` built from the
+`ssl_*` settings (amqps) or the `management_ssl_*` ones (management and Prometheus over HTTPS), and the login name a
 verified client certificate gives (for the EXTERNAL SASL mechanism).
 
 The context follows RabbitMQ's `ssl_options`: `ssl_certfile`/`ssl_keyfile` are the node's certificate chain and
@@ -31,19 +32,33 @@ LOGIN_FROM = ("distinguished_name", "common_name")
 
 def server_context(config: NodeConfig) -> ssl.SSLContext:
     """The server-side context of the amqps listener; ConfigError when a file cannot be used."""
+    return _context("ssl_", config.ssl_certfile, config.ssl_keyfile, config.ssl_cacertfile, config.ssl_verify,
+                    config.ssl_fail_if_no_peer_cert)
+
+
+def management_context(config: NodeConfig) -> ssl.SSLContext:
+    """The server-side context of the HTTPS management (and Prometheus) listeners, from the `management_ssl_*`
+    settings (RabbitMQ's management.ssl.*); ConfigError when a file cannot be used."""
+    return _context("management_ssl_", config.management_ssl_certfile, config.management_ssl_keyfile,
+                    config.management_ssl_cacertfile, config.management_ssl_verify,
+                    config.management_ssl_fail_if_no_peer_cert)
+
+
+def _context(prefix: str, certfile: str, keyfile: str, cacertfile: str, verify: str,
+             fail_if_no_peer_cert: bool) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
-        context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile or None)
+        context.load_cert_chain(certfile, keyfile or None)
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"ssl_certfile/ssl_keyfile: cannot load {config.ssl_certfile!r}: {exc}") from None
-    if config.ssl_cacertfile:
+        raise ConfigError(f"{prefix}certfile/{prefix}keyfile: cannot load {certfile!r}: {exc}") from None
+    if cacertfile:
         try:
-            context.load_verify_locations(cafile=config.ssl_cacertfile)
+            context.load_verify_locations(cafile=cacertfile)
         except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"ssl_cacertfile: cannot load {config.ssl_cacertfile!r}: {exc}") from None
-    if config.ssl_verify == "verify_peer":
-        context.verify_mode = ssl.CERT_REQUIRED if config.ssl_fail_if_no_peer_cert else ssl.CERT_OPTIONAL
+            raise ConfigError(f"{prefix}cacertfile: cannot load {cacertfile!r}: {exc}") from None
+    if verify == "verify_peer":
+        context.verify_mode = ssl.CERT_REQUIRED if fail_if_no_peer_cert else ssl.CERT_OPTIONAL
     else:
         context.verify_mode = ssl.CERT_NONE
     return context
@@ -64,10 +79,11 @@ def certificate_login(der: bytes | None, login_from: str) -> str | None:
     return subject.rfc4514_string()
 
 
-async def tls_handshake(stream: trio.abc.Stream, context: ssl.SSLContext,
-                        timeout_ms: int) -> tuple[trio.SSLStream[trio.abc.Stream] | None, str]:
-    """(the TLS stream, "") once the server-side handshake completed within `timeout_ms`, else (None, why)."""
-    ssl_stream = trio.SSLStream(stream, context, server_side=True)
+async def tls_handshake(stream: trio.abc.Stream, context: ssl.SSLContext, timeout_ms: int, *,
+                        https_compatible: bool = False) -> tuple[trio.SSLStream[trio.abc.Stream] | None, str]:
+    """(the TLS stream, "") once the server-side handshake completed within `timeout_ms`, else (None, why).
+    `https_compatible`: an end of stream without TLS close_notify is a clean end, as HTTPS clients do it."""
+    ssl_stream = trio.SSLStream(stream, context, server_side=True, https_compatible=https_compatible)
     with trio.move_on_after(timeout_ms / 1000):
         try:
             await ssl_stream.do_handshake()

@@ -6,12 +6,14 @@ confirms to a quorum queue and consume; pika logs in with EXTERNAL (the generate
 common name) through HAProxy, which shows the client certificate reached the node; a plain AMQP client on the amqps
 frontend gets nowhere while a TLS connection carries on. HAProxy binds every interface here: from the host's
 non-loopback address the loopback-only guest is refused over amqps (403), as the PROXY header names that address
-to the node. Real processes; no timing asserted.
+to the node. Debian's `rabbitmqadmin --ssl` declares a queue through one node's HTTPS management listener and
+reads it from another's. Real processes; no timing asserted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import shutil
@@ -19,6 +21,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +61,7 @@ def _free_layout() -> tuple[int, int, int]:
         haproxy, haproxy_tls = base + NODES + 1, base + NODES + 2
         ports = [p for n in runner.plan_nodes(NODES, base, False, 5672, tls=True)
                  for p in (n.port, n.management_port, n.raft_port, n.metadata_port, n.proxy_port, n.tls_port,
-                           n.tls_proxy_port)]
+                           n.tls_proxy_port, n.management_tls_port)]
         if all(_free(p) for p in [*ports, haproxy, haproxy_tls]):
             return base, haproxy, haproxy_tls
     raise RuntimeError("no free port layout")
@@ -69,6 +72,10 @@ class TlsCluster:
     data_dir: Path
     haproxy_port: int
     tls_port: int
+    base_port: int = 0
+
+    def management_tls_ports(self) -> list[int]:
+        return [n.management_tls_port for n in runner.plan_nodes(NODES, self.base_port, False, 5672, tls=True)]
 
     @property
     def tls_dir(self) -> Path:
@@ -92,7 +99,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster]:
     try:
         assert result.returncode == 0, result.stdout + result.stderr
         assert f"amqps://guest:guest@127.0.0.1:{tls_port}/" in result.stdout
-        yield TlsCluster(data_dir, haproxy_port, tls_port)
+        yield TlsCluster(data_dir, haproxy_port, tls_port, base)
     finally:
         subprocess.run([*CLUSTER_CLI, "down", "--data-dir", str(data_dir)], capture_output=True, timeout=120)
 
@@ -224,3 +231,22 @@ def test_guest_over_amqps_from_a_non_loopback_address_is_refused(cluster: TlsClu
             address, cluster.tls_port, credentials=pika.credentials.ExternalCredentials(),
             ssl_options=pika.SSLOptions(cluster.context("guest"), "localhost"), connection_attempts=1,
             socket_timeout=10))
+
+
+@pytest.mark.skipif(shutil.which("rabbitmqadmin") is None, reason="rabbitmqadmin is not installed")
+def test_rabbitmqadmin_over_https_on_one_node_sees_what_another_declared(cluster: TlsCluster) -> None:
+    first, *_, last = cluster.management_tls_ports()
+
+    def admin(port: int, *args: str) -> str:
+        done = subprocess.run(["rabbitmqadmin", "-H", "127.0.0.1", "-P", str(port), "-u", "guest", "-p", "guest",
+                               "--ssl", "--ssl-ca-cert-file", str(cluster.tls_dir / "ca.pem"), "-f", "raw_json",
+                               *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"rabbitmqadmin --ssl {' '.join(args)}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+    admin(first, "declare", "queue", "name=tls-cluster-admin", "durable=true", 'arguments={"x-queue-type": "quorum"}')
+    deadline = time.monotonic() + 30
+    while "tls-cluster-admin" not in [q["name"] for q in json.loads(admin(last, "list", "queues"))]:
+        assert time.monotonic() < deadline, "the queue never showed on the last node"
+        time.sleep(0.2)
+    admin(last, "delete", "queue", "name=tls-cluster-admin")

@@ -1,8 +1,9 @@
 """A flood of silent and half-open connections does not stop a node serving others, and the handshake timeout
-closes them (`handshake_timeout_ms`, RabbitMQ's `handshake_timeout`: 10 s, the default, here too).
+closes them (`handshake_timeout_ms`, RabbitMQ's `handshake_timeout`; 5 s here, half the default, so the test
+takes less time).
 
-The test holds FLOOD sockets open to a real `raftmq node` (5,000; RAFTMQ_TEST_FLOOD=10000 for more, which takes
-longer than the 30 s this test may use on a loaded 2-core machine): a third send nothing, a third half a protocol
+The test holds FLOOD sockets open to a real `raftmq node` (10,000, as issue 20 asks; RAFTMQ_TEST_FLOOD=N for
+another number; the test raises its own and the node's RLIMIT_NOFILE to fit): a third send nothing, a third half a protocol
 header ("AMQP"), a third the whole header and then nothing (the node has sent connection.start and waits for
 start-ok). While they are all open, a pika connection opened before the flood publishes with confirms and gets its
 message back, and a new pika client connects, declares a queue, publishes with confirms and consumes (it waits its
@@ -30,8 +31,8 @@ import pytest
 
 from tests.integration.nodeproc import TEST_CONFIG_TOML, NodeProcess, external_target
 
-FLOOD = int(os.environ.get("RAFTMQ_TEST_FLOOD", "5000"))
-HANDSHAKE_TIMEOUT_MS = 10_000
+FLOOD = int(os.environ.get("RAFTMQ_TEST_FLOOD", "10000"))
+HANDSHAKE_TIMEOUT_MS = 5_000
 FD_SPARE = 500  # descriptors the test process and the node need besides the flood
 CLOSE_WAIT_S = 60.0  # generous: when every flood socket must have been closed by the node
 

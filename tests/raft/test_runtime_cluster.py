@@ -9,12 +9,13 @@ import socket
 import cbor2
 import trio
 
+from cluster.authlink.handshake import CHALLENGE_BYTES, RAFT_LINK, FrameReader, frame
 from cluster.raft.core.multiraft import MultiRaftConfig, NodeBatch
 from cluster.raft.core.raft import RaftConfig
 from cluster.raft.core.types import Entry, GroupId, Membership, NodeId
 from cluster.raft.runtime.codec import decode_batch, encode_batch
 from cluster.raft.runtime.node import RaftNodeRuntime
-from cluster.raft.runtime.transport import CHALLENGE_BYTES, FrameReader, Transport, _proof, frame
+from cluster.raft.runtime.transport import Transport
 
 NODES = [NodeId("n1"), NodeId("n2"), NodeId("n3")]
 GROUPS = [GroupId(f"%2F/q{i}") for i in range(3)]
@@ -161,7 +162,7 @@ async def test_a_new_connection_from_the_same_peer_replaces_the_old_one() -> Non
             reader = FrameReader(stream)
             challenge = await reader.read()
             assert challenge is not None
-            await stream.send_all(frame(cbor2.dumps([NODES[0], _proof(b"k", b"dial", challenge, NODES[0]),
+            await stream.send_all(frame(cbor2.dumps([NODES[0], RAFT_LINK.proof(b"k", b"dial", challenge, NODES[0]),
                                                      b"c" * CHALLENGE_BYTES])))
             assert await reader.read() is not None  # b's proof: accepted
             while b.stats.connections_replaced < 2:

@@ -9,6 +9,8 @@ import cbor2
 import pytest
 import trio
 
+from cluster.authlink.frames import FrameSealer, session_keys
+from cluster.authlink.handshake import CHALLENGE_BYTES, RAFT_LINK, FrameReader, frame
 from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch
 from cluster.raft.core.types import (
     ConfChange,
@@ -29,9 +31,8 @@ from cluster.raft.runtime.codec import (
     encode_batch,
     encode_forward,
 )
-from cluster.raft.runtime.frame_auth import FrameSealer, session_keys
 from cluster.raft.runtime.routing import CommandRouter
-from cluster.raft.runtime.transport import CHALLENGE_BYTES, FrameReader, Transport, _proof, frame
+from cluster.raft.runtime.transport import Transport
 from tests.raft.test_runtime_cluster import _free_ports
 
 N1, N2, N3 = NodeId("n1"), NodeId("n2"), NodeId("n3")
@@ -138,7 +139,7 @@ async def test_a_transport_ignores_a_frame_kind_it_does_not_know_and_delivers_fo
             reader = FrameReader(stream)
             challenge = await reader.read()
             assert challenge is not None
-            await stream.send_all(frame(cbor2.dumps([N1, _proof(b"k", b"dial", challenge, N1),
+            await stream.send_all(frame(cbor2.dumps([N1, RAFT_LINK.proof(b"k", b"dial", challenge, N1),
                                                      b"c" * CHALLENGE_BYTES])))
             assert await reader.read() is not None
             sealer = FrameSealer(session_keys(b"k", challenge, b"c" * CHALLENGE_BYTES, N1, N2, dialer_side=True).send)

@@ -10,17 +10,18 @@ import cbor2
 import pytest
 import trio
 
-from cluster.raft.core.multiraft import NodeBatch
-from cluster.raft.core.types import NodeId
-from cluster.raft.runtime.codec import encode_batch
-from cluster.raft.runtime.frame_auth import (
+from cluster.authlink.frames import (
     FrameForged,
     FrameOpener,
     FrameReplayed,
     FrameSealer,
     session_keys,
 )
-from cluster.raft.runtime.transport import CHALLENGE_BYTES, FrameReader, Transport, _proof, frame
+from cluster.authlink.handshake import CHALLENGE_BYTES, RAFT_LINK, FrameReader, frame
+from cluster.raft.core.multiraft import NodeBatch
+from cluster.raft.core.types import NodeId
+from cluster.raft.runtime.codec import encode_batch
+from cluster.raft.runtime.transport import Transport
 from tests.raft.test_runtime_cluster import _free_ports
 
 N1, N2 = NodeId("n1"), NodeId("n2")
@@ -61,7 +62,7 @@ async def _dial_as_n1(port: int) -> tuple[trio.SocketStream, FrameReader, FrameS
     reader = FrameReader(stream)
     challenge = await reader.read()
     assert challenge is not None
-    await stream.send_all(frame(cbor2.dumps([N1, _proof(SECRET, b"dial", challenge, N1), MY_CHALLENGE])))
+    await stream.send_all(frame(cbor2.dumps([N1, RAFT_LINK.proof(SECRET, b"dial", challenge, N1), MY_CHALLENGE])))
     assert await reader.read() is not None  # n2's proof
     keys = session_keys(SECRET, challenge, MY_CHALLENGE, N1, N2, dialer_side=True)
     return stream, reader, FrameSealer(keys.send)

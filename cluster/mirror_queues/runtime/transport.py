@@ -8,51 +8,41 @@ append) or an ISR change.
 How it works: one connection per direction. `send(dst, message)` queues the message for `dst` (a bounded queue;
 when full the message is dropped: fetches are retried by the follower's poll, and a lost reply only delays it) and
 a dialer task keeps a connection to `dst` open, writing that queue; a connection accepted from a peer is only read.
-A request's reply therefore travels on the replier's own connection to the requester. The handshake is the Raft
-transport's (cluster/raft/runtime/transport.py) with this protocol's own labels, so a proof made for one protocol
-never opens the other:
-
-    listener -> dialer    challenge_l (16 random bytes)
-    dialer   -> listener  [dialer_id, hmac(secret, "mirror-dial" + challenge_l + dialer_id), challenge_d]
-    listener -> dialer    [listener_id, hmac(secret, "mirror-accept" + challenge_d + listener_id)]
-
-The listener refuses an unknown id or a wrong proof; the dialer refuses a listener that is not the peer it dialled.
-After it, frames are sealed and opened by cluster/raft/runtime/frame_auth.py (HMAC-SHA256 per frame under
-per-connection, per-direction keys, with sequence numbers): a forged, altered, replayed or undecodable frame is
-counted and closes the connection. A lost connection is redialled with backoff (50 ms doubling to 1 s).
+A request's reply therefore travels on the replier's own connection to the requester. The handshake and the frame
+sealing are the shared ones of cluster/authlink (`MIRROR_LINK`: its own label, so a proof or frame made for the
+queue Raft transport never opens here): both sides prove the cluster secret, and every frame after it is encrypted
+and authenticated (AES-256-GCM, per-connection and per-direction keys, sequence numbers). The listener refuses an
+unknown id or a wrong proof; the dialer refuses a listener that is not the peer it dialled. A forged, altered,
+replayed or undecodable frame is counted and closes the connection. A lost connection is redialled with backoff (50 ms doubling to 1 s).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-import cbor2
 import trio
 
+from cluster.authlink.frames import FrameAuthError, FrameOpener, FrameSealer
+from cluster.authlink.handshake import (
+    MIRROR_LINK,
+    FrameError,
+    FrameReader,
+    HandshakeRefused,
+    accept_link,
+    dial_link,
+)
 from cluster.mirror_queues.runtime.wire import WireError, WireMessage, decode, encode
-from cluster.raft.runtime.frame_auth import FrameAuthError, FrameOpener, FrameSealer, session_keys
-from cluster.raft.runtime.transport import FrameError, FrameReader, frame
 
 log = logging.getLogger(__name__)
 
-CHALLENGE_BYTES = 16
-HANDSHAKE_BYTES_MAX = 1024
-HANDSHAKE_TIMEOUT_S = 5.0
 FRAME_BYTES_MAX = 16 * 1024 * 1024
 QUEUE_MAX = 1024
 BACKOFF_S_MIN = 0.05
 BACKOFF_S_MAX = 1.0
 _LINK_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
-
-
-def _proof(secret: bytes, role: bytes, challenge: bytes, node_id: str) -> bytes:
-    return hmac.new(secret, b"mirror-" + role + challenge + node_id.encode(), hashlib.sha256).digest()
 
 
 @dataclass(slots=True)
@@ -119,51 +109,31 @@ class MirrorTransport:
             backoff_s = min(backoff_s * 2, BACKOFF_S_MAX)
 
     async def _dialer_handshake(self, peer: str, stream: trio.SocketStream) -> FrameSealer | None:
-        reader = FrameReader(stream)
-        mine = secrets.token_bytes(CHALLENGE_BYTES)
         try:
-            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                challenge = await reader.read(HANDSHAKE_BYTES_MAX)
-                if challenge is None or len(challenge) != CHALLENGE_BYTES:
-                    return None
-                proof = _proof(self._secret, b"dial", challenge, self.node_id)
-                await stream.send_all(frame(cbor2.dumps([self.node_id, proof, mine])))
-                reply = await reader.read(HANDSHAKE_BYTES_MAX)
-        except _LINK_ERRORS as error:
-            log.debug("handshake with %s failed: %r", peer, error)
-            return None
-        try:
-            node_id, their_proof = cbor2.loads(reply) if reply is not None else (None, b"")
-        except (cbor2.CBORDecodeError, ValueError, TypeError):
-            node_id, their_proof = None, b""
-        if node_id != peer or not isinstance(their_proof, bytes) or not hmac.compare_digest(
-                their_proof, _proof(self._secret, b"accept", mine, peer)):
+            keys = await dial_link(MIRROR_LINK, self._secret, self.node_id, peer, stream, FrameReader(stream))
+        except HandshakeRefused as refusal:
             self.stats.auth_failures += 1
+            log.info("link to %s refused: %s", peer, refusal)
             return None
-        keys = session_keys(self._secret, challenge, mine, self.node_id, peer, dialer_side=True)
-        return FrameSealer(keys.send)
+        return None if keys is None else FrameSealer(keys.send)
 
     # --- listener: reads ----------------------------------------------------------------------------------------
 
     async def _handle_inbound(self, stream: trio.SocketStream) -> None:
         async with stream:
             reader = FrameReader(stream)
-            challenge = secrets.token_bytes(CHALLENGE_BYTES)
             try:
-                with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                    await stream.send_all(frame(challenge))
-                    hello = await reader.read(HANDSHAKE_BYTES_MAX)
-                    if hello is None:
-                        return
-                    verified = self._verify_hello(hello, challenge)
-                    if verified is None:
-                        self.stats.auth_failures += 1
-                        return
-                    peer, theirs = verified
-                    await stream.send_all(frame(cbor2.dumps([self.node_id,
-                                                             _proof(self._secret, b"accept", theirs, self.node_id)])))
-                keys = session_keys(self._secret, challenge, theirs, peer, self.node_id, dialer_side=False)
-                opener = FrameOpener(keys.receive)
+                accepted = await accept_link(MIRROR_LINK, self._secret, self.node_id, stream, reader,
+                                             self.peers.__contains__)
+            except HandshakeRefused as refusal:
+                self.stats.auth_failures += 1
+                log.info("inbound link refused: %s", refusal)
+                return
+            if accepted is None:
+                return
+            peer, keys = accepted
+            opener = FrameOpener(keys.receive)
+            try:
                 while True:
                     body = await reader.read(FRAME_BYTES_MAX)
                     if body is None:
@@ -173,19 +143,6 @@ class MirrorTransport:
                     self._on_message(peer, message)
             except (FrameAuthError, FrameError, WireError) as error:
                 self.stats.frames_rejected += 1
-                log.warning("closing the link from a peer: %s", error)
+                log.warning("closing the link from %s: frame dropped: %s", peer, error)
             except _LINK_ERRORS as error:
                 log.debug("inbound link failed: %r", error)
-
-    def _verify_hello(self, hello: bytes, challenge: bytes) -> tuple[str, bytes] | None:
-        try:
-            node_id, proof, theirs = cbor2.loads(hello)
-        except (cbor2.CBORDecodeError, ValueError, TypeError):
-            return None
-        if not (isinstance(node_id, str) and isinstance(proof, bytes) and isinstance(theirs, bytes)):
-            return None
-        if node_id not in self.peers or len(theirs) != CHALLENGE_BYTES:
-            return None
-        if not hmac.compare_digest(proof, _proof(self._secret, b"dial", challenge, node_id)):
-            return None
-        return node_id, theirs

@@ -1,22 +1,15 @@
-"""Node-to-node transport over trio TCP: one connection per pair of nodes, every frame HMAC-authenticated, bounded.
+"""Node-to-node transport over trio TCP: one connection per pair of nodes, every frame encrypted and authenticated.
 
 One TCP connection per pair of nodes carries every group's traffic in both directions. Only the node with the
-smaller id dials (`dials(peer)`); the other side only accepts. Handshake (both sides prove the cluster secret, and
-the role is part of what is signed, so one side's proof cannot be reflected back as the other's):
-
-    listener -> dialer    challenge_l (16 random bytes)
-    dialer   -> listener  [dialer_id, hmac(secret, "dial" + challenge_l + dialer_id), challenge_d]
-    listener -> dialer    [listener_id, hmac(secret, "accept" + challenge_d + listener_id)]
-
-The listener refuses an unknown id, a wrong proof, or a peer that should be dialled *by* it (id not smaller); the
-dialer refuses a listener that is not the peer it dialled. Handshake frames are at most `HANDSHAKE_BYTES_MAX`, so an
-unauthenticated stranger cannot make us buffer more than that. After the handshake each side runs a reader and a
-writer on the connection. Frames: a 4-byte big-endian length, then a sequence number, the `encode_batch` bytes and
-an HMAC-SHA256 tag under a key derived from the secret and both challenges (frame_auth.py; at most
-`FRAME_BYTES_MAX`). A frame whose tag does not match (forged or altered: `frames_forged`) or whose sequence number
-is not the next (replayed or reordered: `frames_replayed`) is dropped, logged and counted, and closes the
-connection; so do a larger frame, an undecodable one, or a batch whose source is not the authenticated peer.
-Frames are authenticated, not encrypted.
+smaller id dials (`dials(peer)`); the other side only accepts. The handshake is the shared one of
+cluster/authlink/handshake.py (`RAFT_LINK`): both sides prove the cluster secret. The listener refuses an unknown
+id, a wrong proof, or a peer that should be dialled *by* it (id not smaller); the dialer refuses a listener that is
+not the peer it dialled. After the handshake each side runs a reader and a writer on the connection. Frames: a
+4-byte big-endian length, then a sequence number and the `encode_batch` bytes encrypted and authenticated with
+AES-256-GCM under per-connection, per-direction keys (cluster/authlink/frames.py; at most `FRAME_BYTES_MAX`). A
+frame whose tag does not match (forged or altered: `frames_forged`) or whose sequence number is not the next
+(replayed or reordered: `frames_replayed`) is dropped, logged and counted, and closes the connection; so do a
+larger frame, an undecodable one, or a batch whose source is not the authenticated peer.
 A connection silent for `idle_timeout_s` is closed (every node sends each peer a NodeBatch at least every
 `node_heartbeat_ticks`, so silence means a dead link), and so is one whose write does not finish in that time.
 
@@ -46,33 +39,27 @@ hearing the leader ignore), while node-down (`refusing_peers()`) waits for the s
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-import cbor2
 import trio
 
+from cluster.authlink.frames import FrameAuthError, FrameOpener, FrameReplayed, FrameSealer, SessionKeys
+from cluster.authlink.handshake import (
+    RAFT_LINK,
+    FrameError,
+    FrameReader,
+    HandshakeRefused,
+    accept_link,
+    dial_link,
+)
 from cluster.raft.core.multiraft import NodeBatch
 from cluster.raft.core.types import NodeId
 from cluster.raft.runtime.codec import CodecError, Forward, decode_frame, encode_batch, encode_forward
-from cluster.raft.runtime.frame_auth import (
-    FrameAuthError,
-    FrameOpener,
-    FrameReplayed,
-    FrameSealer,
-    SessionKeys,
-    session_keys,
-)
 
 FRAME_BYTES_MAX = 64 * 1024 * 1024
-HANDSHAKE_BYTES_MAX = 1024
-CHALLENGE_BYTES = 16
-HANDSHAKE_TIMEOUT_S = 5.0
 IDLE_TIMEOUT_S = 30.0
 BACKOFF_S_MIN = 0.05
 BACKOFF_S_MAX = 2.0
@@ -81,10 +68,6 @@ REFUSALS_MIN = 2  # consecutive refused connection attempts after a lost link th
 REFUSAL_SPAN_MS_MIN = 200  # ... and how far apart the first and last of them must be at least
 PROBE_CONNECT_TIMEOUT_S = 2.0
 log = logging.getLogger(__name__)
-
-
-class FrameError(Exception):
-    pass
 
 
 _LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, FrameError, CodecError,
@@ -162,37 +145,6 @@ def is_refusal(error: BaseException) -> bool:
 
 def _now_ms() -> int:
     return int(trio.current_time() * 1000)
-
-
-def _proof(secret: bytes, role: bytes, challenge: bytes, node_id: str) -> bytes:
-    return hmac.new(secret, role + challenge + node_id.encode(), hashlib.sha256).digest()
-
-
-def frame(payload: bytes) -> bytes:
-    return len(payload).to_bytes(4, "big") + payload
-
-
-class FrameReader:
-    """Incremental reader of length-prefixed frames from a trio stream."""
-
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
-        self._stream = stream
-        self._buffer = bytearray()
-
-    async def read(self, size_max: int = FRAME_BYTES_MAX) -> bytes | None:
-        while True:
-            if len(self._buffer) >= 4:
-                size = int.from_bytes(self._buffer[:4], "big")
-                if size > size_max:
-                    raise FrameError(f"frame of {size} bytes exceeds {size_max}")
-                if len(self._buffer) >= 4 + size:
-                    payload = bytes(self._buffer[4 : 4 + size])
-                    del self._buffer[: 4 + size]
-                    return payload
-            chunk = await self._stream.receive_some(65536)
-            if not chunk:
-                return None
-            self._buffer += chunk
 
 
 @dataclass(eq=False)
@@ -299,40 +251,21 @@ class Transport:
     async def _handle_inbound(self, stream: trio.SocketStream) -> None:
         async with stream:
             reader = FrameReader(stream)
-            challenge = secrets.token_bytes(CHALLENGE_BYTES)
             try:
-                with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                    await stream.send_all(frame(challenge))
-                    hello = await reader.read(HANDSHAKE_BYTES_MAX)
-                    if hello is None:
-                        return  # closed before saying anything (e.g. a peer's refusal probe): not an auth failure
-                    verified = self._verify_hello(hello, challenge)
-                    if verified is None:
-                        self.stats.auth_failures += 1
-                        return
-                    peer, their_challenge = verified
-                    proof = _proof(self._secret, b"accept", their_challenge, self.node_id)
-                    await stream.send_all(frame(cbor2.dumps([self.node_id, proof])))
-            except _LINK_ERRORS as error:
-                log.debug("inbound handshake failed: %r", error)
+                accepted = await accept_link(RAFT_LINK, self._secret, self.node_id, stream, reader, self._admits)
+            except HandshakeRefused as refusal:
+                self.stats.auth_failures += 1
+                log.info("inbound connection refused: %s", refusal)
                 return
+            if accepted is None:
+                return  # closed before finishing (e.g. a peer's refusal probe): not an auth failure
+            peer, keys = accepted
             self.stats.connections_accepted += 1
-            keys = session_keys(self._secret, challenge, their_challenge, peer, self.node_id, dialer_side=False)
-            await self._carry(peer, stream, reader, keys)
+            await self._carry(NodeId(peer), stream, reader, keys)
 
-    def _verify_hello(self, hello: bytes, challenge: bytes) -> tuple[NodeId, bytes] | None:
-        """(the authenticated dialer, its challenge to us), or None."""
-        try:
-            node_id, proof, their_challenge = cbor2.loads(hello)
-        except (cbor2.CBORDecodeError, ValueError, TypeError):
-            return None
-        if not (isinstance(node_id, str) and isinstance(proof, bytes) and isinstance(their_challenge, bytes)):
-            return None
-        if node_id not in self.peers or node_id >= self.node_id or len(their_challenge) != CHALLENGE_BYTES:
-            return None  # unknown, or a peer that we dial (one connection per pair)
-        if not hmac.compare_digest(proof, _proof(self._secret, b"dial", challenge, node_id)):
-            return None
-        return NodeId(node_id), their_challenge
+    def _admits(self, node_id: str) -> bool:
+        """A known peer that dials us (its id is smaller: one connection per pair)."""
+        return node_id in self.peers and node_id < self.node_id
 
     # --- dialer side -----------------------------------------------------------------------------------------
 
@@ -370,33 +303,12 @@ class Transport:
     async def _dialer_handshake(self, peer: NodeId, stream: trio.SocketStream,
                                 reader: FrameReader) -> SessionKeys | None:
         """The connection's frame keys once the listener proved the secret; None if the handshake failed."""
-        mine = secrets.token_bytes(CHALLENGE_BYTES)
         try:
-            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                challenge = await reader.read(HANDSHAKE_BYTES_MAX)
-                if challenge is None or len(challenge) != CHALLENGE_BYTES:
-                    return None  # closed (e.g. it refused our id) or not a raftmq peer
-                proof = _proof(self._secret, b"dial", challenge, self.node_id)
-                await stream.send_all(frame(cbor2.dumps([self.node_id, proof, mine])))
-                reply = await reader.read(HANDSHAKE_BYTES_MAX)
-        except _LINK_ERRORS as error:
-            log.debug("handshake with %s failed: %r", peer, error)
-            return None
-        if reply is None:
-            return None  # the listener refused our proof
-        if not self._verify_reply(reply, mine, peer):
+            return await dial_link(RAFT_LINK, self._secret, self.node_id, peer, stream, reader)
+        except HandshakeRefused as refusal:
             self.stats.auth_failures += 1
+            log.info("connection to %s refused: %s", peer, refusal)
             return None
-        return session_keys(self._secret, challenge, mine, self.node_id, peer, dialer_side=True)
-
-    def _verify_reply(self, reply: bytes, challenge: bytes, peer: NodeId) -> bool:
-        try:
-            node_id, proof = cbor2.loads(reply)
-        except (cbor2.CBORDecodeError, ValueError, TypeError):
-            return False
-        if node_id != peer or not isinstance(proof, bytes):
-            return False
-        return hmac.compare_digest(proof, _proof(self._secret, b"accept", challenge, peer))
 
     # --- an authenticated connection, either side ------------------------------------------------------------
 
@@ -462,7 +374,7 @@ class Transport:
         try:
             while True:
                 with trio.fail_after(self._idle_timeout_s):
-                    body = await reader.read()
+                    body = await reader.read(FRAME_BYTES_MAX)
                 if body is None:
                     return
                 self._deliver(peer, decode_frame(opener.open(body)))

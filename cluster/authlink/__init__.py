@@ -1,0 +1,1 @@
+"""Authenticated node-to-node links: the shared handshake (handshake.py) and sealed frames (frames.py)."""
