@@ -10,7 +10,8 @@ first-seed+N-1; a 3-node cluster with a quorum queue unless --nodes says otherwi
 `suite [SCENARIO...]` runs several (default: every bundled one this environment can carry out, skipping the
 others with the reason, and the deliberately unsafe ones, which must fail) and writes a summary table (per scenario: confirmed, delivered, lost, duplicates,
 unavailability) to --out/summary.md; exit 1 if any failed. A scenario with a `[shovel]` table starts its two clusters, the fault proxy and the
-shovel itself (chaos/shovel.py). `list` names the bundled scenarios; `proxy --listen HOST:PORT` serves the Toxiproxy-compatible fault proxy.
+shovel itself (chaos/shovel.py); one with a `[federation]` table its two clusters, the fault proxy and the link
+(chaos/federation.py). `list` names the bundled scenarios; `proxy --listen HOST:PORT` serves the Toxiproxy-compatible fault proxy.
 """
 
 from __future__ import annotations
@@ -82,6 +83,13 @@ def environment(args: argparse.Namespace, scenario: Scenario) -> Iterator[object
         with shovel_environment(scenario.shovel, queue, scenario.seed, scenario.node_args()) as shovel_env:
             yield shovel_env
         return
+    if scenario.federation is not None:
+        from chaos.federation import federation_environment
+
+        queue = scenario.workload_config(()).queues[0]
+        with federation_environment(scenario.federation, queue, scenario.seed, scenario.node_args()) as fed_env:
+            yield fed_env
+        return
     if getattr(args, "target", "local") == "compose":
         from urllib.parse import unquote, urlsplit
 
@@ -118,11 +126,11 @@ def check_capabilities(args: argparse.Namespace, scenario: Scenario) -> None:
     from chaos import netns
 
     needs = scenario.needs()
-    if scenario.shovel is not None and (args.cluster_dir or args.urls or args.netns or args.fault_proxy):
+    if scenario.two_clusters and (args.cluster_dir or args.urls or args.netns or args.fault_proxy):
         raise ScenarioError(f"scenario {scenario.name} starts its two clusters and its fault proxy itself: run it "
                             "without --cluster-dir/--urls/--netns/--fault-proxy")
     compose = getattr(args, "target", "local") == "compose"
-    if compose and (scenario.shovel is not None or args.cluster_dir or args.netns
+    if compose and (scenario.two_clusters or args.cluster_dir or args.netns
                                      or args.fault_proxy):
         raise ScenarioError(f"scenario {scenario.name}: --target compose runs against the compose project's "
                             "containers only: no shovel scenarios, --cluster-dir, --netns or --fault-proxy")
@@ -179,6 +187,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             if scenario.shovel is not None:
                 src, dst = scenario.shovel.get("source_nodes", 3), scenario.shovel.get("dest_nodes", 3)
                 print(f"{name:<24} {src}+{dst} nodes  {scenario.description}")
+                continue
+            if scenario.federation is not None:
+                up, down = scenario.federation.get("upstream_nodes", 1), scenario.federation.get("downstream_nodes", 3)
+                print(f"{name:<24} {up}+{down} nodes  {scenario.description}")
                 continue
             print(f"{name:<20} {scenario.nodes} node(s)  {scenario.description}{needs}")
         return 0

@@ -16,7 +16,8 @@ shape "isolate" cuts off its target (leader-of-queue, a node name...; default ra
 schedule replays exactly. Every action is recorded in the history as a Fault record.
 A deployment may add target kinds of its own (`named_targets`, e.g. chaos/shovel.py's `shovel-node`); a toxic step's
 `proxy` may list several proxies, comma-separated. A `[shovel]` table makes the scenario a shovel scenario
-(chaos/shovel.py: two clusters and a shovel, with its own fault proxy, so its toxic steps need no --fault-proxy).
+(chaos/shovel.py: two clusters and a shovel, with its own fault proxy, so its toxic steps need no --fault-proxy); a
+`[federation]` table likewise a federation scenario (chaos/federation.py: two clusters and a federation link).
 A scenario's `[node_settings]` (node setting name = value, e.g. test_unsafe_confirm_before_commit = true) become
 command-line options of every node the harness starts; a setting named test_unsafe_* marks the scenario as
 deliberately unsafe (`expect_loss`): it exists to show that the checker catches what such a mode loses.
@@ -88,6 +89,12 @@ class Scenario:
     publish_timeout_s: float = 120.0
     node_settings: dict[str, Any] = field(default_factory=dict)
     shovel: dict[str, Any] | None = None  # `[shovel]`: two clusters and a shovel between them (chaos/shovel.py)
+    federation: dict[str, Any] | None = None  # `[federation]`: two clusters and a federation link (chaos/federation.py)
+
+    @property
+    def two_clusters(self) -> bool:
+        """A shovel or federation scenario: it starts its two clusters and its fault proxy itself."""
+        return self.shovel is not None or self.federation is not None
 
     def node_args(self) -> tuple[str, ...]:
         """`[node_settings]` as `raftmq node` options (`--test-unsafe-confirm-before-commit true`)."""
@@ -108,7 +115,7 @@ class Scenario:
         for step in self.steps:
             if step.action in ("partition", "heal"):
                 needed.add("netns")
-            if step.action.startswith("toxic") and self.shovel is None:  # a shovel scenario brings its fault proxy
+            if step.action.startswith("toxic") and not self.two_clusters:  # a shovel scenario brings its fault proxy
                 needed.add("toxiproxy")
         return needed
 
@@ -159,7 +166,8 @@ def parse_scenario(text: str, default_name: str = "scenario") -> Scenario:
                     nodes=int(raw.get("nodes", 1)), workload=dict(raw.get("workload", {})), steps=steps,
                     loop=loop, seed=int(raw.get("seed", 0)),
                     publish_timeout_s=float(raw.get("publish_timeout_s", 120.0)), node_settings=settings,
-                    shovel=dict(raw["shovel"]) if "shovel" in raw else None)
+                    shovel=dict(raw["shovel"]) if "shovel" in raw else None,
+                    federation=dict(raw["federation"]) if "federation" in raw else None)
 
 
 def load_scenario(name_or_path: str) -> Scenario:

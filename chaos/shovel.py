@@ -214,13 +214,15 @@ class CopyCount:
     overlap: tuple[tuple[str, int, int | None], ...] = ()  # the intervals of the first moment with `most` copies
 
 
-def count_copies(logs: Mapping[str, str], deaths: Mapping[str, Iterable[int]], shovel: str) -> CopyCount:
+def count_copies(logs: Mapping[str, str], deaths: Mapping[str, Iterable[int]], shovel: str,
+                 line: re.Pattern[str] = COPY_LINE) -> CopyCount:
     """Pure: each node's copies of `shovel` as intervals (a started line opens one, a stopped line or the node's
-    death closes it), and the most that overlap. A copy ends no later than its process: a kill -9 ends it."""
+    death closes it), and the most that overlap. A copy ends no later than its process: a kill -9 ends it. `line`:
+    the log line of a start or stop (chaos/federation.py counts federation links' copies with its own)."""
     intervals: list[tuple[str, int, int | None]] = []
     for node, text in logs.items():
         events: list[tuple[int, int, str]] = [(at, 0, "died") for at in deaths.get(node, ())]
-        for match in COPY_LINE.finditer(text):
+        for match in line.finditer(text):
             report = json.loads(match.group(2))
             if report.get("name") == shovel:
                 events.append((int(report["at_ms"]), 1 if match.group(1) == "started" else 0, match.group(1)))

@@ -56,6 +56,8 @@ class WorkloadConfig:
     run_id: str = "run"
     consumer_urls: tuple[str, ...] = ()  # consumers and the drain use these instead of `urls` (a shovel scenario:
     # publishers on the source cluster, consumers on the destination)
+    publish_exchange: str = ""  # publishers publish here with the queue's name as routing key (a federation
+    # scenario: the federated exchange upstream)
 
     @property
     def consume_urls(self) -> tuple[str, ...]:
@@ -213,7 +215,7 @@ class Publisher(_Worker):
         sent_ms = self.recorder.now_ms()
         outcome: Outcome = "unknown"
         try:
-            channel.basic_publish("", self.queue, body, properties)
+            channel.basic_publish(self.config.publish_exchange, self.queue, body, properties)
             outcome = "confirmed"
         except pika.exceptions.NackError:
             outcome = "nacked"

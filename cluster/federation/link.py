@@ -9,9 +9,15 @@ Inputs:
   reconnect timer (the next URI of the upstream's list is tried); `tick(now_ms)` -> `Connect` when due.
 - `connected(now_ms, upstream_cluster)`: the upstream queue is declared and consumed. `upstream_cluster` is the
   upstream's `cluster_name` server property (its URI's host:port if it sends none).
-- `bindings(now_ms, wanted)`: the downstream exchange's current bindings as a set of (routing key, arguments as a
-  sorted tuple); the machine answers `Bind` / `Unbind` for the difference with what it has bound upstream (all of
-  `wanted` after a (re)connect).
+- `bindings(now_ms, wanted)`: the downstream exchange's current bindings as a set of (routing key, arguments
+  frozen by `freeze_args`); the machine answers `Bind` / `Unbind` for the difference with what it has bound upstream
+  (all of it after a (re)connect). The runner binds the upstream exchange to the link's internal exchange with
+  them (exchange.bind). Each binding's arguments get an `x-bound-from` entry as RabbitMQ's plugin adds it
+  (rabbit_federation_exchange_link:update_binding): {cluster-name (this cluster), vhost, exchange ("vhost:name"),
+  hops}, hops = max-hops for a binding made here, min(previous hops - 1, max-hops) for one that a link of another
+  cluster made here (it has `x-bound-from` already), and a binding whose hops reach 0 or whose `x-bound-from`
+  already names the upstream cluster is not replayed. So when the upstream is itself downstream of another
+  cluster, its own link replays these bindings one hop further, while hops remain.
 - `delivery(tag, routing_key, properties, body, redelivered)`: loop safety first (rabbit_federation_util:
   should_forward): a message whose `x-received-from` already has `max-hops` entries, or an entry naming this
   cluster (`cluster-name`), is acked upstream and dropped. Otherwise -> `Publish` to the downstream exchange with
@@ -82,6 +88,67 @@ class Nack:
 Effect = Connect | Disconnect | Bind | Unbind | Publish | Ack | Nack
 
 
+class Table(tuple[tuple[str, Any], ...]):
+    """A frozen field table inside frozen binding arguments: sorted (key, value) pairs (`freeze_args`)."""
+
+    __slots__ = ()
+
+
+def freeze(value: Any) -> Any:
+    """A hashable form of an argument value: a table -> `Table`, an array -> tuple, bytes -> str."""
+    if isinstance(value, dict):
+        return Table(sorted((str(k), freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)) and not isinstance(value, Table):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """The field-table form of a `freeze`d value (what goes on the wire)."""
+    if isinstance(value, Table):
+        return {k: thaw(v) for k, v in value}
+    if isinstance(value, tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
+def freeze_args(arguments: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A binding's arguments as a BindingKey holds them (sorted pairs, values frozen)."""
+    return tuple(sorted((str(k), freeze(v)) for k, v in arguments.items()))
+
+
+def thaw_args(arguments: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    return {k: thaw(v) for k, v in arguments}
+
+
+def bound_from(arguments: tuple[tuple[str, Any], ...], max_hops: int, upstream_cluster: str, cluster_name: str,
+               vhost: str, exchange: str) -> tuple[tuple[str, Any], ...] | None:
+    """The arguments a downstream binding is replayed upstream with (`x-bound-from` entry prepended), or None
+    when it is not replayed (rabbit_federation_exchange_link:update_binding; see the module header)."""
+    args = dict(arguments)
+    previous = args.get("x-bound-from")
+    entries = list(previous) if isinstance(previous, tuple) else []
+    if entries:
+        first = dict(entries[0]) if isinstance(entries[0], Table) else {}
+        seen = any(isinstance(e, Table) and _text(dict(e).get("cluster-name")) == upstream_cluster for e in entries)
+        prev_hops = first.get("hops")
+        hops = 0 if seen or not isinstance(prev_hops, int) else min(prev_hops - 1, max_hops)
+    else:
+        hops = max_hops
+    if hops <= 0:
+        return None
+    entry = freeze({"cluster-name": cluster_name, "vhost": vhost, "exchange": f"{vhost}:{exchange}", "hops": hops})
+    args["x-bound-from"] = (entry, *entries)
+    return tuple(sorted(args.items()))
+
+
+def internal_exchange_name(queue_name: str, suffix: str) -> str:
+    """RabbitMQ's internal upstream exchange: `<upstream queue name> A` or `... B` (alternating per connect)."""
+    return f"{queue_name} {suffix}"
+
+
 def upstream_queue_name(upstream_exchange: str, downstream_cluster: str, downstream_exchange: str) -> str:
     """RabbitMQ's name: `federation: <upstream X> -> <downstream cluster>[:<downstream X>]` (the suffix only when
     the two exchange names differ)."""
@@ -143,6 +210,7 @@ class ExchangeLink:
         self.forwarded = 0
         self.dropped = 0  # refused by the loop check (acked upstream, not forwarded)
         self.failures = 0
+        self.suffix = "A"  # of the internal exchange upstream (the runner picks it at each connect)
         self._bound: set[BindingKey] = set()
         self._wanted: set[BindingKey] = set()
         self._next_seq = 1
@@ -160,6 +228,10 @@ class ExchangeLink:
     @property
     def queue_name(self) -> str:
         return upstream_queue_name(self.upstream_exchange, self.cluster_name, self.exchange)
+
+    @property
+    def internal_exchange(self) -> str:
+        return internal_exchange_name(self.queue_name, self.suffix)
 
     # ------------------------------------------------------------ lifecycle
     def start(self, now_ms: int) -> list[Effect]:
@@ -270,9 +342,15 @@ class ExchangeLink:
 
     # ------------------------------------------------------------ internals
     def _sync_bindings(self) -> list[Effect]:
-        effects: list[Effect] = [Bind(k, a) for k, a in sorted(self._wanted - self._bound, key=repr)]
-        effects += [Unbind(k, a) for k, a in sorted(self._bound - self._wanted, key=repr)]
-        self._bound = set(self._wanted)
+        target: set[BindingKey] = set()
+        for key, args in self._wanted:
+            replayed = bound_from(args, self.upstream.max_hops, self.upstream_cluster, self.cluster_name,
+                                  self.vhost, self.exchange)
+            if replayed is not None:
+                target.add((key, replayed))
+        effects: list[Effect] = [Bind(k, a) for k, a in sorted(target - self._bound, key=repr)]
+        effects += [Unbind(k, a) for k, a in sorted(self._bound - target, key=repr)]
+        self._bound = target
         return effects
 
     def _set(self, state: str, now_ms: int) -> None:

@@ -10,9 +10,12 @@ node that runs it (single node: this one; cluster: the shovels' rendezvous choic
 `ExchangeLinkRunner` or a `QueueLinkRunner` (cluster/federation/queue_runner.py; it reads the local queue's
 consumer and ready counts through `view.queue_demand`) for each link it owns and does not run, cancels one it no
 longer owns or whose upstream definition (or exchange type) changed, and pushes the downstream exchange's current
-bindings to each running exchange link (the link binds/unbinds upstream for the difference). A link no node should run any more (policy or upstream
+bindings to each running exchange link (the link binds/unbinds upstream for the difference). Those include the
+bindings that links of other clusters made here (this exchange -> their internal exchange, with `x-bound-from`),
+so the link replays them one hop further while their hop count allows (cluster/federation/link.py). A link no node should run any more (policy or upstream
 removed, exchange deleted) also has its upstream queue deleted (best effort); a link that moved or stopped keeps it.
-A runner that fails unexpectedly is logged and started again after its reconnect delay.
+A runner that fails unexpectedly is logged and started again after its reconnect delay. Every start and stop of a
+link's copy here is logged (`federation link copy started|stopped {json}`: the chaos checker counts copies).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 import trio
 
-from cluster.federation.link import BindingKey, link_id
+from cluster.federation.link import BindingKey, freeze_args, link_id
 from cluster.federation.params import COMPONENTS, POLICY_KEYS, Upstream, resolve
 from cluster.federation.queue_runner import QueueLinkRunner
 from cluster.federation.runner import ExchangeLinkRunner
@@ -56,14 +59,6 @@ class _Wanted:
         return json.dumps([self.upstream.value, self.exchange_type], sort_keys=True)
 
 
-def _hashable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
-    return value
-
-
 def wanted_links(view: Any) -> dict[LinkKey, _Wanted]:
     """Every link the stored policies, exchanges and upstreams call for (the same on every node)."""
     policies = {(p["vhost"], p["name"]): p["definition"] for p in view.policies()
@@ -86,7 +81,7 @@ def wanted_links(view: Any) -> dict[LinkKey, _Wanted]:
     for b in view.bindings():
         key = (b["vhost"], b["source"])
         if key in bindings:
-            bindings[key].add((b["routing_key"], _hashable(b.get("arguments") or {})))
+            bindings[key].add((b["routing_key"], freeze_args(b.get("arguments") or {})))
     for x in exchanges:
         vhost, name = x["vhost"], x["name"]
         for upstream in resolve(policies[(vhost, x["policy"])], vhost, stored):
@@ -173,16 +168,24 @@ class FederationManager:
                                   set(w.bindings))
 
     async def _run_one(self, key: LinkKey, entry: _Entry, w: _Wanted) -> None:
-        with entry.scope:
-            while True:
-                try:
-                    await entry.runner.run()
-                    return
-                except Exception as exc:
-                    log.exception("federation link %s failed", _label(key))
-                    entry.runner.link.stop(f"failed: {type(exc).__name__}: {exc}", wall_ms())
-                await trio.sleep(max(w.upstream.reconnect_delay_ms, 1000) / 1000)
-                entry.runner = self._runner(key, w)
+        report = {"name": link_id(key[0], key[2], key[3], key[1]), "link": _label(key), "node": self.node_name}
+        log.info("federation link copy started %s", json.dumps({**report, "at_ms": wall_ms()}))
+        try:
+            with entry.scope:
+                await self._run_runner(key, entry, w)
+        finally:
+            log.info("federation link copy stopped %s", json.dumps({**report, "at_ms": wall_ms()}))
+
+    async def _run_runner(self, key: LinkKey, entry: _Entry, w: _Wanted) -> None:
+        while True:
+            try:
+                await entry.runner.run()
+                return
+            except Exception as exc:
+                log.exception("federation link %s failed", _label(key))
+                entry.runner.link.stop(f"failed: {type(exc).__name__}: {exc}", wall_ms())
+            await trio.sleep(max(w.upstream.reconnect_delay_ms, 1000) / 1000)
+            entry.runner = self._runner(key, w)
 
 
 def _label(key: LinkKey) -> str:

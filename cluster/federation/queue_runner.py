@@ -77,6 +77,9 @@ class QueueLinkRunner(ExchangeLinkRunner):
             await up.call(ch, m.BasicQos(prefetch_count=u.prefetch_count), m.BasicQosOk)
         return ch
 
+    def _after_connect(self) -> list[Any]:
+        return []  # no internal exchange upstream
+
     def _carry_out(self, up: LinkConnection, up_ch: int, down: LinkConnection, down_ch: int,
                    effects: list[Any]) -> None:
         rest: list[Any] = []

@@ -6,18 +6,23 @@ sets up the topology, tells the machine `connected(upstream cluster name)` and t
 two connections and the manager report: upstream deliveries -> `delivery`, local Basic.Ack/Nack -> `confirm`, the
 downstream exchange's bindings (pushed by the manager through `set_bindings`) -> `bindings`, a closed channel or
 connection or a cancelled consumer -> `down`. Effects are carried out in order (publish locally, ack/nack
-upstream, queue.bind/unbind upstream with nowait: a failure closes the channel, which is a `down`), and both
+upstream, exchange.bind/unbind upstream with nowait: a failure closes the channel, which is a `down`), and both
 connections are flushed once per batch.
 
-Upstream topology: the upstream exchange is declared passively (declared durable with the downstream exchange's
-type when it is missing); a durable queue named as RabbitMQ names it (`federation: <upstream X> -> <downstream
-cluster>[:<downstream X>]`, with `x-expires` / `x-message-ttl` from the upstream's `expires` / `message-ttl`) is
-bound directly to the upstream exchange with each (routing key, arguments) of the downstream exchange's bindings.
-RabbitMQ puts an internal exchange of type `x-federation-upstream` between the two (docs/federation.md says why
-raftmq does not yet). The queue is kept when the link stops (a restart or a move loses nothing buffered in it);
-it is deleted when the link is removed by policy (`cleanup`, best effort), unless `resource-cleanup-mode` is
-`never`. `QueueLinkRunner` (queue_runner.py) reuses all this through the methods it overrides (`_setup_upstream`,
-`_carry_out`, `_event`, `_delivery`, `_idle_input`, `cleanup`, `connection_name`).
+Upstream topology, as RabbitMQ's plugin makes it (rabbit_federation_exchange_link): the upstream exchange is
+declared passively (declared durable with the downstream exchange's type when it is missing); a durable queue named
+`federation: <upstream X> -> <downstream cluster>[:<downstream X>]` (with `x-expires` / `x-message-ttl` from the
+upstream's `expires` / `message-ttl`); and an internal, durable, auto-delete exchange `<queue name> A` or `... B`,
+the queue bound to it, and it bound to the upstream exchange (exchange.bind) with each (routing key, arguments +
+`x-bound-from`) of the downstream exchange's bindings. Each connect builds the other suffix than the one that
+exists (probed passively), binds it fully, then deletes the old one, so bindings removed while the link was down
+do not survive a reconnect and nothing routes nowhere in between. The internal exchange is declared `fanout`
+(`INTERNAL_EXCHANGE_TYPE`), RabbitMQ's fallback when the upstream lacks the `x-federation-upstream` type: loop
+safety is the link's own check on `x-received-from` (cluster/federation/link.py). The queue is kept when the link
+stops (a restart or a move loses nothing buffered in it); the queue and the internal exchanges are deleted when
+the link is removed by policy (`cleanup`, best effort), unless `resource-cleanup-mode` is `never`.
+`QueueLinkRunner` (queue_runner.py) reuses all this through the methods it overrides (`_setup_upstream`,
+`_after_connect`, `_carry_out`, `_event`, `_delivery`, `_idle_input`, `cleanup`, `connection_name`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import AsyncExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import trio
@@ -42,6 +47,8 @@ from cluster.federation.link import (
     Nack,
     Publish,
     Unbind,
+    internal_exchange_name,
+    thaw_args,
 )
 from cluster.federation.params import Upstream
 from cluster.link.client import LinkClosed, LinkConnection, open_link, wall_ms
@@ -51,6 +58,15 @@ from node.amqp.client import ChannelClosed, Closed, ContentIn, MethodIn
 
 log = logging.getLogger("raftmq.federation")
 BATCH_MAX = 1000
+# x-federation-upstream would filter by hops upstream already, but raftmq's route cache (node/broker/vhost.py) keys
+# on (exchange, routing key) only, so a header-dependent result must not be cached: fanout until that is fixed.
+INTERNAL_EXCHANGE_TYPE = "fanout"
+
+
+@dataclass(frozen=True, slots=True)
+class _DeleteExchange:
+    """The runner's own effect: delete an upstream exchange (the previous internal exchange), nowait."""
+    name: str
 
 
 class _Down(Exception):
@@ -125,7 +141,8 @@ class ExchangeLinkRunner:
                 uri = self.upstream.uri(connect.uri_index)
                 cluster = f"{uri.host}:{uri.port}"
             log.info("federation link %s/%s <- %s running", link.vhost, link.exchange, self.upstream.name)
-            effects = link.connected(wall_ms(), cluster)
+            effects: list[Any] = list(link.connected(wall_ms(), cluster))
+            effects += self._after_connect()
             return await self._pump(up, up_ch, down, down_ch, effects)
         return []
 
@@ -146,11 +163,37 @@ class ExchangeLinkRunner:
         if u.message_ttl is not None:
             args["x-message-ttl"] = u.message_ttl
         await up.call(ch, m.QueueDeclare(queue=link.queue_name, durable=True, arguments=args), m.QueueDeclareOk)
+        ch = await self._internal_exchange(up, ch)
         if u.ack_mode != "no-ack" and u.prefetch_count:
             await up.call(ch, m.BasicQos(prefetch_count=u.prefetch_count), m.BasicQosOk)
         await up.call(ch, m.BasicConsume(queue=link.queue_name, consumer_tag="raftmq-federation",
                                          no_ack=u.ack_mode == "no-ack"), m.BasicConsumeOk)
         return ch
+
+    async def _internal_exchange(self, up: LinkConnection, ch: int) -> int:
+        """Declare this connect's internal exchange (the suffix that does not exist now) and bind the queue to it;
+        the old one is deleted after the bindings (`_after_connect`). Returns the channel to go on with."""
+        link = self.link
+        probe = await up.channel()
+        try:
+            await up.call(probe, m.ExchangeDeclare(exchange=internal_exchange_name(link.queue_name, "A"),
+                                                   passive=True), m.ExchangeDeclareOk)
+            link.suffix = "B"
+        except LinkClosed as exc:
+            if exc.code != 404:
+                raise
+            link.suffix = "A"
+        name = link.internal_exchange
+        await up.call(ch, m.ExchangeDelete(exchange=name), m.ExchangeDeleteOk)  # a leftover of an interrupted switch
+        await up.call(ch, m.ExchangeDeclare(exchange=name, type=INTERNAL_EXCHANGE_TYPE, durable=True,
+                                            auto_delete=True, internal=True), m.ExchangeDeclareOk)
+        await up.call(ch, m.QueueBind(queue=link.queue_name, exchange=name), m.QueueBindOk)
+        return ch
+
+    def _after_connect(self) -> list[Any]:
+        """After the bindings of a connect: delete the previous internal exchange."""
+        old = internal_exchange_name(self.link.queue_name, "A" if self.link.suffix == "B" else "B")
+        return [_DeleteExchange(old)]
 
     async def _pump(self, up: LinkConnection, up_ch: int, down: LinkConnection, down_ch: int,
                     effects: list[Effect]) -> list[Effect]:
@@ -178,7 +221,7 @@ class ExchangeLinkRunner:
 
     def _carry_out(self, up: LinkConnection, up_ch: int, down: LinkConnection, down_ch: int,
                    effects: list[Any]) -> None:
-        queue, exchange = self.link.queue_name, self.link.upstream_exchange
+        internal, exchange = self.link.internal_exchange, self.link.upstream_exchange
         for effect in effects:
             if isinstance(effect, Publish):
                 down.publish(down_ch, self.link.publish_exchange, effect.routing_key, effect.properties, effect.body)
@@ -187,12 +230,15 @@ class ExchangeLinkRunner:
             elif isinstance(effect, Nack):
                 up.nack(up_ch, effect.tag, requeue=True)
             elif isinstance(effect, Bind):
-                up.conn.send_method(up_ch, m.QueueBind(queue=queue, exchange=exchange, routing_key=effect.routing_key,
-                                                       nowait=True, arguments=dict(effect.arguments)), wall_ms())
+                up.conn.send_method(up_ch, m.ExchangeBind(destination=internal, source=exchange,
+                                                          routing_key=effect.routing_key, nowait=True,
+                                                          arguments=thaw_args(effect.arguments)), wall_ms())
             elif isinstance(effect, Unbind):
-                up.conn.send_method(up_ch, m.QueueUnbind(queue=queue, exchange=exchange,
-                                                         routing_key=effect.routing_key,
-                                                         arguments=dict(effect.arguments)), wall_ms())
+                up.conn.send_method(up_ch, m.ExchangeUnbind(destination=internal, source=exchange,
+                                                            routing_key=effect.routing_key, nowait=True,
+                                                            arguments=thaw_args(effect.arguments)), wall_ms())
+            elif isinstance(effect, _DeleteExchange):
+                up.conn.send_method(up_ch, m.ExchangeDelete(exchange=effect.name, nowait=True), wall_ms())
 
     def _event(self, side: str, event: Any, up_ch: int, down_ch: int) -> list[Effect]:
         if side == "bindings":
@@ -227,7 +273,8 @@ class ExchangeLinkRunner:
                                   deliver.redelivered)
 
     async def cleanup(self) -> None:
-        """The link was removed by policy: delete its upstream queue (best effort), unless cleanup is `never`."""
+        """The link was removed by policy: delete its upstream queue and internal exchanges (best effort), unless
+        cleanup is `never`."""
         if self.upstream.resource_cleanup_mode == "never":
             return
         with trio.move_on_after(10):
@@ -235,6 +282,10 @@ class ExchangeLinkRunner:
                 async with open_link(self._uri(self.upstream.uri(self.link.uri_index)), "federation cleanup") as up:
                     ch = await up.channel()
                     await up.call(ch, m.QueueDelete(queue=self.link.queue_name), m.QueueDeleteOk)
+                    for suffix in ("A", "B"):
+                        await up.call(ch, m.ExchangeDelete(exchange=internal_exchange_name(self.link.queue_name,
+                                                                                          suffix)),
+                                      m.ExchangeDeleteOk)
             except (OSError, trio.TooSlowError, LinkClosed) as exc:
                 log.warning("federation: could not delete upstream queue %r: %s", self.link.queue_name, exc)
 

@@ -14,6 +14,8 @@ from cluster.federation.link import (
     Nack,
     Publish,
     Unbind,
+    freeze_args,
+    thaw_args,
     upstream_queue_name,
 )
 from cluster.federation.params import parse_upstream
@@ -79,12 +81,19 @@ def test_ack_modes() -> None:
     assert link.delivery(4, "k", BasicProperties(headers={"x-received-from": [{}]}), b"", False) == []
 
 
+def _from(*entries: tuple[str, int], **args: object) -> tuple[tuple[str, object], ...]:
+    """Frozen binding arguments with an `x-bound-from` of (cluster-name, hops) entries (vhost "/", exchange x)."""
+    bound = [{"cluster-name": c, "vhost": "/", "exchange": "/:x", "hops": h} for c, h in entries]
+    return freeze_args({**args, "x-bound-from": bound})
+
+
 def test_bindings_diff_and_replay_after_reconnect() -> None:
     link = _link()
     assert link.bindings({("a", ()), ("b", ())}) == []  # not running yet: kept for the connect
-    assert sorted(link.connected(1, "c"), key=repr) == [Bind("a", ()), Bind("b", ())]
-    assert link.bindings({("b", ()), ("c", (("x-match", "all"),))}) == [Bind("c", (("x-match", "all"),)),
-                                                                         Unbind("a", ())]
+    mine = _from(("down-cluster", 1))  # a binding made here goes upstream with hops = max-hops
+    assert sorted(link.connected(1, "c"), key=repr) == [Bind("a", mine), Bind("b", mine)]
+    assert link.bindings({("b", ()), ("c", (("x-match", "all"),))}) == [
+        Bind("c", _from(("down-cluster", 1), **{"x-match": "all"})), Unbind("a", mine)]
     assert link.bindings({("b", ()), ("c", (("x-match", "all"),))}) == []
     assert link.down("upstream: connection closed", 10) == [Disconnect("upstream: connection closed")]
     assert link.state == STARTING and link.status()["status"] == "error"
@@ -92,6 +101,27 @@ def test_bindings_diff_and_replay_after_reconnect() -> None:
     assert len(link.connected(6000, "c")) == 2  # every binding again on the new connection
     assert link.stop("removed", 7000) == [Disconnect("removed")]
     assert link.connect_failed("refused", 7001) == [] and link.delivery(1, "k", BasicProperties(), b"", False) == []
+
+
+def test_x_bound_from_hops_as_rabbitmq() -> None:
+    """rabbit_federation_exchange_link:update_binding: hops = min(previous - 1, max-hops); none at 0 or when the
+    upstream is already in x-bound-from; the new entry goes first."""
+    link = _link(**{"max-hops": 3})
+    relayed = _from(("far", 2), ("farther", 3))  # a binding another cluster's link made here, hops 2 left
+    seen = _from(("up-cluster", 3))  # made here by the upstream's own link: not sent back
+    spent = _from(("far", 1))  # no hop left
+    effects = link.connected(1, "up-cluster")
+    assert effects == []
+    effects = link.bindings({("k", ()), ("r", relayed), ("s", seen), ("z", spent)})
+    assert effects == [Bind("k", _from(("down-cluster", 3))),
+                       Bind("r", _from(("down-cluster", 1), ("far", 2), ("farther", 3)))]
+    assert thaw_args(_from(("down-cluster", 1))) == {"x-bound-from": [
+        {"cluster-name": "down-cluster", "exchange": "/:x", "hops": 1, "vhost": "/"}]}
+    assert link.bindings({("k", ())}) == [Unbind("r", _from(("down-cluster", 1), ("far", 2), ("farther", 3)))]
+    link1 = _link()  # max-hops 1 caps what a relayed binding has left
+    link1.connected(1, "up-cluster")
+    assert link1.bindings({("k", ()), ("r", _from(("far", 3))), ("z", spent)}) == [
+        Bind("k", _from(("down-cluster", 1))), Bind("r", _from(("down-cluster", 1), ("far", 3)))]
 
 
 def test_upstream_exchange_type_filter() -> None:

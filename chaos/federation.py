@@ -1,0 +1,231 @@
+"""Federation scenarios: an upstream cluster, a downstream cluster and an exchange federation link between them,
+under faults.
+
+How it works: a scenario with a `[federation]` table (`upstream_nodes`, `downstream_nodes`, `ack_mode`,
+`heartbeat_s`, `prefetch`, `reconnect_delay_s`, `settle_timeout_s`) gets `federation_environment`, built as the
+shovel one (chaos/shovel.py, whose `TwoClusters` and copy count it reuses): the two clusters (nodes `up.rmqN` and
+`down.rmqN`), our fault proxy (chaos/faultproxy) in front of every upstream node (proxies `fed-up-<node>`), and on
+both the direct exchange `chaos-fx`. On the downstream the workload queue (a quorum queue) is bound to it with its
+own name as routing key, the upstream `chaos-up` lists the proxies (short heartbeat, so a cut link is noticed), and
+a policy federates `chaos-fx` from it; the environment is handed over once a downstream node runs the link and
+the binding has reached the upstream (from then on everything published to `chaos-fx` upstream with that key is
+routed to the link's durable upstream queue). The workload's publishers (confirms) publish to `chaos-fx` on the
+upstream nodes (`publish_exchange`), its consumers and the drain use the downstream nodes. Targets: `link-node`
+(the downstream node the downstream nodes name as running the link), `upstream`, `downstream`,
+`downstream-leader` (the workload queue's leader). A partition between the clusters is a `timeout` toxic on every
+upstream proxy, both ways. `settle` waits until the link's upstream queue has been empty (ready and unacked) for
+2 s while the link runs: with `on-confirm` the link acks upstream only what the downstream confirmed, so everything
+confirmed upstream is then downstream. The checker counts copies (a link republishes what it had forwarded but not
+seen confirmed when its connections broke) as duplicates; `count_copies` over the downstream nodes' logs
+(`federation link copy started|stopped`, cluster/federation/manager.py) fails the run when two copies of the link
+ran at once.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from chaos.faultproxy.background import FaultProxyThread
+from chaos.nemesis import LocalCluster
+from chaos.run import Environment, free_base_port
+from chaos.scenario import ScenarioError
+from chaos.shovel import QUORUM, TwoClusters, _add_proxy, _api, _read, count_copies
+from cluster.federation.link import link_id
+from node.ctl import Client, CtlError
+
+EXCHANGE = "chaos-fx"
+UPSTREAM = "chaos-up"
+UP, DOWN = "up", "down"
+COPY_LINE = re.compile(r"federation link copy (started|stopped) (\{.*\})")
+
+
+@dataclass(frozen=True, slots=True)
+class FederationSettings:
+    upstream_nodes: int = 1
+    downstream_nodes: int = 3
+    ack_mode: str = "on-confirm"
+    heartbeat_s: int = 4  # on the link's upstream connection: a partition is noticed after about 2 heartbeats
+    prefetch: int = 1000
+    reconnect_delay_s: float = 1.0
+    settle_timeout_s: float = 120.0  # how long the link gets to empty its upstream queue after the faults
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> FederationSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = set(raw) - known
+        if unknown:
+            raise ScenarioError(f"[federation]: unknown keys {sorted(unknown)} (known: {sorted(known)})")
+        return cls(**raw)
+
+
+class FederatedClusters(TwoClusters):
+    """The nemesis's `Cluster` over both clusters: nodes `up.rmqN` and `down.rmqN`, plus the link's targets."""
+
+    def __init__(self, upstream: LocalCluster, downstream: LocalCluster, queue: str) -> None:
+        super().__init__(upstream, downstream, queue)
+        self.sides = {UP: upstream, DOWN: downstream}
+
+    def _died(self, node: str) -> None:
+        side, _, name = node.partition(".")
+        if side == DOWN:  # the link runs downstream
+            self.deaths.setdefault(name, []).append(int(time.time() * 1000))
+
+    def leader_of(self, queue: str) -> str | None:
+        leader = self.sides[DOWN].leader_of(queue)
+        return f"{DOWN}.{leader}" if leader else None
+
+    def named_targets(self, target: str) -> list[str] | None:
+        down = self.sides[DOWN]
+        if target == "link-node":
+            runner = self.link_node()
+            return [f"{DOWN}.{runner or down.nodes()[0]}"]
+        if target == "downstream-leader":
+            return [self.leader_of(self.queue) or f"{DOWN}.{down.nodes()[0]}"]
+        if target in (UP, "upstream"):
+            return [f"{UP}.{name}" for name in self.sides[UP].nodes()]
+        if target in (DOWN, "downstream"):
+            return [f"{DOWN}.{name}" for name in down.nodes()]
+        return None
+
+    def link_rows(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for name in self.sides[DOWN].nodes():
+            rows.extend(row for row in _api(self.sides[DOWN], name, "GET", "/api/federation-links") or []
+                        if isinstance(row, dict) and row.get("exchange") == EXCHANGE)
+        return rows
+
+    def link_node(self) -> str | None:
+        votes = Counter(row.get("node") for row in self.link_rows()
+                        if row.get("status") == "running" and isinstance(row.get("node"), str))
+        return str(votes.most_common(1)[0][0]) if votes else None
+
+    def upstream_backlog(self) -> int | None:
+        """Messages (ready + unacked) in the link's upstream queue (None when no upstream node lists it)."""
+        up = self.sides[UP]
+        for name in up.nodes():
+            for row in _api(up, name, "GET", "/api/queues") or []:
+                if isinstance(row, dict) and str(row.get("name", "")).startswith(f"federation: {EXCHANGE} -> "):
+                    return int(row.get("messages_ready", 0)) + int(row.get("messages_unacknowledged", 0))
+        return None
+
+    def upstream_bound(self) -> bool:
+        """The workload queue's binding reached the upstream (chaos-fx -> the link's internal exchange)."""
+        up = self.sides[UP]
+        for name in up.nodes():
+            for row in _api(up, name, "GET", "/api/bindings") or []:
+                if (isinstance(row, dict) and row.get("source") == EXCHANGE and row.get("routing_key") == self.queue
+                        and str(row.get("destination", "")).startswith(f"federation: {EXCHANGE} -> ")):
+                    return True
+        return False
+
+    def count_copies(self) -> Any:
+        down = self.sides[DOWN]
+        logs = {name: _read(Path(down.spec(name).log)) for name in down.nodes()}
+        return count_copies(logs, self.deaths, link_id("/", EXCHANGE, UPSTREAM), COPY_LINE)
+
+    def settle_and_count(self, timeout_s: float) -> str | None:
+        error = self.settle(timeout_s)
+        self.copies = self.count_copies()
+        if self.copies.most > 1:
+            return error or f"{self.copies.most} copies of the link ran at once: {self.copies.overlap}"
+        if not self.copies.intervals:
+            return error or "no `federation link copy started` line in the downstream nodes' logs"
+        return error
+
+    def settle(self, timeout_s: float) -> str | None:
+        """Wait until the upstream queue stays empty for 2 s while the link runs; an error text if it does not."""
+        deadline = time.monotonic() + timeout_s
+        empty_since: float | None = None
+        backlog: int | None = None
+        while time.monotonic() < deadline:
+            backlog = self.upstream_backlog()
+            running = any(row.get("status") == "running" for row in self.link_rows())
+            if backlog == 0 and running:
+                empty_since = empty_since or time.monotonic()
+                if time.monotonic() - empty_since >= 2.0:
+                    return None
+            else:
+                empty_since = None
+            time.sleep(0.2)
+        return (f"the link did not empty its upstream queue within {timeout_s} s (backlog {backlog}, link "
+                f"{[(row.get('node'), row.get('status'), row.get('error')) for row in self.link_rows()]})")
+
+
+def _call_any(cluster: LocalCluster, method: str, path: str, body: Any, deadline: float) -> None:
+    """One management call through the first node that takes it (retried until `deadline`)."""
+    last = ""
+    while time.monotonic() < deadline:
+        for name in cluster.nodes():
+            host, port = cluster.management_address(name)
+            try:
+                Client(f"{host}:{port}", "guest", "guest", 10.0).call(method, path, body)
+                return
+            except (CtlError, OSError) as exc:
+                last = str(exc)
+        time.sleep(0.5)
+    raise RuntimeError(f"{method} {path} failed: {last}")
+
+
+def _setup(both: FederatedClusters, upstream_uris: list[str], settings: FederationSettings,
+           timeout_s: float = 90.0) -> None:
+    """The exchange on both sides, the queue and its binding downstream, the upstream and the policy; then wait
+    until a downstream node runs the link and the binding is upstream."""
+    deadline = time.monotonic() + timeout_s
+    vhost = "%2F"
+    exchange = {"type": "direct", "durable": True}
+    for side in (UP, DOWN):
+        _call_any(both.sides[side], "PUT", f"/api/exchanges/{vhost}/{EXCHANGE}", exchange, deadline)
+    down = both.sides[DOWN]
+    queue = urllib.parse.quote(both.queue, safe="")
+    _call_any(down, "PUT", f"/api/queues/{vhost}/{queue}", {"durable": True, "arguments": QUORUM}, deadline)
+    _call_any(down, "POST", f"/api/bindings/{vhost}/e/{EXCHANGE}/q/{queue}", {"routing_key": both.queue}, deadline)
+    value = {"uri": upstream_uris, "ack-mode": settings.ack_mode, "prefetch-count": settings.prefetch,
+             "reconnect-delay": settings.reconnect_delay_s}
+    _call_any(down, "PUT", f"/api/parameters/federation-upstream/{vhost}/{UPSTREAM}", {"value": value}, deadline)
+    policy = {"pattern": f"^{EXCHANGE}$", "apply-to": "exchanges", "definition": {"federation-upstream": UPSTREAM}}
+    _call_any(down, "PUT", f"/api/policies/{vhost}/chaos-federation", policy, deadline)
+    while time.monotonic() < deadline:
+        if both.link_node() is not None and both.upstream_bound():
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"federation link not running and bound within {timeout_s} s: {both.link_rows()}")
+
+
+@contextmanager
+def federation_environment(raw_settings: dict[str, Any], queue: str, seed: int, node_args: tuple[str, ...] = (),
+                           data_dir: Path | None = None) -> Iterator[Environment]:
+    """Both clusters, the fault proxy in front of the upstream and the link running; everything stopped and
+    removed on the way out."""
+    import tempfile
+
+    settings = FederationSettings.parse(raw_settings)
+    with ExitStack() as stack:
+        root = data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="raftmq-chaos-fed-")))
+        upstream = LocalCluster.spawn(root / "upstream", settings.upstream_nodes,
+                                      free_base_port(settings.upstream_nodes), node_args,
+                                      clustered=settings.upstream_nodes > 1)
+        stack.callback(upstream.stop_all)
+        downstream = LocalCluster.spawn(root / "downstream", settings.downstream_nodes,
+                                        free_base_port(settings.downstream_nodes), node_args,
+                                        clustered=settings.downstream_nodes > 1)
+        stack.callback(downstream.stop_all)
+        proxy = stack.enter_context(FaultProxyThread(seed=seed))
+        api = f"http://127.0.0.1:{proxy.api_port}"
+        query = f"?heartbeat={settings.heartbeat_s}&connection_timeout=3000"
+        upstream_uris = []
+        for name in upstream.nodes():
+            listen = _add_proxy(api, f"fed-up-{name}", (upstream.spec(name).host, upstream.spec(name).port))
+            upstream_uris.append(f"amqp://guest:guest@{listen}/%2F{query}")
+        both = FederatedClusters(upstream, downstream, queue)
+        _setup(both, upstream_uris, settings)
+        yield Environment(both, tuple(upstream.url(n) for n in upstream.nodes()), None, api,
+                          consumer_urls=tuple(downstream.url(n) for n in downstream.nodes()),
+                          settle=lambda: both.settle_and_count(settings.settle_timeout_s), copies=True)
