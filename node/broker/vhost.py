@@ -3,7 +3,8 @@
 `route(exchange, routing_key, headers)` walks exchange-to-exchange bindings breadth-first, each exchange at most once
 (cycle-safe), follows an exchange's alternate-exchange when that exchange alone routed nowhere (its own
 `alternate-exchange` argument, else the one of the policy that applies to it), and returns each queue name at most
-once, in a stable order. Results for walks that met no headers exchange are cached per (exchange, routing key);
+once, in a stable order. Results for walks that met no header-dependent exchange (headers, x-federation-upstream:
+`HEADER_ROUTED`) are cached per (exchange, routing key);
 any change to exchanges, bindings, queues or policies clears the cache. The cache is bounded. The vhost also holds
 its policies (`policies`, by name; node/broker/policies.py).
 """
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from node.broker.exchanges import Binding, Dest, Exchange
+from node.broker.exchanges import FEDERATION_UPSTREAM, Binding, Dest, Exchange
 from node.broker.policies import Policy, effective_alternate_exchange, match_policy
 
 ROUTE_CACHE_ENTRIES_MAX = 8192
@@ -23,6 +24,7 @@ PREDECLARED = (
     ("amq.match", "headers"), ("amq.rabbitmq.trace", "topic"),
 )
 PREDECLARED_INTERNAL = frozenset({"amq.rabbitmq.trace"})  # Firehose's (node/broker/trace.py): clients cannot publish
+HEADER_ROUTED = frozenset({"headers", FEDERATION_UPSTREAM})  # their route depends on the message headers: never cached
 
 Q = TypeVar("Q")
 
@@ -108,7 +110,7 @@ class VHost(Generic[Q]):
             exchange = self.exchanges.get(work.pop(0))
             if exchange is None:
                 continue
-            if exchange.type == "headers":
+            if exchange.type in HEADER_ROUTED:
                 cacheable = False
             dests = exchange.route(routing_key, headers)
             routed_any = False

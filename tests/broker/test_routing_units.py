@@ -153,3 +153,16 @@ def test_headers_exchange_routes_by_headers_not_cached() -> None:
     vhost.add_binding(Binding("amq.headers", Dest("queue", "q"), "", {"x-match": "any", "k": "v"}))
     assert vhost.route("amq.headers", "", {"k": "v"}) == ("q",)
     assert vhost.route("amq.headers", "", {"k": "w"}) == ()
+
+
+def test_federation_upstream_exchange_results_are_not_cached() -> None:
+    """An x-federation-upstream exchange routes by the message's x-received-from header: a message its hop check
+    stops must not leave a cached empty route that drops the next, fresh message with the same key."""
+    vhost = _vhost_with("q")
+    vhost.exchanges["up"] = Exchange("up", "x-federation-upstream",
+                                     arguments={"x-max-hops": 1, "x-downstream-name": "down"})
+    vhost.add_binding(Binding("up", Dest("queue", "q"), "", {}))
+    seen = {"x-received-from": [{"uri": "amqp://down", "exchange": "x", "redelivered": False, "cluster-name": "down"}]}
+    assert vhost.route("up", "k", seen) == ()
+    assert vhost.route("up", "k", {}) == ("q",)
+    assert vhost.route("up", "k", None) == ("q",)
