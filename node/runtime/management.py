@@ -10,7 +10,8 @@ requests; at most `connections_max` are served at once (the rest get 503 and are
 finish within `command_timeout_s` is answered 503 with "outcome unknown" (the change may still happen). Everything
 runs on the trio thread of the node, so views read the broker without locks. `GET /metrics[/per-object]`
 (metrics.py) needs no login, as RabbitMQ's Prometheus endpoint; the Prometheus listener (`metrics_only`) serves
-only those paths.
+only those paths. `GET /` and `/console/...` serve the web console's files (management_console.py), also without
+login: the page logs in itself.
 
 Usage by the runtime: `await nursery.start(serve_management, view, host, port)` returns the bound port. The view is
 `management_view.BrokerView(broker, node.dispatch, node_name=...)` on a single node, a subclass in cluster mode.
@@ -36,6 +37,7 @@ from node.runtime.management_api import (
     handle_request,
     jsonable,
 )
+from node.runtime.management_console import console_reply
 from node.runtime.management_definitions import handle_definitions_request
 from node.runtime.management_http import (
     BODY_BYTES_MAX,
@@ -121,6 +123,9 @@ class _Server:
                                    metrics.CONTENT_TYPE))
         if self.metrics_only:
             return error_reply(404, "Object Not Found", "Not Found")
+        page = console_reply(head)  # the web console's static files, no login (management_console.py)
+        if page is not None:
+            return page
         try:
             with trio.fail_after(self.limits.command_timeout_s):
                 return await handle_request(self.view, head, body, loopback, ROUTES)
