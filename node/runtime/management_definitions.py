@@ -54,7 +54,8 @@ def export(view: ManagementView, vhost: str | None) -> dict[str, Any]:
                            "product_name": "raftmq", "product_version": RABBIT_VERSION}
     if vhost is None:
         out["users"] = [{"name": u["name"], "password_hash": u["password_hash"],
-                         "hashing_algorithm": u["hashing_algorithm"], "tags": list(u["tags"]), "limits": {}}
+                         "hashing_algorithm": u["hashing_algorithm"], "tags": list(u["tags"]),
+                         "limits": dict(u.get("limits") or {})}
                         for u in view.users()]
         out["vhosts"] = [{"name": v["name"]} for v in view.vhosts()]
         out["permissions"] = [{k: p[k] for k in ("user", "vhost", "configure", "write", "read")}
