@@ -156,16 +156,22 @@ async def _close_connection(view: ManagementView, head: RequestHead, name: str, 
 
 async def _cluster_node_stats(view: ManagementView, what: str, caller: Caller) -> Reply:
     """Cluster mode: /api/nodes with each running peer's own memory and disk figures, /api/overview with the
-    message counts of every node added up (each node counts what its own clients publish and receive)."""
+    message counts and the connection, channel and consumer totals of every node added up (each node counts its
+    own clients)."""
     answers = await peer_answers(view.peers(), f"/api/{what}", caller.authorization)
-    if what == "overview":
+    if what == "overview":  # (queues and exchanges are every broker's; connections, channels, consumers each node's)
         overview = view.overview()
-        stats = overview["message_stats"]
+        stats, totals = overview["message_stats"], overview["object_totals"]
         for answer in answers:
-            theirs = answer.get("message_stats") if isinstance(answer, dict) else None
-            for key, value in (theirs or {}).items():
+            if not isinstance(answer, dict):
+                continue
+            for key, value in (answer.get("message_stats") or {}).items():
                 if isinstance(value, int) and key in stats:
                     stats[key] += value
+            for key in ("connections", "channels", "consumers"):
+                value = (answer.get("object_totals") or {}).get(key)
+                if isinstance(value, int):
+                    totals[key] += value
         return Reply(200, jsonable(overview))
     own = {row["name"]: row for rows in answers if isinstance(rows, list) for row in rows
            if isinstance(row, dict) and "mem_used" in row and isinstance(row.get("name"), str)}

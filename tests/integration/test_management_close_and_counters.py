@@ -69,6 +69,11 @@ def test_nodes_and_overview_cover_every_node(amqp_target: Target) -> None:
     stats = _api(ports[-1], "GET", "/api/overview").json()["message_stats"]
     assert set(stats) >= {"publish", "deliver_get", "confirm"}
     assert stats["publish"] >= received  # every node's count, added up by the node asked
+    with pika.BlockingConnection(amqp_target.params()) as conn:
+        conn.channel()
+        for port in ports:  # the client's connection counts on every node's overview, whichever node holds it
+            totals = _api(port, "GET", "/api/overview").json()["object_totals"]
+            assert totals["connections"] >= 1 and totals["channels"] >= 1, (port, totals)
 
 
 def test_routed_unroutable_and_confirmed_counters_only_grow(amqp_target: Target, uid: str) -> None:
