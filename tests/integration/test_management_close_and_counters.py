@@ -14,7 +14,7 @@ from pika.exceptions import ConnectionClosedByBroker, UnroutableError
 
 from tests.integration.conftest import Target
 from tests.integration.test_management_rabbitmqadmin import eventually
-from tests.integration.test_prometheus_metrics import total
+from tests.integration.test_prometheus_metrics import scrape, total
 from tests.integration.test_vhost_limits import management_ports
 
 
@@ -80,7 +80,7 @@ def test_routed_unroutable_and_confirmed_counters_only_grow(amqp_target: Target,
     ports = management_ports(amqp_target)
     names = ("rabbitmq_global_messages_routed_total", "rabbitmq_global_messages_unroutable_dropped_total",
              "rabbitmq_global_messages_unroutable_returned_total", "rabbitmq_global_messages_confirmed_total")
-    before = {name: total(ports, name) for name in names}
+    before = _totals(ports, names)
     queue = f"prom-routed-{uid}"
     with pika.BlockingConnection(amqp_target.params()) as conn:
         conn.channel().queue_declare(queue, durable=True)
@@ -92,14 +92,20 @@ def test_routed_unroutable_and_confirmed_counters_only_grow(amqp_target: Target,
             with pytest.raises(UnroutableError):
                 ch.basic_publish("", f"nowhere-{uid}", b"returned", mandatory=True)
             ch.close()
-            now = {name: total(ports, name) for name in names}
+            now = _totals(ports, names)
             assert all(now[name] >= before[name] for name in names), (before, now)
         conn.channel().queue_delete(queue)
-    after = {name: total(ports, name) for name in names}
+    after = _totals(ports, names)
     assert after[names[0]] >= before[names[0]] + 3
     assert after[names[1]] >= before[names[1]] + 3
     assert after[names[2]] >= before[names[2]] + 3
     assert after[names[3]] >= before[names[3]] + 9  # every publish is confirmed, routed or not
+
+
+def _totals(ports: list[int], names: tuple[str, ...]) -> dict[str, float]:
+    """Each counter summed over the nodes, as Prometheus would (one scrape per node)."""
+    scrapes = [scrape(port) for port in ports]
+    return {name: sum(samples.get((name, ()), 0.0) for samples in scrapes) for name in names}
 
 
 def test_user_limits_are_enforced_with_rabbitmqs_errors(amqp_target: Target, uid: str) -> None:
