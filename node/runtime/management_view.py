@@ -401,7 +401,8 @@ class BrokerView:
         """A user with a password hash as a definitions file carries it (RabbitMQ's sha256 scheme, as ours): the
         smallest entry point the import needs that the broker lacks (Broker.add_user takes a password)."""
         self.broker.users.put_user(User(name, password_hash, tags))
-        self.broker.persist((UserRecord(name, password_hash, tags),))
+        limits = dict(self.broker.users.limits.get(name, {}))  # (kept: the file's own are set after)
+        self.broker.persist((UserRecord(name, password_hash, tags, limits=limits),))
         await self.emit(self.broker.take_effects())
 
     async def set_parameter(self, component: str, vhost: str, name: str, value_json: str) -> bool:

@@ -126,6 +126,16 @@ def test_user_limits_are_enforced_with_rabbitmqs_errors(amqp_target: Target, uid
             eventually("the limits", lambda p=port: _api(p, "GET", limits).json() == expected)
             row = next(u for u in _api(port, "GET", "/api/users").json() if u["name"] == user)
             assert row["limits"] == expected[0]["value"]
+        exported = next(u for u in _api(ports[-1], "GET", "/api/definitions").json()["users"] if u["name"] == user)
+        assert exported["limits"] == expected[0]["value"]  # definitions carry them both ways, as RabbitMQ 3.10's
+        imported = f"imported-{uid}"
+        assert _api(ports[-1], "POST", "/api/definitions", json={"users": [{
+            "name": imported, "password_hash": "kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR",
+            "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": "",
+            "limits": {"max-channels": 3}}]}).status_code in (200, 201, 204)
+        assert _api(ports[0], "GET", f"/api/user-limits/{imported}").json() == [
+            {"user": imported, "value": {"max-channels": 3}}]
+        assert _api(ports[0], "DELETE", f"/api/user-limits/{imported}/max-channels").status_code == 204
         conn = pika.BlockingConnection(amqp_target.params(user, "pw"))
         try:
             with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as refused:
