@@ -140,6 +140,8 @@ def test_console_pages_show_the_cluster(amqp_target: Target, uid: str, browser: 
             browser.find_element(By.ID, "password").send_keys("guest")
             browser.find_element(By.ID, "login-button").click()
             _check_pages(browser, amqp_target, ports, queue, exchange, policy, shovel, uid, tmp_path)
+            if amqp_target.mode == "single":  # (once: the tags are the API's, the same in both modes)
+                _management_user_sees_no_nodes(browser, port, uid)
         finally:
             _api(port, "DELETE", f"/api/parameters/shovel/{vhost}/{shovel}")
             _api(port, "DELETE", f"/api/policies/{vhost}/{policy}")
@@ -194,3 +196,26 @@ def _check_pages(browser: Any, target: Target, ports: list[int], queue: str, exc
 def _row(browser: Any, table: str, name: str) -> str:
     text = _wait_text(browser, table, lambda t: name in t, f"{name} in {table}")
     return next(line for line in text.splitlines() if name in line)
+
+
+def _management_user_sees_no_nodes(browser: Any, port: int, uid: str) -> None:
+    """A user tagged management only may not list nodes or shovels (RabbitMQ's tags): the console stays logged in
+    and leaves those tables out, as RabbitMQ's does."""
+    from selenium.webdriver.common.by import By
+
+    user = f"console-mgmt-{uid}"
+    _api(port, "PUT", f"/api/users/{user}", {"password": "pw", "tags": "management"})
+    _api(port, "PUT", f"/api/permissions/%2F/{user}", {"configure": ".*", "write": ".*", "read": ".*"})
+    browser.find_element(By.ID, "logout").click()
+    _wait_text(browser, "login", lambda t: "Log in" in t, "the login form again")
+    browser.find_element(By.ID, "username").clear()
+    browser.find_element(By.ID, "username").send_keys(user)
+    browser.find_element(By.ID, "password").clear()
+    browser.find_element(By.ID, "password").send_keys("pw")
+    browser.find_element(By.ID, "login-button").click()
+    _open(browser, "overview")
+    _wait_text(browser, "nodes", lambda t: "needs another user tag" in t, "nodes left out")
+    _wait_text(browser, "totals", lambda t: "Queues" in t, "the totals a management user sees")
+    _open(browser, "links")
+    _wait_text(browser, "shovels", lambda t: "needs another user tag" in t, "shovels left out")
+    assert browser.find_element(By.ID, "nav").is_displayed()

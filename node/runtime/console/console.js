@@ -1,10 +1,11 @@
 // raftmq web console: plain JavaScript over the management API (/api/...), no build step and no library.
 // How it works: the login form checks the credentials with GET /api/whoami and keeps them in sessionStorage (as
 // RabbitMQ's console keeps them); every request sends them as a Basic Authorization header, with fetch's
-// credentials "omit" so the browser never shows its own login dialog. The page named by the URL hash (#overview,
-// #queues, #connections, #exchanges, #policies, #links) is rendered from the API and re-rendered every
-// REFRESH_MS; the overview keeps the last HISTORY samples of queued messages and of message rates (the deltas of
-// the overview's message_stats counters) and draws them as SVG line charts.
+// credentials "omit" so the browser never shows its own login dialog; a listing the user's tags do not allow
+// (401 with another reason than "Login failed", e.g. nodes for a plain management user) is left out. The page
+// named by the URL hash (#overview, #queues, #connections, #exchanges, #policies, #links) is rendered from the
+// API and re-rendered every REFRESH_MS; the overview keeps the last HISTORY samples of queued messages and of
+// message rates (the deltas of the overview's message_stats counters) and draws them as SVG line charts.
 "use strict";
 
 const REFRESH_MS = Number(new URLSearchParams(location.search).get("refresh")) || 5000;  // ?refresh=ms
@@ -33,6 +34,8 @@ async function api(path) {
   const auth = sessionStorage.getItem(KEY);
   const response = await fetch(path, { credentials: "omit", headers: auth ? { Authorization: auth } : {} });
   if (response.status === 401) {
+    const body = await response.json().catch(() => ({}));
+    if (body.reason !== "Login failed") return null;  // the user's tags do not allow this listing (as RabbitMQ's)
     logout("Login failed");
     throw new Error("not logged in");
   }
@@ -41,6 +44,7 @@ async function api(path) {
 }
 
 function table(id, columns, rows) {
+  if (rows === null) return '<p id="' + id + '" class="status">(not shown: needs another user tag)</p>';
   const head = columns.map((c) => "<th>" + esc(c[0]) + "</th>").join("");
   const body = rows.length ? rows.map((r) => "<tr>" + columns.map((c) => {
     const value = c[1](r);
@@ -99,7 +103,6 @@ async function overview() {
   const ot = ov.object_totals || {};
   const totals = [["Connections", ot.connections], ["Channels", ot.channels], ["Exchanges", ot.exchanges],
     ["Queues", ot.queues], ["Consumers", ot.consumers], ["Messages", qt.messages]];
-  const nodeRows = nodes.map((n) => n);
   return "<h1>Overview</h1><p>Cluster <b id=\"cluster-name\">" + esc(ov.cluster_name) + "</b>, answered by node " +
     esc(ov.node) + ", " + esc(ov.product_name) + " " + esc(ov.product_version) + '</p><div class="totals" id="totals">' +
     totals.map((t) => "<div>" + esc(t[0]) + "<b>" + esc(t[1] === undefined ? 0 : t[1]) + "</b></div>").join("") +
@@ -114,7 +117,7 @@ async function overview() {
       ["Disk free", (n) => n.disk_free === undefined ? "?" : esc(bytes(n.disk_free) + " (limit " +
         bytes(n.disk_free_limit) + ")") + (n.disk_free_alarm ? ' <span class="bad">ALARM</span>' : ""), true],
       ["Uptime (s)", (n) => n.uptime === undefined ? "" : Math.round(n.uptime / 1000)],
-    ], nodeRows);
+    ], nodes);
 }
 
 function replication(q) {
