@@ -46,6 +46,7 @@ class UserRecord:
     name: str
     password_hash: str
     tags: tuple[str, ...] = ()
+    limits: dict[str, int] = field(default_factory=dict)  # max-connections, max-channels (RabbitMQ's user limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +176,7 @@ class PutUser:
     password_hash: str
     tags: tuple[str, ...] = ()
     cid: str = ""
+    limits: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -274,7 +274,7 @@ def _delete_vhost(s: MetadataState, c: DeleteVhost) -> Step:
 
 
 def _put_user(s: MetadataState, c: PutUser) -> Step:
-    return _upsert(s, "users", "user", c.name, UserRecord(c.name, c.password_hash, c.tags), (c.name,))
+    return _upsert(s, "users", "user", c.name, UserRecord(c.name, c.password_hash, c.tags, dict(c.limits)), (c.name,))
 
 
 def _delete_user(s: MetadataState, c: DeleteUser) -> Step:

@@ -43,6 +43,9 @@ class Authenticator(Protocol):
         """The vhost's max-connections limit when its connections reach it (this one is refused), else None."""
         ...
 
+    # Optional: `user_limit_reached(username, name, own) -> int | None`, the user's max-connections or
+    # max-channels when reached (`own`: this connection's channels); connection.py asks for it with getattr.
+
 
 def parse_sasl_response(mechanism: str, response: bytes) -> tuple[str, str] | None:
     """Return (username, password) from a PLAIN or AMQPLAIN response, or None when it is malformed."""

@@ -693,6 +693,10 @@ class ServerConnection:
         if limit is not None:  # RabbitMQ's text (rabbit_reader); checked after the access check, as there
             raise ProtocolError(ReplyCode.NOT_ALLOWED, f"access to vhost '{vhost}' refused for user "
                                 f"'{self.username}': connection limit ({limit}) is reached", 10, 40)
+        limit = self._user_limit("max-connections")
+        if limit is not None:  # RabbitMQ's text (rabbit_reader:is_over_user_connection_limit)
+            raise ProtocolError(ReplyCode.NOT_ALLOWED, f"Connection refused for user '{self.username}': user "
+                                f"connection limit ({limit}) is reached", 10, 40)
         self.vhost = vhost
         self.state = ConnectionState.OPEN
         self._write(encode_method_frame(0, m.ConnectionOpenOk()))
@@ -708,6 +712,11 @@ class ServerConnection:
         )
         if self.blocked and self.client_capability("connection.blocked"):
             self._write(encode_method_frame(0, m.ConnectionBlocked(self._blocked_reason)))
+
+    def _user_limit(self, name: str, own: int = 0) -> int | None:
+        """The user's limit `name` when reached (the authenticator's `user_limit_reached`, when it has one)."""
+        check = getattr(self.authenticator, "user_limit_reached", None)
+        return None if check is None else check(self.username, name, own)
 
     def _on_update_secret(self, method: m.Method, now_ms: int) -> None:
         """Connection.Update-Secret (RabbitMQ's extension): the new secret is the user's password now; the user
@@ -768,6 +777,10 @@ class ServerConnection:
         if not isinstance(method, m.ChannelOpen):
             class_id, method_id = (method.CLASS_ID, method.METHOD_ID) if method is not None else (0, 0)
             raise ProtocolError(ReplyCode.CHANNEL_ERROR, "expected 'channel.open'", class_id, method_id)
+        limit = self._user_limit("max-channels", len(self._channels))
+        if limit is not None:  # RabbitMQ's text; a connection error there too (rabbit_reader, not_allowed)
+            raise ProtocolError(ReplyCode.NOT_ALLOWED, f"number of channels opened for user '{self.username}' "
+                                f"has reached the maximum allowed user limit of ({limit})")
         self._channels[channel] = ChannelAssembly()
         self._write(encode_method_frame(channel, m.ChannelOpenOk()))
         self._events.append(ChannelOpened(channel))

@@ -65,6 +65,7 @@ class UserStore:
 
     users: dict[str, User] = field(default_factory=dict)
     permissions: dict[tuple[str, str], Permission] = field(default_factory=dict)
+    limits: dict[str, dict[str, int]] = field(default_factory=dict)  # user -> max-connections, max-channels
     loopback_users: frozenset[str] = frozenset({"guest"})
     _compiled: dict[str, re.Pattern[str] | None] = field(default_factory=dict)
 
@@ -73,11 +74,20 @@ class UserStore:
         self.users[name] = user
         return user
 
-    def put_user(self, user: User) -> None:
+    def put_user(self, user: User, limits: dict[str, int] | None = None) -> None:
         self.users[user.name] = user
+        if limits is not None:  # (a stored user record: its user limits, node/broker/user_limits.py)
+            self.set_limits(user.name, limits)
+
+    def set_limits(self, name: str, limits: dict[str, int]) -> None:
+        if limits:
+            self.limits[name] = dict(limits)
+        else:
+            self.limits.pop(name, None)
 
     def delete_user(self, name: str) -> None:
         self.users.pop(name, None)
+        self.limits.pop(name, None)
         for key in [k for k in self.permissions if k[0] == name]:
             del self.permissions[key]
 

@@ -86,6 +86,12 @@ class ConnAuthenticator:
     def connection_limit_reached(self, vhost: str) -> int | None:
         return self._broker.connection_limit_reached(vhost)
 
+    def user_limit_reached(self, username: str, name: str, own: int = 0) -> int | None:
+        """node/broker/user_limits.py: `own` counts this connection's channels the broker has not seen yet."""
+        conn = self._broker.conns.get(self._conn_id)
+        known = len(conn.channels) if conn is not None and conn.opened else 0
+        return self._broker.user_limit_reached(username, name, max(own - known, 0))
+
 
 class Broker(BrokerState):
     """The facade the runtime calls (see the module docstring); the state and its helpers are `BrokerState`'s."""

@@ -60,7 +60,7 @@ def _apply(broker: BrokerState, record: Record, stale: list[QueueState]) -> None
         if record.deleted:
             broker.users.delete_user(record.name)
         else:
-            broker.users.put_user(User(record.name, record.password_hash, tuple(record.tags)))
+            broker.users.put_user(User(record.name, record.password_hash, tuple(record.tags)), record.limits)
     elif isinstance(record, PermissionRecord):
         permission = Permission(record.configure, record.write, record.read)
         broker.set_permissions(record.user, record.vhost, permission)  # also clears the permission caches

@@ -115,9 +115,14 @@ def route_publish(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState
         queue_names = vhost.route(name, routing_key, props.headers)
         routed = bool(queue_names)
         tokens, rejected = enqueue_all(broker, vhost, queue_names, msg, ttl_ms)
-    if not routed and method.mandatory:
+    if routed:
+        broker.messages_routed += 1
+    elif method.mandatory:
+        broker.messages_unroutable_returned += 1
         ret = m.BasicReturn(reply_code=312, reply_text="NO_ROUTE", exchange=name, routing_key=routing_key)
         broker.out.append(SendContent(ch.conn_id, ch.number, ret, props, body))
+    else:
+        broker.messages_unroutable_dropped += 1
     if seq:
         if rejected:
             confirm_ready(broker, ch, (), (seq,))
@@ -134,6 +139,7 @@ def route_publish(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState
             # the common case, inlined: nothing older unconfirmed, so this seq is the next floor
             if seq > ch.confirm_floor:
                 ch.confirm_floor = seq
+            broker.messages_confirmed += 1
             broker.out.append(Send(ch.conn_id, ch.number, m.BasicAck(delivery_tag=seq, multiple=False)))
         else:
             confirm_ready(broker, ch, (seq,), ())
@@ -250,6 +256,7 @@ def confirm_ready(broker: BrokerState, ch: ChannelState, acks: tuple[int, ...] |
     if new_floor > old_floor:
         ch.confirm_floor = new_floor
     out = broker.out
+    broker.messages_confirmed += len(acks)
     if not nacks and len(acks) == 1:
         out.append(Send(ch.conn_id, ch.number, m.BasicAck(acks[0], False)))
         return

@@ -51,13 +51,14 @@ class UserRecord:
     password_hash: str
     tags: tuple[str, ...] = ()
     deleted: bool = False
+    limits: dict[str, int] = field(default_factory=dict)  # max-connections, max-channels (node/broker/user_limits.py)
 
     @property
     def stream(self) -> str:
         return DEFINITIONS_STREAM
 
     def to_cbor(self) -> list[Any]:
-        return ["user", self.name, self.password_hash, list(self.tags), self.deleted]
+        return ["user", self.name, self.password_hash, list(self.tags), self.deleted, self.limits]
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,7 +100,7 @@ def recover(broker: BrokerState, records: list[Record]) -> None:
         if urec.deleted:
             broker.users.delete_user(name)
         else:
-            broker.users.put_user(User(name, urec.password_hash, tuple(urec.tags)))
+            broker.users.put_user(User(name, urec.password_hash, tuple(urec.tags)), urec.limits)
     for (user, vhost_name), prec in fold.perms.items():
         if prec.deleted:
             broker.users.clear_permissions(user, vhost_name)

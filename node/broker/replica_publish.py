@@ -49,9 +49,14 @@ def _route(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState], meth
     else:
         targets = vhost.route(name, routing_key, props.headers)
         routed = bool(targets)
-    if not routed and method.mandatory:
+    if routed:
+        broker.messages_routed += 1
+    elif method.mandatory:
+        broker.messages_unroutable_returned += 1
         ret = m.BasicReturn(reply_code=312, reply_text="NO_ROUTE", exchange=name, routing_key=routing_key)
         broker.out.append(SendContent(ch.conn_id, ch.number, ret, props, body))
+    else:
+        broker.messages_unroutable_dropped += 1
     pending = PendingPublish(seq, commit_id) if seq or commit_id else None
     sequence = 0
     if targets:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.amqp.auth import parse_sasl_response
-from node.broker import vhost_limits
+from node.broker import user_limits, vhost_limits
 from node.broker.auth import Permission, UserStore
 from node.broker.channel import ChannelState, ConnState, Consumer
 from node.broker.effects import Effect, Persist
@@ -140,6 +140,12 @@ class BrokerState(ABC):
         self.flow_touched: dict[int, QueueState] = {}  # queues enqueued into by the running entry point, by id
         self.trace_vhosts: set[str] = set()  # vhosts with Firehose tracing on, on this node (node/broker/trace.py)
         self.trace_node = ""  # this node's name in the trace headers
+        # Monotonic counters for Prometheus (node/runtime/metrics.py): publishes routed to a queue, unroutable ones
+        # dropped or returned (mandatory), and publisher confirms (acks) sent.
+        self.messages_routed = 0
+        self.messages_unroutable_dropped = 0
+        self.messages_unroutable_returned = 0
+        self.messages_confirmed = 0
         self.flow_routes: dict[int, list[QueueState]] = {}  # conn_id -> queues its last read published to
         self.flow_paused: dict[int, FlowPause] = {}  # replicated: connections not read (credit_flow)
         self.flow_quiet: dict[int, int] = {}  # replicated: conn_id -> no pauses before this now_ms (a stalled one)
@@ -187,7 +193,25 @@ class BrokerState(ABC):
 
     def add_user(self, name: str, password: str, tags: tuple[str, ...] = ()) -> None:
         user = self.users.add_user(name, password, tags, self.config.rng(4))
-        self.persist((UserRecord(user.name, user.password_hash, user.tags),))
+        self.persist((UserRecord(user.name, user.password_hash, user.tags,
+                                 limits=dict(self.users.limits.get(name, {}))),))
+
+    def set_user_limits(self, name: str, limits: dict[str, int]) -> None:
+        """Replace the user's limits (validated by the caller: node/broker/user_limits.py); KeyError if none."""
+        user = self.users.users[name]
+        self.users.set_limits(name, limits)
+        self.persist((UserRecord(user.name, user.password_hash, user.tags, limits=dict(limits)),))
+
+    def user_limit_reached(self, username: str, name: str, own: int = 0) -> int | None:
+        """The user's limit `name` (max-connections, max-channels) when what the user holds on this node reaches
+        it, else None; `own` adds what the asking connection holds that the broker has not heard of yet."""
+        limits = self.users.limits.get(username)
+        if not limits or name not in limits:
+            return None
+        conns = [c for c in self.conns.values() if c.opened and c.username == username]
+        if name == user_limits.MAX_CONNECTIONS:
+            return user_limits.reached(limits, name, len(conns))
+        return user_limits.reached(limits, name, own + sum(len(c.channels) for c in conns))
 
     def set_permissions(self, user: str, vhost: str, permission: Permission) -> None:
         self.users.set_permissions(user, vhost, permission)

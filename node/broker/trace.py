@@ -69,7 +69,9 @@ def _trace(broker: BrokerState, ch: ChannelState, vhost: VHost[Any], exchange: s
         **after,
     }
     method = m.BasicPublish(exchange=TRACE_EXCHANGE, routing_key=key)
+    counts = broker.messages_routed, broker.messages_unroutable_dropped  # a copy is no client's publish
     broker.publish_route(broker, ch, vhost, method, BasicProperties(headers=headers), body, 0, None)
+    broker.messages_routed, broker.messages_unroutable_dropped = counts
 
 
 def _cc(props: Any) -> list[str]:

@@ -44,7 +44,7 @@ def broker_record(attr: str, rec: Any, deleted: bool = False) -> Any:
         return _build(br.VHostRecord, name=rec.name, deleted=deleted, limits=dict(getattr(rec, "limits", {})))
     if attr == "users":
         return _build(br.UserRecord, name=rec.name, password_hash=rec.password_hash, tags=tuple(rec.tags),
-                      deleted=deleted)
+                      deleted=deleted, limits=dict(getattr(rec, "limits", {})))
     if attr == "permissions":
         return _build(br.PermissionRecord, user=rec.user, vhost=rec.vhost, configure=rec.configure,
                       write=rec.write, read=rec.read, deleted=deleted)
@@ -173,7 +173,8 @@ def command_for(rec: Any, state: md.MetadataState, place: Placement) -> md.Comma
     if isinstance(rec, br.VHostRecord):
         return md.DeleteVhost(rec.name) if rec.deleted else md.PutVhost(rec.name, limits=dict(rec.limits))
     if isinstance(rec, br.UserRecord):
-        return md.DeleteUser(rec.name) if rec.deleted else md.PutUser(rec.name, rec.password_hash, tuple(rec.tags))
+        return md.DeleteUser(rec.name) if rec.deleted else md.PutUser(rec.name, rec.password_hash, tuple(rec.tags),
+                                                                      limits=dict(rec.limits))
     if isinstance(rec, br.PermissionRecord):
         if rec.deleted:
             return md.ClearPermissions(rec.user, rec.vhost)

@@ -12,7 +12,8 @@ runs on the trio thread of the node, so views read the broker without locks. Wit
 `management_ssl_*` settings, node/runtime/tls.py) the listener speaks HTTPS: each connection first completes a TLS
 handshake within `request_timeout_s`; everything after it is the same. `GET /metrics[/per-object]`
 (metrics.py) needs no login, as RabbitMQ's Prometheus endpoint; the Prometheus listener (`metrics_only`) serves
-only those paths.
+only those paths. `GET /` and `/console/...` serve the web console's files (management_console.py), also without
+login: the page logs in itself.
 
 Usage by the runtime: `await nursery.start(serve_management, view, host, port)` returns the bound port. The view is
 `management_view.BrokerView(broker, node.dispatch, node_name=...)` on a single node, a subclass in cluster mode.
@@ -39,6 +40,7 @@ from node.runtime.management_api import (
     handle_request,
     jsonable,
 )
+from node.runtime.management_console import console_reply
 from node.runtime.management_definitions import handle_definitions_request
 from node.runtime.management_http import (
     BODY_BYTES_MAX,
@@ -137,6 +139,9 @@ class _Server:
                                    metrics.CONTENT_TYPE))
         if self.metrics_only:
             return error_reply(404, "Object Not Found", "Not Found")
+        page = console_reply(head)  # the web console's static files, no login (management_console.py)
+        if page is not None:
+            return page
         try:
             with trio.fail_after(self.limits.command_timeout_s):
                 return await handle_request(self.view, head, body, loopback, ROUTES)

@@ -6,8 +6,8 @@ the default exchange's) into RabbitMQ 3.10's JSON shape; a vhost's export leaves
 permissions and drops the `vhost` fields, as RabbitMQ's does. Import takes the same sections in RabbitMQ's order
 (users, vhosts, permissions, parameters, policies, queues, exchanges, bindings): users, vhosts, permissions,
 parameters and policies go through the view's commands (as PUT /api/... would), users given with a password hash
-through `BrokerView.import_user`; queues, exchanges and bindings are declared over AMQP as the importing user
-(management_amqp.py), so that user needs configure/write/read permissions in the vhosts the file fills (a file's
+through `BrokerView.import_user`, then their `limits` (user limits); queues, exchanges and bindings are declared
+over AMQP as the importing user (management_amqp.py), so that user needs configure/write/read permissions in the vhosts the file fills (a file's
 own permissions are set first). Sections raftmq does not have (topic permissions, global parameters other than
 cluster_name, operator policies) are ignored. The first refused item stops the import with its error.
 """
@@ -54,7 +54,8 @@ def export(view: ManagementView, vhost: str | None) -> dict[str, Any]:
                            "product_name": "raftmq", "product_version": RABBIT_VERSION}
     if vhost is None:
         out["users"] = [{"name": u["name"], "password_hash": u["password_hash"],
-                         "hashing_algorithm": u["hashing_algorithm"], "tags": list(u["tags"]), "limits": {}}
+                         "hashing_algorithm": u["hashing_algorithm"], "tags": list(u["tags"]),
+                         "limits": dict(u.get("limits") or {})}
                         for u in view.users()]
         out["vhosts"] = [{"name": v["name"]} for v in view.vhosts()]
         out["permissions"] = [{k: p[k] for k in ("user", "vhost", "configure", "write", "read")}
@@ -96,6 +97,10 @@ async def import_definitions(view: Any, body: dict[str, Any], caller: Caller, vh
             else:
                 await view.run_command("add_user", check_command_args("add_user", {
                     "name": user.get("name"), "password": user.get("password"), "tags": _tags(user.get("tags"))}))
+            limits = user.get("limits")
+            for name, value in (limits.items() if isinstance(limits, dict) else ()):  # RabbitMQ 3.10's user limits
+                await view.run_command("set_user_limit", check_command_args("set_user_limit", {
+                    "user": user.get("name"), "name": name, "value": value}))
         for row in _section(body, "vhosts"):
             await view.run_command("add_vhost", check_command_args("add_vhost", {"name": row.get("name")}))
         for row in _section(body, "permissions"):

@@ -10,9 +10,12 @@ PUT/DELETE /api/exchanges/{vhost}/{name} (?if-unused), POST /api/exchanges/{vhos
 GET /api/exchanges/{vhost}/{name}/bindings/source|destination,
 GET/POST /api/bindings/{vhost}/e/{source}/q|e/{destination}, GET/DELETE .../{properties_key},
 GET /api/channels, /api/channels/{name}, /api/vhosts/{vhost}/channels, /api/connections/{name}/channels,
+DELETE /api/connections/{name} (X-Reason: the close reason; cluster: the node holding it closes it),
 GET /api/aliveness-test/{vhost}, /api/healthchecks/node, /api/health/checks/alarms|local-alarms,
-GET /api/user-limits[/{user}] (user limits are not enforced: PUT answers 501). In cluster mode GET /api/connections,
-/api/channels and /api/consumers[/{vhost}] add every peer's rows (management_peers.py).
+GET /api/user-limits[/{user}], PUT/DELETE /api/user-limits/{user}/{max-connections|max-channels} (enforced by
+the broker: node/broker/user_limits.py). In cluster mode GET /api/connections,
+/api/channels and /api/consumers[/{vhost}] add every peer's rows (management_peers.py); /api/nodes adds each
+peer's memory and disk figures and /api/overview adds up every node's message counts.
 """
 
 from __future__ import annotations
@@ -22,9 +25,16 @@ from urllib.parse import quote, quote_plus
 
 from node.amqp import methods as m
 from node.runtime import management_amqp as amqp
-from node.runtime.management_api import Caller, CommandError, ManagementView, Reply, jsonable
+from node.runtime.management_api import (
+    Caller,
+    CommandError,
+    ManagementView,
+    Reply,
+    check_command_args,
+    jsonable,
+)
 from node.runtime.management_http import RequestHead, parse_json_body, properties_key
-from node.runtime.management_peers import LOCAL_QUERY, peer_rows
+from node.runtime.management_peers import LOCAL_QUERY, peer_answers, peer_delete, peer_rows
 
 DEFAULT_EXCHANGE = "amq.default"
 CLUSTER_WIDE = frozenset({"connections", "channels", "consumers"})
@@ -61,9 +71,14 @@ async def handle_object_request(view: ManagementView, head: RequestHead, raw: by
         return await _binding(view, method, rest, raw, caller)
     if method == "GET" and what in CLUSTER_WIDE and (len(rest) == 0 or (what == "consumers" and len(rest) == 1)):
         return await _cluster_wide(view, head, caller)
+    if method == "GET" and what in ("nodes", "overview") and not rest and view.peers() and \
+            LOCAL_QUERY not in head.query:
+        return await _cluster_node_stats(view, what, caller)
+    if method == "DELETE" and what == "connections" and len(rest) == 1:
+        return await _close_connection(view, head, rest[0], caller)
     if method != "GET":
         if what == "user-limits" and len(rest) == 2 and method in ("PUT", "DELETE"):
-            raise CommandError(501, "user limits are not enforced by raftmq yet", error="not_implemented")
+            return await _user_limit(view, method, rest, raw)
         return None
     if what == "channels" and len(rest) <= 1:
         rows = caller.visible_connections(view.channels())
@@ -87,7 +102,8 @@ async def handle_object_request(view: ManagementView, head: RequestHead, raw: by
                                "alarms": [{"node": view.node_name, "resource": a} for a in alarms]})
         return Reply(200, {"status": "ok"})
     if what == "user-limits" and len(rest) <= 1:
-        return Reply(200, [])
+        rows = view.user_limits()
+        return Reply(200, jsonable([r for r in rows if r["user"] == rest[0]] if rest else rows))
     return None
 
 
@@ -105,6 +121,63 @@ async def _cluster_wide(view: ManagementView, head: RequestHead, caller: Caller)
     if what == "consumers":
         return Reply(200, jsonable(caller.visible(rows)))
     return Reply(200, jsonable(caller.visible_connections(rows)))
+
+
+async def _user_limit(view: ManagementView, method: str, rest: tuple[str, ...], raw: bytes) -> Reply:
+    """PUT /api/user-limits/{user}/{name} {"value": N} and DELETE of one limit (RabbitMQ 3.10's paths)."""
+    user, name = rest
+    if method == "PUT":
+        value = _body(raw).get("value")
+        args = check_command_args("set_user_limit", {"user": user, "name": name, "value": value})
+        await view.run_command("set_user_limit", args)
+    else:
+        await view.run_command("clear_user_limit", {"user": user, "name": name})
+    return Reply(204)
+
+
+async def _close_connection(view: ManagementView, head: RequestHead, name: str, caller: Caller) -> Reply:
+    """RabbitMQ's DELETE /api/connections/{name}: the node holding the connection closes it with 320
+    CONNECTION_FORCED and the X-Reason header as its reason. A user who is neither administrator nor monitoring may
+    close only their own connections (as RabbitMQ); others' are 404 to them, as they do not see them."""
+    reason = head.headers.get("x-reason") or "Closed via management plugin"
+    local = [r for r in view.connections() if r["name"] == name]
+    if local:
+        if not caller.visible_connections(local) or not await view.close_connection(name, reason):
+            raise CommandError(404, "Not Found")
+        return Reply(204)
+    peers = view.peers()
+    if peers and LOCAL_QUERY not in head.query:
+        path = "/" + "/".join(quote(s, safe="") for s in head.segments)
+        extra = (("X-Reason", reason),) if "x-reason" in head.headers else ()
+        if await peer_delete(peers, path, caller.authorization, extra):
+            return Reply(204)
+    raise CommandError(404, "Not Found")
+
+
+async def _cluster_node_stats(view: ManagementView, what: str, caller: Caller) -> Reply:
+    """Cluster mode: /api/nodes with each running peer's own memory and disk figures, /api/overview with the
+    message counts and the connection, channel and consumer totals of every node added up (each node counts its
+    own clients)."""
+    answers = await peer_answers(view.peers(), f"/api/{what}", caller.authorization)
+    if what == "overview":  # (queues and exchanges are every broker's; connections, channels, consumers each node's)
+        overview = view.overview()
+        stats, totals = overview["message_stats"], overview["object_totals"]
+        for answer in answers:
+            if not isinstance(answer, dict):
+                continue
+            for key, value in (answer.get("message_stats") or {}).items():
+                if isinstance(value, int) and key in stats:
+                    stats[key] += value
+            for key in ("connections", "channels", "consumers"):
+                value = (answer.get("object_totals") or {}).get(key)
+                if isinstance(value, int):
+                    totals[key] += value
+        return Reply(200, jsonable(overview))
+    own = {row["name"]: row for rows in answers if isinstance(rows, list) for row in rows
+           if isinstance(row, dict) and "mem_used" in row and isinstance(row.get("name"), str)}
+    rows = [{**row, **own[row["name"]], "running": row["running"]} if row["name"] in own else row
+            for row in view.nodes()]
+    return Reply(200, jsonable(rows))
 
 
 def _one(rows: list[dict[str, Any]]) -> dict[str, Any]:

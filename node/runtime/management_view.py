@@ -28,11 +28,13 @@ from typing import Any
 
 from cluster.federation import params as fed_params
 from cluster.shovel.params import ShovelParamError, parse_definition
+from node.amqp.errors import reply_text
+from node.amqp.spec import ReplyCode
 from node.broker import policies as pol
-from node.broker import policy_apply, vhost_limits
+from node.broker import policy_apply, user_limits, vhost_limits
 from node.broker.auth import User
 from node.broker.backend_mirror import mirror_status
-from node.broker.effects import Persist
+from node.broker.effects import CloseConnection, Persist
 from node.broker.records import UserRecord
 from node.runtime.management_api import CLUSTER_COMMANDS, NOT_IN_CLUSTER, CommandError
 from node.runtime.management_http import properties_key
@@ -97,12 +99,35 @@ class BrokerView:
                 "messages_unacknowledged": sum(q["messages_unacknowledged"] for q in queues),
             },
             "listeners": listeners,
+            "message_stats": self.message_stats(),
         }
+
+    def message_stats(self) -> dict[str, int]:
+        """This node's monotonic message counts, with RabbitMQ's overview field names (the console's rates)."""
+        counters, broker = self.counters, self.broker
+        return {"publish": getattr(counters, "messages_received", 0),
+                "deliver_get": getattr(counters, "messages_delivered", 0),
+                "confirm": getattr(broker, "messages_confirmed", 0),
+                "return_unroutable": getattr(broker, "messages_unroutable_returned", 0),
+                "drop_unroutable": getattr(broker, "messages_unroutable_dropped", 0)}
 
     def nodes(self) -> list[dict[str, Any]]:
         return [{"name": self.node_name, "type": "disc", "running": True, "being_drained": False,
                  "uptime": int(time.time() * 1000) - self.started_ms, "partitions": [],
-                 "mem_alarm": "memory" in self.broker.alarms, "disk_free_alarm": "disk" in self.broker.alarms}]
+                 "mem_alarm": "memory" in self.broker.alarms, "disk_free_alarm": "disk" in self.broker.alarms,
+                 **self._resources()}]
+
+    def _resources(self) -> dict[str, int]:
+        """Memory used and its limit, free disk and its limit (RabbitMQ's /api/nodes fields), from the probe."""
+        probe = self.probe
+        if probe is None:
+            return {}
+        from node.runtime.probes import disk_free_bytes, rss_bytes
+
+        free = disk_free_bytes(probe.data_dir)
+        return {"mem_used": rss_bytes(), "mem_limit": probe.memory_limit_bytes,
+                "disk_free": free if free is not None else 0,
+                "disk_free_limit": probe.config.disk_free_limit_bytes}
 
     def vhosts(self) -> list[dict[str, Any]]:
         totals: dict[str, list[int]] = {}
@@ -119,7 +144,7 @@ class BrokerView:
 
     def users(self) -> list[dict[str, Any]]:
         return [{"name": u.name, "password_hash": u.password_hash, "hashing_algorithm": HASHING_ALGORITHM,
-                 "tags": list(u.tags), "limits": {}}
+                 "tags": list(u.tags), "limits": dict(self.broker.users.limits.get(u.name, {}))}
                 for u in sorted(self.broker.users.users.values(), key=lambda u: u.name)]
 
     def permissions(self) -> list[dict[str, Any]]:
@@ -312,11 +337,26 @@ class BrokerView:
         return [{"vhost": name, "value": dict(vhost.limits)}
                 for name, vhost in sorted(self.broker.vhosts.items()) if vhost.limits]
 
+    def user_limits(self) -> list[dict[str, Any]]:
+        """Users with limits, as RabbitMQ's /api/user-limits: [{"user": name, "value": {limit: n}}]."""
+        return [{"user": name, "value": dict(limits)} for name, limits in sorted(self.broker.users.limits.items())
+                if limits]
+
     # --- changes --------------------------------------------------------------------------------------------
 
     def set_tracing(self, vhost: str, on: bool) -> None:
         """Firehose tracing of `vhost` on this node (node/broker/trace.py), as rabbit_trace:start/stop."""
         self.broker.set_tracing(vhost, on, self.node_name)
+
+    async def close_connection(self, name: str, reason: str) -> bool:
+        """Close this node's connection `name` with 320 CONNECTION_FORCED and `reason` (as RabbitMQ's DELETE
+        /api/connections/{name}); False when no connection here has that name."""
+        for conn in list(self.broker.conns.values()):
+            if self.connection_name(conn) == name:
+                text = reply_text(ReplyCode.CONNECTION_FORCED, reason)
+                await self.emit([CloseConnection(conn.conn_id, int(ReplyCode.CONNECTION_FORCED), text)])
+                return True
+        return False
 
     async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         if name in ("set_parameter", "clear_parameter", "restart_shovel"):
@@ -342,6 +382,8 @@ class BrokerView:
             created = False
         elif name in ("set_vhost_limit", "clear_vhost_limit"):
             created = self._change_vhost_limit(name, args)
+        elif name in ("set_user_limit", "clear_user_limit"):
+            created = self._change_user_limit(name, args)
         elif name in CLUSTER_COMMANDS:
             raise CommandError(501, NOT_IN_CLUSTER)
         else:
@@ -371,7 +413,8 @@ class BrokerView:
         """A user with a password hash as a definitions file carries it (RabbitMQ's sha256 scheme, as ours): the
         smallest entry point the import needs that the broker lacks (Broker.add_user takes a password)."""
         self.broker.users.put_user(User(name, password_hash, tags))
-        self.broker.persist((UserRecord(name, password_hash, tags),))
+        limits = dict(self.broker.users.limits.get(name, {}))  # (kept: the file's own are set after)
+        self.broker.persist((UserRecord(name, password_hash, tags, limits=limits),))
         await self.emit(self.broker.take_effects())
 
     async def set_parameter(self, component: str, vhost: str, name: str, value_json: str) -> bool:
@@ -411,6 +454,22 @@ class BrokerView:
         try:
             self.broker.set_vhost_limits(args["vhost"], vhost_limits.validate(limits))
         except vhost_limits.VhostLimitError as exc:
+            raise CommandError(400, str(exc)) from None
+        return created
+
+    def _change_user_limit(self, command: str, args: dict[str, Any]) -> bool:
+        """Set or clear one of a user's limits (node/broker/user_limits.py); the others stay. 404 for no user."""
+        if args["user"] not in self.broker.users.users:
+            raise CommandError(404, f"user_not_found: {args['user']}", error="not_found")
+        limits = dict(self.broker.users.limits.get(args["user"], {}))
+        created = args["name"] not in limits
+        if command == "set_user_limit":
+            limits[args["name"]] = args["value"]
+        else:
+            limits.pop(args["name"], None)
+        try:
+            self.broker.set_user_limits(args["user"], user_limits.validate(limits))
+        except user_limits.UserLimitError as exc:
             raise CommandError(400, str(exc)) from None
         return created
 

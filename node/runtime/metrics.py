@@ -12,7 +12,8 @@ node knows them: the committed ISR, its replica's HW).
 How it works: `render(view, counters, per_object)` reads the broker's tables on the trio thread (queue machines'
 counts, connections, channels, consumers), the node's counters (`messages_received`, `messages_delivered`,
 counted by node/runtime/dispatch.py as publishes arrive and deliveries leave, so they are monotonic whatever the
-channels do), the resource probe (memory limit, RSS, free disk) and, in cluster mode, `view.raft_groups()` (each
+channels do), the broker's own counters (`messages_confirmed`, `messages_routed`, `messages_unroutable_*`,
+node/broker/state.py, counted where publishes are routed and confirms sent), the resource probe (memory limit, RSS, free disk) and, in cluster mode, `view.raft_groups()` (each
 hosted queue group's Raft status). One pass per table; no per-queue JSON rows are built.
 """
 
@@ -102,6 +103,18 @@ def render(view: Any, counters: Any, probe: Any, per_object: bool) -> str:
     out.metric("rabbitmq_global_messages_delivered_total", "counter",
                "Total number of messages delivered to consumers (deliveries and basic.get)",
                [({}, getattr(counters, "messages_delivered", 0))])
+    for name, help_text, value in (
+            ("rabbitmq_global_messages_confirmed_total", "Total number of messages confirmed to publishers",
+             broker.messages_confirmed),
+            ("rabbitmq_global_messages_routed_total", "Total number of messages routed to queues",
+             broker.messages_routed),
+            ("rabbitmq_global_messages_unroutable_dropped_total",
+             "Total number of messages published as non-mandatory into an exchange and dropped as unroutable",
+             broker.messages_unroutable_dropped),
+            ("rabbitmq_global_messages_unroutable_returned_total",
+             "Total number of messages published as mandatory into an exchange and returned to the publisher as "
+             "unroutable", broker.messages_unroutable_returned)):
+        out.metric(name, "counter", help_text, [({}, value)])
     if probe is not None:
         from node.runtime.probes import disk_free_bytes, rss_bytes
 
