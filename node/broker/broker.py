@@ -53,6 +53,7 @@ from node.broker import (
 )
 from node.broker.auth import Permission
 from node.broker.backend_local import LocalBackend
+from node.broker.backend_owned import OwnedBackend, RemoteBackend, forward_outcome
 from node.broker.backend_raft import RaftBackend
 from node.broker.channel import ChannelState, ConnState
 from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Send, Unblock
@@ -107,9 +108,10 @@ class Broker(BrokerState):
             self.choose_backend = lambda queue: local
             self.publish_route = publish.route_publish
             return
-        raft = RaftBackend()
-        self.backends = (raft,)
-        self.choose_backend = lambda queue: raft
+        raft, owned, remote = RaftBackend(), OwnedBackend(), RemoteBackend()
+        self.backends = (raft, owned, remote)  # (raft first: its after_read runs the credit flow of every queue)
+        self.choose_backend = lambda queue: (  # node-local exclusive queues: node/broker/backend_owned.py
+            raft if queue.exclusive_owner is None else owned if type(queue.exclusive_owner) is int else remote)
         self.publish_route = replica_publish.route_publish
         self.handlers = {**_HANDLERS, **replica.HANDLERS}
         self.global_ids = self.definitions_shared = self.reads_wait_for_replica = True
@@ -431,6 +433,11 @@ class Broker(BrokerState):
     def proposal_abandoned(self, vhost: str, queue: str, data: bytes) -> list[Effect]:
         """The runtime gave up on a proposal: a publish waiting on it is nacked, a get answered get-empty."""
         replica.proposal_abandoned(self, vhost, queue, data)
+        return self._finish_replicated()
+
+    def forward_outcome(self, vhost: str, queue: str, publisher_id: Any, sequence: int, acked: bool) -> list[Effect]:
+        """The owner's node confirmed (or nacked) a `ForwardPublish` of this node (backend_owned.py)."""
+        forward_outcome(self, vhost, queue, publisher_id, sequence, acked)
         return self._finish_replicated()
 
     def queue_snapshot(self, vhost: str, queue: str) -> bytes:

@@ -18,7 +18,7 @@ from cluster.queue import Enqueue, QueuedMessage
 from node.amqp import methods as m
 from node.broker import delivery, publish, replica_dead_letters
 from node.broker.channel import ChannelState, ConnState, Message, PendingPublish, TxState
-from node.broker.effects import Send, SendContent
+from node.broker.effects import ForwardPublish, Send, SendContent
 from node.broker.errors import precondition
 from node.broker.queues import QueueState
 from node.broker.replica_machine import ACCEPTED, DUPLICATE, REJECTED, propose, queue_of
@@ -54,6 +54,7 @@ def _route(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState], meth
         broker.out.append(SendContent(ch.conn_id, ch.number, ret, props, body))
     pending = PendingPublish(seq, commit_id) if seq or commit_id else None
     sequence = 0
+    rejected = False
     if targets:
         sequence = _next_sequence(ch)
         message = QueuedMessage(msg, len(body), props.delivery_mode == 2, props.priority or 0, ttl_ms)
@@ -63,19 +64,33 @@ def _route(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState], meth
             queue = queues.get(queue_name)
             if queue is None:
                 continue
+            kind = queue.backend.name
+            if kind != "raft":  # a node-local exclusive queue (node/broker/backend_owned.py)
+                if kind == "owned":
+                    local = QueuedMessage(msg, len(body), False, props.priority or 0, ttl_ms)  # (never stored)
+                    rejected = delivery.enqueue(broker, queue, Enqueue(local, now_ms)) < 0 or rejected
+                    continue
+                owner = str(queue.exclusive_owner).rsplit("/", 2)[0]
+                queue.flow_inflight += 1
+                touched[id(queue)] = queue
+                broker.out.append(ForwardPublish(owner, vhost.name, queue_name, props, body, publisher_id, sequence))
+                if pending is not None:
+                    pending.targets[(vhost.name, queue_name)] = Enqueue(message, now_ms, publisher_id, sequence)
+                continue
             touched[id(queue)] = queue  # credit flow: looked at after this read (credit_flow.after_read)
             command = Enqueue(message, now_ms, publisher_id, sequence)
             propose_enqueue(broker, queue, command)
             if pending is not None:
                 pending.targets[(vhost.name, queue_name)] = command
     if pending is not None and pending.targets:
+        pending.nacked = pending.nacked or rejected
         ch.repl_waiting[sequence] = pending
         pending.sequences.append(sequence)
         if seq:
             ch.confirm_waiting[seq] = 1
         return [sequence]
     if seq:
-        publish.confirm_ready(broker, ch, (seq,), ())
+        publish.confirm_ready(broker, ch, () if rejected else (seq,), (seq,) if rejected else ())
     return []
 
 

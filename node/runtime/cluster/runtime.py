@@ -90,6 +90,7 @@ from node.runtime.cluster.definition_replies import (
     refusal_reply,
     uncommitted_creations,
 )
+from node.runtime.cluster.forward import Forwarder
 from node.runtime.cluster.incarnation_file import IncarnationFile
 from node.runtime.cluster.liveness import MembershipAndLiveness
 from node.runtime.cluster.members import adopt_metadata_layout, watch_membership
@@ -126,6 +127,7 @@ class ClusterRuntime(MembershipAndLiveness):
         self.store: MetadataStore | None = None
         self.raft: RaftNodeRuntime | None = None
         self.mirrored = md.MetadataState()
+        self.forwarder = Forwarder(self)  # publishes to exclusive queues owned on other nodes (forward.py)
         self.group_queues = QueueGroups()  # group -> (vhost, name), and the queue's current group (group_of)
         self.group_incarnations: dict[GroupId, int] = {}  # the incarnation each hosted group serves
         self.incarnation_file = IncarnationFile(self.data_dir)
@@ -159,8 +161,9 @@ class ClusterRuntime(MembershipAndLiveness):
     def attach(self, node: Any) -> None:
         """The `Node` whose dispatch carries out effects; `ProposeQueue` effects are routed here."""
         self.node = node
-        from node.broker.effects import ProposeQueue
+        from node.broker.effects import ForwardPublish, ProposeQueue
         node.effect_sinks[ProposeQueue] = self._on_propose
+        node.effect_sinks[ForwardPublish] = self.forwarder.submit  # node-local exclusive queues (forward.py)
 
     # ------------------------------------------------------------------------------------------ start-up
 
@@ -197,6 +200,7 @@ class ClusterRuntime(MembershipAndLiveness):
             async with trio.open_nursery() as nursery:
                 self._metadata_tasks = nursery
                 await nursery.start(self.raft.run)
+                await nursery.start(self.forwarder.run)
                 self._raft_started()
                 nursery.start_soon(self._watch_metadata)
                 nursery.start_soon(self._retry_timer)
@@ -248,7 +252,7 @@ class ClusterRuntime(MembershipAndLiveness):
         """Host a group per queue of `state` and no other queue group. A redeclared queue's group id differs from
         the old one's (its incarnation is in it): the old group is removed first, then the new one added."""
         assert self.raft is not None
-        wanted = {group_of_record(q): q for q in state.queues.values()}
+        wanted = {group_of_record(q): q for q in state.queues.values() if not q.exclusive_owner}  # (node-local)
         for group in [g for g in self.group_queues if g not in wanted]:
             self._remove_group(group)
             self._record_incarnation(group, None)
@@ -297,7 +301,8 @@ class ClusterRuntime(MembershipAndLiveness):
         incarnation in the id that is only a group recorded by an older build under its legacy id.)"""
         assert self.raft is not None
         self.recorded_incarnations = self.incarnation_file.load()
-        wanted: dict[str, int] = {group_of_record(q): q.incarnation for q in state.queues.values()}
+        wanted: dict[str, int] = {group_of_record(q): q.incarnation for q in state.queues.values()
+                                  if not q.exclusive_owner}
         for group in stale_groups(self.recorded_incarnations, wanted):
             log.warning("cluster: queue group %s: local state of incarnation %d is stale (the metadata has no such "
                         "group); deleting it", group, self.recorded_incarnations[group])
@@ -403,7 +408,8 @@ class ClusterRuntime(MembershipAndLiveness):
                 command.queue, incarnation=incarnation_of_cid(command.cid)))
         self.stats["definitions"] += 1
         declared = None
-        if isinstance(command, md.DeclareQueue) and command.queue.initial_leader == self.name:
+        if (isinstance(command, md.DeclareQueue) and command.queue.initial_leader == self.name
+                and not command.queue.exclusive_owner):
             declared = group_of_record(command.queue)  # a new group: may lead term 1 here (_bootstrap)
             self._declared_here.add(declared)
         try:
