@@ -71,7 +71,7 @@ class Forwarder:
         if link is None:
             link = self.links[key] = _Link(effect.node, effect.vhost)
         if len(link.waiting) >= QUEUED_MAX or self.nursery is None:
-            self._answer([effect], acked=False)
+            self._answer([effect], acked=False, inside_dispatch=True)
             return
         link.waiting.append(effect)
         link.wake.set()
@@ -90,14 +90,18 @@ class Forwarder:
         return AmqpUri(host=host, port=member.amqp_port, username=config.default_user,
                        password=config.default_pass, vhost=vhost, connection_timeout_ms=CONNECT_TIMEOUT_MS)
 
-    def _answer(self, publishes: list[ForwardPublish], acked: bool) -> None:
+    def _answer(self, publishes: list[ForwardPublish], acked: bool, inside_dispatch: bool = False) -> None:
         if not publishes:
             return
         self.stats["acked" if acked else "nacked"] += len(publishes)
         broker = self.cluster.broker
         for publish in publishes:
-            self.cluster.dispatch(broker.forward_outcome(publish.vhost, publish.queue, publish.publisher_id,
-                                                         publish.sequence, acked))
+            effects = broker.forward_outcome(publish.vhost, publish.queue, publish.publisher_id, publish.sequence,
+                                             acked)
+            if inside_dispatch:
+                self.cluster.node.apply_effects(effects)
+            else:
+                self.cluster.dispatch(effects)
 
     async def _serve(self, link: _Link) -> None:
         """Open the link, send until it fails or stays idle; a failure nacks what it could not deliver."""
