@@ -10,7 +10,8 @@ to the peer's AMQP port, logged in as the configured default user, with one chan
 to the default exchange with the queue's name as routing key (the owner's node enqueues into its local queue and
 confirms at once; a queue gone meanwhile is unroutable, which RabbitMQ confirms too), in submission order, at most
 `INFLIGHT_MAX` unconfirmed per link. A link that fails (peer down, refused, closed) nacks what it had in flight and
-what waited for it; the next publish opens a new link. The broker counts forwarded publishes as in flight for
+what waited for it; the next publish opens a new link (publishes in the `RETRY_AFTER_S` after a failure are nacked
+at once). The broker counts forwarded publishes as in flight for
 credit flow, so a publisher far ahead of a slow link is paused like one ahead of a Raft queue.
 """
 
@@ -34,6 +35,7 @@ INFLIGHT_MAX = 1024  # unconfirmed forwarded publishes per link
 QUEUED_MAX = 65_536  # publishes waiting for a link; beyond this they are nacked at once
 CONNECT_TIMEOUT_MS = 3000
 IDLE_CLOSE_S = 60.0  # a link without publishes for this long closes
+RETRY_AFTER_S = 0.5  # after a failed link, publishes are nacked at once for this long (no connect storm)
 
 
 class _Link:
@@ -47,6 +49,8 @@ class _Link:
         self.wake = trio.Event()
         self.room = trio.Event()
         self.running = False
+        self.retry_at = 0.0  # after a failure: publishes before this trio time are nacked without a new connect
+        self.failures = 0  # failures in a row (logged once per streak)
 
 
 class Forwarder:
@@ -70,7 +74,7 @@ class Forwarder:
         link = self.links.get(key)
         if link is None:
             link = self.links[key] = _Link(effect.node, effect.vhost)
-        if len(link.waiting) >= QUEUED_MAX or self.nursery is None:
+        if len(link.waiting) >= QUEUED_MAX or self.nursery is None or trio.current_time() < link.retry_at:
             self._answer([effect], acked=False, inside_dispatch=True)
             return
         link.waiting.append(effect)
@@ -112,6 +116,9 @@ class Forwarder:
                 raise LinkClosed(404, f"no cluster member {link.node}")
             async with open_link(uri, connection_name=f"raftmq forward {self.cluster.name} -> {link.node}") as conn:
                 self.stats["links_opened"] += 1
+                if link.failures:
+                    log.info("cluster: forwarding link to %s (vhost %s) open again", link.node, link.vhost)
+                link.failures = 0
                 channel = await conn.channel()
                 await conn.call(channel, m.ConfirmSelect(nowait=False), m.ConfirmSelectOk)
                 async with trio.open_nursery() as nursery:
@@ -121,8 +128,11 @@ class Forwarder:
         except* (OSError, LinkClosed, trio.TooSlowError, trio.BrokenResourceError) as group:
             failed = True
             self.stats["link_failures"] += 1
-            log.warning("cluster: forwarding link to %s (vhost %s) failed: %s", link.node, link.vhost,
-                        group.exceptions[0])
+            link.failures += 1
+            link.retry_at = trio.current_time() + RETRY_AFTER_S
+            if link.failures == 1:
+                log.warning("cluster: forwarding link to %s (vhost %s) failed: %s (publishes to its exclusive "
+                            "queues are nacked while it fails)", link.node, link.vhost, group.exceptions[0])
         finally:
             link.running = False
             if failed or link.inflight:
