@@ -24,7 +24,7 @@ Queue backends (node/broker/backend.py; docs/ARCHITECTURE.md, "Queue backends"):
 when declared or recovered, from `_choose_backends`, the one place that reads the node's mode
 (`BrokerConfig.replicated`). A single node's queues are `LocalBackend`s; a cluster node's are `RaftBackend`s
 (docs/cluster.md): queue commands come out as `ProposeQueue` effects and committed entries come back through
-`apply_committed`. The entry points of the cluster are thin wrappers over `replica`, `replica_publish`,
+`apply_committed`; its exclusive queues are node-local (`OwnedBackend`/`RemoteBackend`, backend_owned.py). The entry points of the cluster are thin wrappers over `replica`, `replica_publish`,
 `replica_control` (queues) and `mirror` (definitions from other nodes).
 """
 

@@ -6,7 +6,9 @@ number of the connection; `tx_commit` does the same for a transaction's publishe
 this node answers with Accepted, Duplicate or Rejected as the entry commits (`replica.apply_committed` calls
 `on_outcome`); a publish is confirmed when every target accepted it (or saw a duplicate) and nacked on a rejection
 or abandonment. Confirms released during one entry point go out per channel (`flush_confirms`). `forget_queue`
-releases what waited on a deleted queue (called by `definitions.delete_queue`).
+releases what waited on a deleted queue (called by `definitions.delete_queue`). A node-local exclusive queue
+(node/broker/backend_owned.py) is not proposed to: on its owner's node the Enqueue applies at once, elsewhere the
+publish leaves as `ForwardPublish` and its outcome comes back through `on_outcome` too (`forward_outcome`).
 """
 
 from __future__ import annotations
