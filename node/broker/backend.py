@@ -9,6 +9,8 @@ paging) never ask which mode the node runs in: they call the queue's backend for
 - `RaftBackend` (node/broker/backend_raft.py): the queue machine is a replica of the queue's Raft group; commands
   are proposed (`ProposeQueue`) and take effect when committed entries come back (`Broker.apply_committed`).
   Quorum queues and classic queues of a cluster.
+- `OwnedBackend` / `RemoteBackend` (node/broker/backend_owned.py): a cluster's exclusive queues, node-local: held
+  in process on the owner connection's node, forwarded to from the others.
 
 - `MirrorBackend` (node/broker/backend_mirror.py): a classic queue an `ha-mode` policy applies to, on a single
   node (one replica: the local machine, plus the mirror's leader/epoch/ISR/HW/LEO for management).

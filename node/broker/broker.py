@@ -24,7 +24,7 @@ Queue backends (node/broker/backend.py; docs/ARCHITECTURE.md, "Queue backends"):
 when declared or recovered, from `_choose_backends`, the one place that reads the node's mode
 (`BrokerConfig.replicated`). A single node's queues are `LocalBackend`s; a cluster node's are `RaftBackend`s
 (docs/cluster.md): queue commands come out as `ProposeQueue` effects and committed entries come back through
-`apply_committed`. The entry points of the cluster are thin wrappers over `replica`, `replica_publish`,
+`apply_committed`; its exclusive queues are node-local (`OwnedBackend`/`RemoteBackend`, backend_owned.py). The entry points of the cluster are thin wrappers over `replica`, `replica_publish`,
 `replica_control` (queues) and `mirror` (definitions from other nodes).
 """
 
@@ -54,6 +54,7 @@ from node.broker import (
 from node.broker.auth import Permission
 from node.broker.backend_local import LocalBackend
 from node.broker.backend_mirror import MirrorBackend, mirror_spec
+from node.broker.backend_owned import OwnedBackend, RemoteBackend, forward_outcome
 from node.broker.backend_raft import RaftBackend
 from node.broker.channel import ChannelState, ConnState
 from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Send, Unblock
@@ -115,9 +116,10 @@ class Broker(BrokerState):
                 mirror if mirror_spec(self.vhosts.get(queue.vhost), queue) is not None else local)
             self.publish_route = publish.route_publish
             return
-        raft = RaftBackend()
-        self.backends = (raft,)
-        self.choose_backend = lambda queue: raft
+        raft, owned, remote = RaftBackend(), OwnedBackend(), RemoteBackend()
+        self.backends = (raft, owned, remote)  # (raft first: its after_read runs the credit flow of every queue)
+        self.choose_backend = lambda queue: (  # node-local exclusive queues: node/broker/backend_owned.py
+            raft if queue.exclusive_owner is None else owned if type(queue.exclusive_owner) is int else remote)
         self.publish_route = replica_publish.route_publish
         self.handlers = {**_HANDLERS, **replica.HANDLERS}
         self.global_ids = self.definitions_shared = self.reads_wait_for_replica = True
@@ -439,6 +441,11 @@ class Broker(BrokerState):
     def proposal_abandoned(self, vhost: str, queue: str, data: bytes) -> list[Effect]:
         """The runtime gave up on a proposal: a publish waiting on it is nacked, a get answered get-empty."""
         replica.proposal_abandoned(self, vhost, queue, data)
+        return self._finish_replicated()
+
+    def forward_outcome(self, vhost: str, queue: str, publisher_id: Any, sequence: int, acked: bool) -> list[Effect]:
+        """The owner's node confirmed (or nacked) a `ForwardPublish` of this node (backend_owned.py)."""
+        forward_outcome(self, vhost, queue, publisher_id, sequence, acked)
         return self._finish_replicated()
 
     def queue_snapshot(self, vhost: str, queue: str) -> bytes:

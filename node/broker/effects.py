@@ -120,5 +120,20 @@ class ProposeQueue:
     command: Any
 
 
+@dataclass(frozen=True, slots=True)
+class ForwardPublish:
+    """Cluster mode: a publish routed to an exclusive queue whose owner is a connection of node `node`
+    (node/broker/backend_owned.py): send it there with confirms; the answer comes back as
+    `Broker.forward_outcome(vhost, queue, publisher_id, sequence, acked)`."""
+
+    node: str
+    vhost: str
+    queue: str
+    properties: Any
+    body: bytes
+    publisher_id: Any
+    sequence: int
+
+
 Effect = (Send | SendContent | CloseChannel | CloseConnection | Block | Unblock | PauseReading | ResumeReading | Persist
-          | PageIn | ProposeQueue | HoldCloseOk | SendCloseOk)
+          | PageIn | ProposeQueue | ForwardPublish | HoldCloseOk | SendCloseOk)

@@ -6,7 +6,9 @@ number of the connection; `tx_commit` does the same for a transaction's publishe
 this node answers with Accepted, Duplicate or Rejected as the entry commits (`replica.apply_committed` calls
 `on_outcome`); a publish is confirmed when every target accepted it (or saw a duplicate) and nacked on a rejection
 or abandonment. Confirms released during one entry point go out per channel (`flush_confirms`). `forget_queue`
-releases what waited on a deleted queue (called by `definitions.delete_queue`).
+releases what waited on a deleted queue (called by `definitions.delete_queue`). A node-local exclusive queue
+(node/broker/backend_owned.py) is not proposed to: on its owner's node the Enqueue applies at once, elsewhere the
+publish leaves as `ForwardPublish` and its outcome comes back through `on_outcome` too (`forward_outcome`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from cluster.queue import Enqueue, QueuedMessage
 from node.amqp import methods as m
 from node.broker import delivery, publish, replica_dead_letters
 from node.broker.channel import ChannelState, ConnState, Message, PendingPublish, TxState
-from node.broker.effects import Send, SendContent
+from node.broker.effects import ForwardPublish, Send, SendContent
 from node.broker.errors import precondition
 from node.broker.queues import QueueState
 from node.broker.replica_machine import ACCEPTED, DUPLICATE, REJECTED, propose, queue_of
@@ -59,6 +61,7 @@ def _route(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState], meth
         broker.messages_unroutable_dropped += 1
     pending = PendingPublish(seq, commit_id) if seq or commit_id else None
     sequence = 0
+    rejected = False
     if targets:
         sequence = _next_sequence(ch)
         message = QueuedMessage(msg, len(body), props.delivery_mode == 2, props.priority or 0, ttl_ms)
@@ -68,19 +71,33 @@ def _route(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState], meth
             queue = queues.get(queue_name)
             if queue is None:
                 continue
+            kind = queue.backend.name
+            if kind != "raft":  # a node-local exclusive queue (node/broker/backend_owned.py)
+                if kind == "owned":
+                    local = QueuedMessage(msg, len(body), False, props.priority or 0, ttl_ms)  # (never stored)
+                    rejected = delivery.enqueue(broker, queue, Enqueue(local, now_ms)) < 0 or rejected
+                    continue
+                owner = str(queue.exclusive_owner).rsplit("/", 2)[0]
+                queue.flow_inflight += 1
+                touched[id(queue)] = queue
+                broker.out.append(ForwardPublish(owner, vhost.name, queue_name, props, body, publisher_id, sequence))
+                if pending is not None:
+                    pending.targets[(vhost.name, queue_name)] = Enqueue(message, now_ms, publisher_id, sequence)
+                continue
             touched[id(queue)] = queue  # credit flow: looked at after this read (credit_flow.after_read)
             command = Enqueue(message, now_ms, publisher_id, sequence)
             propose_enqueue(broker, queue, command)
             if pending is not None:
                 pending.targets[(vhost.name, queue_name)] = command
     if pending is not None and pending.targets:
+        pending.nacked = pending.nacked or rejected
         ch.repl_waiting[sequence] = pending
         pending.sequences.append(sequence)
         if seq:
             ch.confirm_waiting[seq] = 1
         return [sequence]
     if seq:
-        publish.confirm_ready(broker, ch, (seq,), ())
+        publish.confirm_ready(broker, ch, () if rejected else (seq,), (seq,) if rejected else ())
     return []
 
 

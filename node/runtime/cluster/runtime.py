@@ -92,6 +92,7 @@ from node.runtime.cluster.definition_replies import (
     refusal_reply,
     uncommitted_creations,
 )
+from node.runtime.cluster.forward import Forwarder
 from node.runtime.cluster.incarnation_file import IncarnationFile
 from node.runtime.cluster.liveness import MembershipAndLiveness
 from node.runtime.cluster.members import adopt_metadata_layout, watch_membership
@@ -131,6 +132,7 @@ class ClusterRuntime(MembershipAndLiveness):
         self.mirror: MirrorGroups | None = None  # the mirrored queues' groups (mirror_groups.py)
         self._mirror_backlog: list[Any] = []  # their metadata commands from before `run`
         self.mirrored = md.MetadataState()
+        self.forwarder = Forwarder(self)  # publishes to exclusive queues owned on other nodes (forward.py)
         self.group_queues = QueueGroups()  # group -> (vhost, name), and the queue's current group (group_of)
         self.group_incarnations: dict[GroupId, int] = {}  # the incarnation each hosted group serves
         self.incarnation_file = IncarnationFile(self.data_dir)
@@ -164,8 +166,9 @@ class ClusterRuntime(MembershipAndLiveness):
     def attach(self, node: Any) -> None:
         """The `Node` whose dispatch carries out effects; `ProposeQueue` effects are routed here."""
         self.node = node
-        from node.broker.effects import ProposeQueue
+        from node.broker.effects import ForwardPublish, ProposeQueue
         node.effect_sinks[ProposeQueue] = self._on_propose
+        node.effect_sinks[ForwardPublish] = self.forwarder.submit  # node-local exclusive queues (forward.py)
 
     # ------------------------------------------------------------------------------------------ start-up
 
@@ -205,6 +208,7 @@ class ClusterRuntime(MembershipAndLiveness):
             async with trio.open_nursery() as nursery:
                 self._metadata_tasks = nursery
                 await nursery.start(self.raft.run)
+                await nursery.start(self.forwarder.run)
                 if self.mirror is not None:
                     me = self.layout.me
                     await nursery.start(partial(self.mirror.run, me.host, mirror_port(me.amqp_port)))
@@ -262,7 +266,7 @@ class ClusterRuntime(MembershipAndLiveness):
         """Host a group per queue of `state` and no other queue group. A redeclared queue's group id differs from
         the old one's (its incarnation is in it): the old group is removed first, then the new one added."""
         assert self.raft is not None
-        wanted = {group_of_record(q): q for q in state.queues.values()}
+        wanted = {group_of_record(q): q for q in state.queues.values() if not q.exclusive_owner}  # (node-local)
         for group in [g for g in self.group_queues if g not in wanted]:
             self._remove_group(group)
             self._record_incarnation(group, None)
@@ -325,7 +329,8 @@ class ClusterRuntime(MembershipAndLiveness):
         incarnation in the id that is only a group recorded by an older build under its legacy id.)"""
         assert self.raft is not None
         self.recorded_incarnations = self.incarnation_file.load()
-        wanted: dict[str, int] = {group_of_record(q): q.incarnation for q in state.queues.values()}
+        wanted: dict[str, int] = {group_of_record(q): q.incarnation for q in state.queues.values()
+                                  if not q.exclusive_owner}
         for group in stale_groups(self.recorded_incarnations, wanted):
             log.warning("cluster: queue group %s: local state of incarnation %d is stale (the metadata has no such "
                         "group); deleting it", group, self.recorded_incarnations[group])
@@ -431,7 +436,8 @@ class ClusterRuntime(MembershipAndLiveness):
                 command.queue, incarnation=incarnation_of_cid(command.cid)))
         self.stats["definitions"] += 1
         declared = None
-        if isinstance(command, md.DeclareQueue) and command.queue.initial_leader == self.name:
+        if (isinstance(command, md.DeclareQueue) and command.queue.initial_leader == self.name
+                and not command.queue.exclusive_owner):
             declared = group_of_record(command.queue)  # a new group: may lead term 1 here (_bootstrap)
             self._declared_here.add(declared)
         try:
