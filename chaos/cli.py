@@ -7,6 +7,8 @@ docker kill/pause, partitions by `docker network disconnect`), writes the report
 was lost and nothing unexpected was delivered; --fault-proxy routes the workload through our Toxiproxy-compatible
 proxy (one proxy "amqp-<node>" per node) so toxic steps apply to client traffic. `sweep --seeds N` runs N random schedules (seeds first-seed ..
 first-seed+N-1; a 3-node cluster with a quorum queue unless --nodes says otherwise) and exits non-zero if any seed failed, naming it. `check HISTORY` re-checks a saved history.
+A scenario with a `[mirror]` table runs on mirrored-queue replica processes (chaos/mirror_run.py; `--truncation`,
+`--promote`, `--unsafe` choose its variant; exit 1 when its checker names lost or diverged messages).
 `suite [SCENARIO...]` runs several (default: every bundled one this environment can carry out, skipping the
 others with the reason, and the deliberately unsafe ones, which must fail) and writes a summary table (per scenario: confirmed, delivered, lost, duplicates,
 unavailability) to --out/summary.md; exit 1 if any failed. A scenario with a `[shovel]` table starts its two clusters, the fault proxy and the
@@ -207,6 +209,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         scenario = load_scenario(args.scenario)
         if args.seed is not None:
             scenario = replace(scenario, seed=args.seed)
+        if scenario.mirror is None and (args.truncation or args.promote or args.unsafe):
+            raise ScenarioError(f"--truncation/--promote/--unsafe are for mirrored-queue scenarios; "
+                                f"{scenario.name} is not one")
         return 0 if run_one(args, scenario, Path(args.out) / scenario.name) else 1
     return _sweep(args)
 
