@@ -13,19 +13,23 @@ confirm, nack or nothing, which is all a scenario needs from its workload, so an
 take its place once the broker carries mirrored queues). Every replica-to-replica link goes through a
 `LinkProxy` here, one per direction, so `isolate` can hold a link (connections closed, redials refused: what the
 replica sends waits in its outbox or is dropped, as on a partition) while the controller's and the client's links
-stay up: the crash between a request and its reply that the seed's scenarios need. Steps (`[[mirror.steps]]`):
-publish {messages, wait = true: one at a time until confirmed, nacked or `timeout_s` (a `not-leader` nack, no
-leader, or no answer in a second is retried until then); false: sent to the leader without waiting}; wait {seconds}; wait-caught-up (every
-live replica in the leader's ISR at its LEO); wait-live {target} (the controller had its hello); wait-role {target, role} (the replica leads or follows the committed
-epoch); wait-out-of-isr {target}; wait-leo {target, leo}; kill {target} (SIGKILL, then the failure detector's
-verdict to the controller); restart {target}; isolate {target}; heal {target, default every link}; transfer {target}
-(the controller's leadership transfer). A step that cannot be carried out ends the steps and fails the run.
-Afterwards every link is healed, every killed replica restarted and the run waits until every replica is in the
-leader's ISR at its LEO and the HW is the LEO; then every replica's log is read from its files (plus, for
-`flush = "unsynced"`, the unflushed tail the live process holds: its "page cache") and checked.
-Settings: `[mirror] settings` (core `Settings` and the runtime's timer fields, every replica), `[mirror.replicas_
-settings.NAME]` (one replica's own), `[mirror.unsafe]` (the variant the scenario fails under); the command line's
-`--truncation`/`--promote` override all of them.
+stay up: the crash between a request and its reply that the seed's scenarios need. The harness is also the
+failure detector (every kill is reported to the controller at once) and knows every start, so a replica's repeated
+hello (its LeaderAndIsr still on the way) is answered with the record, not taken for a new incarnation.
+
+Steps (`[[mirror.steps]]`): publish {messages, wait = true: one at a time until confirmed, nacked or `timeout_s`
+(a `not-leader` nack, no leader, or no answer in RESEND_S is retried until then); false: sent to the leader
+without waiting}; wait {seconds}; wait-caught-up (every live replica in the leader's ISR at its LEO); wait-live
+{target} (its hello since its start reached the controller); wait-role {target, role} (it leads or follows the
+committed epoch); wait-out-of-isr {target}; wait-leo {target, leo}; kill {target} (SIGKILL, then the verdict to
+the controller); restart {target}; isolate {target}; heal {target, default every link}; transfer {target} (the
+controller's leadership move). A step that cannot be carried out ends the steps and fails the run. Afterwards
+every link is healed, every killed replica restarted and the run waits until every replica is in the leader's ISR
+at its LEO and the HW is the LEO; then every replica's log is read from its files (plus, for `flush =
+"unsynced"`, the unflushed tail the live process holds: its "page cache") and checked.
+Settings: `[mirror] settings` (core `Settings` and the runtime's timer fields, every replica),
+`[mirror.replica_settings.NAME]` (one replica's own), `[mirror.unsafe]` (the variant the scenario fails under,
+applied with `unsafe`); the command line's `--truncation`/`--promote` override all of them.
 """
 
 from __future__ import annotations
