@@ -7,6 +7,8 @@ docker kill/pause, partitions by `docker network disconnect`), writes the report
 was lost and nothing unexpected was delivered; --fault-proxy routes the workload through our Toxiproxy-compatible
 proxy (one proxy "amqp-<node>" per node) so toxic steps apply to client traffic. `sweep --seeds N` runs N random schedules (seeds first-seed ..
 first-seed+N-1; a 3-node cluster with a quorum queue unless --nodes says otherwise) and exits non-zero if any seed failed, naming it. `check HISTORY` re-checks a saved history.
+A scenario with a `[mirror]` table runs on mirrored-queue replica processes (chaos/mirror_run.py; `--truncation`,
+`--promote`, `--unsafe` choose its variant; exit 1 when its checker names lost or diverged messages).
 `suite [SCENARIO...]` runs several (default: every bundled one this environment can carry out, skipping the
 others with the reason, and the deliberately unsafe ones, which must fail) and writes a summary table (per scenario: confirmed, delivered, lost, duplicates,
 unavailability) to --out/summary.md; exit 1 if any failed. A scenario with a `[shovel]` table starts its two clusters, the fault proxy and the
@@ -35,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("scenario", help="bundled scenario name or path to a .toml file")
     _environment_options(run)
     run.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    run.add_argument("--truncation", choices=("leader-epoch", "hw", "leader-epoch-v0"),
+                     help="mirrored-queue scenarios: how a follower truncates (default: the scenario's, leader-epoch)")
+    run.add_argument("--promote", choices=("when-synced", "always"),
+                     help="mirrored-queue scenarios: ha-promote-on-failure (always = unclean election)")
+    run.add_argument("--unsafe", action="store_true",
+                     help="mirrored-queue scenarios: the unsafe variant the scenario documents (it must fail)")
     sweep = commands.add_parser("sweep", help="run random schedules from consecutive seeds")
     sweep.add_argument("--seeds", type=int, required=True)
     sweep.add_argument("--first-seed", type=int, default=0)
@@ -126,6 +134,10 @@ def check_capabilities(args: argparse.Namespace, scenario: Scenario) -> None:
     from chaos import netns
 
     needs = scenario.needs()
+    if scenario.mirror is not None and (args.cluster_dir or args.urls or args.netns or args.fault_proxy
+                                        or getattr(args, "target", "local") == "compose"):
+        raise ScenarioError(f"scenario {scenario.name} starts its replica processes itself: run it without "
+                            "--cluster-dir/--urls/--netns/--fault-proxy/--target compose")
     if scenario.two_clusters and (args.cluster_dir or args.urls or args.netns or args.fault_proxy):
         raise ScenarioError(f"scenario {scenario.name} starts its two clusters and its fault proxy itself: run it "
                             "without --cluster-dir/--urls/--netns/--fault-proxy")
@@ -154,6 +166,8 @@ def run_reported(args: argparse.Namespace, scenario: Scenario, out_dir: Path) ->
     from chaos.run import Environment, run_scenario
 
     check_capabilities(args, scenario)
+    if scenario.mirror is not None:
+        return _run_mirror(args, scenario, out_dir)
 
     with environment(args, scenario) as env:
         assert isinstance(env, Environment)
@@ -184,6 +198,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         for name in bundled_scenarios():
             scenario = load_scenario(name)
             needs = f"  [needs {', '.join(sorted(scenario.needs()))}]" if scenario.needs() else ""
+            if scenario.mirror is not None:
+                print(f"{name:<24} {scenario.nodes} replicas  {scenario.description}")
+                continue
             if scenario.shovel is not None:
                 src, dst = scenario.shovel.get("source_nodes", 3), scenario.shovel.get("dest_nodes", 3)
                 print(f"{name:<24} {src}+{dst} nodes  {scenario.description}")
@@ -204,8 +221,33 @@ def _dispatch(args: argparse.Namespace) -> int:
         scenario = load_scenario(args.scenario)
         if args.seed is not None:
             scenario = replace(scenario, seed=args.seed)
+        if scenario.mirror is None and (args.truncation or args.promote or args.unsafe):
+            raise ScenarioError(f"--truncation/--promote/--unsafe are for mirrored-queue scenarios; "
+                                f"{scenario.name} is not one")
         return 0 if run_one(args, scenario, Path(args.out) / scenario.name) else 1
     return _sweep(args)
+
+
+def _run_mirror(args: argparse.Namespace, scenario: Scenario, out_dir: Path) -> dict[str, Any]:
+    """A `[mirror]` scenario (chaos/mirror_run.py); the JSON report's essentials (`valid` decides the exit)."""
+    from chaos.mirror_run import MirrorScenarioError, parse_mirror, run_mirror
+
+    assert scenario.mirror is not None
+    overrides: dict[str, Any] = {}
+    if getattr(args, "truncation", None):
+        overrides["truncation"] = args.truncation
+    if getattr(args, "promote", None):
+        overrides["promote_on_failure"] = args.promote
+    try:
+        spec = parse_mirror(scenario.mirror)
+        run = run_mirror(scenario.name, spec, out_dir, bool(getattr(args, "unsafe", False)), overrides)
+    except MirrorScenarioError as error:
+        raise ScenarioError(f"scenario {scenario.name}: {error}") from None
+    c = run.check  # the suite's table columns (chaos/report.py summary_row); divergence shows in the verdict
+    summary = {"attempted": c.counts.get("published", 0), "confirmed": c.counts.get("confirmed", 0),
+               "deliveries": 0, "lost": len(c.lost), "unexpected": 0, "duplicated": 0, "duplicate_deliveries": 0,
+               "order_violations": 0}
+    return {"scenario": scenario.name, "valid": c.valid, "summary": summary, "mirror": c.summary()}
 
 
 SWEEP_NODES = 3

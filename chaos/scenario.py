@@ -18,6 +18,8 @@ A deployment may add target kinds of its own (`named_targets`, e.g. chaos/shovel
 `proxy` may list several proxies, comma-separated. A `[shovel]` table makes the scenario a shovel scenario
 (chaos/shovel.py: two clusters and a shovel, with its own fault proxy, so its toxic steps need no --fault-proxy); a
 `[federation]` table likewise a federation scenario (chaos/federation.py: two clusters and a federation link).
+A `[mirror]` table makes it a mirrored-queue scenario on replica processes, with steps of its own
+(chaos/mirror_run.py).
 A scenario's `[node_settings]` (node setting name = value, e.g. test_unsafe_confirm_before_commit = true) become
 command-line options of every node the harness starts; a setting named test_unsafe_* marks the scenario as
 deliberately unsafe (`expect_loss`): it exists to show that the checker catches what such a mode loses.
@@ -89,6 +91,7 @@ class Scenario:
     publish_timeout_s: float = 120.0
     node_settings: dict[str, Any] = field(default_factory=dict)
     shovel: dict[str, Any] | None = None  # `[shovel]`: two clusters and a shovel between them (chaos/shovel.py)
+    mirror: dict[str, Any] | None = None  # `[mirror]`: a mirrored-queue scenario on replica processes (mirror_run)
     federation: dict[str, Any] | None = None  # `[federation]`: two clusters and a federation link (chaos/federation.py)
 
     @property
@@ -162,12 +165,20 @@ def parse_scenario(text: str, default_name: str = "scenario") -> Scenario:
     for name, value in settings.items():
         if not name.replace("_", "").isalnum() or not isinstance(value, (bool, int, float, str)):
             raise ScenarioError(f"node setting {name!r}: expected a setting name and a plain value")
+    if "mirror" in raw:  # refused at load time like any bad scenario (the runner itself is loaded on use)
+        from chaos.mirror_run import MirrorScenarioError, parse_mirror
+
+        try:
+            parse_mirror(dict(raw["mirror"]))
+        except MirrorScenarioError as error:
+            raise ScenarioError(str(error)) from None
     return Scenario(name=str(raw.get("name", default_name)), description=str(raw.get("description", "")),
                     nodes=int(raw.get("nodes", 1)), workload=dict(raw.get("workload", {})), steps=steps,
                     loop=loop, seed=int(raw.get("seed", 0)),
                     publish_timeout_s=float(raw.get("publish_timeout_s", 120.0)), node_settings=settings,
                     shovel=dict(raw["shovel"]) if "shovel" in raw else None,
-                    federation=dict(raw["federation"]) if "federation" in raw else None)
+                    federation=dict(raw["federation"]) if "federation" in raw else None,
+                    mirror=dict(raw["mirror"]) if "mirror" in raw else None)
 
 
 def load_scenario(name_or_path: str) -> Scenario:

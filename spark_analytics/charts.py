@@ -1,4 +1,5 @@
 """One PNG per queue from its per-window aggregates (drawn on the driver with matplotlib's Agg backend).
+Mirrored queues get a second one: each replica's times out of the ISR as bars on a timeline.
 
 Top panel: max lag in entries per follower and window. Bottom panel: max lag in time (age of the oldest entry the
 follower lacks) and the out-of-sync threshold, so a fault shows as a ramp crossing the dashed line.
@@ -61,6 +62,36 @@ def draw_queue_chart(series: QueueSeries, config: LagConfig, path: Path) -> None
     time_axis.set_xlabel(f"time (s), windows of {config.window_ms / 1000:g} s")
     entries_axis.set_title(f"replication lag of {series.group}")
     entries_axis.legend(loc="upper right", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+
+
+@dataclass(slots=True)
+class IsrSeries:
+    """One mirrored queue's replicas and their times out of the ISR (end None: not back when the telemetry ends)."""
+
+    group: str
+    replicas: set[str] = field(default_factory=set)
+    episodes: list[tuple[str, int, int | None]] = field(default_factory=list)
+
+
+def draw_isr_chart(series: IsrSeries, path: Path) -> None:
+    """One row per replica, a red bar for each time out of the ISR (to the end of the chart when not back)."""
+    times = [t for _, start, end in series.episodes for t in (start, end) if t is not None]
+    origin_ms = min(times) if times else 0
+    last_s = (max(times) - origin_ms) / 1000 if times else 1.0
+    right_s = max(last_s * 1.05, 1.0)
+    replicas = sorted(series.replicas | {replica for replica, _, _ in series.episodes})
+    figure, axis = plt.subplots(figsize=(9, 1.2 + 0.5 * len(replicas)))
+    for row, replica in enumerate(replicas):
+        bars = [((start - origin_ms) / 1000, ((end if end is not None else origin_ms + right_s * 1000) - start) / 1000)
+                for name, start, end in series.episodes if name == replica]
+        axis.broken_barh(bars, (row - 0.35, 0.7), color="tab:red")
+    axis.set_yticks(range(len(replicas)), replicas)
+    axis.set_xlim(0, right_s)
+    axis.set_xlabel("time (s) since the first change; red: out of the ISR")
+    axis.set_title(f"ISR membership of {series.group}")
     figure.tight_layout()
     figure.savefig(path, dpi=80)
     plt.close(figure)

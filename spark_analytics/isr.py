@@ -11,6 +11,8 @@ a new leader takes over: `group`, `ts_ms`, `term` (the leader epoch), `leader` a
   changed the leader, and the smallest ISR seen.
 - `out_of_isr_summary`: per group and replica, the episodes and the total time out of the ISR (recovered
   episodes; the unrecovered ones are counted apart).
+- `isr_followers`: the job's per-queue, per-replica ISR table: the summary above (zero for a replica that never
+  left), the replica's largest lag in messages and time from the lag tables, and the queue's shrinks/expands.
 Like transforms.py: no reads, writes, collects or clocks; tested on hand-built frames (tests/spark/test_isr.py).
 """
 
@@ -87,4 +89,45 @@ def out_of_isr_summary(episodes: DataFrame) -> DataFrame:
         F.sum(F.when(F.col("recovered"), F.col("out_of_isr_ms")).otherwise(0)).alias("out_of_isr_ms"),
         F.sum((~F.col("recovered")).cast("int")).alias("unrecovered"),
         F.max("out_of_isr_ms").alias("max_out_of_isr_ms"),
+    )
+
+
+def isr_replicas(records: DataFrame) -> DataFrame:
+    """(group, replica) for every replica named in one of the group's ISRs or as its leader."""
+    changes = isr_records(records)
+    members = changes.select("group", F.explode("isr").alias("replica"))
+    leaders = changes.select("group", F.col("leader").alias("replica")).where(F.col("replica").isNotNull())
+    return members.unionByName(leaders).distinct()
+
+
+def isr_followers(records: DataFrame, episodes: DataFrame, follower_summary: DataFrame) -> DataFrame:
+    """Per mirrored queue and replica: time out of the ISR and its episodes (out_of_isr_summary; zero for a
+    replica that never left), the largest lag in messages and in time while it followed (transforms'
+    follower_summary: null when it never followed), and the queue's ISR shrinks, expands and leader changes."""
+    keys = ["group", "replica"]
+    lag = follower_summary.select(
+        "group",
+        F.col("follower").alias("replica"),
+        F.col("lag_entries_max").alias("lag_messages_max"),
+        "lag_ms_max",
+    )
+    out = out_of_isr_summary(episodes).withColumnRenamed("episodes", "out_of_isr_episodes")
+    return (
+        isr_replicas(records)
+        .join(out, keys, "left")
+        .fillna(0, ["out_of_isr_episodes", "out_of_isr_ms", "unrecovered"])
+        .join(lag, keys, "left")
+        .join(isr_changes(records).select("group", "shrinks", "expands", "leader_changes"), "group", "left")
+        .select(
+            *keys,
+            "lag_messages_max",
+            "lag_ms_max",
+            "out_of_isr_ms",
+            "out_of_isr_episodes",
+            "unrecovered",
+            "max_out_of_isr_ms",
+            "shrinks",
+            "expands",
+            "leader_changes",
+        )
     )

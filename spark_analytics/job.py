@@ -2,7 +2,10 @@
 
 `run_job(spark, spec)` reads every input path with the explicit schema (any path Spark reads: files, globs,
 directories, hdfs:// or s3a:// URIs; a local node data dir is expanded to its `telemetry/*.jsonl` and
-`*/telemetry/*.jsonl` files, e.g. a cluster node's `raft/telemetry/`), runs the transforms of transforms.py, and writes one Parquet table and one CSV table per result under the output URI.
+`*/telemetry/*.jsonl` files, e.g. a cluster node's `raft/telemetry/`), runs the transforms of transforms.py (and
+isr.py's for mirrored queues' `isr` records: `isr_episodes`, `isr_followers`, `isr_changes`, only when the input
+has such records),
+and writes one Parquet table and one CSV table per result under the output URI.
 Charts and the report are drawn on the driver from small aggregates only (per-window rows of the charted queues,
 the summaries): raw telemetry is never collected. They are written under the output when it is a local path, else
 into `local_report_dir` on the driver.
@@ -27,8 +30,9 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
+from spark_analytics import isr as I
 from spark_analytics import transforms as T
-from spark_analytics.charts import QueueSeries, draw_queue_chart
+from spark_analytics.charts import IsrSeries, QueueSeries, draw_isr_chart, draw_queue_chart
 from spark_analytics.report import render_report
 from spark_analytics.schema import TELEMETRY_SCHEMA
 
@@ -121,7 +125,11 @@ class LagTables:
     catch_up_episodes: DataFrame
     follower_summary: DataFrame
     cluster_summary: DataFrame
+    isr_episodes: DataFrame  # mirrored queues (spark_analytics/isr.py): one row per replica's time out of the ISR
+    isr_followers: DataFrame  # per mirrored queue and replica: lag, time out of the ISR, shrinks/expands
+    isr_changes: DataFrame  # per mirrored queue: ISR shrinks, expands, leader changes, smallest ISR
     cached: tuple[DataFrame, ...]
+    mirrored: bool = False  # the input has mirrored queues' `isr` records: the isr_* tables are written
 
     def named(self) -> dict[str, DataFrame]:
         names = (
@@ -130,6 +138,7 @@ class LagTables:
             "catch_up_episodes",
             "follower_summary",
             "cluster_summary",
+            *(("isr_episodes", "isr_followers", "isr_changes") if self.mirrored else ()),
         )
         return {name: getattr(self, name) for name in names}
 
@@ -151,13 +160,20 @@ def compute_tables(records: DataFrame, config: T.LagConfig) -> LagTables:
     windows, commit_windows, followers, cluster = (
         frame.persist(StorageLevel.MEMORY_AND_DISK) for frame in results
     )
+    isr_episodes = I.out_of_isr_episodes(records).persist(StorageLevel.MEMORY_AND_DISK)
+    isr_tables = [I.isr_followers(records, isr_episodes, followers), I.isr_changes(records)]
+    isr_followers, isr_changes = (frame.persist(StorageLevel.MEMORY_AND_DISK) for frame in isr_tables)
     return LagTables(
         follower_windows=windows,
         commit_windows=commit_windows,
         catch_up_episodes=episodes,
         follower_summary=followers,
         cluster_summary=cluster,
-        cached=(samples, persist, commits, episodes, *results),
+        isr_episodes=isr_episodes,
+        isr_followers=isr_followers,
+        isr_changes=isr_changes,
+        cached=(samples, persist, commits, episodes, *results, isr_episodes, isr_followers, isr_changes),
+        mirrored=bool(I.isr_records(records).limit(1).count()),
     )
 
 
@@ -223,7 +239,39 @@ def draw_charts(tables: LagTables, spec: JobSpec, directory: Path) -> list[str]:
         path = directory / f"lag-{safe_file_name(group)}.png"
         draw_queue_chart(series, spec.config, path)
         paths.append(str(path))
+    for group, isr_series in (collect_isr_series(tables, spec.charts_max) if tables.mirrored else {}).items():
+        path = directory / f"isr-{safe_file_name(group)}.png"
+        draw_isr_chart(isr_series, path)
+        paths.append(str(path))
     return paths
+
+
+def collect_isr_series(tables: LagTables, charts_max: int) -> dict[str, IsrSeries]:
+    """Per mirrored queue (the `charts_max` with the most time out of the ISR), its replicas' out-of-ISR episodes
+    and its ISR changes' time span (small: one row per episode)."""
+    worst = (
+        tables.isr_followers.groupBy("group")
+        .agg(F.sum("out_of_isr_ms").alias("out"), F.sum("out_of_isr_episodes").alias("episodes"))
+        .orderBy(F.desc("out"), F.desc("episodes"), "group")
+        .limit(charts_max)
+    )
+    groups = [row["group"] for row in worst.collect()]
+    series = {group: IsrSeries(group) for group in groups}
+    for row in tables.isr_followers.where(F.col("group").isin(groups)).select("group", "replica").collect():
+        series[row["group"]].replicas.add(row["replica"])
+    columns = ["group", "replica", "start_ts_ms", "end_ts_ms"]
+    for row in tables.isr_episodes.where(F.col("group").isin(groups)).select(*columns).collect():
+        series[row["group"]].episodes.append((row["replica"], row["start_ts_ms"], row["end_ts_ms"]))
+    return series
+
+
+def collect_isr_rows(tables: LagTables, limit: int) -> list[dict[str, Any]]:
+    """The mirrored queues' replicas, longest time out of the ISR first (at most `limit`)."""
+    rows = tables.isr_followers.orderBy(
+        F.desc("out_of_isr_ms"), F.desc("out_of_isr_episodes"), F.desc_nulls_last("lag_messages_max"), "group",
+        "replica"
+    ).limit(limit)
+    return [row.asDict() for row in rows.collect()]
 
 
 def collect_report_rows(
@@ -256,7 +304,8 @@ def run_job(spark: SparkSession, spec: JobSpec) -> JobResult:
     directory = report_dir(spec)
     charts = draw_charts(tables, spec, directory / "charts")
     seconds = time.perf_counter() - started
-    report = render_report(*collect_report_rows(tables, spec.report_rows), spec.config, record_count, seconds)
+    report = render_report(*collect_report_rows(tables, spec.report_rows), spec.config, record_count, seconds,
+                           isr=collect_isr_rows(tables, spec.report_rows) if tables.mirrored else None)
     report_path = directory / "report.txt"
     report_path.write_text(report)
     for frame in (records, *tables.cached):

@@ -1,4 +1,5 @@
-"""The short text report: the cluster summary, the followers that fell out of sync, the longest catch-ups.
+"""The short text report: the cluster summary, the followers that fell out of sync, the longest catch-ups, and for
+mirrored queues each replica's time out of the ISR, lag and the queue's ISR shrinks/expands.
 
 Pure formatting of already-collected rows (dicts), so it is tested without Spark.
 """
@@ -27,6 +28,7 @@ def render_report(
     config: LagConfig,
     records: int,
     seconds: float,
+    isr: list[Row] | None = None,
 ) -> str:
     """`followers` and `episodes` arrive sorted worst first and already limited to what is worth printing."""
     lines = [
@@ -62,4 +64,15 @@ def render_report(
         f"{'' if row.get('recovered') else ' (not recovered)'}, max lag {_num(row.get('max_lag_entries'))} entries"
         for row in episodes
     ] or ["  none"]
+    if isr:
+        lines += ["", "mirrored queues, per replica (longest time out of the ISR first):"]
+        for row in isr:
+            away = f" ({row['unrecovered']} not back)" if row.get("unrecovered") else ""
+            lines.append(
+                f"  {row['group']} {row['replica']}: out of the ISR {_ms(row.get('out_of_isr_ms'))} in"
+                f" {_num(row.get('out_of_isr_episodes'))} episode(s){away},"
+                f" max lag {_num(row.get('lag_messages_max'))} messages / {_ms(row.get('lag_ms_max'))};"
+                f" queue: {_num(row.get('shrinks'))} shrinks, {_num(row.get('expands'))} expands,"
+                f" {_num(row.get('leader_changes'))} leader changes"
+            )
     return "\n".join(lines) + "\n"

@@ -1,7 +1,9 @@
-"""spark_analytics.isr on hand-built mirrored-queue `isr` records, with exact expected values."""
+"""spark_analytics.isr on hand-built mirrored-queue `isr` records, with exact expected values; and the job's ISR
+tables, report lines and chart from them."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +13,9 @@ pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession
 
 from spark_analytics import isr as I
+from spark_analytics.job import JobSpec, collect_isr_rows, collect_report_rows, compute_tables, draw_charts
+from spark_analytics.report import render_report
+from spark_analytics.transforms import LagConfig
 from tests.spark.frames import rows_of, telemetry
 
 pytestmark = pytest.mark.spark
@@ -49,3 +54,30 @@ def test_isr_changes_count_shrinks_expands_and_leader_changes(spark: SparkSessio
     changes = I.isr_changes(telemetry(spark, RECORDS))
     assert rows_of(changes, "group", "isr_records", "shrinks", "expands", "leader_changes", "min_isr_size") == [
         (G, 5, 3, 1, 1, 1)]
+
+
+def test_isr_followers_joins_time_out_of_the_isr_with_lag_and_the_queues_changes(spark: SparkSession) -> None:
+    records = telemetry(spark, RECORDS)
+    lag = spark.createDataFrame([(G, "b", 12, 800), (G, "c", 3, 100)],
+                                "group string, follower string, lag_entries_max long, lag_ms_max long")
+    table = I.isr_followers(records, I.out_of_isr_episodes(records), lag)
+    assert rows_of(table, "replica", "lag_messages_max", "lag_ms_max", "out_of_isr_ms", "out_of_isr_episodes",
+                   "unrecovered", "shrinks", "expands", "leader_changes") == [
+        ("a", None, None, 0, 1, 1, 3, 1, 1),
+        ("b", 12, 800, 2000, 1, 0, 3, 1, 1),
+        ("c", 3, 100, 0, 1, 1, 3, 1, 1),
+    ]
+
+
+def test_the_job_computes_the_isr_tables_and_draws_the_report_and_chart(spark: SparkSession, tmp_path: Path) -> None:
+    """The job's steps after the read, without the writes (every table is written the same way; test_job.py)."""
+    tables = compute_tables(telemetry(spark, [{"kind": "mirror", **row} for row in RECORDS]), LagConfig())
+    assert tables.mirrored
+    assert {"isr_episodes", "isr_followers", "isr_changes"} <= set(tables.named())
+    charts = draw_charts(tables, JobSpec(inputs=(), output=str(tmp_path)), tmp_path / "charts")
+    assert [Path(c).name for c in charts] == ["isr-mirror_%2F_q.png"]
+    assert Path(charts[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = render_report(*collect_report_rows(tables, 20), LagConfig(), 6, 0.0, isr=collect_isr_rows(tables, 20))
+    assert f"{G} b: out of the ISR 2.0 s in 1 episode(s), max lag - messages / -;" in report
+    for frame in tables.cached:
+        frame.unpersist()
