@@ -216,7 +216,7 @@ class RunResult:
     paused: bool = False  # a SIGSTOP (`--pause-ms`) instead of a kill; then nobody took the node for dead
 
 
-def _log_lines_after(log: bytes, wall_s: float) -> Iterator[tuple[float, bytes]]:
+def log_lines_after(log: bytes, wall_s: float) -> Iterator[tuple[float, bytes]]:
     """(wall time in s, line) of every timestamped log line at or after `wall_s`."""
     for line in log.splitlines():
         found = LOG_TIME.match(line)
@@ -232,7 +232,7 @@ def _timeline(survivors: list[BenchNode], killed: str, killed_wall_s: float) -> 
     """The failover's stages from the survivors' logs, in ms after the kill (the first survivor to reach each)."""
     firsts: dict[str, float] = {}
     for node in survivors:
-        for stamp, line in _log_lines_after(node.log(), killed_wall_s):
+        for stamp, line in log_lines_after(node.log(), killed_wall_s):
             stage = None
             if b"raft: " + killed.encode() + b" refuses connections" in line:
                 stage = "refused"
@@ -249,7 +249,7 @@ def _taken_for_dead(survivors: list[BenchNode], node: str, since_wall_s: float) 
     """Log lines of survivors that took `node` for dead (refusing connections, or down) since `since_wall_s`."""
     found = []
     for survivor in survivors:
-        for _, line in _log_lines_after(survivor.log(), since_wall_s):
+        for _, line in log_lines_after(survivor.log(), since_wall_s):
             dead = DEAD_LINE.search(line)
             if dead is not None and node.encode() in (dead.group(1), dead.group(2)):
                 found.append(f"{survivor.name}: {line.decode(errors='replace')}")

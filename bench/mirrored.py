@@ -69,6 +69,7 @@ class Row:
     flow: Measurement | None
     failover_ms: tuple[float, ...] = ()
     error: str | None = None
+    timeline: str = ""  # the failover's stages from the survivors' logs (raftmq mirrored)
 
 
 # --- placement parsers (pure) -------------------------------------------------------------------------------
@@ -107,6 +108,26 @@ def rabbit_mirror_placement(eval_output: str) -> Placement | None:
     if not eval_output.lstrip().startswith("{") or not nodes:
         return None
     return Placement(nodes[0], tuple(nodes))
+
+
+def failover_timeline(lines: dict[str, list[tuple[float, bytes]]], killed: str, queue: str,
+                      killed_wall_s: float) -> str:
+    """From the survivors' (wall time, log line) after the kill: the first "node <killed> ... down" and the first
+    "mirrored queue /<queue>: leader <survivor>" line, as "down +N ms, new leader X +M ms"."""
+    down: float | None = None
+    leader: tuple[float, str] | None = None
+    leader_line = re.compile(rb"cluster: mirrored queue \S*/" + re.escape(queue.encode()) + rb": leader (\S+), epoch")
+    for stamps in lines.values():
+        for stamp, line in stamps:
+            if b"cluster: node " + killed.encode() + b" " in line and line.rstrip().endswith(b"down"):
+                down = stamp if down is None else min(down, stamp)
+            found = leader_line.search(line)
+            if found and found.group(1).decode() not in ("-", killed) and (leader is None or stamp < leader[0]):
+                leader = (stamp, found.group(1).decode())
+    parts = [] if down is None else [f"down +{(down - killed_wall_s) * 1000:.0f} ms"]
+    if leader is not None:
+        parts.append(f"new leader {leader[1]} +{(leader[0] - killed_wall_s) * 1000:.0f} ms")
+    return ", ".join(parts)
 
 
 # --- the clusters as QueueClusters for mirrored queues -------------------------------------------------------
@@ -158,6 +179,15 @@ class RaftmqMirrored:
     def kill(self, node: str) -> None:
         os.kill(self.cluster.pids()[node], signal.SIGKILL)
 
+    def timeline(self, killed: str, killed_wall_s: float) -> str:
+        """When the first survivor logged the killed node down and the queue's new leader (ms after the kill)."""
+        from bench.failover import log_lines_after
+
+        logs = {node.name: _read_bytes(self.cluster.workdir / f"{node.name}.log") for node in self.nodes
+                if node.name != killed}
+        return failover_timeline({name: list(log_lines_after(log, killed_wall_s)) for name, log in logs.items()},
+                                 killed, FAILOVER_QUEUE, killed_wall_s)
+
 
 class RabbitMirrored:
     """A RabbitMQ cluster seen through its classic mirrored queues' master and synchronised mirrors."""
@@ -182,6 +212,16 @@ class RabbitMirrored:
     def kill(self, node: str) -> None:
         self.cluster.kill(node)
 
+    def timeline(self, killed: str, killed_wall_s: float) -> str:
+        return ""  # (RabbitMQ's logs are not read)
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
 
 def _wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = POLICY_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
@@ -201,8 +241,9 @@ def _flow(broker: str, cluster: QueueCluster, settings: RunSettings, arguments: 
     return measurement
 
 
-def mirrored_failover(cluster: RaftmqMirrored | RabbitMirrored) -> float:
-    """kill -9 of the mirrored queue's leader node under a publisher on a survivor: ms to the first new confirm."""
+def mirrored_failover(cluster: RaftmqMirrored | RabbitMirrored) -> tuple[float, str]:
+    """kill -9 of the mirrored queue's leader node under a publisher on a survivor: ms to the first new confirm,
+    and (raftmq) the failover's stages from the survivors' logs."""
     import pika
 
     from bench import failover
@@ -215,7 +256,9 @@ def mirrored_failover(cluster: RaftmqMirrored | RabbitMirrored) -> float:
     print(f"  failover: kill -9 of {placement.leader} (leader), publisher on {publisher.name}", flush=True)
     stream, killed_at = failover.kill_under_publisher(publisher.endpoint.port,
                                                       lambda: cluster.kill(placement.leader), FAILOVER_QUEUE)
-    return failover.result_of(placement.leader, publisher.name, stream, killed_at).first_confirm_ms
+    killed_wall_s = time.time() - (time.monotonic() - killed_at)
+    first_ms = failover.result_of(placement.leader, publisher.name, stream, killed_at).first_confirm_ms
+    return first_ms, cluster.timeline(placement.leader, killed_wall_s)
 
 
 def measure_broker(
@@ -237,9 +280,10 @@ def measure_broker(
                                        "bench-b"), "quorum")
             _print_flow(quorum_flow)
             try:
-                first_ms = mirrored_failover(cluster)
-                print(f"  mirrored failover: first confirm {first_ms:.0f} ms after the kill", flush=True)
-                mirrored = Row(mirrored_name, flow, (first_ms,))
+                first_ms, timeline = mirrored_failover(cluster)
+                print(f"  mirrored failover: first confirm {first_ms:.0f} ms after the kill"
+                      f"{f' (survivors logged: {timeline})' if timeline else ''}", flush=True)
+                mirrored = Row(mirrored_name, flow, (first_ms,), timeline=timeline)
             except Exception as error:  # the flow figures stay
                 mirrored = Row(mirrored_name, flow, error=f"failover: {error!r}"[:300])
     except BrokerStartError as error:
@@ -328,6 +372,9 @@ def format_table(rows: Sequence[Row], load_start: float, load_end: float, starte
         if len(row.failover_ms) > 1:
             failover += f" (median {statistics.median(row.failover_ms):.0f})"
         lines.append(f"| {row.name} | " + " | ".join(figures) + f" | {failover} |")
+    stages = [f"- {row.name} failover, survivors' logs: {row.timeline}" for row in rows if row.timeline]
+    if stages:
+        lines += ["", *stages]
     errors = [f"- {row.name}: {row.error}" for row in rows if row.error] + [
         f"- {row.name}: flow {row.flow.error[:300]}" for row in rows if row.flow is not None and row.flow.error]
     if errors:

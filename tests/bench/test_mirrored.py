@@ -9,6 +9,7 @@ import json
 from bench.clusters import Placement
 from bench.mirrored import (
     Row,
+    failover_timeline,
     format_table,
     rabbit_mirror_placement,
     rabbit_mirror_query,
@@ -54,3 +55,16 @@ def test_table_has_one_row_per_queue_with_failover_and_errors() -> None:
     assert "| raftmq quorum | 1,234 | 1,200 | 5.2 | 40.0 | 300, 500, 400 (median 400) |" in text
     assert "| RabbitMQ mirrored | - | - | - | - | - |" in text
     assert "- RabbitMQ mirrored: cluster did not start" in text
+
+
+def test_failover_timeline_takes_the_first_survivor_to_see_each_stage() -> None:
+    lines = {
+        "rmq2": [(100.150, b"... WARNING x: cluster: node rmq1 refuses connections (its process is gone): down"),
+                 (100.900, b"... INFO x: cluster: mirrored queue //bench-m-failover: leader rmq2, epoch 1, ISR rmq2")],
+        "rmq3": [(100.120, b"... WARNING x: cluster: node rmq1 refuses connections (its process is gone): down"),
+                 (100.050, b"... INFO x: cluster: mirrored queue //bench-m-failover: leader rmq1, epoch 0, ISR x"),
+                 (100.300, b"... INFO x: cluster: mirrored queue //bench-m-failover: leader -, epoch 0, ISR x"),
+                 (101.000, b"... INFO x: cluster: mirrored queue //bench-m-failover: leader rmq2, epoch 1, ISR x")],
+    }
+    assert failover_timeline(lines, "rmq1", "bench-m-failover", 100.0) == "down +120 ms, new leader rmq2 +900 ms"
+    assert failover_timeline({}, "rmq1", "bench-m-failover", 100.0) == ""
