@@ -112,12 +112,12 @@ def raftmq_node(timeout_s: float = 30.0, extra_args: tuple[str, ...] = ()) -> It
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-RAFTMQ_CLUSTER_BASE_PORTS = (3000, 9000)  # below the ephemeral range; derived ports (+10000..+21000) stay < 32768
+RAFTMQ_CLUSTER_BASE_PORTS = (3000, 9000)  # below the ephemeral range; derived ports (+10000..+22000) stay < 32768
 
 
 def free_port_run(count: int, attempts: int = 200) -> int:
     """A base port P such that nodes P+1 .. P+count and all their derived ports are free now (the cluster runner
-    puts node i on P+i, and its management, Raft and metadata ports 10000, 20000 and 21000 above)."""
+    puts node i on P+i, and its management, Raft, metadata and mirror ports 10000, 20000, 21000 and 22000 above)."""
     low, high = RAFTMQ_CLUSTER_BASE_PORTS
     for _ in range(attempts):
         base = random.randrange(low, high)

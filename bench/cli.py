@@ -75,7 +75,8 @@ SUBCOMMANDS: dict[str, str] = {
     "memory": "bench.memory",  # resident memory with a backlog of N messages
     "failover": "bench.failover",  # kill -9 of a quorum queue leader to the next confirm (3-node cluster)
     "profile": "bench.profile",  # py-spy of the 3 raftmq nodes under workload (b)
-    "fidelity": "bench.fidelity",  # one queue under different client settings: is the load generator the limit?
+    "fidelity": "bench.fidelity",
+    "mirrored": "bench.mirrored",  # issue 17: mirrored and quorum queues, raftmq and RabbitMQ, flow + failover  # one queue under different client settings: is the load generator the limit?
 }
 
 

@@ -29,7 +29,7 @@ from urllib.parse import quote
 from bench.client import Endpoint
 
 LEADER_LINE = re.compile(r"cluster: queue (\S+): leader (\S+)")
-RAFTMQ_PORT_OFFSETS = (10_000, 20_000, 21_000)  # a raftmq node's management, Raft and metadata ports (deploy/)
+RAFTMQ_PORT_OFFSETS = (10_000, 20_000, 21_000, 22_000)  # a raftmq node's management, Raft, metadata and mirror ports
 
 
 @dataclass(frozen=True, slots=True)

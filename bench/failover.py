@@ -55,7 +55,7 @@ PORT_LINE = re.compile(rb"listening on port (\d+)")
 LEADER_LINE = re.compile(rb"cluster: queue (\S+): leader (\S+)")
 LOG_TIME = re.compile(rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", re.MULTILINE)
 DEAD_LINE = re.compile(rb"raft: (\S+) refuses connections|cluster: node (\S+) (?:refuses connections|unreachable)")
-PORT_OFFSETS = (0, 10_000, 20_000, 21_000)
+PORT_OFFSETS = (0, 10_000, 20_000, 21_000, 22_000)  # AMQP, management, Raft, metadata, mirror fetch
 QUEUE = "bench-failover"
 GROUP = "q/%2F/bench-failover"  # the leader log line names the queue as queue_group_id("/", QUEUE) (docs/cluster.md)
 START_TIMEOUT_S = 60.0
@@ -77,7 +77,7 @@ def _free_amqp_ports(n: int) -> list[int]:
     rng = random.Random()
     ports: list[int] = []
     while len(ports) < n:
-        port = rng.randrange(3000, 11000)
+        port = rng.randrange(3000, 10000)  # +22000 stays below the ephemeral range
         taken = {p + offset for p in ports for offset in PORT_OFFSETS}  # no node's port is another's derived one
         if all(port + offset not in taken and _binds(port + offset) for offset in PORT_OFFSETS):
             ports.append(port)
@@ -178,9 +178,10 @@ def _connect(port: int) -> pika.BlockingConnection:
 class ConfirmStream(threading.Thread):
     """Publishes one message at a time with confirms; records (publish start, confirm time) per confirm."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, queue: str = QUEUE) -> None:
         super().__init__(daemon=True)
         self.port = port
+        self.queue = queue
         self.records: list[tuple[float, float]] = []
         self.stop = threading.Event()
         self.nacks = 0
@@ -194,7 +195,7 @@ class ConfirmStream(threading.Thread):
             while not self.stop.is_set():
                 started = time.monotonic()
                 try:
-                    ch.basic_publish("", QUEUE, b"x", pika.BasicProperties(delivery_mode=2))
+                    ch.basic_publish("", self.queue, b"x", pika.BasicProperties(delivery_mode=2))
                 except pika.exceptions.NackError:
                     self.nacks += 1
                     continue
@@ -215,7 +216,7 @@ class RunResult:
     paused: bool = False  # a SIGSTOP (`--pause-ms`) instead of a kill; then nobody took the node for dead
 
 
-def _log_lines_after(log: bytes, wall_s: float) -> Iterator[tuple[float, bytes]]:
+def log_lines_after(log: bytes, wall_s: float) -> Iterator[tuple[float, bytes]]:
     """(wall time in s, line) of every timestamped log line at or after `wall_s`."""
     for line in log.splitlines():
         found = LOG_TIME.match(line)
@@ -231,7 +232,7 @@ def _timeline(survivors: list[BenchNode], killed: str, killed_wall_s: float) -> 
     """The failover's stages from the survivors' logs, in ms after the kill (the first survivor to reach each)."""
     firsts: dict[str, float] = {}
     for node in survivors:
-        for stamp, line in _log_lines_after(node.log(), killed_wall_s):
+        for stamp, line in log_lines_after(node.log(), killed_wall_s):
             stage = None
             if b"raft: " + killed.encode() + b" refuses connections" in line:
                 stage = "refused"
@@ -248,7 +249,7 @@ def _taken_for_dead(survivors: list[BenchNode], node: str, since_wall_s: float) 
     """Log lines of survivors that took `node` for dead (refusing connections, or down) since `since_wall_s`."""
     found = []
     for survivor in survivors:
-        for _, line in _log_lines_after(survivor.log(), since_wall_s):
+        for _, line in log_lines_after(survivor.log(), since_wall_s):
             dead = DEAD_LINE.search(line)
             if dead is not None and node.encode() in (dead.group(1), dead.group(2)):
                 found.append(f"{survivor.name}: {line.decode(errors='replace')}")
@@ -270,7 +271,7 @@ def _one_run(root: Path, pause_ms: int = 0, publisher_last: bool = False) -> Run
         survivors = [n for n in cluster.nodes if n is not leader]
         publisher_node = survivors[-1] if publisher_last else survivors[0]
         if pause_ms:
-            stream, killed_at = _kill_under_publisher(publisher_node.port,
+            stream, killed_at = kill_under_publisher(publisher_node.port,
                                                       lambda: cluster.signal(leader, signal.SIGSTOP))
             killed_wall_s = time.time() - (time.monotonic() - killed_at)
             time.sleep(max(0.0, killed_at + pause_ms / 1000 - time.monotonic()))
@@ -280,11 +281,11 @@ def _one_run(root: Path, pause_ms: int = 0, publisher_last: bool = False) -> Run
             if dead:
                 raise RuntimeError(f"a node paused {pause_ms} ms was taken for dead: {dead}")
         else:
-            stream, killed_at = _kill_under_publisher(publisher_node.port, lambda: cluster.kill(leader))
+            stream, killed_at = kill_under_publisher(publisher_node.port, lambda: cluster.kill(leader))
             killed_wall_s = time.time() - (time.monotonic() - killed_at)
     finally:
         cluster.stop()
-    result = _result(leader.name, publisher_node.name, stream, killed_at)
+    result = result_of(leader.name, publisher_node.name, stream, killed_at)
     return dataclasses.replace(result, timeline=_timeline(survivors, leader.name, killed_wall_s),
                                paused=bool(pause_ms))
 
@@ -298,17 +299,17 @@ def _one_rabbitmq_run() -> RunResult:
                 conn.channel().queue_declare(QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
             placement = wait_placement(cluster, QUEUE, replicas_wanted=3)
             publisher_node = next(n for n in cluster.nodes if n.name != placement.leader)
-            stream, killed_at = _kill_under_publisher(publisher_node.endpoint.port,
+            stream, killed_at = kill_under_publisher(publisher_node.endpoint.port,
                                                       lambda: cluster.kill(placement.leader))
     except (BrokerStartError, PlacementError) as error:
         raise RuntimeError(str(error)) from error
-    return _result(placement.leader, publisher_node.name, stream, killed_at)
+    return result_of(placement.leader, publisher_node.name, stream, killed_at)
 
 
-def _kill_under_publisher(port: int, kill: Callable[[], None]) -> tuple[ConfirmStream, float]:
-    """Publish with confirms on `port`; after 20 confirms, `kill()`; return once a message published after the
-    kill is confirmed (and 0.2 s more), with the kill's time."""
-    stream = ConfirmStream(port)
+def kill_under_publisher(port: int, kill: Callable[[], None], queue: str = QUEUE) -> tuple[ConfirmStream, float]:
+    """Publish with confirms on `port` to `queue`; after 20 confirms, `kill()`; return once a message published
+    after the kill is confirmed (and 0.2 s more), with the kill's time (also `bench.mirrored`'s failover)."""
+    stream = ConfirmStream(port, queue)
     stream.start()
     _wait(lambda: len(stream.records) >= 20 or stream.error is not None, 60, "confirms before the kill")
     killed_at = time.monotonic()
@@ -323,7 +324,7 @@ def _kill_under_publisher(port: int, kill: Callable[[], None]) -> tuple[ConfirmS
     return stream, killed_at
 
 
-def _result(killed: str, publisher_node: str, stream: ConfirmStream, killed_at: float) -> RunResult:
+def result_of(killed: str, publisher_node: str, stream: ConfirmStream, killed_at: float) -> RunResult:
     first = min(c for s, c in stream.records if s >= killed_at)
     confirms = [c for _, c in stream.records]
     gaps = [b - a for a, b in itertools.pairwise(confirms) if b >= killed_at]

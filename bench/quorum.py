@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from bench.clusters import ClientNodes, ClusterNode, Placement, QueueCluster, leader_layout, spread_layout
 from bench.cpu import CpuWindow, local_listening_pid
@@ -87,19 +87,22 @@ def leader_moved(before: Placement, after: Placement | None) -> str:
 
 
 def run_quorum_workload(
-    broker: str, cluster: QueueCluster, settings: RunSettings, labels: Sequence[str] = tuple(LAYOUTS)
+    broker: str, cluster: QueueCluster, settings: RunSettings, labels: Sequence[str] = tuple(LAYOUTS),
+    arguments: Mapping[str, str | int | bool] = QUORUM_ARGUMENTS, queue_prefix: str = "bench-b",
 ) -> list[Measurement]:
     """Workload (b): first the new-queue trials when `settings.new_queue_trials` asks (round-robin over the nodes,
     "b/new-q"), then each layout of `labels` at saturation, then, when "b" is in `settings.rates_for`, the "b"
-    layout at each fixed rate ("b@<rate>/s"); a failed measurement becomes a Measurement with `error` set."""
+    layout at each fixed rate ("b@<rate>/s"); a failed measurement becomes a Measurement with `error` set.
+    `arguments` and `queue_prefix` declare another replicated queue the same way (`bench.mirrored`: a classic
+    queue named to match an ha-mode policy)."""
     found = new_queue_trials("b", broker, [(node.name, node.endpoint) for node in cluster.nodes], settings,
-                             QUORUM_ARGUMENTS)
+                             dict(arguments))
     runs: list[tuple[str, str, float | None]] = [(label, label, None) for label in labels]
     if "b" in settings.rates_for:
         runs += [(rate_label("b", rate), "b", float(rate)) for rate in settings.latency_rates_msgs_per_s]
     for label, layout, rate in runs:
         try:
-            found.append(_run_layout(broker, cluster, settings, label, layout, rate))
+            found.append(_run_layout(broker, cluster, settings, label, layout, rate, arguments, queue_prefix))
         except Exception as error:  # one broken layout must not lose the other's figure
             found.append(Measurement(label=label, workload="b", broker=broker, error=repr(error),
                                      target_rate_msgs_per_s=rate))
@@ -107,10 +110,11 @@ def run_quorum_workload(
 
 
 def _run_layout(
-    broker: str, cluster: QueueCluster, settings: RunSettings, label: str, layout: str, rate: float | None = None
+    broker: str, cluster: QueueCluster, settings: RunSettings, label: str, layout: str, rate: float | None = None,
+    arguments: Mapping[str, str | int | bool] = QUORUM_ARGUMENTS, queue_prefix: str = "bench-b",
 ) -> Measurement:
-    queue = f"bench-b-{label.replace('@', '-').replace('/', '')}-{run_id()}"
-    topology = Topology((queue,), QUORUM_ARGUMENTS)
+    queue = f"{queue_prefix}-{label.replace('@', '-').replace('/', '')}-{run_id()}"
+    topology = Topology((queue,), dict(arguments))
     control = cluster.nodes[0].endpoint
     declare(control, topology)
     try:
