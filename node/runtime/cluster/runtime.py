@@ -14,18 +14,15 @@ cluster metadata. `ClusterRuntime` is the glue (docs/cluster.md, "node/runtime, 
   and `on_persist_failed(token, code, text)` closes the client's channel with an error instead of the ok.
   `ClusterRuntime` is the `Node`'s store: it has `persist`, `commit_loop` and `flush`.
 - Queues (`cluster.raft.runtime.RaftNodeRuntime`, under <data_dir>/raft): one group per queue declaration (its
-  incarnation is in the group id, `node/clustering/incarnations.py`), voters = the queue's members, every other cluster
-  node a learner; added after the broker has the queue's definition and
-  removed after it lost it. A group's committed entries of one Ready cycle are read by the broker's
-  `envelope_codec` (`cluster.queue.envelope`: entries of another incarnation and undecodable ones are skipped) and
-  go to `Broker.apply_committed` as envelopes in one call; this runtime never reads an entry's bytes itself. Leader
-  changes go to `Broker.set_queue_leader`; snapshots to `queue_snapshot`/`queue_restore` (framed with the
-  incarnation by the same module).
-- Proposals: a `ProposeQueue` (numbered by the broker) becomes an `Envelope(incarnation, node, id, command)`,
-  encoded by `envelope_codec`, proposed through Raft and tracked
-  (`node.clustering.proposals.ProposalTracker`) until this node's replica applied it; a group's proposals are sent again
-  `RETRY_MS` after the last send (doubling per resend while its leader is unchanged) and at once when its leader
-  changes; after `proposal_timeout_ms` the broker is told
+  incarnation is in the group id, `node/clustering/incarnations.py`), voters = the queue's members, every other
+  cluster node a learner; added after the broker has the queue's definition and removed after it lost it. A group's
+  committed entries of one Ready cycle are read by the broker's `envelope_codec` (`cluster.queue.envelope`, which
+  skips other incarnations' entries: this runtime never reads an entry's bytes) and go to `Broker.apply_committed`
+  in one call; leader changes to `Broker.set_queue_leader`; snapshots to `queue_snapshot`/`queue_restore`.
+- Proposals: a `ProposeQueue` (numbered by the broker) becomes an `Envelope`, encoded by `envelope_codec`, proposed
+  through Raft and tracked (`node.clustering.proposals.ProposalTracker`) until this node's replica applied it; a
+  group's proposals are sent again `RETRY_MS` after the last send (doubling per resend while its leader is
+  unchanged) and at once when its leader changes; after `proposal_timeout_ms` the broker is told
   (`proposal_abandoned`: a waiting publish is nacked).
 - Start: the queues that died with this node's earlier life (its connections' exclusive queues, its non-durable
   classic queues) are deleted from the metadata before anything is mirrored or served (`died_with_earlier_life`,
