@@ -6,11 +6,12 @@ attached before the first round). Two levels, each printing CPU microseconds per
 - machine: `decode_proposal` (with node/broker/replica_wire's payload codec) + `ReplicatedQueue.apply` of both
   entries, as cluster/queue sees them;
 - classic: workload (a)'s machine work for the same messages: 256 single `Enqueue`s, then the multiple-ack Settle;
-- broker: `Broker.apply_committed_many` of both entries' bytes on a replica whose publisher and consumer are on
-  other nodes (ids of node "x"), i.e. also node/broker/replica.py's per-entry and per-effect work;
+- broker: both entries' bytes read by the broker's `envelope_codec` (`read_batch`, as the cluster runtime does)
+  and applied with one `Broker.apply_committed` on a replica whose publisher and consumer are on other nodes (ids
+  of node "x"), i.e. also node/broker/replica.py's per-entry and per-effect work;
 - publisher: the publisher's node for the same 256 messages: one read of confirmed publishes through
-  `Broker.handle_many` (route, batch into one EnqueueMany, propose), the entry's encoding, and its own entry applied
-  when committed (the kept object: no decoding), confirms released.
+  `Broker.handle_many` (route, batch into one EnqueueMany, propose), the entry's encoding (`envelope_codec`), and
+  its own entry read and applied when committed (the kept object: no decoding), confirms released.
 The collector runs as in a serving node (young threshold 50,000). Timing is CPU time of this process (time.process_time), so a busy machine distorts it less than wall time.
 
 Run from the repository root: .venv/bin/python -m bench.micro.queue_apply [--rounds 400] [--profile]
@@ -34,6 +35,7 @@ from cluster.queue import (
     Settle,
     decode_proposal,
 )
+from cluster.queue.envelope import Envelope
 from cluster.queue.types import MsgId
 from node.amqp.properties import BasicProperties
 from node.broker import replica_wire
@@ -45,6 +47,7 @@ BODY = b"x" * 100
 PUBLISHER = ("x", 1, 7, 1)
 CONSUMER = ("x", 1, 3)
 ORIGIN = "x"
+SOURCE = replica_wire.envelope_codec("")  # node "x"'s entries, written by a codec that keeps none (replicas decode)
 
 
 def _message() -> QueuedMessage:
@@ -63,7 +66,7 @@ class Rounds:
 
     def _encode(self, command: Any) -> bytes:
         self.proposal_id += 1
-        return replica_wire.encode(ORIGIN, self.proposal_id, command)
+        return SOURCE.encode(Envelope(0, ORIGIN, self.proposal_id, command))
 
     def attach(self) -> bytes:
         return self._encode(Attach(CONSUMER, 0, prefetch=PREFETCH))
@@ -79,10 +82,7 @@ class Rounds:
         return self._encode(Settle(CONSUMER, [MsgId(i) for i in ids]))
 
     def entries(self, rounds: int) -> list[tuple[bytes, bytes]]:
-        out = [(self.enqueue_many(round_index), self.settle()) for round_index in range(rounds)]
-        replica_wire._encoded_kept.clear()  # the replica decodes: nothing of its own is kept
-        replica_wire._encoded_kept_bytes[0] = 0
-        return out
+        return [(self.enqueue_many(round_index), self.settle()) for round_index in range(rounds)]
 
 
 def bench_machine(rounds: int) -> float:
@@ -142,11 +142,12 @@ def bench_broker(rounds: int) -> float:
     cluster, _ = _confirming_cluster()
     broker = cluster.brokers["b"]
     source = Rounds()
-    broker.apply_committed("/", "q", source.attach())
+    codec = broker.envelope_codec
+    broker.apply_committed("/", "q", codec.read_batch((source.attach(),), 0).envelopes)
     entries = source.entries(rounds)
     started = time.process_time()
     for enqueue_data, settle_data in entries:
-        broker.apply_committed_many([("/", "q", enqueue_data), ("/", "q", settle_data)])
+        broker.apply_committed("/", "q", codec.read_batch((enqueue_data, settle_data), 0).envelopes)
     elapsed = time.process_time() - started
     machine = broker.vhosts["/"].queues["q"].machine
     assert machine.unacked_count == 0 and machine.ready_count == 0
@@ -165,18 +166,14 @@ def bench_publisher(rounds: int) -> float:
     publish = ev.ContentReceived(1, m.BasicPublish(exchange="", routing_key="q"), BasicProperties(delivery_mode=2),
                                  BODY)
     events = [publish] * BATCH
-    proposal_id = 1000
+    codec = broker.envelope_codec
     acked = 0
     started = time.process_time()
     for _ in range(rounds):
         effects = broker.handle_many(client.conn_id, events, 0)
-        entries = []
-        for effect in effects:
-            if type(effect) is ProposeQueue:
-                proposal_id += 1
-                entries.append((effect.vhost, effect.queue,
-                                broker.encode_proposal("a", proposal_id, effect.vhost, effect.queue, effect.command)))
-        acked += len(broker.apply_committed_many(entries))
+        entries = [codec.encode(Envelope(0, "a", effect.proposal_id, effect.command))
+                   for effect in effects if type(effect) is ProposeQueue]
+        acked += len(broker.apply_committed("/", "q", codec.read_batch(entries, 0).envelopes))
     elapsed = time.process_time() - started
     assert acked >= rounds, acked
     return elapsed * 1e6 / (rounds * BATCH)

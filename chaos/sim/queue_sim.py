@@ -3,8 +3,8 @@
 `QueueSimulation` is the Raft simulator (simulator.py: one seed, fake clock, network and disk, the real MultiRaft
 cores) whose one group is a queue, replicated on every node exactly as cluster mode replicates it:
 
-- every committed entry is unframed with the queue's incarnation (`node.clustering.proposals.unframe`; an entry of
-  another incarnation is skipped), decoded (`cluster.queue.replicated_codec`) and applied to the node's
+- every committed entry is read as an envelope of the queue's incarnation (`cluster.queue.envelope.EnvelopeCodec`,
+  the runtime's reader: an entry of another incarnation is skipped) and applied to the node's
   `ReplicatedQueue`, which skips a proposal id it applied already; snapshots carry the replica
   (`ReplicatedQueue.snapshot`), so a node restored from a compacted log continues from the same state;
 - every node runs a client, as a node's AMQP connections do: a publisher (Enqueue with publisher id and sequence)
@@ -34,11 +34,11 @@ import cbor2
 from chaos.sim.checkers import AppliedState, SafetyViolation
 from chaos.sim.sim_types import SimConfig, SimNode, SimResult
 from chaos.sim.simulator import PROPOSALS_QUEUED_MAX, Simulation
+from cluster.queue.envelope import Envelope, EnvelopeCodec
 from cluster.queue.replicated import ReplicatedQueue
-from cluster.queue.replicated_codec import Proposal, ProposalDecodeError, decode_proposal, encode_proposal
 from cluster.queue.types import Accepted, Attach, Deliver, Detach, Enqueue, MsgId, QueuedMessage, Settle
 from cluster.raft.core.types import Entry, EntryKind, GroupId, NodeId
-from node.clustering.proposals import PROPOSAL_IDS_PER_BOOT, Pending, ProposalTracker, frame, unframe
+from node.clustering.proposals import PROPOSAL_IDS_PER_BOOT, Pending, ProposalTracker
 
 QUEUE = "q"
 INCARNATION = 0x5EED  # every entry is framed with it; a replica skips any other
@@ -54,6 +54,9 @@ SETTLE_RATE = 0.3  # per live node and tick: settle what was delivered
 
 def _identity(value: Any) -> Any:
     return value
+
+
+ENTRIES = EnvelopeCodec("", _identity, _identity)  # writes and reads every node's entries (keeps none: no origin "")
 
 
 @dataclass(slots=True)
@@ -182,9 +185,10 @@ class QueueSimulation(Simulation):
 
     def _propose(self, client: SimClient, command: Any, barrier: bool = False) -> int:
         proposal_id = client.tracker.next_id()
-        data = frame(INCARNATION, encode_proposal(Proposal(client.origin, proposal_id, command), _identity))
+        envelope = Envelope(INCARNATION, client.origin, proposal_id, command)
         group = self.group_ids[0]
-        pending = Pending(proposal_id, group, "/", QUEUE, data, self.now_ms, barrier=barrier)
+        pending = Pending(proposal_id, group, "/", QUEUE, ENTRIES.encode(envelope), self.now_ms, barrier=barrier,
+                          envelope=envelope)
         client.tracker.add(pending)
         if not client.tracker.held_back(pending):
             self._send(client, pending)
@@ -218,13 +222,10 @@ class QueueSimulation(Simulation):
     def _on_applied(self, node: SimNode, group: GroupId, entry: Entry) -> None:
         if entry.kind is not EntryKind.NORMAL:
             return
-        incarnation, data = unframe(entry.data)
-        if incarnation != INCARNATION:
+        read = ENTRIES.read_batch((entry.data,), INCARNATION)
+        if not read.envelopes:
             return
-        try:
-            proposal = decode_proposal(data, _identity)
-        except ProposalDecodeError:
-            return
+        proposal = read.envelopes[0].proposal
         replica = self.replicas[node.id]
         command = proposal.command
         removed: list[MsgId] = []

@@ -1,7 +1,8 @@
 """The pure queue state machine shared by classic, quorum and mirrored queues.
 
 `Queue(name, args).apply(command) -> list[effect]`; see `machine` for the semantics, `types` for the data.
-`ReplicatedQueue` (`replicated`) wraps it as a replicated state machine fed encoded `Proposal`s.
+`ReplicatedQueue` (`replicated`) wraps it as a replicated state machine fed encoded `Proposal`s; a queue log entry
+is an `Envelope` (`envelope`: incarnation, origin, proposal id, command), written and read only by `EnvelopeCodec`.
 """
 
 from __future__ import annotations

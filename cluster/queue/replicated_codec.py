@@ -1,8 +1,10 @@
-"""Wire form of replicated queue proposals: group ids, the `Proposal` envelope and its cbor codec.
+"""Wire form of replicated queue proposals: group ids, `Proposal` (origin, id, command) and its cbor codec.
 
-A proposal is one entry of a queue's Raft log: `Proposal(origin, proposal_id, command)`. It is encoded as one cbor
-array `[origin, proposal_id, kind, *fields]`, origin and id first so `peek_proposal` can read them from the first
-few bytes without decoding the command (the runtime peeks at every applied entry to track its own proposals).
+A proposal is the body of one entry of a queue's Raft log: `Proposal(origin, proposal_id, command)`. It is encoded
+as one cbor array `[origin, proposal_id, kind, *fields]`, origin and id first so `peek_proposal` can read them from
+the first few bytes without decoding the command (`envelope.EnvelopeCodec` does, to find its own entries). A log
+entry is an `envelope.Envelope`: this proposal behind the queue's incarnation; only `envelope` calls this module
+for the node.
 
 Consumer and publisher ids are opaque hashables; the ones we use are tuples of str/int (or plain str/int). cbor
 turns tuples into lists, so ids are encoded with `encode_id` and every list in an id comes back as a tuple. Message

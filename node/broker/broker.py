@@ -23,9 +23,10 @@ meeting what this node's definitions may be behind on (`MetadataUnconfirmed`) wa
 Queue backends (node/broker/backend.py; docs/ARCHITECTURE.md, "Queue backends"): every queue gets its backend
 when declared or recovered, from `_choose_backends`, the one place that reads the node's mode
 (`BrokerConfig.replicated`). A single node's queues are `LocalBackend`s; a cluster node's are `RaftBackend`s
-(docs/cluster.md): queue commands come out as `ProposeQueue` effects and committed entries come back through
-`apply_committed`; its exclusive queues are node-local (`OwnedBackend`/`RemoteBackend`, backend_owned.py). The entry points of the cluster are thin wrappers over `replica`, `replica_publish`,
-`replica_control` (queues) and `mirror` (definitions from other nodes).
+(docs/cluster.md): queue commands come out as `ProposeQueue` effects and committed entries come back, as
+`cluster.queue.envelope` envelopes, through `apply_committed`; its exclusive queues are node-local
+(`OwnedBackend`/`RemoteBackend`, backend_owned.py). The entry points of the cluster are thin wrappers over `replica`,
+`replica_publish`, `replica_control` (queues) and `mirror` (definitions from other nodes).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from cluster.queue.envelope import Envelope
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.broker import (
@@ -49,6 +51,7 @@ from node.broker import (
     replica,
     replica_control,
     replica_publish,
+    replica_wire,
     reply_gate,
 )
 from node.broker.auth import Permission
@@ -102,6 +105,7 @@ class Broker(BrokerState):
         self.parameters: dict[tuple[str, str, str], str] = {}  # (component, vhost, name) -> JSON (single node)
         self.handlers = _HANDLERS
         self.parking = True  # reads may park (read_your_writes); off while a closing connection's parked run
+        self.envelope_codec = replica_wire.envelope_codec(self.config.node_name)  # queue log entries (cluster mode)
         self._choose_backends()
         self._bootstrap()
 
@@ -420,27 +424,15 @@ class Broker(BrokerState):
 
     # --- replicated mode (docs/cluster.md, "node/broker, replicated mode"; the logic is in `replica`) -------
 
-    def encode_proposal(self, origin: str, proposal_id: int, vhost: str, queue: str, command: Any) -> bytes:
-        """The bytes to propose for a `ProposeQueue(vhost, queue, command)` (the broker owns the payload codec).
-        Call it with the effect's own command object: a reply or read waiting for it learns its proposal id."""
-        if self.ticketed:
-            read_your_writes.on_encoded(self, proposal_id, command)
-        return replica.encode(origin, proposal_id, command)
-
-    def apply_committed(self, vhost: str, queue: str, data: bytes) -> list[Effect]:
-        """One committed entry of the queue's group, in log order (unknown queue or undecodable entry: ignored)."""
-        replica.apply_committed(self, vhost, queue, data)
+    def apply_committed(self, vhost: str, queue: str, envelopes: Iterable[Envelope]) -> list[Effect]:
+        """A Raft group's committed entries, in log order, read by `envelope_codec` (the broker is entered once per
+        applied batch; confirms it releases are coalesced). An unknown queue ignores them."""
+        replica.apply_committed(self, vhost, queue, envelopes)
         return self._finish_replicated()
 
-    def apply_committed_many(self, entries: Iterable[tuple[str, str, bytes]]) -> list[Effect]:
-        """`apply_committed` for each (vhost, queue, data) in turn; confirms they release are coalesced."""
-        for vhost, queue, data in entries:
-            replica.apply_committed(self, vhost, queue, data)
-        return self._finish_replicated()
-
-    def proposal_abandoned(self, vhost: str, queue: str, data: bytes) -> list[Effect]:
+    def proposal_abandoned(self, vhost: str, queue: str, envelope: Envelope) -> list[Effect]:
         """The runtime gave up on a proposal: a publish waiting on it is nacked, a get answered get-empty."""
-        replica.proposal_abandoned(self, vhost, queue, data)
+        replica.proposal_abandoned(self, vhost, queue, envelope)
         return self._finish_replicated()
 
     def forward_outcome(self, vhost: str, queue: str, publisher_id: Any, sequence: int, acked: bool) -> list[Effect]:

@@ -5,7 +5,8 @@ built once per delivery, is slotted but not frozen, for speed: treat it as a val
 connection's fast `send_deliver`), `CloseChannel`/`CloseConnection` ask the protocol layer to close with a reply
 code, `Block`/`Unblock` drive connection.blocked, and `Persist` asks storage to write records durably and then call
 `Broker.on_persisted(token)`. In replicated mode (docs/cluster.md) `ProposeQueue` asks the runtime to propose one
-queue command to that queue's Raft group (encoded with `Broker.encode_proposal`). `PageIn` (single-node paging,
+queue command to that queue's Raft group, numbered by the broker (`proposal_id`; the runtime wraps it in a
+`cluster.queue.envelope.Envelope` and encodes it with `Broker.envelope_codec`). `PageIn` (single-node paging,
 `node/broker/paging.py`) asks storage to read back messages a long queue keeps on disk only. `PauseReading` /
 `ResumeReading` (replicated mode's credit flow, `node/broker/credit_flow.py`) stop and restart reading a connection.
 `HoldCloseOk` / `SendCloseOk` (replicated mode): the client's Connection.Close is answered later, once what the
@@ -113,11 +114,13 @@ class PageIn:
 
 @dataclass(frozen=True, slots=True)
 class ProposeQueue:
-    """Replicated mode: propose `command` (a cluster.queue command) to the group of queue `queue` in `vhost`."""
+    """Replicated mode: propose `command` (a cluster.queue command) to the group of queue `queue` in `vhost`, as
+    this node's proposal `proposal_id` (committed entries come back with it, `Broker.apply_committed`)."""
 
     vhost: str
     queue: str
     command: Any
+    proposal_id: int
 
 
 @dataclass(frozen=True, slots=True)

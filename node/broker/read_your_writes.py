@@ -9,10 +9,9 @@ if-empty must see that message, a basic.get on another channel must find the mes
 How:
 - Tickets. Every `ProposeQueue` the broker emits while it handles an event of a connection (`proposing_conn`)
   gets a ticket (a token of the broker's token space), remembered per connection and queue in
-  `ConnState.unapplied` (ascending). The runtime encodes each proposal with `Broker.encode_proposal`, which learns
-  the proposal id of a ticketed command (`on_encoded`: the command object, kept alive in `ticketed` until then, is
-  found by identity); when this node's replica applied that proposal id, or the runtime gave it up, the ticket is
-  done (`done`). Nothing here reads a clock: `expire` ends tickets older than `TICKET_MAX_MS` of broker time.
+  `ConnState.unapplied` (ascending), and under the proposal's id (the broker numbers its proposals,
+  `BrokerState.new_proposal_id`); when this node's replica applied that proposal id, or the runtime gave it up, the
+  ticket is done (`done`). Nothing here reads a clock: `expire` ends tickets older than `TICKET_MAX_MS` of broker time.
 - Replies (`GATED_REPLIES`: basic.consume, basic.cancel, basic.recover; and the client's channel.close): the
   channel is gated (`reply_gate.gate`) on the tickets its handler created, so the ok leaves once the replica
   applied them. A definition change made while the replica applied the last of them (the auto-delete of the queue
@@ -44,7 +43,7 @@ from node.broker.state import BrokerState
 GATED_REPLIES: Final[frozenset[type]] = frozenset({m.BasicConsume, m.BasicCancel, m.BasicRecover})
 READS: Final[frozenset[type]] = frozenset({m.QueueDeclare, m.QueueDelete})
 TICKET_MAX_MS: Final = 60_000  # a ticket never reported done (a proposal the runtime never saw) ends after this
-TICKETED_MAX: Final = 200_000  # commands waiting to be encoded; beyond, the oldest are forgotten (their tickets end)
+TICKETED_MAX: Final = 200_000  # proposals waiting to be applied; beyond, the oldest are forgotten (their tickets end)
 
 QueueKey = tuple[str, str]
 
@@ -61,15 +60,16 @@ class Parked:
 # --- tickets --------------------------------------------------------------------------------------------------
 
 
-def issue(broker: BrokerState, conn: ConnState, queue: QueueState, command: Any) -> None:
-    """A proposal of `command` to `queue` made for `conn`: ticket it (see the module docstring)."""
+def issue(broker: BrokerState, conn: ConnState, queue: QueueState, proposal_id: int) -> None:
+    """This node's proposal `proposal_id` to `queue` made for `conn`: ticket it (see the module docstring)."""
     ticket = broker.new_token()
-    ticketed = broker.ticketed
-    if len(ticketed) >= TICKETED_MAX:
-        for _command, old in list(ticketed.values())[: TICKETED_MAX // 2]:
+    tickets = broker.proposal_tickets
+    if len(tickets) >= TICKETED_MAX:
+        oldest = list(tickets.items())[: TICKETED_MAX // 2]
+        for old_id, old in oldest:
+            del tickets[old_id]
             _end(broker, old)
-        broker.ticketed = ticketed = dict(list(ticketed.items())[TICKETED_MAX // 2:])
-    ticketed[id(command)] = (command, ticket)
+    tickets[proposal_id] = ticket
     key = (queue.vhost, queue.name)
     broker.ticket_owner[ticket] = (conn, key, broker.now_ms)
     waiting = conn.unapplied.get(key)
@@ -80,22 +80,6 @@ def issue(broker: BrokerState, conn: ConnState, queue: QueueState, command: Any)
     sink = broker.ticket_sink
     if sink is not None:
         sink.append(ticket)
-
-
-def replaced(broker: BrokerState, old: Any, new: Any) -> None:
-    """A ticketed command was replaced by another before the runtime saw it (a publish batch grew)."""
-    entry = broker.ticketed.pop(id(old), None)
-    if entry is not None and entry[0] is old:
-        broker.ticketed[id(new)] = (new, entry[1])
-
-
-def on_encoded(broker: BrokerState, proposal_id: int, command: Any) -> None:
-    entry = broker.ticketed.pop(id(command), None)
-    if entry is not None:
-        if entry[0] is command:
-            broker.proposal_tickets[proposal_id] = entry[1]
-        else:  # (cannot happen while `ticketed` keeps the object alive; be safe all the same)
-            broker.ticketed[id(command)] = entry
 
 
 def done(broker: BrokerState, proposal_id: int) -> None:

@@ -29,13 +29,14 @@ x-dead-letter-strategy at-least-once (and reject-publish) the machine holds the 
 target accept it (`replica_dead_letters`). Per-queue bookkeeping that is a function of the log (`members`, `dead_letter_seq`,
 `had_attach`) travels in the queue snapshot with the replica.
 
-What goes into the log and how it is read back cheaply (the payload codec, decode-once, publish batching into
-`EnqueueMany`) is in `replica_wire`; `apply_committed` skips an entry whose proposal id the replica has seen
-(a retry) before decoding anything.
+A log entry is a `cluster.queue.envelope.Envelope` (incarnation, origin, proposal id, command); the cluster runtime
+encodes and reads them with `Broker.envelope_codec` and hands this module envelopes only, once per applied batch
+(`apply_committed`). The message payload codec and publish batching into `EnqueueMany` are in `replica_wire`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Final
 
 from cluster.queue import (
@@ -60,11 +61,7 @@ from cluster.queue import (
     Settle,
     SettleDeadLettered,
 )
-from cluster.queue.replicated import (
-    Proposal,
-    ProposalDecodeError,
-    peek_proposal,
-)
+from cluster.queue.envelope import Envelope
 from node.amqp import methods as m
 from node.broker import credit_flow, delivery, read_your_writes, replica_dead_letters, trace
 from node.broker.channel import ChannelState, Message, Unacked
@@ -87,8 +84,6 @@ from node.broker.replica_publish import answer_get_empty, on_outcome, tx_commit
 from node.broker.replica_wire import BATCH_BYTES_MAX as BATCH_BYTES_MAX
 from node.broker.replica_wire import BATCH_MESSAGES_MAX as BATCH_MESSAGES_MAX
 from node.broker.replica_wire import decode_payload as decode_payload
-from node.broker.replica_wire import decoded, kept_proposal
-from node.broker.replica_wire import encode as encode
 from node.broker.state import BrokerState
 
 DETACH_RETRIES_MAX: Final = 10  # times an abandoned Detach of a gone local consumer is proposed again
@@ -160,35 +155,31 @@ def _answer_purge(broker: BrokerState, queue: QueueState, count: int | None) -> 
 HANDLERS: dict[type, Any] = {m.TxCommit: tx_commit}
 
 
-_SKIPPED: Final = Purge()  # stands for the command of a skipped entry (never applied)
 _NO_ID: Final = object()  # matches no consumer or publisher id
 
 
 # --- committed entries ------------------------------------------------------------------------------------------
 
 
-def apply_committed(broker: BrokerState, vhost: str, name: str, data: bytes) -> None:
-    try:
-        origin, proposal_id = peek_proposal(data)
-    except ProposalDecodeError:
-        return  # every replica decodes the same bytes alike, so all skip it
-    _apply_committed(broker, vhost, name, data, origin, proposal_id)
-    if broker.proposal_tickets and origin == broker.config.node_name:
-        read_your_writes.done(broker, proposal_id)  # (after the apply: what waited for it sees its effect)
+def apply_committed(broker: BrokerState, vhost: str, name: str, envelopes: Iterable[Envelope]) -> None:
+    """A group's committed entries, in log order, as envelopes of the queue's incarnation (cluster/queue/envelope.py:
+    the runtime read them; an unknown queue ignores them)."""
+    me = broker.config.node_name
+    for envelope in envelopes:
+        _apply_committed(broker, vhost, name, envelope)
+        if broker.proposal_tickets and envelope.origin == me:
+            read_your_writes.done(broker, envelope.proposal_id)  # (after the apply: what waited sees its effect)
 
 
-def _apply_committed(broker: BrokerState, vhost: str, name: str, data: bytes, origin: str, proposal_id: int) -> None:
+def _apply_committed(broker: BrokerState, vhost: str, name: str, envelope: Envelope) -> None:
     queue = queue_of(broker, vhost, name)
     if queue is None:
         return
     replica = replica_of(queue)
-    if replica.seen(origin, proposal_id):  # a retried proposal applied before: skipped without decoding it
-        if origin == broker.config.node_name:
-            kept_proposal(data)
-        replica.apply(Proposal(origin, proposal_id, _SKIPPED))  # counts the skip; the command is not looked at
-        return
-    proposal = decoded(broker, data, origin)
-    if proposal is None:
+    origin = envelope.origin
+    proposal = envelope.proposal
+    if replica.seen(origin, envelope.proposal_id):  # a retried proposal applied before: skipped
+        replica.apply(proposal)  # counts the skip; the command is not looked at
         return
     command: Any = proposal.command
     queue.flow_applied += 1
@@ -339,17 +330,11 @@ def _republish_dead_letter(broker: BrokerState, queue: QueueState, effect: DeadL
 # --- abandoned proposals ----------------------------------------------------------------------------------------
 
 
-def proposal_abandoned(broker: BrokerState, vhost: str, name: str, data: bytes) -> None:
-    try:
-        origin, proposal_id = peek_proposal(data)
-    except ProposalDecodeError:
-        return
-    if broker.proposal_tickets and origin == broker.config.node_name:
-        read_your_writes.done(broker, proposal_id)  # first: a consume-ok it held goes out before a basic.cancel
-    proposal = decoded(broker, data, origin, keep=True)  # kept: the entry may still commit
-    if proposal is None:
-        return
-    command: Any = proposal.command
+def proposal_abandoned(broker: BrokerState, vhost: str, name: str, envelope: Envelope) -> None:
+    """The runtime gave up on this node's proposal (`envelope`): whoever waits for it hears so."""
+    if broker.proposal_tickets and envelope.origin == broker.config.node_name:
+        read_your_writes.done(broker, envelope.proposal_id)  # first: a consume-ok it held goes out before a cancel
+    command: Any = envelope.command
     kind = type(command)
     queue = queue_of(broker, vhost, name)
     if kind is Enqueue:

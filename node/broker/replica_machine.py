@@ -111,10 +111,11 @@ def propose(broker: BrokerState, queue: QueueState, command: Any) -> None:
         machine.batch = None  # a later publish must not overtake this command: it starts a new batch
     if type(command) is Enqueue:
         queue.flow_inflight += 1  # credit_flow.py: applied (or given up) later
+    proposal_id = broker.new_proposal_id()
     conn = broker.proposing_conn
     if conn is not None:
-        read_your_writes.issue(broker, conn, queue, command)
-    broker.out.append(ProposeQueue(queue.vhost, queue.name, command))
+        read_your_writes.issue(broker, conn, queue, proposal_id)
+    broker.out.append(ProposeQueue(queue.vhost, queue.name, command, proposal_id))
 
 
 def queue_of(broker: BrokerState, vhost: str, name: str) -> QueueState | None:

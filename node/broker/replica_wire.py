@@ -1,4 +1,4 @@
-"""What travels in a queue's log in replicated mode, and the cheap ways in and out of it (issue 7, workload (b)).
+"""The broker's part of a queue log entry in replicated mode: the message payload codec and publish batching.
 
 - Payload codec: a message goes out as [exchange, routing key, property bytes, body] (`encode_payload_wire`): the
   property flags and list exactly as AMQP encodes them, the publisher's own bytes when node/amqp still remembers
@@ -7,8 +7,8 @@
   key, dict of set properties, body] (`encode_payload`), which depends only on the properties' values, so
   replicas that applied the same log write byte-identical snapshots. `decode_payload` reads both (entries written
   before the property bytes existed are in the value form).
-- Decode once: `encode` keeps each proposal it encodes (keyed by its bytes, bounded), and the proposing node's
-  `decoded` takes that object back when the entry commits instead of decoding it; other nodes decode.
+- The entry itself (incarnation, origin, proposal id, command) is `cluster.queue.envelope`'s: `envelope_codec`
+  builds this node's `EnvelopeCodec` around the payload codec (it also decodes a node's own entries once only).
 - Publish batching: `propose_enqueue` folds consecutive publishes of one channel to one queue made within one
   broker call (one socket read) into one `EnqueueMany` proposal, which every replica applies exactly as the
   Enqueues in turn; confirms stay per message.
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from cluster.queue import Enqueue, EnqueueMany, QueuedMessage
-from cluster.queue.replicated import Proposal, ProposalDecodeError, decode_proposal, encode_proposal
+from cluster.queue.envelope import EnvelopeCodec
 from node.amqp.properties import (
     EMPTY_PROPERTIES,
     HEADER_PREFIX,
@@ -99,48 +99,9 @@ def decode_payload(value: Any) -> Message:
     return Message(exchange, routing_key, BasicProperties(**props), body)
 
 
-# Decode once: the proposing node keeps the proposals it encoded, keyed by their bytes, and applies those objects
-# when the entry commits instead of decoding its own bytes back. Keyed by content, so a hit is always the same
-# proposal whichever broker encoded it; only a broker applying its own origin's entry looks (one pop per entry).
-# Bounded by count and bytes; the oldest go first (a proposal never applied, e.g. abandoned, ages out).
-ENCODED_KEPT_MAX: Final = 4096
-ENCODED_KEPT_BYTES_MAX: Final = 64 * 1024 * 1024
-_encoded_kept: dict[bytes, Proposal] = {}
-_encoded_kept_bytes = [0]
-
-
-def encode(origin: str, proposal_id: int, command: Any) -> bytes:
-    proposal = Proposal(origin, proposal_id, command)
-    data = encode_proposal(proposal, encode_payload_wire)
-    if len(data) <= ENCODED_KEPT_BYTES_MAX // 16:
-        while _encoded_kept and (len(_encoded_kept) >= ENCODED_KEPT_MAX
-                                 or _encoded_kept_bytes[0] + len(data) > ENCODED_KEPT_BYTES_MAX):
-            oldest = next(iter(_encoded_kept))
-            del _encoded_kept[oldest]
-            _encoded_kept_bytes[0] -= len(oldest)
-        if data not in _encoded_kept:
-            _encoded_kept_bytes[0] += len(data)
-        _encoded_kept[data] = proposal
-    return data
-
-
-def kept_proposal(data: bytes) -> Proposal | None:
-    proposal = _encoded_kept.pop(data, None)
-    if proposal is not None:
-        _encoded_kept_bytes[0] -= len(data)
-    return proposal
-
-
-def decoded(broker: BrokerState, data: bytes, origin: str, keep: bool = False) -> Proposal | None:
-    """The proposal of an entry: this node's own object when it proposed it, else decoded (None: undecodable)."""
-    if origin == broker.config.node_name:
-        proposal = _encoded_kept.get(data) if keep else kept_proposal(data)
-        if proposal is not None:
-            return proposal
-    try:
-        return decode_proposal(data, decode_payload)
-    except ProposalDecodeError:
-        return None
+def envelope_codec(node_name: str) -> EnvelopeCodec:
+    """The codec of this node's queue log entries, with the broker's payload codec."""
+    return EnvelopeCodec(node_name, encode_payload_wire, decode_payload)
 
 
 # --- publish batching ------------------------------------------------------------------------------------------
@@ -181,22 +142,20 @@ def propose_enqueue(broker: BrokerState, queue: QueueState, command: Enqueue) ->
     queue.flow_inflight += 1  # credit flow (credit_flow.py): applied (or given up) later
     batch = machine.batch
     if command.sequence is None or batch is None or not batch.still_open(out, command):
-        effect = ProposeQueue(queue.vhost, queue.name, command)
+        effect = ProposeQueue(queue.vhost, queue.name, command, broker.new_proposal_id())
         out.append(effect)
         machine.batch = Batch(out, len(out) - 1, effect, command.message.size_bytes)
         conn = broker.proposing_conn
         if conn is not None:
-            read_your_writes.issue(broker, conn, queue, command)
+            read_your_writes.issue(broker, conn, queue, effect.proposal_id)
         return
     if not batch.messages:
         first: Any = batch.effect.command
         batch.messages.append(first.message)
         batch.sequences.append(first.sequence)
         batch.effect = ProposeQueue(queue.vhost, queue.name, EnqueueMany(
-            first.publisher_id, first.now_ms, batch.messages, batch.sequences))
+            first.publisher_id, first.now_ms, batch.messages, batch.sequences), batch.effect.proposal_id)
         out[batch.index] = batch.effect
-        if broker.ticketed:
-            read_your_writes.replaced(broker, first, batch.effect.command)
     batch.messages.append(command.message)
     batch.sequences.append(command.sequence)
     batch.size_bytes += command.message.size_bytes

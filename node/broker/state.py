@@ -20,6 +20,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.queue.envelope import PROPOSAL_IDS_PER_BOOT
 from node.amqp.auth import parse_sasl_response
 from node.broker import user_limits, vhost_limits
 from node.broker.auth import Permission, UserStore
@@ -120,6 +121,7 @@ class BrokerState(ABC):
         self.now_ms = 0
         self._next_consumer_id = 1
         self._next_token = 1
+        self._next_proposal_id = self.config.boot_id * PROPOSAL_IDS_PER_BOOT
         # Set by Broker from the node's mode, once (node/broker/broker.py, `_choose_backends`):
         self.backends: tuple[Any, ...] = ()  # the QueueBackends in use; their per-broker hooks run from the facade
         self.global_ids = False  # consumer, getter and publisher ids name this node and boot (other nodes see them)
@@ -154,7 +156,6 @@ class BrokerState(ABC):
         # replicated: read-your-writes per connection (read_your_writes.py)
         self.proposing_conn: ConnState | None = None  # the connection whose event is being handled
         self.ticket_sink: list[int] | None = None  # tickets of the running handler, when its replies wait for them
-        self.ticketed: dict[int, tuple[Any, int]] = {}  # id(command) -> (command, ticket) until encoded
         self.proposal_tickets: dict[int, int] = {}  # proposal id -> ticket, until applied or given up
         self.ticket_owner: dict[int, tuple[ConnState, tuple[str, str], int]] = {}  # ticket -> (conn, queue, ms)
         self.parked: dict[tuple[int, int], Any] = {}  # channels whose events wait (read_your_writes.Parked)
@@ -254,6 +255,13 @@ class BrokerState(ABC):
         n = self._next_consumer_id
         self._next_consumer_id += 1
         return ("get", self.config.node_name, self.config.boot_id, n)
+
+    def new_proposal_id(self) -> int:
+        """This node's number for its next queue proposal (`ProposeQueue`): ids start at boot_id *
+        PROPOSAL_IDS_PER_BOOT, so a restarted node never reuses an id of its earlier life."""
+        proposal_id = self._next_proposal_id
+        self._next_proposal_id += 1
+        return proposal_id
 
     def new_token(self) -> int:
         token = self._next_token

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
 
 from cluster.metadata import model as md
-from cluster.queue.replicated_codec import queue_group_id
+from cluster.queue.group_ids import queue_group_id
 from cluster.raft.core.types import GroupId
 from node.broker import records as br
 

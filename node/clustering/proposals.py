@@ -21,13 +21,9 @@ replica or given up (`sendable`); only then does it enter the log, necessarily a
 once for a peer the transport reports refusing connections (its process is gone: docs/cluster.md, "Liveness").
 Both take time as `now_ms` arguments, so they are unit-tested without clocks.
 
-Queue incarnations (a queue deleted and declared again under its name keeps its Raft group id, so a node that
-missed the deletion still holds the old queue's log under that id): every entry and snapshot this node writes into
-a queue group is framed with the queue's incarnation (`frame`: the byte 0xFF, which never starts a cbor item, then
-8 bytes big-endian; unframed data is incarnation 0, as written before incarnations existed), and a replica skips
-what carries another incarnation than the queue's (`unframe`). `stale_groups` says which local groups to delete at
-start: those the node recorded (group -> incarnation, persisted by the runtime) that the metadata no longer has, or
-has under another incarnation.
+Queue incarnations: `stale_groups` says which local groups to delete at start: those the node recorded (group ->
+incarnation, persisted by the runtime) that the metadata no longer has, or has under another incarnation. How an
+entry carries its incarnation is `cluster.queue.envelope`'s business (the one owner of a queue log entry's bytes).
 """
 
 from __future__ import annotations
@@ -35,25 +31,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from cluster.queue.envelope import PROPOSAL_IDS_PER_BOOT as PROPOSAL_IDS_PER_BOOT
+from cluster.queue.envelope import Envelope
+
 PENDING_MAX = 100_000
-PROPOSAL_IDS_PER_BOOT = 1_000_000  # ids start at boot_id * this, so a restarted node never reuses an old id
-FRAME_MARK = b"\xff"  # cbor's "break": never the first byte of an encoded item, so framed and plain data differ
-FRAME_BYTES = 9
-INCARNATION_MAX = 2**64 - 1
-
-
-def frame(incarnation: int, data: bytes) -> bytes:
-    """`data` tagged with a queue incarnation (incarnation 0 is left plain, as written before incarnations)."""
-    if not incarnation:
-        return data
-    return FRAME_MARK + incarnation.to_bytes(8, "big") + data
-
-
-def unframe(data: bytes) -> tuple[int, bytes]:
-    """(incarnation, data) of what `frame` wrote; plain data is incarnation 0."""
-    if data[:1] == FRAME_MARK and len(data) >= FRAME_BYTES:
-        return int.from_bytes(data[1:FRAME_BYTES], "big"), data[FRAME_BYTES:]
-    return 0, data
 
 
 def incarnation_of_cid(cid: str) -> int:
@@ -82,6 +63,7 @@ class Pending:
     first_ms: int
     sent_ms: int | None = None  # None: never handed to Raft (its group was not running yet, or a held barrier)
     barrier: bool = False  # sent only once every earlier proposal of the group was applied (or given up)
+    envelope: Envelope | None = None  # what `data` encodes (the runtime hands it back when it gives up)
 
 
 @dataclass(slots=True)
@@ -111,13 +93,16 @@ class ProposalTracker:
         return proposal_id
 
     def peek_id(self) -> int:
-        """The id the next proposal will get (proposals from then on have ids >= it)."""
+        """The id the next proposal will get (proposals from then on have ids >= it); ids numbered elsewhere (the
+        broker numbers its own) move it past every id added."""
         return self._next_id
 
     def full(self) -> bool:
         return len(self._by_id) >= self.pending_max
 
     def add(self, pending: Pending) -> None:
+        if pending.proposal_id >= self._next_id:
+            self._next_id = pending.proposal_id + 1
         self._by_id[pending.proposal_id] = pending
         self._by_group.setdefault(pending.group, {})[pending.proposal_id] = pending
         if pending.barrier:

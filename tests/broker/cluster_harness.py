@@ -1,10 +1,11 @@
 """A pure multi-replica harness for the broker's replicated mode: brokers a, b, c and one in-memory log per queue.
 
-`Cluster.feed(node, effects)` plays the runtime: every `ProposeQueue` is encoded with `Broker.encode_proposal`
-(proposal ids numbered per origin) and appended to its queue's log, unless the proposal is held (`hold=True`:
+`Cluster.feed(node, effects)` plays the runtime: every `ProposeQueue` becomes an `Envelope` (with the proposal id the
+broker numbered), encoded with the broker's `envelope_codec`, and is appended to its queue's log, unless the proposal is held (`hold=True`:
 kept in `held` for `release()` or `abandon()`); every `Persist` is mirrored into the other live brokers'
 `apply_records` and reported `on_persisted`; what is left (sends, closes) is returned and kept in `outbox`.
-`commit()` applies each log's new entries, in order, to every live broker until nothing new was proposed. A queue's
+`commit()` reads each log's new entries with a broker's `envelope_codec` and applies them, in order, to every
+live broker until nothing new was proposed. A queue's
 leader is the node that declared it unless `set_leader` says otherwise. `crash(node)` stops a node (its clients get
 nothing more) and reports it down to the others; `restart(node)` brings it back with a new boot id, definitions
 replayed and every queue restored from a live peer's snapshot. `pause(node)` / `resume(node)`: a node that lags
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cluster.queue.envelope import Envelope
 from node.amqp import events as ev
 from node.broker.broker import Broker, BrokerConfig
 from node.broker.effects import Effect, Persist, ProposeQueue
@@ -34,7 +36,6 @@ class Cluster:
             self._start(node, 1)
         self.logs: dict[QueueKey, list[bytes]] = {}
         self.applied: dict[tuple[str, QueueKey], int] = {}
-        self.next_proposal_id: dict[str, int] = {}
         self.leaders: dict[QueueKey, str] = {}
         self.records: list[Record] = []  # every definition committed, in order
         self.outbox: dict[str, list[Effect]] = {node: [] for node in nodes}
@@ -70,9 +71,8 @@ class Cluster:
 
     def _propose(self, node: str, effect: ProposeQueue) -> None:
         key = (effect.vhost, effect.queue)
-        proposal_id = self.next_proposal_id.get(node, 0) + 1
-        self.next_proposal_id[node] = proposal_id
-        data = self.brokers[node].encode_proposal(node, proposal_id, effect.vhost, effect.queue, effect.command)
+        envelope = Envelope(0, node, effect.proposal_id, effect.command)
+        data = self.brokers[node].envelope_codec.encode(envelope)
         if self.hold:
             self.held.append((node, key, data))
         else:
@@ -116,7 +116,8 @@ class Cluster:
                     start = self.applied.get((node, key), 0)
                     for index in range(start, len(log)):
                         self.applied[(node, key)] = index + 1
-                        self.feed(node, broker.apply_committed(key[0], key[1], log[index]))
+                        read = broker.envelope_codec.read_batch((log[index],), 0)
+                        self.feed(node, broker.apply_committed(key[0], key[1], read.envelopes))
                         progressed = True
             if not progressed:
                 return
@@ -136,7 +137,8 @@ class Cluster:
         """The runtime gives up on every held proposal."""
         held, self.held = self.held, []
         for node, key, data in held:
-            self.feed(node, self.brokers[node].proposal_abandoned(key[0], key[1], data))
+            broker = self.brokers[node]
+            self.feed(node, broker.proposal_abandoned(key[0], key[1], broker.envelope_codec.decode(data)))
 
     def tick(self, node: str, now_ms: int) -> list[Effect]:
         return self.feed(node, self.brokers[node].tick(now_ms))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.queue import Enqueue, EnqueueMany, Proposal, QueuedMessage, encode_proposal
+from cluster.queue.envelope import Envelope
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.amqp.properties import BasicProperties, decode_content_header, encode_content_header
@@ -158,7 +159,8 @@ def test_property_bytes_without_headers_decode_to_one_shared_object() -> None:
 
 def test_the_kept_proposals_are_bounded() -> None:
     message = QueuedMessage(Message("", "q", BasicProperties(), b"x"), 1, False)
-    for n in range(replica_wire.ENCODED_KEPT_MAX + 10):
-        replica_wire.encode("bound-test", n, Enqueue(message, 0, ("p",), n))
-    assert len(replica_wire._encoded_kept) <= replica_wire.ENCODED_KEPT_MAX
-    assert replica_wire._encoded_kept_bytes[0] == sum(len(data) for data in replica_wire._encoded_kept)
+    codec = replica_wire.envelope_codec("bound-test")
+    for n in range(codec.kept_max + 10):
+        codec.encode(Envelope(0, "bound-test", n, Enqueue(message, 0, ("p",), n)))
+    assert len(codec._kept) <= codec.kept_max
+    assert codec._kept_bytes == sum(len(data) for data in codec._kept)

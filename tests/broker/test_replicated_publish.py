@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cluster.queue.envelope import Envelope
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.amqp.properties import BasicProperties
@@ -56,7 +57,7 @@ def test_confirms_released_together_coalesce_into_one_multiple_ack() -> None:
     proposals = [data for _node, _key, data in cluster.held]
     cluster.held.clear()
     broker = cluster.brokers["a"]
-    effects = broker.apply_committed_many([("/", "q", data) for data in proposals])
+    effects = broker.apply_committed("/", "q", broker.envelope_codec.read_batch(proposals, 0).envelopes)
     assert _acks(effects) == [(3, True)]
 
 
@@ -158,7 +159,7 @@ def test_a_resent_enqueue_under_a_new_proposal_id_is_a_duplicate_and_still_confi
     cluster.held.clear()
     enqueue = next(iter(cluster.brokers["a"].publishers.values())).repl_waiting[1].targets[KEY]
     cluster.logs[KEY].append(data)
-    cluster.logs[KEY].append(cluster.brokers["a"].encode_proposal("a", 999, "/", "q", enqueue))
+    cluster.logs[KEY].append(cluster.brokers["a"].envelope_codec.encode(Envelope(0, "a", 999, enqueue)))
     cluster.commit()
     assert _acks(take(cluster, "a")) == [(1, False)]
     assert cluster.brokers["b"].vhosts["/"].queues["q"].machine.ready_count == 1

@@ -13,6 +13,7 @@ once every earlier proposal of its queue was applied (or given up).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -29,8 +30,8 @@ from cluster.queue import (
     ReplicatedQueue,
     Settle,
     decode_proposal,
-    encode_proposal,
 )
+from cluster.queue.envelope import PROPOSAL_IDS_PER_BOOT, Envelope, EnvelopeCodec
 from cluster.raft.core.types import Entry, GroupId, Index, NodeId, Role, Term
 from cluster.raft.runtime.codec import Command, Forward
 from cluster.raft.runtime.node import RaftNodeRuntime
@@ -86,16 +87,17 @@ async def test_the_raft_runtime_routes_held_commands_before_fresh_ones() -> None
 class FakeBroker:
     """Just the broker calls the runtime's proposal path makes."""
 
-    def encode_proposal(self, origin: str, proposal_id: int, vhost: str, queue: str, command: Any) -> bytes:
-        return encode_proposal(Proposal(origin, proposal_id, command), _payload)
+    def __init__(self) -> None:
+        self.envelope_codec = EnvelopeCodec("a", _payload, _payload)
+        self.proposal_ids = itertools.count(7 * PROPOSAL_IDS_PER_BOOT)  # the broker numbers its proposals
 
-    def apply_committed_many(self, batch: list[tuple[str, str, bytes]]) -> list[Any]:
+    def propose(self, command: QueueCommand) -> ProposeQueue:
+        return ProposeQueue("/", "orders", command, next(self.proposal_ids))
+
+    def apply_committed(self, vhost: str, queue: str, envelopes: Any) -> list[Any]:
         return []
 
-    def apply_committed(self, vhost: str, queue: str, data: bytes) -> list[Any]:
-        return []
-
-    def proposal_abandoned(self, vhost: str, queue: str, data: bytes) -> list[Any]:
+    def proposal_abandoned(self, vhost: str, queue: str, envelope: Envelope) -> list[Any]:
         return []
 
 
@@ -167,8 +169,8 @@ def _runtime() -> tuple[ClusterRuntime, LossyLog]:
 def test_an_acked_message_is_not_redelivered_when_the_settle_copy_is_lost() -> None:
     runtime, log = _runtime()
     log.lose_first = {Settle}  # the Settle's first copy is lost on its way to the leader
-    runtime._on_propose(ProposeQueue("/", "orders", Settle(C1, (MsgId(1),))))  # basic.ack
-    runtime._on_propose(ProposeQueue("/", "orders", Detach(C1, 0)))  # channel.close
+    runtime._on_propose(runtime.broker.propose(Settle(C1, (MsgId(1),))))  # basic.ack
+    runtime._on_propose(runtime.broker.propose(Detach(C1, 0)))  # channel.close
     log.commit()
     assert runtime.stats["barriers_held"] == 1  # the Detach waits for the Settle
     runtime._send_group(GROUP, 10_000)  # the retry timer sends the group's proposals again
@@ -180,7 +182,7 @@ def test_an_acked_message_is_not_redelivered_when_the_settle_copy_is_lost() -> N
 
 def test_a_detach_with_nothing_before_it_goes_at_once() -> None:
     runtime, log = _runtime()
-    runtime._on_propose(ProposeQueue("/", "orders", Detach(C1, 0)))
+    runtime._on_propose(runtime.broker.propose(Detach(C1, 0)))
     log.commit()
     assert log.log == ["Detach"] and runtime.stats["barriers_held"] == 0
     assert [(d.consumer_id, d.redelivered) for d in log.deliveries] == [(C2, True)]  # unacked: back, flagged
@@ -189,8 +191,8 @@ def test_a_detach_with_nothing_before_it_goes_at_once() -> None:
 def test_a_detach_waits_for_an_earlier_settle_that_is_given_up() -> None:
     runtime, log = _runtime()
     log.lose_first = {Settle}
-    runtime._on_propose(ProposeQueue("/", "orders", Settle(C1, (MsgId(1),))))
-    runtime._on_propose(ProposeQueue("/", "orders", Detach(C1, 0)))
+    runtime._on_propose(runtime.broker.propose(Settle(C1, (MsgId(1),))))
+    runtime._on_propose(runtime.broker.propose(Detach(C1, 0)))
     log.commit()
     assert log.log == []
     settle = runtime.tracker.of_group(GROUP)[0]

@@ -11,6 +11,7 @@ Unit tests first, then three real `raftmq node` processes.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import signal
 from collections.abc import Callable
@@ -25,6 +26,13 @@ from hypothesis import strategies as st
 
 from cluster.metadata import model as md
 from cluster.queue import MsgId, Proposal, Settle, encode_proposal, parse_queue_group_id, queue_group_id
+from cluster.queue.envelope import (
+    PROPOSAL_IDS_PER_BOOT,
+    Envelope,
+    EnvelopeCodec,
+    frame_snapshot,
+    open_snapshot,
+)
 from cluster.raft.core.types import Entry, GroupId, Index, Membership, Term
 from node.broker import records as br
 from node.broker.effects import ProposeQueue
@@ -37,7 +45,7 @@ from node.clustering.incarnations import (
     without_queue_deletions,
     without_queues,
 )
-from node.clustering.proposals import frame, incarnation_of_cid, stale_groups, unframe
+from node.clustering.proposals import incarnation_of_cid, stale_groups
 from node.runtime.cluster.incarnation_file import IncarnationFile
 from node.runtime.cluster.runtime import ClusterRuntime
 from node.runtime.config import NodeConfig, cluster_layout
@@ -50,6 +58,7 @@ from tests.cluster.cluster_proc import (
 )
 
 SECRET = "0123456789abcdef-secret"
+CODEC = EnvelopeCodec("", lambda p: p, lambda p: p)  # another node's codec: writes and reads entries, keeps none
 QUORUM = {"x-queue-type": "quorum"}
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -84,10 +93,14 @@ def test_group_ids_round_trip_and_incarnations_never_collide(vhost: str, name: s
 
 
 def test_frames_carry_the_incarnation_and_plain_data_is_incarnation_0() -> None:
-    data = encode_proposal(Proposal("a", 1, Settle(("a", 1, 1), (MsgId(1),))), lambda p: p)
-    assert frame(0, data) == data and unframe(data) == (0, data)
-    assert unframe(frame(2**63 - 1, data)) == (2**63 - 1, data)
-    assert unframe(frame(5, b"")) == (5, b"")  # an empty snapshot of incarnation 5
+    settle = Settle(("a", 1, 1), (MsgId(1),))
+    data = encode_proposal(Proposal("a", 1, settle), lambda p: p)
+    assert CODEC.encode(Envelope(0, "a", 1, settle)) == data  # incarnation 0: the plain proposal, as before
+    assert CODEC.decode(data) == Envelope(0, "a", 1, settle)
+    framed = CODEC.encode(Envelope(2**63 - 1, "a", 1, settle))
+    assert framed.endswith(data) and CODEC.decode(framed) == Envelope(2**63 - 1, "a", 1, settle)
+    assert frame_snapshot(0, b"s") == b"s" and open_snapshot(b"s") == (0, b"s")
+    assert open_snapshot(frame_snapshot(5, b"")) == (5, b"")  # an empty snapshot of incarnation 5
 
 
 def test_incarnations_from_command_ids_are_never_0() -> None:
@@ -152,27 +165,29 @@ class FakeRaft:
         self.calls.append(("remove", group))
 
     def propose(self, group: GroupId, data: bytes) -> bool:
-        self.calls.append(("propose", group, unframe(data)[0]))
+        self.calls.append(("propose", group, CODEC.decode(data).incarnation))
         return True
 
 
 class FakeBroker:
     def __init__(self) -> None:
-        self.applied: list[bytes] = []
+        self.applied: list[Envelope] = []
         self.records: list[Any] = []
+        self.envelope_codec = EnvelopeCodec("a", lambda p: p, lambda p: p)
+        self.proposal_ids = itertools.count(7 * PROPOSAL_IDS_PER_BOOT)  # the broker numbers its proposals (boot 7)
+
+    def propose(self, command: Any) -> ProposeQueue:
+        return ProposeQueue("/", "q", command, next(self.proposal_ids))
 
     def apply_records(self, records: list[Any]) -> list[Any]:
         self.records.extend(records)
         return []
 
-    def apply_committed_many(self, batch: list[tuple[str, str, bytes]]) -> list[Any]:
-        self.applied.extend(data for _, _, data in batch)
+    def apply_committed(self, vhost: str, queue: str, envelopes: list[Envelope]) -> list[Any]:
+        self.applied.extend(envelopes)
         return []
 
-    def encode_proposal(self, origin: str, proposal_id: int, vhost: str, queue: str, command: Any) -> bytes:
-        return encode_proposal(Proposal(origin, proposal_id, command), lambda p: p)
-
-    def proposal_abandoned(self, vhost: str, queue: str, data: bytes) -> list[Any]:
+    def proposal_abandoned(self, vhost: str, queue: str, envelope: Envelope) -> list[Any]:
         return []
 
 
@@ -202,21 +217,23 @@ def test_a_redeclared_queue_is_another_group_and_stale_entries_are_skipped(tmp_p
     runtime, raft, broker = _runtime(tmp_path)
     runtime._mirror(_state_with_queue(5))
     assert raft.calls == [("add", OLD)] and runtime.incarnation_file.load() == {OLD: 5}
-    old = broker.encode_proposal("b", 1, "/", "q", Settle(("b", 1, 1), (MsgId(1),)))
-    runtime._on_apply_many(OLD, (Entry(Term(1), Index(1), frame(5, old)),))
+    old = Envelope(5, "b", 1, Settle(("b", 1, 1), (MsgId(1),)))
+    runtime._on_apply_many(OLD, (Entry(Term(1), Index(1), CODEC.encode(old)),))
     assert broker.applied == [old]
     runtime._mirror(_state_with_queue(9))  # deleted and declared again, seen in one step
     assert raft.calls[1:] == [("remove", OLD), ("add", NEW)]
     assert [type(r).__name__ + ("-" if r.deleted else "+") for r in broker.records if r.__class__.__name__ ==
             "QueueRecord"] == ["QueueRecord+", "QueueRecord-", "QueueRecord+"]  # the broker dropped the old queue
     assert runtime.incarnation_file.load() == {NEW: 9}
-    runtime._on_apply_many(OLD, (Entry(Term(2), Index(2), frame(5, old)),))  # a late callback of the removed group
+    runtime._on_apply_many(OLD, (Entry(Term(2), Index(2), CODEC.encode(old)),))  # a late callback of the removed group
     assert broker.applied == [old]
-    runtime._on_apply_many(NEW, (Entry(Term(2), Index(1), frame(5, old)), Entry(Term(2), Index(2), old)))
+    plain = CODEC.encode(dataclasses.replace(old, incarnation=0))
+    runtime._on_apply_many(NEW, (Entry(Term(2), Index(1), CODEC.encode(old)), Entry(Term(2), Index(2), plain)))
     assert broker.applied == [old] and runtime.stats["stale_entries"] == 2  # the framing check is kept
-    runtime._on_apply_many(NEW, (Entry(Term(2), Index(4), frame(9, old)),))
-    assert broker.applied == [old, old]
-    runtime._on_propose(ProposeQueue("/", "q", Settle(("a", 7, 1), (MsgId(2),))))
+    new = dataclasses.replace(old, incarnation=9)
+    runtime._on_apply_many(NEW, (Entry(Term(2), Index(4), CODEC.encode(new)),))
+    assert broker.applied == [old, new]
+    runtime._on_propose(broker.propose(Settle(("a", 7, 1), (MsgId(2),))))
     assert raft.calls[-1] == ("propose", NEW, 9)  # proposals go to the new group, framed with its incarnation
 
 
@@ -239,15 +256,15 @@ def test_a_local_delete_and_redeclare_keeps_the_new_queues_proposals_away_from_t
     runtime._mirror(_state_with_queue(5))
     before = runtime._on_propose
     ack = Settle(("a", 7, 1), (MsgId(1),))
-    before(ProposeQueue("/", "q", ack))  # for the old queue: abandoned when the group goes
+    before(broker.propose(ack))  # for the old queue: abandoned when the group goes
     runtime._persists.clear()
     runtime.persist(1, [br.QueueRecord("/", "q", deleted=True)])  # the client deletes ...
     runtime.persist(2, [br.QueueRecord("/", "q")])  # ... and declares it again at once
     assert OLD in runtime._quarantined
-    before(ProposeQueue("/", "q", Settle(("a", 7, 2), (MsgId(1),))))  # the new queue's: held
+    before(broker.propose(Settle(("a", 7, 2), (MsgId(1),))))  # the new queue's: held
     assert [c for c in raft.calls if c[0] == "propose"] == [("propose", OLD, 5)]
-    old = broker.encode_proposal("b", 1, "/", "q", ack)
-    runtime._on_apply_many(OLD, (Entry(Term(1), Index(1), frame(5, old)),))
+    old = CODEC.encode(Envelope(5, "b", 1, ack))
+    runtime._on_apply_many(OLD, (Entry(Term(1), Index(1), old),))
     assert broker.applied == []  # the old group feeds nothing to the broker's (new) queue
     gone = without_queues(_state_with_queue(5), {("/", "q")})
     runtime._persists.popleft()  # the deletion committed; the metadata step is mirrored

@@ -14,14 +14,15 @@ cluster metadata. `ClusterRuntime` is the glue (docs/cluster.md, "node/runtime, 
   and `on_persist_failed(token, code, text)` closes the client's channel with an error instead of the ok.
   `ClusterRuntime` is the `Node`'s store: it has `persist`, `commit_loop` and `flush`.
 - Queues (`cluster.raft.runtime.RaftNodeRuntime`, under <data_dir>/raft): one group per queue declaration (its
-  incarnation is in the group id, `node/clustering/incarnations.py`), voters = the queue's members, every other cluster
-  node a learner; added after the broker has the queue's definition and
-  removed after it lost it. Committed entries go to `Broker.apply_committed`; leader changes to
-  `Broker.set_queue_leader`; snapshots to `queue_snapshot`/`queue_restore`.
-- Proposals: a `ProposeQueue` becomes `Broker.encode_proposal(node, id, ...)` proposed through Raft and tracked
-  (`node.clustering.proposals.ProposalTracker`) until this node's replica applied it; a group's proposals are sent again
-  `RETRY_MS` after the last send (doubling per resend while its leader is unchanged) and at once when its leader
-  changes; after `proposal_timeout_ms` the broker is told
+  incarnation is in the group id, `node/clustering/incarnations.py`), voters = the queue's members, every other
+  cluster node a learner; added after the broker has the queue's definition and removed after it lost it. A group's
+  committed entries of one Ready cycle are read by the broker's `envelope_codec` (`cluster.queue.envelope`, which
+  skips other incarnations' entries: this runtime never reads an entry's bytes) and go to `Broker.apply_committed`
+  in one call; leader changes to `Broker.set_queue_leader`; snapshots to `queue_snapshot`/`queue_restore`.
+- Proposals: a `ProposeQueue` (numbered by the broker) becomes an `Envelope`, encoded by `envelope_codec`, proposed
+  through Raft and tracked (`node.clustering.proposals.ProposalTracker`) until this node's replica applied it; a
+  group's proposals are sent again `RETRY_MS` after the last send (doubling per resend while its leader is
+  unchanged) and at once when its leader changes; after `proposal_timeout_ms` the broker is told
   (`proposal_abandoned`: a waiting publish is nacked).
 - Start: the queues that died with this node's earlier life (its connections' exclusive queues, its non-durable
   classic queues) are deleted from the metadata before anything is mirrored or served (`died_with_earlier_life`,
@@ -50,7 +51,7 @@ import trio
 
 from cluster.metadata import model as md
 from cluster.metadata.store import MetadataError, MetadataStore, MetadataTimeout, StoreConfig
-from cluster.queue.replicated_codec import peek_proposal
+from cluster.queue.envelope import Envelope, EnvelopeCodec, frame_snapshot, open_snapshot
 from cluster.queue.types import Detach, Enqueue, EnqueueMany
 from cluster.raft.core.types import Entry, EntryKind, GroupId, Membership, NodeId
 from cluster.raft.runtime.node import Bootstrap, RaftNodeRuntime
@@ -79,10 +80,8 @@ from node.clustering.proposals import (
     PeerLiveness,
     Pending,
     ProposalTracker,
-    frame,
     incarnation_of_cid,
     stale_groups,
-    unframe,
 )
 from node.runtime.cluster.definition_replies import (
     DEFINITION_TIMEOUT_S,
@@ -123,6 +122,7 @@ class ClusterRuntime(MembershipAndLiveness):
         self.config = config
         self.layout = layout
         self.broker = broker
+        self.envelopes: EnvelopeCodec = broker.envelope_codec  # the one reader and writer of queue log entries
         self.name = layout.self_name
         self.boot_id = boot_id
         self.data_dir = config.resolved_data_dir()
@@ -475,13 +475,13 @@ class ClusterRuntime(MembershipAndLiveness):
         key = self.group_queues.get(group)
         if key is None:
             return b""
-        return frame(self.group_incarnations.get(group, 0), bytes(self.broker.queue_snapshot(*key)))
+        return frame_snapshot(self.group_incarnations.get(group, 0), bytes(self.broker.queue_snapshot(*key)))
 
     def restore(self, group: GroupId, data: bytes) -> None:
         key = self.group_queues.get(group)
         if key is None:
             return
-        incarnation, data = unframe(data)
+        incarnation, data = open_snapshot(data)
         if incarnation != self.group_incarnations.get(group, 0):
             log.error("cluster: queue %s: snapshot of incarnation %d ignored (this queue is %d)", group,
                       incarnation, self.group_incarnations.get(group, 0))
@@ -500,41 +500,35 @@ class ClusterRuntime(MembershipAndLiveness):
         if group in self._quarantined:  # the old queue's entries; the broker's queue may be a new one already
             self.stats["stale_entries"] += len(entries)
             return
-        batch: list[tuple[str, str, bytes]] = []
-        current = self.group_incarnations.get(group, 0)
+        read = self.envelopes.read_batch(
+            [entry.data for entry in entries if entry.kind is EntryKind.NORMAL and entry.data],
+            self.group_incarnations.get(group, 0))
+        if read.stale:  # written into the group by an earlier declaration of the queue
+            self.stats["stale_entries"] += read.stale
+        if read.undecodable:
+            log.error("cluster: group %s: %d undecodable entries in %d..%d skipped", group, read.undecodable,
+                      entries[0].index, entries[-1].index)
         timing = None if self.raft is None else self.raft.timing  # RAFTMQ_RAFT_TIMING only (timing.py)
-        for entry in entries:
-            if entry.kind is not EntryKind.NORMAL or not entry.data:
-                continue
-            incarnation, data = unframe(entry.data)
-            if incarnation != current:  # written into the group by an earlier declaration of the queue
-                self.stats["stale_entries"] += 1
-                continue
-            try:
-                origin, proposal_id = peek_proposal(data)
-            except ValueError:
-                log.error("cluster: group %s: undecodable entry %d skipped", group, entry.index)
-                continue
-            if origin == self.name:
-                pending = self.tracker.applied(proposal_id)
+        for envelope in read.envelopes:
+            if envelope.origin == self.name:
+                pending = self.tracker.applied(envelope.proposal_id)
                 if pending is not None and timing is not None:
                     timing.record("proposal_to_apply", wall_ms() - pending.first_ms)
-            batch.append((key[0], key[1], data))
         tracked_as = queue_key(*key)
         if self.tracker.has_barriers(tracked_as):
             self._release(tracked_as)
-        if not batch:
+        if not read.envelopes:
             return
-        self.stats["applied"] += len(batch)
+        self.stats["applied"] += len(read.envelopes)
         try:
-            effects = self.broker.apply_committed_many(batch)
+            effects = self.broker.apply_committed(key[0], key[1], read.envelopes)
         except Exception:
             log.exception("cluster: group %s: applying entries %d..%d failed; one by one", group,
                           entries[0].index, entries[-1].index)
             effects = []
-            for vhost, queue, data in batch:  # the replica skips the proposal ids it applied already
+            for envelope in read.envelopes:  # the replica skips the proposal ids it applied already
                 try:
-                    effects.extend(self.broker.apply_committed(vhost, queue, data))
+                    effects.extend(self.broker.apply_committed(key[0], key[1], (envelope,)))
                 except Exception:
                     log.exception("cluster: group %s: an entry failed", group)
         self.dispatch(effects)
@@ -555,14 +549,15 @@ class ClusterRuntime(MembershipAndLiveness):
         """A `ProposeQueue` effect (called inside a dispatch: effects go through `apply_effects`)."""
         tracked_as = queue_key(effect.vhost, effect.queue)  # the tracker follows the queue across incarnations
         group = self.group_queues.group_of(tracked_as)
-        proposal_id = self.tracker.next_id()
-        data = self.broker.encode_proposal(self.name, proposal_id, effect.vhost, effect.queue, effect.command)
-        pending = Pending(proposal_id, tracked_as, effect.vhost, effect.queue, data, wall_ms(),
-                          barrier=isinstance(effect.command, Detach))
+        incarnation = 0 if group is None else self.group_incarnations.get(group, 0)  # (set again when sent)
+        envelope = Envelope(incarnation, self.name, effect.proposal_id, effect.command)
+        data = self.envelopes.encode(envelope)
+        pending = Pending(effect.proposal_id, tracked_as, effect.vhost, effect.queue, data, wall_ms(),
+                          barrier=isinstance(effect.command, Detach), envelope=envelope)
         if self.tracker.full():
             log.warning("cluster: %d proposals in flight; refusing one for %s", len(self.tracker), tracked_as)
             self.stats["abandoned"] += 1
-            self.node.apply_effects(self.broker.proposal_abandoned(effect.vhost, effect.queue, data))
+            self.node.apply_effects(self.broker.proposal_abandoned(effect.vhost, effect.queue, envelope))
             return
         self.tracker.add(pending)
         self.stats["proposed"] += 1
@@ -571,18 +566,18 @@ class ClusterRuntime(MembershipAndLiveness):
             return
         if self.raft is not None and group is not None and group not in self._quarantined:
             pending.sent_ms = pending.first_ms
-            self._propose_raw(group, data)
+            self._propose_raw(group, pending)
             if self.unsafe_confirm_before_commit and isinstance(effect.command, (Enqueue, EnqueueMany)):
-                self._apply_before_commit(effect.vhost, effect.queue, data)
+                self._apply_before_commit(effect.vhost, effect.queue, envelope)
 
-    def _apply_before_commit(self, vhost: str, queue: str, data: bytes) -> None:
+    def _apply_before_commit(self, vhost: str, queue: str, envelope: Envelope) -> None:
         """test_unsafe_confirm_before_commit: the local replica applies the proposal now (so the publish is
         confirmed); the committed entry is later skipped by the replica's dedup of its proposal id. Still tracked
         and re-sent until it commits. Unsafe: the message exists only here until then, and this replica's message
         ids can differ from the others' (it applied the entry out of log order)."""
         self.stats["applied_before_commit"] += 1
         try:
-            effects = self.broker.apply_committed(vhost, queue, data)
+            effects = self.broker.apply_committed(vhost, queue, (envelope,))
         except Exception:
             log.exception("cluster: applying a proposal before its commit failed")
             return
@@ -603,15 +598,21 @@ class ClusterRuntime(MembershipAndLiveness):
             if pending.sent_ms is not None:
                 self.stats["resent"] += 1
             pending.sent_ms = now_ms
-            self._propose_raw(group, pending.data)
+            self._propose_raw(group, pending)
 
-    def _propose_raw(self, group: GroupId, data: bytes) -> None:
+    def _propose_raw(self, group: GroupId, pending: Pending) -> None:
+        """Hand a proposal to Raft, for the group's incarnation (one that waited for the queue's next declaration
+        is re-framed for it first)."""
         assert self.raft is not None
-        framed = frame(self.group_incarnations.get(group, 0), data)
+        incarnation = self.group_incarnations.get(group, 0)
+        envelope = pending.envelope
+        if envelope is not None and envelope.incarnation != incarnation:
+            pending.data = self.envelopes.reframed(pending.data, incarnation)
+            pending.envelope = dataclasses.replace(envelope, incarnation=incarnation)
         if self.mirror is not None and group in self.mirror.groups:
-            self.mirror.propose(group, framed)
+            self.mirror.propose(group, pending.data)
         else:
-            self.raft.propose(group, framed)
+            self.raft.propose(group, pending.data)
 
     def _on_mirror_leader_change(self, group: GroupId, leader: NodeId | None) -> None:
         key = self.group_queues.get(group)
@@ -634,13 +635,14 @@ class ClusterRuntime(MembershipAndLiveness):
         now = wall_ms()
         for pending in self.tracker.released(tracked_as):
             pending.sent_ms = now
-            self._propose_raw(group, pending.data)
+            self._propose_raw(group, pending)
 
     def _abandon(self, pending: Pending) -> None:
         self.stats["abandoned"] += 1
         log.info("cluster: proposal %d for %s/%s not applied in time; abandoned", pending.proposal_id,
                  pending.vhost, pending.queue)
-        self.dispatch(self.broker.proposal_abandoned(pending.vhost, pending.queue, pending.data))
+        if pending.envelope is not None:
+            self.dispatch(self.broker.proposal_abandoned(pending.vhost, pending.queue, pending.envelope))
 
     async def _retry_timer(self) -> None:
         while True:
