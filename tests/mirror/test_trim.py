@@ -17,6 +17,7 @@ from cluster.mirror_queues.core.types import (
     Effect,
     EpochEndRequest,
     EpochEndResponse,
+    FetchResponse,
     Message,
     Record,
     Send,
@@ -256,6 +257,27 @@ def _on_disk(directory: pathlib.Path) -> ReplicaStore:
     store = ReplicaStore(directory)
     store.load()
     return store
+
+
+def test_files_follow_a_truncation_below_the_snapshot(tmp_path: pathlib.Path) -> None:
+    """A replica whose whole log is in its snapshot is cut below it (a leader with a shorter log, as after an
+    unclean election): it starts empty, and so do its files."""
+    r = Replica("b", Settings(truncation="hw"))
+    store = ReplicaStore(tmp_path)
+    r.become_leader(0, frozenset({"b"}), 0)
+    for i in range(3):
+        r.publish(f"m{i}")
+    assert r.trim(3, "state")
+    store.persist(r)
+    assert read_records(tmp_path) == [] and store.load().snapshot == Snapshot(3, 0, "state")
+    store.persist(r, r.become_follower("a", 1))
+    effects = r.handle(FetchResponse("a", 1, (), 0, True, 1), 0)
+    assert effects == [Truncated("b", 3, 0, "out-of-range")] and r.snapshot is None and r.leo == 0
+    store.persist(r, effects)
+    reader = _on_disk(tmp_path)
+    assert reader.load() == r.crash_image() and not (tmp_path / "snapshot").exists()
+    reader.close()
+    store.close()
 
 
 @pytest.mark.parametrize("seed", range(40))

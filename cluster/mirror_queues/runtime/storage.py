@@ -166,8 +166,9 @@ class ReplicaStore:
         if offset >= self.written:
             return
         index = max(offset - self._start, 0)
-        self._cut(self._positions[index])
-        del self._positions[index:]
+        if index < len(self._positions):  # (below the log start with no record in the file: nothing to cut)
+            self._cut(self._positions[index])
+            del self._positions[index:]
 
     def _rewrite(self, records: list[Record]) -> None:
         """The log file holds exactly `records` (from the log start on): a new file, fsynced, renamed."""

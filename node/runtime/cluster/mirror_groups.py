@@ -25,8 +25,15 @@ and a 10 ms timer ticks the cores (ISR lag check, HW checkpoint) and resends una
   `MirrorReplicaDown` for each queue it leads or is in the ISR of: the metadata group elects from the ISR (or
   uncleanly with `ha-promote-on-failure: always`). A node starting with a queue nobody can lead says
   `MirrorReplicaUp`.
-- Records hold the proposal bytes as a latin-1 `str` (the core's `msg` is a `str`); the log is never trimmed
-  (no log start offset yet: docs/mirrored_queues.md, "Not built yet").
+- The log is bounded as a Raft group's is: once `TRIM_RECORDS` applied records sit above the log start, the
+  replica takes the broker's queue snapshot at its applied offset (at most the HW; `SnapshotHost.snapshot`, the
+  Raft groups' host) and `Replica.trim`s the prefix (the files: the snapshot, then the log rewritten from the new
+  start). Each replica trims on its own; a follower that fetches below the leader's log start gets the leader's
+  snapshot and the broker restores the queue from it (`SnapshotInstalled`). A restarting node restores its
+  snapshot and replays only the records above it. A truncation below what the broker applied (an unsafe setting,
+  or a follower that starts over from the leader's snapshot) restores the replica's own snapshot and replays from
+  it rather than applying records twice.
+- Records hold the proposal bytes as a latin-1 `str` (the core's `msg` is a `str`); so do snapshots.
 """
 
 from __future__ import annotations
@@ -52,12 +59,14 @@ from cluster.mirror_queues.core.types import (
     Nacked,
     Send,
     Settings,
+    SnapshotInstalled,
     Truncated,
 )
 from cluster.mirror_queues.runtime.storage import ReplicaStore
 from cluster.mirror_queues.runtime.transport import MirrorTransport
 from cluster.mirror_queues.runtime.wire import Forward, Routed, WireError, WireMessage, decode, encode
 from cluster.raft.core.types import Entry, GroupId, Index, NodeId, Term
+from cluster.raft.runtime.node import SnapshotHost
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +76,7 @@ FETCH_TIMEOUT_MS: Final = 500
 FETCH_MAX_WAIT_MS: Final = 200
 LAG_MAX_MS: Final = 3_000  # a follower this far behind leaves the ISR (Kafka's replica.lag.time.max.ms)
 HW_CHECKPOINT_MS: Final = 1_000
+TRIM_RECORDS: Final = 2_000  # applied records above the log start before the replica snapshots and trims
 
 
 def mirror_port(amqp_port: int) -> int:
@@ -103,16 +113,20 @@ class MirrorGroups:
     def __init__(self, name: str, data_dir: pathlib.Path, peers: dict[str, tuple[str, int]], secret: bytes,
                  on_apply_many: Callable[[GroupId, tuple[Entry, ...]], None],
                  on_leader_change: Callable[[GroupId, NodeId | None], None],
-                 submit: Callable[[Any], None]) -> None:
+                 submit: Callable[[Any], None], snapshots: SnapshotHost | None = None,
+                 trim_records: int = TRIM_RECORDS) -> None:
         self.name = name
         self.data_dir = data_dir
         self.transport = MirrorTransport(name, secret, peers, self._on_message)
         self.on_apply_many = on_apply_many
         self.on_leader_change = on_leader_change
         self.submit = submit
+        self.snapshots = snapshots  # without one the log is never trimmed
+        self.trim_records = trim_records
         self.groups: dict[GroupId, _Group] = {}
         self.live: frozenset[str] = frozenset(peers) | {name}
-        self.stats = {"appended": 0, "forwarded": 0, "refused": 0, "truncations": 0}
+        self.stats = {"appended": 0, "forwarded": 0, "refused": 0, "truncations": 0, "trims": 0,
+                      "snapshots_installed": 0}
 
     async def run(self, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -144,6 +158,9 @@ class MirrorGroups:
                    else Replica(self.name, settings, now))
         store.persist(replica)
         g = _Group(group, vhost, name, replicas, replica, store)
+        if replica.snapshot is not None and self.snapshots is not None:  # restart: the snapshot, then the records
+            self.snapshots.restore(group, replica.snapshot.data.encode("latin-1"))
+            g.applied = replica.log_start
         self.groups[group] = g
         log.info("cluster: mirrored queue %s/%s: replica here (replicas %s, log end %d, HW %d)", vhost, name,
                  ",".join(replicas), replica.leo, replica.hw)
@@ -248,20 +265,48 @@ class MirrorGroups:
                 self.stats["truncations"] += 1
                 log.info("cluster: mirrored queue %s/%s: truncated %d -> %d by %s", g.vhost, g.name,
                          effect.from_leo, effect.to_leo, effect.how)
+            elif isinstance(effect, SnapshotInstalled):
+                self.stats["snapshots_installed"] += 1
+                log.info("cluster: mirrored queue %s/%s: installed the leader's snapshot at offset %d", g.vhost,
+                         g.name, effect.snapshot.offset)
+                if self.snapshots is not None:
+                    self.snapshots.restore(g.group, effect.snapshot.data.encode("latin-1"))
+                g.applied = effect.snapshot.offset
         self._deliver(g)
+        self._maybe_trim(g)
 
     def _deliver(self, g: _Group) -> None:
         r = g.replica
-        if r.leo < g.applied:  # only an unsafe setting (ha-truncation: hw) cuts committed records
-            log.error("cluster: mirrored queue %s/%s: log cut below what was applied (%d < %d)", g.vhost, g.name,
-                      r.leo, g.applied)
-            g.applied = r.leo
+        if r.leo < g.applied:  # an unsafe setting (ha-truncation: hw), or starting over from the leader's snapshot
+            if r.snapshot is not None and self.snapshots is not None:
+                log.warning("cluster: mirrored queue %s/%s: log cut below what was applied (%d < %d): restoring "
+                            "the snapshot at %d", g.vhost, g.name, r.leo, g.applied, r.log_start)
+                self.snapshots.restore(g.group, r.snapshot.data.encode("latin-1"))
+                g.applied = r.log_start
+            elif r.settings.truncation != "hw":  # no epoch in common with the leader: its snapshot comes next
+                log.info("cluster: mirrored queue %s/%s: no common epoch with the leader: starting over from its "
+                         "snapshot (applied %d)", g.vhost, g.name, g.applied)
+                g.applied = r.leo
+            else:
+                log.error("cluster: mirrored queue %s/%s: log cut below what was applied (%d < %d)", g.vhost,
+                          g.name, r.leo, g.applied)
+                g.applied = r.leo
         if r.hw <= g.applied:
             return
-        records = r.log[g.applied:r.hw]
+        records = r.records(g.applied, r.hw)
         g.applied = r.hw
         self.on_apply_many(g.group, tuple(Entry(Term(rec.epoch), Index(rec.offset + 1), rec.msg.encode("latin-1"))
                                           for rec in records))
+
+    def _maybe_trim(self, g: _Group) -> None:
+        """Enough applied records above the log start: snapshot the broker's queue at `applied` and trim."""
+        r = g.replica
+        if self.snapshots is None or g.applied - r.log_start < self.trim_records or g.applied > r.hw:
+            return
+        data = self.snapshots.snapshot(g.group)
+        if r.trim(g.applied, data.decode("latin-1")):
+            self.stats["trims"] += 1
+            g.store.persist(r)
 
     def _on_message(self, src: str, message: WireMessage) -> None:
         if not isinstance(message, Routed):
@@ -308,10 +353,13 @@ class MirrorGroups:
             g.parked[request.src] = (request, now, r.leo, r.hw)
             return
         out_of_range = request.fetch_offset > r.leo
-        end = min(r.hw, request.fetch_offset + r.settings.fetch_max_records)
-        records = () if out_of_range else tuple(r.log[request.fetch_offset:end])
+        start = max(request.fetch_offset, r.log_start)
+        end = min(r.hw, start + r.settings.fetch_max_records)
+        records = () if out_of_range else tuple(r.records(start, end))
+        snapshot = r.snapshot if request.fetch_offset < r.log_start and not out_of_range else None
         g.hw_sent[request.src] = r.hw
-        self._send(g, request.src, FetchResponse(self.name, r.epoch, records, r.hw, out_of_range, r.leo))
+        self._send(g, request.src, FetchResponse(self.name, r.epoch, records, r.hw, out_of_range, r.leo,
+                                                 snapshot))
 
     def _release(self, g: _Group, now: int, expired_only: bool = False) -> None:
         r = g.replica
