@@ -25,7 +25,9 @@ How it works (one directory per replica):
   recovery (`Replica.recover`), so a crash between the two writes leaves a consistent pair.
 - `hw-checkpoint`: the checkpointed HW as decimal text, rewritten the same way whenever the core's
   `hw_checkpoint` moved (the core moves it every `hw_checkpoint_interval_ms`).
-Blocking file I/O: the runtime calls it from its trio task (an fsync per batch, as the Raft storage does).
+Blocking file I/O, kept off an event loop: `plan` (no I/O) brings the store's view up to the core and returns the
+file operations, `execute` runs them (it touches only the files, so a worker thread can run it while the loop
+plans the next batch; adjacent appends share one fsync). `persist` does both at once.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from cluster.mirror_queues.core.replica import DurableImage, Replica
 from cluster.mirror_queues.core.types import Effect, Record, Snapshot, Truncated
 
 HEADER_BYTES = 8
+Plan = list[tuple[str, bytes | int | None]]  # file operations in order: (kind, data), see ReplicaStore.execute
 
 
 def _write_atomically(path: pathlib.Path, data: bytes) -> None:
@@ -122,6 +125,7 @@ class ReplicaStore:
         self._epochs: tuple[tuple[int, int], ...] = ()
         self._hw_checkpoint = 0
         self.fsyncs = 0
+        self.planned_appended: list[Record] = []  # the records the last `plan` appends
         self._log = self.log_path.open("ab+")
 
     @property
@@ -162,52 +166,52 @@ class ReplicaStore:
         self.fsyncs += 1
         self._end = byte_end
 
-    def _truncate_to(self, offset: int) -> None:
+    def _rewrite(self, records: list[Record]) -> None:
+        """(At load) the log file holds exactly `records`: a new file, fsynced, renamed."""
+        self.execute(self._plan_rewrite(records))
+
+    def _plan_cut(self, offset: int, ops: Plan) -> None:
         if offset >= self.written:
             return
         index = max(offset - self._start, 0)
         if index < len(self._positions):  # (below the log start with no record in the file: nothing to cut)
-            self._cut(self._positions[index])
+            self._end = self._positions[index]
+            ops.append(("cut", self._end))
             del self._positions[index:]
 
-    def _rewrite(self, records: list[Record]) -> None:
-        """The log file holds exactly `records` (from the log start on): a new file, fsynced, renamed."""
+    def _plan_rewrite(self, records: list[Record]) -> Plan:
         encoded = [encode_record(r) for r in records]
-        self._log.close()
-        _write_atomically(self.log_path, b"".join(encoded))
-        self.fsyncs += 1
-        self._log = self.log_path.open("ab+")
         self._positions = []
         self._end = 0
         for chunk in encoded:
             self._positions.append(self._end)
             self._end += len(chunk)
+        return [("rewrite", b"".join(encoded))]
 
-    def persist(self, replica: Replica, effects: Iterable[Effect] = ()) -> list[Record]:
-        """Make the files hold `replica.crash_image()`: cut truncated records, write the epoch cache if it changed,
-        append and fsync the newly flushed records (returned), write the HW checkpoint if it moved."""
+    def plan(self, replica: Replica, effects: Iterable[Effect] = ()) -> Plan:
+        """The file operations that make the files hold `replica.crash_image()` (cut truncated records, the
+        snapshot, the log rewritten from a new start, the epoch cache if it changed, the newly flushed records,
+        the HW checkpoint if it moved), in order; this store's view moves on at once, the files when `execute`
+        runs the plan (in order with earlier plans; it may run in a worker thread: it touches only the files)."""
+        ops: Plan = []
         cuts = [e.to_leo for e in effects if isinstance(e, Truncated)]
         if cuts:
-            self._truncate_to(min(cuts))
+            self._plan_cut(min(cuts), ops)
         if replica.flushed < self.written:  # a truncation below what is written (without its effect at hand)
-            self._truncate_to(replica.flushed)
+            self._plan_cut(replica.flushed, ops)
         if replica.snapshot != self._snapshot:
-            if replica.snapshot is None:
-                self.snapshot_path.unlink(missing_ok=True)
-            else:
-                snap = replica.snapshot
-                _write_atomically(self.snapshot_path, cbor2.dumps([snap.offset, snap.epoch, snap.data]))
-                self.fsyncs += 1
-            self._snapshot = replica.snapshot
+            snap = replica.snapshot
+            ops.append(("snapshot", None if snap is None else cbor2.dumps([snap.offset, snap.epoch, snap.data])))
+            self._snapshot = snap
         if replica.log_start != self._start:  # trimmed, a snapshot installed, or emptied: the file starts anew
-            self._rewrite(replica.records(replica.log_start, min(self.written, replica.flushed)))
+            ops.extend(self._plan_rewrite(replica.records(replica.log_start, min(self.written, replica.flushed))))
             self._start = replica.log_start
         epochs = tuple(replica.epochs)
         if epochs != self._epochs:
-            _write_atomically(self.epochs_path, cbor2.dumps([list(e) for e in epochs]))
+            ops.append(("epochs", cbor2.dumps([list(e) for e in epochs])))
             self._epochs = epochs
-            self.fsyncs += 1
         appended = replica.records(self.written, replica.flushed)
+        self.planned_appended = appended
         if appended:
             chunks = []
             for record in appended:
@@ -215,15 +219,53 @@ class ReplicaStore:
                 self._positions.append(self._end)
                 self._end += len(encoded)
                 chunks.append(encoded)
-            self._log.write(b"".join(chunks))
-            self._log.flush()
-            os.fsync(self._log.fileno())
-            self.fsyncs += 1
+            ops.append(("append", b"".join(chunks)))
         if replica.hw_checkpoint != self._hw_checkpoint:
-            _write_atomically(self.hw_path, str(replica.hw_checkpoint).encode())
+            ops.append(("hw", str(replica.hw_checkpoint).encode()))
             self._hw_checkpoint = replica.hw_checkpoint
+        return ops
+
+    def execute(self, ops: Plan) -> None:
+        """Run planned file operations, in order; adjacent appends are written with one fsync."""
+        i = 0
+        while i < len(ops):
+            kind, data = ops[i]
+            if kind == "append":
+                chunks = [data]
+                while i + 1 < len(ops) and ops[i + 1][0] == "append":
+                    i += 1
+                    chunks.append(ops[i][1])
+                self._log.write(b"".join(c for c in chunks if isinstance(c, bytes)))
+                self._log.flush()
+                os.fsync(self._log.fileno())
+            elif kind == "cut":
+                assert isinstance(data, int)
+                self._log.truncate(data)
+                self._log.flush()
+                os.fsync(self._log.fileno())
+            elif kind == "rewrite":
+                self._log.close()
+                _write_atomically(self.log_path, data if isinstance(data, bytes) else b"")
+                self._log = self.log_path.open("ab+")
+            elif kind == "snapshot":
+                if data is None:
+                    self.snapshot_path.unlink(missing_ok=True)
+                else:
+                    assert isinstance(data, bytes)
+                    _write_atomically(self.snapshot_path, data)
+            elif kind == "epochs":
+                assert isinstance(data, bytes)
+                _write_atomically(self.epochs_path, data)
+            elif kind == "hw":
+                assert isinstance(data, bytes)
+                _write_atomically(self.hw_path, data)
             self.fsyncs += 1
-        return appended
+            i += 1
+
+    def persist(self, replica: Replica, effects: Iterable[Effect] = ()) -> list[Record]:
+        """`plan` and `execute` at once; returns the records appended."""
+        self.execute(self.plan(replica, effects))
+        return self.planned_appended
 
     def close(self) -> None:
         self._log.close()
