@@ -8,7 +8,7 @@ How it works: starts a 3-node cluster (the integration tests' `ClusterProcess`, 
 `mirror_trim_records = N`, sets an `ha-mode: exactly 3` policy, then in rounds publishes `--batch` persistent
 messages with confirms and consumes them with acks through pika; after each round prints, per node, the bytes
 under `<data_dir>/mirror/` (log, snapshot, epochs, HW checkpoint), the records in its log file
-(`storage.read_records`) and the node process's resident memory (VmRSS). Stops the cluster at the end.
+(length-prefixed, as storage.py writes them) and the node process's resident memory (VmRSS). Stops the cluster at the end.
 
     python -m bench.mirror_log_bounded [--rounds 20] [--batch 500] [--trim-records 2000]
 """
@@ -22,12 +22,22 @@ import time
 
 import pika
 
-from cluster.mirror_queues.runtime.storage import read_records
 from tests.integration.clusterproc import ClusterProcess
 from tests.policies.test_policy_real_node import http
 
 QUEUE = "ha.bounded"
 POLICY = {"pattern": "^ha\\.", "apply-to": "queues", "definition": {"ha-mode": "exactly", "ha-params": 3}}
+
+
+def _log_records(path: pathlib.Path) -> int:
+    """Records in a replica's `log` file (4-byte length, 4-byte CRC, body: cluster/mirror_queues/runtime/storage.py;
+    the bench does not import the broker's packages)."""
+    data = path.read_bytes() if path.exists() else b""
+    count = position = 0
+    while position + 8 <= len(data):
+        position += 8 + int.from_bytes(data[position:position + 4], "big")
+        count += 1
+    return count
 
 
 def _rss_kib(pid: int) -> int:
@@ -42,7 +52,7 @@ def _sample(cluster: ClusterProcess) -> str:
     for node in cluster.nodes:
         mirror = node.data_dir / "mirror"
         size = sum(p.stat().st_size for p in mirror.rglob("*") if p.is_file()) if mirror.exists() else 0
-        records = sum(len(read_records(d)) for d in mirror.iterdir()) if mirror.exists() else 0
+        records = sum(_log_records(d / "log") for d in mirror.iterdir()) if mirror.exists() else 0
         rss = _rss_kib(node.process.pid) if node.process is not None else 0
         parts.append(f"{node.plan.name}: {size / 1024:8.1f} KiB {records:6d} rec {rss / 1024:6.1f} MiB")
     return " | ".join(parts)

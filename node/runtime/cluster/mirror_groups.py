@@ -9,7 +9,7 @@ the Enqueue), deliveries (each node to its own consumers), acks and requeues wor
 commits when every ISR member has it (and the ISR has at least `ha-min-insync` members) instead of on a majority.
 
 How it works: `MirrorGroups` hosts one pure `Replica` (cluster/mirror_queues/core) per mirrored queue group over
-its files (`ReplicaStore`, fsync per batch, in the trio thread), and one `MirrorTransport` per node (port:
+its files (`ReplicaStore`), and one `MirrorTransport` per node (port:
 `mirror_port`, the node's AMQP port + 22000) carrying every queue's messages wrapped in `Routed(group, ...)`. The loop is
 the one of cluster/mirror_queues/runtime/node.py: every core call goes through `_run` (files first, then the
 effects), a follower fetches again when a reply comes, a leader parks a fetch with nothing new (fetch.max.wait)
@@ -25,6 +25,12 @@ and a 10 ms timer ticks the cores (ISR lag check, HW checkpoint) and resends una
   `MirrorReplicaDown` for each queue it leads or is in the ISR of: the metadata group elects from the ISR (or
   uncleanly with `ha-promote-on-failure: always`). A node starting with a queue nobody can lead says
   `MirrorReplicaUp`.
+- Files off the event loop: `_run` plans the files' operations (`ReplicaStore.plan`, no I/O) and queues them with
+  the core's effects; the writer task runs every queued plan of every group in one worker thread call
+  (`ReplicaStore.execute`; adjacent appends of a group share one fsync), then releases the effects in order. So
+  nothing leaves the node (a fetch reply, a fetch that reports a LEO, an ISR change) and nothing is applied to
+  the broker (confirms) before the files under it are durable: the broker is fed records below
+  min(HW, what this node's files hold). Until the writer runs (and in tests without it) `_run` writes at once.
 - The log is bounded as a Raft group's is: once `TRIM_RECORDS` applied records sit above the log start, the
   replica takes the broker's queue snapshot at its applied offset (at most the HW; `SnapshotHost.snapshot`, the
   Raft groups' host) and `Replica.trim`s the prefix (the files: the snapshot, then the log rewritten from the new
@@ -85,6 +91,12 @@ def mirror_port(amqp_port: int) -> int:
     return port if port <= 65535 else amqp_port - MIRROR_PORT_OFFSET
 
 
+def _execute_all(work: list[tuple[ReplicaStore, Any]]) -> None:
+    """(In a worker thread) each store's plans, in order."""
+    for store, plan in work:
+        store.execute(plan)
+
+
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -105,6 +117,7 @@ class _Group:
     parked: dict[str, tuple[FetchRequest, int, int, int]] = field(default_factory=dict)  # (req, since, leo, hw)
     hw_sent: dict[str, int] = field(default_factory=dict)
     said_up: bool = False
+    durable: int = 0  # the offset after the last record this node's files hold (written and fsynced)
 
 
 class MirrorGroups:
@@ -126,7 +139,11 @@ class MirrorGroups:
         self.groups: dict[GroupId, _Group] = {}
         self.live: frozenset[str] = frozenset(peers) | {name}
         self.stats = {"appended": 0, "forwarded": 0, "refused": 0, "truncations": 0, "trims": 0,
-                      "snapshots_installed": 0}
+                      "snapshots_installed": 0, "write_batches": 0}
+        # (group, (plan, the files' end after it), effects | None = remove the group's files)
+        self._writes: list[tuple[_Group, tuple[Any, int], list[Effect] | None]] = []
+        self._writes_wanted = trio.Event()
+        self._writer_running = False
 
     async def run(self, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -135,6 +152,7 @@ class MirrorGroups:
             except OSError as exc:
                 log.error("cluster: mirrored queues: cannot listen on %s:%d (%s); this node's mirrored queues "
                           "will not replicate", host, port, exc)
+            nursery.start_soon(self._writer)
             task_status.started()
             while True:
                 await trio.sleep(TICK_S)
@@ -157,7 +175,7 @@ class MirrorGroups:
         replica = (Replica.recover(self.name, settings, store.load(), now) if store.exists()
                    else Replica(self.name, settings, now))
         store.persist(replica)
-        g = _Group(group, vhost, name, replicas, replica, store)
+        g = _Group(group, vhost, name, replicas, replica, store, durable=store.written)
         if replica.snapshot is not None and self.snapshots is not None:  # restart: the snapshot, then the records
             self.snapshots.restore(group, replica.snapshot.data.encode("latin-1"))
             g.applied = replica.log_start
@@ -171,6 +189,14 @@ class MirrorGroups:
         g = self.groups.pop(group, None)
         if g is None:
             return
+        if self._writer_running:  # after the writes queued before it
+            self._writes.append((g, ([], 0), None))
+            self._writes_wanted.set()
+            return
+        self._drop_files(g)
+
+    @staticmethod
+    def _drop_files(g: _Group) -> None:
         g.store.close()
         directory = g.store.directory  # the queue is gone (a redeclared one has another group id)
         if directory.exists():
@@ -252,8 +278,40 @@ class MirrorGroups:
         self.transport.send(dst, Routed(g.group, encode(message)))
 
     def _run(self, g: _Group, effects: list[Effect]) -> None:
-        """Files first (the core's crash image), then the effects, then the newly committed records."""
-        g.store.persist(g.replica, effects)
+        """Files first (the core's crash image), then the effects, then the newly committed records: planned now,
+        written by the writer task (or at once without it), released in order after."""
+        plan = g.store.plan(g.replica, effects)
+        written = g.store.written
+        if self._writer_running:
+            self._writes.append((g, (plan, written), effects))
+            self._writes_wanted.set()
+            return
+        g.store.execute(plan)
+        g.durable = written
+        self._after_write(g, effects)
+
+    async def _writer(self) -> None:
+        """Runs every queued plan in one worker thread call, then releases their effects in order."""
+        self._writer_running = True
+        try:
+            while True:
+                await self._writes_wanted.wait()
+                self._writes_wanted = trio.Event()
+                batch, self._writes = self._writes, []
+                work = [(g.store, planned[0]) for g, planned, effects in batch if effects is not None and planned[0]]
+                if work:
+                    self.stats["write_batches"] += 1
+                    await trio.to_thread.run_sync(_execute_all, work)
+                for g, planned, effects in batch:
+                    if effects is None:
+                        self._drop_files(g)
+                    elif self.groups.get(g.group) is g:
+                        g.durable = planned[1]
+                        self._after_write(g, effects)
+        finally:
+            self._writer_running = False
+
+    def _after_write(self, g: _Group, effects: list[Effect]) -> None:
         for effect in effects:
             if isinstance(effect, Send):
                 if isinstance(effect.message, FetchResponse):
@@ -291,10 +349,11 @@ class MirrorGroups:
                 log.error("cluster: mirrored queue %s/%s: log cut below what was applied (%d < %d)", g.vhost,
                           g.name, r.leo, g.applied)
                 g.applied = r.leo
-        if r.hw <= g.applied:
+        upto = min(r.hw, g.durable)
+        if upto <= g.applied:
             return
-        records = r.records(g.applied, r.hw)
-        g.applied = r.hw
+        records = r.records(g.applied, upto)
+        g.applied = upto
         self.on_apply_many(g.group, tuple(Entry(Term(rec.epoch), Index(rec.offset + 1), rec.msg.encode("latin-1"))
                                           for rec in records))
 
@@ -306,7 +365,7 @@ class MirrorGroups:
         data = self.snapshots.snapshot(g.group)
         if r.trim(g.applied, data.decode("latin-1")):
             self.stats["trims"] += 1
-            g.store.persist(r)
+            self._run(g, [])
 
     def _on_message(self, src: str, message: WireMessage) -> None:
         if not isinstance(message, Routed):
