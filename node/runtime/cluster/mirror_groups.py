@@ -152,6 +152,7 @@ class MirrorGroups:
             except OSError as exc:
                 log.error("cluster: mirrored queues: cannot listen on %s:%d (%s); this node's mirrored queues "
                           "will not replicate", host, port, exc)
+            self._writer_running = True  # from now on writes queue for the writer
             nursery.start_soon(self._writer)
             task_status.started()
             while True:
@@ -292,7 +293,6 @@ class MirrorGroups:
 
     async def _writer(self) -> None:
         """Runs every queued plan in one worker thread call, then releases their effects in order."""
-        self._writer_running = True
         try:
             while True:
                 await self._writes_wanted.wait()
@@ -307,7 +307,10 @@ class MirrorGroups:
                         self._drop_files(g)
                     elif self.groups.get(g.group) is g:
                         g.durable = planned[1]
-                        self._after_write(g, effects)
+                        try:
+                            self._after_write(g, effects)
+                        except Exception:  # as the tick: one queue's failure must not stop every queue's writes
+                            log.exception("cluster: mirrored queue %s/%s: after a write", g.vhost, g.name)
         finally:
             self._writer_running = False
 
