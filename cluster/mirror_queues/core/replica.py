@@ -6,8 +6,18 @@ the ISR of followers behind for more than `replica_lag_max_ms` and expands it wh
 to the smallest LEO in the ISR while the ISR has at least `min_insync` members; a publish is confirmed when the HW
 passes it. A follower first finds where its log agrees with the leader's (`Settings.truncation`), then fetches
 from its LEO; it learns the HW from the fetch replies. Every method takes `now_ms` where time matters and returns
-effects. `crash_image()` is what a crash leaves (the flushed log, the epoch cache, the HW checkpoint) and
-`Replica.recover` restarts from it.
+effects. `crash_image()` is what a crash leaves (the snapshot, the flushed log, the epoch cache, the HW
+checkpoint) and `Replica.recover` restarts from it.
+
+Bounding the log: the host calls `trim(offset, data)` with its state machine after applying every record below
+`offset` (at most the HW, so only committed records go): the records below become a `Snapshot` and the log starts
+at `offset` (`log_start`; `log[i]` is the record at offset `log_start + i`). The epoch cache keeps the entries for
+offsets at or above the log start, the first one being the snapshot's epoch from the log start on (Kafka's
+`truncateFromStart`). A follower whose fetch offset is below the leader's log start gets the snapshot with the
+records after it and installs it (`SnapshotInstalled`); one whose latest epoch is older than anything in the
+leader's cache gets no common epoch and truncates to 0 (its own snapshot too: what it holds below the leader's
+log start may diverge after the end of that old epoch), then fetches the snapshot. A truncation below the log
+start (only that case, an unclean leader or the unsafe `hw` mode) empties the replica the same way.
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ from cluster.mirror_queues.core.types import (
     Record,
     Send,
     Settings,
+    Snapshot,
+    SnapshotInstalled,
     Truncated,
 )
 
@@ -39,14 +51,17 @@ class DurableImage:
     log: tuple[Record, ...]
     epochs: tuple[tuple[int, int], ...]  # (epoch, start offset); written through on every change
     hw_checkpoint: int
+    snapshot: Snapshot | None = None  # the records below the log start (= snapshot.offset; 0 without one)
 
 
 class Replica:
     def __init__(self, name: str, settings: Settings, now_ms: int = 0) -> None:
         self.name = name
         self.settings = settings
-        self.log: list[Record] = []
-        self.flushed = 0  # the log's durable prefix
+        self.log: list[Record] = []  # the records from log_start on
+        self.log_start = 0
+        self.snapshot: Snapshot | None = None  # the state below log_start (None while log_start is 0)
+        self.flushed = 0  # the log's durable prefix (an offset; everything below log_start is durable)
         self.epochs: list[tuple[int, int]] = []
         self.hw = 0
         self.hw_checkpoint = 0
@@ -66,7 +81,14 @@ class Replica:
 
     @property
     def leo(self) -> int:
-        return len(self.log)
+        return self.log_start + len(self.log)
+
+    def records(self, start: int, end: int) -> list[Record]:
+        """The records at offsets [start, end) that the log still holds (from the log start on)."""
+        return self.log[max(start - self.log_start, 0):max(end - self.log_start, 0)]
+
+    def _base_epochs(self) -> list[tuple[int, int]]:
+        return [(self.snapshot.epoch, self.log_start)] if self.snapshot is not None else []
 
     def latest_epoch(self) -> int:
         return self.epochs[-1][0] if self.epochs else -1
@@ -86,11 +108,38 @@ class Replica:
         if to >= self.leo:
             return []
         before = self.leo
-        del self.log[to:]
+        if to < self.log_start:  # below the snapshot: nothing here can be trusted, start empty
+            self.log_start, self.snapshot = 0, None
+            to = 0
+        del self.log[to - self.log_start:]
         self.flushed = min(self.flushed, to)
-        self.epochs = [(e, s) for e, s in self.epochs if s < to]
+        base = self._base_epochs()
+        self.epochs = base + [(e, s) for e, s in self.epochs if s < to and (e, s) not in base]
         self.hw = min(self.hw, to)
         return [Truncated(self.name, before, to, how)]
+
+    def trim(self, offset: int, data: str) -> bool:
+        """The host's state machine after every record below `offset` (which must be at most the HW): drop those
+        records and keep `data` as the snapshot. False (nothing done) if `offset` is not above the log start or
+        is beyond the HW."""
+        if offset <= self.log_start or offset > self.hw or offset > self.leo:
+            return False
+        epoch = self.log[offset - 1 - self.log_start].epoch
+        self.snapshot = Snapshot(offset, epoch, data)
+        del self.log[:offset - self.log_start]
+        self.log_start = offset
+        self.flushed = max(self.flushed, offset)  # the snapshot is written durably
+        self.epochs = [(epoch, offset)] + [(e, s) for e, s in self.epochs if s >= offset and e > epoch]
+        return True
+
+    def _install(self, snapshot: Snapshot) -> list[Effect]:
+        self.log = []
+        self.log_start = snapshot.offset
+        self.snapshot = snapshot
+        self.flushed = snapshot.offset
+        self.epochs = [(snapshot.epoch, snapshot.offset)]
+        self.hw = max(self.hw, snapshot.offset)
+        return [SnapshotInstalled(self.name, snapshot)]
 
     def end_offset_for(self, epoch: int) -> tuple[int, int]:
         """(largest epoch <= `epoch` in this cache, the first offset after it); (-1, -1) if there is none."""
@@ -105,21 +154,27 @@ class Replica:
 
     def committed(self) -> list[Record]:
         """What a consumer may read: the log below the HW."""
-        return self.log[: self.hw]
+        return self.records(self.log_start, self.hw)
 
     # --- crash and recovery ------------------------------------------------------------------------------------
 
     def crash_image(self) -> DurableImage:
-        return DurableImage(tuple(self.log[: self.flushed]), tuple(self.epochs), self.hw_checkpoint)
+        return DurableImage(tuple(self.records(self.log_start, self.flushed)), tuple(self.epochs), self.hw_checkpoint,
+                            self.snapshot)
 
     @classmethod
     def recover(cls, name: str, settings: Settings, image: DurableImage, now_ms: int) -> Replica:
         replica = cls(name, settings, now_ms)
+        replica.snapshot = image.snapshot
+        replica.log_start = image.snapshot.offset if image.snapshot is not None else 0
         replica.log = list(image.log)
         replica.flushed = replica.leo
-        replica.epochs = [(e, s) for e, s in image.epochs if s < replica.leo]
+        base = replica._base_epochs()
+        replica.epochs = base + [(e, s) for e, s in image.epochs
+                                 if replica.log_start <= s < replica.leo and (e, s) not in base
+                                 and (not base or e > base[0][0])]
         replica.hw_checkpoint = image.hw_checkpoint
-        replica.hw = min(image.hw_checkpoint, replica.leo)
+        replica.hw = max(replica.log_start, min(image.hw_checkpoint, replica.leo))  # the snapshot was committed
         return replica
 
     # --- roles -------------------------------------------------------------------------------------------------
@@ -214,6 +269,7 @@ class Replica:
     def _on_fetch(self, req: FetchRequest, now_ms: int) -> list[Effect]:
         if req.fetch_offset > self.leo:
             return [Send(req.src, FetchResponse(self.name, self.epoch, (), self.hw, True, self.leo))]
+        snapshot = self.snapshot if req.fetch_offset < self.log_start else None
         effects: list[Effect] = []
         self.follower_leo[req.src] = req.fetch_offset
         if req.fetch_offset >= self.leo:
@@ -222,9 +278,10 @@ class Replica:
                 self.isr.add(req.src)
                 effects.append(IsrChanged(self.name, self.epoch, frozenset(self.isr)))
         effects.extend(self._advance_hw())
-        end = req.fetch_offset + self.settings.fetch_max_records
-        records = tuple(self.log[req.fetch_offset : end])
-        effects.append(Send(req.src, FetchResponse(self.name, self.epoch, records, self.hw, False, self.leo)))
+        start = max(req.fetch_offset, self.log_start)
+        records = tuple(self.records(start, start + self.settings.fetch_max_records))
+        effects.append(Send(req.src, FetchResponse(self.name, self.epoch, records, self.hw, False, self.leo,
+                                                   snapshot)))
         return effects
 
     def _on_epoch_end(self, req: EpochEndRequest) -> list[Effect]:
@@ -245,11 +302,14 @@ class Replica:
             return []
         if resp.out_of_range:
             return self._truncate(resp.leader_leo, "out-of-range")
+        effects: list[Effect] = []
+        if resp.snapshot is not None and resp.snapshot.offset > self.leo:
+            effects = self._install(resp.snapshot)
         for record in resp.records:
             if record.offset == self.leo:
                 self._append(record)
-        self.hw = min(resp.leader_hw, self.leo)
-        return []
+        self.hw = max(self.log_start, min(resp.leader_hw, self.leo))  # the snapshot is committed
+        return effects
 
     def _on_epoch_end_response(self, resp: EpochEndResponse) -> list[Effect]:
         if not self.truncating:

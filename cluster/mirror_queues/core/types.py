@@ -1,7 +1,9 @@
 """Settings, log records, replica-to-replica messages and effects of the mirrored-queue core (all frozen).
 
 Offsets count from 0; a log end offset (LEO) is the offset the next record will get. The high watermark (HW) is
-the first offset not yet committed: consumers read only offsets below it.
+the first offset not yet committed: consumers read only offsets below it. The log start offset is the first
+offset still held as a record; everything below it is a `Snapshot` of the host's state machine (the host's bytes,
+opaque to the core), taken at an offset the host had applied (at most the HW).
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ class Record:
     msg: str
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The host's state machine after applying every record below `offset` (the log start); `epoch` is the
+    epoch of the record at `offset - 1`; `data` is the host's, opaque here."""
+
+    offset: int
+    epoch: int
+    data: str
+
+
 # --- messages between replicas -------------------------------------------------------------------------------
 
 
@@ -62,6 +74,7 @@ class FetchResponse:
     leader_hw: int
     out_of_range: bool = False  # fetch_offset was beyond the leader's LEO
     leader_leo: int = 0
+    snapshot: Snapshot | None = None  # fetch_offset was below the leader's log start: start from this
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,4 +141,13 @@ class Truncated:
     how: str
 
 
-Effect = Send | Confirmed | Nacked | IsrChanged | Truncated
+@dataclass(frozen=True, slots=True)
+class SnapshotInstalled:
+    """A follower replaced its log with the leader's snapshot: the host restores its state machine from it and
+    applies the records from `snapshot.offset` on."""
+
+    replica: str
+    snapshot: Snapshot
+
+
+Effect = Send | Confirmed | Nacked | IsrChanged | Truncated | SnapshotInstalled

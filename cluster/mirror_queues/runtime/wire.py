@@ -9,7 +9,8 @@ writes), `Publish`/`PublishResult` (a client's message and its confirm or nack),
 role, epoch, LEO, HW, ISR and log, for the checker and `raftmq`-style listings).
 
 Encoding: cbor `[type name, field values in declaration order...]`; records as `[offset, epoch, msg]`, sets as
-sorted lists. `decode` refuses unknown types and wrong arities with `WireError` (the transport closes the link).
+sorted lists, a snapshot as `[offset, epoch, data]` or null. `decode` refuses unknown types and wrong arities
+with `WireError` (the transport closes the link).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from cluster.mirror_queues.core.types import (
     FetchRequest,
     FetchResponse,
     Record,
+    Snapshot,
 )
 
 
@@ -112,6 +114,8 @@ _RECORD_FIELDS = {"records", "log"}
 def _plain(value: Any) -> Any:
     if isinstance(value, Record):
         return [value.offset, value.epoch, value.msg]
+    if isinstance(value, Snapshot):
+        return [value.offset, value.epoch, value.data]
     if isinstance(value, frozenset | set):
         return sorted(value)
     if isinstance(value, tuple | list):
@@ -140,6 +144,9 @@ def decode(data: bytes) -> WireMessage:
         for f, value in zip(fields, values, strict=True):
             if f.name in _RECORD_FIELDS:
                 value = tuple(Record(int(o), int(e), str(m)) for o, e, m in value)
+            elif f.name == "snapshot" and value is not None:
+                o, e, d = value
+                value = Snapshot(int(o), int(e), str(d))
             elif isinstance(value, list):
                 value = tuple(value)
             kwargs[f.name] = value

@@ -9,7 +9,7 @@ the Enqueue), deliveries (each node to its own consumers), acks and requeues wor
 commits when every ISR member has it (and the ISR has at least `ha-min-insync` members) instead of on a majority.
 
 How it works: `MirrorGroups` hosts one pure `Replica` (cluster/mirror_queues/core) per mirrored queue group over
-its files (`ReplicaStore`, fsync per batch, in the trio thread), and one `MirrorTransport` per node (port:
+its files (`ReplicaStore`), and one `MirrorTransport` per node (port:
 `mirror_port`, the node's AMQP port + 22000) carrying every queue's messages wrapped in `Routed(group, ...)`. The loop is
 the one of cluster/mirror_queues/runtime/node.py: every core call goes through `_run` (files first, then the
 effects), a follower fetches again when a reply comes, a leader parks a fetch with nothing new (fetch.max.wait)
@@ -25,8 +25,21 @@ and a 10 ms timer ticks the cores (ISR lag check, HW checkpoint) and resends una
   `MirrorReplicaDown` for each queue it leads or is in the ISR of: the metadata group elects from the ISR (or
   uncleanly with `ha-promote-on-failure: always`). A node starting with a queue nobody can lead says
   `MirrorReplicaUp`.
-- Records hold the proposal bytes as a latin-1 `str` (the core's `msg` is a `str`); the log is never trimmed
-  (no log start offset yet: docs/mirrored_queues.md, "Not built yet").
+- Files off the event loop: `_run` plans the files' operations (`ReplicaStore.plan`, no I/O) and queues them with
+  the core's effects; the writer task runs every queued plan of every group in one worker thread call
+  (`ReplicaStore.execute`; adjacent appends of a group share one fsync), then releases the effects in order. So
+  nothing leaves the node (a fetch reply, a fetch that reports a LEO, an ISR change) and nothing is applied to
+  the broker (confirms) before the files under it are durable: the broker is fed records below
+  min(HW, what this node's files hold). Until the writer runs (and in tests without it) `_run` writes at once.
+- The log is bounded as a Raft group's is: once `TRIM_RECORDS` applied records sit above the log start, the
+  replica takes the broker's queue snapshot at its applied offset (at most the HW; `SnapshotHost.snapshot`, the
+  Raft groups' host) and `Replica.trim`s the prefix (the files: the snapshot, then the log rewritten from the new
+  start). Each replica trims on its own; a follower that fetches below the leader's log start gets the leader's
+  snapshot and the broker restores the queue from it (`SnapshotInstalled`). A restarting node restores its
+  snapshot and replays only the records above it. A truncation below what the broker applied (an unsafe setting,
+  or a follower that starts over from the leader's snapshot) restores the replica's own snapshot and replays from
+  it rather than applying records twice.
+- Records hold the proposal bytes as a latin-1 `str` (the core's `msg` is a `str`); so do snapshots.
 """
 
 from __future__ import annotations
@@ -52,12 +65,14 @@ from cluster.mirror_queues.core.types import (
     Nacked,
     Send,
     Settings,
+    SnapshotInstalled,
     Truncated,
 )
 from cluster.mirror_queues.runtime.storage import ReplicaStore
 from cluster.mirror_queues.runtime.transport import MirrorTransport
 from cluster.mirror_queues.runtime.wire import Forward, Routed, WireError, WireMessage, decode, encode
 from cluster.raft.core.types import Entry, GroupId, Index, NodeId, Term
+from cluster.raft.runtime.node import SnapshotHost
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +82,19 @@ FETCH_TIMEOUT_MS: Final = 500
 FETCH_MAX_WAIT_MS: Final = 200
 LAG_MAX_MS: Final = 3_000  # a follower this far behind leaves the ISR (Kafka's replica.lag.time.max.ms)
 HW_CHECKPOINT_MS: Final = 1_000
+TRIM_RECORDS: Final = 2_000  # applied records above the log start before the replica snapshots and trims
 
 
 def mirror_port(amqp_port: int) -> int:
     """A node's mirror fetch port: its AMQP port + MIRROR_PORT_OFFSET, or - MIRROR_PORT_OFFSET past 65535."""
     port = amqp_port + MIRROR_PORT_OFFSET
     return port if port <= 65535 else amqp_port - MIRROR_PORT_OFFSET
+
+
+def _execute_all(work: list[tuple[ReplicaStore, Any]]) -> None:
+    """(In a worker thread) each store's plans, in order."""
+    for store, plan in work:
+        store.execute(plan)
 
 
 def wall_ms() -> int:
@@ -95,6 +117,7 @@ class _Group:
     parked: dict[str, tuple[FetchRequest, int, int, int]] = field(default_factory=dict)  # (req, since, leo, hw)
     hw_sent: dict[str, int] = field(default_factory=dict)
     said_up: bool = False
+    durable: int = 0  # the offset after the last record this node's files hold (written and fsynced)
 
 
 class MirrorGroups:
@@ -103,16 +126,24 @@ class MirrorGroups:
     def __init__(self, name: str, data_dir: pathlib.Path, peers: dict[str, tuple[str, int]], secret: bytes,
                  on_apply_many: Callable[[GroupId, tuple[Entry, ...]], None],
                  on_leader_change: Callable[[GroupId, NodeId | None], None],
-                 submit: Callable[[Any], None]) -> None:
+                 submit: Callable[[Any], None], snapshots: SnapshotHost | None = None,
+                 trim_records: int = TRIM_RECORDS) -> None:
         self.name = name
         self.data_dir = data_dir
         self.transport = MirrorTransport(name, secret, peers, self._on_message)
         self.on_apply_many = on_apply_many
         self.on_leader_change = on_leader_change
         self.submit = submit
+        self.snapshots = snapshots  # without one the log is never trimmed
+        self.trim_records = trim_records
         self.groups: dict[GroupId, _Group] = {}
         self.live: frozenset[str] = frozenset(peers) | {name}
-        self.stats = {"appended": 0, "forwarded": 0, "refused": 0, "truncations": 0}
+        self.stats = {"appended": 0, "forwarded": 0, "refused": 0, "truncations": 0, "trims": 0,
+                      "snapshots_installed": 0, "write_batches": 0}
+        # (group, (plan, the files' end after it), effects | None = remove the group's files)
+        self._writes: list[tuple[_Group, tuple[Any, int], list[Effect] | None]] = []
+        self._writes_wanted = trio.Event()
+        self._writer_running = False
 
     async def run(self, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -121,6 +152,8 @@ class MirrorGroups:
             except OSError as exc:
                 log.error("cluster: mirrored queues: cannot listen on %s:%d (%s); this node's mirrored queues "
                           "will not replicate", host, port, exc)
+            self._writer_running = True  # from now on writes queue for the writer
+            nursery.start_soon(self._writer)
             task_status.started()
             while True:
                 await trio.sleep(TICK_S)
@@ -143,7 +176,10 @@ class MirrorGroups:
         replica = (Replica.recover(self.name, settings, store.load(), now) if store.exists()
                    else Replica(self.name, settings, now))
         store.persist(replica)
-        g = _Group(group, vhost, name, replicas, replica, store)
+        g = _Group(group, vhost, name, replicas, replica, store, durable=store.written)
+        if replica.snapshot is not None and self.snapshots is not None:  # restart: the snapshot, then the records
+            self.snapshots.restore(group, replica.snapshot.data.encode("latin-1"))
+            g.applied = replica.log_start
         self.groups[group] = g
         log.info("cluster: mirrored queue %s/%s: replica here (replicas %s, log end %d, HW %d)", vhost, name,
                  ",".join(replicas), replica.leo, replica.hw)
@@ -154,6 +190,14 @@ class MirrorGroups:
         g = self.groups.pop(group, None)
         if g is None:
             return
+        if self._writer_running:  # after the writes queued before it
+            self._writes.append((g, ([], 0), None))
+            self._writes_wanted.set()
+            return
+        self._drop_files(g)
+
+    @staticmethod
+    def _drop_files(g: _Group) -> None:
         g.store.close()
         directory = g.store.directory  # the queue is gone (a redeclared one has another group id)
         if directory.exists():
@@ -235,8 +279,42 @@ class MirrorGroups:
         self.transport.send(dst, Routed(g.group, encode(message)))
 
     def _run(self, g: _Group, effects: list[Effect]) -> None:
-        """Files first (the core's crash image), then the effects, then the newly committed records."""
-        g.store.persist(g.replica, effects)
+        """Files first (the core's crash image), then the effects, then the newly committed records: planned now,
+        written by the writer task (or at once without it), released in order after."""
+        plan = g.store.plan(g.replica, effects)
+        written = g.store.written
+        if self._writer_running:
+            self._writes.append((g, (plan, written), effects))
+            self._writes_wanted.set()
+            return
+        g.store.execute(plan)
+        g.durable = written
+        self._after_write(g, effects)
+
+    async def _writer(self) -> None:
+        """Runs every queued plan in one worker thread call, then releases their effects in order."""
+        try:
+            while True:
+                await self._writes_wanted.wait()
+                self._writes_wanted = trio.Event()
+                batch, self._writes = self._writes, []
+                work = [(g.store, planned[0]) for g, planned, effects in batch if effects is not None and planned[0]]
+                if work:
+                    self.stats["write_batches"] += 1
+                    await trio.to_thread.run_sync(_execute_all, work)
+                for g, planned, effects in batch:
+                    if effects is None:
+                        self._drop_files(g)
+                    elif self.groups.get(g.group) is g:
+                        g.durable = planned[1]
+                        try:
+                            self._after_write(g, effects)
+                        except Exception:  # as the tick: one queue's failure must not stop every queue's writes
+                            log.exception("cluster: mirrored queue %s/%s: after a write", g.vhost, g.name)
+        finally:
+            self._writer_running = False
+
+    def _after_write(self, g: _Group, effects: list[Effect]) -> None:
         for effect in effects:
             if isinstance(effect, Send):
                 if isinstance(effect.message, FetchResponse):
@@ -248,20 +326,49 @@ class MirrorGroups:
                 self.stats["truncations"] += 1
                 log.info("cluster: mirrored queue %s/%s: truncated %d -> %d by %s", g.vhost, g.name,
                          effect.from_leo, effect.to_leo, effect.how)
+            elif isinstance(effect, SnapshotInstalled):
+                self.stats["snapshots_installed"] += 1
+                log.info("cluster: mirrored queue %s/%s: installed the leader's snapshot at offset %d", g.vhost,
+                         g.name, effect.snapshot.offset)
+                if self.snapshots is not None:
+                    self.snapshots.restore(g.group, effect.snapshot.data.encode("latin-1"))
+                g.applied = effect.snapshot.offset
         self._deliver(g)
+        self._maybe_trim(g)
 
     def _deliver(self, g: _Group) -> None:
         r = g.replica
-        if r.leo < g.applied:  # only an unsafe setting (ha-truncation: hw) cuts committed records
-            log.error("cluster: mirrored queue %s/%s: log cut below what was applied (%d < %d)", g.vhost, g.name,
-                      r.leo, g.applied)
-            g.applied = r.leo
-        if r.hw <= g.applied:
+        if r.leo < g.applied:  # an unsafe setting (ha-truncation: hw), or starting over from the leader's snapshot
+            if r.snapshot is not None and self.snapshots is not None:
+                log.warning("cluster: mirrored queue %s/%s: log cut below what was applied (%d < %d): restoring "
+                            "the snapshot at %d", g.vhost, g.name, r.leo, g.applied, r.log_start)
+                self.snapshots.restore(g.group, r.snapshot.data.encode("latin-1"))
+                g.applied = r.log_start
+            elif r.settings.truncation != "hw":  # no epoch in common with the leader: its snapshot comes next
+                log.info("cluster: mirrored queue %s/%s: no common epoch with the leader: starting over from its "
+                         "snapshot (applied %d)", g.vhost, g.name, g.applied)
+                g.applied = r.leo
+            else:
+                log.error("cluster: mirrored queue %s/%s: log cut below what was applied (%d < %d)", g.vhost,
+                          g.name, r.leo, g.applied)
+                g.applied = r.leo
+        upto = min(r.hw, g.durable)
+        if upto <= g.applied:
             return
-        records = r.log[g.applied:r.hw]
-        g.applied = r.hw
+        records = r.records(g.applied, upto)
+        g.applied = upto
         self.on_apply_many(g.group, tuple(Entry(Term(rec.epoch), Index(rec.offset + 1), rec.msg.encode("latin-1"))
                                           for rec in records))
+
+    def _maybe_trim(self, g: _Group) -> None:
+        """Enough applied records above the log start: snapshot the broker's queue at `applied` and trim."""
+        r = g.replica
+        if self.snapshots is None or g.applied - r.log_start < self.trim_records or g.applied > r.hw:
+            return
+        data = self.snapshots.snapshot(g.group)
+        if r.trim(g.applied, data.decode("latin-1")):
+            self.stats["trims"] += 1
+            self._run(g, [])
 
     def _on_message(self, src: str, message: WireMessage) -> None:
         if not isinstance(message, Routed):
@@ -308,10 +415,13 @@ class MirrorGroups:
             g.parked[request.src] = (request, now, r.leo, r.hw)
             return
         out_of_range = request.fetch_offset > r.leo
-        end = min(r.hw, request.fetch_offset + r.settings.fetch_max_records)
-        records = () if out_of_range else tuple(r.log[request.fetch_offset:end])
+        start = max(request.fetch_offset, r.log_start)
+        end = min(r.hw, start + r.settings.fetch_max_records)
+        records = () if out_of_range else tuple(r.records(start, end))
+        snapshot = r.snapshot if request.fetch_offset < r.log_start and not out_of_range else None
         g.hw_sent[request.src] = r.hw
-        self._send(g, request.src, FetchResponse(self.name, r.epoch, records, r.hw, out_of_range, r.leo))
+        self._send(g, request.src, FetchResponse(self.name, r.epoch, records, r.hw, out_of_range, r.leo,
+                                                 snapshot))
 
     def _release(self, g: _Group, now: int, expired_only: bool = False) -> None:
         r = g.replica

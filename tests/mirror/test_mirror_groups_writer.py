@@ -1,0 +1,80 @@
+"""`MirrorGroups` (node/runtime/cluster/mirror_groups.py) in one process, a single-replica queue: the files are
+written by the writer task in a worker thread, records reach the host only once they are on disk, the log is
+trimmed into the host's snapshot every `trim_records` applied records, and a new `MirrorGroups` over the same data
+directory restores the snapshot and replays only the records above it. The host is a list of applied commands."""
+
+from __future__ import annotations
+
+import pathlib
+
+import trio
+
+from cluster.metadata.mirror import MirrorRecord
+from cluster.mirror_queues.runtime.storage import read_records, read_snapshot
+from cluster.raft.core.types import Entry, GroupId, NodeId
+from node.runtime.cluster.mirror_groups import MirrorGroups
+
+GROUP = GroupId("q/%2F/ha.x/i1")
+RECORD = MirrorRecord("/", "ha.x", ("n1",), leader="n1", epoch=0, isr=("n1",))
+
+
+class Host:
+    """The queue machine stand-in: the applied commands; its snapshot is them joined."""
+
+    def __init__(self) -> None:
+        self.applied: list[bytes] = []
+        self.restored: list[bytes] = []
+
+    def on_apply_many(self, _group: GroupId, entries: tuple[Entry, ...]) -> None:
+        self.applied.extend(e.data for e in entries)
+
+    def snapshot(self, _group: GroupId) -> bytes:
+        return b",".join(self.applied)
+
+    def restore(self, _group: GroupId, data: bytes) -> None:
+        self.restored.append(data)
+        self.applied = data.split(b",") if data else []
+
+
+def _groups(tmp_path: pathlib.Path, host: Host) -> MirrorGroups:
+    def nothing(*_args: object) -> None:
+        return None
+
+    def leader_change(_group: GroupId, _leader: NodeId | None) -> None:
+        return None
+
+    return MirrorGroups("n1", tmp_path, {}, b"secret", host.on_apply_many, leader_change, nothing,
+                        snapshots=host, trim_records=5)
+
+
+def test_writes_in_a_worker_thread_then_trim_then_restore(tmp_path: pathlib.Path) -> None:
+    host = Host()
+
+    async def main() -> None:
+        groups = _groups(tmp_path, host)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(groups.run, "127.0.0.1", 0)
+            groups.add_group(GROUP, "/", "ha.x", ("n1",), "leader-epoch", RECORD)
+            for i in range(12):
+                assert groups.propose(GROUP, f"c{i}".encode())
+                assert len(host.applied) == i  # appended, but not applied before the writer wrote it
+                await trio.sleep(0.05)
+            assert host.applied == [f"c{i}".encode() for i in range(12)]
+            assert groups.stats["write_batches"] >= 12 and groups.stats["trims"] == 2  # each in a worker thread
+            nursery.cancel_scope.cancel()
+        for g in groups.groups.values():
+            g.store.close()
+
+    trio.run(main)
+    (directory,) = (tmp_path / "mirror").iterdir()
+    snapshot = read_snapshot(directory)
+    assert snapshot is not None and snapshot.offset == 10
+    assert [r[2] for r in read_records(directory)] == ["c10", "c11"]
+
+    again = Host()
+    groups = _groups(tmp_path, again)
+    groups.add_group(GROUP, "/", "ha.x", ("n1",), "leader-epoch", RECORD)
+    assert again.restored == [b",".join(f"c{i}".encode() for i in range(10))]
+    assert again.applied == [f"c{i}".encode() for i in range(12)]  # the snapshot, then the two records above it
+    for g in groups.groups.values():
+        g.store.close()
