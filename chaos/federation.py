@@ -131,32 +131,15 @@ class FederatedClusters(TwoClusters):
         logs = {name: _read(Path(down.spec(name).log)) for name in down.nodes()}
         return count_copies(logs, self.deaths, link_id("/", EXCHANGE, UPSTREAM), COPY_LINE)
 
-    def settle_and_count(self, timeout_s: float) -> str | None:
-        error = self.settle(timeout_s)
-        self.copies = self.count_copies()
-        if self.copies.most > 1:
-            return error or f"{self.copies.most} copies of the link ran at once: {self.copies.overlap}"
-        if not self.copies.intervals:
-            return error or "no `federation link copy started` line in the downstream nodes' logs"
-        return error
+    link_label = "link"
+    backlog_label = "its upstream queue"
+    copy_line_hint = "`federation link copy started` line in the downstream nodes' logs"
 
-    def settle(self, timeout_s: float) -> str | None:
-        """Wait until the upstream queue stays empty for 2 s while the link runs; an error text if it does not."""
-        deadline = time.monotonic() + timeout_s
-        empty_since: float | None = None
-        backlog: int | None = None
-        while time.monotonic() < deadline:
-            backlog = self.upstream_backlog()
-            running = any(row.get("status") == "running" for row in self.link_rows())
-            if backlog == 0 and running:
-                empty_since = empty_since or time.monotonic()
-                if time.monotonic() - empty_since >= 2.0:
-                    return None
-            else:
-                empty_since = None
-            time.sleep(0.2)
-        return (f"the link did not empty its upstream queue within {timeout_s} s (backlog {backlog}, link "
-                f"{[(row.get('node'), row.get('status'), row.get('error')) for row in self.link_rows()]})")
+    def link_backlog(self) -> int | None:
+        return self.upstream_backlog()
+
+    def link_states(self) -> list[tuple[Any, ...]]:
+        return [(row.get("node"), row.get("status"), row.get("error")) for row in self.link_rows()]
 
 
 def _call_any(cluster: LocalCluster, method: str, path: str, body: Any, deadline: float) -> None:

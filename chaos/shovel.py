@@ -175,33 +175,48 @@ class TwoClusters:
         logs = {name: _read(Path(source.spec(name).log)) for name in source.nodes()}
         return count_copies(logs, self.deaths, SHOVEL_NAME)
 
+    # What moves the messages, for error texts and the settle step; a federation scenario (chaos/federation.py)
+    # overrides these and `count_copies`.
+    link_label = "shovel"
+    backlog_label = "the source queue"
+    copy_line_hint = "`shovel copy started` line in the source nodes' logs (log level above info?)"
+
+    def link_backlog(self) -> int | None:
+        return self.source_backlog()
+
+    def link_states(self) -> list[tuple[Any, ...]]:
+        """(node, state) of every copy of the link the clusters list."""
+        return [(row.get("node"), row.get("state")) for row in self.shovel_rows()]
+
+    def link_running(self) -> bool:
+        return any(state == "running" for _node, state, *_rest in self.link_states())
+
     def settle_and_count(self, timeout_s: float) -> str | None:
         """`settle`, then `count_copies`: two copies at once is an error."""
         error = self.settle(timeout_s)
         self.copies = self.count_copies()
         if self.copies.most > 1:
-            return error or f"{self.copies.most} copies of the shovel ran at once: {self.copies.overlap}"
+            return error or f"{self.copies.most} copies of the {self.link_label} ran at once: {self.copies.overlap}"
         if not self.copies.intervals:
-            return error or "no `shovel copy started` line in the source nodes' logs (log level above info?)"
+            return error or f"no {self.copy_line_hint}"
         return error
 
     def settle(self, timeout_s: float) -> str | None:
-        """Wait until the source queue stays empty for 2 s while the shovel runs; an error text if it does not."""
+        """Wait until the link's backlog stays empty for 2 s while the link runs; an error text if it does not."""
         deadline = time.monotonic() + timeout_s
         empty_since: float | None = None
         backlog: int | None = None
         while time.monotonic() < deadline:
-            backlog = self.source_backlog()
-            running = any(row.get("state") == "running" for row in self.shovel_rows())
-            if backlog == 0 and running:
+            backlog = self.link_backlog()
+            if backlog == 0 and self.link_running():
                 empty_since = empty_since or time.monotonic()
                 if time.monotonic() - empty_since >= 2.0:
                     return None
             else:
                 empty_since = None
             time.sleep(0.2)
-        return (f"the shovel did not empty the source queue within {timeout_s} s (backlog {backlog}, shovel "
-                f"{[(row.get('node'), row.get('state')) for row in self.shovel_rows()]})")
+        return (f"the {self.link_label} did not empty {self.backlog_label} within {timeout_s} s (backlog {backlog}, "
+                f"{self.link_label} {self.link_states()})")
 
 
 COPY_LINE = re.compile(r"shovel copy (started|stopped) (\{.*\})")
