@@ -15,33 +15,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from node.broker import limits as limits_table
+from node.broker.limits import LimitError
+
 MAX_CONNECTIONS = "max-connections"
 MAX_CHANNELS = "max-channels"
 LIMIT_NAMES = (MAX_CONNECTIONS, MAX_CHANNELS)
 
 
-class UserLimitError(ValueError):
+class UserLimitError(LimitError):
     """An unknown limit name or a value that is not an integer."""
 
 
 def validate(limits: Mapping[str, Any]) -> dict[str, int]:
     """The limits as a plain dict; UserLimitError names the first bad entry."""
-    checked: dict[str, int] = {}
-    for name, value in limits.items():
-        if name not in LIMIT_NAMES:
-            raise UserLimitError(f"Unrecognised terms [{name!r}] in limits (known: {', '.join(LIMIT_NAMES)})")
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise UserLimitError(f"{name}: {value!r} is not an integer")
-        checked[name] = value
-    return checked
+    return limits_table.validate(limits, LIMIT_NAMES, UserLimitError)
 
 
-def reached(limits: Mapping[str, int], name: str, count: int) -> int | None:
-    """The limit `name` when `count` existing objects already reach it (one more is refused), else None."""
-    limit = limits.get(name)
-    if limit is None or limit < 0 or count < limit:
-        return None
-    return limit
+reached = limits_table.reached
 
 
 def connection_refusal(user: str, limit: int) -> str:
