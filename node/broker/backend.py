@@ -100,6 +100,23 @@ class QueueBackend(ABC):
         """After one read's events of `conn_id`: credit flow for the queues it published to (`flow_touched`)."""
 
 
+def expiry_deadline_ms(broker: BrokerState, backend: QueueBackend) -> int | None:
+    """The earliest message expiry or queue expiry (`x-expires`, while the queue has no consumer) among the queues
+    `backend` holds in this process: `next_deadline_ms` of the backends whose machines live here."""
+    best: int | None = None
+    for vhost in broker.vhosts.values():
+        for queue in vhost.queues.values():
+            if queue.backend is not backend:
+                continue
+            due = queue.machine.next_expiry_ms()
+            if queue.expires_ms is not None and not queue.consumers:
+                expiry = queue.last_used_ms + queue.expires_ms
+                due = expiry if due is None else min(due, expiry)
+            if due is not None and (best is None or due < best):
+                best = due
+    return best
+
+
 def backend_of(queue: QueueState) -> QueueBackend:
     """The queue's backend, typed (`QueueState.backend` is `Any`: node/broker/queues.py sits below this module)."""
     backend: QueueBackend = queue.backend

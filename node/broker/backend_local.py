@@ -14,7 +14,7 @@ from typing import Any
 from cluster.queue import Purge, Purged, Queue, SetArgs
 from node.amqp import methods as m
 from node.broker import definitions, delivery, paging, policy_apply
-from node.broker.backend import QueueBackend
+from node.broker.backend import QueueBackend, expiry_deadline_ms
 from node.broker.channel import ChannelState
 from node.broker.effects import Send
 from node.broker.policies import machine_args
@@ -81,18 +81,7 @@ class LocalBackend(QueueBackend):
         paging.spill_under_alarm(broker)  # (only under the memory alarm)
 
     def next_deadline_ms(self, broker: BrokerState) -> int | None:
-        best: int | None = None
-        for vhost in broker.vhosts.values():
-            for queue in vhost.queues.values():
-                if queue.backend is not self:
-                    continue
-                due = queue.machine.next_expiry_ms()
-                if queue.expires_ms is not None and not queue.consumers:
-                    expiry = queue.last_used_ms + queue.expires_ms
-                    due = expiry if due is None else min(due, expiry)
-                if due is not None and (best is None or due < best):
-                    best = due
-        return best
+        return expiry_deadline_ms(broker, self)
 
     def after_read(self, broker: BrokerState, conn_id: int) -> None:
         """Remember the queues this read published to (`Broker.publish_flow_behind` looks at their backlog)."""
