@@ -16,6 +16,7 @@ from cluster.queue.replicated_codec import queue_group_id
 from tests.cluster.cluster_proc import (
     ClusterProcs,
     cluster_fixture,  # noqa: F401 (the `cluster` fixture)
+    management_up,
     wait_until,
 )
 from tests.cluster.cluster_proc import channel as plain_channel
@@ -59,6 +60,8 @@ def publish(port: int, queue: str, bodies: list[bytes]) -> None:
 
 def test_max_length_policy_applies_on_every_replica_and_clears(cluster: ClusterProcs) -> None:
     n1, n2, n3 = cluster.nodes
+    for node in cluster.nodes:  # the management API listens after AMQP
+        wait_until(lambda node=node: management_up(node.port), WAIT_S, f"{node.name}'s management API to listen")
     with channel(n1.port) as ch:
         ch.queue_declare("pq", durable=True, arguments={"x-queue-type": "quorum"})
     wait_rows(cluster, "pq", "queue known", lambda row: row["leader"] is not None)
