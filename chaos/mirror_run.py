@@ -41,7 +41,6 @@ import random
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -53,6 +52,7 @@ from typing import Any, Protocol
 import trio
 
 from chaos.mirror_check import MirrorCheck, check_mirror
+from chaos.run import port_free
 from cluster.metadata import model
 from cluster.metadata.commands import DeclareQueue, PutVhost, QueueRecord
 from cluster.metadata.mirror import DeclareMirror, MirrorRecord, TransferMirror
@@ -164,12 +164,7 @@ def _free_ports(count: int) -> list[int]:
     ports: list[int] = []
     while len(ports) < count:
         port = rng.randrange(PORT_LOW, PORT_HIGH)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        if port not in ports:
+        if port not in ports and port_free(port):
             ports.append(port)
     return ports
 

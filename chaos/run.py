@@ -120,12 +120,13 @@ def free_base_port(count: int) -> int:
     for attempt in range(400):
         base = low + (start + attempt * 97) % span
         ports = [base + i + offset for i in range(1, count + 1) for offset in DERIVED_OFFSETS]
-        if all(_port_free(port) for port in ports):
+        if all(port_free(port) for port in ports):
             return base
     raise RuntimeError("no free port range found")
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether `port` on 127.0.0.1 binds now."""
     with socket.socket() as probe:
         try:
             probe.bind(("127.0.0.1", port))
