@@ -29,15 +29,23 @@ import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chaos.faultproxy.background import FaultProxyThread
 from chaos.nemesis import LocalCluster
-from chaos.run import Environment, free_base_port
-from chaos.scenario import ScenarioError
-from chaos.shovel import QUORUM, TwoClusters, _add_proxy, _api, _read, count_copies
+from chaos.run import Environment
+from chaos.shovel import (
+    QUORUM,
+    TwoClusters,
+    _api,
+    _read,
+    count_copies,
+    parse_settings,
+    proxied_uris,
+    spawn_cluster,
+)
 from cluster.federation.link import link_id
 from node.ctl import Client, CtlError
 
@@ -59,11 +67,7 @@ class FederationSettings:
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> FederationSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = set(raw) - known
-        if unknown:
-            raise ScenarioError(f"[federation]: unknown keys {sorted(unknown)} (known: {sorted(known)})")
-        return cls(**raw)
+        return parse_settings(cls, raw, "federation")
 
 
 class FederatedClusters(TwoClusters):
@@ -192,21 +196,11 @@ def federation_environment(raw_settings: dict[str, Any], queue: str, seed: int, 
     settings = FederationSettings.parse(raw_settings)
     with ExitStack() as stack:
         root = data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="raftmq-chaos-fed-")))
-        upstream = LocalCluster.spawn(root / "upstream", settings.upstream_nodes,
-                                      free_base_port(settings.upstream_nodes), node_args,
-                                      clustered=settings.upstream_nodes > 1)
-        stack.callback(upstream.stop_all)
-        downstream = LocalCluster.spawn(root / "downstream", settings.downstream_nodes,
-                                        free_base_port(settings.downstream_nodes), node_args,
-                                        clustered=settings.downstream_nodes > 1)
-        stack.callback(downstream.stop_all)
+        upstream = spawn_cluster(stack, root / "upstream", settings.upstream_nodes, node_args)
+        downstream = spawn_cluster(stack, root / "downstream", settings.downstream_nodes, node_args)
         proxy = stack.enter_context(FaultProxyThread(seed=seed))
         api = f"http://127.0.0.1:{proxy.api_port}"
-        query = f"?heartbeat={settings.heartbeat_s}&connection_timeout=3000"
-        upstream_uris = []
-        for name in upstream.nodes():
-            listen = _add_proxy(api, f"fed-up-{name}", (upstream.spec(name).host, upstream.spec(name).port))
-            upstream_uris.append(f"amqp://guest:guest@{listen}/%2F{query}")
+        upstream_uris = proxied_uris(api, upstream, "fed-up", settings.heartbeat_s)
         both = FederatedClusters(upstream, downstream, queue)
         _setup(both, upstream_uris, settings)
         yield Environment(both, tuple(upstream.url(n) for n in upstream.nodes()), None, api,

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from chaos.faultproxy.background import FaultProxyThread
 from chaos.nemesis import LocalCluster
@@ -45,6 +45,7 @@ SHOVEL_NAME = "chaos-shovel"
 SOURCE, DEST = "src", "dst"
 QUORUM = {"x-queue-type": "quorum"}
 HTTP_TIMEOUT_S = 2.0
+SettingsT = TypeVar("SettingsT")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +60,16 @@ class ShovelSettings:
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> ShovelSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = set(raw) - known
-        if unknown:
-            raise ScenarioError(f"[shovel]: unknown keys {sorted(unknown)} (known: {sorted(known)})")
-        return cls(**raw)
+        return parse_settings(cls, raw, "shovel")
+
+
+def parse_settings(cls: type[SettingsT], raw: dict[str, Any], table: str) -> SettingsT:
+    """A scenario's `[table]` as the settings dataclass `cls`; an unknown key is a ScenarioError."""
+    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = set(raw) - known
+    if unknown:
+        raise ScenarioError(f"[{table}]: unknown keys {sorted(unknown)} (known: {sorted(known)})")
+    return cls(**raw)
 
 
 class TwoClusters:
@@ -290,6 +296,23 @@ def _add_proxy(api: str, name: str, upstream: tuple[str, int]) -> str:
         return str(json.loads(response.read())["listen"])
 
 
+def spawn_cluster(stack: ExitStack, root: Path, nodes: int, node_args: tuple[str, ...]) -> LocalCluster:
+    """One side of a two-cluster scenario, started on free ports and stopped when `stack` closes."""
+    cluster = LocalCluster.spawn(root, nodes, free_base_port(nodes), node_args, clustered=nodes > 1)
+    stack.callback(cluster.stop_all)
+    return cluster
+
+
+def proxied_uris(api: str, cluster: LocalCluster, prefix: str, heartbeat_s: int) -> list[str]:
+    """A fault-proxy listener (`prefix-<node>`) in front of each node of `cluster`, as the link's amqp URIs."""
+    query = f"?heartbeat={heartbeat_s}&connection_timeout=3000"
+    uris = []
+    for name in cluster.nodes():
+        listen = _add_proxy(api, f"{prefix}-{name}", (cluster.spec(name).host, cluster.spec(name).port))
+        uris.append(f"amqp://guest:guest@{listen}/%2F{query}")
+    return uris
+
+
 @contextmanager
 def shovel_environment(raw_settings: dict[str, Any], queue: str, seed: int, node_args: tuple[str, ...] = (),
                        data_dir: Path | None = None) -> Iterator[Environment]:
@@ -300,19 +323,11 @@ def shovel_environment(raw_settings: dict[str, Any], queue: str, seed: int, node
     settings = ShovelSettings.parse(raw_settings)
     with ExitStack() as stack:
         root = data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="raftmq-chaos-shovel-")))
-        source = LocalCluster.spawn(root / "source", settings.source_nodes, free_base_port(settings.source_nodes),
-                                    node_args, clustered=settings.source_nodes > 1)
-        stack.callback(source.stop_all)
-        dest = LocalCluster.spawn(root / "dest", settings.dest_nodes, free_base_port(settings.dest_nodes),
-                                  node_args, clustered=settings.dest_nodes > 1)
-        stack.callback(dest.stop_all)
+        source = spawn_cluster(stack, root / "source", settings.source_nodes, node_args)
+        dest = spawn_cluster(stack, root / "dest", settings.dest_nodes, node_args)
         proxy = stack.enter_context(FaultProxyThread(seed=seed))
         api = f"http://127.0.0.1:{proxy.api_port}"
-        query = f"?heartbeat={settings.heartbeat_s}&connection_timeout=3000"
-        dest_uris = []
-        for name in dest.nodes():
-            listen = _add_proxy(api, f"shovel-dest-{name}", (dest.spec(name).host, dest.spec(name).port))
-            dest_uris.append(f"amqp://guest:guest@{listen}/%2F{query}")
+        dest_uris = proxied_uris(api, dest, "shovel-dest", settings.heartbeat_s)
         both = TwoClusters(source, dest, queue)
         _define_shovel(both, shovel_definition(queue, dest_uris, settings))
         yield Environment(both, tuple(source.url(n) for n in source.nodes()), None, api,
