@@ -126,6 +126,16 @@ class NodeProcess:
             time.sleep(0.05)
         raise RuntimeError(f"raftmq node did not start in {START_TIMEOUT_S} s:\n{self.log_tail()}")
 
+    def logged_port(self, pattern: re.Pattern[bytes], timeout_s: float = 30.0) -> int:
+        """The port the node's log last names with `pattern` (one group: the port), waiting until it does."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = pattern.findall(self.log_path.read_bytes())
+            if found:
+                return int(found[-1])
+            time.sleep(0.05)
+        raise RuntimeError(f"no {pattern.pattern!r} in the node's log:\n{self.log_tail()}")
+
     def log_tail(self, size_bytes: int = 4000) -> str:
         try:
             return self.log_path.read_bytes()[-size_bytes:].decode(errors="replace")

@@ -18,7 +18,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -52,15 +51,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _log_port(node: NodeProcess, pattern: re.Pattern[bytes]) -> int:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        found = pattern.findall(node.log_path.read_bytes())
-        if found:
-            return int(found[-1])
-        time.sleep(0.05)
-    raise RuntimeError(f"{pattern.pattern!r} not in the node's log:\n{node.log_tail()}")
-
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
@@ -74,8 +64,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
               f"management_ssl_fail_if_no_peer_cert = true\nmanagement_port = {_free_port()}\n{TEST_CONFIG_TOML}")
     node = NodeProcess(workdir / "node", config_toml=config).start()
     try:
-        yield Setup(pki, other, node, _log_port(node, HTTPS_LINE), _log_port(node, PROMETHEUS_LINE),
-                    _log_port(node, HTTP_LINE))
+        yield Setup(pki, other, node, node.logged_port(HTTPS_LINE), node.logged_port(PROMETHEUS_LINE),
+                    node.logged_port(HTTP_LINE))
     finally:
         code = node.stop()
         assert code == 0, node.log_tail()

@@ -67,15 +67,6 @@ class Setup:
     haproxy_port: int
 
 
-def _log_port(node: NodeProcess, pattern: re.Pattern[bytes]) -> int:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        found = pattern.findall(node.log_path.read_bytes())
-        if found:
-            return int(found[-1])
-        time.sleep(0.05)
-    raise RuntimeError(f"no {pattern.pattern!r} in the node's log:\n{node.log_tail()}")
-
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
@@ -84,8 +75,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     node = NodeProcess(workdir / "node", config_toml=config).start()
     haproxy: subprocess.Popen[bytes] | None = None
     try:
-        proxy_port = _log_port(node, PROXY_LINE)
-        management_port = _log_port(node, MANAGEMENT_LINE)
+        proxy_port = node.logged_port(PROXY_LINE)
+        management_port = node.logged_port(MANAGEMENT_LINE)
         haproxy_port = _free_port()
         cfg = topo.haproxy_cfg(topo.load(), [("it", "127.0.0.1", proxy_port)], haproxy_port, maxconn=256,
                                bind_address="*", proxy_protocol=True)

@@ -69,15 +69,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _log_port(node: NodeProcess, pattern: re.Pattern[bytes] = TLS_LINE) -> int:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        found = pattern.findall(node.log_path.read_bytes())
-        if found:
-            return int(found[-1])
-        time.sleep(0.05)
-    raise RuntimeError(f"no amqps listener in the node's log:\n{node.log_tail()}")
-
 
 def _start(workdir: Path, pki: TestPki, settings: str) -> TlsNode:
     paths = pki.nodes["node"]
@@ -87,7 +78,7 @@ def _start(workdir: Path, pki: TestPki, settings: str) -> TlsNode:
               "vhost = \"/\"\n")
     node = NodeProcess(workdir, config_toml=config).start()
     try:
-        return TlsNode(node, _log_port(node))
+        return TlsNode(node, node.logged_port(TLS_LINE))
     except BaseException:
         node.stop()
         raise
@@ -105,7 +96,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         optional = _start(workdir / "optional", pki, "ssl_verify = \"verify_peer\"\nssl_cert_login = true\n"
                           f"ssl_proxy_protocol_port = {_free_port()}\n")
         try:
-            yield Setup(pki, other, strict, optional, _log_port(optional.node, TLS_PROXY_LINE))
+            yield Setup(pki, other, strict, optional, optional.node.logged_port(TLS_PROXY_LINE))
         finally:
             optional.node.stop()
     finally:
