@@ -100,6 +100,7 @@ class NodeConfig:
     prometheus_ssl_port: int = 0
     node_down_after_ms: int = 5_000
     proposal_timeout_ms: int = 10_000
+    definition_timeout_ms: int = 30_000
     mirror_trim_records: int = 2_000
     member_replace_after_ms: int = 0
     quorum_initial_group_size: int = 3
@@ -226,6 +227,8 @@ SETTINGS: tuple[Setting, ...] = (
             "certificate settings, as prometheus.ssl.port (usually 15691; 0 = none)."),
     Setting("node_down_after_ms", "int", "Cluster mode: a peer unreachable this long is reported down."),
     Setting("proposal_timeout_ms", "int", "Cluster mode: a queue command not applied within this is given up (publish nacked)."),
+    Setting("definition_timeout_ms", "int", "Cluster mode: a definition change (declare, bind, user, policy...) not "
+            "committed by the metadata group within this is given up (the client gets 541, the API 503)."),
     Setting("mirror_trim_records", "int", "Cluster mode: a mirrored queue replica snapshots its queue and drops its "
             "log prefix once this many applied records are above the log start."),
     Setting("member_replace_after_ms", "int",
@@ -414,6 +417,7 @@ def validate(config: NodeConfig) -> NodeConfig:
          "management_ssl_fail_if_no_peer_cert needs management_ssl_verify = verify_peer"),
         (config.node_down_after_ms > 0, "node_down_after_ms must be > 0"),
         (config.proposal_timeout_ms > 0, "proposal_timeout_ms must be > 0"),
+        (config.definition_timeout_ms > 0, "definition_timeout_ms must be > 0"),
         (config.member_replace_after_ms >= 0, "member_replace_after_ms must be >= 0"),
         (config.mirror_trim_records > 0, "mirror_trim_records must be > 0"),
         (not config.test_unsafe_confirm_before_commit or bool(config.cluster_nodes),

@@ -4,14 +4,15 @@
 - Pure: the channel error for each kind of failure (`refusal_reply`, `not_committed_text`) and the records that
   take the broker back to the committed metadata after a failed Persist (`uncommitted_creations`).
 - Real processes, three nodes: n2 and n3 killed, a durable queue.declare on n1 gets no declare-ok but a 541
-  channel error once `DEFINITION_TIMEOUT_S` ran out (the time is printed, not asserted), and n1 does not keep the
-  queue; a management change (PUT of a vhost) made meanwhile is answered 503. After n2 and n3 return, the same declare is answered and every node knows the queue.
+  channel error once `definition_timeout_ms` ran out (5 s here, 30 s by default; the time is printed, not
+  asserted), and n1 does not keep the queue; a management change (PUT of a vhost) made meanwhile is answered 503. After n2 and n3 return, the same declare is answered and every node knows the queue.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pika
@@ -21,7 +22,6 @@ import requests
 from cluster.metadata import model as md
 from node.broker import records as br
 from node.runtime.cluster.definition_replies import (
-    DEFINITION_TIMEOUT_S,
     INTERNAL_ERROR,
     NOT_FOUND,
     PRECONDITION_FAILED,
@@ -32,15 +32,21 @@ from node.runtime.cluster.definition_replies import (
 from tests.cluster.cluster_proc import (
     ClusterProcs,
     channel,
-    cluster_fixture,
     management_up,
     queue_known,
+    supervised,
     wait_until,
 )
 
-__all__ = ["cluster_fixture"]
-
 QUEUE = "q-definition-reply"
+DEFINITION_TIMEOUT_S = 5.0  # the nodes' definition_timeout_ms (30 s by default), shorter to keep the test short
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[ClusterProcs]:
+    extra = {"RAFTMQ_DEFINITION_TIMEOUT_MS": str(int(DEFINITION_TIMEOUT_S * 1000))}
+    with supervised(ClusterProcs(tmp_path, extra=extra)) as procs:
+        yield procs.start_all()
 
 
 def test_failures_map_to_channel_errors() -> None:
@@ -49,7 +55,7 @@ def test_failures_map_to_channel_errors() -> None:
     code, text = refusal_reply(declare, "no vhost v")
     assert (code, text) == (NOT_FOUND, "NOT_FOUND - no vhost v")
     assert refusal_reply(declare, "something else")[0] == INTERNAL_ERROR
-    assert not_committed_text(declare).startswith("INTERNAL_ERROR - DeclareQueue not committed")
+    assert not_committed_text(declare, 30.0).startswith("INTERNAL_ERROR - DeclareQueue not committed")
 
 
 def test_uncommitted_creations_are_undone_and_committed_ones_kept() -> None:

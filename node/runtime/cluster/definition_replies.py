@@ -20,12 +20,11 @@ from node.clustering.definitions import broker_record
 # 541 INTERNAL_ERROR as RabbitMQ answers a declare its metadata store / quorum cannot carry out; a refusal
 # gets the code of its reason (404 a missing exchange or queue, 406 a conflicting definition).
 INTERNAL_ERROR, NOT_FOUND, PRECONDITION_FAILED = 541, 404, 406
-DEFINITION_TIMEOUT_S = 30.0  # one definition command's total retry time before it is given up (client: 541)
 EXCLUSIVE_OWNER_SEPARATOR = "/"  # exclusive owners are "<node>/<boot_id>/<conn_id>" (node/broker/records.py)
 
-def not_committed_text(command: md.Command) -> str:
+def not_committed_text(command: md.Command, timeout_s: float) -> str:
     return (f"INTERNAL_ERROR - {type(command).__name__} not committed by the cluster metadata within "
-            f"{DEFINITION_TIMEOUT_S:.0f} s (no majority of nodes reachable?)")
+            f"{timeout_s:.0f} s (no majority of nodes reachable?)")
 
 
 def refusal_reply(command: md.Command, refused: str) -> tuple[int, str]:

@@ -10,7 +10,7 @@ cluster metadata. `ClusterRuntime` is the glue (docs/cluster.md, "node/runtime, 
   mirrored from `store.watch()`. The broker's `Persist` effects (client declares/deletes) become metadata commands
   (a new queue placed by `cluster.metadata.placement`) applied one Persist at a time, in order, and
   `on_persisted(token)` releases the client's reply once they committed; if one was refused or not committed
-  within `DEFINITION_TIMEOUT_S`, what the Persist created that the metadata lacks is dropped from the broker again
+  within `definition_timeout_ms`, what the Persist created that the metadata lacks is dropped from the broker again
   and `on_persist_failed(token, code, text)` closes the client's channel with an error instead of the ok.
   `ClusterRuntime` is the `Node`'s store: it has `persist`, `commit_loop` and `flush`.
 - Queues (`cluster.raft.runtime.RaftNodeRuntime`, under <data_dir>/raft): one group per queue declaration (its
@@ -84,7 +84,6 @@ from node.clustering.proposals import (
     stale_groups,
 )
 from node.runtime.cluster.definition_replies import (
-    DEFINITION_TIMEOUT_S,
     INTERNAL_ERROR,
     died_with_earlier_life,
     not_committed_text,
@@ -418,12 +417,12 @@ class ClusterRuntime(MembershipAndLiveness):
     async def replicate_now(self, records: tuple[Any, ...]) -> tuple[int, str] | None:
         """Apply one Persist's commands in order; None when all committed, else the channel error (reply code,
         text) for the client, after the first command refused or not committed in time (the rest are skipped:
-        they depend on it). Bounded: each command gives up after `DEFINITION_TIMEOUT_S`."""
+        they depend on it). Bounded: each command gives up after `definition_timeout_ms`."""
         assert self.store is not None
         for command in commands_for(records, self.store.state, self.place):
             outcome = await self.apply_definition(command)
             if outcome is None:
-                return INTERNAL_ERROR, not_committed_text(command)
+                return INTERNAL_ERROR, not_committed_text(command, self.config.definition_timeout_ms / 1000)
             if not outcome.ok:
                 return refusal_reply(command, outcome.refused)
         return None
@@ -454,10 +453,11 @@ class ClusterRuntime(MembershipAndLiveness):
 
     async def _apply_definition(self, command: md.Command) -> md.Outcome | None:
         assert self.store is not None
-        with trio.move_on_after(DEFINITION_TIMEOUT_S):
+        timeout_s = self.config.definition_timeout_ms / 1000
+        with trio.move_on_after(timeout_s):
             while True:
                 try:
-                    outcome = await self.store.apply(command, timeout_s=DEFINITION_TIMEOUT_S)
+                    outcome = await self.store.apply(command, timeout_s=timeout_s)
                 except MetadataTimeout:
                     continue
                 except MetadataError as exc:
@@ -467,7 +467,7 @@ class ClusterRuntime(MembershipAndLiveness):
                     log.warning("cluster: metadata refused %s: %s", type(command).__name__, outcome.refused)
                 return outcome
         log.error("cluster: %s not committed within %.0f s (no metadata majority?)", type(command).__name__,
-                  DEFINITION_TIMEOUT_S)
+                  timeout_s)
         return None
 
     # ------------------------------------------------------------------------------------------ Raft host
