@@ -28,7 +28,7 @@ and a 10 ms timer ticks the cores (ISR lag check, HW checkpoint) and resends una
 - Policy changes (node/clustering/mirror_policy.py): a committed record with other replicas changes `replicas`
   (whose fetches the leader serves as a replica's, the others' as an observer's: a new replica catches up from
   where its observer log stood and joins the ISR through the leader; a removed one goes on as an observer) and
-  `min_insync`.
+  `min_insync`. An orderly shutdown moves the leadership of the queues led here first (`shutdown_transfers`).
 - Files off the event loop: `_run` plans the files' operations (`ReplicaStore.plan`, no I/O) and queues them with
   the core's effects; the writer task runs every queued plan of every group in one worker thread call
   (`ReplicaStore.execute`; adjacent appends of a group share one fsync), then releases the effects in order. So
@@ -63,6 +63,7 @@ from cluster.metadata.mirror import (
     MirrorRecord,
     MirrorReplicaDown,
     MirrorReplicaUp,
+    TransferMirror,
 )
 from cluster.mirror_queues.core.replica import Replica
 from cluster.mirror_queues.core.types import (
@@ -265,6 +266,25 @@ class MirrorGroups:
 
     def node_up(self, node: str) -> None:
         self.live = self.live | {node}
+
+    def shutdown_transfers(self, promote_on_shutdown: Callable[[str, str], str]) -> list[TransferMirror]:
+        """An orderly shutdown: for each queue led here, the move of its leadership to the live ISR member furthest
+        along; with `ha-promote-on-shutdown: always` (`promote_on_shutdown(vhost, name)`) to the live replica
+        furthest along when no ISR member is live. None for a queue nobody may take (it is then unavailable until
+        this node is back, or a synced replica's election)."""
+        moves: list[TransferMirror] = []
+        for g in self.groups.values():
+            record, r = g.record, g.replica
+            if record is None or r.role != "leader" or record.leader != self.name:
+                continue
+            live = [n for n in record.replicas if n != self.name and n in self.live]
+            furthest = sorted(live, key=lambda n: -r.follower_leo.get(n, -1))
+            synced = [n for n in furthest if n in record.isr]
+            if synced:
+                moves.append(TransferMirror(g.vhost, g.name, synced[0], tuple(sorted(self.live))))
+            elif furthest and promote_on_shutdown(g.vhost, g.name) == "always":
+                moves.append(TransferMirror(g.vhost, g.name, furthest[0], tuple(sorted(self.live)), unclean=True))
+        return moves
 
     # --- proposals --------------------------------------------------------------------------------------------
 
