@@ -106,7 +106,6 @@ RETRY_POLL_S = 0.1
 PERSIST_QUEUED_MAX = 10_000  # Persist effects waiting for the metadata group; beyond: released with an error
 OVERLOADED_TEXT = "INTERNAL_ERROR - too many definition changes waiting for the cluster metadata"
 FLUSH_TIMEOUT_S = 5.0
-HANDOVER_TIMEOUT_S = 2.0  # an orderly shutdown waits this long at most for its mirrored queues' leadership moves
 
 
 def _readies_behind_fsync_max() -> int:
@@ -622,26 +621,6 @@ class ClusterRuntime(MembershipAndLiveness):
         if key is not None:
             self.broker.keep_transient(*key)  # (the replicas hold them: a failover keeps them)
         self._on_leader_change(group, leader)
-
-    async def hand_over_mirrors(self) -> None:
-        """Orderly shutdown (ha-promote-on-shutdown): each mirrored queue led here moves to a live replica first
-        (`MirrorGroups.shutdown_transfers`), bounded by HANDOVER_TIMEOUT_S; what is left is elected as after a crash."""
-        if self.mirror is None or self.store is None:
-            return
-        state = self.store.state
-
-        def promote(vhost: str, name: str) -> str:
-            spec = mirror_spec_in(state, vhost, name)
-            return spec.promote_on_shutdown if spec is not None else "when-synced"
-
-        moves = self.mirror.shutdown_transfers(promote)
-        with trio.move_on_after(HANDOVER_TIMEOUT_S):
-            async with trio.open_nursery() as nursery:
-                for move in moves:
-                    log.info("cluster: mirrored queue %s/%s: shutting down: leadership to %s%s", move.vhost,
-                             move.name, move.to, " (out of sync: ha-promote-on-shutdown always)" if move.unclean
-                             else "")
-                    nursery.start_soon(self.apply_definition, move)
 
     def _submit_mirror(self, command: Any) -> None:
         """A mirrored queue's controller command (ISR change, replica down/up) into the metadata group."""
