@@ -18,7 +18,16 @@ How it works:
   older epoch changes nothing, so a late or repeated report cannot depose a newer leader), the reporter's view of
   the live replicas, and the replicas' (last epoch, LEO) for KIP-966's unclean recovery. A down leader means an
   election; the epoch is bumped on every election and transfer.
-- `TransferMirror` is a controlled leadership move to a live ISR member (orderly shutdown, rebalance).
+- `TransferMirror` is a controlled leadership move to a live ISR member (orderly shutdown, rebalance); with
+  `unclean` (`ha-promote-on-shutdown: always`) to any live replica when no ISR member is live (an unclean
+  election: the new ISR is the new leader alone, counted in `unclean_elections`).
+- `AlterMirrorReplicas` changes the replica set (a policy's `ha-mode`/`ha-params`/`ha-nodes` changed, a node
+  joined or left, a dead mirror is replaced) and may change `min_insync`/`promote_on_failure` with it. Removed
+  replicas leave the ISR, ELR and unclean sets; new ones join the ISR only through the leader's `AlterMirrorIsr`
+  once they caught up. The leader is never dropped while it is the only live ISR member the new set keeps: it
+  moves first (epoch bumped) to the first live ISR member of the new set; if there is none, the leader stays a
+  replica (the set is bigger than asked) and the proposer asks again later. Without a leader, ISR, ELR and unclean
+  members are never dropped (they may hold the only copy). The same set again changes nothing.
 Records keep sets as sorted tuples so they encode to cbor and compare equal after a round trip. Pure.
 """
 
@@ -101,12 +110,25 @@ class TransferMirror:
     name: str
     to: str
     live: tuple[str, ...]
+    unclean: bool = False  # ha-promote-on-shutdown: always: `to` may be out of sync if no ISR member is live
     cid: str = ""
 
 
-MirrorCommand = DeclareMirror | AlterMirrorIsr | MirrorReplicaDown | MirrorReplicaUp | TransferMirror
+@dataclass(frozen=True, slots=True)
+class AlterMirrorReplicas:
+    vhost: str
+    name: str
+    replicas: tuple[str, ...]  # the wanted replicas, in election preference order
+    live: tuple[str, ...]  # the proposer's view of the live nodes
+    min_insync: int = 0  # 0: keep the record's
+    promote_on_failure: str = ""  # "": keep the record's
+    cid: str = ""
+
+
+MirrorCommand = (DeclareMirror | AlterMirrorIsr | MirrorReplicaDown | MirrorReplicaUp | TransferMirror
+                 | AlterMirrorReplicas)
 MIRROR_COMMAND_TYPES: tuple[type, ...] = (DeclareMirror, AlterMirrorIsr, MirrorReplicaDown, MirrorReplicaUp,
-                                          TransferMirror)
+                                          TransferMirror, AlterMirrorReplicas)
 
 
 def settings_of(record: MirrorRecord) -> Settings:
@@ -153,7 +175,47 @@ def _declare(old: MirrorRecord | None, c: DeclareMirror) -> Result:
     return from_partition(record, state), ""
 
 
+def _alter_replicas(old: MirrorRecord, c: AlterMirrorReplicas) -> Result:
+    if not c.replicas or len(set(c.replicas)) != len(c.replicas):
+        return None, f"mirrored queue {c.name!r}: replicas must be distinct and not empty"
+    if c.promote_on_failure not in ("", *PROMOTE) or c.min_insync < 0:
+        return None, f"mirrored queue {c.name!r}: bad min in-sync or promote-on-failure"
+    wanted = list(c.replicas)
+    leader, epoch = old.leader, old.epoch
+    live = set(c.live)
+    if leader and leader not in wanted:
+        successors = [r for r in wanted if r in old.isr and r in live]
+        if successors:  # move the leadership first (a transfer, in the same step)
+            leader, epoch = successors[0], old.epoch + 1
+        else:  # nobody in sync to take over yet: the leader stays until one is
+            wanted.insert(0, leader)
+    elif not leader:  # unavailable: keep everyone who may hold the only copy
+        wanted += [r for r in old.replicas if r in set(old.isr) | set(old.elr) | set(old.unclean)
+                   and r not in wanted]
+    keep = set(wanted)
+    isr = tuple(r for r in old.isr if r in keep and (epoch == old.epoch or r in live or r == leader))
+    min_insync = c.min_insync or old.min_insync
+    record = replace(old, replicas=tuple(wanted), leader=leader, epoch=epoch, isr=isr,
+                     elr=tuple(r for r in old.elr if r in keep), unclean=tuple(r for r in old.unclean if r in keep),
+                     min_insync=max(1, min(min_insync, len(wanted))),
+                     promote_on_failure=c.promote_on_failure or old.promote_on_failure)
+    return (record if record != old else None), ""
+
+
+def _transfer_unclean(old: MirrorRecord, c: TransferMirror) -> MirrorRecord | None:
+    """ha-promote-on-shutdown: always, and no live ISR member: any live replica leads, alone in the ISR."""
+    if (not c.unclean or c.to == old.leader or c.to not in old.replicas or c.to not in c.live
+            or set(old.isr) & set(c.live) - {old.leader}):
+        return None
+    return replace(old, leader=c.to, epoch=old.epoch + 1, isr=(c.to,), elr=(), unclean=tuple(
+        r for r in old.unclean if r != c.to), unclean_elections=old.unclean_elections + 1)
+
+
 def _step(old: MirrorRecord, c: MirrorCommand) -> Result:
+    if isinstance(c, AlterMirrorReplicas):
+        return _alter_replicas(old, c)
+    if isinstance(c, TransferMirror) and c.to not in old.isr:
+        return _transfer_unclean(old, c), ""
     state = to_partition(old)
     settings = settings_of(old)
     if isinstance(c, AlterMirrorIsr):

@@ -72,7 +72,13 @@ from cluster.metadata.commands import (  # re-exported: model is where callers i
     UserRecord,
     VhostRecord,
 )
-from cluster.metadata.mirror import MIRROR_COMMAND_TYPES, MirrorCommand, MirrorRecord, apply_mirror
+from cluster.metadata.mirror import (
+    MIRROR_COMMAND_TYPES,
+    AlterMirrorReplicas,
+    MirrorCommand,
+    MirrorRecord,
+    apply_mirror,
+)
 
 PROTOCOL_VERSION = 1
 DEDUP_MAX = 4096
@@ -458,7 +464,13 @@ def _mirror(s: MetadataState, c: MirrorCommand) -> Step:
     record, refused = apply_mirror(s.mirrors, c)
     if refused or record is None:
         return _refuse(s, refused) if refused else (s, Outcome())
-    return _upsert(s, "mirrors", "mirror", (c.vhost, c.name), record, (c.vhost, c.name))
+    s, outcome = _upsert(s, "mirrors", "mirror", (c.vhost, c.name), record, (c.vhost, c.name))
+    if isinstance(c, AlterMirrorReplicas) and q.members != record.replicas:  # the queue's members follow
+        leader = record.leader if record.leader in record.replicas else record.replicas[0]
+        s, more = _upsert(s, "queues", "queue", (c.vhost, c.name), replace(q, members=record.replicas,
+                                                                           leader=leader), (c.vhost, c.name))
+        outcome = Outcome((*outcome.changes, *more.changes))
+    return s, outcome
 
 
 _HANDLERS: dict[type, Callable[[MetadataState, Any], Step]] = {

@@ -103,6 +103,7 @@ class NodeConfig:
     definition_timeout_ms: int = 30_000
     mirror_trim_records: int = 2_000
     member_replace_after_ms: int = 0
+    mirror_replace_after_ms: int = 5_000
     quorum_initial_group_size: int = 3
 
     @property
@@ -233,6 +234,9 @@ SETTINGS: tuple[Setting, ...] = (
             "log prefix once this many applied records are above the log start."),
     Setting("member_replace_after_ms", "int",
             "Cluster mode: a quorum member down this long is replaced by an up non-member (0 = never, as RabbitMQ)."),
+    Setting("mirror_replace_after_ms", "int",
+            "Cluster mode: a mirrored queue replica (ha-mode exactly) down this long is replaced by an up node outside "
+            "its replica set (0 = never; RabbitMQ replaces at once)."),
     Setting("quorum_initial_group_size", "int", "Default voters of a new quorum queue (x-quorum-initial-group-size)."),
 )
 
@@ -420,6 +424,7 @@ def validate(config: NodeConfig) -> NodeConfig:
         (config.definition_timeout_ms > 0, "definition_timeout_ms must be > 0"),
         (config.member_replace_after_ms >= 0, "member_replace_after_ms must be >= 0"),
         (config.mirror_trim_records > 0, "mirror_trim_records must be > 0"),
+        (config.mirror_replace_after_ms >= 0, "mirror_replace_after_ms must be >= 0"),
         (not config.test_unsafe_confirm_before_commit or bool(config.cluster_nodes),
          "test_unsafe_confirm_before_commit needs cluster mode (cluster_nodes)"),
         (config.quorum_initial_group_size >= 1, "quorum_initial_group_size must be >= 1"),

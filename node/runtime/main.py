@@ -228,6 +228,9 @@ async def _serve_cluster(config: NodeConfig) -> None:
             assert store is not None  # (set by cluster.start)
             ownership = LeaseOwnership(config.node_name, lambda: store.state, store.apply, view.shovel_owner)
             await _start_shovels(nursery, view, config, ports[0], ownership)
+        from node.runtime.cluster.mirror_handover import hand_over_mirrors
+
+        await hand_over_mirrors(cluster)  # ha-promote-on-shutdown: before the replication stops
         nursery.cancel_scope.cancel()
 
 

@@ -6,6 +6,11 @@ into snapshots as it goes: the killed node, restarted after the new leader trimm
 own snapshot, installs the leader's and rejoins the ISR holding the same messages (the one node restart here costs
 ~20 s of CI on this machine).
 
+The second test reuses the cluster for policy changes after declare (node/clustering/mirror_policy.py): a queue
+declared under `exactly 1` gains mirrors under `exactly 3`, moves to two listed nodes under `nodes` (the leadership
+first), its leader's SIGTERM hands the leadership to the synced replica (`ha-promote-on-shutdown`) and, with
+`mirror_replace_after_ms = 1000`, the third node replaces the stopped mirror (`exactly 2`); nothing confirmed is lost.
+
 The time from the kill to the first new confirm is printed (`-s`), not asserted (timings stay out of pass/fail)."""
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ POLICY = {"pattern": "^ha\\.", "apply-to": "queues",
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterProcess]:
-    proc = ClusterProcess(Path(tmp_path_factory.mktemp("mirror-cluster")), extra_config="mirror_trim_records = 10\n")
+    proc = ClusterProcess(Path(tmp_path_factory.mktemp("mirror-cluster")), extra_config="mirror_trim_records = 10\n"
+                                                                                 "mirror_replace_after_ms = 1000\n")
     try:
         yield proc.start()
     finally:
@@ -169,3 +175,86 @@ def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -
             _wait(f"{QUEUE} gone on {name}", lambda n=n: http(n.plan.management_port, "GET",
                                                                f"/api/queues/%2F/{QUEUE}")[0] == 404)
             assert not any((n.data_dir / "mirror").glob("*")), list((n.data_dir / "mirror").iterdir())
+
+
+MOVES = "hb.moves"
+
+
+def _mirror_of(node: Any, queue: str = MOVES) -> dict[str, Any]:
+    status, row = http(node.plan.management_port, "GET", f"/api/queues/%2F/{queue}")
+    assert status == 200 and isinstance(row, dict) and row.get("mirror"), row
+    mirror: dict[str, Any] = row["mirror"]
+    return mirror
+
+
+def _set_moves_policy(cluster: ClusterProcess, definition: dict[str, Any]) -> None:
+    for node in cluster.nodes:
+        if node.process is not None and node.process.poll() is None:
+            status, _ = http(node.plan.management_port, "PUT", "/api/policies/%2F/hb",
+                             {"pattern": "^hb\\.", "apply-to": "queues", "definition": definition})
+            assert status in (201, 204)
+            return
+
+
+def _settled(node: Any, replicas: set[str]) -> dict[str, Any] | None:
+    """The queue's mirror row on `node` once its replicas are `replicas`, all in the ISR, led by one of them."""
+    mirror = _mirror_of(node)
+    ok = set(mirror["replicas"]) == replicas and set(mirror["isr"]) == replicas and mirror["leader"] in replicas
+    return mirror if ok else None
+
+
+def test_policy_changes_move_the_mirrors_and_shutdown_hands_over(cluster: ClusterProcess) -> None:
+    started = time.monotonic()
+    nodes = {n.plan.name: n for n in cluster.nodes}
+    _set_moves_policy(cluster, {"ha-mode": "exactly", "ha-params": 1})
+    _wait("the policy on every node", lambda: all(
+        http(n.plan.management_port, "GET", "/api/policies/%2F/hb")[0] == 200 for n in cluster.nodes))
+    conn, ch = _channel(cluster)
+    with conn:
+        ch.queue_declare(MOVES, durable=True)
+        for i in range(5):
+            ch.basic_publish("", MOVES, f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    first = _wait("one replica", lambda: (m := _mirror_of(nodes["rmq1"]))["leader"] and len(m["replicas"]) == 1 and m)
+    leader = first["leader"]
+    print(f"{time.monotonic() - started:.1f} s: declared")
+
+    _set_moves_policy(cluster, {"ha-mode": "exactly", "ha-params": 3, "ha-min-insync": 2})
+    grown = _wait("three replicas in sync", lambda: _settled(nodes[leader], set(nodes)))
+    assert grown["leader"] == leader and grown["min_insync"] == 2
+    print(f"{time.monotonic() - started:.1f} s: grown")
+
+    listed = sorted(n for n in nodes if n != leader)  # the leader is not listed: it hands over first
+    _set_moves_policy(cluster, {"ha-mode": "nodes", "ha-params": listed})
+    moved = _wait("the two listed replicas in sync", lambda: _settled(nodes[listed[0]], set(listed)))
+    assert moved["epoch"] == grown["epoch"] + 1 and moved["leader"] in listed
+    conn, ch = _channel(cluster)
+    with conn:
+        ch.basic_publish("", MOVES, b"after-move", pika.BasicProperties(delivery_mode=2))
+    print(f"{time.monotonic() - started:.1f} s: moved")
+
+    _set_moves_policy(cluster, {"ha-mode": "exactly", "ha-params": 2})  # the same two: nothing moves
+    stopping = nodes[moved["leader"]]
+    successor = next(n for n in listed if n != moved["leader"])
+    _wait("the leader's own view settled", lambda: _settled(stopping, set(listed)))
+    assert stopping.process is not None
+    stopping.process.terminate()  # SIGTERM: an orderly shutdown
+    assert stopping.process.wait(60) == 0
+    print(f"{time.monotonic() - started:.1f} s: stopped")
+    assert f"leadership to {successor}" in stopping.log_path.read_text(errors="replace").rsplit("---- start", 1)[-1]
+    handed = _wait("the replacement of the stopped mirror in sync",
+                   lambda: _settled(nodes[successor], {successor, leader}))
+    assert handed["leader"] == successor and handed["epoch"] == moved["epoch"] + 1  # a transfer, no election
+
+    print(f"\n{time.monotonic() - started:.1f} s: replaced")
+    expected = sorted([f"m{i}".encode() for i in range(5)] + [b"after-move"])
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", nodes[leader].plan.port))
+    with conn:
+        ch = conn.channel()
+        got: list[bytes] = []
+        ch.basic_consume(MOVES, lambda _ch, _m, _p, body: got.append(body), auto_ack=True)
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < len(expected) and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.1)
+    assert sorted(got) == expected
+    print(f"{time.monotonic() - started:.1f} s: consumed")
+

@@ -24,6 +24,7 @@ from cluster.metadata.store import MetadataStore
 from cluster.raft.core.types import GroupId, NodeId
 from cluster.raft.runtime.node import RaftNodeRuntime
 from node.clustering.incarnations import QueueGroups
+from node.clustering.mirror_policy import mirror_plan
 from node.clustering.proposals import PeerLiveness
 from node.clustering.reconcile import RECONCILE_POLL_S, Transfer, leader_to_record, next_step
 from node.runtime.cluster.definition_replies import owned_by
@@ -34,6 +35,7 @@ from node.runtime.dispatch import wall_ms
 log = logging.getLogger("raftmq.cluster")
 
 LIVENESS_POLL_S = 0.25
+MIRROR_RESEND_MS = 5_000  # an AlterMirrorReplicas that changed nothing (a leader waiting for a synced successor)
 
 
 class MembershipAndLiveness:
@@ -53,6 +55,7 @@ class MembershipAndLiveness:
     _replacing: set[tuple[str, str]]
     _last_steps: dict[GroupId, object]
     _leader_recorded_ms: dict[GroupId, int]
+    _mirror_proposed: dict[tuple[str, str], tuple[Any, int]]  # queue -> (AlterMirrorReplicas, when) last sent
 
     if TYPE_CHECKING:
         def dispatch(self, effects: Iterable[Any]) -> None: ...
@@ -155,8 +158,26 @@ class MembershipAndLiveness:
                     log.info("cluster: deleting exclusive queue %s/%s of a down node", queue.vhost, queue.name)
                     await self.apply_definition(md.DeleteQueue(queue.vhost, queue.name))
             self._plan_replacements()
+            await self._reconcile_mirrors()
         finally:
             self._reconciling = False
+
+    async def _reconcile_mirrors(self) -> None:
+        """On the metadata leader: each mirrored queue's replicas to what its policy asks for now
+        (node/clustering/mirror_policy.py); the same command is not sent again within MIRROR_RESEND_MS."""
+        assert self.store is not None
+        now = wall_ms()
+        up = set(self.layout.names) - set(self.liveness.down)
+        for command in mirror_plan(self.store.state, up, self.liveness.down_since_ms, now,
+                                   self.config.mirror_replace_after_ms):
+            key = (command.vhost, command.name)
+            last = self._mirror_proposed.get(key)
+            if last is not None and last[0] == command and now - last[1] < MIRROR_RESEND_MS:
+                continue
+            self._mirror_proposed[key] = (command, now)
+            log.info("cluster: mirrored queue %s/%s: replicas %s -> %s (policy)", command.vhost, command.name,
+                     ",".join(self.store.state.mirrors[key].replicas), ",".join(command.replicas))
+            await self.apply_definition(command)
 
     def _plan_replacements(self) -> None:
         """Start a replacement for each quorum member down longer than member_replace_after_ms (0 = never)."""

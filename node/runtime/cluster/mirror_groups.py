@@ -25,6 +25,10 @@ and a 10 ms timer ticks the cores (ISR lag check, HW checkpoint) and resends una
   `MirrorReplicaDown` for each queue it leads or is in the ISR of: the metadata group elects from the ISR (or
   uncleanly with `ha-promote-on-failure: always`). A node starting with a queue nobody can lead says
   `MirrorReplicaUp`.
+- Policy changes (node/clustering/mirror_policy.py): a committed record with other replicas changes `replicas`
+  (whose fetches the leader serves as a replica's, the others' as an observer's: a new replica catches up from
+  where its observer log stood and joins the ISR through the leader; a removed one goes on as an observer) and
+  `min_insync`. An orderly shutdown moves the leadership of the queues led here first (`shutdown_transfers`).
 - Files off the event loop: `_run` plans the files' operations (`ReplicaStore.plan`, no I/O) and queues them with
   the core's effects; the writer task runs every queued plan of every group in one worker thread call
   (`ReplicaStore.execute`; adjacent appends of a group share one fsync), then releases the effects in order. So
@@ -44,6 +48,7 @@ and a 10 ms timer ticks the cores (ISR lag check, HW checkpoint) and resends una
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pathlib
 import time
@@ -53,7 +58,13 @@ from typing import Any, Final
 
 import trio
 
-from cluster.metadata.mirror import AlterMirrorIsr, MirrorRecord, MirrorReplicaDown, MirrorReplicaUp
+from cluster.metadata.mirror import (
+    AlterMirrorIsr,
+    MirrorRecord,
+    MirrorReplicaDown,
+    MirrorReplicaUp,
+    TransferMirror,
+)
 from cluster.mirror_queues.core.replica import Replica
 from cluster.mirror_queues.core.types import (
     Effect,
@@ -213,6 +224,12 @@ class MirrorGroups:
         g.record = record
         r = g.replica
         now = wall_ms()
+        if record.replicas != g.replicas:  # AlterMirrorReplicas: a removed replica goes on as an observer
+            log.info("cluster: mirrored queue %s/%s: replicas %s -> %s", g.vhost, g.name, ",".join(g.replicas),
+                     ",".join(record.replicas))
+            g.replicas = record.replicas
+        if record.min_insync != r.settings.min_insync:
+            r.settings = dataclasses.replace(r.settings, min_insync=record.min_insync)
         if record.leader and (record.epoch > r.epoch or r.role == "none"):
             if record.leader == self.name:
                 self._run(g, r.become_leader(record.epoch, frozenset(record.isr), now))
@@ -249,6 +266,25 @@ class MirrorGroups:
 
     def node_up(self, node: str) -> None:
         self.live = self.live | {node}
+
+    def shutdown_transfers(self, promote_on_shutdown: Callable[[str, str], str]) -> list[TransferMirror]:
+        """An orderly shutdown: for each queue led here, the move of its leadership to the live ISR member furthest
+        along; with `ha-promote-on-shutdown: always` (`promote_on_shutdown(vhost, name)`) to the live replica
+        furthest along when no ISR member is live. None for a queue nobody may take (it is then unavailable until
+        this node is back, or a synced replica's election)."""
+        moves: list[TransferMirror] = []
+        for g in self.groups.values():
+            record, r = g.record, g.replica
+            if record is None or r.role != "leader" or record.leader != self.name:
+                continue
+            live = [n for n in record.replicas if n != self.name and n in self.live]
+            furthest = sorted(live, key=lambda n: -r.follower_leo.get(n, -1))
+            synced = [n for n in furthest if n in record.isr]
+            if synced:
+                moves.append(TransferMirror(g.vhost, g.name, synced[0], tuple(sorted(self.live))))
+            elif furthest and promote_on_shutdown(g.vhost, g.name) == "always":
+                moves.append(TransferMirror(g.vhost, g.name, furthest[0], tuple(sorted(self.live)), unclean=True))
+        return moves
 
     # --- proposals --------------------------------------------------------------------------------------------
 

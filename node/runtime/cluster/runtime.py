@@ -154,6 +154,7 @@ class ClusterRuntime(MembershipAndLiveness):
         self._replacing: set[tuple[str, str]] = set()  # queues whose member replacement is running
         self._last_steps: dict[GroupId, object] = {}  # the membership step last asked for, per led group (logging)
         self._leader_recorded_ms: dict[GroupId, int] = {}  # last SetQueueLeader attempt per group (rate limit)
+        self._mirror_proposed: dict[tuple[str, str], tuple[Any, int]] = {}  # (liveness.py: _reconcile_mirrors)
         self.stats = {"proposed": 0, "resent": 0, "abandoned": 0, "applied": 0, "definitions": 0,
                       "applied_before_commit": 0, "barriers_held": 0, "stale_entries": 0, "stale_groups_deleted": 0}
         self.unsafe_confirm_before_commit = config.test_unsafe_confirm_before_commit
