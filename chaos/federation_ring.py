@@ -42,8 +42,17 @@ from chaos.federation import COPY_LINE, EXCHANGE, UPSTREAM, _call_any
 from chaos.history import Ack, Delivery, Publish, Record, acks_of, split
 from chaos.nemesis import LocalCluster
 from chaos.scenario import Nemesis, Scenario, ScenarioError
-from chaos.shovel import QUORUM, CopyCount, TwoClusters, _api, _read, count_copies, parse_settings, proxied_uris
-from chaos.shovel import spawn_cluster
+from chaos.shovel import (
+    QUORUM,
+    CopyCount,
+    TwoClusters,
+    _api,
+    _read,
+    count_copies,
+    parse_settings,
+    proxied_uris,
+    spawn_cluster,
+)
 from chaos.workload import Workload
 from cluster.federation.link import link_id
 
@@ -82,6 +91,7 @@ class RingCheck:
     result: CheckResult  # over (message, cluster) pairs: payload ids "<id>@<cluster>"
     copies: dict[str, dict[int, int]]  # cluster -> {deliveries of a message there: how many messages}
     looped: tuple[str, ...]  # messages that came back to their origin through federation
+    messages: int = 0  # messages published (each expected at the three clusters: three pairs)
 
     @property
     def valid(self) -> bool:
@@ -92,7 +102,7 @@ def side_of_queue(queue: str) -> str:
     return queue.removeprefix("ring-")
 
 
-def check_ring(publishes: Iterable[Publish], deliveries: Sequence[Delivery], acks: Iterable[Ack] = ()) -> RingCheck:
+def check_ring(publishes: Sequence[Publish], deliveries: Sequence[Delivery], acks: Iterable[Ack] = ()) -> RingCheck:
     """Pure: every publish (its queue names its origin, `ring-x`) expected once at each cluster, judged by the
     chaos checker with republished copies allowed; copies per message per cluster; loops (a second unflagged copy
     at the origin)."""
@@ -111,7 +121,8 @@ def check_ring(publishes: Iterable[Publish], deliveries: Sequence[Delivery], ack
     fresh_at_origin = Counter(d.payload_id for d in deliveries
                               if not d.redelivered and origin.get(d.payload_id) == side_of_queue(d.queue))
     looped = tuple(sorted(pid for pid, count in fresh_at_origin.items() if count > 1))
-    return RingCheck(result, {side: dict(sorted(h.items())) for side, h in sorted(copies.items())}, looped)
+    return RingCheck(result, {side: dict(sorted(h.items())) for side, h in sorted(copies.items())}, looped,
+                     len({p.payload_id for p in publishes}))
 
 
 class RingClusters(TwoClusters):
@@ -323,7 +334,8 @@ def run_ring(scenario: Scenario, ring: RingClusters, settings: RingSettings) -> 
 
 def ring_report_lines(outcome: RingOutcome) -> list[str]:
     """The ring's own lines under the chaos report: copies per message per cluster, loops, link copies."""
-    lines = ["  ring: pairs (message, cluster) checked; copies per message at each cluster "
+    lines = [f"  ring: {outcome.check.messages} messages published at their origins, each expected at the three "
+             "clusters (the counts above are of (message, cluster) pairs); copies per message at each cluster "
              "(deliveries: messages):"]
     for side, histogram in outcome.check.copies.items():
         lines.append(f"    {side}: " + ", ".join(f"{n}: {count}" for n, count in histogram.items()))
@@ -336,8 +348,8 @@ def ring_report_lines(outcome: RingOutcome) -> list[str]:
 def run_ring_scenario(scenario: Scenario, out_dir: Path) -> dict[str, Any]:
     """`raftmq chaos run` of a `[federation_ring]` scenario: run it, write report.txt/.json, history.jsonl and
     timeline.png to `out_dir`, print the report; the JSON report (`valid` decides the exit)."""
-    from chaos.report import plot_timeline, report_json, report_text
     from chaos.history import write_history
+    from chaos.report import plot_timeline, report_json, report_text
 
     assert scenario.federation_ring is not None
     settings = RingSettings.parse(scenario.federation_ring)

@@ -41,7 +41,7 @@ def test_every_confirmed_message_is_expected_once_at_each_cluster() -> None:
     publishes = [_pub("a", 1), _pub("b", 2), _pub("c", 3, "unknown")]
     deliveries = [_got("a", 1, at) for at in "abc"] + [_got("b", 2, at) for at in "abc"] + [_got("c", 3, "c")]
     ring = check_ring(publishes, deliveries)
-    assert ring.valid and ring.result.ok == 6 and ring.looped == ()
+    assert ring.valid and ring.result.ok == 6 and ring.looped == () and ring.messages == 3
     assert ring.result.recovered == ("run-c-p0-3@c",) and len(ring.result.unconfirmed_absent) == 2
     assert ring.copies == {"a": {1: 2}, "b": {1: 2}, "c": {1: 3}}
 
@@ -59,6 +59,6 @@ def test_a_message_missing_at_one_cluster_is_lost_and_copies_are_counted_not_fai
 def test_a_second_unflagged_copy_at_the_origin_is_a_loop() -> None:
     publishes = [_pub("b", 1)]
     once = [_got("b", 1, at) for at in "abc"]
-    assert check_ring(publishes, once + [_got("b", 1, "b", redelivered=True)]).valid  # a consumer's redelivery
-    looped = check_ring(publishes, once + [_got("b", 1, "b")])  # came round the ring back to B
+    assert check_ring(publishes, [*once, _got("b", 1, "b", redelivered=True)]).valid  # a consumer's redelivery
+    looped = check_ring(publishes, [*once, _got("b", 1, "b")])  # came round the ring back to B
     assert not looped.valid and looped.looped == ("run-b-p0-1",)
