@@ -89,7 +89,7 @@ def test_messages_and_bindings_flow_from_upstream_to_downstream(two_nodes: tuple
     _declare(b.port, "fx", {"bq": "a.*"})
     queue = "federation: fx -> cluster-b"
     _declare(a.port, "fx", {queue: "a.*"})  # as earlier raftmq versions left it: bound directly (the link unbinds)
-    _federate(b_m, a.port)
+    _federate(b_m, a.port, **{"reconnect-delay": 1})
     wait_until(lambda: _upstream_bindings(a_m, queue) == {"a.*"}, 30, "the downstream binding never reached A")
     rows = wait_until(lambda: [r for r in _links(b_m) if r["status"] == "running"], 30, "no running link")
     assert (rows[0]["exchange"], rows[0]["upstream"], rows[0]["type"]) == ("fx", "up", "exchange")
