@@ -168,6 +168,10 @@ def run_reported(args: argparse.Namespace, scenario: Scenario, out_dir: Path) ->
     check_capabilities(args, scenario)
     if scenario.mirror is not None:
         return _run_mirror(args, scenario, out_dir)
+    if scenario.federation_ring is not None:
+        from chaos.federation_ring import run_ring_scenario
+
+        return run_ring_scenario(scenario, out_dir)
 
     with environment(args, scenario) as env:
         assert isinstance(env, Environment)
@@ -204,6 +208,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             if scenario.shovel is not None:
                 src, dst = scenario.shovel.get("source_nodes", 3), scenario.shovel.get("dest_nodes", 3)
                 print(f"{name:<24} {src}+{dst} nodes  {scenario.description}")
+                continue
+            if scenario.federation_ring is not None:
+                sizes = "+".join(str(n) for n in scenario.federation_ring.get("nodes", [3, 3, 3]))
+                print(f"{name:<24} {sizes} nodes  {scenario.description}")
                 continue
             if scenario.federation is not None:
                 up, down = scenario.federation.get("upstream_nodes", 1), scenario.federation.get("downstream_nodes", 3)

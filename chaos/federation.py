@@ -18,7 +18,10 @@ upstream proxy, both ways. `settle` waits until the link's upstream queue has be
 confirmed upstream is then downstream. The checker counts copies (a link republishes what it had forwarded but not
 seen confirmed when its connections broke) as duplicates; `count_copies` over the downstream nodes' logs
 (`federation link copy started|stopped`, cluster/federation/manager.py) fails the run when two copies of the link
-ran at once.
+ran at once. With `kind = "queue"` the link is a queue federation link instead: the workload queue exists on both
+clusters, a policy federates the downstream one from the upstream queue of the same name, the publishers publish to
+that upstream queue (default exchange), the link pulls while the downstream consumers are there, and `settle` waits
+until the upstream queue itself has been empty for 2 s (the consumers still running, so the link still pulls).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 from chaos.faultproxy.background import FaultProxyThread
 from chaos.nemesis import LocalCluster
 from chaos.run import Environment
+from chaos.scenario import ScenarioError
 from chaos.shovel import (
     QUORUM,
     TwoClusters,
@@ -64,18 +68,24 @@ class FederationSettings:
     prefetch: int = 1000
     reconnect_delay_s: float = 1.0
     settle_timeout_s: float = 120.0  # how long the link gets to empty its upstream queue after the faults
+    kind: str = "exchange"  # "queue": queue federation of the workload queue instead (publishers on the upstream
+    # queue of the same name, through the default exchange)
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> FederationSettings:
-        return parse_settings(cls, raw, "federation")
+        settings = parse_settings(cls, raw, "federation")
+        if settings.kind not in ("exchange", "queue"):
+            raise ScenarioError(f"[federation] kind: exchange or queue (got {settings.kind!r})")
+        return settings
 
 
 class FederatedClusters(TwoClusters):
     """The nemesis's `Cluster` over both clusters: nodes `up.rmqN` and `down.rmqN`, plus the link's targets."""
 
-    def __init__(self, upstream: LocalCluster, downstream: LocalCluster, queue: str) -> None:
+    def __init__(self, upstream: LocalCluster, downstream: LocalCluster, queue: str, kind: str = "exchange") -> None:
         super().__init__(upstream, downstream, queue)
         self.sides = {UP: upstream, DOWN: downstream}
+        self.kind = kind
 
     def _died(self, node: str) -> None:
         side, _, name = node.partition(".")
@@ -103,8 +113,13 @@ class FederatedClusters(TwoClusters):
         rows: list[dict[str, Any]] = []
         for name in self.sides[DOWN].nodes():
             rows.extend(row for row in _api(self.sides[DOWN], name, "GET", "/api/federation-links") or []
-                        if isinstance(row, dict) and row.get("exchange") == EXCHANGE)
+                        if isinstance(row, dict) and self._ours(row))
         return rows
+
+    def _ours(self, row: dict[str, Any]) -> bool:
+        if self.kind == "queue":
+            return row.get("type") == "queue" and row.get("queue") == self.queue
+        return row.get("exchange") == EXCHANGE
 
     def link_node(self) -> str | None:
         votes = Counter(row.get("node") for row in self.link_rows()
@@ -116,12 +131,18 @@ class FederatedClusters(TwoClusters):
         up = self.sides[UP]
         for name in up.nodes():
             for row in _api(up, name, "GET", "/api/queues") or []:
-                if isinstance(row, dict) and str(row.get("name", "")).startswith(f"federation: {EXCHANGE} -> "):
+                if not isinstance(row, dict):
+                    continue
+                queue = str(row.get("name", ""))
+                if queue == self.queue if self.kind == "queue" else queue.startswith(f"federation: {EXCHANGE} -> "):
                     return int(row.get("messages_ready", 0)) + int(row.get("messages_unacknowledged", 0))
         return None
 
     def upstream_bound(self) -> bool:
-        """The workload queue's binding reached the upstream (chaos-fx -> the link's internal exchange)."""
+        """The workload queue's binding reached the upstream (chaos-fx -> the link's internal exchange); a queue
+        link binds nothing."""
+        if self.kind == "queue":
+            return True
         up = self.sides[UP]
         for name in up.nodes():
             for row in _api(up, name, "GET", "/api/bindings") or []:
@@ -133,7 +154,8 @@ class FederatedClusters(TwoClusters):
     def count_copies(self) -> Any:
         down = self.sides[DOWN]
         logs = {name: _read(Path(down.spec(name).log)) for name in down.nodes()}
-        return count_copies(logs, self.deaths, link_id("/", EXCHANGE, UPSTREAM), COPY_LINE)
+        name = link_id("/", self.queue, UPSTREAM, "queue") if self.kind == "queue" else link_id("/", EXCHANGE, UPSTREAM)
+        return count_copies(logs, self.deaths, name, COPY_LINE)
 
     link_label = "link"
     backlog_label = "its upstream queue"
@@ -164,20 +186,28 @@ def _call_any(cluster: LocalCluster, method: str, path: str, body: Any, deadline
 def _setup(both: FederatedClusters, upstream_uris: list[str], settings: FederationSettings,
            timeout_s: float = 90.0) -> None:
     """The exchange on both sides, the queue and its binding downstream, the upstream and the policy; then wait
-    until a downstream node runs the link and the binding is upstream."""
+    until a downstream node runs the link and the binding is upstream. A queue link: the queue on both sides, a
+    policy federating the downstream one."""
     deadline = time.monotonic() + timeout_s
     vhost = "%2F"
-    exchange = {"type": "direct", "durable": True}
-    for side in (UP, DOWN):
-        _call_any(both.sides[side], "PUT", f"/api/exchanges/{vhost}/{EXCHANGE}", exchange, deadline)
-    down = both.sides[DOWN]
     queue = urllib.parse.quote(both.queue, safe="")
-    _call_any(down, "PUT", f"/api/queues/{vhost}/{queue}", {"durable": True, "arguments": QUORUM}, deadline)
-    _call_any(down, "POST", f"/api/bindings/{vhost}/e/{EXCHANGE}/q/{queue}", {"routing_key": both.queue}, deadline)
+    down = both.sides[DOWN]
+    if settings.kind == "queue":
+        for side in (UP, DOWN):
+            _call_any(both.sides[side], "PUT", f"/api/queues/{vhost}/{queue}", {"durable": True, "arguments": QUORUM},
+                      deadline)
+    else:
+        exchange = {"type": "direct", "durable": True}
+        for side in (UP, DOWN):
+            _call_any(both.sides[side], "PUT", f"/api/exchanges/{vhost}/{EXCHANGE}", exchange, deadline)
+        _call_any(down, "PUT", f"/api/queues/{vhost}/{queue}", {"durable": True, "arguments": QUORUM}, deadline)
+        _call_any(down, "POST", f"/api/bindings/{vhost}/e/{EXCHANGE}/q/{queue}", {"routing_key": both.queue},
+                  deadline)
     value = {"uri": upstream_uris, "ack-mode": settings.ack_mode, "prefetch-count": settings.prefetch,
              "reconnect-delay": settings.reconnect_delay_s}
     _call_any(down, "PUT", f"/api/parameters/federation-upstream/{vhost}/{UPSTREAM}", {"value": value}, deadline)
-    policy = {"pattern": f"^{EXCHANGE}$", "apply-to": "exchanges", "definition": {"federation-upstream": UPSTREAM}}
+    pattern, apply_to = (f"^{both.queue}$", "queues") if settings.kind == "queue" else (f"^{EXCHANGE}$", "exchanges")
+    policy = {"pattern": pattern, "apply-to": apply_to, "definition": {"federation-upstream": UPSTREAM}}
     _call_any(down, "PUT", f"/api/policies/{vhost}/chaos-federation", policy, deadline)
     while time.monotonic() < deadline:
         if both.link_node() is not None and both.upstream_bound():
@@ -201,7 +231,7 @@ def federation_environment(raw_settings: dict[str, Any], queue: str, seed: int, 
         proxy = stack.enter_context(FaultProxyThread(seed=seed))
         api = f"http://127.0.0.1:{proxy.api_port}"
         upstream_uris = proxied_uris(api, upstream, "fed-up", settings.heartbeat_s)
-        both = FederatedClusters(upstream, downstream, queue)
+        both = FederatedClusters(upstream, downstream, queue, settings.kind)
         _setup(both, upstream_uris, settings)
         yield Environment(both, tuple(upstream.url(n) for n in upstream.nodes()), None, api,
                           consumer_urls=tuple(downstream.url(n) for n in downstream.nodes()),

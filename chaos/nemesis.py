@@ -98,10 +98,12 @@ class LocalCluster:
 
     @classmethod
     def spawn(cls, data_dir: Path, count: int, base_port: int, extra_args: tuple[str, ...] = (),
-              netlab: NetLab | None = None, clustered: bool = False) -> LocalCluster:
+              netlab: NetLab | None = None, clustered: bool = False, prefix: str = "rmq") -> LocalCluster:
         """Start `count` nodes on 127.0.0.1:base_port+i (i from 1), or each in its namespace of `netlab` on its
-        own address and base_port, and wait until they answer AMQP. `clustered`: one cluster (cluster mode)."""
-        names = [f"rmq{i}" for i in range(1, count + 1)]
+        own address and base_port, and wait until they answer AMQP. `clustered`: one cluster (cluster mode).
+        Nodes are named `prefix`1..N (several clusters side by side need distinct names: a cluster's name, which
+        federation's loop check compares, is made of its nodes' names)."""
+        names = [f"{prefix}{i}" for i in range(1, count + 1)]
         hosts = {name: netlab.address(name) if netlab else "127.0.0.1" for name in names}
         prefixes = {name: netlab.exec_argv(name, []) for name in names} if netlab else {}
         specs = [NodeSpec(name, hosts[name], base_port if netlab else base_port + i, 0, str(data_dir / name),

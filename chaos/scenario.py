@@ -17,7 +17,8 @@ schedule replays exactly. Every action is recorded in the history as a Fault rec
 A deployment may add target kinds of its own (`named_targets`, e.g. chaos/shovel.py's `shovel-node`); a toxic step's
 `proxy` may list several proxies, comma-separated. A `[shovel]` table makes the scenario a shovel scenario
 (chaos/shovel.py: two clusters and a shovel, with its own fault proxy, so its toxic steps need no --fault-proxy); a
-`[federation]` table likewise a federation scenario (chaos/federation.py: two clusters and a federation link).
+`[federation]` table likewise a federation scenario (chaos/federation.py: two clusters and a federation link), a
+`[federation_ring]` table one with three clusters federated in a ring (chaos/federation_ring.py).
 A `[mirror]` table makes it a mirrored-queue scenario on replica processes, with steps of its own
 (chaos/mirror_run.py).
 A scenario's `[node_settings]` (node setting name = value, e.g. test_unsafe_confirm_before_commit = true) become
@@ -93,11 +94,13 @@ class Scenario:
     shovel: dict[str, Any] | None = None  # `[shovel]`: two clusters and a shovel between them (chaos/shovel.py)
     mirror: dict[str, Any] | None = None  # `[mirror]`: a mirrored-queue scenario on replica processes (mirror_run)
     federation: dict[str, Any] | None = None  # `[federation]`: two clusters and a federation link (chaos/federation.py)
+    federation_ring: dict[str, Any] | None = None  # `[federation_ring]`: three clusters federated in a ring
+    # (chaos/federation_ring.py)
 
     @property
     def two_clusters(self) -> bool:
         """A shovel or federation scenario: it starts its two clusters and its fault proxy itself."""
-        return self.shovel is not None or self.federation is not None
+        return self.shovel is not None or self.federation is not None or self.federation_ring is not None
 
     def node_args(self) -> tuple[str, ...]:
         """`[node_settings]` as `raftmq node` options (`--test-unsafe-confirm-before-commit true`)."""
@@ -178,6 +181,7 @@ def parse_scenario(text: str, default_name: str = "scenario") -> Scenario:
                     publish_timeout_s=float(raw.get("publish_timeout_s", 120.0)), node_settings=settings,
                     shovel=dict(raw["shovel"]) if "shovel" in raw else None,
                     federation=dict(raw["federation"]) if "federation" in raw else None,
+                    federation_ring=dict(raw["federation_ring"]) if "federation_ring" in raw else None,
                     mirror=dict(raw["mirror"]) if "mirror" in raw else None)
 
 

@@ -296,9 +296,11 @@ def _add_proxy(api: str, name: str, upstream: tuple[str, int]) -> str:
         return str(json.loads(response.read())["listen"])
 
 
-def spawn_cluster(stack: ExitStack, root: Path, nodes: int, node_args: tuple[str, ...]) -> LocalCluster:
-    """One side of a two-cluster scenario, started on free ports and stopped when `stack` closes."""
-    cluster = LocalCluster.spawn(root, nodes, free_base_port(nodes), node_args, clustered=nodes > 1)
+def spawn_cluster(stack: ExitStack, root: Path, nodes: int, node_args: tuple[str, ...],
+                  prefix: str = "rmq") -> LocalCluster:
+    """One side of a two- or three-cluster scenario, its nodes named `prefix`1..N, started on free ports and
+    stopped when `stack` closes."""
+    cluster = LocalCluster.spawn(root, nodes, free_base_port(nodes), node_args, clustered=nodes > 1, prefix=prefix)
     stack.callback(cluster.stop_all)
     return cluster
 

@@ -273,6 +273,11 @@ class ExchangeLink:
         return []
 
     # ------------------------------------------------------------ bindings and messages
+    @property
+    def wanted(self) -> frozenset[BindingKey]:
+        """The downstream exchange's bindings as last told (`bindings`)."""
+        return frozenset(self._wanted)
+
     def bindings(self, wanted: set[BindingKey]) -> list[Effect]:
         self._wanted = set(wanted)
         return self._sync_bindings() if self.state == RUNNING else []

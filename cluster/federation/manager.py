@@ -16,12 +16,15 @@ so the link replays them one hop further while their hop count allows (cluster/f
 removed, exchange deleted) also has its upstream queue deleted (best effort); a link that moved or stopped keeps it.
 A runner that fails unexpectedly is logged and started again after its reconnect delay. Every start and stop of a
 link's copy here is logged (`federation link copy started|stopped {json}`: the chaos checker counts copies).
+`running_here` tells the lease (cluster/link/ownership.py `busy`) whether a copy still exists here, so in a
+cluster a link that moves is released only once its copy here has closed its connections.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,6 +102,7 @@ class FederationManager:
         self.owner = owner or (lambda vhost, name: node_name)
         self.local = local
         self._entries: dict[LinkKey, _Entry] = {}
+        self._live: Counter[tuple[str, str]] = Counter()  # (vhost, owner name) -> copies whose task has not finished
         self._wake = trio.Event()
 
     def poke(self) -> None:
@@ -113,6 +117,11 @@ class FederationManager:
         self._entries.pop(key).scope.cancel()
         self.poke()
         return True
+
+    def running_here(self, vhost: str, name: str) -> bool:
+        """Whether a copy of the link with this owner name (`_owner_name`) still exists here (running, or stopping:
+        its task has not finished closing its connections). In a cluster the lease is released only after that."""
+        return self._live[(vhost, name)] > 0
 
     def status(self) -> list[dict[str, Any]]:
         """RabbitMQ's /api/federation-links rows for the links this node runs, plus `node`."""
@@ -169,12 +178,15 @@ class FederationManager:
 
     async def _run_one(self, key: LinkKey, entry: _Entry, w: _Wanted) -> None:
         report = {"name": link_id(key[0], key[2], key[3], key[1]), "link": _label(key), "node": self.node_name}
+        live = (key[0], _owner_name(key))
+        self._live[live] += 1
         log.info("federation link copy started %s", json.dumps({**report, "at_ms": wall_ms()}))
         try:
             with entry.scope:
                 await self._run_runner(key, entry, w)
         finally:
             log.info("federation link copy stopped %s", json.dumps({**report, "at_ms": wall_ms()}))
+            self._live[live] -= 1
 
     async def _run_runner(self, key: LinkKey, entry: _Entry, w: _Wanted) -> None:
         while True:

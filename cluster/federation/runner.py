@@ -20,7 +20,15 @@ do not survive a reconnect and nothing routes nowhere in between. The internal e
 (`INTERNAL_EXCHANGE_TYPE`), RabbitMQ's fallback when the upstream lacks the `x-federation-upstream` type: loop
 safety is the link's own check on `x-received-from` (cluster/federation/link.py). The queue is kept when the link
 stops (a restart or a move loses nothing buffered in it); the queue and the internal exchanges are deleted when
-the link is removed by policy (`cleanup`, best effort), unless `resource-cleanup-mode` is `never`.
+the link is removed by policy (`cleanup`, best effort), unless `resource-cleanup-mode` is `never`. Earlier raftmq
+versions bound the upstream queue directly to the upstream exchange with the downstream's bindings: each connect
+unbinds the queue from it for every binding the downstream has now (queue.unbind is idempotent; the Unbind-Oks are
+not waited for).
+While a session runs, the internal exchange is checked every `INTERNAL_EXCHANGE_CHECK_S` (a passive
+exchange.declare on a channel of its own, as RabbitMQ's link does): when it is gone upstream (deleted by someone,
+or auto-deleted), the server closes that channel with 404, and the link goes down and reconnects, which declares
+it and its bindings again (without the check, nothing would be routed to the upstream queue until the link
+reconnected for another reason).
 `QueueLinkRunner` (queue_runner.py) reuses all this through the methods it overrides (`_setup_upstream`,
 `_after_connect`, `_carry_out`, `_event`, `_delivery`, `_idle_input`, `cleanup`, `connection_name`).
 """
@@ -61,6 +69,7 @@ BATCH_MAX = 1000
 # x-federation-upstream would filter by hops upstream already, but raftmq's route cache (node/broker/vhost.py) keys
 # on (exchange, routing key) only, so a header-dependent result must not be cached: fanout until that is fixed.
 INTERNAL_EXCHANGE_TYPE = "fanout"
+INTERNAL_EXCHANGE_CHECK_S = 3.0  # RabbitMQ: internal_exchange_check_interval, 90 s
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +94,7 @@ class ExchangeLinkRunner:
         self.link.bindings(bindings)
         self._send, self._receive = trio.open_memory_channel[tuple[str, Any]](math.inf)
         self._session_no = 0
+        self._probe_ch: int | None = None  # the upstream channel of the internal exchange check (this session's)
 
     def set_bindings(self, wanted: set[BindingKey]) -> None:
         """The downstream exchange's bindings now (called by the manager; cheap when nothing changed)."""
@@ -131,6 +141,7 @@ class ExchangeLinkRunner:
                     down_ch = await down.channel()
                     if self.upstream.ack_mode == "on-confirm":
                         await down.call(down_ch, m.ConfirmSelect(), m.ConfirmSelectOk)
+                    self._probe_ch = None
                     up_ch = await self._setup_upstream(up)
             except (OSError, trio.TooSlowError, LinkClosed) as exc:
                 return link.connect_failed(_describe(exc), wall_ms())
@@ -163,11 +174,15 @@ class ExchangeLinkRunner:
         if u.message_ttl is not None:
             args["x-message-ttl"] = u.message_ttl
         await up.call(ch, m.QueueDeclare(queue=link.queue_name, durable=True, arguments=args), m.QueueDeclareOk)
+        for key, arguments in sorted(link.wanted, key=repr):  # earlier raftmq versions bound the queue directly
+            up.conn.send_method(ch, m.QueueUnbind(queue=link.queue_name, exchange=link.upstream_exchange,
+                                                  routing_key=key, arguments=thaw_args(arguments)), wall_ms())
         ch = await self._internal_exchange(up, ch)
         if u.ack_mode != "no-ack" and u.prefetch_count:
             await up.call(ch, m.BasicQos(prefetch_count=u.prefetch_count), m.BasicQosOk)
         await up.call(ch, m.BasicConsume(queue=link.queue_name, consumer_tag="raftmq-federation",
                                          no_ack=u.ack_mode == "no-ack"), m.BasicConsumeOk)
+        self._probe_ch = await up.channel()
         return ch
 
     async def _internal_exchange(self, up: LinkConnection, ch: int) -> int:
@@ -201,12 +216,19 @@ class ExchangeLinkRunner:
         send = self._send.clone()
         for side, conn in (("up", up), ("down", down)):
             conn.route_events(send, f"{side}:{self._session_no}", keep=lambda event: not isinstance(event, ChannelClosed))
+        next_check = trio.current_time() + INTERNAL_EXCHANGE_CHECK_S
         try:
             while True:
                 self._carry_out(up, up_ch, down, down_ch, effects)
                 await up.flush()
                 await down.flush()
-                batch = [await self._receive.receive()]
+                batch: list[tuple[str, Any]] = []
+                with trio.move_on_at(next_check):
+                    batch.append(await self._receive.receive())
+                if trio.current_time() >= next_check:
+                    next_check = trio.current_time() + INTERNAL_EXCHANGE_CHECK_S
+                    self._check_internal_exchange(up)
+                    await up.flush()
                 while len(batch) < BATCH_MAX:
                     try:
                         batch.append(self._receive.receive_nowait())
@@ -218,6 +240,13 @@ class ExchangeLinkRunner:
         except (_Down, LinkClosed) as exc:
             reason = exc.reason if isinstance(exc, _Down) else exc.text
             return [e for e in self.link.down(reason, wall_ms()) if not isinstance(e, Disconnect)]
+
+    def _check_internal_exchange(self, up: LinkConnection) -> None:
+        """A passive declare of the internal exchange on the probe channel (sent by the next flush): Declare-Ok is
+        ignored, a 404 closes the probe channel, which `_event` turns into a `down`."""
+        if self._probe_ch is not None:
+            up.conn.send_method(self._probe_ch, m.ExchangeDeclare(exchange=self.link.internal_exchange, passive=True),
+                                wall_ms())
 
     def _carry_out(self, up: LinkConnection, up_ch: int, down: LinkConnection, down_ch: int,
                    effects: list[Any]) -> None:
@@ -260,6 +289,9 @@ class ExchangeLinkRunner:
             if side == "up" and isinstance(method, m.BasicCancel):
                 raise _Down("upstream: the consumer was cancelled (queue deleted?)")
             return []
+        if isinstance(event, ChannelClosed) and side == "up" and event.channel == self._probe_ch:
+            raise _Down(f"upstream: internal exchange {self.link.internal_exchange!r} is gone: "
+                        f"{event.reply_code} {event.reply_text}")
         if isinstance(event, ChannelClosed) and event.channel == (up_ch if side == "up" else down_ch):
             where = "upstream" if side == "up" else "downstream"
             raise _Down(f"{where}: channel closed: {event.reply_code} {event.reply_text}")

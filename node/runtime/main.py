@@ -182,6 +182,7 @@ async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port:
     if ownership is not None:
         ownership.on_change += [view.shovels.poke, view.federation.poke]
         ownership.busy["shovel"] = view.shovels.running_here
+        ownership.busy["federation"] = view.federation.running_here
         if view.static_shovels is not None:
             ownership.busy["static-shovel"] = view.static_shovels.running_here
         await nursery.start(ownership.run)

@@ -40,3 +40,15 @@ def test_copies_of_a_link_are_counted_from_its_log_lines() -> None:
     counted = count_copies(logs, {"rmq1": [50]}, "abcd1234", COPY_LINE)
     assert counted.intervals == (("rmq1", 10, 50), ("rmq2", 60, 85), ("rmq3", 80, None))
     assert counted.most == 2 and {i[0] for i in counted.overlap} == {"rmq2", "rmq3"}
+
+
+def test_the_queue_federation_scenario_federates_the_workload_queue() -> None:
+    scenario = load_scenario("federation-queue-kill-link-node")
+    assert scenario.federation is not None and scenario.needs() == set()
+    settings = FederationSettings.parse(scenario.federation)
+    assert settings.kind == "queue" and settings.ack_mode == "on-confirm"
+    assert scenario.workload_config(()).publish_exchange == ""  # publishers on the upstream queue itself
+    assert {(s.action, s.target) for s in scenario.steps if s.action in ("kill", "restart")} == {
+        ("kill", "link-node"), ("restart", "down")}
+    with pytest.raises(ScenarioError):
+        FederationSettings.parse({"kind": "stream"})

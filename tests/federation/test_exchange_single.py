@@ -1,6 +1,7 @@
 """Exchange federation between two single raftmq nodes (real processes, pika): messages published to the upstream
 exchange arrive at the downstream exchange's bound queues with `x-received-from`; bindings made later are
-replayed upstream; refusals of bad parameters and policies; a two-node ring does not loop (max-hops / cluster seen).
+replayed upstream; a link whose internal exchange was deleted upstream restarts (its periodic
+passive check); refusals of bad parameters and policies; a two-node ring does not loop (max-hops / cluster seen).
 """
 
 from __future__ import annotations
@@ -86,8 +87,9 @@ def test_messages_and_bindings_flow_from_upstream_to_downstream(two_nodes: tuple
     (a, a_m), (b, b_m) = two_nodes
     _declare(a.port, "fx", {})
     _declare(b.port, "fx", {"bq": "a.*"})
-    _federate(b_m, a.port)
     queue = "federation: fx -> cluster-b"
+    _declare(a.port, "fx", {queue: "a.*"})  # as earlier raftmq versions left it: bound directly (the link unbinds)
+    _federate(b_m, a.port, **{"reconnect-delay": 1})
     wait_until(lambda: _upstream_bindings(a_m, queue) == {"a.*"}, 30, "the downstream binding never reached A")
     rows = wait_until(lambda: [r for r in _links(b_m) if r["status"] == "running"], 30, "no running link")
     assert (rows[0]["exchange"], rows[0]["upstream"], rows[0]["type"]) == ("fx", "up", "exchange")
@@ -117,6 +119,14 @@ def test_messages_and_bindings_flow_from_upstream_to_downstream(two_nodes: tuple
                "the restarted link never ran again")
     _publish(a.port, "fx", ["b.3"] * 2)
     wait_until(lambda: count(b.port, "bq2") == 5, 30, "messages after the restart never arrived")
+    # the internal exchange deleted upstream: the link's periodic passive check sees it gone and restarts the link,
+    # which declares it and its bindings again (before, nothing reached the upstream queue until a reconnect)
+    internal = {r["source"] for r in ctl_call(a_m, "list_bindings")[1] if r["destination"] == queue and r["source"]}
+    with connect(a.port) as conn:
+        conn.channel().exchange_delete(internal.pop())
+    wait_until(lambda: _upstream_bindings(a_m, queue) == {"b.*"}, 30, "the internal exchange was never declared again")
+    _publish(a.port, "fx", ["b.4"] * 2)
+    wait_until(lambda: count(b.port, "bq2") == 7, 30, "messages after the internal exchange came back never arrived")
     # removing the policy removes the link and its upstream queue
     assert ctl_call(b_m, "clear_policy", "fed")[0] == 0
     wait_until(lambda: count(a.port, queue) == -1, 30, "the upstream queue was not deleted")
