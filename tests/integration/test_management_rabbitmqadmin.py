@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pika
+import pika.exceptions
 import pytest
 
 from tests.integration.conftest import Target
@@ -175,3 +176,62 @@ def _export_has(port: int, out: Path, vhost: str) -> dict[str, Any] | None:
     exported: dict[str, Any] = json.loads(out.read_text())
     names = {(b["vhost"], b["source"]) for b in exported["bindings"]}
     return exported if (vhost, "x1") in names and any(q["vhost"] == vhost for q in exported["queues"]) else None
+
+
+def _closed_by_broker(conn: pika.BlockingConnection) -> tuple[int, str]:
+    """Wait until the broker closes `conn`; its (reply code, reply text)."""
+    deadline = time.monotonic() + WAIT_S
+    try:
+        while time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.1)
+    except pika.exceptions.ConnectionClosedByBroker as exc:
+        return exc.reply_code, exc.reply_text
+    raise AssertionError("the broker never closed the connection")
+
+
+def test_rabbitmqadmin_deletes_users_permissions_and_vhosts(amqp_target: Target, uid: str) -> None:
+    """As RabbitMQ 3.10: 204 and gone on every node; 404 for what does not exist; a deleted user's permissions go
+    with it and its connections are closed (320), as are the connections into a deleted vhost."""
+    ports = management_ports(amqp_target)
+    first, last = ports[0], ports[-1]
+    vhost, user, other = f"adm-vh-{uid}", f"adm-du-{uid}", f"adm-du2-{uid}"
+    assert api(first, "PUT", f"/api/vhosts/{vhost}").status_code == 201  # (set up over HTTP: cheaper)
+    for name in (user, other, "guest"):
+        if name != "guest":
+            assert api(first, "PUT", f"/api/users/{name}", {"password": "pw", "tags": ""}).status_code == 201
+        assert api(first, "PUT", f"/api/permissions/{vhost}/{name}",
+                   {"configure": ".*", "write": ".*", "read": ".*"}).status_code == 201
+    assert api(first, "PUT", f"/api/queues/{vhost}/q", {"durable": True}).status_code == 201
+    assert api(first, "POST", f"/api/exchanges/{vhost}/amq.default/publish", {
+        "routing_key": "q", "properties": {}, "payload": "doomed", "payload_encoding": "string"}).json() == {
+        "routed": True}
+    eventually("the user's permissions on the last node", lambda: api(
+        last, "GET", f"/api/permissions/{quote(vhost)}/{user}").status_code == 200)
+
+    with pika.BlockingConnection(amqp_target.params(user=user, password="pw", vhost=vhost)) as conn:
+        admin_ok(first, "delete", "user", f"name={user}")
+        assert _closed_by_broker(conn) == (320, f"CONNECTION_FORCED - user '{user}' is deleted")
+    eventually("the user gone on the last node", lambda: api(last, "GET", f"/api/users/{user}").status_code == 404)
+    assert user not in {u["name"] for u in json.loads(admin_ok(last, "list", "users"))}
+    assert api(last, "GET", f"/api/permissions/{quote(vhost)}/{user}").status_code == 404
+    done = admin(first, "delete", "user", f"name={user}")
+    assert done.returncode != 0 and f"Not found: /api/users/{user}" in done.stdout + done.stderr
+
+    admin_ok(first, "delete", "permission", f"vhost={vhost}", f"user={other}")
+    eventually("the permission gone on the last node", lambda: api(
+        last, "GET", f"/api/permissions/{quote(vhost)}/{other}").status_code == 404)
+    assert api(first, "DELETE", f"/api/permissions/{quote(vhost)}/{other}").status_code == 404
+    reply = api(first, "POST", "/api/users/bulk-delete", {"users": [other, f"no-such-{uid}"]})
+    assert (reply.status_code, reply.json()) == (400, {"error": "bad_request",  # as RabbitMQ 3.10: stops there
+                                                       "reason": ["no_such_user", f"no-such-{uid}"]})
+    eventually("the bulk-deleted user gone", lambda: api(last, "GET", f"/api/users/{other}").status_code == 404)
+
+    with pika.BlockingConnection(amqp_target.params(vhost=vhost)) as conn:
+        admin_ok(first, "delete", "vhost", f"name={vhost}")
+        assert _closed_by_broker(conn) == (320, f"CONNECTION_FORCED - vhost '{vhost}' is deleted")
+    for port in ports:
+        eventually("the vhost and its queue gone", lambda p=port: (
+            api(p, "GET", f"/api/vhosts/{quote(vhost)}").status_code == 404
+            and not [q for q in api(p, "GET", "/api/queues").json() if q["vhost"] == vhost]))
+    done = admin(first, "delete", "vhost", f"name={vhost}")
+    assert done.returncode != 0 and "Not found" in done.stdout + done.stderr

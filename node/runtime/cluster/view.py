@@ -6,7 +6,8 @@ node knows; null while it knows none) and `members` (the placement's voters) and
 `group_status`: term, commit, applied index...) and `group` (the queue's Raft group id here, incarnation included), so
 a test or an operator can see a replica catch up;
 `/api/policies` comes from the metadata. Admin changes (users, vhosts, permissions) go through the broker as on a
-single node, and their `Persist` effects are replicated through the metadata group before the HTTP answer
+single node (deletions too: node/broker/admin_delete.py; a vhost's deletion is the metadata's `DeleteVhost`, which
+cascades to what it holds), and their `Persist` effects are replicated through the metadata group before the HTTP answer
 (`apply_effects` is async;
 a change the metadata refused or did not commit in time is answered 503, and the node keeps its local copy of a
 user, vhost or permission change until the next restart mirrors the metadata: noted, not undone). Cluster commands: `set_policy`/`clear_policy` (validated here, 400 if invalid; stored in
@@ -185,6 +186,11 @@ class ClusterView(BrokerView):
             if (args["vhost"], args["name"]) not in self.cluster.mirrored.policies:
                 raise CommandError(404, f"no policy {args['name']!r} in vhost {args['vhost']!r}")
             await self._metadata(md.ClearPolicy(args["vhost"], args["name"]))
+            return {}
+        if name == "delete_vhost":  # the metadata cascades (queues, exchanges, ...); every node's mirror follows
+            if args["name"] not in self.cluster.mirrored.vhosts:
+                raise CommandError(404, "Not Found")
+            await self._metadata(md.DeleteVhost(args["name"]))
             return {}
         if name == "rebalance":
             return {"moved": await self._rebalance(args)}
