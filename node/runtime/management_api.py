@@ -263,14 +263,46 @@ async def handle_request(view: ManagementView, head: RequestHead, body: bytes, p
         for route in routes:
             reply = await route(view, head, body, caller)
             if reply is not None:
-                return reply
+                return _columns(reply, head)
         if head.method in ("GET", "HEAD"):
-            return _visible(_get(view, head.segments, credentials[0], tags), head.segments, caller)
+            return _columns(_visible(_get(view, head.segments, credentials[0], tags), head.segments, caller), head)
         return await _change(view, head, body)
     except CommandError as err:
         return error_reply(err.status, err.error or _error_name(err.status), err.reason)
     except HttpError as err:
         return error_reply(err.status, _error_name(err.status), err.reason)
+
+
+def _columns(reply: Reply, head: RequestHead) -> Reply:
+    """`?columns=name,consumers,message_stats.publish` (RabbitMQ's, which rabbitmqadmin's `list` sends): each row
+    keeps only those fields (dotted: nested ones), leaving out the ones it lacks."""
+    wanted = [c for value in head.query.get("columns", ()) for c in value.split(",") if c]
+    if not wanted or reply.status != 200 or head.method not in ("GET", "HEAD"):
+        return reply
+
+    def pick(row: Any) -> Any:
+        if not isinstance(row, dict):
+            return row
+        out: dict[str, Any] = {}
+        for column in wanted:
+            path = column.split(".")
+            value: Any = row
+            for key in path:
+                value = value.get(key, _MISSING) if isinstance(value, dict) else _MISSING
+            if value is _MISSING:
+                continue
+            node = out
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = value
+        return out
+
+    payload = reply.payload
+    return Reply(reply.status, [pick(r) for r in payload] if isinstance(payload, list) else pick(payload),
+                 reply.headers)
+
+
+_MISSING = object()
 
 
 def _visible(reply: Reply, segments: tuple[str, ...], caller: Caller) -> Reply:

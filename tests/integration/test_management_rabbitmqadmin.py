@@ -128,6 +128,18 @@ def test_channels_consumers_health_and_limits(amqp_target: Target, uid: str) -> 
             consumers = [c for c in json.loads(admin_ok(port, "list", "consumers"))
                          if c["consumer_tag"] == f"ctag-{uid}"]
             assert consumers and consumers[0]["queue"] == {"name": queue, "vhost": "/"}, port
+        # an exclusive queue lives on its owner's node only: every node shows the owner's figures (as RabbitMQ)
+        ch.queue_declare(f"{queue}-excl", exclusive=True)
+        ch.basic_publish("", f"{queue}-excl", b"held")
+        ch.basic_consume(f"{queue}-excl", lambda *a: None, consumer_tag=f"ctag-x-{uid}")
+        conn.process_data_events(time_limit=0.1)  # (the consumer holds the message unacked)
+        for port in ports:
+            row = eventually("the exclusive queue's owner figures", lambda p=port: _owner_figures(
+                api(p, "GET", f"/api/queues/%2F/{queue}-excl").json()))
+            assert row["exclusive"] and row["messages_unacknowledged"] == 1, (port, row)
+            listed = [r for r in json.loads(admin_ok(port, "list", "queues", "name", "consumers", "messages"))
+                      if r["name"] == f"{queue}-excl"]
+            assert listed == [{"name": f"{queue}-excl", "consumers": 1, "messages": 1}], port
         ch.queue_delete(queue)
     port = ports[-1]
     for path in ("/api/aliveness-test/%2F", "/api/healthchecks/node", "/api/health/checks/alarms"):
@@ -135,6 +147,10 @@ def test_channels_consumers_health_and_limits(amqp_target: Target, uid: str) -> 
         assert (reply.status_code, reply.json()) == (200, {"status": "ok"}), path
     assert api(port, "GET", "/api/whoami").json() == {"name": "guest", "tags": ["administrator"]}
     assert api(port, "GET", "/api/user-limits").json() == []
+
+
+def _owner_figures(row: dict[str, Any]) -> dict[str, Any] | None:
+    return row if row["consumers"] == 1 and row["messages"] == 1 else None
 
 
 def test_export_and_import_definitions(amqp_target: Target, uid: str, tmp_path: Path) -> None:

@@ -141,6 +141,20 @@ class ClusterView(BrokerView):
         """(host, management port) of the other members, for the cluster-wide connection/channel/consumer lists."""
         return [(m.host, m.management_port) for m in self.cluster.layout.peers]
 
+    def remote_queue_owners(self) -> dict[tuple[str, str], tuple[str, int]]:
+        """(vhost, queue) -> (host, management port) of the node holding each exclusive queue a connection of
+        another node owns (this node has an empty stand-in: node/runtime/management_queue_rows.py asks the owner)."""
+        endpoints = {m.name: (m.host, m.management_port) for m in self.cluster.layout.peers}
+        owners = {}
+        for vhost_name, vhost in self.broker.vhosts.items():
+            for name, queue in vhost.queues.items():
+                if getattr(queue.backend, "name", "") != "remote":
+                    continue
+                record = self.cluster.mirrored.queues.get((vhost_name, name))
+                if record is not None and record.leader in endpoints:
+                    owners[(vhost_name, name)] = endpoints[record.leader]
+        return owners
+
     def policies(self) -> list[dict[str, Any]]:
         return [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
                  "definition": p.definition, "priority": p.priority}
