@@ -72,6 +72,9 @@ class BrokerView:
         self.federation: Any = None  # the node's FederationManager (cluster/federation/manager.py), set by main.py
         self.counters: Any = None  # the node (messages_received/_delivered) and its resource probe, set by main.py
         self.probe: Any = None
+        # (protocol, port) of the node's other listeners, as RabbitMQ names them ("amqp/ssl", "https",
+        # "http/prometheus", "https/prometheus"), appended by main.py as it binds them
+        self.more_listeners: list[tuple[str, int]] = []
 
     # --- authentication -------------------------------------------------------------------------------------
 
@@ -86,6 +89,8 @@ class BrokerView:
         listeners = [{"node": self.node_name, "protocol": "amqp", "port": self.amqp_port}]
         if self.management_port is not None:
             listeners.append({"node": self.node_name, "protocol": "http", "port": self.management_port})
+        listeners.extend({"node": self.node_name, "protocol": protocol, "port": port}
+                         for protocol, port in self.more_listeners)
         return {
             "management_version": MANAGEMENT_VERSION, "product_name": PRODUCT, "product_version": self.version,
             "rabbitmq_version": MANAGEMENT_VERSION, "cluster_name": self.cluster_name, "node": self.node_name,
@@ -99,9 +104,21 @@ class BrokerView:
                 "messages_ready": sum(q["messages_ready"] for q in queues),
                 "messages_unacknowledged": sum(q["messages_unacknowledged"] for q in queues),
             },
-            "listeners": listeners,
+            "listeners": listeners, "contexts": self.contexts(),
             "message_stats": self.message_stats(),
         }
+
+    def contexts(self) -> list[dict[str, Any]]:
+        """The node's HTTP listeners as RabbitMQ's overview and /api/nodes `contexts` list them (port as a string;
+        the HTTPS ones with "ssl": true)."""
+        http = [("http", self.management_port)] if self.management_port is not None else []
+        rows = []
+        for protocol, port in [*http, *self.more_listeners]:
+            if protocol.startswith("http"):
+                rows.append({"node": self.node_name, "path": "/", "port": str(port),
+                             "description": "RabbitMQ Prometheus" if "prometheus" in protocol else "RabbitMQ Management",
+                             **({"ssl": True} if protocol.startswith("https") else {})})
+        return rows
 
     def message_stats(self) -> dict[str, int]:
         """This node's monotonic message counts, with RabbitMQ's overview field names (the console's rates)."""
@@ -116,7 +133,7 @@ class BrokerView:
         return [{"name": self.node_name, "type": "disc", "running": True, "being_drained": False,
                  "uptime": int(time.time() * 1000) - self.started_ms, "partitions": [],
                  "mem_alarm": "memory" in self.broker.alarms, "disk_free_alarm": "disk" in self.broker.alarms,
-                 **self._resources()}]
+                 "contexts": self.contexts(), **self._resources()}]
 
     def _resources(self) -> dict[str, int]:
         """Memory used and its limit, free disk and its limit (RabbitMQ's /api/nodes fields), from the probe."""
