@@ -7,10 +7,10 @@ metadata group's `DeleteUser` / `ClearPermissions` (node/clustering/definitions.
 A deleted user takes its permissions and user limits with it (a permission record per vhost is written too, so a
 single node's recovery does not bring them back); a deleted vhost takes its queues (and their messages), exchanges,
 bindings, permissions and policies (its runtime parameters are the facade's: `Broker.clear_parameter`, called by
-the management view first). As RabbitMQ's rabbit_connection_tracking_handler does,
-the connections of a deleted user and those into a deleted vhost are closed with 320 CONNECTION_FORCED
-("user 'u' is deleted", "vhost 'v' is deleted"); `close_connections` is also what a cluster node's mirror calls
-when another node's deletion reaches it (node/broker/mirror.py).
+the management view first). As in RabbitMQ 3.10, the connections of a deleted user and those into a deleted vhost
+are closed with 320 CONNECTION_FORCED ("user 'u' is deleted", "vhost 'v' is down": the texts a RabbitMQ 3.10
+node's clients get); `close_connections` is also what a cluster node's mirror calls when another node's deletion
+reaches it (node/broker/mirror.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def close_connections(broker: BrokerState, *, user: str | None = None, vhost: st
     if user is not None:
         text, doomed = f"user '{user}' is deleted", [c for c in broker.conns.values() if c.username == user]
     elif vhost is not None:
-        text, doomed = f"vhost '{vhost}' is deleted", [c for c in broker.conns.values() if c.vhost == vhost]
+        text, doomed = f"vhost '{vhost}' is down", [c for c in broker.conns.values() if c.vhost == vhost]
     else:
         return
     code = int(ReplyCode.CONNECTION_FORCED)
