@@ -7,13 +7,15 @@ bindings, auto-delete exchanges) happen locally and silently, exactly as they di
 other properties (it was deleted and declared again differently meanwhile) replaces it. A queue deleted elsewhere goes through
 `delete_queue`, so its local consumers are cancelled (basic.cancel when the client supports it) as for a local
 delete. An exclusive queue whose owner is a connection of an earlier life of this node is deleted for real (that
-deletion is persisted), as RabbitMQ deletes exclusive queues whose owner is gone.
+deletion is persisted), as RabbitMQ deletes exclusive queues whose owner is gone. A deleted user's connections and
+the connections into a deleted vhost are closed (node/broker/admin_delete.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from node.broker.admin_delete import close_connections
 from node.broker.auth import Permission, User
 from node.broker.definitions import create_queue, delete_exchange, delete_queue
 from node.broker.exchanges import Binding, Dest, Exchange
@@ -51,13 +53,16 @@ def apply_records(broker: BrokerState, records: Iterable[Record]) -> None:
 def _apply(broker: BrokerState, record: Record, stale: list[QueueState]) -> None:
     if isinstance(record, VHostRecord):
         if record.deleted:
-            broker.vhosts.pop(record.name, None)
+            if broker.vhosts.pop(record.name, None) is not None:
+                close_connections(broker, vhost=record.name)  # (as RabbitMQ, on every node)
         else:
             if record.name not in broker.vhosts:
                 broker.vhosts[record.name] = VHost.create(record.name)
             broker.vhosts[record.name].limits = dict(record.limits)
     elif isinstance(record, UserRecord):
         if record.deleted:
+            if record.name in broker.users.users:
+                close_connections(broker, user=record.name)
             broker.users.delete_user(record.name)
         else:
             broker.users.put_user(User(record.name, record.password_hash, tuple(record.tags)), record.limits)

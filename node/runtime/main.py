@@ -119,6 +119,7 @@ async def _start_management(nursery: Any, view: Any, config: NodeConfig, port: i
 
     view.counters, view.probe = node, node.probe
     view.management_port = port or None
+    view.more_listeners.extend(("amqp/ssl", p) for p in getattr(node, "tls_ports", ())[:1])  # (overview listeners)
     try:
         bound = await nursery.start(serve_management, view, config.listen_address, port)
     except OSError as exc:
@@ -128,10 +129,12 @@ async def _start_management(nursery: Any, view: Any, config: NodeConfig, port: i
         print(f"raftmq node {config.node_name} management API on port {bound}", file=sys.stderr, flush=True)
     if config.prometheus_port:  # after the management API, which clients wait for
         try:
-            await nursery.start(partial(serve_management, view, config.listen_address, config.prometheus_port,
-                                        metrics_only=True))
+            bound = await nursery.start(partial(serve_management, view, config.listen_address, config.prometheus_port,
+                                                metrics_only=True))
         except OSError as exc:
             log.error("Prometheus metrics not served: cannot listen on port %d: %s", config.prometheus_port, exc)
+        else:
+            view.more_listeners.append(("http/prometheus", bound))
     await _start_https(nursery, view, config)
 
 
@@ -140,8 +143,9 @@ async def _start_https(nursery: Any, view: Any, config: NodeConfig) -> None:
     from node.runtime.management import serve_management
     from node.runtime.tls import management_context
 
-    for port, metrics_only, what in ((config.management_ssl_port, False, "management API (HTTPS)"),
-                                     (config.prometheus_ssl_port, True, "Prometheus metrics (HTTPS)")):
+    for port, metrics_only, what, protocol in (
+            (config.management_ssl_port, False, "management API (HTTPS)", "https"),
+            (config.prometheus_ssl_port, True, "Prometheus metrics (HTTPS)", "https/prometheus")):
         if not port:
             continue
         try:
@@ -150,6 +154,7 @@ async def _start_https(nursery: Any, view: Any, config: NodeConfig) -> None:
         except OSError as exc:
             log.error("%s not served: cannot listen on port %d: %s", what, port, exc)
         else:
+            view.more_listeners.append((protocol, bound))  # (as RabbitMQ's overview lists them)
             print(f"raftmq node {config.node_name} {what} on port {bound}", file=sys.stderr, flush=True)
 
 

@@ -15,7 +15,8 @@ Paths: GET /api/overview, /api/whoami, /api/nodes[/name], /api/vhosts[/vhost], /
 PUT /api/vhosts/{vhost} ({"tracing": true|false} also switches Firehose tracing of the vhost on this node only),
 /api/users/{name}, /api/permissions/{vhost}/{user}, /api/policies/{vhost}/{name},
 /api/parameters/{component}/{vhost}/{name} ({"value": {...}}), /api/vhost-limits/{vhost}/{limit} ({"value": N});
-DELETE /api/policies/{vhost}/{name}, /api/parameters/{component}/{vhost}/{name}, /api/vhost-limits/{vhost}/{limit},
+DELETE /api/vhosts/{vhost}, /api/users/{name}, /api/permissions/{vhost}/{user} (POST /api/users/bulk-delete
+{"users": [...]}), /api/policies/{vhost}/{name}, /api/parameters/{component}/{vhost}/{name}, /api/vhost-limits/{vhost}/{limit},
 /api/shovels/vhost/{vhost}/{name}/restart,
 /api/federation-links/vhost/{vhost}/{id}/{node}/restart; POST /api/raftmq/{command} for the cluster commands (`CLUSTER_COMMANDS`).
 """
@@ -47,6 +48,9 @@ COMMAND_ARGS: dict[str, tuple[tuple[str, Any, bool], ...]] = {
     "add_user": (("name", str, True), ("password", str, True), ("tags", list, False)),
     "set_permissions": (("vhost", str, True), ("user", str, True), ("configure", str, True),
                         ("write", str, True), ("read", str, True)),
+    "delete_vhost": (("name", str, True),),
+    "delete_user": (("name", str, True),),
+    "clear_permissions": (("vhost", str, True), ("user", str, True)),
     "set_policy": (("vhost", str, True), ("name", str, True), ("pattern", str, True), ("definition", dict, True),
                    ("priority", int, False), ("apply_to", str, False)),
     "clear_policy": (("vhost", str, True), ("name", str, True)),
@@ -259,14 +263,46 @@ async def handle_request(view: ManagementView, head: RequestHead, body: bytes, p
         for route in routes:
             reply = await route(view, head, body, caller)
             if reply is not None:
-                return reply
+                return _columns(reply, head)
         if head.method in ("GET", "HEAD"):
-            return _visible(_get(view, head.segments, credentials[0], tags), head.segments, caller)
+            return _columns(_visible(_get(view, head.segments, credentials[0], tags), head.segments, caller), head)
         return await _change(view, head, body)
     except CommandError as err:
         return error_reply(err.status, err.error or _error_name(err.status), err.reason)
     except HttpError as err:
         return error_reply(err.status, _error_name(err.status), err.reason)
+
+
+def _columns(reply: Reply, head: RequestHead) -> Reply:
+    """`?columns=name,consumers,message_stats.publish` (RabbitMQ's, which rabbitmqadmin's `list` sends): each row
+    keeps only those fields (dotted: nested ones), leaving out the ones it lacks."""
+    wanted = [c for value in head.query.get("columns", ()) for c in value.split(",") if c]
+    if not wanted or reply.status != 200 or head.method not in ("GET", "HEAD"):
+        return reply
+
+    def pick(row: Any) -> Any:
+        if not isinstance(row, dict):
+            return row
+        out: dict[str, Any] = {}
+        for column in wanted:
+            path = column.split(".")
+            value: Any = row
+            for key in path:
+                value = value.get(key, _MISSING) if isinstance(value, dict) else _MISSING
+            if value is _MISSING:
+                continue
+            node = out
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = value
+        return out
+
+    payload = reply.payload
+    return Reply(reply.status, [pick(r) for r in payload] if isinstance(payload, list) else pick(payload),
+                 reply.headers)
+
+
+_MISSING = object()
 
 
 def _visible(reply: Reply, segments: tuple[str, ...], caller: Caller) -> Reply:
@@ -366,6 +402,23 @@ def _row_vhost(row: dict[str, Any], key: str = "vhost") -> Any:
     return row.get(key, queue.get("vhost") if isinstance(queue, dict) else None)
 
 
+async def _bulk_delete_users(view: ManagementView, body: dict[str, Any]) -> None:
+    """POST /api/users/bulk-delete {"users": [names]}, as RabbitMQ 3.10's: the users are deleted in order; the first
+    that does not exist stops it with 400 ["no_such_user", name] (those before it stay deleted)."""
+    users = body.get("users")
+    if users is None:
+        raise CommandError(400, "[{key_missing,users}]")
+    if not isinstance(users, list) or not all(isinstance(u, str) for u in users):
+        raise CommandError(400, "users must be a list of user names")
+    for name in users:
+        try:
+            await view.run_command("delete_user", {"name": name})
+        except CommandError as err:
+            if err.status != 404:
+                raise
+            raise CommandError(400, ["no_such_user", name], error="bad_request") from None
+
+
 def _put_command(segments: tuple[str, ...], body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """The command a PUT or DELETE path stands for, with its arguments (RabbitMQ's body field names)."""
     what, rest = segments[1], segments[2:]
@@ -417,6 +470,15 @@ async def _change(view: ManagementView, head: RequestHead, raw_body: bytes) -> R
         return Reply(204)
     if head.method == "DELETE" and segments[1] == "policies" and len(segments) == 4:
         await view.run_command("clear_policy", {"vhost": segments[2], "name": segments[3]})
+        return Reply(204)
+    if head.method == "DELETE" and segments[1] in ("vhosts", "users") and len(segments) == 3:
+        await view.run_command(f"delete_{segments[1][:-1]}", {"name": segments[2]})
+        return Reply(204)
+    if head.method == "DELETE" and segments[1] == "permissions" and len(segments) == 4:
+        await view.run_command("clear_permissions", {"vhost": segments[2], "user": segments[3]})
+        return Reply(204)
+    if head.method == "POST" and segments[1:] == ("users", "bulk-delete"):
+        await _bulk_delete_users(view, body)
         return Reply(204)
     if head.method == "DELETE" and segments[1] == "vhost-limits" and len(segments) == 4:
         await view.run_command("clear_vhost_limit", {"vhost": segments[2], "name": segments[3]})

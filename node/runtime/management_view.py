@@ -3,7 +3,8 @@ cluster mode extends).
 
 How it works: reads walk the broker's own tables (vhosts, users, permissions, exchanges, bindings, queues with
 their queue machines, connections, consumers) on the trio thread, so they see a consistent snapshot without locks,
-and return RabbitMQ-shaped dicts. Changes (`add_vhost`, `add_user`, `set_permissions`) call the broker's admin
+and return RabbitMQ-shaped dicts. Changes (`add_vhost`, `add_user`, `set_permissions`; `delete_vhost`, `delete_user`,
+`clear_permissions` through node/broker/admin_delete.py) call the broker's admin
 methods, take the `Persist` effects those queue and hand them to `apply_effects`, the callback the runtime gives
 (single node: `Node.dispatch`, which writes them to the store). The callback may be async; it is awaited, so a
 runtime that waits for its storage or its metadata group makes the HTTP answer wait too. When effects held a
@@ -30,8 +31,8 @@ from cluster.federation import params as fed_params
 from cluster.shovel.params import ShovelParamError, parse_definition
 from node.amqp.errors import reply_text
 from node.amqp.spec import ReplyCode
+from node.broker import admin_delete, policy_apply, user_limits, vhost_limits
 from node.broker import policies as pol
-from node.broker import policy_apply, user_limits, vhost_limits
 from node.broker.auth import User
 from node.broker.backend_mirror import mirror_status
 from node.broker.effects import CloseConnection, Persist
@@ -71,6 +72,9 @@ class BrokerView:
         self.federation: Any = None  # the node's FederationManager (cluster/federation/manager.py), set by main.py
         self.counters: Any = None  # the node (messages_received/_delivered) and its resource probe, set by main.py
         self.probe: Any = None
+        # (protocol, port) of the node's other listeners, as RabbitMQ names them ("amqp/ssl", "https",
+        # "http/prometheus", "https/prometheus"), appended by main.py as it binds them
+        self.more_listeners: list[tuple[str, int]] = []
 
     # --- authentication -------------------------------------------------------------------------------------
 
@@ -85,6 +89,8 @@ class BrokerView:
         listeners = [{"node": self.node_name, "protocol": "amqp", "port": self.amqp_port}]
         if self.management_port is not None:
             listeners.append({"node": self.node_name, "protocol": "http", "port": self.management_port})
+        listeners.extend({"node": self.node_name, "protocol": protocol, "port": port}
+                         for protocol, port in self.more_listeners)
         return {
             "management_version": MANAGEMENT_VERSION, "product_name": PRODUCT, "product_version": self.version,
             "rabbitmq_version": MANAGEMENT_VERSION, "cluster_name": self.cluster_name, "node": self.node_name,
@@ -98,9 +104,21 @@ class BrokerView:
                 "messages_ready": sum(q["messages_ready"] for q in queues),
                 "messages_unacknowledged": sum(q["messages_unacknowledged"] for q in queues),
             },
-            "listeners": listeners,
+            "listeners": listeners, "contexts": self.contexts(),
             "message_stats": self.message_stats(),
         }
+
+    def contexts(self) -> list[dict[str, Any]]:
+        """The node's HTTP listeners as RabbitMQ's overview and /api/nodes `contexts` list them (port as a string;
+        the HTTPS ones with "ssl": true)."""
+        http = [("http", self.management_port)] if self.management_port is not None else []
+        rows = []
+        for protocol, port in [*http, *self.more_listeners]:
+            if protocol.startswith("http"):
+                rows.append({"node": self.node_name, "path": "/", "port": str(port),
+                             "description": "RabbitMQ Prometheus" if "prometheus" in protocol else "RabbitMQ Management",
+                             **({"ssl": True} if protocol.startswith("https") else {})})
+        return rows
 
     def message_stats(self) -> dict[str, int]:
         """This node's monotonic message counts, with RabbitMQ's overview field names (the console's rates)."""
@@ -115,7 +133,7 @@ class BrokerView:
         return [{"name": self.node_name, "type": "disc", "running": True, "being_drained": False,
                  "uptime": int(time.time() * 1000) - self.started_ms, "partitions": [],
                  "mem_alarm": "memory" in self.broker.alarms, "disk_free_alarm": "disk" in self.broker.alarms,
-                 **self._resources()}]
+                 "contexts": self.contexts(), **self._resources()}]
 
     def _resources(self) -> dict[str, int]:
         """Memory used and its limit, free disk and its limit (RabbitMQ's /api/nodes fields), from the probe."""
@@ -374,6 +392,8 @@ class BrokerView:
             self.broker.add_user(args["name"], args["password"], tuple(args.get("tags", ())))
         elif name == "set_permissions":
             created = self._set_permissions(args)
+        elif name in ("delete_user", "delete_vhost", "clear_permissions"):
+            created = self._delete(name, args)
         elif name == "set_policy":
             created = self._set_policy(args)
         elif name == "clear_policy":
@@ -472,6 +492,25 @@ class BrokerView:
         except user_limits.UserLimitError as exc:
             raise CommandError(400, str(exc)) from None
         return created
+
+    def _delete(self, command: str, args: dict[str, Any]) -> bool:
+        """DELETE of a user, a vhost or a user's permissions in a vhost (node/broker/admin_delete.py); 404 when
+        there is no such thing, as RabbitMQ."""
+        if command == "delete_user":
+            found = admin_delete.delete_user(self.broker, args["name"])
+        elif command == "delete_vhost":
+            for component, vhost, name in [k for k in self.broker.parameters if k[1] == args["name"]]:
+                self.broker.clear_parameter(component, vhost, name)
+            found = admin_delete.delete_vhost(self.broker, args["name"])
+        else:
+            found = admin_delete.clear_permissions(self.broker, args["user"], args["vhost"])
+        if not found:
+            raise CommandError(404, "Not Found")
+        if command == "delete_vhost":  # (its shovels and federation upstreams went with it)
+            for manager in (self.shovels, self.federation):
+                if manager is not None:
+                    manager.poke()
+        return False
 
     def _set_permissions(self, args: dict[str, Any]) -> bool:
         from node.broker.auth import Permission

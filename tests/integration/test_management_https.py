@@ -4,7 +4,8 @@ and prometheus.ssl.*) on a real `raftmq node`, with certificates from deploy/cer
 The node asks for and requires a client certificate (verify_peer, fail_if_no_peer_cert). Shown: Debian's real
 `rabbitmqadmin --ssl` with the CA and a client certificate declares, publishes to, gets from, lists and deletes a
 queue; without a client certificate, with one from another CA, or without trusting the node's CA, it gets no
-answer; plain HTTP on the HTTPS port is closed unanswered while the plain HTTP port keeps serving; the Prometheus
+answer; plain HTTP on the HTTPS port is closed unanswered while the plain HTTP port keeps serving (and its overview lists the
+https listeners); the Prometheus
 HTTPS listener serves /metrics (parsed with prometheus_client) and nothing else. The cluster's HTTPS management
 (`raftmq cluster up --tls`) is tested in tests/deploy/test_tls_cluster.py.
 """
@@ -119,7 +120,17 @@ def test_plain_http_on_the_https_port_is_closed_while_the_http_port_serves(setup
     assert b"HTTP/1.1" not in answer and b"overview" not in answer
     plain = http.client.HTTPConnection("127.0.0.1", setup.http_port, timeout=WAIT_S)
     plain.request("GET", "/api/aliveness-test/%2F", headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
-    assert plain.getresponse().status == 200
+    response = plain.getresponse()
+    response.read()
+    assert response.status == 200
+    plain.request("GET", "/api/overview", headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
+    overview = json.loads(plain.getresponse().read())
+    listeners = {(row["protocol"], row["port"]) for row in overview["listeners"]}
+    assert {("http", setup.http_port), ("https", setup.https_port),  # as RabbitMQ's overview lists them
+            ("https/prometheus", setup.prometheus_port)} <= listeners, listeners
+    plain.request("GET", "/api/nodes", headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
+    contexts = {(c["port"], c.get("ssl", False)) for c in json.loads(plain.getresponse().read())[0]["contexts"]}
+    assert {(str(setup.http_port), False), (str(setup.https_port), True)} <= contexts, contexts
 
 
 def test_prometheus_over_https_serves_metrics_only(setup: Setup) -> None:

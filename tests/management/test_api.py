@@ -5,10 +5,12 @@ from __future__ import annotations
 import trio
 
 from node.amqp import methods as m
-from node.broker.effects import Persist
-from node.broker.records import PermissionRecord, UserRecord
+from node.broker.auth import Permission
+from node.broker.broker import Broker, BrokerConfig
+from node.broker.effects import CloseConnection, Persist
+from node.broker.records import PermissionRecord, UserRecord, from_cbor, to_cbor
 from node.runtime.management import ManagementLimits
-from tests.broker.harness import Client
+from tests.broker.harness import Client, new_broker, persists
 from tests.management.helpers import auth_header, raw_exchange, request, served_broker, split_response
 
 
@@ -163,7 +165,7 @@ async def test_bad_requests_are_refused_with_the_right_status() -> None:
         assert status == 411
         status, _, body = await request(s.port, "GET", "/nothing/here")
         assert status == 404
-        status, _, body = await request(s.port, "DELETE", "/api/users/guest")
+        status, _, body = await request(s.port, "POST", "/api/users/guest")  # (DELETE is served: 204)
         assert status == 405
         bad_json = (f"PUT /api/users/x HTTP/1.1\r\nHost: x\r\nAuthorization: {auth_header()}\r\nContent-Length: 3\r\n"
                     "Connection: close\r\n\r\n{{{").encode()
@@ -239,3 +241,52 @@ async def test_a_management_user_sees_only_its_vhosts() -> None:
         assert status == 404
         status, _, me = await request(s.port, "GET", "/api/whoami", user="m", password="pw")
         assert me == {"name": "m", "tags": ["management"]}
+
+
+async def test_deleted_users_permissions_and_vhosts_stay_deleted_after_recovery() -> None:
+    """DELETE of a user (its permissions and connections go too), of permissions and of a vhost (its queues,
+    exchanges, bindings, policies and connections go too), as RabbitMQ 3.10; the stored records recover to the same
+    state, and a vhost made again afterwards has its amq.* exchanges."""
+    async with served_broker() as s:
+        b = s.broker
+        b.add_vhost("v")
+        for user in ("ann", "bob"):
+            b.add_user(user, "pw", ())
+            b.set_permissions(user, "v", Permission(".*", ".*", ".*"))
+        b.set_permissions("guest", "v", Permission(".*", ".*", ".*"))
+        b.set_policy("v", "cap", "^q$", "queues", {"max-length": 5}, 0)
+        stored = [r for p in persists(b.take_effects()) for r in p.records]
+        ann = Client(b, conn_id=2, user="ann", vhost="v")
+        stored += [r for p in persists(ann.open()) for r in p.records]
+        stored += [r for p in persists(ann.declare("q", durable=True)) for r in p.records]
+        stored += [r for p in persists(ann.call(m.ExchangeDeclare(exchange="x", type="fanout", durable=True)))
+                   for r in p.records]
+        stored += [r for p in persists(ann.bind("q", "x")) for r in p.records]
+        assert "q" in b.vhosts["v"].queues and b.vhosts["v"].exchanges["x"].bindings
+        assert (await request(s.port, "DELETE", "/api/users/ann"))[0] == 204
+        assert (await request(s.port, "DELETE", "/api/users/ann"))[:3:2] == (404, {
+            "error": "Object Not Found", "reason": "Not Found"})
+        closes = [e for e in s.emitted if isinstance(e, CloseConnection)]
+        assert [(c.conn_id, c.reply_code, c.reply_text) for c in closes] == [
+            (2, 320, "CONNECTION_FORCED - user 'ann' is deleted")]
+        assert "ann" not in b.users.users and ("ann", "v") not in b.users.permissions
+        assert (await request(s.port, "DELETE", "/api/permissions/v/bob"))[0] == 204
+        assert (await request(s.port, "DELETE", "/api/permissions/v/bob"))[0] == 404
+        assert ("bob", "v") not in b.users.permissions and "bob" in b.users.users
+        assert (await request(s.port, "DELETE", "/api/vhosts/v"))[0] == 204
+        assert (await request(s.port, "DELETE", "/api/vhosts/v"))[0] == 404
+        assert "v" not in b.vhosts and ("guest", "v") not in b.users.permissions
+        stored += [r for e in s.emitted if isinstance(e, Persist) for r in e.records]
+        fresh = new_broker()
+        fresh.recover([from_cbor(to_cbor(r)) for r in stored])
+        assert "v" not in fresh.vhosts and "ann" not in fresh.users.users and "bob" in fresh.users.users
+        assert not [k for k in fresh.users.permissions if k[1] == "v" or k[0] == "ann"]
+        again = Broker(BrokerConfig(durable_replies=False))
+        again.recover([from_cbor(to_cbor(r)) for r in stored])
+        again.add_vhost("v")
+        stored += [r for p in persists(again.take_effects()) for r in p.records]
+        fresh = new_broker()
+        fresh.recover([from_cbor(to_cbor(r)) for r in stored])
+        assert {"amq.direct", "amq.topic", "amq.rabbitmq.trace"} <= set(fresh.vhosts["v"].exchanges)
+        assert not fresh.vhosts["v"].queues and "x" not in fresh.vhosts["v"].exchanges
+        assert not fresh.vhosts["v"].policies

@@ -6,7 +6,8 @@ node knows; null while it knows none) and `members` (the placement's voters) and
 `group_status`: term, commit, applied index...) and `group` (the queue's Raft group id here, incarnation included), so
 a test or an operator can see a replica catch up;
 `/api/policies` comes from the metadata. Admin changes (users, vhosts, permissions) go through the broker as on a
-single node, and their `Persist` effects are replicated through the metadata group before the HTTP answer
+single node (deletions too: node/broker/admin_delete.py; a vhost's deletion is the metadata's `DeleteVhost`, which
+cascades to what it holds), and their `Persist` effects are replicated through the metadata group before the HTTP answer
 (`apply_effects` is async;
 a change the metadata refused or did not commit in time is answered 503, and the node keeps its local copy of a
 user, vhost or permission change until the next restart mirrors the metadata: noted, not undone). Cluster commands: `set_policy`/`clear_policy` (validated here, 400 if invalid; stored in
@@ -140,6 +141,20 @@ class ClusterView(BrokerView):
         """(host, management port) of the other members, for the cluster-wide connection/channel/consumer lists."""
         return [(m.host, m.management_port) for m in self.cluster.layout.peers]
 
+    def remote_queue_owners(self) -> dict[tuple[str, str], tuple[str, int]]:
+        """(vhost, queue) -> (host, management port) of the node holding each exclusive queue a connection of
+        another node owns (this node has an empty stand-in: node/runtime/management_queue_rows.py asks the owner)."""
+        endpoints = {m.name: (m.host, m.management_port) for m in self.cluster.layout.peers}
+        owners = {}
+        for vhost_name, vhost in self.broker.vhosts.items():
+            for name, queue in vhost.queues.items():
+                if getattr(queue.backend, "name", "") != "remote":
+                    continue
+                record = self.cluster.mirrored.queues.get((vhost_name, name))
+                if record is not None and record.leader in endpoints:
+                    owners[(vhost_name, name)] = endpoints[record.leader]
+        return owners
+
     def policies(self) -> list[dict[str, Any]]:
         return [{"vhost": p.vhost, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
                  "definition": p.definition, "priority": p.priority}
@@ -185,6 +200,11 @@ class ClusterView(BrokerView):
             if (args["vhost"], args["name"]) not in self.cluster.mirrored.policies:
                 raise CommandError(404, f"no policy {args['name']!r} in vhost {args['vhost']!r}")
             await self._metadata(md.ClearPolicy(args["vhost"], args["name"]))
+            return {}
+        if name == "delete_vhost":  # the metadata cascades (queues, exchanges, ...); every node's mirror follows
+            if args["name"] not in self.cluster.mirrored.vhosts:
+                raise CommandError(404, "Not Found")
+            await self._metadata(md.DeleteVhost(args["name"]))
             return {}
         if name == "rebalance":
             return {"moved": await self._rebalance(args)}
