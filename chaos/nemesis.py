@@ -4,7 +4,7 @@ How it works: `Cluster` is what the nemesis needs from a deployment — node nam
 restart, and the leader of a queue when the deployment knows it. `LocalCluster` implements it over the state file
 `raftmq cluster up` writes (<data-dir>/cluster.json, deploy/runner.py) — restart starts the same `raftmq node`
 command again on the same address and data directory — and can also spawn its own nodes (tests), writing the same
-state file and, with `clustered`, the same per-node cluster configs (`deploy.runner.write_node_configs`: every node
+state file and, with `clustered`, the same per-node cluster configs (`deploy.node_plan.write_node_configs`: every node
 named in cluster_nodes, one secret), so spawned nodes form one cluster with quorum queues. The leader of a queue
 comes from the nodes' management API (`/api/queues`, as `raftmq cluster status` reads it): every live, unpaused
 node is asked and the leader most of them name wins (a partitioned old leader may still believe it leads).
@@ -28,17 +28,9 @@ from typing import Protocol
 
 from chaos.netns import NetLab
 from deploy.healthcheck import answers_amqp
-from deploy.runner import (
-    PROMETHEUS_PORT_OFFSET,
-    NodePlan,
-    NodeProcess,
-    offset_port,
-    pid_alive,
-    plan_ports,
-    queues_from_management,
-    write_node_configs,
-)
-from deploy.runner import node_command as runner_node_command
+from deploy.node_plan import PROMETHEUS_PORT_OFFSET, NodePlan, offset_port, plan_ports, write_node_configs
+from deploy.node_plan import node_command as runner_node_command
+from deploy.runner import NodeProcess, pid_alive, queues_from_management
 
 STATE_FILE_NAME = "cluster.json"
 READY_TIMEOUT_S = 30.0

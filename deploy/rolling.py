@@ -2,7 +2,7 @@
 
 How it works: for each named node (default: every node, in order) it stops the process cluster.json names (SIGTERM,
 SIGKILL after the grace period; a node already stopped is simply started), starts it again with the very command
-`up` used (`runner.node_command`: same name, ports, data directory and config file, so it rejoins as the same
+`up` used (`node_plan.node_command`: same name, ports, data directory and config file, so it rejoins as the same
 member and catches up from its log), records the new pid, and waits until it answers AMQP and until its management
 API reports every node of the cluster running. Only then does it go on to the next node, so a majority stays up
 throughout; if a node does not come back, or does not see the others, the restart stops there (exit 1) and says
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from deploy import runner
+from deploy import node_plan, runner
 
 CLUSTER_SEES_ALL_TIMEOUT_S = 60.0
 
@@ -46,7 +46,7 @@ def _reap(pid: int) -> None:
 
 def start_node(node: runner.NodeProcess) -> runner.NodeProcess:
     """Start `node` again exactly as `up` did; returns it with its new pid."""
-    cmd = runner.node_command(node.name, node.host, node.port, node.data_dir)
+    cmd = node_plan.node_command(node.name, node.host, node.port, node.data_dir)
     with open(node.log, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)

@@ -3,8 +3,8 @@
 No file I/O here: every function maps bytes to values and back, so each edge case (torn tail, flipped bit,
 garbage length) is a unit test.  The file code in ``segment.py``/``wal.py`` calls these helpers.
 
-Layout (all little-endian, packed with ``struct``; a micro-benchmark in ``bench/micro/log_storage.py``
-measured struct+crc32 at ~0.9 us per record encode+decode against ~2.7 us for cbor2, so struct is used):
+Layout (all little-endian, packed with ``struct`` rather than cbor2, which is slower per record:
+``bench/micro/log_storage.py``, figures in docs/benchmarks.md "Log record format"):
 
 - Segment record: ``crc32 u32 | payload_len u32 | offset u64 | timestamp_ms i64 | payload``.
   The CRC covers everything after itself.  24-byte header.

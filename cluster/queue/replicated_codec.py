@@ -6,9 +6,9 @@ the first few bytes without decoding the command (`envelope.EnvelopeCodec` does,
 entry is an `envelope.Envelope`: this proposal behind the queue's incarnation; only `envelope` calls this module
 for the node.
 
-Consumer and publisher ids are opaque hashables; the ones we use are tuples of str/int (or plain str/int). cbor
-turns tuples into lists, so ids are encoded with `encode_id` and every list in an id comes back as a tuple. Message
-payloads are opaque to this module: the caller passes `encode_payload(payload) -> cbor-able value` and
+The fields (ids, ints, msg-id lists, queue arguments, messages) are encoded and checked by proposal_fields.py;
+its `ProposalDecodeError`, `encode_id`/`decode_id` and payload codec types are re-exported here. Message payloads
+are opaque to this module: the caller passes `encode_payload(payload) -> cbor-able value` and
 `decode_payload(value) -> payload`.
 
 `EnqueueMany` is how a run of one channel's publishes travels as one entry. Its usual layout is kind "enqb":
@@ -40,9 +40,28 @@ from cluster.queue.group_ids import INCARNATION_LIMIT as INCARNATION_LIMIT
 from cluster.queue.group_ids import INCARNATION_SEPARATOR as INCARNATION_SEPARATOR
 from cluster.queue.group_ids import parse_queue_group_id as parse_queue_group_id
 from cluster.queue.group_ids import queue_group_id as queue_group_id
+from cluster.queue.proposal_fields import ID_DEPTH_MAX as ID_DEPTH_MAX
+from cluster.queue.proposal_fields import INT_MAX as INT_MAX
+from cluster.queue.proposal_fields import INT_MIN as INT_MIN
+from cluster.queue.proposal_fields import PRIORITY_MAX as PRIORITY_MAX
+from cluster.queue.proposal_fields import DecodePayload as DecodePayload
+from cluster.queue.proposal_fields import EncodePayload as EncodePayload
+from cluster.queue.proposal_fields import ProposalDecodeError as ProposalDecodeError
+from cluster.queue.proposal_fields import (
+    check_message,
+    decode_args,
+    decode_message,
+    encode_args,
+    encode_message,
+    field_bool,
+    field_int,
+    field_msg_ids,
+    field_opt_int,
+    fields_of,
+)
+from cluster.queue.proposal_fields import decode_id as decode_id
+from cluster.queue.proposal_fields import encode_id as encode_id
 from cluster.queue.types import (
-    DEAD_LETTER_STRATEGIES,
-    OVERFLOW_MODES,
     AddCredit,
     Attach,
     Detach,
@@ -53,7 +72,6 @@ from cluster.queue.types import (
     Get,
     MsgId,
     Purge,
-    QueueArgs,
     QueueCommand,
     QueuedMessage,
     Recover,
@@ -64,19 +82,8 @@ from cluster.queue.types import (
 )
 
 PROPOSAL_ID_MAX: Final = 2**64 - 1
-ID_DEPTH_MAX: Final = 8  # nesting allowed inside one consumer/publisher id
-INT_MIN: Final = -(2**63)  # every int field fits cbor's native 64-bit ints (no bignums)
-INT_MAX: Final = 2**64 - 1
-PRIORITY_MAX: Final = 255
 ENQUEUE_MANY_MAX: Final = 4096  # messages in one EnqueueMany (the broker batches far fewer)
 SIZE_FLAT_MAX: Final = 2**32 - 1  # message sizes an "enqb" row carries (4 bytes each)
-
-EncodePayload = Callable[[Any], Any]
-DecodePayload = Callable[[Any], Any]
-
-
-class ProposalDecodeError(ValueError):
-    """The bytes are not a valid encoded proposal (the only exception decoding raises)."""
 
 
 # --- the envelope ---------------------------------------------------------------------------------------------
@@ -91,157 +98,6 @@ class Proposal:
     command: QueueCommand
 
 
-# --- ids ------------------------------------------------------------------------------------------------------
-
-
-def encode_id(value: Hashable) -> Any:
-    """A consumer/publisher id as a cbor-able value (tuples become lists)."""
-    if isinstance(value, tuple):
-        return [encode_id(item) for item in value]
-    return value
-
-
-def decode_id(value: Any) -> Hashable:
-    """Inverse of `encode_id`: lists come back as tuples. Raises ProposalDecodeError for non-id values."""
-    return _decode_id(value, 0)
-
-
-def _decode_id(value: Any, depth: int) -> Hashable:
-    kind = type(value)
-    if kind is list:
-        if depth >= ID_DEPTH_MAX:
-            raise ProposalDecodeError(f"id nested deeper than {ID_DEPTH_MAX}")
-        items = tuple(value)
-        for item in items:  # the usual id, a flat tuple of str/int: checked in place, no recursion
-            item_kind = type(item)
-            if item_kind is int:
-                if not INT_MIN <= item <= INT_MAX:
-                    raise ProposalDecodeError(f"id part out of range: {item!r:.80}")
-            elif not (item_kind is str or item_kind is bytes or item is None or item_kind is bool):
-                return tuple([_decode_id(part, depth + 1) for part in items])  # nested: the general path
-        return items
-    if kind is int:
-        return _int(value, INT_MIN)
-    if kind is str or kind is bytes or value is None or kind is bool:
-        return value  # type: ignore[no-any-return]
-    raise ProposalDecodeError(f"bad id {value!r:.80}")
-
-
-# --- field checks ---------------------------------------------------------------------------------------------
-
-
-def _int(value: Any, low: int = 0, high: int = INT_MAX) -> int:
-    """An int field within [low, high] (the default: non-negative, as counts, sizes and times are)."""
-    if type(value) is not int or not low <= value <= high:
-        raise ProposalDecodeError(f"expected an int in {low}..{high}, got {value!r:.80}")
-    return value
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else _int(value)
-
-
-def _bool(value: Any) -> bool:
-    if type(value) is not bool:
-        raise ProposalDecodeError(f"expected a bool, got {value!r:.80}")
-    return value
-
-
-def _msg_ids(value: Any) -> tuple[MsgId, ...]:
-    if not isinstance(value, list):
-        raise ProposalDecodeError("expected a list of msg ids")
-    if value and (set(map(type, value)) != {int} or min(value) < 1 or max(value) > INT_MAX):
-        for item in value:
-            _int(item, 1)  # raises, naming the first bad id
-    return tuple(value)
-
-
-def _fields(row: list[Any], count: int) -> list[Any]:
-    if len(row) != count:
-        raise ProposalDecodeError(f"expected {count} fields, got {len(row)}")
-    return row
-
-
-def _opt_str(value: Any) -> str | None:
-    if value is not None and type(value) is not str:
-        raise ProposalDecodeError(f"expected a str or null, got {value!r:.80}")
-    return value
-
-
-def _choice(value: Any, choices: tuple[str, ...]) -> Any:
-    if type(value) is not str or value not in choices:
-        raise ProposalDecodeError(f"expected one of {choices}, got {value!r:.80}")
-    return value
-
-
-def _encode_args(args: QueueArgs) -> list[Any]:
-    return [
-        args.message_ttl_ms,
-        args.max_length,
-        args.max_length_bytes,
-        args.overflow,
-        args.dead_letter_exchange,
-        args.dead_letter_routing_key,
-        args.max_priority,
-        args.single_active_consumer,
-        args.delivery_limit,
-        args.dead_letter_strategy,
-    ]
-
-
-def _decode_args(value: Any) -> QueueArgs:
-    if type(value) is not list or len(value) != 10:
-        raise ProposalDecodeError("expected the 10 queue argument fields")
-    ttl, max_length, max_bytes, overflow, dlx, dlrk, max_priority, sac, delivery_limit, strategy = value
-    return QueueArgs(
-        message_ttl_ms=_opt_int(ttl),
-        max_length=_opt_int(max_length),
-        max_length_bytes=_opt_int(max_bytes),
-        overflow=_choice(overflow, OVERFLOW_MODES),
-        dead_letter_exchange=_opt_str(dlx),
-        dead_letter_routing_key=_opt_str(dlrk),
-        max_priority=None if max_priority is None else _int(max_priority, 0, PRIORITY_MAX),
-        single_active_consumer=_bool(sac),
-        delivery_limit=_opt_int(delivery_limit),
-        dead_letter_strategy=_choice(strategy, DEAD_LETTER_STRATEGIES),
-    )
-
-
-def _encode_message(message: QueuedMessage, encode_payload: EncodePayload) -> list[Any]:
-    return [
-        encode_payload(message.payload),
-        message.size_bytes,
-        message.persistent,
-        message.priority,
-        message.ttl_ms,
-    ]
-
-
-def _check_message(value: Any) -> list[Any]:
-    """The 5 fields of an encoded message, every scalar checked (the payload is the caller's)."""
-    if type(value) is not list or len(value) != 5:
-        raise ProposalDecodeError("expected a message [payload, size_bytes, persistent, priority, ttl_ms]")
-    _, size_bytes, persistent, priority, ttl_ms = value
-    if type(size_bytes) is not int or not 0 <= size_bytes <= INT_MAX:
-        _int(size_bytes)  # raises with the usual message
-    if type(persistent) is not bool:
-        _bool(persistent)
-    if type(priority) is not int or not 0 <= priority <= PRIORITY_MAX:
-        _int(priority, 0, PRIORITY_MAX)
-    if ttl_ms is not None:
-        _int(ttl_ms)
-    return value
-
-
-def _decode_message(value: Any, decode_payload: DecodePayload) -> QueuedMessage:
-    raw_payload, size_bytes, persistent, priority, ttl_ms = _check_message(value)
-    try:
-        payload = decode_payload(raw_payload)
-    except Exception as exc:  # the payload codec is the caller's; its failures are decode errors too
-        raise ProposalDecodeError(f"bad payload: {exc}") from exc
-    return QueuedMessage(payload, size_bytes, persistent, priority, ttl_ms)
-
-
 # --- commands -------------------------------------------------------------------------------------------------
 
 
@@ -250,7 +106,7 @@ def _encode_command(command: QueueCommand, encode_payload: EncodePayload) -> lis
         case Enqueue(message, now_ms, publisher_id, sequence):
             return [
                 "enq",
-                _encode_message(message, encode_payload),
+                encode_message(message, encode_payload),
                 now_ms,
                 encode_id(publisher_id),
                 sequence,
@@ -264,7 +120,7 @@ def _encode_command(command: QueueCommand, encode_payload: EncodePayload) -> lis
                 encode_id(publisher_id),
                 now_ms,
                 _encode_sequences(sequences),
-                [_encode_message(message, encode_payload) for message in messages],
+                [encode_message(message, encode_payload) for message in messages],
             ]
         case Attach(consumer_id, now_ms, prefetch, credit, priority, no_ack):
             return ["att", encode_id(consumer_id), now_ms, prefetch, credit, priority, no_ack]
@@ -285,17 +141,17 @@ def _encode_command(command: QueueCommand, encode_payload: EncodePayload) -> lis
         case Purge(transient_only):
             return ["purge", True] if transient_only else ["purge"]
         case Recover(msg_id, message, delivery_count, expiry_ms):
-            return ["rec", msg_id, _encode_message(message, encode_payload), delivery_count, expiry_ms]
+            return ["rec", msg_id, encode_message(message, encode_payload), delivery_count, expiry_ms]
         case SetArgs(args):
-            return ["args", _encode_args(args)]
+            return ["args", encode_args(args)]
         case SettleDeadLettered(msg_ids):
             return ["dlsettle", list(msg_ids)]
     raise TypeError(f"not a queue command: {command!r}")
 
 
 def _decode_enqueue(f: list[Any], dp: DecodePayload) -> QueueCommand:
-    message, now_ms, publisher_id, sequence = _fields(f, 4)
-    return Enqueue(_decode_message(message, dp), _int(now_ms), decode_id(publisher_id), _opt_int(sequence))
+    message, now_ms, publisher_id, sequence = fields_of(f, 4)
+    return Enqueue(decode_message(message, dp), field_int(now_ms), decode_id(publisher_id), field_opt_int(sequence))
 
 
 def _encode_sequences(sequences: Sequence[int]) -> int | list[int]:
@@ -310,22 +166,22 @@ def _encode_sequences(sequences: Sequence[int]) -> int | list[int]:
 
 def _decode_sequences(value: Any, count: int) -> tuple[int, ...]:
     if type(value) is int:
-        first = _int(value)
-        _int(first + count - 1)
+        first = field_int(value)
+        field_int(first + count - 1)
         return tuple(range(first, first + count))
     if type(value) is not list or len(value) != count:
         raise ProposalDecodeError("expected a sequence per message")
-    return tuple([_int(sequence) for sequence in value])
+    return tuple([field_int(sequence) for sequence in value])
 
 
 def _decode_enqueue_many(f: list[Any], dp: DecodePayload) -> QueueCommand:
-    publisher_id, now_ms, sequences, messages = _fields(f, 4)
+    publisher_id, now_ms, sequences, messages = fields_of(f, 4)
     if type(messages) is not list or not 1 <= len(messages) <= ENQUEUE_MANY_MAX:
         raise ProposalDecodeError(f"expected 1..{ENQUEUE_MANY_MAX} messages")
     return EnqueueMany(
         decode_id(publisher_id),
-        _int(now_ms),
-        tuple([_decode_message(message, dp) for message in messages]),
+        field_int(now_ms),
+        tuple([decode_message(message, dp) for message in messages]),
         _decode_sequences(sequences, len(messages)),
     )
 
@@ -358,7 +214,7 @@ def _flat_common(value: Any) -> tuple[bool, int, int | None]:
     if type(value) is not list or len(value) != 3:
         raise ProposalDecodeError("expected [persistent, priority, ttl_ms]")
     persistent, priority, ttl_ms = value
-    return _bool(persistent), _int(priority, 0, PRIORITY_MAX), _opt_int(ttl_ms)
+    return field_bool(persistent), field_int(priority, 0, PRIORITY_MAX), field_opt_int(ttl_ms)
 
 
 def _flat_sizes(value: Any, count: int) -> tuple[int, ...]:
@@ -374,7 +230,7 @@ def _flat_count(payloads: Any) -> int:
 
 
 def _decode_enqueue_flat(f: list[Any], dp: DecodePayload) -> QueueCommand:
-    publisher_id, now_ms, sequences, common, sizes, payloads = _fields(f, 6)
+    publisher_id, now_ms, sequences, common, sizes, payloads = fields_of(f, 6)
     count = _flat_count(payloads)
     persistent, priority, ttl_ms = _flat_common(common)
     size_values = _flat_sizes(sizes, count)
@@ -383,78 +239,78 @@ def _decode_enqueue_flat(f: list[Any], dp: DecodePayload) -> QueueCommand:
                           for payload, size_bytes in zip(payloads, size_values, strict=True)])
     except Exception as exc:  # the payload codec is the caller's; its failures are decode errors too
         raise ProposalDecodeError(f"bad payload: {exc}") from exc
-    return EnqueueMany(decode_id(publisher_id), _int(now_ms), messages, _decode_sequences(sequences, count))
+    return EnqueueMany(decode_id(publisher_id), field_int(now_ms), messages, _decode_sequences(sequences, count))
 
 
 def _decode_attach(f: list[Any], dp: DecodePayload) -> QueueCommand:
-    consumer_id, now_ms, prefetch, credit, priority, no_ack = _fields(f, 6)
+    consumer_id, now_ms, prefetch, credit, priority, no_ack = fields_of(f, 6)
     return Attach(
         decode_id(consumer_id),
-        _int(now_ms),
-        _int(prefetch),
-        _opt_int(credit),
-        _int(priority, INT_MIN),
-        _bool(no_ack),
+        field_int(now_ms),
+        field_int(prefetch),
+        field_opt_int(credit),
+        field_int(priority, INT_MIN),
+        field_bool(no_ack),
     )
 
 
 def _decode_detach(f: list[Any], dp: DecodePayload) -> QueueCommand:
-    consumer_id, now_ms = _fields(f, 2)
-    return Detach(decode_id(consumer_id), _int(now_ms))
+    consumer_id, now_ms = fields_of(f, 2)
+    return Detach(decode_id(consumer_id), field_int(now_ms))
 
 
 def _decode_add_credit(f: list[Any], dp: DecodePayload) -> QueueCommand:
-    consumer_id, credit = _fields(f, 2)
-    return AddCredit(decode_id(consumer_id), _int(credit))
+    consumer_id, credit = fields_of(f, 2)
+    return AddCredit(decode_id(consumer_id), field_int(credit))
 
 
 def _decode_settle(f: list[Any], dp: DecodePayload) -> QueueCommand:
-    consumer_id, msg_ids = _fields(f, 2)
-    return Settle(decode_id(consumer_id), _msg_ids(msg_ids))
+    consumer_id, msg_ids = fields_of(f, 2)
+    return Settle(decode_id(consumer_id), field_msg_ids(msg_ids))
 
 
 def _decode_return(f: list[Any], dp: DecodePayload) -> QueueCommand:
-    consumer_id, msg_ids, now_ms = _fields(f, 3)
-    return Return(decode_id(consumer_id), _msg_ids(msg_ids), _int(now_ms))
+    consumer_id, msg_ids, now_ms = fields_of(f, 3)
+    return Return(decode_id(consumer_id), field_msg_ids(msg_ids), field_int(now_ms))
 
 
 def _decode_discard(f: list[Any], dp: DecodePayload) -> QueueCommand:
-    consumer_id, msg_ids, now_ms = _fields(f, 3)
-    return Discard(decode_id(consumer_id), _msg_ids(msg_ids), _int(now_ms))
+    consumer_id, msg_ids, now_ms = fields_of(f, 3)
+    return Discard(decode_id(consumer_id), field_msg_ids(msg_ids), field_int(now_ms))
 
 
 def _decode_get(f: list[Any], dp: DecodePayload) -> QueueCommand:
-    consumer_id, no_ack, now_ms = _fields(f, 3)
-    return Get(decode_id(consumer_id), _bool(no_ack), _int(now_ms))
+    consumer_id, no_ack, now_ms = fields_of(f, 3)
+    return Get(decode_id(consumer_id), field_bool(no_ack), field_int(now_ms))
 
 
 def _decode_expire(f: list[Any], dp: DecodePayload) -> QueueCommand:
-    (now_ms,) = _fields(f, 1)
-    return Expire(_int(now_ms))
+    (now_ms,) = fields_of(f, 1)
+    return Expire(field_int(now_ms))
 
 
 def _decode_purge(f: list[Any], dp: DecodePayload) -> QueueCommand:
     if len(f) == 1:
-        return Purge(transient_only=_bool(f[0]))
-    _fields(f, 0)
+        return Purge(transient_only=field_bool(f[0]))
+    fields_of(f, 0)
     return Purge()
 
 
 def _decode_recover(f: list[Any], dp: DecodePayload) -> QueueCommand:
-    msg_id, message, delivery_count, expiry_ms = _fields(f, 4)
+    msg_id, message, delivery_count, expiry_ms = fields_of(f, 4)
     return Recover(
-        MsgId(_int(msg_id, 1)), _decode_message(message, dp), _int(delivery_count), _opt_int(expiry_ms)
+        MsgId(field_int(msg_id, 1)), decode_message(message, dp), field_int(delivery_count), field_opt_int(expiry_ms)
     )
 
 
 def _decode_set_args(f: list[Any], dp: DecodePayload) -> QueueCommand:
-    (args,) = _fields(f, 1)
-    return SetArgs(_decode_args(args))
+    (args,) = fields_of(f, 1)
+    return SetArgs(decode_args(args))
 
 
 def _decode_settle_dead_lettered(f: list[Any], dp: DecodePayload) -> QueueCommand:
-    (msg_ids,) = _fields(f, 1)
-    return SettleDeadLettered(_msg_ids(msg_ids))
+    (msg_ids,) = fields_of(f, 1)
+    return SettleDeadLettered(field_msg_ids(msg_ids))
 
 
 _DECODERS: Final[dict[str, Callable[[list[Any], DecodePayload], QueueCommand]]] = {
@@ -494,30 +350,30 @@ def _keep_payload(value: Any) -> Any:
 def _check_enqueue(row: list[Any]) -> None:
     """What `_decode_enqueue` checks of an encoded ["enq", message, now_ms, publisher_id, sequence] row."""
     _, message, now_ms, publisher_id, sequence = row
-    _check_message(message)
-    _int(now_ms)
-    _decode_id(publisher_id, 0)
-    _opt_int(sequence)
+    check_message(message)
+    field_int(now_ms)
+    decode_id(publisher_id)
+    field_opt_int(sequence)
 
 
 def _check_enqueue_many(row: list[Any]) -> None:
     """What `_decode_enqueue_many` checks of an encoded ["enqm", publisher_id, now_ms, sequences, messages] row."""
     _, publisher_id, now_ms, sequences, messages = row
-    _decode_id(publisher_id, 0)
-    _int(now_ms)
+    decode_id(publisher_id)
+    field_int(now_ms)
     if not 1 <= len(messages) <= ENQUEUE_MANY_MAX:
         raise ProposalDecodeError(f"expected 1..{ENQUEUE_MANY_MAX} messages")
     _decode_sequences(sequences, len(messages))
     for message in messages:
-        _check_message(message)
+        check_message(message)
 
 
 def _check_enqueue_flat(row: list[Any]) -> None:
     """What `_decode_enqueue_flat` checks of an encoded "enqb" row, but the payloads (the sizes were checked when
     the row was built)."""
     _, publisher_id, now_ms, sequences, common, _sizes, payloads = row
-    _decode_id(publisher_id, 0)
-    _int(now_ms)
+    decode_id(publisher_id)
+    field_int(now_ms)
     _decode_sequences(sequences, _flat_count(payloads))
     _flat_common(common)
 

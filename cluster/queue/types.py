@@ -2,7 +2,7 @@
 
 Everything here is plain data: frozen, slotted dataclasses that the broker builds (commands) or reads (effects).
 The five built once per message (QueuedMessage, Enqueue, Settle, Deliver, Accepted) are slotted but not frozen: a
-frozen dataclass's `__init__` costs about three times as much (workload (a), docs/benchmarks.md); treat them as
+frozen dataclass's `__init__` costs more (docs/benchmarks.md, "Frozen dataclasses off the per-message path"); treat them as
 values all the same.
 The machine in `cluster.queue.machine` consumes commands and returns effects; it performs no I/O, so the same
 commands in the same order give the same effects on every replica.

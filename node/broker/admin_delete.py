@@ -10,7 +10,7 @@ bindings, permissions and policies (its runtime parameters are the facade's: `Br
 the management view first). As in RabbitMQ 3.10, the connections of a deleted user and those into a deleted vhost
 are closed with 320 CONNECTION_FORCED ("user 'u' is deleted", "vhost 'v' is down": the texts a RabbitMQ 3.10
 node's clients get); `close_connections` is also what a cluster node's mirror calls when another node's deletion
-reaches it (node/broker/mirror.py).
+reaches it (node/broker/committed_definitions.py).
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ class RemoteBackend(QueueBackend):
     def delete(self, broker: BrokerState, queue: QueueState) -> None:
         """Forwarded publishes still out are acked (as for a gone queue). The deletion is written too: it is a
         no-op while mirroring the owner's deletion, and it removes a queue whose owner was a connection of this
-        node's earlier life (node/broker/mirror.py deletes those)."""
+        node's earlier life (node/broker/committed_definitions.py deletes those)."""
         replica_publish.forget_queue(broker, queue)
         queue.flow_inflight = 0
         broker.persist((QueueRecord(queue.vhost, queue.name, deleted=True),))

@@ -26,7 +26,7 @@ when declared or recovered, from `_choose_backends`, the one place that reads th
 (docs/cluster.md): queue commands come out as `ProposeQueue` effects and committed entries come back, as
 `cluster.queue.envelope` envelopes, through `apply_committed`; its exclusive queues are node-local
 (`OwnedBackend`/`RemoteBackend`, backend_owned.py). The entry points of the cluster are thin wrappers over `replica`,
-`replica_publish`, `replica_control` (queues) and `mirror` (definitions from other nodes).
+`replica_publish`, `replica_control` (queues) and `committed_definitions` (definitions from other nodes).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from cluster.queue.envelope import Envelope
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.broker import (
+    committed_definitions,
     credit_flow,
     definitions,
     delivery,
-    mirror,
     paging,
     policies,
     policy_apply,
@@ -471,7 +471,7 @@ class Broker(BrokerState):
         """Definitions committed by other nodes, mirrored without persisting (policies after the rest)."""
         records = list(records)
         mirrored_policies = [r for r in records if type(r) is PolicyRecord]
-        mirror.apply_records(self, [r for r in records if type(r) is not PolicyRecord])
+        committed_definitions.apply_records(self, [r for r in records if type(r) is not PolicyRecord])
         policy_apply.apply_records(self, mirrored_policies)
         return self._finish_replicated()
 

@@ -34,7 +34,7 @@ They wait at the FRONT of the tail (`PagedTail.front_ids`, newest first; older t
 FIFO order holds) with their delivery count and redelivered flag, and page in first. While the alarm is on,
 page-in fills a machine only up to the floor (`effective_limit`); when it clears, normal page-in resumes.
 
-Opt-outs (such queues keep everything in memory, as before): queues with x-max-length, x-max-length-bytes,
+Opt-outs (such queues keep everything in memory): queues with x-max-length, x-max-length-bytes,
 x-max-priority or x-message-ttl, and replicated mode. A message with a per-message TTL never starts a tail. Purge
 and delete write a MessageRemovedRecord for every tail message (harmless for spilled ones).
 """

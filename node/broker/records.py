@@ -7,7 +7,7 @@ message (`MessageRecord` at publish, `MessageRemovedRecord` at ack) have a hand-
 that writes the very bytes cbor2 would (tested against it): the `[tag, vhost, queue]` prefix is cached per queue,
 and a properties dict shared by many records (the broker shares one per distinct `BasicProperties`) is encoded
 once; everything else goes through cbor2. Those two classes are slotted but not frozen (a frozen dataclass's
-`__init__` costs about three times as much, and one is built per message): treat them, and their properties dict,
+`__init__` costs more, and one is built per message: docs/benchmarks.md): treat them, and their properties dict,
 as values all the same. Each record
 names its storage `stream`: "definitions" for vhosts, users, permissions, exchanges, queues and bindings, and
 "queue:<vhost>:<queue>" for one durable queue's persistent messages, so a queue's stream can be truncated behind a

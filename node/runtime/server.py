@@ -19,9 +19,9 @@ connection.blocked cannot push more data into the node. Credit flow (as RabbitMQ
 after a read, a publisher whose target queue is behind its draining consumers (`Broker.publish_flow_behind`) is not
 read again until the queue caught up, as long as the backlog keeps going down (at most `FLOW_PAUSE_MAX_S`); a pause
 in which it stopped going down for `FLOW_STALL_S` (the consumer, not the node, is slow) turns pausing off for that
-connection for `FLOW_QUIET_S`. Without it a publisher's read (~1,400 small publishes when reads were 256 KiB)
-outweighs a consumer's (acks that free at most its prefetch), so the queue grew without bound while the consumer
-waited for turns.
+connection for `FLOW_QUIET_S`. Without it a publisher's read (a whole read of small publishes) outweighs a
+consumer's (acks that free at most its prefetch), so the queue grows without bound while the consumer waits for
+turns (docs/benchmarks.md, "Publishes starving deliveries: credit flow").
 In cluster mode the broker decides instead (`node/broker/credit_flow.py`, which also counts the publishes still on
 their way through Raft): its `PauseReading` effect stops reading a connection until `ResumeReading`; heartbeats
 keep flowing to the client and the core does not count the peer's silence meanwhile (`hold_reading`).
@@ -43,12 +43,9 @@ layer ahead of the socket's (`PrefixedStream`, node/runtime/tls.py).
 
 Reads are at most RECEIVE_SIZE_BYTES (32 KiB, ~190 small publishes): one read is handled in one go on the trio
 thread, so its size bounds how long every other connection waits for a turn (deliveries sit in the consumer's
-output until its writer runs). With 256 KiB reads a publisher's turn took up to 150 ms under workload (a), and the
-ready backlog those big turns built up paused the publisher (credit flow) dozens of times a run; 32 KiB reads cut
-(a)'s publish-to-deliver p50 and p99 by about a third at the same or higher throughput (interleaved runs). In
-cluster mode reads stay at REPLICATED_RECEIVE_SIZE_BYTES: there a read's publishes to a queue become one Raft entry
-(EnqueueMany), and 32 KiB reads split workload (b)'s 256-message windows into more, smaller entries, which cost
-about 20% more CPU per message over the three nodes.
+output until its writer runs). In cluster mode reads stay at REPLICATED_RECEIVE_SIZE_BYTES: there a read's
+publishes to a queue become one Raft entry (EnqueueMany), so smaller reads would make more, smaller entries. The
+measurements behind both sizes are in docs/benchmarks.md ("Socket read sizes").
 """
 
 from __future__ import annotations

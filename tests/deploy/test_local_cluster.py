@@ -24,7 +24,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from deploy import runner
+from deploy import node_plan, runner
 from tests.management.helpers import management_wired
 
 pytestmark = [
@@ -56,7 +56,7 @@ def _free_layout() -> tuple[int, int]:
     for _ in range(200):
         base = rng.randrange(2000, 12000)
         haproxy = base + NODES + 1
-        ports = [p for n in runner.plan_nodes(NODES, base, False, 5672)
+        ports = [p for n in node_plan.plan_nodes(NODES, base, False, 5672)
                  for p in (n.port, n.management_port, n.raft_port, n.metadata_port)]
         if all(_free(p) for p in [*ports, haproxy]):
             return base, haproxy

@@ -1,4 +1,4 @@
-"""deploy/runner.py without starting nodes: the port plan, the secret, the per-node cluster config and `status`."""
+"""deploy/runner.py and deploy/node_plan.py without starting nodes: the port plan, the secret, the per-node cluster config and `status`."""
 
 from __future__ import annotations
 
@@ -11,20 +11,20 @@ from pathlib import Path
 import pytest
 import trio
 
-from deploy import runner
+from deploy import node_plan, runner
 from deploy import topology as topo
 from node.runtime import config as node_config
 from tests.broker.harness import Client
 from tests.management.helpers import served_broker
 
 
-def _all_ports(plan: list[runner.NodePlan]) -> list[int]:
+def _all_ports(plan: list[node_plan.NodePlan]) -> list[int]:
     return [p for n in plan for p in (n.port, n.management_port, n.raft_port, n.metadata_port)]
 
 
 @pytest.mark.parametrize("base_port", [5672, 30000, 44000, 60000])
 def test_node_ports_never_collide_across_nodes(base_port: int) -> None:
-    plan = runner.plan_nodes(7, base_port, False, 5672)
+    plan = node_plan.plan_nodes(7, base_port, False, 5672)
     assert [(n.name, n.port) for n in plan] == [(f"rmq{i}", base_port + i) for i in range(1, 8)]
     ports = _all_ports(plan)
     assert len(ports) == len(set(ports)) and all(0 < p <= 65535 for p in ports)
@@ -34,12 +34,12 @@ def test_node_ports_never_collide_across_nodes(base_port: int) -> None:
 
 
 def test_distinct_addresses_share_one_port_set() -> None:
-    plan = runner.plan_nodes(3, 5672, True, 5672)
+    plan = node_plan.plan_nodes(3, 5672, True, 5672)
     assert [(n.host, n.port, n.management_port) for n in plan] == [(f"127.0.1.{i}", 5672, 15672) for i in (1, 2, 3)]
     with pytest.raises(SystemExit):
-        runner.plan_nodes(0, 5672, False, 5672)
+        node_plan.plan_nodes(0, 5672, False, 5672)
     with pytest.raises(SystemExit):
-        runner.plan_nodes(3, 65534, False, 5672)
+        node_plan.plan_nodes(3, 65534, False, 5672)
 
 
 def test_derived_port_offsets_match_the_node_defaults() -> None:
@@ -50,15 +50,15 @@ def test_derived_port_offsets_match_the_node_defaults() -> None:
 
 
 def test_secret_is_generated_private_and_reused(tmp_path: Path) -> None:
-    secret = runner.cluster_secret(tmp_path)
-    path = tmp_path / runner.SECRET_FILE_NAME
+    secret = node_plan.cluster_secret(tmp_path)
+    path = tmp_path / node_plan.SECRET_FILE_NAME
     assert len(secret) >= 32 and stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert runner.cluster_secret(tmp_path) == secret
+    assert node_plan.cluster_secret(tmp_path) == secret
     os.chmod(path, 0o644)
-    assert runner.cluster_secret(tmp_path) == secret and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert node_plan.cluster_secret(tmp_path) == secret and stat.S_IMODE(path.stat().st_mode) == 0o600
     path.write_text("short\n")
     with pytest.raises(SystemExit):
-        runner.cluster_secret(tmp_path)
+        node_plan.cluster_secret(tmp_path)
 
 
 def _explicit_ports_supported() -> bool:
@@ -73,11 +73,11 @@ def _explicit_ports_supported() -> bool:
 
 @pytest.mark.parametrize("base_port", [6000, 50000])
 def test_cluster_config_names_every_node_and_reaches_the_node_command(tmp_path: Path, base_port: int) -> None:
-    plan = runner.plan_nodes(3, base_port, False, 5672)
-    runner.write_node_configs(tmp_path, plan, cluster=True)
-    cfg = runner.node_config_path("rmq2", str(tmp_path / "rmq2"))
+    plan = node_plan.plan_nodes(3, base_port, False, 5672)
+    node_plan.write_node_configs(tmp_path, plan, cluster=True)
+    cfg = node_plan.node_config_path("rmq2", str(tmp_path / "rmq2"))
     assert stat.S_IMODE(cfg.stat().st_mode) == 0o600
-    secret = (tmp_path / runner.SECRET_FILE_NAME).read_text().strip()
+    secret = (tmp_path / node_plan.SECRET_FILE_NAME).read_text().strip()
     values = node_config.values_from_toml(cfg)  # the node's own reader accepts the file
     assert values["cluster_nodes"] == tuple(n.member_spec() for n in plan)
     assert values["cluster_secret"] == secret and values["management_port"] == plan[1].management_port
@@ -88,10 +88,10 @@ def test_cluster_config_names_every_node_and_reaches_the_node_command(tmp_path: 
         assert [(m.name, m.amqp_port, m.raft_port, m.metadata_port) for m in layout.members] == [
             (n.name, n.port, n.raft_port, n.metadata_port) for n in plan]
         assert layout.members[1].management_port == plan[1].management_port
-    command = runner.node_command("rmq2", "127.0.0.1", plan[1].port, str(tmp_path / "rmq2"))
+    command = node_plan.node_command("rmq2", "127.0.0.1", plan[1].port, str(tmp_path / "rmq2"))
     assert command[command.index("--config") + 1] == str(cfg)
     assert secret not in " ".join(command)  # the secret never shows in ps
-    runner.write_node_configs(tmp_path, plan, cluster=False)
+    node_plan.write_node_configs(tmp_path, plan, cluster=False)
     standalone = node_config.values_from_toml(cfg)
     assert standalone == {"management_port": plan[1].management_port, "proxy_protocol_port": plan[1].proxy_port,
                           "prometheus_port": plan[1].prometheus_port}
@@ -150,20 +150,20 @@ def test_haproxy_maxconn_fits_the_open_files_limit() -> None:
 
 @pytest.mark.parametrize("base_port", [5672, 30000, 60000])
 def test_tls_ports_never_collide_and_reach_the_node_config(tmp_path: Path, base_port: int) -> None:
-    plan = runner.plan_nodes(3, base_port, False, 5672, tls=True)
+    plan = node_plan.plan_nodes(3, base_port, False, 5672, tls=True)
     ports = [p for n in plan for p in (n.port, n.management_port, n.raft_port, n.metadata_port, n.proxy_port,
                                        n.tls_port, n.tls_proxy_port)]
     assert len(ports) == len(set(ports)) and all(0 < p <= 65535 for p in ports)
-    tls_dir = runner.ensure_test_pki(tmp_path, plan)
+    tls_dir = node_plan.ensure_test_pki(tmp_path, plan)
     assert {p.name for p in tls_dir.iterdir()} >= {"ca.pem", "ca.key", "rmq1.pem", "rmq3.key", "guest.pem"}
     ca_before = (tls_dir / "ca.pem").read_bytes()
-    assert runner.ensure_test_pki(tmp_path, plan) == tls_dir and (tls_dir / "ca.pem").read_bytes() == ca_before
-    runner.write_node_configs(tmp_path, plan, cluster=True, tls_dir=tls_dir)
-    cfg = runner.node_config_path("rmq2", str(tmp_path / "rmq2"))
+    assert node_plan.ensure_test_pki(tmp_path, plan) == tls_dir and (tls_dir / "ca.pem").read_bytes() == ca_before
+    node_plan.write_node_configs(tmp_path, plan, cluster=True, tls_dir=tls_dir)
+    cfg = node_plan.node_config_path("rmq2", str(tmp_path / "rmq2"))
     loaded = dataclasses.replace(node_config.NodeConfig(), **node_config.values_from_toml(cfg))
     assert (loaded.ssl_port, loaded.ssl_proxy_protocol_port) == (plan[1].tls_port, plan[1].tls_proxy_port)
     assert loaded.ssl_certfile == str(tls_dir / "rmq2.pem") and loaded.ssl_cert_login
     from node.runtime.tls import server_context
 
     server_context(loaded)  # the generated files load
-    assert runner.plan_nodes(3, base_port, False, 5672)[0].tls_port == 0  # without --tls: none
+    assert node_plan.plan_nodes(3, base_port, False, 5672)[0].tls_port == 0  # without --tls: none

@@ -33,7 +33,7 @@ import pika.credentials
 import pika.exceptions
 import pytest
 
-from deploy import runner
+from deploy import node_plan
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None and not Path("/usr/sbin/haproxy").exists(),
                                 reason="HAProxy is not installed (apt-get install haproxy)")
@@ -59,7 +59,7 @@ def _free_layout() -> tuple[int, int, int]:
     for _ in range(200):
         base = rng.randrange(2000, 12000)
         haproxy, haproxy_tls = base + NODES + 1, base + NODES + 2
-        ports = [p for n in runner.plan_nodes(NODES, base, False, 5672, tls=True)
+        ports = [p for n in node_plan.plan_nodes(NODES, base, False, 5672, tls=True)
                  for p in (n.port, n.management_port, n.raft_port, n.metadata_port, n.proxy_port, n.tls_port,
                            n.tls_proxy_port, n.management_tls_port)]
         if all(_free(p) for p in [*ports, haproxy, haproxy_tls]):
@@ -75,11 +75,11 @@ class TlsCluster:
     base_port: int = 0
 
     def management_tls_ports(self) -> list[int]:
-        return [n.management_tls_port for n in runner.plan_nodes(NODES, self.base_port, False, 5672, tls=True)]
+        return [n.management_tls_port for n in node_plan.plan_nodes(NODES, self.base_port, False, 5672, tls=True)]
 
     @property
     def tls_dir(self) -> Path:
-        return self.data_dir / runner.TLS_DIR_NAME
+        return self.data_dir / node_plan.TLS_DIR_NAME
 
     def context(self, client: str | None = "client") -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.tls_dir / "ca.pem"))

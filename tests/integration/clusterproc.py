@@ -1,8 +1,8 @@
 """Start, signal and stop a 3-node raftmq cluster behind a real HAProxy: the integration tests' cluster mode.
 
 It is put together as `raftmq cluster up` does it (deploy/runner.py): one config file per node, written by
-`deploy.runner.node_config_text` (management port, `cluster_nodes` naming every member, the cluster secret
-generated into <workdir>/cluster_secret), each node started with `deploy.runner.node_command`, and HAProxy on the
+`deploy.node_plan.node_config_text` (management port, `cluster_nodes` naming every member, the cluster secret
+generated into <workdir>/cluster_secret), each node started with `deploy.node_plan.node_command`, and HAProxy on the
 config `deploy.topology.haproxy_cfg` renders (AMQP health checks, leastconn). Two differences, both for tests: each
 node's config also holds `nodeproc.TEST_CONFIG_TOML` (the test users and vhosts, SIGUSR1/SIGUSR2 alarms), and the
 ports are picked free on loopback (AMQP ports below 11000 whose derived ports bind, as tests/cluster does), so
@@ -15,7 +15,7 @@ reach a node through the replicated metadata, not at once).
 exit code is 0 only when every node exited 0. HAProxy keeps its port across node restarts. `set_memory_alarm`
 forces the alarm on or off on every node and checks each node's log for the result (SIGUSR1 only toggles it).
 With `tls=True` it is put together as `raftmq cluster up --tls`: certificates in <workdir>/tls
-(`runner.ensure_test_pki`), an amqps listener per node (`runner.tls_settings`) and an HAProxy amqps frontend on
+(`node_plan.ensure_test_pki`), an amqps listener per node (`node_plan.tls_settings`) and an HAProxy amqps frontend on
 `tls_port` passing TLS through to them (no PROXY protocol here, as for the plain frontend).
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 import pika
 import pika.exceptions
 
-from deploy import runner
+from deploy import node_plan, runner
 from deploy import topology as topo
 from deploy.healthcheck import answers_amqp
 from tests.cluster.cluster_proc import free_amqp_ports, free_port
@@ -53,7 +53,7 @@ START_TIMEOUT_S = 90.0  # three nodes on a loaded 2-core machine, then the users
 
 @dataclass
 class _Node:
-    plan: runner.NodePlan
+    plan: node_plan.NodePlan
     data_dir: Path
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
@@ -76,7 +76,7 @@ class ClusterProcess:
 
     @property
     def tls_dir(self) -> Path:
-        return self.workdir / runner.TLS_DIR_NAME
+        return self.workdir / node_plan.TLS_DIR_NAME
 
     @property
     def haproxy_log(self) -> Path:
@@ -86,8 +86,8 @@ class ClusterProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         plans = []
         for i, amqp_port in enumerate(free_amqp_ports(self.size), start=1):
-            ports = runner.plan_ports(amqp_port)
-            plans.append(runner.NodePlan(f"rmq{i}", "127.0.0.1", amqp_port, ports["management"], ports["raft"],
+            ports = node_plan.plan_ports(amqp_port)
+            plans.append(node_plan.NodePlan(f"rmq{i}", "127.0.0.1", amqp_port, ports["management"], ports["raft"],
                                          ports["metadata"]))
         taken = {p for plan in plans for p in (plan.port, plan.management_port, plan.raft_port, plan.metadata_port)}
         if self.tls:
@@ -95,13 +95,13 @@ class ClusterProcess:
                 tls_port = free_port(avoid=taken)
                 taken.add(tls_port)
                 plans[index] = dataclasses.replace(plan, tls_port=tls_port)
-            runner.ensure_test_pki(self.workdir, plans)
-        secret = runner.cluster_secret(self.workdir)
+            node_plan.ensure_test_pki(self.workdir, plans)
+        secret = node_plan.cluster_secret(self.workdir)
         for plan in plans:
             data_dir = self.workdir / plan.name
-            config = (runner.node_config_text(plan, plans, secret, self.tls_dir if self.tls else None)
+            config = (node_plan.node_config_text(plan, plans, secret, self.tls_dir if self.tls else None)
                       + self.extra_config + self.config_toml)
-            runner._write_private(runner.node_config_path(plan.name, str(data_dir)), config)
+            node_plan.write_private(node_plan.node_config_path(plan.name, str(data_dir)), config)
             self.nodes.append(_Node(plan, data_dir, self.workdir / f"{plan.name}.log"))
         self.port = free_port(avoid=taken)  # HAProxy's: none of the nodes' planned ports
         if self.tls:
@@ -109,7 +109,7 @@ class ClusterProcess:
 
     def _spawn(self, node: _Node) -> None:
         node.data_dir.mkdir(parents=True, exist_ok=True)
-        command = runner.node_command(node.plan.name, node.plan.host, node.plan.port, str(node.data_dir))
+        command = node_plan.node_command(node.plan.name, node.plan.host, node.plan.port, str(node.data_dir))
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
         with node.log_path.open("ab") as log:
             log.write(f"---- start {time.time():.3f}\n".encode())

@@ -11,7 +11,8 @@ import trio
 from cluster.raft.core.multiraft import MultiRaftConfig
 from cluster.raft.core.raft import RaftConfig
 from cluster.raft.core.types import Entry, GroupId, Membership, NodeId
-from cluster.raft.runtime.node import CompactionConfig, RaftNodeRuntime
+from cluster.raft.runtime.compaction import CompactionConfig
+from cluster.raft.runtime.node import RaftNodeRuntime
 from cluster.raft.runtime.storage import stream_name
 from tests.raft.test_runtime_cluster import _free_ports
 

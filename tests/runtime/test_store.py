@@ -14,8 +14,9 @@ from node.broker.records import (
     QueueRecord,
     queue_stream,
 )
-from node.runtime import store as store_module
-from node.runtime.store import CompactionPolicy, Store
+from node.runtime import store_compaction
+from node.runtime.store import Store
+from node.runtime.store_compaction import CompactionPolicy
 
 EAGER = CompactionPolicy(queue_records_min=4, interval_s=0)  # compact a drained stream after 4 records
 
@@ -150,7 +151,7 @@ async def test_deleted_queue_is_truncated_but_a_redeclared_one_keeps_its_message
 
 
 async def test_definitions_are_rewritten_as_a_snapshot_when_mostly_dead(tmp_path: Path, monkeypatch: Any) -> None:
-    monkeypatch.setattr(store_module, "COMPACT_DEFINITION_RECORDS_MIN", 10)
+    monkeypatch.setattr(store_compaction, "COMPACT_DEFINITION_RECORDS_MIN", 10)
     store = Store.open(tmp_path)
     for i in range(12):
         store.persist(i, (ExchangeRecord("/", f"x{i}", "fanout"), ExchangeRecord("/", f"x{i}", "fanout", deleted=True)))

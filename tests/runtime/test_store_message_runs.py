@@ -22,7 +22,8 @@ from node.broker.records import (
     encode_removed_run,
     from_cbor,
 )
-from node.runtime.store import CompactionPolicy, Store
+from node.runtime.store import Store
+from node.runtime.store_compaction import CompactionPolicy
 
 POLICY = CompactionPolicy(queue_records_min=5, interval_s=0)  # compactions happen inside short sequences
 

@@ -24,7 +24,8 @@ from node.broker.records import (
     queue_stream,
 )
 from node.runtime import store as store_module
-from node.runtime.store import EMPTY_SNAPSHOT, Store, decode
+from node.runtime.store import Store, decode
+from node.runtime.store_compaction import EMPTY_SNAPSHOT
 
 STREAM = queue_stream("/", "q")
 

@@ -27,7 +27,7 @@ import pika
 
 from bench.brokers import free_port, rabbitmq_cluster, raftmq_cluster, raftmq_node
 from bench.client import Endpoint
-from deploy.runner import plan_ports
+from deploy.node_plan import plan_ports
 
 BODY = b"x" * 100
 

@@ -1,6 +1,6 @@
 """One mirrored-queue replica as a process: the pure `Replica` over its files, the fetch transport and a timer.
 
-What it is for: the real-process half of issue 17 before the broker backend exists: a replica that can be killed
+What it is for: a replica as a process of its own (the model's real-process check): one that can be killed
 with kill -9 and restarted, leading or following as the controller (the metadata group) says, so the model's
 guarantees are checked on real sockets, files and processes. `python -m cluster.mirror_queues.runtime.node
 CONFIG.json` runs one (see `NodeConfig`); tests/mirror/test_processes.py runs three.

@@ -19,14 +19,11 @@ timer. A peer the transport reports refusing connections after its link was lost
 "Fast failover on refused connections"). Inbound batches, commands and group changes wait in bounded queues (beyond the bound, batches are dropped,
 commands refused and group changes raise `OverflowError`).
 
-Automatic compaction (when the host gives a `SnapshotHost`): after `advance`, a group whose applied log holds more
-than `CompactionConfig.entries_max` entries or `bytes_max` bytes of entry data beyond its snapshot gets a new
-snapshot: `host.snapshot(group)` (the state machine at the applied index), `core.compact`, then
-`RaftStorage.compact` in a worker thread (the stream's NodeLog snapshot; segments behind it are deleted, so an idle
-group's disk is bounded by its snapshot plus at most the thresholds). At most `groups_per_cycle_max` groups per
-cycle, so a burst of compactions cannot stall the Ready loop. `host.restore(group, data)` rebuilds the state
-machine from a snapshot: at start for every group whose storage holds one, and whenever a Ready carries a snapshot
-received from the leader (before that Ready's committed entries are applied).
+Automatic compaction (when the host gives a `SnapshotHost`): compaction.py's `Compactor` snapshots a group whose
+applied log has grown past `CompactionConfig`'s thresholds, after `advance` and only while no fsync runs.
+`host.restore(group, data)` rebuilds the state machine from a snapshot: at start for every group whose storage
+holds one, and whenever a Ready carries a snapshot received from the leader (before that Ready's committed entries
+are applied).
 """
 
 from __future__ import annotations
@@ -38,7 +35,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
@@ -46,6 +43,7 @@ from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, N
 from cluster.raft.core.raft import bootstrap_state
 from cluster.raft.core.types import ConfChange, Entry, GroupId, Index, Membership, NodeId, Role
 from cluster.raft.runtime.codec import Command, Forward
+from cluster.raft.runtime.compaction import CompactionConfig, Compactor, SnapshotHost
 from cluster.raft.runtime.ready_pipeline import QUEUED_READIES_MAX, ReadyPipeline
 from cluster.raft.runtime.routing import FORWARD_HOLD_MS, CommandRouter
 from cluster.raft.runtime.storage import RaftStorage, committed_membership
@@ -61,18 +59,6 @@ LEADER_SCAN_TICKS = 10  # every group's known leader is compared this often (oth
 log = logging.getLogger(__name__)
 
 
-class SnapshotHost(Protocol):
-    """The host's state machine images (optional: without it the runtime never compacts)."""
-
-    def snapshot(self, group: GroupId) -> bytes:
-        """The group's state machine as bytes, reflecting exactly the entries applied so far."""
-        ...
-
-    def restore(self, group: GroupId, data: bytes) -> None:
-        """Replace the group's state machine with the one `snapshot` produced (b"" for the empty start)."""
-        ...
-
-
 @dataclass(frozen=True, slots=True)
 class Bootstrap:
     """A new group's first leader, named in advance (`raft.bootstrap_state`). Every node adding the group must name
@@ -81,13 +67,6 @@ class Bootstrap:
 
     leader: NodeId
     lead: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class CompactionConfig:
-    entries_max: int = 10_000  # applied entries beyond the snapshot before a new one is taken
-    bytes_max: int = 64 * 1024 * 1024  # applied entry data bytes beyond the snapshot (counted since start)
-    groups_per_cycle_max: int = 16  # compactions per Ready cycle (each is a few fsyncs)
 
 
 @dataclass
@@ -139,9 +118,7 @@ class RaftNodeRuntime:
         self._telemetry_enabled = telemetry
         self.telemetry: TelemetryWriter | None = None
         self._snapshots = snapshots
-        self._compaction = compaction or CompactionConfig()
-        self._applied_bytes: dict[GroupId, int] = {}  # entry data applied since the group's last snapshot
-        self._compaction_pending: set[GroupId] = set()  # past a threshold, beyond this cycle's allowance
+        self._compactor = Compactor(snapshots, compaction or CompactionConfig())
         self._on_leader_change = on_leader_change
         self._known_leaders: dict[GroupId, NodeId | None] = {}  # as last reported to on_leader_change
         self._group_changes: deque[tuple[GroupId, Membership | None, Bootstrap | None]] = deque()  # None: remove
@@ -240,8 +217,7 @@ class RaftNodeRuntime:
         if self.telemetry is not None:
             self.telemetry.forget(group)
         self._known_leaders.pop(group, None)
-        self._applied_bytes.pop(group, None)
-        self._compaction_pending.discard(group)
+        self._compactor.forget(group)
         await trio.to_thread.run_sync(storage.delete, group)
 
     def groups(self) -> list[GroupId]:
@@ -435,9 +411,9 @@ class RaftNodeRuntime:
                 self._recheck_held = True
                 if self.router.held_count:
                     self._wake.set()  # held commands may have a leader to go to now
-            if self._compaction_pending and not pipeline.fsync_running:
+            if self._compactor.pending and not pipeline.fsync_running:
                 await self._compact_due(multi, storage, [], pipeline.unsettled_groups())
-                if self._compaction_pending:
+                if self._compactor.pending:
                     self._wake.set()  # the rest next time round (never more than the allowance per wake)
             if self.timing is not None:
                 self.timing.since("loop_turn", turn_started)
@@ -532,7 +508,7 @@ class RaftNodeRuntime:
         apply_started = 0.0 if timing is None else timing.now_s()
         for group, ready in node_ready.groups:
             if ready.snapshot is not None:
-                self._applied_bytes[group] = 0
+                self._compactor.restored(group)
                 if self._snapshots is not None:
                     self._snapshots.restore(group, ready.snapshot.data)
                     self.stats.restores += 1
@@ -545,7 +521,7 @@ class RaftNodeRuntime:
                 on_apply = self._on_apply
                 for entry in committed:
                     on_apply(group, entry)
-            self._applied_bytes[group] = self._applied_bytes.get(group, 0) + sum(len(e.data) for e in committed)
+            self._compactor.applied(group, committed)
             self.stats.applied_entries += len(committed)
             if timing is not None:
                 timing.reached("append_to_apply_leader", group, committed[-1].index)
@@ -561,45 +537,11 @@ class RaftNodeRuntime:
                 role = "leader" if multi.groups[group].role is Role.LEADER else "follower"
                 timing.mark(f"append_to_apply_{role}", group, ready.entries[-1].index)
 
-    def _compaction_due(self, multi: MultiRaft, group: GroupId) -> bool:
-        core = multi.groups.get(group)
-        if core is None:
-            return False  # a stepped batch may name a group this node does not host (any more)
-        log = core.log
-        if log.applied > log.persisted or log.applied <= log.snapshot.index:
-            return False  # only what is applied and durable can be compacted
-        return (log.applied - log.snapshot.index > self._compaction.entries_max
-                or self._applied_bytes.get(group, 0) > self._compaction.bytes_max)
-
     async def _compact_due(self, multi: MultiRaft, storage: RaftStorage, touched: list[GroupId],
                            unsettled: set[GroupId]) -> None:
-        """Snapshot the groups past a threshold (those this cycle touched, then any left over from before). Only
-        while no fsync runs, and not the `unsettled` groups: their state machine is ahead of `log.applied` (a taken
-        Ready's committed entries are applied before it is advanced), so they wait, pending, for a later turn."""
-        assert self._snapshots is not None
-        pending = self._compaction_pending
-        pending.update(group for group in touched if self._compaction_due(multi, group))
-        chosen = sorted(pending - unsettled)[: self._compaction.groups_per_cycle_max]
-        if not chosen:
-            return
-        snapshots = []
-        started = 0.0 if self.timing is None else self.timing.now_s()
-        for group in chosen:
-            pending.discard(group)
-            if self._compaction_due(multi, group):
-                snapshots.append((group, multi.groups[group].compact(self._snapshots.snapshot(group))))
-                self._applied_bytes[group] = 0
-
-        def persist() -> None:
-            for group, snapshot in snapshots:
-                storage.compact(group, snapshot)
-
-        if self.timing is not None:
-            self.timing.since("compaction_snapshot", started)
-        await trio.to_thread.run_sync(persist)
-        self.stats.compactions += len(snapshots)
-        if self.timing is not None:
-            self.timing.since("compaction", started)
+        """Snapshot the groups due one (compaction.py), not the `unsettled` ones."""
+        compacted = await self._compactor.compact_due(multi, storage, touched, unsettled, self.timing)
+        self.stats.compactions += compacted
 
     def last_index(self, group: GroupId) -> Index:
         assert self.multi is not None

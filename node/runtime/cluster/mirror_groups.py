@@ -83,7 +83,7 @@ from cluster.mirror_queues.runtime.storage import ReplicaStore
 from cluster.mirror_queues.runtime.transport import MirrorTransport
 from cluster.mirror_queues.runtime.wire import Forward, Routed, WireError, WireMessage, decode, encode
 from cluster.raft.core.types import Entry, GroupId, Index, NodeId, Term
-from cluster.raft.runtime.node import SnapshotHost
+from cluster.raft.runtime.compaction import SnapshotHost
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,7 @@
-"""Replicated mode: mirror definitions other nodes committed to the metadata group into this broker (pure).
+"""Replicated mode: apply the definitions other nodes committed to the metadata group to this broker (pure).
+
+Not to be confused with mirrored queues (backend_mirror.py, ha_policy.py): this module copies *definitions*
+(vhosts, users, permissions, exchanges, queues, bindings) that the cluster's metadata group committed.
 
 `apply_records(broker, records)` applies the storage records (`node/broker/records.py`) in order without writing
 any: the broker's `persist` is shadowed for the duration, so the cascades a local change would persist (a queue's
