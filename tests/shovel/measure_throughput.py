@@ -10,7 +10,7 @@ and run by whichever node holds its lease; `raftmq` two single `raftmq node`s, d
 two private RabbitMQ 3.10 nodes with the rabbitmq_shovel plugin, durable classic queues; `rabbitmq-quorum` the same
 two RabbitMQ nodes with quorum queues (`src-queue-args`/`dest-queue-args` name the type, rabbitmq-server#10501).
 
-Each round starts the brokers fresh, preloads the source queue (publisher confirms), declares the empty destination
+Each round starts the brokers fresh, preloads the source queue (until it holds every message), declares the empty destination
 queue, defines the shovel (raftmq: PUT /api/parameters/shovel; RabbitMQ: `rabbitmqctl set_parameter shovel`) and
 polls the destination queue's length every 50 ms. Printed per round: messages / (definition -> last message), so
 start-up (lease claim, two connections, declares) counts; the start-up alone (definition -> first message); and
@@ -66,13 +66,16 @@ def _connect(endpoint: Endpoint) -> pika.BlockingConnection:
 
 
 def preload(endpoint: Endpoint, queue: str, messages: int, args: dict[str, str] | None) -> None:
+    """`messages` persistent messages into the (declared) queue, published without waiting for each confirm (pika's
+    blocking confirms would make it one Raft commit per message), then polled until the queue holds them all."""
     with _connect(endpoint) as conn:
         ch = conn.channel()
         ch.queue_declare(queue, durable=True, arguments=args)
-        ch.confirm_delivery()
         props = pika.BasicProperties(delivery_mode=2)
         for _ in range(messages):
             ch.basic_publish("", queue, BODY, props)
+        while ch.queue_declare(queue, passive=True).method.message_count < messages:
+            time.sleep(0.1)
 
 
 def _uri(endpoint: Endpoint) -> str:
