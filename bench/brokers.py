@@ -180,11 +180,12 @@ _RUNNER = [sys.executable, "-m", "node.cli", "cluster"]
 
 
 @contextlib.contextmanager
-def raftmq_cluster(nodes: int = 3, timeout_s: float = 120.0) -> Iterator[RaftmqCluster]:
+def raftmq_cluster(nodes: int = 3, timeout_s: float = 120.0, base_port: int | None = None) -> Iterator[RaftmqCluster]:
     """A local raftmq cluster through the cluster runner (`raftmq cluster up --detach --no-haproxy`), stopped
-    with `raftmq cluster down` (and its directory removed) however the block ends."""
+    with `raftmq cluster down` (and its directory removed) however the block ends. `base_port`: node i on
+    base_port + i (default: a free run picked at random)."""
     workdir = Path(tempfile.mkdtemp(prefix="raftmq-bench-cluster-"))
-    base_port = free_port_run(nodes)
+    base_port = free_port_run(nodes) if base_port is None else base_port
     data = ["--data-dir", str(workdir)]
     up = [*_RUNNER, "up", "--detach", "--no-haproxy", "--nodes", str(nodes), "--base-port", str(base_port), *data]
     try:

@@ -54,6 +54,7 @@ from node.runtime.management_http import (
 )
 from node.runtime.management_objects import handle_object_request
 from node.runtime.management_queue_rows import handle_queue_rows
+from node.runtime.management_shovels import handle_shovel_request
 from node.runtime.management_view import BrokerView
 from node.runtime.tls import tls_handshake
 
@@ -62,7 +63,8 @@ __all__ = ["CLUSTER_COMMANDS", "NOT_IN_CLUSTER", "BrokerView", "CommandError", "
 
 log = logging.getLogger("raftmq.management")
 RECEIVE_BYTES = 64 * 1024
-ROUTES = (handle_queue_rows, handle_object_request, handle_definitions_request)  # tried before management_api's own routes
+# tried before management_api's own routes
+ROUTES = (handle_queue_rows, handle_object_request, handle_definitions_request, handle_shovel_request)
 
 
 @dataclass(frozen=True, slots=True)
