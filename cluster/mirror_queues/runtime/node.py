@@ -108,7 +108,7 @@ class ReplicaNode:
         else:
             self.replica = Replica(config.name, self.settings, now)
         self.store.persist(self.replica)
-        self.telemetry = MirrorTelemetry(directory, config.name, config.group, wall_ms)
+        self.telemetry = MirrorTelemetry(directory, config.name, wall_ms)
         self.transport = MirrorTransport(config.name, config.secret.encode(), config.peers, self._on_message)
         self.publishers: dict[str, str] = {}
         self.greeted = False
@@ -123,7 +123,7 @@ class ReplicaNode:
     # --- effects -----------------------------------------------------------------------------------------------
 
     def _run(self, effects: list[Effect]) -> None:
-        self.telemetry.on_append(self.replica, self.store.persist(self.replica, effects))
+        self.telemetry.on_append(self.config.group, self.replica, self.store.persist(self.replica, effects))
         for effect in effects:
             if isinstance(effect, Send):
                 if isinstance(effect.message, FetchResponse):
@@ -142,8 +142,8 @@ class ReplicaNode:
                                                                      tuple(sorted(effect.isr))))
             elif isinstance(effect, Truncated):
                 log.info("%s: truncated %d -> %d by %s", effect.replica, effect.from_leo, effect.to_leo, effect.how)
-                self.telemetry.on_truncate(self.replica, effect)
-        self.telemetry.after(self.replica)
+                self.telemetry.on_truncate(self.config.group, self.replica, effect)
+        self.telemetry.after(self.config.group, self.replica)
 
     # --- messages ----------------------------------------------------------------------------------------------
 
@@ -229,7 +229,7 @@ class ReplicaNode:
         if self.replica.role == "follower" and (
                 self.awaiting_since is None or now - self.awaiting_since >= self.config.fetch_timeout_ms):
             self._poll(now)
-        self.telemetry.sample_replica(self.replica)
+        self.telemetry.sample_replicas([(self.config.group, self.replica)])
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:

@@ -40,6 +40,9 @@ and a 10 ms timer ticks the cores (ISR lag check, HW checkpoint) and resends una
   or a follower that starts over from the leader's snapshot) restores the replica's own snapshot and replays from
   it rather than applying records twice.
 - Records hold the proposal bytes as a latin-1 `str` (the core's `msg` is a `str`); so do snapshots.
+- Telemetry (`MirrorTelemetry`, one writer for every hosted queue, under <data_dir>/mirror/telemetry/): `append`
+  once a batch is durable (the writer releases it), `commit`/`isr` after each core call, `truncate` per
+  truncation, a `state` sample per queue every second, as the replica processes write them (docs/telemetry.md).
 """
 
 from __future__ import annotations
@@ -63,12 +66,14 @@ from cluster.mirror_queues.core.types import (
     IsrChanged,
     Message,
     Nacked,
+    Record,
     Send,
     Settings,
     SnapshotInstalled,
     Truncated,
 )
 from cluster.mirror_queues.runtime.storage import ReplicaStore
+from cluster.mirror_queues.runtime.telemetry import MirrorTelemetry
 from cluster.mirror_queues.runtime.transport import MirrorTransport
 from cluster.mirror_queues.runtime.wire import Forward, Routed, WireError, WireMessage, decode, encode
 from cluster.raft.core.types import Entry, GroupId, Index, NodeId, Term
@@ -127,7 +132,7 @@ class MirrorGroups:
                  on_apply_many: Callable[[GroupId, tuple[Entry, ...]], None],
                  on_leader_change: Callable[[GroupId, NodeId | None], None],
                  submit: Callable[[Any], None], snapshots: SnapshotHost | None = None,
-                 trim_records: int = TRIM_RECORDS) -> None:
+                 trim_records: int = TRIM_RECORDS, telemetry: bool = True) -> None:
         self.name = name
         self.data_dir = data_dir
         self.transport = MirrorTransport(name, secret, peers, self._on_message)
@@ -141,11 +146,21 @@ class MirrorGroups:
         self.stats = {"appended": 0, "forwarded": 0, "refused": 0, "truncations": 0, "trims": 0,
                       "snapshots_installed": 0, "write_batches": 0}
         # (group, (plan, the files' end after it), effects | None = remove the group's files)
-        self._writes: list[tuple[_Group, tuple[Any, int], list[Effect] | None]] = []
+        self._writes: list[tuple[_Group, tuple[Any, int, list[Record]], list[Effect] | None]] = []
         self._writes_wanted = trio.Event()
         self._writer_running = False
+        # LEO, HW, ISR and truncations of every hosted queue under <data_dir>/mirror/telemetry/ (docs/telemetry.md)
+        self.telemetry = MirrorTelemetry(data_dir, name, wall_ms) if telemetry else None
 
     async def run(self, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await self._run_tasks(host, port, task_status)
+        finally:
+            telemetry, self.telemetry = self.telemetry, None
+            if telemetry is not None:
+                telemetry.close()  # after the writer task (it writes `append` records); none from now on
+
+    async def _run_tasks(self, host: str, port: int, task_status: Any) -> None:
         async with trio.open_nursery() as nursery:
             try:
                 await nursery.start(self.transport.serve, host, port)
@@ -190,8 +205,10 @@ class MirrorGroups:
         g = self.groups.pop(group, None)
         if g is None:
             return
+        if self.telemetry is not None:
+            self.telemetry.forget_mirror(group)
         if self._writer_running:  # after the writes queued before it
-            self._writes.append((g, ([], 0), None))
+            self._writes.append((g, ([], 0, []), None))
             self._writes_wanted.set()
             return
         self._drop_files(g)
@@ -282,14 +299,14 @@ class MirrorGroups:
         """Files first (the core's crash image), then the effects, then the newly committed records: planned now,
         written by the writer task (or at once without it), released in order after."""
         plan = g.store.plan(g.replica, effects)
-        written = g.store.written
+        written, appended = g.store.written, g.store.planned_appended
         if self._writer_running:
-            self._writes.append((g, (plan, written), effects))
+            self._writes.append((g, (plan, written, appended), effects))
             self._writes_wanted.set()
             return
         g.store.execute(plan)
         g.durable = written
-        self._after_write(g, effects)
+        self._after_write(g, effects, appended)
 
     async def _writer(self) -> None:
         """Runs every queued plan in one worker thread call, then releases their effects in order."""
@@ -308,13 +325,15 @@ class MirrorGroups:
                     elif self.groups.get(g.group) is g:
                         g.durable = planned[1]
                         try:
-                            self._after_write(g, effects)
+                            self._after_write(g, effects, planned[2])
                         except Exception:  # as the tick: one queue's failure must not stop every queue's writes
                             log.exception("cluster: mirrored queue %s/%s: after a write", g.vhost, g.name)
         finally:
             self._writer_running = False
 
-    def _after_write(self, g: _Group, effects: list[Effect]) -> None:
+    def _after_write(self, g: _Group, effects: list[Effect], appended: list[Record] | None = None) -> None:
+        if self.telemetry is not None and appended:
+            self.telemetry.on_append(g.group, g.replica, appended)
         for effect in effects:
             if isinstance(effect, Send):
                 if isinstance(effect.message, FetchResponse):
@@ -326,6 +345,8 @@ class MirrorGroups:
                 self.stats["truncations"] += 1
                 log.info("cluster: mirrored queue %s/%s: truncated %d -> %d by %s", g.vhost, g.name,
                          effect.from_leo, effect.to_leo, effect.how)
+                if self.telemetry is not None:
+                    self.telemetry.on_truncate(g.group, g.replica, effect)
             elif isinstance(effect, SnapshotInstalled):
                 self.stats["snapshots_installed"] += 1
                 log.info("cluster: mirrored queue %s/%s: installed the leader's snapshot at offset %d", g.vhost,
@@ -333,6 +354,8 @@ class MirrorGroups:
                 if self.snapshots is not None:
                     self.snapshots.restore(g.group, effect.snapshot.data.encode("latin-1"))
                 g.applied = effect.snapshot.offset
+        if self.telemetry is not None:
+            self.telemetry.after(g.group, g.replica)
         self._deliver(g)
         self._maybe_trim(g)
 
@@ -449,6 +472,8 @@ class MirrorGroups:
             if g.replica.role == "follower" and (
                     g.awaiting_since is None or now - g.awaiting_since >= FETCH_TIMEOUT_MS):
                 self._poll(g, now)
+        if self.telemetry is not None:
+            self.telemetry.sample_replicas((g.group, g.replica) for g in list(self.groups.values()))
 
     # --- status -----------------------------------------------------------------------------------------------
 
