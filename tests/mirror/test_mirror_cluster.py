@@ -52,6 +52,14 @@ def _replica_dirs(node: Any) -> list[Path]:
     return [d for d in (node.data_dir / "mirror").iterdir() if d.name != "telemetry"]
 
 
+def _mirror_totals(node: Any) -> dict[str, int]:
+    """The aggregated mirror gauges of `node`'s /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.plan.management_port}/metrics", timeout=10) as resp:
+        lines = resp.read().decode().splitlines()
+    return {name: int(value) for name, value in (line.split() for line in lines
+                                                 if line.startswith("raftmq_mirror_queues"))}
+
+
 def _telemetry(node: Any) -> list[dict[str, Any]]:
     return [json.loads(line) for path in (node.data_dir / "mirror" / "telemetry").glob("*.jsonl")
             for line in path.read_text().splitlines()]
@@ -132,6 +140,9 @@ def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -
     with urllib.request.urlopen(f"http://127.0.0.1:{nodes[leader].plan.management_port}/metrics/per-object",
                                 timeout=10) as resp:
         assert f'raftmq_mirror_isr_size{{vhost="/",queue="{QUEUE}"}} 3' in resp.read().decode()
+    assert _mirror_totals(nodes[leader]) == {"raftmq_mirror_queues": 1, "raftmq_mirror_queues_under_replicated": 0,
+                                             "raftmq_mirror_queues_below_min_insync": 0,
+                                             "raftmq_mirror_queues_without_leader": 0}
 
     killed = nodes[leader]
     assert killed.process is not None
@@ -145,6 +156,9 @@ def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -
     mirror = _row(cluster, survivor)["mirror"]
     assert mirror["leader"] not in (None, leader) and mirror["epoch"] >= 1
     assert leader not in mirror["isr"]
+    assert _mirror_totals(survivor) == {"raftmq_mirror_queues": 1, "raftmq_mirror_queues_under_replicated": 1,
+                                        "raftmq_mirror_queues_below_min_insync": 0,
+                                        "raftmq_mirror_queues_without_leader": 0}  # 2 of 3 in sync, min-insync 2
 
     conn, ch = _channel(cluster)
     with conn:
