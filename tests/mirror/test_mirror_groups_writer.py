@@ -92,3 +92,39 @@ def test_writes_in_a_worker_thread_then_trim_then_restore(tmp_path: pathlib.Path
     assert groups.telemetry is not None
     groups.telemetry.close()
 
+
+def test_unsynced_flush_applies_from_the_page_cache_then_writes_back(tmp_path: pathlib.Path) -> None:
+    """`mirror_flush = "unsynced"`: records are applied below the HW before they are on disk (the unsafe policy),
+    and the writeback puts them on disk within about a second."""
+    host = Host()
+    seen: list[tuple[int, int]] = []  # (records applied, records on disk) at each apply
+
+    async def main() -> None:
+        groups = MirrorGroups("n1", tmp_path, {}, b"secret", host.on_apply_many, lambda *_: None, lambda *_: None,
+                              flush="unsynced")
+        applied = host.on_apply_many
+
+        def on_apply_many(group: GroupId, entries: tuple[Entry, ...]) -> None:
+            applied(group, entries)
+            seen.append((len(host.applied), groups.groups[group].durable))
+
+        groups.on_apply_many = on_apply_many
+        async with trio.open_nursery() as nursery:
+            await nursery.start(groups.run, "127.0.0.1", 0)
+            groups.add_group(GROUP, "/", "ha.x", ("n1",), "leader-epoch", RECORD)
+            assert groups.groups[GROUP].replica.settings.flush == "unsynced"
+            for i in range(5):
+                assert groups.propose(GROUP, f"c{i}".encode())
+            with trio.fail_after(30):
+                while groups.groups[GROUP].durable < 5:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        for g in groups.groups.values():
+            g.store.close()
+
+    trio.run(main)
+    assert host.applied == [f"c{i}".encode() for i in range(5)]
+    assert any(on_disk < applied for applied, on_disk in seen)  # applied from the "page cache"
+    (directory,) = [d for d in (tmp_path / "mirror").iterdir() if d.name != "telemetry"]
+    assert [r[2] for r in read_records(directory)] == [f"c{i}" for i in range(5)]  # written back
+
