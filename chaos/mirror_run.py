@@ -14,8 +14,8 @@ take its place once the broker carries mirrored queues). Every replica-to-replic
 `LinkProxy` here, one per direction, so `isolate` can hold a link (connections closed, redials refused: what the
 replica sends waits in its outbox or is dropped, as on a partition) while the controller's and the client's links
 stay up: the crash between a request and its reply that the seed's scenarios need. The harness is also the
-failure detector (every kill is reported to the controller at once) and knows every start, so a replica's repeated
-hello (its LeaderAndIsr still on the way) is answered with the record, not taken for a new incarnation.
+failure detector (every kill is reported to the controller at once); a replica's repeated hello (its LeaderAndIsr
+still on the way) is the controller's to tell from a restart (the incarnation id in `Hello`).
 
 Steps (`[[mirror.steps]]`): publish {messages, wait = true: one at a time until confirmed, nacked or `timeout_s`
 (a `not-leader` nack, no leader, or no answer in RESEND_S is retried until then); false: sent to the leader
@@ -271,11 +271,6 @@ class MirrorCluster:
             self.results[message.msg] = message
         elif isinstance(message, StatusReply):
             self.statuses[src] = message
-        elif isinstance(message, Hello) and src in self.greeted:
-            # This harness starts every process and reports every kill before the restart, so a second hello
-            # from the same start is a repeat (its LeaderAndIsr is still on the way), not a new incarnation,
-            # which the controller would report down first (and elect anew if it led).
-            self.controller.broadcast()
         else:
             if isinstance(message, Hello):
                 self.greeted.add(src)

@@ -4,7 +4,7 @@
 directories, hdfs:// or s3a:// URIs; a local node data dir is expanded to its `telemetry/*.jsonl` and
 `*/telemetry/*.jsonl` files, e.g. a cluster node's `raft/telemetry/`), runs the transforms of transforms.py (and
 isr.py's for mirrored queues' `isr` records: `isr_episodes`, `isr_followers`, `isr_changes`, only when the input
-has such records),
+has such records; truncations.py's `truncations` for their `truncate` records, likewise),
 and writes one Parquet table and one CSV table per result under the output URI.
 Charts and the report are drawn on the driver from small aggregates only (per-window rows of the charted queues,
 the summaries): raw telemetry is never collected. They are written under the output when it is a local path, else
@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 
 from spark_analytics import isr as I
 from spark_analytics import transforms as T
+from spark_analytics import truncations as TR
 from spark_analytics.charts import IsrSeries, QueueSeries, draw_isr_chart, draw_queue_chart
 from spark_analytics.report import render_report
 from spark_analytics.schema import TELEMETRY_SCHEMA
@@ -130,6 +131,8 @@ class LagTables:
     isr_changes: DataFrame  # per mirrored queue: ISR shrinks, expands, leader changes, smallest ISR
     cached: tuple[DataFrame, ...]
     mirrored: bool = False  # the input has mirrored queues' `isr` records: the isr_* tables are written
+    truncations: DataFrame | None = None  # per mirrored queue, replica and mode: truncations and offsets dropped
+    truncated: bool = False  # the input has `truncate` records: the truncations table is written
 
     def named(self) -> dict[str, DataFrame]:
         names = (
@@ -139,6 +142,7 @@ class LagTables:
             "follower_summary",
             "cluster_summary",
             *(("isr_episodes", "isr_followers", "isr_changes") if self.mirrored else ()),
+            *(("truncations",) if self.truncated else ()),
         )
         return {name: getattr(self, name) for name in names}
 
@@ -163,6 +167,7 @@ def compute_tables(records: DataFrame, config: T.LagConfig) -> LagTables:
     isr_episodes = I.out_of_isr_episodes(records).persist(StorageLevel.MEMORY_AND_DISK)
     isr_tables = [I.isr_followers(records, isr_episodes, followers), I.isr_changes(records)]
     isr_followers, isr_changes = (frame.persist(StorageLevel.MEMORY_AND_DISK) for frame in isr_tables)
+    truncations = TR.truncations(records).persist(StorageLevel.MEMORY_AND_DISK)
     return LagTables(
         follower_windows=windows,
         commit_windows=commit_windows,
@@ -172,8 +177,11 @@ def compute_tables(records: DataFrame, config: T.LagConfig) -> LagTables:
         isr_episodes=isr_episodes,
         isr_followers=isr_followers,
         isr_changes=isr_changes,
-        cached=(samples, persist, commits, episodes, *results, isr_episodes, isr_followers, isr_changes),
+        cached=(samples, persist, commits, episodes, *results, isr_episodes, isr_followers, isr_changes,
+                truncations),
         mirrored=bool(I.isr_records(records).limit(1).count()),
+        truncations=truncations,
+        truncated=bool(TR.truncate_records(records).limit(1).count()),
     )
 
 
@@ -274,6 +282,16 @@ def collect_isr_rows(tables: LagTables, limit: int) -> list[dict[str, Any]]:
     return [row.asDict() for row in rows.collect()]
 
 
+def collect_truncation_rows(tables: LagTables, limit: int) -> list[dict[str, Any]]:
+    """The mirrored queues' truncations per replica and mode, unsafe ones and the most offsets dropped first."""
+    if tables.truncations is None:
+        return []
+    rows = tables.truncations.orderBy(
+        F.desc("unsafe"), F.desc("offsets_dropped"), F.desc("truncations"), "group", "replica", "how"
+    ).limit(limit)
+    return [row.asDict() for row in rows.collect()]
+
+
 def collect_report_rows(
     tables: LagTables, limit: int
 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
@@ -305,7 +323,8 @@ def run_job(spark: SparkSession, spec: JobSpec) -> JobResult:
     charts = draw_charts(tables, spec, directory / "charts")
     seconds = time.perf_counter() - started
     report = render_report(*collect_report_rows(tables, spec.report_rows), spec.config, record_count, seconds,
-                           isr=collect_isr_rows(tables, spec.report_rows) if tables.mirrored else None)
+                           isr=collect_isr_rows(tables, spec.report_rows) if tables.mirrored else None,
+                           truncations=collect_truncation_rows(tables, spec.report_rows) if tables.truncated else None)
     report_path = directory / "report.txt"
     report_path.write_text(report)
     for frame in (records, *tables.cached):

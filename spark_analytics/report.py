@@ -1,5 +1,6 @@
 """The short text report: the cluster summary, the followers that fell out of sync, the longest catch-ups, and for
-mirrored queues each replica's time out of the ISR, lag and the queue's ISR shrinks/expands.
+mirrored queues each replica's time out of the ISR, lag and the queue's ISR shrinks/expands, and each replica's
+log truncations (count, messages dropped, mode: an unsafe mode is marked).
 
 Pure formatting of already-collected rows (dicts), so it is tested without Spark.
 """
@@ -29,6 +30,7 @@ def render_report(
     records: int,
     seconds: float,
     isr: list[Row] | None = None,
+    truncations: list[Row] | None = None,
 ) -> str:
     """`followers` and `episodes` arrive sorted worst first and already limited to what is worth printing."""
     lines = [
@@ -75,4 +77,12 @@ def render_report(
                 f" queue: {_num(row.get('shrinks'))} shrinks, {_num(row.get('expands'))} expands,"
                 f" {_num(row.get('leader_changes'))} leader changes"
             )
+    if truncations:
+        lines += ["", "mirrored queues, truncations per replica and mode (unsafe modes first):"]
+        lines += [
+            f"  {row['group']} {row['replica']}: {_num(row.get('truncations'))} truncation(s) by {row['how']}"
+            f"{' (UNSAFE)' if row.get('unsafe') else ''}, {_num(row.get('offsets_dropped'))} message(s) dropped"
+            f" (largest cut {_num(row.get('max_dropped'))})"
+            for row in truncations
+        ]
     return "\n".join(lines) + "\n"

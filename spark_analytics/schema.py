@@ -23,6 +23,7 @@ RECORD_STATE = "state"
 RECORD_APPEND = "append"
 RECORD_COMMIT = "commit"
 RECORD_ISR = "isr"  # mirrored queues only: the leader's ISR changed (or a new leader took over)
+RECORD_TRUNCATE = "truncate"  # mirrored queues only: a replica cut its log (from_index -> to_index, how)
 
 ROLE_LEADER = "leader"
 ROLE_FOLLOWER = "follower"
@@ -59,5 +60,9 @@ TELEMETRY_SCHEMA = StructType(
         # mirrored queues ("kind": "mirror"): isr records (and leader state records) carry the ISR, isr the leader
         StructField("isr", ArrayType(StringType(), True), True),
         StructField("leader", StringType(), True),
+        # mirrored queues: truncate records (the replica's log end before and after, and the reason)
+        StructField("from_index", LongType(), True),
+        StructField("to_index", LongType(), True),
+        StructField("how", StringType(), True),
     ]
 )

@@ -32,6 +32,7 @@ from spark_analytics.schema import (
     RECORD_COMMIT,
     RECORD_ISR,
     RECORD_STATE,
+    RECORD_TRUNCATE,
     ROLE_LEADER,
     SCHEMA_VERSION,
 )
@@ -58,7 +59,7 @@ def valid_records(records: DataFrame) -> DataFrame:
     """Schema-v1 records of a known type with every identifying field present."""
     return records.where(
         (F.col("v") == SCHEMA_VERSION)
-        & F.col("type").isin(RECORD_STATE, RECORD_APPEND, RECORD_COMMIT, RECORD_ISR)
+        & F.col("type").isin(RECORD_STATE, RECORD_APPEND, RECORD_COMMIT, RECORD_ISR, RECORD_TRUNCATE)
         & F.col("ts_ms").isNotNull()
         & F.col("node").isNotNull()
         & F.col("group").isNotNull()

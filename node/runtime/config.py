@@ -102,6 +102,7 @@ class NodeConfig:
     proposal_timeout_ms: int = 10_000
     definition_timeout_ms: int = 30_000
     mirror_trim_records: int = 2_000
+    mirror_flush: str = "fsync"
     member_replace_after_ms: int = 0
     mirror_replace_after_ms: int = 5_000
     quorum_initial_group_size: int = 3
@@ -232,6 +233,9 @@ SETTINGS: tuple[Setting, ...] = (
             "committed by the metadata group within this is given up (the client gets 541, the API 503)."),
     Setting("mirror_trim_records", "int", "Cluster mode: a mirrored queue replica snapshots its queue and drops its "
             "log prefix once this many applied records are above the log start."),
+    Setting("mirror_flush", "str", "Cluster mode: mirrored queue replicas' flush policy: fsync (every append on disk "
+            "before it counts) or unsynced (UNSAFE, for the failure scenarios: appends stay in the process, as in "
+            "Kafka's page cache, written back every second; a crash loses them, confirmed messages included)."),
     Setting("member_replace_after_ms", "int",
             "Cluster mode: a quorum member down this long is replaced by an up non-member (0 = never, as RabbitMQ)."),
     Setting("mirror_replace_after_ms", "int",
@@ -425,6 +429,7 @@ def validate(config: NodeConfig) -> NodeConfig:
         (config.member_replace_after_ms >= 0, "member_replace_after_ms must be >= 0"),
         (config.mirror_trim_records > 0, "mirror_trim_records must be > 0"),
         (config.mirror_replace_after_ms >= 0, "mirror_replace_after_ms must be >= 0"),
+        (config.mirror_flush in ("fsync", "unsynced"), "mirror_flush must be fsync|unsynced"),
         (not config.test_unsafe_confirm_before_commit or bool(config.cluster_nodes),
          "test_unsafe_confirm_before_commit needs cluster mode (cluster_nodes)"),
         (config.quorum_initial_group_size >= 1, "quorum_initial_group_size must be >= 1"),

@@ -7,7 +7,10 @@ exists. `/metrics` aggregates (one sample per metric, summed over queues, as Rab
 `raftmq_raft_follower_lag_entries{queue,vhost,follower}` (per object only; on a queue's Raft leader: its last
 index minus the follower's match index), and for mirrored queues (docs/mirrored_queues.md)
 `raftmq_mirror_isr_size{queue,vhost}` and `raftmq_mirror_high_watermark{queue,vhost}` (per object only; as this
-node knows them: the committed ISR, its replica's HW).
+node knows them: the committed ISR, its replica's HW), and in `/metrics` the counts over them:
+`raftmq_mirror_queues`, `raftmq_mirror_queues_under_replicated` (ISR smaller than the replicas),
+`raftmq_mirror_queues_below_min_insync` (ISR below `ha-min-insync`: publishes are held, then nacked) and
+`raftmq_mirror_queues_without_leader` (no replica may lead: unavailable).
 
 How it works: `render(view, counters, per_object)` reads the broker's tables on the trio thread (queue machines'
 counts, connections, channels, consumers), the node's counters (`messages_received`, `messages_delivered`,
@@ -131,8 +134,8 @@ def render(view: Any, counters: Any, probe: Any, per_object: bool) -> str:
                "1 if the free disk space alarm is in effect", [({}, int("disk" in broker.alarms))])
     _raft(out, view.raft_groups(), per_object)
     mirrors = getattr(view, "mirror_statuses", None)
-    if per_object and mirrors is not None:
-        _mirrors(out, mirrors())
+    if mirrors is not None:
+        (_mirrors if per_object else _mirror_totals)(out, mirrors())
     return out.text()
 
 
@@ -143,6 +146,27 @@ def _mirrors(out: _Out, rows: list[tuple[str, str, dict[str, Any]]]) -> None:
                [({"vhost": vhost, "queue": queue}, len(status["isr"])) for vhost, queue, status in rows])
     out.metric("raftmq_mirror_high_watermark", "gauge", "A mirrored queue's high watermark on this node's replica",
                [({"vhost": vhost, "queue": queue}, int(status["hw"])) for vhost, queue, status in rows])
+
+
+MIRROR_TOTALS = (
+    ("raftmq_mirror_queues", "Mirrored queues with a replica on this node"),
+    ("raftmq_mirror_queues_under_replicated", "Mirrored queues whose ISR is smaller than their replicas"),
+    ("raftmq_mirror_queues_below_min_insync", "Mirrored queues whose ISR is below ha-min-insync (publishes held)"),
+    ("raftmq_mirror_queues_without_leader", "Mirrored queues that no replica may lead (unavailable)"),
+)
+
+
+def _mirror_totals(out: _Out, rows: list[tuple[str, str, dict[str, Any]]]) -> None:
+    """Counts over every mirrored queue this node knows (zeros included: an alert needs the series)."""
+    statuses = [status for _, _, status in rows]
+    counts = (
+        len(statuses),
+        sum(len(s["isr"]) < len(s["replicas"]) for s in statuses),
+        sum(len(s["isr"]) < int(s["min_insync"]) for s in statuses),
+        sum(not s["leader"] for s in statuses),
+    )
+    for (name, help_text), count in zip(MIRROR_TOTALS, counts, strict=True):
+        out.metric(name, "gauge", help_text, [({}, count)])
 
 
 def _raft(out: _Out, groups: list[tuple[str, str, dict[str, Any]]], per_object: bool) -> None:

@@ -72,3 +72,7 @@ async def test_ctl_list_queues_shows_the_mirror(capsys: pytest.CaptureFixture[st
         assert 'raftmq_mirror_isr_size{vhost="/",queue="ha.orders"} 1' in text
         assert 'raftmq_mirror_high_watermark{vhost="/",queue="ha.orders"} 1' in text
         assert "q2" not in "".join(line for line in text.splitlines() if line.startswith("raftmq_mirror"))
+        raw = await raw_exchange(s.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        totals = [line for line in raw.decode().splitlines() if line.startswith("raftmq_mirror_queues")]
+        assert totals == ["raftmq_mirror_queues 1", "raftmq_mirror_queues_under_replicated 0",
+                          "raftmq_mirror_queues_below_min_insync 0", "raftmq_mirror_queues_without_leader 0"]

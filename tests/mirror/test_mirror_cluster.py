@@ -15,6 +15,7 @@ The time from the kill to the first new confirm is printed (`-s`), not asserted 
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -50,6 +51,24 @@ def _row(cluster: ClusterProcess, node: Any) -> dict[str, Any]:
     assert status == 200, row
     assert isinstance(row, dict)
     return row
+
+
+def _replica_dirs(node: Any) -> list[Path]:
+    """The mirrored queue replicas' directories on `node` (next to them: its mirror telemetry)."""
+    return [d for d in (node.data_dir / "mirror").iterdir() if d.name != "telemetry"]
+
+
+def _mirror_totals(node: Any) -> dict[str, int]:
+    """The aggregated mirror gauges of `node`'s /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.plan.management_port}/metrics", timeout=10) as resp:
+        lines = resp.read().decode().splitlines()
+    return {name: int(value) for name, value in (line.split() for line in lines
+                                                 if line.startswith("raftmq_mirror_queues"))}
+
+
+def _telemetry(node: Any) -> list[dict[str, Any]]:
+    return [json.loads(line) for path in (node.data_dir / "mirror" / "telemetry").glob("*.jsonl")
+            for line in path.read_text().splitlines()]
 
 
 def _wait(what: str, predicate: Any) -> Any:
@@ -121,12 +140,15 @@ def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -
         and set(row["mirror"]["leo"]) == set(nodes) and row["mirror"]["hw"] >= 31 and row))
     assert leader_row["slave_nodes"] and leader_row["synchronised_slave_nodes"] == leader_row["slave_nodes"]
     for name, n in nodes.items():  # every replica trimmed: a snapshot, and fewer records on disk than committed
-        (replica_dir,) = (n.data_dir / "mirror").iterdir()
+        (replica_dir,) = _replica_dirs(n)
         snapshot = _wait(f"a snapshot on {name}", lambda d=replica_dir: read_snapshot(d))
         assert snapshot.offset >= 10 and len(read_records(replica_dir)) < leader_row["mirror"]["hw"]
     with urllib.request.urlopen(f"http://127.0.0.1:{nodes[leader].plan.management_port}/metrics/per-object",
                                 timeout=10) as resp:
         assert f'raftmq_mirror_isr_size{{vhost="/",queue="{QUEUE}"}} 3' in resp.read().decode()
+    assert _mirror_totals(nodes[leader]) == {"raftmq_mirror_queues": 1, "raftmq_mirror_queues_under_replicated": 0,
+                                             "raftmq_mirror_queues_below_min_insync": 0,
+                                             "raftmq_mirror_queues_without_leader": 0}
 
     killed = nodes[leader]
     assert killed.process is not None
@@ -140,6 +162,9 @@ def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -
     mirror = _row(cluster, survivor)["mirror"]
     assert mirror["leader"] not in (None, leader) and mirror["epoch"] >= 1
     assert leader not in mirror["isr"]
+    assert _mirror_totals(survivor) == {"raftmq_mirror_queues": 1, "raftmq_mirror_queues_under_replicated": 1,
+                                        "raftmq_mirror_queues_below_min_insync": 0,
+                                        "raftmq_mirror_queues_without_leader": 0}  # 2 of 3 in sync, min-insync 2
 
     conn, ch = _channel(cluster)
     with conn:
@@ -157,8 +182,8 @@ def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -
         for body in late:
             ch.basic_publish("", QUEUE, body, pika.BasicProperties(delivery_mode=2))
     new_leader = nodes[_row(cluster, survivor)["mirror"]["leader"]]
-    (leader_dir,) = (new_leader.data_dir / "mirror").iterdir()
-    (killed_dir,) = (killed.data_dir / "mirror").iterdir()
+    (leader_dir,) = _replica_dirs(new_leader)
+    (killed_dir,) = _replica_dirs(killed)
     killed_end = max((o for o, _e, _p in read_records(killed_dir)), default=-1) + 1
     assert (_wait("the new leader's log start beyond the killed node's log end",
                   lambda: (s := read_snapshot(leader_dir)) is not None and s.offset > killed_end and s)).offset
@@ -166,6 +191,11 @@ def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -
     _wait(f"{leader} back in the ISR", lambda: leader in _row(cluster, new_leader)["mirror"]["isr"])
     _wait(f"{leader} holds the 30 new messages", lambda: _row(cluster, killed).get("messages") == len(late))
     assert _row(cluster, new_leader).get("messages") == len(late)
+    # the new leader's mirror telemetry (what `raftmq lag` reads): the ISR without the killed node, then with it
+    _wait("the ISR expansion in the new leader's telemetry", lambda: (
+        isr := [r["isr"] for r in _telemetry(new_leader) if r["type"] == "isr"])
+        and any(leader not in members for members in isr) and leader in isr[-1])
+    assert any(r["type"] == "state" and r.get("followers") for r in _telemetry(new_leader))
 
     conn, ch = _channel(cluster)
     with conn:
@@ -174,7 +204,7 @@ def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -
         if name != leader:
             _wait(f"{QUEUE} gone on {name}", lambda n=n: http(n.plan.management_port, "GET",
                                                                f"/api/queues/%2F/{QUEUE}")[0] == 404)
-            assert not any((n.data_dir / "mirror").glob("*")), list((n.data_dir / "mirror").iterdir())
+            assert not _replica_dirs(n), _replica_dirs(n)
 
 
 MOVES = "hb.moves"

@@ -65,6 +65,7 @@ def test_file_users_and_lists(tmp_path: Path) -> None:
         (["--ssl-fail-if-no-peer-cert", "true"], {}, "ssl_fail_if_no_peer_cert needs"),
         (["--ssl-cert-login", "true"], {}, "ssl_cert_login needs"),
         (["--ssl-cert-login-from", "email"], {}, "ssl_cert_login_from"),
+        (["--mirror-flush", "sometimes"], {}, "mirror_flush must be fsync|unsynced"),
     ],
 )
 def test_bad_values_are_refused_naming_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:

@@ -1,5 +1,5 @@
-"""spark_analytics.isr on hand-built mirrored-queue `isr` records, with exact expected values; and the job's ISR
-tables, report lines and chart from them."""
+"""spark_analytics.isr and spark_analytics.truncations on hand-built mirrored-queue `isr` and `truncate` records,
+with exact expected values; and the job's ISR and truncation tables, report lines and chart from them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,15 @@ pytest.importorskip("pyspark")
 from pyspark.sql import SparkSession
 
 from spark_analytics import isr as I
-from spark_analytics.job import JobSpec, collect_isr_rows, collect_report_rows, compute_tables, draw_charts
+from spark_analytics import truncations as TR
+from spark_analytics.job import (
+    JobSpec,
+    collect_isr_rows,
+    collect_report_rows,
+    collect_truncation_rows,
+    compute_tables,
+    draw_charts,
+)
 from spark_analytics.report import render_report
 from spark_analytics.transforms import LagConfig
 from tests.spark.frames import rows_of, telemetry
@@ -36,6 +44,30 @@ RECORDS = [
     isr(5000, "b", ["b"], term=1),  # a dies: b leads epoch 1 (a out; c still out)
     {"type": "commit", "ts_ms": 5100, "node": "b", "group": G, "term": 1, "commit_index": 7},  # not an isr record
 ]
+
+
+
+def truncate(ts: int, replica: str, from_index: int, to_index: int, how: str, term: int = 1) -> dict[str, Any]:
+    return {"kind": "mirror", "type": "truncate", "ts_ms": ts, "node": replica, "group": G, "term": term,
+            "role": "follower", "from_index": from_index, "to_index": to_index, "how": how}
+
+
+TRUNCATES = [
+    truncate(5200, "a", 9, 7, "leader-epoch"),  # a back: its unreplicated tail above b's epoch-0 end goes
+    truncate(5300, "c", 7, 7, "leader-epoch"),  # nothing to cut (still a truncation round)
+    truncate(6000, "c", 8, 5, "hw (unsafe)"),  # c cut to its stale HW checkpoint
+    truncate(7000, "c", 6, 5, "hw (unsafe)"),
+]
+
+
+def test_truncations_per_replica_and_mode(spark: SparkSession) -> None:
+    table = TR.truncations(telemetry(spark, RECORDS + TRUNCATES))
+    assert rows_of(table, "replica", "how", "truncations", "offsets_dropped", "max_dropped", "first_ts_ms",
+                   "last_ts_ms", "unsafe") == [
+        ("a", "leader-epoch", 1, 2, 2, 5200, 5200, False),
+        ("c", "hw (unsafe)", 2, 4, 3, 6000, 7000, True),
+        ("c", "leader-epoch", 1, 0, 0, 5300, 5300, False),
+    ]
 
 
 def test_out_of_isr_episodes_per_replica(spark: SparkSession) -> None:
@@ -71,13 +103,21 @@ def test_isr_followers_joins_time_out_of_the_isr_with_lag_and_the_queues_changes
 
 def test_the_job_computes_the_isr_tables_and_draws_the_report_and_chart(spark: SparkSession, tmp_path: Path) -> None:
     """The job's steps after the read, without the writes (every table is written the same way; test_job.py)."""
-    tables = compute_tables(telemetry(spark, [{"kind": "mirror", **row} for row in RECORDS]), LagConfig())
-    assert tables.mirrored
-    assert {"isr_episodes", "isr_followers", "isr_changes"} <= set(tables.named())
+    tables = compute_tables(telemetry(spark, [{"kind": "mirror", **row} for row in RECORDS + TRUNCATES]),
+                            LagConfig())
+    assert tables.mirrored and tables.truncated
+    assert {"isr_episodes", "isr_followers", "isr_changes", "truncations"} <= set(tables.named())
     charts = draw_charts(tables, JobSpec(inputs=(), output=str(tmp_path)), tmp_path / "charts")
     assert [Path(c).name for c in charts] == ["isr-mirror_%2F_q.png"]
     assert Path(charts[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    report = render_report(*collect_report_rows(tables, 20), LagConfig(), 6, 0.0, isr=collect_isr_rows(tables, 20))
+    report = render_report(*collect_report_rows(tables, 20), LagConfig(), 10, 0.0, isr=collect_isr_rows(tables, 20),
+                           truncations=collect_truncation_rows(tables, 20))
     assert f"{G} b: out of the ISR 2.0 s in 1 episode(s), max lag - messages / -;" in report
+    truncation_lines = report.split("truncations per replica and mode (unsafe modes first):\n")[1].splitlines()
+    assert truncation_lines == [
+        f"  {G} c: 2 truncation(s) by hw (unsafe) (UNSAFE), 4 message(s) dropped (largest cut 3)",
+        f"  {G} a: 1 truncation(s) by leader-epoch, 2 message(s) dropped (largest cut 2)",
+        f"  {G} c: 1 truncation(s) by leader-epoch, 0 message(s) dropped (largest cut 0)",
+    ]
     for frame in tables.cached:
         frame.unpersist()

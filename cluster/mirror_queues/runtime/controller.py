@@ -1,7 +1,11 @@
 """The controller side of one mirrored queue: replica reports in, metadata commands committed, LeaderAndIsr out.
 
 What it is for: the replicas' link to the metadata group, where leader, epoch and ISR are committed
-(cluster/metadata/mirror.py). A replica's `Hello` (it started) becomes `MirrorReplicaUp`, a leader's `AlterIsr`
+(cluster/metadata/mirror.py). A replica's `Hello` (it started) becomes `MirrorReplicaUp`: the first hello of an
+incarnation (`Hello.incarnation`, one id per process start) only. A replica repeats its hello until a
+`LeaderAndIsr` reaches it, so a repeat (a live replica, the same incarnation) commits nothing and is answered with
+the record; a hello of a new incarnation from a replica still counted live (restarted before it was reported down)
+is its old incarnation's `MirrorReplicaDown` first, then the new one's `MirrorReplicaUp`. A leader's `AlterIsr`
 becomes `AlterMirrorIsr`, and the failure detector's verdict that a replica is gone (`replica_down`) becomes
 `MirrorReplicaDown`; after each commit every live replica is told the committed record (`LeaderAndIsr`), so a
 replica acts only on what the metadata group committed. A refused `AlterIsr` (a deposed leader, "fenced") is
@@ -40,6 +44,8 @@ class MirrorController:
         self._send = send
         self.live: set[str] = set()
         self.log_ends: dict[str, list[int]] = {}
+        self.incarnations: dict[str, int] = {}  # the incarnation of each replica's last hello
+        self.repeats = 0  # hellos taken for repeats (answered with the record, nothing committed)
         self._events_in, self._events = trio.open_memory_channel[Event](1024)
         self.outcomes: list[tuple[str, Outcome]] = []  # (command type, outcome), for tests and diagnostics
 
@@ -64,9 +70,14 @@ class MirrorController:
             command = MirrorReplicaDown(self.vhost, self.name, replica, current.epoch, tuple(sorted(self.live)),
                                         dict(self.log_ends))
         elif isinstance(message, Hello):
+            if replica in self.live and self.incarnations.get(replica) == message.incarnation:
+                self.repeats += 1  # its LeaderAndIsr is on the way (or lost): once more, to it alone
+                self._send(replica, LeaderAndIsr(current.leader, current.epoch, current.isr))
+                return
             if replica in self.live:  # a new incarnation said hello before its old one was reported down
                 await self._handle(replica, None)
                 current = self._record() or current
+            self.incarnations[replica] = message.incarnation
             self.live.add(replica)
             self.log_ends[replica] = [message.last_epoch, message.leo]
             command = MirrorReplicaUp(self.vhost, self.name, replica, current.epoch, tuple(sorted(self.live)),

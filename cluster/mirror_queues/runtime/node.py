@@ -10,11 +10,12 @@ image (`ReplicaStore.persist`: with `flush="fsync"` that fsyncs the new records,
 follower reports a LEO, before it is on disk), then the effects are carried out: `Send` over the transport,
 `Confirmed`/`Nacked` answered to the publisher, `IsrChanged` sent to the controller as `AlterIsr`, `Truncated`
 logged. On start the replica recovers from its files (if any) and says `Hello` to the controller (repeated every
-second until the controller answers) with its log end and whether its crash may have lost acknowledged writes
-(`flush="unsynced"`); the controller's `LeaderAndIsr` makes it leader or follower of a newer epoch, or updates a
-leader's ISR. A follower fetches again as soon as a reply comes; a leader parks a fetch that would get
-nothing new for up to `fetch_max_wait_ms` and answers it when its log or HW moves (Kafka's fetch.max.wait.ms), so
-a publish reaches the followers without a polling loop. A timer every `tick_ms` ticks the core (lag check, HW
+second until the controller answers) with its log end, whether its crash may have lost acknowledged writes
+(`flush="unsynced"`) and its incarnation (the start's wall clock in ns, one id per process start, so the
+controller takes a repeat for a repeat and a restart for a restart); the controller's `LeaderAndIsr` makes it
+leader or follower of a newer epoch, or updates a leader's ISR. A follower fetches again as soon as a reply
+comes; a leader parks a fetch that would get nothing new for up to `fetch_max_wait_ms` and answers it when its log
+or HW moves (Kafka's fetch.max.wait.ms), so a publish reaches the followers without a polling loop. A timer every `tick_ms` ticks the core (lag check, HW
 checkpoint), answers parked fetches that waited long enough, resends a follower's request unanswered for
 `fetch_timeout_ms`, and with `flush="unsynced"` writes the page cache back every `writeback_interval_ms` (`Replica.flush`).
 """
@@ -107,7 +108,7 @@ class ReplicaNode:
         else:
             self.replica = Replica(config.name, self.settings, now)
         self.store.persist(self.replica)
-        self.telemetry = MirrorTelemetry(directory, config.name, config.group, wall_ms)
+        self.telemetry = MirrorTelemetry(directory, config.name, wall_ms)
         self.transport = MirrorTransport(config.name, config.secret.encode(), config.peers, self._on_message)
         self.publishers: dict[str, str] = {}
         self.greeted = False
@@ -116,12 +117,13 @@ class ReplicaNode:
         self.parked: dict[str, tuple[FetchRequest, int]] = {}  # leader: fetches with nothing new, and since when
         self.hw_sent: dict[str, int] = {}  # leader: the HW each follower was last told
         self.last_hello_ms = 0
+        self.incarnation = time.time_ns()  # this process start's id in every Hello
         self.last_writeback_ms = now
 
     # --- effects -----------------------------------------------------------------------------------------------
 
     def _run(self, effects: list[Effect]) -> None:
-        self.telemetry.on_append(self.replica, self.store.persist(self.replica, effects))
+        self.telemetry.on_append(self.config.group, self.replica, self.store.persist(self.replica, effects))
         for effect in effects:
             if isinstance(effect, Send):
                 if isinstance(effect.message, FetchResponse):
@@ -140,8 +142,8 @@ class ReplicaNode:
                                                                      tuple(sorted(effect.isr))))
             elif isinstance(effect, Truncated):
                 log.info("%s: truncated %d -> %d by %s", effect.replica, effect.from_leo, effect.to_leo, effect.how)
-                self.telemetry.on_truncate(self.replica, effect)
-        self.telemetry.after(self.replica)
+                self.telemetry.on_truncate(self.config.group, self.replica, effect)
+        self.telemetry.after(self.config.group, self.replica)
 
     # --- messages ----------------------------------------------------------------------------------------------
 
@@ -216,7 +218,8 @@ class ReplicaNode:
         if not self.greeted and now - self.last_hello_ms >= HELLO_INTERVAL_MS:
             self.last_hello_ms = now
             r = self.replica
-            self.transport.send(self.config.controller, Hello(r.name, self.unclean, r.latest_epoch(), r.leo))
+            self.transport.send(self.config.controller,
+                                Hello(r.name, self.unclean, r.latest_epoch(), r.leo, self.incarnation))
         if self.settings.flush == "unsynced" and now - self.last_writeback_ms >= self.config.writeback_interval_ms:
             self.last_writeback_ms = now
             self.replica.flush()
@@ -226,7 +229,7 @@ class ReplicaNode:
         if self.replica.role == "follower" and (
                 self.awaiting_since is None or now - self.awaiting_since >= self.config.fetch_timeout_ms):
             self._poll(now)
-        self.telemetry.sample_replica(self.replica)
+        self.telemetry.sample_replicas([(self.config.group, self.replica)])
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:

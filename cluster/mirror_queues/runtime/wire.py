@@ -4,9 +4,10 @@ The replica protocol is the core's four messages (`FetchRequest`/`FetchResponse`
 `EpochEndResponse`, cluster/mirror_queues/core/types.py). Around them, until the broker backend carries them, the
 control messages of the real-process harness: `LeaderAndIsr` (the controller tells a replica the committed leader,
 epoch and ISR, as Kafka's LeaderAndIsr request), `AlterIsr` (a leader's shrink/expand request; the controller
-answers with `LeaderAndIsr`), `Hello` (a replica started: its log end and whether it may have lost acknowledged
-writes), `Publish`/`PublishResult` (a client's message and its confirm or nack), `Status`/`StatusReply` (a replica's
-role, epoch, LEO, HW, ISR and log, for the checker and `raftmq`-style listings).
+answers with `LeaderAndIsr`), `Hello` (a replica started: its log end, whether it may have lost acknowledged
+writes, and the incarnation id of this start, so a repeated hello is told apart from a restart),
+`Publish`/`PublishResult` (a client's message and its confirm or nack), `Status`/`StatusReply` (a replica's role,
+epoch, LEO, HW, ISR and log, for the checker and `raftmq`-style listings).
 
 Encoding: cbor `[type name, field values in declaration order...]`; records as `[offset, epoch, msg]`, sets as
 sorted lists, a snapshot as `[offset, epoch, data]` or null. `decode` refuses unknown types and wrong arities
@@ -55,6 +56,7 @@ class Hello:
     unclean: bool  # restarted from files whose unflushed tail a crash may have lost
     last_epoch: int
     leo: int
+    incarnation: int = 0  # one id per process start (node.py: its start time in ns): equal = the same start
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,14 @@ and a 10 ms timer ticks the cores (ISR lag check, HW checkpoint) and resends una
   or a follower that starts over from the leader's snapshot) restores the replica's own snapshot and replays from
   it rather than applying records twice.
 - Records hold the proposal bytes as a latin-1 `str` (the core's `msg` is a `str`); so do snapshots.
+- `flush` (the node's `mirror_flush`): `fsync` (the default) as above; `unsynced` (unsafe, for the failure
+  scenarios) keeps appends in the replica (the core's unflushed tail, Kafka's page cache) and writes them back
+  every `WRITEBACK_MS`: a follower reports them at once, the broker applies records below the HW whether written
+  or not, and a kill -9 loses the tail, confirmed messages included; a node restarting from such files says it is
+  `unclean` when it reports itself up.
+- Telemetry (`MirrorTelemetry`, one writer for every hosted queue, under <data_dir>/mirror/telemetry/): `append`
+  once a batch is durable (the writer releases it), `commit`/`isr` after each core call, `truncate` per
+  truncation, a `state` sample per queue every second, as the replica processes write them (docs/telemetry.md).
 """
 
 from __future__ import annotations
@@ -71,15 +79,18 @@ from cluster.mirror_queues.core.types import (
     EpochEndResponse,
     FetchRequest,
     FetchResponse,
+    Flush,
     IsrChanged,
     Message,
     Nacked,
+    Record,
     Send,
     Settings,
     SnapshotInstalled,
     Truncated,
 )
 from cluster.mirror_queues.runtime.storage import ReplicaStore
+from cluster.mirror_queues.runtime.telemetry import MirrorTelemetry
 from cluster.mirror_queues.runtime.transport import MirrorTransport
 from cluster.mirror_queues.runtime.wire import Forward, Routed, WireError, WireMessage, decode, encode
 from cluster.raft.core.types import Entry, GroupId, Index, NodeId, Term
@@ -93,6 +104,7 @@ FETCH_TIMEOUT_MS: Final = 500
 FETCH_MAX_WAIT_MS: Final = 200
 LAG_MAX_MS: Final = 3_000  # a follower this far behind leaves the ISR (Kafka's replica.lag.time.max.ms)
 HW_CHECKPOINT_MS: Final = 1_000
+WRITEBACK_MS: Final = 1_000  # flush = "unsynced": the "page cache" is written back this often
 TRIM_RECORDS: Final = 2_000  # applied records above the log start before the replica snapshots and trims
 
 
@@ -128,6 +140,7 @@ class _Group:
     parked: dict[str, tuple[FetchRequest, int, int, int]] = field(default_factory=dict)  # (req, since, leo, hw)
     hw_sent: dict[str, int] = field(default_factory=dict)
     said_up: bool = False
+    unclean: bool = False  # restarted from files whose unflushed tail a crash may have lost (flush = "unsynced")
     durable: int = 0  # the offset after the last record this node's files hold (written and fsynced)
 
 
@@ -138,7 +151,7 @@ class MirrorGroups:
                  on_apply_many: Callable[[GroupId, tuple[Entry, ...]], None],
                  on_leader_change: Callable[[GroupId, NodeId | None], None],
                  submit: Callable[[Any], None], snapshots: SnapshotHost | None = None,
-                 trim_records: int = TRIM_RECORDS) -> None:
+                 trim_records: int = TRIM_RECORDS, telemetry: bool = True, flush: str = "fsync") -> None:
         self.name = name
         self.data_dir = data_dir
         self.transport = MirrorTransport(name, secret, peers, self._on_message)
@@ -147,16 +160,28 @@ class MirrorGroups:
         self.submit = submit
         self.snapshots = snapshots  # without one the log is never trimmed
         self.trim_records = trim_records
+        self.flush: Flush = "unsynced" if flush == "unsynced" else "fsync"  # the node's `mirror_flush`
+        self._last_writeback_ms = wall_ms()
         self.groups: dict[GroupId, _Group] = {}
         self.live: frozenset[str] = frozenset(peers) | {name}
         self.stats = {"appended": 0, "forwarded": 0, "refused": 0, "truncations": 0, "trims": 0,
                       "snapshots_installed": 0, "write_batches": 0}
         # (group, (plan, the files' end after it), effects | None = remove the group's files)
-        self._writes: list[tuple[_Group, tuple[Any, int], list[Effect] | None]] = []
+        self._writes: list[tuple[_Group, tuple[Any, int, list[Record]], list[Effect] | None]] = []
         self._writes_wanted = trio.Event()
         self._writer_running = False
+        # LEO, HW, ISR and truncations of every hosted queue under <data_dir>/mirror/telemetry/ (docs/telemetry.md)
+        self.telemetry = MirrorTelemetry(data_dir, name, wall_ms) if telemetry else None
 
     async def run(self, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await self._run_tasks(host, port, task_status)
+        finally:
+            telemetry, self.telemetry = self.telemetry, None
+            if telemetry is not None:
+                telemetry.close()  # after the writer task (it writes `append` records); none from now on
+
+    async def _run_tasks(self, host: str, port: int, task_status: Any) -> None:
         async with trio.open_nursery() as nursery:
             try:
                 await nursery.start(self.transport.serve, host, port)
@@ -181,13 +206,15 @@ class MirrorGroups:
             return
         settings = Settings(min_insync=record.min_insync if record is not None else 1,
                             replica_lag_max_ms=LAG_MAX_MS, hw_checkpoint_interval_ms=HW_CHECKPOINT_MS,
-                            truncation="hw" if truncation == "hw" else "leader-epoch")
+                            truncation="hw" if truncation == "hw" else "leader-epoch", flush=self.flush)
         store = ReplicaStore(self.data_dir / "mirror" / group.replace("/", "~"))
         now = wall_ms()
-        replica = (Replica.recover(self.name, settings, store.load(), now) if store.exists()
+        recovered = store.exists()
+        replica = (Replica.recover(self.name, settings, store.load(), now) if recovered
                    else Replica(self.name, settings, now))
         store.persist(replica)
-        g = _Group(group, vhost, name, replicas, replica, store, durable=store.written)
+        g = _Group(group, vhost, name, replicas, replica, store, durable=store.written,
+                   unclean=recovered and self.flush == "unsynced")
         if replica.snapshot is not None and self.snapshots is not None:  # restart: the snapshot, then the records
             self.snapshots.restore(group, replica.snapshot.data.encode("latin-1"))
             g.applied = replica.log_start
@@ -201,8 +228,10 @@ class MirrorGroups:
         g = self.groups.pop(group, None)
         if g is None:
             return
+        if self.telemetry is not None:
+            self.telemetry.forget_mirror(group)
         if self._writer_running:  # after the writes queued before it
-            self._writes.append((g, ([], 0), None))
+            self._writes.append((g, ([], 0, []), None))
             self._writes_wanted.set()
             return
         self._drop_files(g)
@@ -243,7 +272,7 @@ class MirrorGroups:
         if not record.leader and self.name in record.replicas and not g.said_up:
             g.said_up = True  # nobody can lead: say this replica is up (it may be electable)
             self.submit(MirrorReplicaUp(g.vhost, g.name, self.name, record.epoch, tuple(sorted(self.live)),
-                                        False, {self.name: [r.latest_epoch(), r.leo]}))
+                                        g.unclean, {self.name: [r.latest_epoch(), r.leo]}))
         if leader != g.leader:
             g.leader = leader
             log.info("cluster: mirrored queue %s/%s: leader %s, epoch %d, ISR %s", g.vhost, g.name, leader or "-",
@@ -318,14 +347,14 @@ class MirrorGroups:
         """Files first (the core's crash image), then the effects, then the newly committed records: planned now,
         written by the writer task (or at once without it), released in order after."""
         plan = g.store.plan(g.replica, effects)
-        written = g.store.written
+        written, appended = g.store.written, g.store.planned_appended
         if self._writer_running:
-            self._writes.append((g, (plan, written), effects))
+            self._writes.append((g, (plan, written, appended), effects))
             self._writes_wanted.set()
             return
         g.store.execute(plan)
         g.durable = written
-        self._after_write(g, effects)
+        self._after_write(g, effects, appended)
 
     async def _writer(self) -> None:
         """Runs every queued plan in one worker thread call, then releases their effects in order."""
@@ -344,13 +373,15 @@ class MirrorGroups:
                     elif self.groups.get(g.group) is g:
                         g.durable = planned[1]
                         try:
-                            self._after_write(g, effects)
+                            self._after_write(g, effects, planned[2])
                         except Exception:  # as the tick: one queue's failure must not stop every queue's writes
                             log.exception("cluster: mirrored queue %s/%s: after a write", g.vhost, g.name)
         finally:
             self._writer_running = False
 
-    def _after_write(self, g: _Group, effects: list[Effect]) -> None:
+    def _after_write(self, g: _Group, effects: list[Effect], appended: list[Record] | None = None) -> None:
+        if self.telemetry is not None and appended:
+            self.telemetry.on_append(g.group, g.replica, appended)
         for effect in effects:
             if isinstance(effect, Send):
                 if isinstance(effect.message, FetchResponse):
@@ -362,6 +393,8 @@ class MirrorGroups:
                 self.stats["truncations"] += 1
                 log.info("cluster: mirrored queue %s/%s: truncated %d -> %d by %s", g.vhost, g.name,
                          effect.from_leo, effect.to_leo, effect.how)
+                if self.telemetry is not None:
+                    self.telemetry.on_truncate(g.group, g.replica, effect)
             elif isinstance(effect, SnapshotInstalled):
                 self.stats["snapshots_installed"] += 1
                 log.info("cluster: mirrored queue %s/%s: installed the leader's snapshot at offset %d", g.vhost,
@@ -369,6 +402,8 @@ class MirrorGroups:
                 if self.snapshots is not None:
                     self.snapshots.restore(g.group, effect.snapshot.data.encode("latin-1"))
                 g.applied = effect.snapshot.offset
+        if self.telemetry is not None:
+            self.telemetry.after(g.group, g.replica)
         self._deliver(g)
         self._maybe_trim(g)
 
@@ -388,7 +423,7 @@ class MirrorGroups:
                 log.error("cluster: mirrored queue %s/%s: log cut below what was applied (%d < %d)", g.vhost,
                           g.name, r.leo, g.applied)
                 g.applied = r.leo
-        upto = min(r.hw, g.durable)
+        upto = min(r.hw, r.leo if r.settings.flush == "unsynced" else g.durable)  # unsynced: the page cache counts
         if upto <= g.applied:
             return
         records = r.records(g.applied, upto)
@@ -479,12 +514,19 @@ class MirrorGroups:
             self._run(g, effects)
 
     def _tick(self, now: int) -> None:
+        writeback = self.flush == "unsynced" and now - self._last_writeback_ms >= WRITEBACK_MS
+        if writeback:
+            self._last_writeback_ms = now
         for g in list(self.groups.values()):
+            if writeback:
+                g.replica.flush()
             self._run(g, g.replica.tick(now))
             self._release(g, now)
             if g.replica.role == "follower" and (
                     g.awaiting_since is None or now - g.awaiting_since >= FETCH_TIMEOUT_MS):
                 self._poll(g, now)
+        if self.telemetry is not None:
+            self.telemetry.sample_replicas((g.group, g.replica) for g in list(self.groups.values()))
 
     # --- status -----------------------------------------------------------------------------------------------
 
