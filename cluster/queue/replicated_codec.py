@@ -6,8 +6,9 @@ the first few bytes without decoding the command (`envelope.EnvelopeCodec` does,
 entry is an `envelope.Envelope`: this proposal behind the queue's incarnation; only `envelope` calls this module
 for the node.
 
-Consumer and publisher ids are opaque hashables; the ones we use are tuples of str/int (or plain str/int). cbor
-turns tuples into lists, so ids are encoded with `encode_id` and every list in an id comes back as a tuple. Message
+Consumer and publisher ids are opaque hashables; the broker's are the typed ids of `cluster.queue.ids`, which
+`encode_id` writes as their wire arrays and `decode_id` reads back (the same arrays as the tuples they replaced);
+any other tuple of str/int is written as a list and comes back as a tuple. Message
 payloads are opaque to this module: the caller passes `encode_payload(payload) -> cbor-able value` and
 `decode_payload(value) -> payload`.
 
@@ -40,6 +41,7 @@ from cluster.queue.group_ids import INCARNATION_LIMIT as INCARNATION_LIMIT
 from cluster.queue.group_ids import INCARNATION_SEPARATOR as INCARNATION_SEPARATOR
 from cluster.queue.group_ids import parse_queue_group_id as parse_queue_group_id
 from cluster.queue.group_ids import queue_group_id as queue_group_id
+from cluster.queue.ids import from_wire, to_wire
 from cluster.queue.types import (
     DEAD_LETTER_STRATEGIES,
     OVERFLOW_MODES,
@@ -95,14 +97,19 @@ class Proposal:
 
 
 def encode_id(value: Hashable) -> Any:
-    """A consumer/publisher id as a cbor-able value (tuples become lists)."""
+    """A consumer/publisher id as a cbor-able value: a typed id (`cluster.queue.ids`) as its wire array, other
+    tuples as lists."""
     if isinstance(value, tuple):
+        wire = to_wire(value)
+        if wire is not None:
+            return wire
         return [encode_id(item) for item in value]
     return value
 
 
 def decode_id(value: Any) -> Hashable:
-    """Inverse of `encode_id`: lists come back as tuples. Raises ProposalDecodeError for non-id values."""
+    """Inverse of `encode_id`: a typed id's wire array comes back as that id, other lists as tuples. Raises
+    ProposalDecodeError for non-id values."""
     return _decode_id(value, 0)
 
 
@@ -119,7 +126,7 @@ def _decode_id(value: Any, depth: int) -> Hashable:
                     raise ProposalDecodeError(f"id part out of range: {item!r:.80}")
             elif not (item_kind is str or item_kind is bytes or item is None or item_kind is bool):
                 return tuple([_decode_id(part, depth + 1) for part in items])  # nested: the general path
-        return items
+        return from_wire(items)
     if kind is int:
         return _int(value, INT_MIN)
     if kind is str or kind is bytes or value is None or kind is bool:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cluster.queue.envelope import Envelope
+from cluster.queue.ids import ChannelPublisherId
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.broker import (
@@ -547,7 +548,7 @@ class Broker(BrokerState):
         conn.channels[number] = ch
         self.getters[get_id] = ch
         if self.global_ids:
-            ch.publisher_id = (self.config.node_name, self.config.boot_id, conn.conn_id, number)
+            ch.publisher_id = ChannelPublisherId(self.config.node_name, self.config.boot_id, conn.conn_id, number)
             self.publishers[ch.publisher_id] = ch
 
     def close_channel_state(self, conn: ConnState, number: int) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.queue.envelope import PROPOSAL_IDS_PER_BOOT
+from cluster.queue.ids import ConsumerId, GetterId
 from node.amqp.auth import parse_sasl_response
 from node.broker import user_limits, vhost_limits
 from node.broker.auth import Permission, UserStore
@@ -243,18 +244,19 @@ class BrokerState(ABC):
     # --- helpers shared by the handler modules --------------------------------------------------------------
 
     def new_consumer_id(self) -> Hashable:
-        """A fresh consumer id: an int, or with `global_ids` (node_name, boot_id, n)."""
+        """A fresh consumer id: an int, or with `global_ids` a `ConsumerId(node_name, boot_id, n)`."""
         cid = self._next_consumer_id
         self._next_consumer_id += 1
         if self.global_ids:
-            return (self.config.node_name, self.config.boot_id, cid)
+            return ConsumerId(self.config.node_name, self.config.boot_id, cid)
         return cid
 
-    def new_getter_id(self) -> Hashable:
-        """A fresh id for one basic.get of a Raft queue, ("get", node_name, boot_id, n)."""
+    def new_getter_id(self) -> GetterId:
+        """A fresh id for one basic.get of a Raft queue, `GetterId(node_name, boot_id, n)` (n from the consumers'
+        counter: a getter id never holds a consumer id's values)."""
         n = self._next_consumer_id
         self._next_consumer_id += 1
-        return ("get", self.config.node_name, self.config.boot_id, n)
+        return GetterId(self.config.node_name, self.config.boot_id, n)
 
     def new_proposal_id(self) -> int:
         """This node's number for its next queue proposal (`ProposeQueue`): ids start at boot_id *

@@ -46,6 +46,7 @@ from cluster.queue import (
     peek_proposal,
     queue_group_id,
 )
+from cluster.queue.ids import ChannelPublisherId, ConsumerId, GetterId
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -139,19 +140,20 @@ def test_every_command_round_trips(proposal: Proposal) -> None:
 
 def test_codec_covers_every_command_type() -> None:
     message = QueuedMessage(b"body", 4, True, 3, 500)
-    cid = ("nodeA", 1712, 7)
+    cid = ConsumerId("nodeA", 1712, 7)
+    publisher = ChannelPublisherId("nodeA", 1712, 3, 1)
     examples: list[QueueCommand] = [
-        Enqueue(message, 10, ("nodeA", 1712, 3, 1), 42),
+        Enqueue(message, 10, publisher, 42),
         Enqueue(message, 10),
-        EnqueueMany(("nodeA", 1712, 3, 1), 10, (message, message, message), (43, 44, 45)),
-        EnqueueMany(("nodeA", 1712, 3, 1), 10, (message, message), (50, 47)),
+        EnqueueMany(publisher, 10, (message, message, message), (43, 44, 45)),
+        EnqueueMany(publisher, 10, (message, message), (50, 47)),
         Attach(cid, 11, prefetch=5, credit=9, priority=2, no_ack=True),
         Detach(cid, 12),
         AddCredit(cid, 3),
         Settle(cid, (MsgId(1), MsgId(2))),
         Return(cid, (MsgId(3),), 13),
         Discard(cid, (), 14),
-        Get(("get", "nodeA", 1712, 3), False, 15),
+        Get(GetterId("nodeA", 1712, 3), False, 15),
         Expire(16),
         Purge(),
         Recover(MsgId(9), message, 2, 99),
@@ -162,9 +164,9 @@ def test_codec_covers_every_command_type() -> None:
     for number, command in enumerate(examples):
         decoded = roundtrip(Proposal("rabbit@host-1", number, command))
         assert decoded.command == command
-        for field in ("consumer_id", "publisher_id"):
+        for field in ("consumer_id", "publisher_id"):  # typed ids come back as their types (cluster/queue/ids.py)
             if hasattr(command, field) and getattr(command, field) is not None:
-                assert type(getattr(decoded.command, field)) is tuple
+                assert type(getattr(decoded.command, field)) is type(getattr(command, field))
 
 
 def test_payload_codec_is_applied_both_ways() -> None:
