@@ -179,6 +179,8 @@ class Broker(BrokerState):
 
     def take_effects(self) -> list[Effect]:
         self._close_batch()
+        if self.open_batches:
+            self.seal_proposals()
         out, self.out = self.out, []
         return reply_gate.divert(self, out) if self.held else out
 
@@ -409,6 +411,7 @@ class Broker(BrokerState):
         stored_policies = [r for r in records if type(r) is PolicyRecord]
         recovery.recover(self, [r for r in records if type(r) is not PolicyRecord] if stored_policies else records)
         self._batch = None
+        self.open_batches.clear()
         self.out.clear()
         policy_apply.apply_records(self, stored_policies)  # (a policy's limits may drop recovered messages)
         return self._finish()
@@ -597,6 +600,8 @@ class Broker(BrokerState):
             self._close_batch()
         if self.flow_paused:
             credit_flow.recheck(self)
+        if self.open_batches:
+            self.seal_proposals()
         out = self.out
         self.out = []
         return reply_gate.divert(self, out) if self.held else out

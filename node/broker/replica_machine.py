@@ -106,7 +106,8 @@ def propose(broker: BrokerState, queue: QueueState, command: Any) -> None:
     if type(command) is Detach and is_local(broker, command.consumer_id):
         track(broker.detaching, command.consumer_id)
     machine = queue.machine
-    if type(machine) is ProposingMachine:
+    if type(machine) is ProposingMachine and machine.batch is not None:
+        machine.batch.seal()
         machine.batch = None  # a later publish must not overtake this command: it starts a new batch
     if type(command) is Enqueue:
         queue.flow_inflight += 1  # credit_flow.py: applied (or given up) later

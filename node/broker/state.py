@@ -119,6 +119,7 @@ class BrokerState(ABC):
         self._batch: list[Record] | None = None  # records of the open Persist (see `persist`)
         self._batch_token = 0
         self._batch_index = 0
+        self.open_batches: list[Any] = []  # replicated: publish batches to seal before `out` leaves (replica_wire)
         self.now_ms = 0
         self._next_consumer_id = 1
         self._next_token = 1
@@ -307,6 +308,13 @@ class BrokerState(ABC):
         if batch is not None:
             self._batch = None
             self.out[self._batch_index] = Persist(self._batch_token, tuple(batch))
+
+    def seal_proposals(self) -> None:
+        """Replicated mode: every publish batch still open puts its final `EnqueueMany` in `out` (replica_wire.Batch:
+        an effect is never changed once the runtime may see it)."""
+        for batch in self.open_batches:
+            batch.seal()
+        self.open_batches.clear()
 
     def vhost_of(self, conn: ConnState) -> VHost[QueueState]:
         vhost = self.vhosts.get(conn.vhost)
