@@ -46,7 +46,13 @@ from cluster.queue import (
     peek_proposal,
     queue_group_id,
 )
-from cluster.queue.ids import ChannelPublisherId, ConsumerId, GetterId
+from cluster.queue.ids import (
+    AtMostOnceDeadLetterPublisher,
+    ChannelPublisherId,
+    ConsumerId,
+    DeadLetterPublisher,
+    GetterId,
+)
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -63,12 +69,15 @@ def roundtrip(proposal: Proposal) -> Proposal:
 
 names = st.text(min_size=1, max_size=12)
 small_ints = st.integers(min_value=0, max_value=2**40)
-ids: st.SearchStrategy[Hashable] = st.one_of(
+ids: st.SearchStrategy[Hashable] = st.one_of(  # the broker's typed ids (cluster/queue/ids.py) and other ids
     st.integers(min_value=-(2**63), max_value=2**63),
     st.text(max_size=8),
-    st.tuples(names, small_ints, small_ints),
-    st.tuples(st.just("get"), names, small_ints, small_ints),
-    st.tuples(names, small_ints, small_ints, st.integers(min_value=0, max_value=65535)),
+    st.builds(ConsumerId, names, small_ints, small_ints),
+    st.builds(GetterId, names, small_ints, small_ints),
+    st.builds(ChannelPublisherId, names, small_ints, small_ints, st.integers(min_value=0, max_value=65535)),
+    st.builds(DeadLetterPublisher, names, names, st.none() | small_ints),
+    st.builds(AtMostOnceDeadLetterPublisher, names, names),
+    st.tuples(names, names),
 )
 msg_id_lists = st.lists(st.integers(min_value=1, max_value=2**40).map(MsgId), max_size=5).map(tuple)
 messages = st.builds(
@@ -324,8 +333,8 @@ def test_bad_window_is_refused() -> None:
 
 # --- replicas -------------------------------------------------------------------------------------------------
 
-CONSUMERS = [("nodeA", 1712, 1), ("nodeB", 99, 1), ("nodeA", 1712, 2)]
-PUBLISHERS = [("nodeA", 1712, 1, 1), ("nodeB", 99, 4, 2)]
+CONSUMERS = [ConsumerId("nodeA", 1712, 1), ConsumerId("nodeB", 99, 1), ConsumerId("nodeA", 1712, 2)]
+PUBLISHERS = [ChannelPublisherId("nodeA", 1712, 1, 1), ChannelPublisherId("nodeB", 99, 4, 2)]
 SCENARIO_ARGS = [
     QueueArgs(),
     QueueArgs(max_length=3, overflow="reject-publish", dead_letter_exchange="dlx"),
@@ -366,7 +375,7 @@ def scenario_commands(draw: st.DrawFn) -> list[QueueCommand]:
                 Return(cid, ids_taken, clock) if draw(st.booleans()) else Discard(cid, ids_taken, clock)
             )
         else:
-            out.append(Get(("get", *cid), draw(st.booleans()), clock))
+            out.append(Get(GetterId(cid.node, cid.boot, cid.n), draw(st.booleans()), clock))
     return out
 
 
@@ -527,7 +536,8 @@ def test_encode_refuses_what_decode_would_reject(command: QueueCommand) -> None:
 @pytest.mark.parametrize(
     "raw,expected",
     [
-        (["n", 1, 2], ("n", 1, 2)),
+        (["n", 1, 2], ConsumerId("n", 1, 2)),  # a typed id's wire form (cluster/queue/ids.py)
+        (["n", "m"], ("n", "m")),
         ([], ()),
         (["n", ["x", [b"y", None]], True, -(2**63)], ("n", ("x", (b"y", None)), True, -(2**63))),
         ("plain", "plain"),
