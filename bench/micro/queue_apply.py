@@ -72,9 +72,9 @@ class Rounds:
         return self._encode(Attach(CONSUMER, 0, prefetch=PREFETCH))
 
     def enqueue_many(self, now_ms: int) -> bytes:
-        sequences = list(range(self.sequence + 1, self.sequence + 1 + BATCH))
+        sequences = tuple(range(self.sequence + 1, self.sequence + 1 + BATCH))
         self.sequence += BATCH
-        return self._encode(EnqueueMany(PUBLISHER, now_ms, [self.message] * BATCH, sequences))
+        return self._encode(EnqueueMany(PUBLISHER, now_ms, (self.message,) * BATCH, sequences))
 
     def settle(self) -> bytes:
         ids = list(range(self.next_msg_id, self.next_msg_id + BATCH))

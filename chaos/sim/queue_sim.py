@@ -35,6 +35,7 @@ from chaos.sim.checkers import AppliedState, SafetyViolation
 from chaos.sim.sim_types import SimConfig, SimNode, SimResult
 from chaos.sim.simulator import PROPOSALS_QUEUED_MAX, Simulation
 from cluster.queue.envelope import Envelope, EnvelopeCodec
+from cluster.queue.ids import ChannelPublisherId, ConsumerId
 from cluster.queue.replicated import ReplicatedQueue
 from cluster.queue.types import Accepted, Attach, Deliver, Detach, Enqueue, MsgId, QueuedMessage, Settle
 from cluster.raft.core.types import Entry, EntryKind, GroupId, NodeId
@@ -75,12 +76,12 @@ class SimClient:
         return f"{self.node}#{self.boot}"
 
     @property
-    def consumer_id(self) -> tuple[str, int, int]:
-        return (self.node, self.boot, 1)
+    def consumer_id(self) -> ConsumerId:
+        return ConsumerId(self.node, self.boot, 1)
 
     @property
-    def publisher_id(self) -> tuple[str, int, int, int]:
-        return (self.node, self.boot, 1, 1)
+    def publisher_id(self) -> ChannelPublisherId:
+        return ChannelPublisherId(self.node, self.boot, 1, 1)
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any, Final
 
+from cluster.queue.ids import from_wire, to_wire
 from cluster.queue.types import DEAD_LETTER_STRATEGIES, OVERFLOW_MODES, MsgId, QueueArgs, QueuedMessage
 
 ID_DEPTH_MAX: Final = 8  # nesting allowed inside one consumer/publisher id
@@ -33,14 +34,19 @@ class ProposalDecodeError(ValueError):
 
 
 def encode_id(value: Hashable) -> Any:
-    """A consumer/publisher id as a cbor-able value (tuples become lists)."""
+    """A consumer/publisher id as a cbor-able value: a typed id (`cluster.queue.ids`) as its wire array, other
+    tuples as lists."""
     if isinstance(value, tuple):
+        wire = to_wire(value)
+        if wire is not None:
+            return wire
         return [encode_id(item) for item in value]
     return value
 
 
 def decode_id(value: Any) -> Hashable:
-    """Inverse of `encode_id`: lists come back as tuples. Raises ProposalDecodeError for non-id values."""
+    """Inverse of `encode_id`: a typed id's wire array comes back as that id, other lists as tuples. Raises
+    ProposalDecodeError for non-id values."""
     return _decode_id(value, 0)
 
 
@@ -57,7 +63,7 @@ def _decode_id(value: Any, depth: int) -> Hashable:
                     raise ProposalDecodeError(f"id part out of range: {item!r:.80}")
             elif not (item_kind is str or item_kind is bytes or item is None or item_kind is bool):
                 return tuple([_decode_id(part, depth + 1) for part in items])  # nested: the general path
-        return items
+        return from_wire(items)
     if kind is int:
         return field_int(value, INT_MIN)
     if kind is str or kind is bytes or value is None or kind is bool:

@@ -7,8 +7,11 @@ entry is an `envelope.Envelope`: this proposal behind the queue's incarnation; o
 for the node.
 
 The fields (ids, ints, msg-id lists, queue arguments, messages) are encoded and checked by proposal_fields.py;
-its `ProposalDecodeError`, `encode_id`/`decode_id` and payload codec types are re-exported here. Message payloads
-are opaque to this module: the caller passes `encode_payload(payload) -> cbor-able value` and
+its `ProposalDecodeError`, `encode_id`/`decode_id` and payload codec types are re-exported here. Consumer and
+publisher ids are opaque hashables; the broker's are the typed ids of `cluster.queue.ids`, which `encode_id`
+writes as their wire arrays and `decode_id` reads back (the same arrays as the tuples they replaced); any other
+tuple of str/int is written as a list and comes back as a tuple. Message payloads are opaque to this module:
+the caller passes `encode_payload(payload) -> cbor-able value` and
 `decode_payload(value) -> payload`.
 
 `EnqueueMany` is how a run of one channel's publishes travels as one entry. Its usual layout is kind "enqb":

@@ -1,9 +1,11 @@
 """Data types of the queue state machine: arguments, messages, commands and effects.
 
-Everything here is plain data: frozen, slotted dataclasses that the broker builds (commands) or reads (effects).
-The five built once per message (QueuedMessage, Enqueue, Settle, Deliver, Accepted) are slotted but not frozen: a
-frozen dataclass's `__init__` costs more (docs/benchmarks.md, "Frozen dataclasses off the per-message path"); treat them as
-values all the same.
+Everything here is plain, immutable data that the broker builds (commands) or reads (effects): frozen, slotted
+dataclasses, except the two effects built once per message, `Deliver` and `Accepted`, which are NamedTuples (as
+immutable, and built faster than a slotted dataclass; docs/benchmarks.md, "Frozen dataclasses off the per-message
+path"). An effect is never changed once emitted. Three values built once per message (QueuedMessage, Enqueue,
+Settle) are slotted dataclasses that are not frozen, for the same reason: nothing assigns to their fields; treat
+them as values.
 The machine in `cluster.queue.machine` consumes commands and returns effects; it performs no I/O, so the same
 commands in the same order give the same effects on every replica.
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, NewType
+from typing import Any, Final, Literal, NamedTuple, NewType
 
 MsgId = NewType("MsgId", int)
 
@@ -105,14 +107,13 @@ class EnqueueMany:
     each `(message, sequence)` pair in turn (the same effects, in the same order).
 
     Replicated mode proposes one per channel per queue per socket read, so a run of publishes is one log entry.
-    `messages` and `sequences` have the same length (at least 1); the proposer may still be appending to them
-    (lists) until it hands the command on: treat a command that left its builder as a value.
+    `messages` and `sequences` have the same length (at least 1).
     """
 
     publisher_id: Hashable
     now_ms: int
-    messages: tuple[QueuedMessage, ...] | list[QueuedMessage]
-    sequences: tuple[int, ...] | list[int]
+    messages: tuple[QueuedMessage, ...]
+    sequences: tuple[int, ...]
 
     def __post_init__(self) -> None:
         if len(self.messages) != len(self.sequences) or not self.messages:
@@ -257,8 +258,7 @@ QueueCommand = (
 # --- effects --------------------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True, unsafe_hash=True)  # per message: not frozen (see the header)
-class Deliver:
+class Deliver(NamedTuple):  # per message: a NamedTuple (see the header)
     consumer_id: Hashable
     msg_id: MsgId
     message: QueuedMessage
@@ -281,8 +281,7 @@ class GetEmpty:
     consumer_id: Hashable
 
 
-@dataclass(slots=True, unsafe_hash=True)  # per message: not frozen (see the header)
-class Accepted:
+class Accepted(NamedTuple):  # per message: a NamedTuple (see the header)
     """The message was enqueued as `msg_id` (emitted for every accepted Enqueue, publisher_id may be None)."""
 
     publisher_id: Hashable | None

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cluster.queue.envelope import Envelope
+from cluster.queue.ids import ChannelPublisherId
 from node.amqp import events as ev
 from node.amqp import methods as m
 from node.broker import (
@@ -178,6 +179,8 @@ class Broker(BrokerState):
 
     def take_effects(self) -> list[Effect]:
         self._close_batch()
+        if self.open_batches:
+            self.seal_proposals()
         out, self.out = self.out, []
         return reply_gate.divert(self, out) if self.held else out
 
@@ -408,6 +411,7 @@ class Broker(BrokerState):
         stored_policies = [r for r in records if type(r) is PolicyRecord]
         recovery.recover(self, [r for r in records if type(r) is not PolicyRecord] if stored_policies else records)
         self._batch = None
+        self.open_batches.clear()
         self.out.clear()
         policy_apply.apply_records(self, stored_policies)  # (a policy's limits may drop recovered messages)
         return self._finish()
@@ -547,7 +551,7 @@ class Broker(BrokerState):
         conn.channels[number] = ch
         self.getters[get_id] = ch
         if self.global_ids:
-            ch.publisher_id = (self.config.node_name, self.config.boot_id, conn.conn_id, number)
+            ch.publisher_id = ChannelPublisherId(self.config.node_name, self.config.boot_id, conn.conn_id, number)
             self.publishers[ch.publisher_id] = ch
 
     def close_channel_state(self, conn: ConnState, number: int) -> None:
@@ -596,6 +600,8 @@ class Broker(BrokerState):
             self._close_batch()
         if self.flow_paused:
             credit_flow.recheck(self)
+        if self.open_batches:
+            self.seal_proposals()
         out = self.out
         self.out = []
         return reply_gate.divert(self, out) if self.held else out

@@ -109,7 +109,7 @@ class ChannelState:
     closed: bool = False
     conn: ConnState | None = None  # the owning connection (saves a lookup per delivery)
     write_ok: set[str] = field(default_factory=set)  # exchanges this channel may publish to (permission cache)
-    publisher_id: Hashable = None  # replicated mode: (node, boot_id, conn_id, channel)
+    publisher_id: Hashable = None  # replicated mode: a ChannelPublisherId(node, boot_id, conn_id, channel)
     repl_waiting: dict[int, PendingPublish] = field(default_factory=dict)  # replicated: publish sequence -> waiter
 
 

@@ -8,15 +8,16 @@ queue.purge and tx.commit have their own handlers: they need to wait for the out
 here, publishing and tx.commit in `replica_publish`).
 
 `apply_committed` runs one committed entry on the local replica and acts on its effects for this node's own
-parties only: deliveries to local consumers (ids `(node, boot_id, n)`), get answers to local getters (ids
-`("get", node, boot_id, n)`, fresh per basic.get), Accepted/Duplicate/Rejected to local publishers (ids
-`(node, boot_id, conn_id, channel)`, sequence counted per channel number of the connection). A publish is confirmed
+parties only: deliveries to local consumers (`ConsumerId(node, boot_id, n)`), get answers to local getters
+(`GetterId(node, boot_id, n)`, fresh per basic.get), Accepted/Duplicate/Rejected to local publishers
+(`ChannelPublisherId(node, boot_id, conn_id, channel)`, sequence counted per channel number of the connection;
+the ids are cluster/queue/ids.py's). A publish is confirmed
 when every target queue's replica applied Accepted or Duplicate for it (nacked on Rejected or abandonment).
 
 What the machine decides is the same on every replica; what is proposed in reaction is decided by one node:
 the owner of an id (a stray delivery or get answer for a local id that is gone: Detach/Return; an Attach of this
 node's earlier boot: Detach) or the queue's local leader (`set_leader`): Expire for TTL, dead-letter republishing
-(publisher id `("dlx", vhost, queue)`, sequence = the queue's count of DeadLetter effects, the same on every
+(publisher id `AtMostOnceDeadLetterPublisher(vhost, queue)`, sequence = the queue's count of DeadLetter effects, the same on every
 replica, so a retried or repeated republish is deduplicated by the target), x-expires, and Detach of the
 consumers of a node reported down (those duties, the timers and the queue snapshots are in `replica_control`).
 Auto-delete (once an Attach was applied and the machine has no consumer left: the local basic.consume, not yet
@@ -62,6 +63,7 @@ from cluster.queue import (
     SettleDeadLettered,
 )
 from cluster.queue.envelope import Envelope
+from cluster.queue.ids import AtMostOnceDeadLetterPublisher, DeadLetterPublisher, GetterId
 from node.amqp import methods as m
 from node.broker import credit_flow, delivery, read_your_writes, replica_dead_letters, trace
 from node.broker.channel import ChannelState, Message, Unacked
@@ -87,10 +89,6 @@ from node.broker.replica_wire import decode_payload as decode_payload
 from node.broker.state import BrokerState
 
 DETACH_RETRIES_MAX: Final = 10  # times an abandoned Detach of a gone local consumer is proposed again
-
-
-def _is_getter(cid: Any) -> bool:
-    return type(cid) is tuple and len(cid) == 4 and cid[0] == "get"
 
 
 # --- publishing ----------------------------------------------------------------------------------------------
@@ -245,7 +243,7 @@ def _unwatched(broker: BrokerState, publisher_id: Any) -> bool:
         return True
     if publisher_id in broker.publishers:
         return False
-    return not (type(publisher_id) is tuple and len(publisher_id) >= 3 and publisher_id[0] == "dlx-alo")
+    return type(publisher_id) is not DeadLetterPublisher
 
 
 def _on_deliver(broker: BrokerState, queue: QueueState, effect: Deliver) -> None:
@@ -279,7 +277,7 @@ def _after_command(broker: BrokerState, queue: QueueState, command: Any, origin:
             queue.members[command.consumer_id] = None
     elif kind is Settle or kind is Return or kind is Discard:
         cid = command.consumer_id
-        if _is_getter(cid) and cid in queue.members and not queue.machine.unacked_msg_ids(cid):
+        if type(cid) is GetterId and cid in queue.members and not queue.machine.unacked_msg_ids(cid):
             del queue.members[cid]
     elif kind is Expire:
         queue.expire_proposed_ms = None
@@ -319,7 +317,7 @@ def maybe_auto_delete(broker: BrokerState, queue: QueueState, decided: bool = Fa
 
 def _republish_dead_letter(broker: BrokerState, queue: QueueState, effect: DeadLetter) -> None:
     dead, targets = dead_letter_copy(broker, queue, effect.message, effect.reason)
-    publisher_id = ("dlx", queue.vhost, queue.name)
+    publisher_id = AtMostOnceDeadLetterPublisher(queue.vhost, queue.name)
     vhost = broker.vhosts[queue.vhost]
     for _vhost, target in targets:
         target_queue = vhost.queues.get(target)

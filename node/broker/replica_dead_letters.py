@@ -1,13 +1,14 @@
 """Replicated mode: at-least-once dead lettering, and the dead-letter copy both strategies republish (pure).
 
 The source queue's machine holds each dead-lettered message (`DeadLetter.held_seq`). Its leader republishes it to
-the DLX targets as Enqueue with publisher id ("dlx-alo", vhost, queue) and the hold sequence as sequence, so a
+the DLX targets as Enqueue with publisher id `DeadLetterPublisher(vhost, queue, None)` (cluster/queue/ids.py) and
+the hold sequence as sequence, so a
 retry, or a new leader's re-send, is a Duplicate at the target. Every node watches the targets' outcomes for
 these publisher ids on its own replicas (`HeldSends.accepted`); once every target the message routes to
 accepted it, the leader proposes `SettleDeadLettered`. The targets' dedup keeps one high-water sequence per
 publisher, so a Duplicate for a hold sequence this node never saw accepted may hide a reordering (a later one
 overtook a lost proposal): the leader then sends that copy once more under its own publisher id
-("dlx-alo", vhost, queue, held_seq) with sequence 1 (at least once: a copy already accepted unseen, e.g. inside a
+`DeadLetterPublisher(vhost, queue, held_seq)` with sequence 1 (at least once: a copy already accepted unseen, e.g. inside a
 snapshot this node installed, is then duplicated). A message that routes nowhere, or that a target refused, stays
 held and is sent again every DLX_RETRY_MS (RabbitMQ keeps and retries too); the holding area is bounded by the
 machine (DEAD_LETTER_HELD_MAX, then publishes are refused) and by the queue's length limits.
@@ -20,16 +21,16 @@ dead lettering too (`replica._republish_dead_letter`).
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from cluster.queue import Enqueue, MsgId, QueuedMessage, SettleDeadLettered
+from cluster.queue.ids import DeadLetterPublisher
 from node.broker import publish
 from node.broker.channel import Message
 from node.broker.queues import QueueState
 from node.broker.replica_machine import DUPLICATE, REJECTED, propose, queue_of
 from node.broker.state import BrokerState
 
-DLX_PUBLISHER = "dlx-alo"
 DLX_RETRY_MS: Final = 3000  # a held message not settled this long after its last send is sent again
 DLX_SCAN_MS: Final = 1000  # how often the leader walks its held messages (re-sends, settles)
 DLX_SEND_BATCH_MAX: Final = 1024  # held messages sent per queue per scan (the rest at the next scan)
@@ -55,17 +56,13 @@ def held_sends(queue: QueueState) -> HeldSends:
     return state
 
 
-def is_dead_letter_publisher(publisher_id: object) -> bool:
-    return type(publisher_id) is tuple and len(publisher_id) in (3, 4) and publisher_id[0] == DLX_PUBLISHER
-
-
 def send_held(broker: BrokerState, queue: QueueState, msg_id: int, held_seq: int, reason: str, message: QueuedMessage
               ) -> None:
     """Leader: (re)publish one held message to the targets that have not accepted it yet."""
     state = held_sends(queue)
     dead, targets = dead_letter_copy(broker, queue, message, reason)
     accepted = state.accepted.get(held_seq, set())
-    publisher_id = (DLX_PUBLISHER, queue.vhost, queue.name)
+    publisher_id = DeadLetterPublisher(queue.vhost, queue.name, None)
     vhost = broker.vhosts[queue.vhost]
     for target in targets:
         target_queue = vhost.queues.get(target[1])
@@ -75,22 +72,22 @@ def send_held(broker: BrokerState, queue: QueueState, msg_id: int, held_seq: int
     _settle_if_done(broker, queue, state, msg_id, held_seq)
 
 
-def on_dead_letter_outcome(broker: BrokerState, target: tuple[str, str], publisher_id: tuple[str, ...], sequence: int,
-                           outcome: str) -> None:
+def on_dead_letter_outcome(broker: BrokerState, target: tuple[str, str], publisher_id: DeadLetterPublisher,
+                           sequence: int, outcome: str) -> None:
     """A target queue's replica (on this node) answered a held message's republish."""
-    source = queue_of(broker, publisher_id[1], publisher_id[2])
+    source = queue_of(broker, publisher_id.vhost, publisher_id.queue)
     if source is None:
         return
-    seq_part: Any = sequence if len(publisher_id) == 3 else publisher_id[3]
-    if type(seq_part) is not int:
+    alone = publisher_id.held_seq is not None  # a copy sent alone (_resend_alone)
+    held_seq = publisher_id.held_seq if publisher_id.held_seq is not None else sequence
+    if type(held_seq) is not int:
         return
-    held_seq: int = seq_part
     msg_id = source.machine.held_msg_id(held_seq)
     if msg_id is None or outcome == REJECTED:
         return  # settled already; or refused (reject-publish at the target): the retry scan sends it again
     state = held_sends(source)
     accepted = state.accepted.get(held_seq)
-    if outcome == DUPLICATE and len(publisher_id) == 3 and (accepted is None or target not in accepted):
+    if outcome == DUPLICATE and not alone and (accepted is None or target not in accepted):
         if source.is_leader:  # maybe overtaken by a later sequence: send this copy under its own id
             _resend_alone(broker, source, target, msg_id, held_seq)
         return
@@ -110,7 +107,7 @@ def _resend_alone(broker: BrokerState, source: QueueState, target: tuple[str, st
         return
     dead, _targets = dead_letter_copy(broker, source, letter[2], letter[1])
     if dead is not None:
-        publisher_id = (DLX_PUBLISHER, source.vhost, source.name, held_seq)
+        publisher_id = DeadLetterPublisher(source.vhost, source.name, held_seq)
         propose(broker, target_queue, Enqueue(dead, broker.now_ms, publisher_id, 1))
 
 

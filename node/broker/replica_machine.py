@@ -3,8 +3,8 @@
 Every queue's `QueueState.machine` is a `ProposingMachine` (docs/cluster.md): its `apply(command)` emits
 `ProposeQueue` (through `propose`) and returns no effects, and every read (`ready_count`, `next_expiry_ms()`,
 `args`, ...) is answered by the local replica (`.replica`, a `cluster.queue.replicated.ReplicatedQueue`), so the
-single-node handlers run unchanged and propose instead of applying. Consumer ids are `(node, boot_id, n)`, getter
-ids `("get", node, boot_id, n)`, exclusive owners "node/boot_id/conn_id" cluster-wide (`global_owner`,
+single-node handlers run unchanged and propose instead of applying. Consumer ids are `ConsumerId(node, boot_id, n)`,
+getter ids `GetterId(node, boot_id, n)` (cluster/queue/ids.py), exclusive owners "node/boot_id/conn_id" cluster-wide (`global_owner`,
 `local_owner`). ACCEPTED, DUPLICATE and REJECTED name a target queue's answer to a publish. The rest of
 replicated mode is built on this module: replica_wire (below it), replica_dead_letters, replica_publish, replica,
 replica_control.
@@ -16,6 +16,7 @@ from collections.abc import Hashable
 from typing import Any, Final
 
 from cluster.queue import Detach, Enqueue, QueueArgs
+from cluster.queue.ids import ConsumerId, GetterId
 from cluster.queue.replicated import ReplicatedQueue
 from node.broker import read_your_writes
 from node.broker.effects import ProposeQueue
@@ -31,12 +32,10 @@ ACCEPTED, DUPLICATE, REJECTED = "accepted", "duplicate", "rejected"
 
 
 def _id_parts(cid: Any) -> tuple[Any, Any]:
-    """(node, boot_id) of a consumer id (node, boot, n) or getter id ("get", node, boot, n); else (None, None)."""
-    if type(cid) is tuple:
-        if len(cid) == 3:
-            return cid[0], cid[1]
-        if len(cid) == 4 and cid[0] == "get":
-            return cid[1], cid[2]
+    """(node, boot_id) of a `ConsumerId` or `GetterId`; else (None, None)."""
+    kind = type(cid)
+    if kind is ConsumerId or kind is GetterId:
+        return cid.node, cid.boot
     return None, None
 
 
@@ -107,7 +106,8 @@ def propose(broker: BrokerState, queue: QueueState, command: Any) -> None:
     if type(command) is Detach and is_local(broker, command.consumer_id):
         track(broker.detaching, command.consumer_id)
     machine = queue.machine
-    if type(machine) is ProposingMachine:
+    if type(machine) is ProposingMachine and machine.batch is not None:
+        machine.batch.seal()
         machine.batch = None  # a later publish must not overtake this command: it starts a new batch
     if type(command) is Enqueue:
         queue.flow_inflight += 1  # credit_flow.py: applied (or given up) later

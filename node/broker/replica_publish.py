@@ -17,6 +17,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from cluster.queue import Enqueue, QueuedMessage
+from cluster.queue.ids import DeadLetterPublisher
 from node.amqp import methods as m
 from node.broker import delivery, publish, replica_dead_letters
 from node.broker.channel import ChannelState, ConnState, Message, PendingPublish, TxState
@@ -134,8 +135,7 @@ def on_outcome(broker: BrokerState, key: tuple[str, str], publisher_id: Any, seq
     """One target queue's answer to a publish of a local channel."""
     ch = broker.publishers.get(publisher_id) if publisher_id is not None else None
     if ch is None:
-        if (type(publisher_id) is tuple and len(publisher_id) >= 3 and publisher_id[0] == "dlx-alo"
-                and replica_dead_letters.is_dead_letter_publisher(publisher_id)):
+        if type(publisher_id) is DeadLetterPublisher:
             replica_dead_letters.on_dead_letter_outcome(broker, key, publisher_id, sequence, outcome)
         return
     pending = ch.repl_waiting.get(sequence)

@@ -108,7 +108,12 @@ def envelope_codec(node_name: str) -> EnvelopeCodec:
 
 
 class Batch:
-    """The publish proposal of a queue still open for more of the same channel's messages (see propose_enqueue)."""
+    """The publish proposal of a queue still open for more of the same channel's messages (see propose_enqueue).
+
+    The `ProposeQueue` in `out` stays the first message's `Enqueue` while the batch grows in its own lists; `seal`
+    puts the `EnqueueMany` (tuples) in its place, once: when something else is proposed to the queue (`propose`)
+    and at the end of the broker call (`BrokerState.seal_proposals`). An effect in `out` is never changed after it
+    was put there, only replaced by its successor before the runtime sees the list."""
 
     __slots__ = ("effect", "index", "messages", "out", "sequences", "size_bytes")
 
@@ -116,7 +121,7 @@ class Batch:
         self.out = out  # broker.out when it was opened: once the runtime took that list, the batch is closed
         self.index = index  # where its ProposeQueue sits in `out`
         self.effect = effect
-        self.messages: list[QueuedMessage] = []
+        self.messages: list[QueuedMessage] = []  # with `sequences`: the whole run, once a second message joined
         self.sequences: list[int] = []
         self.size_bytes = size_bytes
 
@@ -130,6 +135,17 @@ class Batch:
                     and first.now_ms == command.now_ms
                     and len(self.sequences) < BATCH_MESSAGES_MAX and self.size_bytes < BATCH_BYTES_MAX)
 
+    def seal(self) -> None:
+        """Put the run's `EnqueueMany` in place of the first message's proposal (nothing to do for a single one)."""
+        effect = self.effect
+        out = self.out
+        if not self.messages or self.index >= len(out) or out[self.index] is not effect:
+            return
+        first: Any = effect.command
+        out[self.index] = ProposeQueue(effect.vhost, effect.queue, EnqueueMany(
+            first.publisher_id, first.now_ms, tuple(self.messages), tuple(self.sequences)), effect.proposal_id)
+        # (`out` no longer holds `self.effect`: the batch is closed, `still_open` and `seal` do nothing now)
+
 
 def propose_enqueue(broker: BrokerState, queue: QueueState, command: Enqueue) -> None:
     """Propose a publish; consecutive publishes of one channel to one queue within one broker call (one socket
@@ -142,6 +158,8 @@ def propose_enqueue(broker: BrokerState, queue: QueueState, command: Enqueue) ->
     queue.flow_inflight += 1  # credit flow (credit_flow.py): applied (or given up) later
     batch = machine.batch
     if command.sequence is None or batch is None or not batch.still_open(out, command):
+        if batch is not None:
+            batch.seal()
         effect = ProposeQueue(queue.vhost, queue.name, command, broker.new_proposal_id())
         out.append(effect)
         machine.batch = Batch(out, len(out) - 1, effect, command.message.size_bytes)
@@ -153,9 +171,7 @@ def propose_enqueue(broker: BrokerState, queue: QueueState, command: Enqueue) ->
         first: Any = batch.effect.command
         batch.messages.append(first.message)
         batch.sequences.append(first.sequence)
-        batch.effect = ProposeQueue(queue.vhost, queue.name, EnqueueMany(
-            first.publisher_id, first.now_ms, batch.messages, batch.sequences), batch.effect.proposal_id)
-        out[batch.index] = batch.effect
+        broker.open_batches.append(batch)
     batch.messages.append(command.message)
     batch.sequences.append(command.sequence)
     batch.size_bytes += command.message.size_bytes

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.queue.envelope import PROPOSAL_IDS_PER_BOOT
+from cluster.queue.ids import ConsumerId, GetterId
 from node.amqp.auth import parse_sasl_response
 from node.broker import user_limits, vhost_limits
 from node.broker.auth import Permission, UserStore
@@ -118,6 +119,7 @@ class BrokerState(ABC):
         self._batch: list[Record] | None = None  # records of the open Persist (see `persist`)
         self._batch_token = 0
         self._batch_index = 0
+        self.open_batches: list[Any] = []  # replicated: publish batches to seal before `out` leaves (replica_wire)
         self.now_ms = 0
         self._next_consumer_id = 1
         self._next_token = 1
@@ -243,18 +245,19 @@ class BrokerState(ABC):
     # --- helpers shared by the handler modules --------------------------------------------------------------
 
     def new_consumer_id(self) -> Hashable:
-        """A fresh consumer id: an int, or with `global_ids` (node_name, boot_id, n)."""
+        """A fresh consumer id: an int, or with `global_ids` a `ConsumerId(node_name, boot_id, n)`."""
         cid = self._next_consumer_id
         self._next_consumer_id += 1
         if self.global_ids:
-            return (self.config.node_name, self.config.boot_id, cid)
+            return ConsumerId(self.config.node_name, self.config.boot_id, cid)
         return cid
 
-    def new_getter_id(self) -> Hashable:
-        """A fresh id for one basic.get of a Raft queue, ("get", node_name, boot_id, n)."""
+    def new_getter_id(self) -> GetterId:
+        """A fresh id for one basic.get of a Raft queue, `GetterId(node_name, boot_id, n)` (n from the consumers'
+        counter: a getter id never holds a consumer id's values)."""
         n = self._next_consumer_id
         self._next_consumer_id += 1
-        return ("get", self.config.node_name, self.config.boot_id, n)
+        return GetterId(self.config.node_name, self.config.boot_id, n)
 
     def new_proposal_id(self) -> int:
         """This node's number for its next queue proposal (`ProposeQueue`): ids start at boot_id *
@@ -305,6 +308,13 @@ class BrokerState(ABC):
         if batch is not None:
             self._batch = None
             self.out[self._batch_index] = Persist(self._batch_token, tuple(batch))
+
+    def seal_proposals(self) -> None:
+        """Replicated mode: every publish batch still open puts its final `EnqueueMany` in `out` (replica_wire.Batch:
+        an effect is never changed once the runtime may see it)."""
+        for batch in self.open_batches:
+            batch.seal()
+        self.open_batches.clear()
 
     def vhost_of(self, conn: ConnState) -> VHost[QueueState]:
         vhost = self.vhosts.get(conn.vhost)

@@ -92,6 +92,27 @@ def test_another_command_to_the_queue_closes_the_batch_so_order_is_kept() -> Non
     assert len(set(cluster.snapshots(KEY).values())) == 1
 
 
+def test_proposals_are_values_the_broker_never_changes_once_emitted() -> None:
+    """Effects are immutable once emitted (issue 15 item 4): each read's EnqueueMany holds tuples, and a proposal
+    the runtime took is left as it was when a later read of the same channel publishes again."""
+    cluster, a, _b = _setup(("q", "r"))
+    events = [_publish("", "q", b"1"), _publish("", "q", b"2"), _publish("", "r", b"r1"), _publish("", "q", b"3")]
+    first = _read(cluster, a, events)
+    commands = [p.command for p in first]
+    assert [type(c).__name__ for c in commands] == ["EnqueueMany", "Enqueue"]
+    batch = commands[0]
+    assert isinstance(batch, EnqueueMany)
+    assert type(batch.messages) is tuple and type(batch.sequences) is tuple and batch.sequences == (1, 2, 4)
+    seen = [(p, p.command, tuple(getattr(p.command, "sequences", ()))) for p in first]
+    again = _read(cluster, a, [_publish("", "q", b"%d" % n) for n in range(5, 9)])
+    assert [type(p.command).__name__ for p in again] == ["EnqueueMany"]
+    assert again[0].command.sequences == (5, 6, 7, 8)
+    for proposal, command, sequences in seen:
+        assert proposal.command is command and tuple(getattr(command, "sequences", ())) == sequences
+    cluster.commit()
+    assert _confirmed(take(cluster, "a")) == set(range(1, 9))
+
+
 def test_batches_are_bounded() -> None:
     cluster, a, _b = _setup()
     count = replica.BATCH_MESSAGES_MAX + 3

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.queue import decode_proposal
+from cluster.queue.ids import DeadLetterPublisher
 from node.amqp import methods as m
 from node.broker.replica import decode_payload
 from node.broker.replica_dead_letters import DLX_RETRY_MS, DLX_SCAN_MS
@@ -95,7 +96,7 @@ def test_reordered_republishes_are_not_lost_to_the_high_water_dedup() -> None:
     cluster.commit()
     assert sorted(_dead_bodies(cluster)) == [b"m1", b"m2", b"m3"]
     publishers = [decode_proposal(data, decode_payload).command.publisher_id for data in cluster.logs[("/", "dead")]]
-    assert publishers.count(("dlx-alo", "/", "q", 1)) == 1  # sent again alone, under its own publisher id
+    assert publishers.count(DeadLetterPublisher("/", "q", 1)) == 1  # sent again alone, under its own publisher id
     assert all(_held(cluster, node) == 0 for node in NODES)
 
 

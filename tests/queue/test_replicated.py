@@ -46,6 +46,13 @@ from cluster.queue import (
     peek_proposal,
     queue_group_id,
 )
+from cluster.queue.ids import (
+    AtMostOnceDeadLetterPublisher,
+    ChannelPublisherId,
+    ConsumerId,
+    DeadLetterPublisher,
+    GetterId,
+)
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -62,12 +69,15 @@ def roundtrip(proposal: Proposal) -> Proposal:
 
 names = st.text(min_size=1, max_size=12)
 small_ints = st.integers(min_value=0, max_value=2**40)
-ids: st.SearchStrategy[Hashable] = st.one_of(
+ids: st.SearchStrategy[Hashable] = st.one_of(  # the broker's typed ids (cluster/queue/ids.py) and other ids
     st.integers(min_value=-(2**63), max_value=2**63),
     st.text(max_size=8),
-    st.tuples(names, small_ints, small_ints),
-    st.tuples(st.just("get"), names, small_ints, small_ints),
-    st.tuples(names, small_ints, small_ints, st.integers(min_value=0, max_value=65535)),
+    st.builds(ConsumerId, names, small_ints, small_ints),
+    st.builds(GetterId, names, small_ints, small_ints),
+    st.builds(ChannelPublisherId, names, small_ints, small_ints, st.integers(min_value=0, max_value=65535)),
+    st.builds(DeadLetterPublisher, names, names, st.none() | small_ints),
+    st.builds(AtMostOnceDeadLetterPublisher, names, names),
+    st.tuples(names, names),
 )
 msg_id_lists = st.lists(st.integers(min_value=1, max_value=2**40).map(MsgId), max_size=5).map(tuple)
 messages = st.builds(
@@ -139,19 +149,20 @@ def test_every_command_round_trips(proposal: Proposal) -> None:
 
 def test_codec_covers_every_command_type() -> None:
     message = QueuedMessage(b"body", 4, True, 3, 500)
-    cid = ("nodeA", 1712, 7)
+    cid = ConsumerId("nodeA", 1712, 7)
+    publisher = ChannelPublisherId("nodeA", 1712, 3, 1)
     examples: list[QueueCommand] = [
-        Enqueue(message, 10, ("nodeA", 1712, 3, 1), 42),
+        Enqueue(message, 10, publisher, 42),
         Enqueue(message, 10),
-        EnqueueMany(("nodeA", 1712, 3, 1), 10, (message, message, message), (43, 44, 45)),
-        EnqueueMany(("nodeA", 1712, 3, 1), 10, (message, message), (50, 47)),
+        EnqueueMany(publisher, 10, (message, message, message), (43, 44, 45)),
+        EnqueueMany(publisher, 10, (message, message), (50, 47)),
         Attach(cid, 11, prefetch=5, credit=9, priority=2, no_ack=True),
         Detach(cid, 12),
         AddCredit(cid, 3),
         Settle(cid, (MsgId(1), MsgId(2))),
         Return(cid, (MsgId(3),), 13),
         Discard(cid, (), 14),
-        Get(("get", "nodeA", 1712, 3), False, 15),
+        Get(GetterId("nodeA", 1712, 3), False, 15),
         Expire(16),
         Purge(),
         Recover(MsgId(9), message, 2, 99),
@@ -162,9 +173,9 @@ def test_codec_covers_every_command_type() -> None:
     for number, command in enumerate(examples):
         decoded = roundtrip(Proposal("rabbit@host-1", number, command))
         assert decoded.command == command
-        for field in ("consumer_id", "publisher_id"):
+        for field in ("consumer_id", "publisher_id"):  # typed ids come back as their types (cluster/queue/ids.py)
             if hasattr(command, field) and getattr(command, field) is not None:
-                assert type(getattr(decoded.command, field)) is tuple
+                assert type(getattr(decoded.command, field)) is type(getattr(command, field))
 
 
 def test_payload_codec_is_applied_both_ways() -> None:
@@ -322,8 +333,8 @@ def test_bad_window_is_refused() -> None:
 
 # --- replicas -------------------------------------------------------------------------------------------------
 
-CONSUMERS = [("nodeA", 1712, 1), ("nodeB", 99, 1), ("nodeA", 1712, 2)]
-PUBLISHERS = [("nodeA", 1712, 1, 1), ("nodeB", 99, 4, 2)]
+CONSUMERS = [ConsumerId("nodeA", 1712, 1), ConsumerId("nodeB", 99, 1), ConsumerId("nodeA", 1712, 2)]
+PUBLISHERS = [ChannelPublisherId("nodeA", 1712, 1, 1), ChannelPublisherId("nodeB", 99, 4, 2)]
 SCENARIO_ARGS = [
     QueueArgs(),
     QueueArgs(max_length=3, overflow="reject-publish", dead_letter_exchange="dlx"),
@@ -364,7 +375,7 @@ def scenario_commands(draw: st.DrawFn) -> list[QueueCommand]:
                 Return(cid, ids_taken, clock) if draw(st.booleans()) else Discard(cid, ids_taken, clock)
             )
         else:
-            out.append(Get(("get", *cid), draw(st.booleans()), clock))
+            out.append(Get(GetterId(cid.node, cid.boot, cid.n), draw(st.booleans()), clock))
     return out
 
 
@@ -525,7 +536,8 @@ def test_encode_refuses_what_decode_would_reject(command: QueueCommand) -> None:
 @pytest.mark.parametrize(
     "raw,expected",
     [
-        (["n", 1, 2], ("n", 1, 2)),
+        (["n", 1, 2], ConsumerId("n", 1, 2)),  # a typed id's wire form (cluster/queue/ids.py)
+        (["n", "m"], ("n", "m")),
         ([], ()),
         (["n", ["x", [b"y", None]], True, -(2**63)], ("n", ("x", (b"y", None)), True, -(2**63))),
         ("plain", "plain"),
