@@ -122,7 +122,8 @@ def test_the_internal_login_needs_no_user_and_may_only_publish() -> None:
     assert channel_close(link.declare("q"))[0] == 403  # configure: refused
     a = cluster_client(cluster, "a")
     a.declare("mine", exclusive=True)
-    assert channel_close(link.call(m.BasicGet(queue="mine")))[0] == 403  # read: refused
+    link.open(2)
+    assert channel_close(link.call(m.BasicGet(queue="mine"), channel=2))[0] == 403  # read: refused
     assert Cluster().brokers["a"].config.internal_login is None  # (a single node, or none configured: no such login)
 
 

@@ -49,7 +49,7 @@ RETRY_AFTER_S = 0.5  # after a failed link, publishes are nacked at once for thi
 def with_origin(publish: ForwardPublish) -> BasicProperties:
     """The properties with FORWARD_HEADER added: the owner's node delivers with the original exchange and routing
     key, and removes the header (node/broker/publish.py `forwarded_publish`)."""
-    props = publish.properties
+    props: BasicProperties = publish.properties
     headers = dict(props.headers or {})
     headers[FORWARD_HEADER] = [publish.queue, publish.exchange, publish.routing_key, props.headers is not None]
     return dataclasses.replace(props, headers=headers)
