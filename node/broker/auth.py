@@ -3,7 +3,8 @@
 Passwords are stored as RabbitMQ's rabbit_password_hashing_sha256 does: base64(salt[4] + sha256(salt + password)).
 Permissions are three regular expressions per (user, vhost) — configure, write, read — matched unanchored against
 resource names exactly as RabbitMQ's `re:run` does; an empty pattern grants nothing. The default exchange is checked
-under the name "amq.default". Users in `loopback_users` may log in only from a loopback peer.
+under the name "amq.default". Users in `loopback_users` may log in only from a loopback peer. In cluster mode the
+nodes' internal login (cluster/authlink/amqp_login.py) is recognised before the user table (`is_internal_login`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import hmac
 import re
 from dataclasses import dataclass, field
 from typing import Literal
+
+from node.amqp.auth import parse_sasl_response
 
 Access = Literal["configure", "write", "read"]
 
@@ -36,6 +39,15 @@ def check_password(password: str, password_hash: str) -> bool:
     salt = raw[:4]
     expected = hashlib.sha256(salt + password.encode("utf-8")).digest()
     return hmac.compare_digest(expected, raw[4:])
+
+
+def is_internal_login(login: tuple[str, str], mechanism: str, response: bytes) -> bool | None:
+    """Is this PLAIN/AMQPLAIN response the internal login (user, password) `login`? None: another user's name;
+    False: its name with a wrong password (refused: the user table is not asked for this name)."""
+    parsed = parse_sasl_response(mechanism, response) if mechanism != "EXTERNAL" else None
+    if parsed is None or parsed[0] != login[0]:
+        return None
+    return hmac.compare_digest(parsed[1].encode("utf-8", "surrogateescape"), login[1].encode())
 
 
 @dataclass(frozen=True, slots=True)

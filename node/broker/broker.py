@@ -55,7 +55,7 @@ from node.broker import (
     replica_wire,
     reply_gate,
 )
-from node.broker.auth import Permission
+from node.broker.auth import Permission, is_internal_login
 from node.broker.backend_local import LocalBackend
 from node.broker.backend_mirror import MirrorBackend, mirror_spec
 from node.broker.backend_owned import OwnedBackend, RemoteBackend, forward_outcome
@@ -82,17 +82,32 @@ class ConnAuthenticator:
         self._conn_id = conn_id
 
     def authenticate(self, mechanism: str, response: bytes) -> str | None:
+        """The cluster's internal login (cluster/authlink/amqp_login.py) is checked first, and never against the
+        user table: such a connection may publish to any vhost's exchanges (`BrokerState.check_access`), no more."""
         conn = self._broker.conns.get(self._conn_id)
+        internal = self._broker.config.internal_login
+        verdict = is_internal_login(internal, mechanism, response) if internal is not None else None
+        if verdict is not None and conn is not None and internal is not None:
+            conn.internal = verdict
+            return internal[0] if verdict else None
         return self._broker.check_login(mechanism, response, conn.peer_is_loopback if conn else False)
 
+    def _internal(self) -> bool:
+        conn = self._broker.conns.get(self._conn_id)
+        return conn is not None and conn.internal
+
     def vhost_access(self, username: str, vhost: str) -> bool:
+        if self._internal():
+            return vhost in self._broker.vhosts
         return self._broker.vhost_access(username, vhost)
 
     def connection_limit_reached(self, vhost: str) -> int | None:
-        return self._broker.connection_limit_reached(vhost)
+        return None if self._internal() else self._broker.connection_limit_reached(vhost)
 
     def user_limit_reached(self, username: str, name: str, own: int = 0) -> int | None:
         """node/broker/user_limits.py: `own` counts this connection's channels the broker has not seen yet."""
+        if self._internal():
+            return None
         conn = self._broker.conns.get(self._conn_id)
         known = len(conn.channels) if conn is not None and conn.opened else 0
         return self._broker.user_limit_reached(username, name, max(own - known, 0))

@@ -132,3 +132,4 @@ class ConnState:
     # replicated: queue (vhost, name) -> tickets of this connection's proposals the local replica has not applied
     # yet, ascending (node/broker/read_your_writes.py)
     unapplied: dict[tuple[str, str], dict[int, None]] = field(default_factory=dict)
+    internal: bool = False  # logged in with the nodes' internal login (cluster/authlink/amqp_login.py)

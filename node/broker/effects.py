@@ -136,6 +136,8 @@ class ForwardPublish:
     body: bytes
     publisher_id: Any
     sequence: int
+    exchange: str = ""  # what it was published to here (the owner's delivery shows them, as on a single node)
+    routing_key: str = ""
 
 
 Effect = (Send | SendContent | CloseChannel | CloseConnection | Block | Unblock | PauseReading | ResumeReading | Persist

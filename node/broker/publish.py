@@ -32,6 +32,8 @@ from node.broker.vhost import VHost
 REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
 _new_tuple = tuple.__new__
 WRITE_OK_ENTRIES_MAX = 1024  # per channel: exchanges known to be writable
+# A forwarded publish's [queue, exchange, routing key, had headers] (node/runtime/cluster/forward.py)
+FORWARD_HEADER = "x-raftmq-forwarded"
 
 
 def parse_expiration(expiration: str | None) -> int | None:
@@ -71,10 +73,13 @@ def handle_publish(broker: BrokerState, conn: ConnState, ch: ChannelState, event
         if exchange.internal:
             raise access_refused(f"cannot publish to internal exchange '{name}' in vhost '{vhost.name}'")
     user_id = props.user_id
-    if user_id is not None and user_id != conn.username:
+    if user_id is not None and user_id != conn.username and not conn.internal:  # (forwarded: checked at its origin)
         raise precondition(f"user_id property set to '{user_id}' but authenticated user was '{conn.username}'")
     expiration = props.expiration
     ttl_ms = parse_expiration(expiration) if expiration is not None else None
+    if conn.internal:
+        forwarded_publish(broker, ch, vhost, props, event.body, ttl_ms)
+        return
     if props.reply_to == REPLY_TO_QUEUE:
         if ch.reply_to_token is None:
             raise precondition("fast reply consumer does not exist")
@@ -96,6 +101,35 @@ def handle_publish(broker: BrokerState, conn: ConnState, ch: ChannelState, event
         seq = ch.next_publish_seq
         ch.next_publish_seq = seq + 1
     broker.publish_route(broker, ch, vhost, method, props, event.body, seq, ttl_ms)
+
+
+def forwarded_publish(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState], props: Any, body: bytes,
+                      ttl_ms: int | None) -> None:
+    """A publish another node forwarded to an exclusive queue of this node (node/runtime/cluster/forward.py), on a
+    connection of the nodes' internal login: into that queue only, never stored (node/broker/backend_owned.py),
+    with the exchange and routing key it was published with there (the FORWARD_HEADER, removed again). A queue gone
+    meanwhile makes it unroutable, and confirmed, as RabbitMQ confirms an unroutable publish."""
+    headers = props.headers or {}
+    spec = headers.get(FORWARD_HEADER)
+    if not (isinstance(spec, list) and len(spec) == 4):
+        raise precondition(f"a publish of the internal login needs the {FORWARD_HEADER} header")
+    queue_name, exchange, routing_key = (v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else str(v)
+                                         for v in spec[:3])
+    rest = {key: value for key, value in headers.items() if key != FORWARD_HEADER}
+    props = dataclasses.replace(props, headers=rest if rest or spec[3] else None)
+    queue = vhost.queues.get(queue_name)
+    rejected = False
+    if queue is not None and queue.backend is not None and queue.backend.name == "owned":
+        broker.messages_routed += 1
+        message = QueuedMessage(_new_tuple(Message, (exchange, routing_key, props, body)), len(body), False,
+                                props.priority or 0, ttl_ms)
+        rejected = enqueue(broker, queue, Enqueue(message, broker.now_ms)) < 0
+    else:
+        broker.messages_unroutable_dropped += 1
+    if ch.confirm:
+        seq = ch.next_publish_seq
+        ch.next_publish_seq = seq + 1
+        confirm_ready(broker, ch, () if rejected else (seq,), (seq,) if rejected else ())
 
 
 def route_publish(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState], method: Any, props: Any,

@@ -322,7 +322,7 @@ def _republish_dead_letter(broker: BrokerState, queue: QueueState, effect: DeadL
     for _vhost, target in targets:
         target_queue = vhost.queues.get(target)
         if target_queue is not None and dead is not None:
-            propose(broker, target_queue, Enqueue(dead, broker.now_ms, publisher_id, queue.dead_letter_seq))
+            replica_dead_letters.send_copy(broker, target_queue, dead, publisher_id, queue.dead_letter_seq)
 
 
 # --- abandoned proposals ----------------------------------------------------------------------------------------

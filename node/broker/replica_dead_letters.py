@@ -21,14 +21,16 @@ dead lettering too (`replica._republish_dead_letter`).
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Final
 
 from cluster.queue import Enqueue, MsgId, QueuedMessage, SettleDeadLettered
 from cluster.queue.ids import DeadLetterPublisher
-from node.broker import publish
+from node.broker import delivery, publish
 from node.broker.channel import Message
+from node.broker.effects import ForwardPublish
 from node.broker.queues import QueueState
-from node.broker.replica_machine import DUPLICATE, REJECTED, propose, queue_of
+from node.broker.replica_machine import ACCEPTED, DUPLICATE, REJECTED, propose, queue_of
 from node.broker.state import BrokerState
 
 DLX_RETRY_MS: Final = 3000  # a held message not settled this long after its last send is sent again
@@ -67,7 +69,7 @@ def send_held(broker: BrokerState, queue: QueueState, msg_id: int, held_seq: int
     for target in targets:
         target_queue = vhost.queues.get(target[1])
         if target not in accepted and target_queue is not None and dead is not None:
-            propose(broker, target_queue, Enqueue(dead, broker.now_ms, publisher_id, held_seq))
+            send_copy(broker, target_queue, dead, publisher_id, held_seq)
     state.sent[msg_id] = (broker.now_ms, frozenset(targets))
     _settle_if_done(broker, queue, state, msg_id, held_seq)
 
@@ -100,6 +102,29 @@ def on_dead_letter_outcome(broker: BrokerState, target: tuple[str, str], publish
         _settle_if_done(broker, source, state, msg_id, held_seq)
 
 
+def send_copy(broker: BrokerState, target: QueueState, dead: QueuedMessage, publisher_id: Hashable,
+              sequence: int) -> None:
+    """One dead-letter copy to one target: proposed to a Raft queue. A node-local exclusive queue (node/broker/
+    backend_owned.py) takes it at once on its owner's node; another node forwards it there as a `ForwardPublish`
+    whose confirm comes back as the outcome (`replica_publish.on_outcome`), so a held copy is settled only once the
+    owner has it."""
+    kind = target.backend.name if target.backend is not None else "raft"
+    if kind == "raft":
+        propose(broker, target, Enqueue(dead, broker.now_ms, publisher_id, sequence))
+        return
+    msg: Message = dead.payload
+    if kind == "owned":
+        local = QueuedMessage(msg, dead.size_bytes, False, dead.priority, dead.ttl_ms)  # (never stored)
+        outcome = REJECTED if delivery.enqueue(broker, target, Enqueue(local, broker.now_ms)) < 0 else ACCEPTED
+        if type(publisher_id) is DeadLetterPublisher:
+            on_dead_letter_outcome(broker, (target.vhost, target.name), publisher_id, sequence, outcome)
+        return
+    owner = str(target.exclusive_owner).rsplit("/", 2)[0]
+    target.flow_inflight += 1  # (forward_outcome counts it done)
+    broker.out.append(ForwardPublish(owner, target.vhost, target.name, msg.properties, msg.body, publisher_id,
+                                     sequence, msg.exchange, msg.routing_key))
+
+
 def _resend_alone(broker: BrokerState, source: QueueState, target: tuple[str, str], msg_id: int, held_seq: int) -> None:
     target_queue = queue_of(broker, *target)
     letter = source.machine.held_letter(msg_id)
@@ -108,7 +133,7 @@ def _resend_alone(broker: BrokerState, source: QueueState, target: tuple[str, st
     dead, _targets = dead_letter_copy(broker, source, letter[2], letter[1])
     if dead is not None:
         publisher_id = DeadLetterPublisher(source.vhost, source.name, held_seq)
-        propose(broker, target_queue, Enqueue(dead, broker.now_ms, publisher_id, 1))
+        send_copy(broker, target_queue, dead, publisher_id, 1)
 
 
 def _settle_if_done(broker: BrokerState, queue: QueueState, state: HeldSends, msg_id: int, held_seq: int) -> None:

@@ -81,7 +81,8 @@ def _route(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState], meth
                 owner = str(queue.exclusive_owner).rsplit("/", 2)[0]
                 queue.flow_inflight += 1
                 touched[id(queue)] = queue
-                broker.out.append(ForwardPublish(owner, vhost.name, queue_name, props, body, publisher_id, sequence))
+                broker.out.append(ForwardPublish(owner, vhost.name, queue_name, props, body, publisher_id, sequence,
+                                              name, routing_key))
                 if pending is not None:
                     pending.targets[(vhost.name, queue_name)] = Enqueue(message, now_ms, publisher_id, sequence)
                 continue

@@ -28,7 +28,10 @@ def build_broker(config: NodeConfig, boot_id: int = 0) -> Any:
 
     cluster: dict[str, Any] = {}
     if boot_id:
-        cluster = {"node_name": config.node_name, "boot_id": boot_id, "replicated": True}
+        from cluster.authlink.amqp_login import internal_login  # (forwarding between nodes logs in with it)
+
+        cluster = {"node_name": config.node_name, "boot_id": boot_id, "replicated": True,
+                   "internal_login": internal_login(config.cluster_secret)}
     broker = Broker(BrokerConfig(
         default_vhost=config.default_vhost,
         default_user=config.default_user,

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from node.amqp import events as ev
 from node.amqp import methods as m
 from node.broker.effects import ForwardPublish, Persist, ProposeQueue, Send, SendContent
 from node.broker.records import QueueRecord
-from tests.broker.cluster_harness import Cluster, cluster_client
+from tests.broker.cluster_harness import Cluster, ClusterClient, cluster_client, take
 from tests.broker.harness import bodies, channel_close
 
 
@@ -95,3 +96,84 @@ def _close_connection() -> object:
     from node.amqp import events as ev
 
     return ev.ConnectionClosed(200, "bye", by_client=True)
+
+
+INTERNAL = ("raftmq-internal-forward", "derived-password")
+
+
+def _internal_link(cluster: Cluster, node: str, conn_id: int = 7) -> ClusterClient:
+    """The forwarding link's connection on `node`, logged in with the internal login as the connection does."""
+    link = cluster_client(cluster, node, conn_id, user=INTERNAL[0])
+    authenticator = cluster.brokers[node].authenticator_for(conn_id)
+    assert authenticator.authenticate("PLAIN", f"\0{INTERNAL[0]}\0{INTERNAL[1]}".encode()) == INTERNAL[0]
+    assert authenticator.vhost_access(INTERNAL[0], "/") and authenticator.connection_limit_reached("/") is None
+    return link
+
+
+def test_the_internal_login_needs_no_user_and_may_only_publish() -> None:
+    cluster = Cluster(internal_login=INTERNAL)
+    broker = cluster.brokers["a"]
+    broker.open_connection(5, "10.0.0.9", False)
+    authenticator = broker.authenticator_for(5)
+    assert authenticator.authenticate("PLAIN", f"\0{INTERNAL[0]}\0wrong".encode()) is None
+    assert authenticator.authenticate("PLAIN", b"\0guest\0guest") is None  # (guest: loopback only)
+    assert not broker.conns[5].internal
+    link = _internal_link(cluster, "a")
+    assert channel_close(link.declare("q"))[0] == 403  # configure: refused
+    a = cluster_client(cluster, "a")
+    a.declare("mine", exclusive=True)
+    link.open(2)
+    assert channel_close(link.call(m.BasicGet(queue="mine"), channel=2))[0] == 403  # read: refused
+    assert Cluster().brokers["a"].config.internal_login is None  # (a single node, or none configured: no such login)
+
+
+def test_a_forwarded_publish_keeps_its_exchange_routing_key_headers_and_user_id() -> None:
+    from node.runtime.cluster.forward import with_origin
+
+    cluster = Cluster(internal_login=INTERNAL)
+    a, b = cluster_client(cluster, "a"), cluster_client(cluster, "b")
+    a.declare("reply", exclusive=True)
+    a.bind("reply", "amq.direct", "rk")
+    b.call(m.ConfirmSelect())
+    effects = b.publish("amq.direct", "rk", b"one", user_id="guest") + b.publish("", "reply", b"two",
+                                                                                headers={"h": 1})
+    forwards = [e for e in effects if isinstance(e, ForwardPublish)]
+    assert [(f.exchange, f.routing_key) for f in forwards] == [("amq.direct", "rk"), ("", "reply")]
+    link = _internal_link(cluster, "a")
+    link.call(m.ConfirmSelect())
+    for f in forwards:
+        out = link.handle(ev.ContentReceived(1, m.BasicPublish(exchange="", routing_key=f.queue), with_origin(f),
+                                             f.body))
+        assert _acks(out) != [], out
+    got = a.call(m.BasicGet(queue="reply", no_ack=True)) + a.call(m.BasicGet(queue="reply", no_ack=True))
+    contents = [e for e in got if isinstance(e, SendContent)]
+    assert [(c.method.exchange, c.method.routing_key, c.body) for c in contents] == [
+        ("amq.direct", "rk", b"one"), ("", "reply", b"two")]
+    assert [(c.properties.headers, c.properties.user_id) for c in contents] == [(None, "guest"), ({"h": 1}, None)]
+
+
+def test_a_dead_letter_to_an_exclusive_queue_of_another_node_is_forwarded_and_settled_on_its_confirm() -> None:
+    cluster = Cluster(internal_login=INTERNAL)
+    a, b = cluster_client(cluster, "a"), cluster_client(cluster, "b")
+    a.declare("reply", exclusive=True)
+    a.bind("reply", "amq.direct", "dead")
+    args = {"x-queue-type": "quorum", "x-dead-letter-exchange": "amq.direct", "x-dead-letter-routing-key": "dead",
+            "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
+    b.declare("src", durable=True, arguments=args)
+    cluster.commit()
+    b.publish("", "src", b"dl")
+    cluster.commit()
+    got = b.call(m.BasicGet(queue="src"))
+    cluster.commit()
+    tag = next(e.method.delivery_tag for e in got + take(cluster, "b") if isinstance(e, SendContent))
+    b.call(m.BasicReject(delivery_tag=tag, requeue=False))
+    cluster.commit()
+    forwards = [e for e in take(cluster, "b") if isinstance(e, ForwardPublish)]
+    assert [(f.node, f.queue, f.exchange, f.routing_key, f.body) for f in forwards] == [
+        ("a", "reply", "amq.direct", "dead", b"dl")]
+    source = cluster.brokers["b"].vhosts["/"].queues["src"]
+    assert source.machine.held_count == 1  # held until the owner's node confirms it
+    cluster.feed("b", cluster.brokers["b"].forward_outcome("/", "reply", forwards[0].publisher_id,
+                                                           forwards[0].sequence, True))
+    cluster.commit()
+    assert source.machine.held_count == 0

@@ -151,9 +151,6 @@ SUBSET: dict[str, dict[str, str]] = {
 
 # Cluster mode only: tests that fail on a known cluster-mode broker bug, by node-id regular expression -> the bug.
 # They run as xfail(strict=False); delete an entry when its bug is fixed.
-_LATE_EXCLUSIVE_DELETE = ("an exclusive queue is deleted through the metadata group some time after its connection "
-                          "closed, and that late delete removes the queue of the same name the next test's connection "
-                          "declared meanwhile: the server cancels its consumer (basic.cancel)")
 _CONSUME_OK_50MS = ("the test gives basic.consume the iterator's own 50 ms timeout (queue.iterator(timeout=0.05)); in "
                     "cluster mode consume-ok leaves once the node's replica applied the Attach (read-your-writes), a "
                     "Raft commit with an fsync: 22-164 ms (p50 51 ms) through HAProxy at load average 22-28 on the "
@@ -166,9 +163,7 @@ _SERIAL_RAFT_ROUNDS = ("100 messages of 12 kB, each publish awaiting its confirm
                        "its 30 s limit when other suites run alongside; the reconnects themselves are not the slow "
                        "step (proxy cut to reconnected: 0.2-0.4 s through HAProxy, in a traced run)")
 CLUSTER_XFAIL: dict[str, dict[str, str]] = {
-    "amqp": {
-        r"^t/integration/test_rmq\.py::test_rabbitmq_operations::test_publish_consume\[plain-": _LATE_EXCLUSIVE_DELETE,
-    },
+    "amqp": {},
     "kombu": {},
     "aiormq": {},
     "aio-pika": {

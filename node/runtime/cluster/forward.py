@@ -6,9 +6,13 @@ for a link to the owner's node, and the owner's answer (publisher confirm or nac
 `Broker.forward_outcome`, which releases the client's confirm through the same path as a Raft queue's outcome.
 
 How it works: one link per (peer node, vhost), opened on first use with the link client (cluster/link/client.py)
-to the peer's AMQP port, logged in as the configured default user, with one channel in confirm mode. Publishes go
-to the default exchange with the queue's name as routing key (the owner's node enqueues into its local queue and
-confirms at once; a queue gone meanwhile is unroutable, which RabbitMQ confirms too), in submission order, at most
+to the peer's AMQP port, logged in with the nodes' internal login derived from the cluster secret (cluster/authlink/
+amqp_login.py: no user of the user table is needed), with one channel in confirm mode. Publishes go to the default
+exchange with the queue's name as routing key and the original exchange and routing key in a header (node/broker/
+publish.py `forwarded_publish`: the owner's node enqueues into its local queue only, delivers with the original
+exchange and routing key, and confirms at once; a queue gone meanwhile is unroutable, which RabbitMQ confirms too).
+Dead letters of a queue led here whose DLX routes to such a queue are forwarded the same way (at least once: the
+source holds them until the owner's confirm, node/broker/replica_dead_letters.py). In submission order, at most
 `INFLIGHT_MAX` unconfirmed per link. A link that fails (peer down, refused, closed) nacks what it had in flight and
 what waited for it; the next publish opens a new link (publishes in the `RETRY_AFTER_S` after a failure are nacked
 at once). The broker counts forwarded publishes as in flight for
@@ -17,17 +21,21 @@ credit flow, so a publisher far ahead of a slow link is paused like one ahead of
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import deque
 from typing import Any
 
 import trio
 
+from cluster.authlink.amqp_login import internal_login
 from cluster.link.client import LinkClosed, open_link
 from cluster.link.uri import AmqpUri
 from node.amqp import methods as m
 from node.amqp.client import ChannelClosed, Closed, MethodIn
+from node.amqp.properties import BasicProperties
 from node.broker.effects import ForwardPublish
+from node.broker.publish import FORWARD_HEADER
 
 log = logging.getLogger("raftmq.cluster.forward")
 
@@ -36,6 +44,15 @@ QUEUED_MAX = 65_536  # publishes waiting for a link; beyond this they are nacked
 CONNECT_TIMEOUT_MS = 3000
 IDLE_CLOSE_S = 60.0  # a link without publishes for this long closes
 RETRY_AFTER_S = 0.5  # after a failed link, publishes are nacked at once for this long (no connect storm)
+
+
+def with_origin(publish: ForwardPublish) -> BasicProperties:
+    """The properties with FORWARD_HEADER added: the owner's node delivers with the original exchange and routing
+    key, and removes the header (node/broker/publish.py `forwarded_publish`)."""
+    props: BasicProperties = publish.properties
+    headers = dict(props.headers or {})
+    headers[FORWARD_HEADER] = [publish.queue, publish.exchange, publish.routing_key, props.headers is not None]
+    return dataclasses.replace(props, headers=headers)
 
 
 class _Link:
@@ -89,10 +106,10 @@ class Forwarder:
         member = next((p for p in self.cluster.layout.members if p.name == node), None)
         if member is None:
             return None
-        config = self.cluster.config
         host = member.host if member.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
-        return AmqpUri(host=host, port=member.amqp_port, username=config.default_user,
-                       password=config.default_pass, vhost=vhost, connection_timeout_ms=CONNECT_TIMEOUT_MS)
+        username, password = internal_login(self.cluster.layout.secret)
+        return AmqpUri(host=host, port=member.amqp_port, username=username, password=password, vhost=vhost,
+                       connection_timeout_ms=CONNECT_TIMEOUT_MS)
 
     def _answer(self, publishes: list[ForwardPublish], acked: bool, inside_dispatch: bool = False) -> None:
         if not publishes:
@@ -159,7 +176,7 @@ class Forwarder:
                     continue
             while link.waiting and len(link.inflight) < INFLIGHT_MAX:
                 publish = link.waiting.popleft()
-                seq = conn.publish(channel, "", publish.queue, publish.properties, publish.body)
+                seq = conn.publish(channel, "", publish.queue, with_origin(publish), publish.body)
                 link.inflight[seq] = publish
                 self.stats["forwarded"] += 1
             await conn.flush()
