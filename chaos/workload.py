@@ -52,7 +52,7 @@ class WorkloadConfig:
     backoff_ms_min: float = 50.0
     backoff_ms_max: float = 1000.0
     drain_idle_s: float = 1.0
-    drain_timeout_s: float = 60.0
+    drain_timeout_s: float = 60.0  # the drain gives up after this long without taking a message
     run_id: str = "run"
     consumer_urls: tuple[str, ...] = ()  # consumers and the drain use these instead of `urls` (a shovel scenario:
     # publishers on the source cluster, consumers on the destination)
@@ -331,8 +331,7 @@ class Workload:
         self._consume_stop.set()
         for consumer in self.consumers:
             consumer.join(self.config.socket_timeout_s * 4)
-        deadline = time.monotonic() + self.config.drain_timeout_s
-        return all(drain_queue(queue, self.config, self.recorder, deadline) for queue in self.config.queues)
+        return all(drain_queue(queue, self.config, self.recorder) for queue in self.config.queues)
 
     def stop(self) -> None:
         """Stop every thread without draining (after an error)."""
@@ -357,18 +356,34 @@ def empty_queue(channel: BlockingChannel, queue: str) -> int:
     raise RuntimeError(f"queue {queue} still not empty after {LEFTOVERS_MAX} gets")
 
 
-def drain_queue(queue: str, config: WorkloadConfig, recorder: Recorder, deadline_s: float) -> bool:
-    """basic.get (acking each) until the queue has been empty for drain_idle_s; reconnect on failure."""
+class _Progress:
+    """The drain's deadline: `drain_timeout_s` after the last message taken (a slow but moving drain goes on)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.deadline_s = time.monotonic() + timeout_s
+
+    def moved(self) -> None:
+        self.deadline_s = time.monotonic() + self.timeout_s
+
+    def alive(self) -> bool:
+        return time.monotonic() < self.deadline_s
+
+
+def drain_queue(queue: str, config: WorkloadConfig, recorder: Recorder) -> bool:
+    """basic.get (acking each) until the queue has been empty for drain_idle_s; reconnect on failure. Gives up
+    after `drain_timeout_s` without taking a message."""
     stop = threading.Event()
     backoff = Backoff(config.backoff_ms_min, config.backoff_ms_max, stop)
     urls = config.consume_urls
+    progress = _Progress(config.drain_timeout_s)
     attempt = 0
-    while time.monotonic() < deadline_s:
+    while progress.alive():
         url = urls[attempt % len(urls)]
         attempt += 1
         try:
             with open_channel(url, config) as channel:
-                if _get_until_idle(channel, queue, config, recorder, deadline_s):
+                if _get_until_idle(channel, queue, config, recorder, progress):
                     return True
         except CONNECTION_ERRORS:
             backoff.wait()
@@ -376,9 +391,9 @@ def drain_queue(queue: str, config: WorkloadConfig, recorder: Recorder, deadline
 
 
 def _get_until_idle(channel: BlockingChannel, queue: str, config: WorkloadConfig, recorder: Recorder,
-                    deadline_s: float) -> bool:
+                    progress: _Progress) -> bool:
     idle_since = time.monotonic()
-    while time.monotonic() < deadline_s:
+    while progress.alive():
         method, _props, body = channel.basic_get(queue, auto_ack=False)
         if method is None:
             if time.monotonic() - idle_since >= config.drain_idle_s:
@@ -390,4 +405,5 @@ def _get_until_idle(channel: BlockingChannel, queue: str, config: WorkloadConfig
         channel.basic_ack(method.delivery_tag)
         recorder.add(Ack(payload_id, "drain", queue, recorder.now_ms()))
         idle_since = time.monotonic()
+        progress.moved()
     return False
