@@ -20,7 +20,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs, quote_plus, unquote
+from urllib.parse import parse_qs, quote, quote_plus, unquote
 
 import h11
 
@@ -65,6 +65,12 @@ class RequestHead:
     query: dict[str, list[str]]
     version: str
     headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        """The path again from `segments`, each percent-encoded (no query): what a peer is asked for the same
+        object (node/runtime/management_peers.py)."""
+        return "/" + "/".join(quote(s, safe="") for s in self.segments)
 
     @property
     def content_length(self) -> int:

@@ -21,7 +21,7 @@ peer's memory and disk figures and /api/overview adds up every node's message co
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote, quote_plus
+from urllib.parse import quote_plus
 
 from node.amqp import methods as m
 from node.runtime import management_amqp as amqp
@@ -114,8 +114,7 @@ async def _cluster_wide(view: ManagementView, head: RequestHead, caller: Caller)
     rows = {"connections": view.connections, "channels": view.channels, "consumers": view.consumers}[what]()
     peers = view.peers()
     if peers and LOCAL_QUERY not in head.query:
-        rows = rows + await peer_rows(peers, "/" + "/".join(quote(s, safe="") for s in head.segments),
-                                      caller.authorization)
+        rows = rows + await peer_rows(peers, head.path, caller.authorization)
     if rest:
         rows = [r for r in rows if isinstance(r.get("queue"), dict) and r["queue"].get("vhost") == rest[0]]
     if what == "consumers":
@@ -147,9 +146,8 @@ async def _close_connection(view: ManagementView, head: RequestHead, name: str, 
         return Reply(204)
     peers = view.peers()
     if peers and LOCAL_QUERY not in head.query:
-        path = "/" + "/".join(quote(s, safe="") for s in head.segments)
         extra = (("X-Reason", reason),) if "x-reason" in head.headers else ()
-        if await peer_delete(peers, path, caller.authorization, extra):
+        if await peer_delete(peers, head.path, caller.authorization, extra):
             return Reply(204)
     raise CommandError(404, "Not Found")
 

@@ -16,7 +16,6 @@ owner's, asked once per owner node for the same path with `raftmq_local=true` an
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 from node.runtime.management_api import Caller, CommandError, ManagementView, Reply, jsonable
 from node.runtime.management_http import RequestHead
@@ -35,10 +34,9 @@ async def handle_queue_rows(view: ManagementView, head: RequestHead, raw: bytes,
     if not wanted:
         return None
     rows = [r for r in view.queues() if (r["vhost"], r["name"])[:len(scope)] == scope]
-    path = "/" + "/".join(quote(s, safe="") for s in seg)
     theirs: dict[tuple[str, str], dict[str, Any]] = {}
     for owner in sorted(set(wanted.values())):
-        for answer in await peer_answers([owner], path, caller.authorization):
+        for answer in await peer_answers([owner], head.path, caller.authorization):
             for row in answer if isinstance(answer, list) else [answer]:
                 if not isinstance(row, dict):
                     continue

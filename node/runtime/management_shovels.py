@@ -16,7 +16,6 @@ management_api's own routes answer with this node's rows.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 from node.runtime.management_api import Caller, CommandError, ManagementView, Reply, jsonable
 from node.runtime.management_http import RequestHead
@@ -66,8 +65,7 @@ async def handle_shovel_request(view: ManagementView, head: RequestHead, raw: by
         try:
             await view.run_command("restart_shovel", {"vhost": rest[1], "name": rest[2]})
         except CommandError as err:
-            path = "/" + "/".join(quote(s, safe="") for s in seg)
-            if err.status != 404 or not await peer_delete(view.peers(), path, caller.authorization):
+            if err.status != 404 or not await peer_delete(view.peers(), head.path, caller.authorization):
                 raise
         return Reply(204)
     return None
