@@ -44,20 +44,13 @@ def close_connections(broker: BrokerState, *, user: str | None = None, vhost: st
         broker.out.append(CloseConnection(conn.conn_id, code, reply_text(ReplyCode.CONNECTION_FORCED, text)))
 
 
-def _forget_permission_caches(broker: BrokerState) -> None:
-    for conn in broker.conns.values():
-        conn.permission_cache.clear()
-        for ch in conn.channels.values():
-            ch.write_ok.clear()
-
-
 def delete_user(broker: BrokerState, name: str) -> bool:
     """Delete a user with its permissions and limits, and close its connections (False: no such user)."""
     if name not in broker.users.users:
         return False
     vhosts = sorted(v for u, v in broker.users.permissions if u == name)
     broker.users.delete_user(name)
-    _forget_permission_caches(broker)
+    broker.forget_permission_caches()
     broker.persist((UserRecord(name, "", (), deleted=True),
                     *(PermissionRecord(name, v, "", "", "", deleted=True) for v in vhosts)))
     close_connections(broker, user=name)
@@ -70,7 +63,7 @@ def clear_permissions(broker: BrokerState, user: str, vhost: str) -> bool:
     if (user, vhost) not in broker.users.permissions:
         return False
     broker.users.clear_permissions(user, vhost)
-    _forget_permission_caches(broker)
+    broker.forget_permission_caches()
     broker.persist((PermissionRecord(user, vhost, "", "", "", deleted=True),))
     return True
 
@@ -96,7 +89,7 @@ def delete_vhost(broker: BrokerState, name: str) -> bool:
     for user in users:
         broker.users.clear_permissions(user, name)
         records.append(PermissionRecord(user, name, "", "", "", deleted=True))
-    _forget_permission_caches(broker)
+    broker.forget_permission_caches()
     broker.trace_vhosts.discard(name)
     del broker.vhosts[name]
     records.append(VHostRecord(name, deleted=True))

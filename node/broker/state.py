@@ -218,12 +218,16 @@ class BrokerState(ABC):
             return user_limits.reached(limits, name, len(conns))
         return user_limits.reached(limits, name, own + sum(len(c.channels) for c in conns))
 
-    def set_permissions(self, user: str, vhost: str, permission: Permission) -> None:
-        self.users.set_permissions(user, vhost, permission)
+    def forget_permission_caches(self) -> None:
+        """After a permission or user change: every connection checks its permissions afresh."""
         for conn in self.conns.values():
             conn.permission_cache.clear()
             for ch in conn.channels.values():
                 ch.write_ok.clear()
+
+    def set_permissions(self, user: str, vhost: str, permission: Permission) -> None:
+        self.users.set_permissions(user, vhost, permission)
+        self.forget_permission_caches()
         p = permission
         self.persist((PermissionRecord(user, vhost, p.configure, p.write, p.read),))
 
