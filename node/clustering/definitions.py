@@ -23,7 +23,7 @@ from cluster.metadata import placement
 from cluster.metadata.mirror import DeclareMirror
 from node.broker import records as br
 from node.broker.ha_policy import HaSpec, ha_spec, mirror_replicas
-from node.broker.policies import PolicyError, make_policy, match_policy
+from node.broker.policies import Policy, PolicyError, make_policy, match_policy
 
 QUEUE_TYPE_ARG = "x-queue-type"
 GROUP_SIZE_ARG = "x-quorum-initial-group-size"
@@ -128,8 +128,8 @@ def client_local_placement(self_name: str, group_size_default: int, configured: 
     return place
 
 
-def mirror_spec_in(state: md.MetadataState, vhost: str, name: str) -> HaSpec | None:
-    """The ha-* mirroring asked for a classic queue `name` by the one policy of the vhost that applies to it."""
+def vhost_policies(state: md.MetadataState, vhost: str) -> list[Policy]:
+    """The vhost's valid policies, as the broker holds them (an invalid record is left out)."""
     policies = []
     for record in state.policies.values():
         if record.vhost == vhost:
@@ -138,7 +138,14 @@ def mirror_spec_in(state: md.MetadataState, vhost: str, name: str) -> HaSpec | N
                                             dict(record.definition), record.priority))
             except PolicyError:
                 continue
-    chosen = match_policy(policies, "queue", name, "classic")
+    return policies
+
+
+def mirror_spec_in(state: md.MetadataState, vhost: str, name: str,
+                   policies: Sequence[Policy] | None = None) -> HaSpec | None:
+    """The ha-* mirroring asked for a classic queue `name` by the one policy of the vhost that applies to it
+    (`policies`: the vhost's, when the caller has them already)."""
+    chosen = match_policy(vhost_policies(state, vhost) if policies is None else policies, "queue", name, "classic")
     return ha_spec(chosen.definition) if chosen is not None else None
 
 

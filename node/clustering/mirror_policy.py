@@ -29,7 +29,8 @@ from collections.abc import Collection, Mapping
 from cluster.metadata import model as md
 from cluster.metadata.mirror import AlterMirrorReplicas, MirrorRecord
 from node.broker.ha_policy import HaSpec
-from node.clustering.definitions import mirror_spec_in
+from node.broker.policies import Policy
+from node.clustering.definitions import mirror_spec_in, vhost_policies
 
 
 def _ring(nodes: Collection[str], first: str) -> list[str]:
@@ -75,10 +76,14 @@ def mirror_plan(state: md.MetadataState, up: Collection[str], down_since_ms: Map
     gone = set() if replace_after_ms <= 0 else {
         n for n, since in down_since_ms.items() if now_ms - since >= replace_after_ms}
     commands: list[AlterMirrorReplicas] = []
+    policies: dict[str, list[Policy]] = {}  # per vhost, made once per call (the plan runs every liveness poll)
     for key in sorted(state.mirrors):
         record = state.mirrors[key]
         queue = state.queues.get(key)
-        spec = mirror_spec_in(state, *key)
+        vhost = key[0]
+        if vhost not in policies:
+            policies[vhost] = vhost_policies(state, vhost)
+        spec = mirror_spec_in(state, *key, policies=policies[vhost])
         if spec is None or queue is None or queue.type != "mirrored" or not record.leader:
             continue
         wanted = wanted_replicas(spec, record, cluster, up_now, gone)
