@@ -168,6 +168,8 @@ class MembershipAndLiveness:
         assert self.store is not None
         now = wall_ms()
         up = set(self.layout.names) - set(self.liveness.down)
+        for gone in [key for key in self._mirror_proposed if key not in self.store.state.mirrors]:
+            del self._mirror_proposed[gone]  # (a deleted queue's last command: bounded by the mirrored queues)
         for command in mirror_plan(self.store.state, up, self.liveness.down_since_ms, now,
                                    self.config.mirror_replace_after_ms):
             key = (command.vhost, command.name)
