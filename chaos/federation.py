@@ -30,7 +30,7 @@ import re
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,11 +110,7 @@ class FederatedClusters(TwoClusters):
         return None
 
     def link_rows(self) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = []
-        for name in self.sides[DOWN].nodes():
-            rows.extend(row for row in _api(self.sides[DOWN], name, "GET", "/api/federation-links") or []
-                        if isinstance(row, dict) and self._ours(row))
-        return rows
+        return link_rows_of(self.sides[DOWN], self._ours)
 
     def _ours(self, row: dict[str, Any]) -> bool:
         if self.kind == "queue":
@@ -122,9 +118,7 @@ class FederatedClusters(TwoClusters):
         return row.get("exchange") == EXCHANGE
 
     def link_node(self) -> str | None:
-        votes = Counter(row.get("node") for row in self.link_rows()
-                        if row.get("status") == "running" and isinstance(row.get("node"), str))
-        return str(votes.most_common(1)[0][0]) if votes else None
+        return running_node(self.link_rows())
 
     def upstream_backlog(self) -> int | None:
         """Messages (ready + unacked) in the link's upstream queue (None when no upstream node lists it)."""
@@ -166,6 +160,22 @@ class FederatedClusters(TwoClusters):
 
     def link_states(self) -> list[tuple[Any, ...]]:
         return [(row.get("node"), row.get("status"), row.get("error")) for row in self.link_rows()]
+
+
+def link_rows_of(cluster: LocalCluster, ours: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """The /api/federation-links rows of every node of `cluster` that `ours` accepts."""
+    rows: list[dict[str, Any]] = []
+    for name in cluster.nodes():
+        rows.extend(row for row in _api(cluster, name, "GET", "/api/federation-links") or []
+                    if isinstance(row, dict) and ours(row))
+    return rows
+
+
+def running_node(rows: list[dict[str, Any]]) -> str | None:
+    """The node most of `rows` name as running the link (None when no row says running)."""
+    votes = Counter(row.get("node") for row in rows
+                    if row.get("status") == "running" and isinstance(row.get("node"), str))
+    return str(votes.most_common(1)[0][0]) if votes else None
 
 
 def _call_any(cluster: LocalCluster, method: str, path: str, body: Any, deadline: float) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 
 from chaos.checker import CheckResult, check
 from chaos.faultproxy.background import FaultProxyThread
-from chaos.federation import COPY_LINE, EXCHANGE, UPSTREAM, _call_any
+from chaos.federation import COPY_LINE, EXCHANGE, UPSTREAM, _call_any, link_rows_of, running_node
 from chaos.history import Ack, Delivery, Publish, Record, acks_of, split
 from chaos.nemesis import LocalCluster
 from chaos.scenario import Nemesis, Scenario, ScenarioError
@@ -153,17 +153,10 @@ class RingClusters(TwoClusters):
         return None  # a node name (`b.b-rmq2`): the nemesis finds it among nodes()
 
     def link_rows(self, side: str) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = []
-        cluster = self.sides[side]
-        for name in cluster.nodes():
-            rows.extend(row for row in _api(cluster, name, "GET", "/api/federation-links") or []
-                        if isinstance(row, dict) and row.get("exchange") == EXCHANGE)
-        return rows
+        return link_rows_of(self.sides[side], lambda row: row.get("exchange") == EXCHANGE)
 
     def link_node(self, side: str) -> str | None:
-        votes = Counter(row.get("node") for row in self.link_rows(side)
-                        if row.get("status") == "running" and isinstance(row.get("node"), str))
-        return str(votes.most_common(1)[0][0]) if votes else None
+        return running_node(self.link_rows(side))
 
     def upstream_rows(self, side: str, path: str) -> list[dict[str, Any]]:
         """Rows of `path` from the first node of cluster `side` that answers."""
@@ -186,24 +179,24 @@ class RingClusters(TwoClusters):
                 if row.get("source") == EXCHANGE
                 and str(row.get("destination", "")).startswith(f"federation: {EXCHANGE} -> ")}
 
+    # The settle step of TwoClusters (chaos/shovel.py) over the three links: each running, every upstream queue empty.
+    link_label = "links"
+    backlog_label = "their upstream queues"
+
+    def link_backlog(self) -> int | None:
+        backlogs = [self.backlog(upstream_of(side)) for side in SIDES]
+        return None if None in backlogs else sum(b for b in backlogs if b is not None)
+
+    def link_running(self) -> bool:
+        return all(self.link_node(side) is not None for side in SIDES)
+
+    def link_states(self) -> list[tuple[Any, ...]]:
+        return [(side, self.link_node(side), self.backlog(upstream_of(side))) for side in SIDES]
+
     def settle_ring(self, timeout_s: float) -> str | None:
-        """Every link running and every upstream queue empty for 2 s; then the copies of each link counted."""
-        deadline = time.monotonic() + timeout_s
-        empty_since: float | None = None
-        state: dict[str, Any] = {}
-        error: str | None = None
-        while True:
-            state = {side: (self.link_node(side), self.backlog(upstream_of(side))) for side in SIDES}
-            if all(node is not None and backlog == 0 for node, backlog in state.values()):
-                empty_since = empty_since or time.monotonic()
-                if time.monotonic() - empty_since >= 2.0:
-                    break
-            else:
-                empty_since = None
-            if time.monotonic() > deadline:
-                error = f"the links did not empty their upstream queues within {timeout_s} s: {state}"
-                break
-            time.sleep(0.3)
+        """`settle` (every link running and every upstream queue empty for 2 s); then the copies of each link
+        counted."""
+        error = self.settle(timeout_s)
         for side in SIDES:
             cluster = self.sides[side]
             logs = {name: _read(Path(cluster.spec(name).log)) for name in cluster.nodes()}
