@@ -25,10 +25,12 @@ from cluster.metadata.model import (
 ABC = ("a", "b", "c")
 
 
-def _state(**declare: object) -> MetadataState:
+def _state(replicas: tuple[str, ...] = ABC, **declare: object) -> MetadataState:
+    """A mirrored queue "q" in "/" declared with `replicas` (the first leads). Also used by test_mirror_replicas."""
     s = MetadataState()
-    for command in (PutVhost("/"), DeclareQueue(QueueRecord("/", "q", type="mirrored", leader="a", members=ABC)),
-                    DeclareMirror("/", "q", ABC, **declare)):  # type: ignore[arg-type]
+    for command in (PutVhost("/"), DeclareQueue(QueueRecord("/", "q", type="mirrored", leader=replicas[0],
+                                                            members=replicas)),
+                    DeclareMirror("/", "q", replicas, **declare)):  # type: ignore[arg-type]
         s, outcome = model.apply(s, command)
         assert outcome.ok, outcome.refused
     return s

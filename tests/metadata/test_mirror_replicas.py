@@ -2,40 +2,15 @@
 
 from __future__ import annotations
 
-import cbor2
-
-from cluster.metadata import model
 from cluster.metadata.mirror import (
     AlterMirrorIsr,
     AlterMirrorReplicas,
-    DeclareMirror,
-    MirrorRecord,
     MirrorReplicaDown,
     TransferMirror,
 )
-from cluster.metadata.model import DeclareQueue, MetadataState, PutVhost, QueueRecord
+from tests.metadata.test_mirror_controller import ABC, _apply, _rec, _state
 
-ABC = ("a", "b", "c")
 ABCD = ("a", "b", "c", "d")
-
-
-def _state(replicas: tuple[str, ...] = ABC, **declare: object) -> MetadataState:
-    s = MetadataState()
-    for command in (PutVhost("/"), DeclareQueue(QueueRecord("/", "q", type="mirrored", leader=replicas[0],
-                                                            members=replicas)),
-                    DeclareMirror("/", "q", replicas, **declare)):  # type: ignore[arg-type]
-        s, outcome = model.apply(s, command)
-        assert outcome.ok, outcome.refused
-    return s
-
-
-def _apply(s: MetadataState, command: model.Command) -> tuple[MetadataState, model.Outcome]:
-    decoded = model.command_from_dict(cbor2.loads(cbor2.dumps(model.command_to_dict(command))))
-    return model.apply(s, decoded)
-
-
-def _rec(s: MetadataState) -> MirrorRecord:
-    return s.mirrors[("/", "q")]
 
 
 def test_growing_adds_replicas_outside_the_isr_and_the_queue_members_follow() -> None:
