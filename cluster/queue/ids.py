@@ -62,8 +62,6 @@ class AtMostOnceDeadLetterPublisher(NamedTuple):
     queue: str
 
 
-NodeId = ConsumerId | GetterId  # the ids that name a party of one node's boot (consumers and getters)
-
 GETTER_TAG: Final = "get"
 DEAD_LETTER_TAG: Final = "dlx-alo"
 AT_MOST_ONCE_DEAD_LETTER_TAG: Final = "dlx"
