@@ -8,7 +8,8 @@ was lost and nothing unexpected was delivered; --fault-proxy routes the workload
 proxy (one proxy "amqp-<node>" per node) so toxic steps apply to client traffic. `sweep --seeds N` runs N random schedules (seeds first-seed ..
 first-seed+N-1; a 3-node cluster with a quorum queue unless --nodes says otherwise) and exits non-zero if any seed failed, naming it. `check HISTORY` re-checks a saved history.
 A scenario with a `[mirror]` table runs on mirrored-queue replica processes (chaos/mirror_run.py; `--truncation`,
-`--promote`, `--unsafe` choose its variant; exit 1 when its checker names lost or diverged messages).
+`--promote`, `--unsafe` choose its variant; exit 1 when its checker names lost or diverged messages), or with
+`--via broker` through a 3-node raftmq cluster and AMQP (chaos/mirror_broker.py, its `[mirror.broker]` version).
 `suite [SCENARIO...]` runs several (default: every bundled one this environment can carry out, skipping the
 others with the reason, and the deliberately unsafe ones, which must fail) and writes a summary table (per scenario: confirmed, delivered, lost, duplicates,
 unavailability) to --out/summary.md; exit 1 if any failed. A scenario with a `[shovel]` table starts its two clusters, the fault proxy and the
@@ -43,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="mirrored-queue scenarios: ha-promote-on-failure (always = unclean election)")
     run.add_argument("--unsafe", action="store_true",
                      help="mirrored-queue scenarios: the unsafe variant the scenario documents (it must fail)")
+    run.add_argument("--via", choices=("replicas", "broker"), default="replicas",
+                     help="mirrored-queue scenarios: on the harness's replica processes (default) or through the "
+                     "broker (a 3-node raftmq cluster, AMQP publishes; hw-truncation-loss, unclean-election-loss)")
     sweep = commands.add_parser("sweep", help="run random schedules from consecutive seeds")
     sweep.add_argument("--seeds", type=int, required=True)
     sweep.add_argument("--first-seed", type=int, default=0)
@@ -229,11 +233,40 @@ def _dispatch(args: argparse.Namespace) -> int:
         scenario = load_scenario(args.scenario)
         if args.seed is not None:
             scenario = replace(scenario, seed=args.seed)
-        if scenario.mirror is None and (args.truncation or args.promote or args.unsafe):
-            raise ScenarioError(f"--truncation/--promote/--unsafe are for mirrored-queue scenarios; "
+        if scenario.mirror is None and (args.truncation or args.promote or args.unsafe or args.via == "broker"):
+            raise ScenarioError(f"--truncation/--promote/--unsafe/--via are for mirrored-queue scenarios; "
                                 f"{scenario.name} is not one")
         return 0 if run_one(args, scenario, Path(args.out) / scenario.name) else 1
     return _sweep(args)
+
+
+def _run_mirror_broker(scenario: Scenario, out_dir: Path, unsafe: bool, overrides: dict[str, Any]) -> dict[str, Any]:
+    """A `[mirror]` scenario through the broker (chaos/mirror_broker.py): its `[mirror.broker]` version."""
+    from chaos.mirror_broker import (
+        BrokerScenarioError,
+        parse_broker,
+        run_broker,
+        variant_policy,
+        write_report,
+    )
+
+    assert scenario.mirror is not None
+    if "broker" not in scenario.mirror:
+        why = scenario.mirror.get("broker_why_not", "")
+        raise ScenarioError(f"scenario {scenario.name} has no version through the broker" + (f": {why}" if why else ""))
+    label = "unsafe" if unsafe or overrides else "shipped"
+    try:
+        spec = parse_broker(dict(scenario.mirror["broker"]))
+        result = run_broker(spec, out_dir / "nodes", {label: variant_policy(spec, unsafe, overrides)})
+    except BrokerScenarioError as error:
+        raise ScenarioError(f"scenario {scenario.name}: {error}") from None
+    print(write_report(out_dir, scenario.name, result), end="")
+    print(f"  report: {out_dir}")
+    c = result.checks[label]
+    summary = {"attempted": c.counts.get("published", 0), "confirmed": c.counts.get("confirmed", 0),
+               "deliveries": 0, "lost": len(c.lost), "unexpected": 0, "duplicated": 0, "duplicate_deliveries": 0,
+               "order_violations": 0}
+    return {"scenario": scenario.name, "valid": c.valid, "summary": summary, "mirror": c.summary()}
 
 
 def _run_mirror(args: argparse.Namespace, scenario: Scenario, out_dir: Path) -> dict[str, Any]:
@@ -246,6 +279,8 @@ def _run_mirror(args: argparse.Namespace, scenario: Scenario, out_dir: Path) -> 
         overrides["truncation"] = args.truncation
     if getattr(args, "promote", None):
         overrides["promote_on_failure"] = args.promote
+    if getattr(args, "via", "replicas") == "broker":
+        return _run_mirror_broker(scenario, out_dir, bool(getattr(args, "unsafe", False)), overrides)
     try:
         spec = parse_mirror(scenario.mirror)
         run = run_mirror(scenario.name, spec, out_dir, bool(getattr(args, "unsafe", False)), overrides)

@@ -69,12 +69,14 @@ class LocalCluster:
     """Nodes on this machine, from cluster.json or spawned here; signals go straight to their pids."""
 
     def __init__(self, data_dir: Path, specs: list[NodeSpec], extra_args: tuple[str, ...] = (),
-                 prefixes: dict[str, list[str]] | None = None) -> None:
+                 prefixes: dict[str, list[str]] | None = None,
+                 node_args: dict[str, tuple[str, ...]] | None = None) -> None:
         self.data_dir = data_dir
         self._specs = {spec.name: spec for spec in specs}
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._extra_args = extra_args
         self._prefixes = prefixes or {}
+        self._node_args = node_args or {}  # one node's own `raftmq node` options, after extra_args
         self._other_state: dict[str, object] = {"haproxy_pid": None, "haproxy_port": None,
                                                 "haproxy_config": None, "haproxy_log": None}
         self._from_runner = False
@@ -90,11 +92,12 @@ class LocalCluster:
 
     @classmethod
     def spawn(cls, data_dir: Path, count: int, base_port: int, extra_args: tuple[str, ...] = (),
-              netlab: NetLab | None = None, clustered: bool = False, prefix: str = "rmq") -> LocalCluster:
+              netlab: NetLab | None = None, clustered: bool = False, prefix: str = "rmq",
+              node_args: dict[str, tuple[str, ...]] | None = None) -> LocalCluster:
         """Start `count` nodes on 127.0.0.1:base_port+i (i from 1), or each in its namespace of `netlab` on its
         own address and base_port, and wait until they answer AMQP. `clustered`: one cluster (cluster mode).
         Nodes are named `prefix`1..N (several clusters side by side need distinct names: a cluster's name, which
-        federation's loop check compares, is made of its nodes' names)."""
+        federation's loop check compares, is made of its nodes' names). `node_args`: a node's own options."""
         names = [f"{prefix}{i}" for i in range(1, count + 1)]
         hosts = {name: netlab.address(name) if netlab else "127.0.0.1" for name in names}
         prefixes = {name: netlab.exec_argv(name, []) for name in names} if netlab else {}
@@ -106,7 +109,7 @@ class LocalCluster:
             write_node_configs(data_dir, plans, cluster=True)
             specs = [replace(spec, management_port=plan.management_port) for spec, plan in zip(specs, plans,
                                                                                                 strict=True)]
-        cluster = cls(data_dir, specs, extra_args, prefixes)
+        cluster = cls(data_dir, specs, extra_args, prefixes, node_args)
         cluster._from_runner = clustered
         try:
             for spec in specs:
@@ -217,7 +220,8 @@ class LocalCluster:
         spec = self._specs[node]
         Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
         with open(spec.log, "ab") as log:
-            argv = [*self._prefixes.get(node, []), *node_command(spec, self._extra_args)]
+            argv = [*self._prefixes.get(node, []),
+                    *node_command(spec, self._extra_args + self._node_args.get(node, ()))]
             child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self._children[node] = child

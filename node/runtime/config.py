@@ -103,6 +103,7 @@ class NodeConfig:
     definition_timeout_ms: int = 30_000
     mirror_trim_records: int = 2_000
     mirror_flush: str = "fsync"
+    mirror_hw_checkpoint_ms: int = 1_000
     member_replace_after_ms: int = 0
     mirror_replace_after_ms: int = 5_000
     quorum_initial_group_size: int = 3
@@ -236,6 +237,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("mirror_flush", "str", "Cluster mode: mirrored queue replicas' flush policy: fsync (every append on disk "
             "before it counts) or unsynced (UNSAFE, for the failure scenarios: appends stay in the process, as in "
             "Kafka's page cache, written back every second; a crash loses them, confirmed messages included)."),
+    Setting("mirror_hw_checkpoint_ms", "int", "Cluster mode: a mirrored queue replica writes its high watermark "
+            "checkpoint this often (a restart starts from it; `ha-truncation: hw` cuts the log to it). Large values "
+            "only for the failure scenarios (a stale checkpoint)."),
     Setting("member_replace_after_ms", "int",
             "Cluster mode: a quorum member down this long is replaced by an up non-member (0 = never, as RabbitMQ)."),
     Setting("mirror_replace_after_ms", "int",
@@ -430,6 +434,7 @@ def validate(config: NodeConfig) -> NodeConfig:
         (config.mirror_trim_records > 0, "mirror_trim_records must be > 0"),
         (config.mirror_replace_after_ms >= 0, "mirror_replace_after_ms must be >= 0"),
         (config.mirror_flush in ("fsync", "unsynced"), "mirror_flush must be fsync|unsynced"),
+        (config.mirror_hw_checkpoint_ms > 0, "mirror_hw_checkpoint_ms must be > 0"),
         (not config.test_unsafe_confirm_before_commit or bool(config.cluster_nodes),
          "test_unsafe_confirm_before_commit needs cluster mode (cluster_nodes)"),
         (config.quorum_initial_group_size >= 1, "quorum_initial_group_size must be >= 1"),

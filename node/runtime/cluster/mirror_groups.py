@@ -151,7 +151,8 @@ class MirrorGroups:
                  on_apply_many: Callable[[GroupId, tuple[Entry, ...]], None],
                  on_leader_change: Callable[[GroupId, NodeId | None], None],
                  submit: Callable[[Any], None], snapshots: SnapshotHost | None = None,
-                 trim_records: int = TRIM_RECORDS, telemetry: bool = True, flush: str = "fsync") -> None:
+                 trim_records: int = TRIM_RECORDS, telemetry: bool = True, flush: str = "fsync",
+                 hw_checkpoint_ms: int = HW_CHECKPOINT_MS) -> None:
         self.name = name
         self.data_dir = data_dir
         self.transport = MirrorTransport(name, secret, peers, self._on_message)
@@ -161,6 +162,7 @@ class MirrorGroups:
         self.snapshots = snapshots  # without one the log is never trimmed
         self.trim_records = trim_records
         self.flush: Flush = "unsynced" if flush == "unsynced" else "fsync"  # the node's `mirror_flush`
+        self.hw_checkpoint_ms = hw_checkpoint_ms  # the node's `mirror_hw_checkpoint_ms`
         self._last_writeback_ms = wall_ms()
         self.groups: dict[GroupId, _Group] = {}
         self.live: frozenset[str] = frozenset(peers) | {name}
@@ -205,7 +207,7 @@ class MirrorGroups:
         if group in self.groups:
             return
         settings = Settings(min_insync=record.min_insync if record is not None else 1,
-                            replica_lag_max_ms=LAG_MAX_MS, hw_checkpoint_interval_ms=HW_CHECKPOINT_MS,
+                            replica_lag_max_ms=LAG_MAX_MS, hw_checkpoint_interval_ms=self.hw_checkpoint_ms,
                             truncation="hw" if truncation == "hw" else "leader-epoch", flush=self.flush)
         store = ReplicaStore(self.data_dir / "mirror" / group.replace("/", "~"))
         now = wall_ms()

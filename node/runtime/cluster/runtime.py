@@ -198,7 +198,8 @@ class ClusterRuntime(MembershipAndLiveness):
         self.mirror = MirrorGroups(
             self.name, self.data_dir, {p.name: (p.host, mirror_port(p.amqp_port)) for p in self.layout.peers},
             self.layout.secret.encode(), self._on_apply_many, self._on_mirror_leader_change, self._submit_mirror,
-            snapshots=self, trim_records=self.config.mirror_trim_records, flush=self.config.mirror_flush)
+            snapshots=self, trim_records=self.config.mirror_trim_records, flush=self.config.mirror_flush,
+            hw_checkpoint_ms=self.config.mirror_hw_checkpoint_ms)
         self._drop_stale_groups(self.mirrored)
         self._sync_groups(self.mirrored)
 
