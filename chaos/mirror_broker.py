@@ -332,10 +332,12 @@ def run_broker(spec: BrokerSpec, directory: Path, variants: Mapping[str, dict[st
     if directory.exists():
         shutil.rmtree(directory)  # a previous run's nodes: every run starts from empty nodes
     every, own = spec.node_args()
+    began = time.monotonic()
     cluster = LocalCluster.spawn(directory, len(NODES), free_base_port(len(NODES)), every, clustered=True,
                                  node_args=own)
     queues = {label: f"mirror-{label}" for label in variants}
     run = BrokerRun(cluster, queues)
+    run.note(f"cluster started in {time.monotonic() - began:.1f} s")
     problems: list[str] = []
     checks: dict[str, MirrorCheck] = {}
     try:
@@ -372,6 +374,9 @@ def run_broker(spec: BrokerSpec, directory: Path, variants: Mapping[str, dict[st
             run.note(f"{queue}: leader {row['leader']} epoch {row['epoch']} HW {row['hw']}; logs " + "; ".join(
                 f"{n}: {[r.msg for r in log]}" for n, log in logs.items()))
     finally:
+        for node in cluster.nodes():  # kill -9: the logs are read, nothing more to keep
+            if cluster.pid(node) is not None:
+                cluster.kill(node)
         cluster.stop_all()
     return BrokerResult(checks, dict(variants), tuple(run.events), time.monotonic() - run.started)
 
