@@ -207,7 +207,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             scenario = load_scenario(name)
             needs = f"  [needs {', '.join(sorted(scenario.needs()))}]" if scenario.needs() else ""
             if scenario.mirror is not None:
-                print(f"{name:<24} {scenario.nodes} replicas  {scenario.description}")
+                via = "  [also --via broker]" if "broker" in scenario.mirror else ""
+                print(f"{name:<24} {scenario.nodes} replicas  {scenario.description}{via}")
                 continue
             if scenario.shovel is not None:
                 src, dst = scenario.shovel.get("source_nodes", 3), scenario.shovel.get("dest_nodes", 3)
