@@ -16,7 +16,7 @@ How it works: a scenario's `[mirror.broker]` table holds the policy (`policy`, R
 settings every node gets (`node_settings`, `raftmq node` options) and those of one replica's node
 (`[mirror.broker.replica_settings.b]`), the policy keys of the unsafe variant (`unsafe`) and the steps
 (`[[mirror.broker.steps]]`): publish {messages, timeout_s}; wait {seconds}; pause/resume/kill/restart {target};
-wait-status {target, role, epoch, leo, hw: the target node's own row says so}; wait-out-of-isr {target: the
+wait-status {target, role, epoch, leo, hw, checkpoint: the target node's own row says so}; wait-out-of-isr {target: the
 committed ISR leaves it out}. Variants run side by side on one cluster: each is its own queue
 (`mirror-<label>`, its own policy), and every step applies to every queue (a publish goes to each; a wait holds
 for each), so one cluster and one fault schedule give both verdicts (the CI test runs the shipped and the unsafe
@@ -82,6 +82,7 @@ class BrokerStep:
     epoch: int = -1
     leo: int = -1
     hw: int = -1
+    checkpoint: int = -1  # the target's HW checkpoint (its row's hw_checkpoint)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +121,7 @@ def parse_broker(raw: dict[str, Any]) -> BrokerSpec:
         steps.append(BrokerStep(action, target, tuple(str(m) for m in step.get("messages", ())),
                                 float(step.get("timeout_s", 0.0)), float(step.get("seconds", 0.0)),
                                 str(step.get("role", "")), int(step.get("epoch", -1)), int(step.get("leo", -1)),
-                                int(step.get("hw", -1))))
+                                int(step.get("hw", -1)), int(step.get("checkpoint", -1))))
     policy = dict(raw.get("policy", {}))
     if "ha-mode" not in policy:
         raise BrokerScenarioError("[mirror.broker] policy: needs ha-mode")
@@ -246,11 +247,12 @@ def run_step(run: BrokerRun, step: BrokerStep) -> None:
                 if row is None or (step.role and row.get("role") != step.role) or (
                         step.epoch >= 0 and row.get("epoch") != step.epoch) or (
                         step.leo >= 0 and row.get("leo", {}).get(node) != step.leo) or (
-                        step.hw >= 0 and row.get("hw") != step.hw):
+                        step.hw >= 0 and row.get("hw") != step.hw) or (
+                        step.checkpoint >= 0 and row.get("hw_checkpoint") != step.checkpoint):
                     return False
             return True
-        run.wait_for(f"{node}: role {step.role or '*'} epoch {step.epoch} LEO {step.leo} HW {step.hw}", status_is,
-                     timeout_s)
+        run.wait_for(f"{node}: role {step.role or '*'} epoch {step.epoch} LEO {step.leo} HW {step.hw} "
+                     f"checkpoint {step.checkpoint}", status_is, timeout_s)
     elif step.action == "wait-out-of-isr":
         def out() -> bool:
             rows = [run.row(NODES[VIA], queue) for queue in run.queues.values()]

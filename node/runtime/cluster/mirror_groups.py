@@ -544,7 +544,7 @@ class MirrorGroups:
             leo.update({n: v for n, v in r.follower_leo.items() if n in g.replicas})
         return {"leader": g.leader or None, "epoch": record.epoch if record is not None else r.epoch,
                 "replicas": list(g.replicas), "isr": list(record.isr) if record is not None else [],
-                "hw": r.hw, "leo": leo, "role": r.role,
+                "hw": r.hw, "hw_checkpoint": r.hw_checkpoint, "leo": leo, "role": r.role,
                 "min_insync": record.min_insync if record is not None else r.settings.min_insync,
                 "promote_on_failure": record.promote_on_failure if record is not None else "when-synced",
                 "truncation": r.settings.truncation, "unclean_elections": record.unclean_elections if record else 0}
