@@ -175,6 +175,13 @@ def parse_scenario(text: str, default_name: str = "scenario") -> Scenario:
             parse_mirror(dict(raw["mirror"]))
         except MirrorScenarioError as error:
             raise ScenarioError(str(error)) from None
+        if "broker" in raw["mirror"]:  # its version through the broker (chaos/mirror_broker.py)
+            from chaos.mirror_broker import BrokerScenarioError, parse_broker
+
+            try:
+                parse_broker(dict(raw["mirror"]["broker"]))
+            except BrokerScenarioError as error:
+                raise ScenarioError(f"[mirror.broker]: {error}") from None
     return Scenario(name=str(raw.get("name", default_name)), description=str(raw.get("description", "")),
                     nodes=int(raw.get("nodes", 1)), workload=dict(raw.get("workload", {})), steps=steps,
                     loop=loop, seed=int(raw.get("seed", 0)),

@@ -23,7 +23,7 @@ from chaos.mirror_broker import (
     run_broker,
     variant_policy,
 )
-from chaos.scenario import load_scenario
+from chaos.scenario import ScenarioError, load_scenario
 from cluster.mirror_queues.core.types import Record
 
 
@@ -67,3 +67,12 @@ def test_every_broker_version_parses_and_bad_steps_are_refused() -> None:
         parse_broker({"policy": {"ha-mode": "all"}, "steps": [{"action": "kill", "target": "d"}]})
     with pytest.raises(BrokerScenarioError, match="ha-mode"):
         parse_broker({"policy": {}, "steps": []})
+
+
+def test_a_bad_broker_version_is_refused_when_the_scenario_loads(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('name = "bad"\nnodes = 2\n[mirror]\nreplicas = ["a", "b"]\n'
+                    '[mirror.broker]\npolicy = { "ha-mode" = "all" }\n'
+                    '[[mirror.broker.steps]]\naction = "transfer"\ntarget = "b"\n')
+    with pytest.raises(ScenarioError, match=r"\[mirror.broker\]: unknown broker step 'transfer'"):
+        load_scenario(str(path))
