@@ -16,8 +16,8 @@ How it works: a scenario's `[mirror.broker]` table holds the policy (`policy`, R
 settings every node gets (`node_settings`, `raftmq node` options) and those of one replica's node
 (`[mirror.broker.replica_settings.b]`), the policy keys of the unsafe variant (`unsafe`) and the steps
 (`[[mirror.broker.steps]]`): publish {messages, timeout_s}; wait {seconds}; pause/resume/kill/restart {target};
-wait-status {target, role, epoch, leo, hw, checkpoint: the target node's own row says so}; wait-out-of-isr {target: the
-committed ISR leaves it out}. Variants run side by side on one cluster: each is its own queue
+wait-status {target, role, epoch, leo, hw, checkpoint: the target node's own row says so}; wait-out-of-isr
+{target: the committed ISR leaves it out}. Variants run side by side on one cluster: each is its own queue
 (`mirror-<label>`, its own policy), and every step applies to every queue (a publish goes to each; a wait holds
 for each), so one cluster and one fault schedule give both verdicts (the CI test runs the shipped and the unsafe
 variant together). Confirms: the publish went through rmq3, whose replica applied it below the HW.
