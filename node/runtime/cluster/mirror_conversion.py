@@ -57,11 +57,11 @@ RESEND_MS: Final = 2_000  # a seal or conversion not seen applied is tried again
 def cut(rt: Any, group: GroupId, key: tuple[str, str], envelopes: list[Envelope]) -> list[Envelope]:
     """A Raft group's committed envelopes that this node's replica applies: none after the seal (step 2)."""
     keep = applicable(rt.broker.queue_sealed(*key), [envelope.command for envelope in envelopes])
+    if keep and type(envelopes[keep - 1].command) is Seal:
+        log.info("cluster: queue %s: its Raft log is sealed here (group %s)", queue_key(*key), group)
     if keep == len(envelopes):
         return envelopes
     rt.stats["after_seal"] = rt.stats.get("after_seal", 0) + len(envelopes) - keep
-    if any(type(envelope.command) is Seal for envelope in envelopes[:keep]):
-        log.info("cluster: queue %s: its Raft log is sealed here (group %s)", queue_key(*key), group)
     return envelopes[:keep]
 
 
@@ -97,7 +97,7 @@ def _up_nodes(state: md.MetadataState, me: str) -> tuple[str, ...]:
 
 async def run(rt: Any) -> None:
     """Steps 1 and 3 for the classic queues whose Raft group this node leads."""
-    last: dict[tuple[str, str], int] = {}  # (vhost, name) -> when this node last sealed or converted it
+    last: dict[tuple[str, tuple[str, str]], int] = {}  # ("seal"|"convert", (vhost, name)) -> when last proposed
     while True:
         await trio.sleep(POLL_S)
         try:
@@ -106,29 +106,29 @@ async def run(rt: Any) -> None:
             log.exception("cluster: converting classic queues to mirrored failed")
 
 
-async def _step(rt: Any, last: dict[tuple[str, str], int]) -> None:
+async def _step(rt: Any, last: dict[tuple[str, tuple[str, str]], int]) -> None:
     if rt.store is None or rt.raft is None or rt.mirror is None:
         return
     state = rt.store.state
     now = wall_ms()
-    for key in [k for k in last if k not in state.queues or state.queues[k].type != "classic"]:
-        del last[key]
+    for stale in [k for k in last if k[1] not in state.queues or state.queues[k[1]].type != "classic"]:
+        del last[stale]
     for queue in list(state.queues.values()):
         key = (queue.vhost, queue.name)
         group = group_of_record(queue)
         if (queue.type != "classic" or queue.exclusive_owner or group not in rt.group_queues
-                or group in rt.mirror.groups or not rt.raft.is_leader(group)
-                or now - last.get(key, now - RESEND_MS) < RESEND_MS):
+                or group in rt.mirror.groups or not rt.raft.is_leader(group)):
             continue
         spec = mirror_spec_in(state, queue.vhost, queue.name)
-        if not rt.broker.queue_sealed(*key):
-            if spec is not None:
-                last[key] = now
-                log.info("cluster: queue %s: an ha-mode policy applies: sealing its Raft log",
-                         queue_key(*key))
-                rt.dispatch(rt.broker.seal_queue(*key))
+        sealed = rt.broker.queue_sealed(*key)
+        step = ("convert" if sealed else "seal", key)
+        if (not sealed and spec is None) or now - last.get(step, now - RESEND_MS) < RESEND_MS:
             continue
-        last[key] = now
+        last[step] = now
+        if not sealed:
+            log.info("cluster: queue %s: an ha-mode policy applies: sealing its Raft log", queue_key(*key))
+            rt.dispatch(rt.broker.seal_queue(*key))
+            continue
         replicas = mirror_replicas(spec, _up_nodes(state, rt.name), rt.name) if spec is not None else (rt.name,)
         min_insync = max(1, min(spec.min_insync, len(replicas))) if spec is not None else 1
         promote = spec.promote_on_failure if spec is not None else "when-synced"
