@@ -44,13 +44,14 @@ from cluster.queue.envelope import Envelope, frame_snapshot
 from cluster.queue.seal import Seal, applicable
 from cluster.raft.core.types import GroupId
 from node.broker.ha_policy import mirror_replicas
-from node.clustering.definitions import mirror_spec_in
+from node.clustering.definitions import mirror_spec_in, vhost_policies
 from node.clustering.incarnations import group_of_record, queue_key
 from node.runtime.dispatch import wall_ms
 
 log = logging.getLogger("raftmq.cluster")
 
 POLL_S: Final = 0.25
+FULL_SCAN_MS: Final = 5_000
 RESEND_MS: Final = 2_000  # a seal or conversion not seen applied is tried again after this long
 
 
@@ -95,32 +96,61 @@ def _up_nodes(state: md.MetadataState, me: str) -> tuple[str, ...]:
     return tuple(sorted({n for n, r in state.nodes.items() if r.state != "down"} | {me}))
 
 
+class _Progress:
+    """What `run` remembers between polls."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[str, tuple[str, str]], int] = {}  # ("seal"|"convert", (vhost, name)) -> proposed at
+        self.scanned: Any = None  # the metadata state of the last full scan
+        self.scanned_ms = 0
+
+
 async def run(rt: Any) -> None:
-    """Steps 1 and 3 for the classic queues whose Raft group this node leads."""
-    last: dict[tuple[str, tuple[str, str]], int] = {}  # ("seal"|"convert", (vhost, name)) -> when last proposed
+    """Steps 1 and 3 for the classic queues whose Raft group this node leads. Every queue is looked at when the
+    metadata changed and every FULL_SCAN_MS (a Raft leadership can change meanwhile); in between only the queues
+    with a seal or conversion under way."""
+    progress = _Progress()
     while True:
         await trio.sleep(POLL_S)
         try:
-            await _step(rt, last)
+            await _step(rt, progress)
         except Exception:
             log.exception("cluster: converting classic queues to mirrored failed")
 
 
-async def _step(rt: Any, last: dict[tuple[str, tuple[str, str]], int]) -> None:
+def _ha_policies(state: md.MetadataState) -> dict[str, list[Any]]:
+    """The policies of each vhost that has an ha-mode policy (the others' queues need no policy match)."""
+    vhosts = {p.vhost for p in state.policies.values() if "ha-mode" in p.definition}
+    return {vhost: vhost_policies(state, vhost) for vhost in vhosts}
+
+
+async def _step(rt: Any, progress: _Progress) -> None:
     if rt.store is None or rt.raft is None or rt.mirror is None:
         return
     state = rt.store.state
     now = wall_ms()
+    last = progress.last
     for stale in [k for k in last if k[1] not in state.queues or state.queues[k[1]].type != "classic"]:
         del last[stale]
-    for queue in list(state.queues.values()):
+    if state is not progress.scanned or now - progress.scanned_ms >= FULL_SCAN_MS:
+        progress.scanned, progress.scanned_ms = state, now
+        queues = list(state.queues.values())
+    else:
+        queues = [state.queues[key] for key in dict.fromkeys(key for _kind, key in last)]
+    if not queues:
+        return
+    policies = _ha_policies(state)
+    for queue in queues:
         key = (queue.vhost, queue.name)
         group = group_of_record(queue)
         if (queue.type != "classic" or queue.exclusive_owner or group not in rt.group_queues
                 or group in rt.mirror.groups or not rt.raft.is_leader(group)):
             continue
-        spec = mirror_spec_in(state, queue.vhost, queue.name)
         sealed = rt.broker.queue_sealed(*key)
+        vhost_ha = policies.get(queue.vhost)
+        if not sealed and vhost_ha is None:
+            continue
+        spec = mirror_spec_in(state, queue.vhost, queue.name, vhost_ha) if vhost_ha is not None else None
         step = ("convert" if sealed else "seal", key)
         if (not sealed and spec is None) or now - last.get(step, now - RESEND_MS) < RESEND_MS:
             continue
