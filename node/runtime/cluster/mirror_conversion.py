@@ -87,6 +87,14 @@ def switch(rt: Any, wanted: Mapping[GroupId, md.QueueRecord]) -> None:
                 rt.tracker.applied(pending.proposal_id)  # (done: the log it sealed is gone)
 
 
+def drop_raft_streams(rt: Any, state: md.MetadataState) -> None:
+    """Before Raft starts: the Raft stream a mirrored queue's group may have left here (this node was down when the
+    queue became mirrored, so it never removed its Raft group) is deleted when Raft starts (none: nothing done)."""
+    for queue in state.queues.values():
+        if queue.type == "mirrored" and not queue.exclusive_owner:
+            rt.raft.remove_group(group_of_record(queue))
+
+
 def _seed(rt: Any, group: GroupId, vhost: str, name: str) -> bytes:
     incarnation = rt.group_incarnations.get(group, 0)
     return frame_snapshot(incarnation, bytes(rt.broker.queue_snapshot(vhost, name, sealed=False)))

@@ -343,6 +343,7 @@ class ClusterRuntime(MembershipAndLiveness):
             self.stats["stale_groups_deleted"] += 1
             self.raft.remove_group(GroupId(group))  # before run: its stream is deleted when Raft starts
             self._deferred_groups.add(GroupId(group))
+        mirror_conversion.drop_raft_streams(self, state)  # (left by a conversion while this node was down)
 
     def _record_incarnation(self, group: str, incarnation: int | None) -> None:
         """Keep the incarnation file in step (written before a group is added: a crash never leaves a hosted
