@@ -14,6 +14,7 @@ from typing import Any
 
 from cluster.metadata.leases import ClaimLease, LeaseRecord, NodeLeaseRecord, ReleaseLease, RenewNodeLease
 from cluster.metadata.mirror import MIRROR_COMMAND_TYPES, MirrorCommand, MirrorRecord
+from cluster.metadata.mirror_convert import ConvertToMirror
 
 Args = dict[str, Any]
 
@@ -320,14 +321,14 @@ Command = (
     Barrier | AddNode | RemoveNode | SetNodeState | PutVhost | DeleteVhost | PutUser | DeleteUser | SetPermissions
     | ClearPermissions | DeclareExchange | DeleteExchange | Bind | Unbind | DeclareQueue | DeleteQueue
     | SetQueueLeader | SetQueueMembers | AddQueueMember | RemoveQueueMember | SetPolicy | ClearPolicy
-    | SetParameter | ClearParameter | ClaimLease | RenewNodeLease | ReleaseLease | MirrorCommand
+    | SetParameter | ClearParameter | ClaimLease | RenewNodeLease | ReleaseLease | MirrorCommand | ConvertToMirror
 )
 
 COMMAND_TYPES: tuple[type, ...] = (
     Barrier, AddNode, RemoveNode, SetNodeState, PutVhost, DeleteVhost, PutUser, DeleteUser, SetPermissions,
     ClearPermissions, DeclareExchange, DeleteExchange, Bind, Unbind, DeclareQueue, DeleteQueue,
     SetQueueLeader, SetQueueMembers, AddQueueMember, RemoveQueueMember, SetPolicy, ClearPolicy,
-    SetParameter, ClearParameter, ClaimLease, RenewNodeLease, ReleaseLease, *MIRROR_COMMAND_TYPES,
+    SetParameter, ClearParameter, ClaimLease, RenewNodeLease, ReleaseLease, *MIRROR_COMMAND_TYPES, ConvertToMirror,
 )
 RECORD_TYPES: tuple[type, ...] = (
     NodeRecord, VhostRecord, UserRecord, PermissionRecord, ExchangeRecord, BindingRecord, QueueRecord,

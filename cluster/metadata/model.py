@@ -79,6 +79,7 @@ from cluster.metadata.mirror import (
     MirrorRecord,
     apply_mirror,
 )
+from cluster.metadata.mirror_convert import ConvertToMirror, converted, refusal
 
 PROTOCOL_VERSION = 1
 DEDUP_MAX = 4096
@@ -473,8 +474,24 @@ def _mirror(s: MetadataState, c: MirrorCommand) -> Step:
     return s, outcome
 
 
+def _convert_to_mirror(s: MetadataState, c: ConvertToMirror) -> Step:
+    """A classic queue becomes mirrored (cluster/metadata/mirror_convert.py): its type and members, and its record."""
+    q = s.queues.get((c.vhost, c.name))
+    if q is not None and q.type == "mirrored" and q.incarnation == c.incarnation:
+        return s, Outcome()  # converted already
+    why = refusal(None if q is None else q.type, None if q is None else q.incarnation,
+                  bool(q is not None and q.exclusive_owner), c)
+    if why or q is None:
+        return _refuse(s, why)
+    key = (c.vhost, c.name)
+    s, outcome = _upsert(s, "queues", "queue", key, replace(q, type="mirrored", members=c.replicas, leader=c.leader),
+                         key)
+    s, more = _upsert(s, "mirrors", "mirror", key, converted(c), key)
+    return s, Outcome((*outcome.changes, *more.changes))
+
+
 _HANDLERS: dict[type, Callable[[MetadataState, Any], Step]] = {
-    **{t: _mirror for t in MIRROR_COMMAND_TYPES},
+    **{t: _mirror for t in MIRROR_COMMAND_TYPES}, ConvertToMirror: _convert_to_mirror,
     Barrier: lambda s, c: (s, Outcome()), AddNode: _add_node, RemoveNode: _remove_node,
     SetNodeState: _set_node_state, PutVhost: _put_vhost,
     DeleteVhost: _delete_vhost, PutUser: _put_user, DeleteUser: _delete_user,

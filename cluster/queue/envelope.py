@@ -39,6 +39,7 @@ from cluster.queue.replicated_codec import (
     encode_proposal,
     peek_proposal,
 )
+from cluster.queue.seal import Seal
 from cluster.queue.types import QueueCommand
 
 FRAME_MARK: Final = b"\xff"
@@ -61,7 +62,7 @@ class Envelope:
     incarnation: int
     origin: str
     proposal_id: int
-    command: QueueCommand
+    command: QueueCommand | Seal
 
     @property
     def proposal(self) -> Proposal:

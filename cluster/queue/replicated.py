@@ -17,6 +17,11 @@ Dedup, per origin (deterministic, bounded):
 A proposal is recorded as applied before the machine runs, so a command the machine rejects with an exception
 (a caller error) is recorded on every replica alike and the exception propagates.
 
+The seal (cluster/queue/seal.py): a `Seal` proposal is recorded and sets `sealed`; a sealed replica refuses every
+later proposal (`apply` returns None and records nothing: the log it came from is being replaced, and the proposer
+sends it again to the new one). `sealed` travels in the snapshot; `snapshot(..., sealed=False)` is the seed of the
+new log.
+
 Snapshots are cbor: the machine's snapshot (args, name and all state; ids through `encode_id`) plus the dedup
 tables in their LRU order, so a restored replica behaves exactly like one that applied the whole log.
 """
@@ -44,6 +49,7 @@ from cluster.queue.replicated_codec import (
     peek_proposal,
     queue_group_id,
 )
+from cluster.queue.seal import Seal
 from cluster.queue.types import QueueArgs, QueueEffect
 
 __all__ = [
@@ -110,7 +116,8 @@ class _OriginWindow:
 class ReplicatedQueue:
     """One replica of a replicated queue: the `Queue` machine behind a dedup envelope."""
 
-    __slots__ = ("_origins", "applied_count", "origins_max", "queue", "skipped_count", "window")
+    __slots__ = ("_origins", "applied_count", "origins_max", "queue", "refused_count", "sealed", "skipped_count",
+                 "window")
 
     def __init__(
         self,
@@ -127,6 +134,8 @@ class ReplicatedQueue:
         self.origins_max = origins_max
         self.applied_count = 0
         self.skipped_count = 0
+        self.sealed = False  # a Seal was applied: every later proposal of this log is refused (seal.py)
+        self.refused_count = 0
         self._origins: OrderedDict[str, _OriginWindow] = OrderedDict()  # least recently applied first
 
     @property
@@ -143,9 +152,13 @@ class ReplicatedQueue:
         return tracked is not None and tracked.seen(proposal_id)
 
     def apply(self, proposal: Proposal) -> list[QueueEffect] | None:
-        """Apply one committed proposal; None when this origin's proposal id was applied already."""
+        """Apply one committed proposal; None when this origin's proposal id was applied already, or when the
+        replica is sealed (the proposal is then not recorded)."""
         if not 0 <= proposal.proposal_id <= PROPOSAL_ID_MAX:
             raise ValueError(f"proposal id out of range: {proposal.proposal_id}")
+        if self.sealed:
+            self.refused_count += 1
+            return None
         tracked = self._origins.get(proposal.origin)
         if tracked is None:
             tracked = _OriginWindow()
@@ -159,12 +172,17 @@ class ReplicatedQueue:
             self._origins.move_to_end(proposal.origin)
         tracked.record(proposal.proposal_id, self.window)
         self.applied_count += 1
-        return self.queue.apply(proposal.command)
+        command = proposal.command
+        if isinstance(command, Seal):
+            self.sealed = True
+            return []
+        return self.queue.apply(command)
 
     # --- snapshots ------------------------------------------------------------------------------------------
 
-    def snapshot(self, encode_payload: EncodePayload) -> bytes:
-        """cbor bytes of the whole replica: machine state, args, dedup tables, counters."""
+    def snapshot(self, encode_payload: EncodePayload, sealed: bool | None = None) -> bytes:
+        """cbor bytes of the whole replica: machine state, args, dedup tables, counters; `sealed=False`: as if the
+        seal were lifted (the seed of a new log, seal.py)."""
         state = {
             "version": SNAPSHOT_VERSION,
             "window": self.window,
@@ -174,6 +192,8 @@ class ReplicatedQueue:
             "origins": [[origin, w.floor, _runs(w.in_apply_order())] for origin, w in self._origins.items()],
             "queue": self.queue.snapshot(encode_payload, encode_id),
         }
+        if self.sealed if sealed is None else sealed:
+            state["sealed"] = True  # (absent when not sealed: snapshots from before the seal stay as they were)
         return cbor2.dumps(state)
 
     @classmethod
@@ -196,6 +216,7 @@ class ReplicatedQueue:
         replica.queue = queue
         replica.applied_count = _count(state["applied"])
         replica.skipped_count = _count(state["skipped"])
+        replica.sealed = state.get("sealed", False) is True
         for origin, floor, runs in state["origins"]:
             if not isinstance(origin, str) or type(floor) is not int or not -1 <= floor <= PROPOSAL_ID_MAX:
                 raise SnapshotDecodeError("bad dedup table")

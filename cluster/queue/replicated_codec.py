@@ -64,6 +64,7 @@ from cluster.queue.proposal_fields import (
 )
 from cluster.queue.proposal_fields import decode_id as decode_id
 from cluster.queue.proposal_fields import encode_id as encode_id
+from cluster.queue.seal import Seal
 from cluster.queue.types import (
     AddCredit,
     Attach,
@@ -98,13 +99,13 @@ class Proposal:
 
     origin: str
     proposal_id: int
-    command: QueueCommand
+    command: QueueCommand | Seal
 
 
 # --- commands -------------------------------------------------------------------------------------------------
 
 
-def _encode_command(command: QueueCommand, encode_payload: EncodePayload) -> list[Any]:
+def _encode_command(command: QueueCommand | Seal, encode_payload: EncodePayload) -> list[Any]:
     match command:
         case Enqueue(message, now_ms, publisher_id, sequence):
             return [
@@ -149,6 +150,8 @@ def _encode_command(command: QueueCommand, encode_payload: EncodePayload) -> lis
             return ["args", encode_args(args)]
         case SettleDeadLettered(msg_ids):
             return ["dlsettle", list(msg_ids)]
+        case Seal():
+            return ["seal"]
     raise TypeError(f"not a queue command: {command!r}")
 
 
@@ -316,7 +319,12 @@ def _decode_settle_dead_lettered(f: list[Any], dp: DecodePayload) -> QueueComman
     return SettleDeadLettered(field_msg_ids(msg_ids))
 
 
-_DECODERS: Final[dict[str, Callable[[list[Any], DecodePayload], QueueCommand]]] = {
+def _decode_seal(f: list[Any], dp: DecodePayload) -> Seal:
+    fields_of(f, 0)
+    return Seal()
+
+
+_DECODERS: Final[dict[str, Callable[[list[Any], DecodePayload], QueueCommand | Seal]]] = {
     "enq": _decode_enqueue,
     "enqm": _decode_enqueue_many,
     "enqb": _decode_enqueue_flat,
@@ -332,6 +340,7 @@ _DECODERS: Final[dict[str, Callable[[list[Any], DecodePayload], QueueCommand]]] 
     "rec": _decode_recover,
     "args": _decode_set_args,
     "dlsettle": _decode_settle_dead_lettered,
+    "seal": _decode_seal,
 }
 
 

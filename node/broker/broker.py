@@ -459,8 +459,17 @@ class Broker(BrokerState):
         forward_outcome(self, vhost, queue, publisher_id, sequence, acked)
         return self._finish_replicated()
 
-    def queue_snapshot(self, vhost: str, queue: str) -> bytes:
-        return replica_control.snapshot(self, vhost, queue)
+    def queue_snapshot(self, vhost: str, queue: str, sealed: bool | None = None) -> bytes:
+        return replica_control.snapshot(self, vhost, queue, sealed)
+
+    def queue_sealed(self, vhost: str, queue: str) -> bool:
+        """The queue's replica applied the seal of its log (cluster/queue/seal.py)."""
+        return replica_control.sealed(self, vhost, queue)
+
+    def seal_queue(self, vhost: str, queue: str) -> list[Effect]:
+        """Propose the seal of the queue's log (it moves to a mirror log: docs/mirrored_queues.md)."""
+        replica_control.seal(self, vhost, queue)
+        return self._finish_replicated()
 
     def queue_restore(self, vhost: str, queue: str, data: bytes) -> list[Effect]:
         """Replace the queue's replica with a snapshot (b"": empty); local consumers and waiters resync."""

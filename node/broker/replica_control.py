@@ -18,6 +18,7 @@ import cbor2
 
 from cluster.queue import Detach, Expire, Purge, Return
 from cluster.queue.replicated import ReplicatedQueue, decode_id, encode_id
+from cluster.queue.seal import Seal
 from node.broker.definitions import delete_queue
 from node.broker.queues import QueueState, queue_args
 from node.broker.replica import maybe_auto_delete, reattach
@@ -142,13 +143,27 @@ def next_deadline_ms(broker: BrokerState) -> int | None:
 # --- snapshots ----------------------------------------------------------------------------------------------------
 
 
-def snapshot(broker: BrokerState, vhost: str, name: str) -> bytes:
+def snapshot(broker: BrokerState, vhost: str, name: str, sealed: bool | None = None) -> bytes:
+    """`sealed=False`: with the seal lifted, as the seed of the queue's next log (cluster/queue/seal.py)."""
     queue = queue_of(broker, vhost, name)
     if queue is None:
         return b""
-    replica = replica_of(queue).snapshot(encode_payload)
+    replica = replica_of(queue).snapshot(encode_payload, sealed)
     members = [encode_id(cid) for cid in queue.members]
     return cbor2.dumps([SNAPSHOT_VERSION, replica, queue.dead_letter_seq, queue.had_attach, members])
+
+
+def sealed(broker: BrokerState, vhost: str, name: str) -> bool:
+    """Whether the queue's replica applied a `Seal` (cluster/queue/seal.py): it takes nothing more from its log."""
+    queue = queue_of(broker, vhost, name)
+    return queue is not None and replica_of(queue).sealed
+
+
+def seal(broker: BrokerState, vhost: str, name: str) -> None:
+    """Propose the seal of the queue's log (the queue moves to another log: a classic queue becoming mirrored)."""
+    queue = queue_of(broker, vhost, name)
+    if queue is not None and not replica_of(queue).sealed:
+        propose(broker, queue, Seal())
 
 
 def restore(broker: BrokerState, vhost: str, name: str, data: bytes) -> None:

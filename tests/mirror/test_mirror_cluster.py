@@ -46,8 +46,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterProcess
         proc.shutdown()
 
 
-def _row(cluster: ClusterProcess, node: Any) -> dict[str, Any]:
-    status, row = http(node.plan.management_port, "GET", f"/api/queues/%2F/{QUEUE}")
+def _row(cluster: ClusterProcess, node: Any, queue: str = QUEUE) -> dict[str, Any]:
+    status, row = http(node.plan.management_port, "GET", f"/api/queues/%2F/{queue}")
     assert status == 200, row
     assert isinstance(row, dict)
     return row
@@ -105,6 +105,80 @@ def _publish_until_confirmed(cluster: ClusterProcess, body: bytes) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+CONVERTED = "hc.converted"
+
+
+def test_a_classic_queue_becomes_mirrored_through_a_policy(cluster: ClusterProcess) -> None:
+    """RabbitMQ 3.x: an ha-mode policy applied to an existing classic queue mirrors it, keeping its messages and
+    consumers (node/runtime/cluster/mirror_conversion.py). Before the policy: 20 confirmed, 2 consumed, 2 unacked on
+    an open channel, one consumer holding a delivery. After: the queue is mirrored on every node with all three in
+    the ISR, the consumer is not cancelled and gets the next message after its ack, publishing goes on, and every
+    message not acked is delivered once (the unacked ones redelivered)."""
+    nodes = {n.plan.name: n for n in cluster.nodes}
+    producer, pub = _channel(cluster)
+    holder = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", nodes["rmq2"].plan.port))
+    with producer, holder:
+        pub.queue_declare(CONVERTED, durable=True)
+        published = [f"c{i}".encode() for i in range(20)]
+        for body in published:
+            pub.basic_publish("", CONVERTED, body, pika.BasicProperties(delivery_mode=2))
+        getter = holder.channel()
+        fetched = [getter.basic_get(CONVERTED) for _ in range(4)]
+        for method, _props, _body in fetched[:2]:
+            getter.basic_ack(method.delivery_tag)  # c0, c1: consumed
+        consumer = holder.channel()
+        consumer.basic_qos(prefetch_count=1)
+        deliveries: list[tuple[Any, bytes]] = []
+        cancelled: list[Any] = []
+        consumer.add_on_cancel_callback(cancelled.append)
+        tag = consumer.basic_consume(CONVERTED, lambda _ch, method, _p, body: deliveries.append((method, body)))
+        holder.process_data_events(time_limit=1)
+        assert [body for _m, body in deliveries] == [b"c4"]
+        row = _row(cluster, nodes["rmq1"], CONVERTED)
+        assert row.get("type") != "mirrored" and not row.get("mirror")
+
+        status, _ = http(nodes["rmq1"].plan.management_port, "PUT", "/api/policies/%2F/hc",
+                         {"pattern": "^hc\\.", "apply-to": "queues",
+                          "definition": {"ha-mode": "exactly", "ha-params": 3, "ha-min-insync": 2}})
+        assert status == 201
+        during = [f"d{i}".encode() for i in range(5)]  # while the queue moves: confirmed once it took them
+        for body in during:
+            pub.basic_publish("", CONVERTED, body, pika.BasicProperties(delivery_mode=2))
+        for name, n in nodes.items():
+            mirror = _wait(f"{CONVERTED} mirrored on {name} with every node in sync", lambda n=n: (
+                (m := _row(cluster, n, CONVERTED).get("mirror")) and sorted(m["isr"]) == sorted(nodes) and m))
+            assert sorted(mirror["replicas"]) == sorted(nodes) and mirror["epoch"] == 0
+        after = [f"a{i}".encode() for i in range(5)]
+        for body in after:
+            pub.basic_publish("", CONVERTED, body, pika.BasicProperties(delivery_mode=2))
+        consumer.basic_ack(deliveries[0][0].delivery_tag)  # the consumer goes on: it gets the next message
+        deadline = time.monotonic() + WAIT_S
+        while len(deliveries) < 2 and time.monotonic() < deadline:
+            holder.process_data_events(time_limit=0.2)
+        assert [body for _m, body in deliveries] == [b"c4", b"c5"] and not cancelled
+        consumer.basic_cancel(tag)
+        consumer.close()  # c5 back unacked, as c2 and c3 with the getter's channel
+        getter.close()
+
+    expected = {*published[2:], *during, *after} - {b"c4"}
+    conn, ch = _channel(cluster)
+    with conn:
+        got: list[tuple[bytes, bool]] = []
+        ch.basic_consume(CONVERTED, lambda _ch, m, _p, body: got.append((body, m.redelivered)), auto_ack=True)
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < len(expected) and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.2)
+        conn.process_data_events(time_limit=0.5)  # (nothing more may come)
+        assert sorted(body for body, _r in got) == sorted(expected)  # each once: nothing lost, nothing twice
+        assert {body for body, redelivered in got if redelivered} == {b"c2", b"c3", b"c5"}
+        ch.queue_delete(CONVERTED)
+    http(nodes["rmq1"].plan.management_port, "DELETE", "/api/policies/%2F/hc")
+    for name, n in nodes.items():
+        _wait(f"{CONVERTED} gone on {name}", lambda n=n: http(n.plan.management_port, "GET",
+                                                              f"/api/queues/%2F/{CONVERTED}")[0] == 404
+              and not _replica_dirs(n))
 
 
 def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -> None:

@@ -73,7 +73,7 @@ from cluster.metadata.mirror import (
     MirrorReplicaUp,
     TransferMirror,
 )
-from cluster.mirror_queues.core.replica import Replica
+from cluster.mirror_queues.core.replica import DurableImage, Replica
 from cluster.mirror_queues.core.types import (
     Effect,
     EpochEndResponse,
@@ -86,6 +86,7 @@ from cluster.mirror_queues.core.types import (
     Record,
     Send,
     Settings,
+    Snapshot,
     SnapshotInstalled,
     Truncated,
 )
@@ -105,6 +106,7 @@ FETCH_MAX_WAIT_MS: Final = 200
 LAG_MAX_MS: Final = 3_000  # a follower this far behind leaves the ISR (Kafka's replica.lag.time.max.ms)
 HW_CHECKPOINT_MS: Final = 1_000
 WRITEBACK_MS: Final = 1_000  # flush = "unsynced": the "page cache" is written back this often
+SEED_OFFSET: Final = 1  # a converted queue's mirror log starts here, after its seed (`seed`)
 TRIM_RECORDS: Final = 2_000  # applied records above the log start before the replica snapshots and trims
 
 
@@ -209,7 +211,7 @@ class MirrorGroups:
         settings = Settings(min_insync=record.min_insync if record is not None else 1,
                             replica_lag_max_ms=LAG_MAX_MS, hw_checkpoint_interval_ms=self.hw_checkpoint_ms,
                             truncation="hw" if truncation == "hw" else "leader-epoch", flush=self.flush)
-        store = ReplicaStore(self.data_dir / "mirror" / group.replace("/", "~"))
+        store = ReplicaStore(self.directory_of(group))
         now = wall_ms()
         recovered = store.exists()
         replica = (Replica.recover(self.name, settings, store.load(), now) if recovered
@@ -225,6 +227,24 @@ class MirrorGroups:
                  ",".join(replicas), replica.leo, replica.hw)
         if record is not None:
             self.on_record(group, record)
+
+    def directory_of(self, group: GroupId) -> pathlib.Path:
+        return self.data_dir / "mirror" / group.replace("/", "~")
+
+    def seed(self, group: GroupId, data: bytes) -> None:
+        """Before the queue's replica is added here: its files start with `data` (the queue's state at the seal
+        of its Raft log, node/runtime/cluster/mirror_conversion.py) as the snapshot at SEED_OFFSET, epoch 0, so
+        `add_group` restores it and fetches from there. Any earlier files of the group are replaced."""
+        directory = self.directory_of(group)
+        if directory.exists():
+            for path in directory.iterdir():
+                path.unlink(missing_ok=True)
+        store = ReplicaStore(directory)
+        try:
+            image = DurableImage((), ((0, SEED_OFFSET),), SEED_OFFSET, Snapshot(SEED_OFFSET, 0, data.decode("latin-1")))
+            store.persist(Replica.recover(self.name, Settings(flush=self.flush), image, wall_ms()))
+        finally:
+            store.close()
 
     def remove_group(self, group: GroupId) -> None:
         g = self.groups.pop(group, None)

@@ -52,6 +52,7 @@ import trio
 from cluster.metadata import model as md
 from cluster.metadata.store import MetadataError, MetadataStore, MetadataTimeout, StoreConfig
 from cluster.queue.envelope import Envelope, EnvelopeCodec, frame_snapshot, open_snapshot
+from cluster.queue.seal import Seal
 from cluster.queue.types import Detach, Enqueue, EnqueueMany
 from cluster.raft.core.types import Entry, EntryKind, GroupId, Membership, NodeId
 from cluster.raft.runtime.node import Bootstrap, RaftNodeRuntime
@@ -83,6 +84,7 @@ from node.clustering.proposals import (
     incarnation_of_cid,
     stale_groups,
 )
+from node.runtime.cluster import mirror_conversion
 from node.runtime.cluster.definition_replies import (
     INTERNAL_ERROR,
     died_with_earlier_life,
@@ -217,6 +219,7 @@ class ClusterRuntime(MembershipAndLiveness):
                     for command in self._mirror_backlog:
                         nursery.start_soon(self.apply_definition, command)
                     self._mirror_backlog.clear()
+                    nursery.start_soon(mirror_conversion.run, self)  # classic queues becoming mirrored
                 self._raft_started()
                 nursery.start_soon(self._watch_metadata)
                 nursery.start_soon(self._retry_timer)
@@ -269,6 +272,8 @@ class ClusterRuntime(MembershipAndLiveness):
         the old one's (its incarnation is in it): the old group is removed first, then the new one added."""
         assert self.raft is not None
         wanted = {group_of_record(q): q for q in state.queues.values() if not q.exclusive_owner}  # (node-local)
+        if self.mirror is not None:
+            mirror_conversion.switch(self, wanted)  # Raft groups of queues now mirrored: re-added below
         for group in [g for g in self.group_queues if g not in wanted]:
             self._remove_group(group)
             self._record_incarnation(group, None)
@@ -339,6 +344,7 @@ class ClusterRuntime(MembershipAndLiveness):
             self.stats["stale_groups_deleted"] += 1
             self.raft.remove_group(GroupId(group))  # before run: its stream is deleted when Raft starts
             self._deferred_groups.add(GroupId(group))
+        mirror_conversion.drop_raft_streams(self, state)  # (left by a conversion while this node was down)
 
     def _record_incarnation(self, group: str, incarnation: int | None) -> None:
         """Keep the incarnation file in step (written before a group is added: a crash never leaves a hosted
@@ -506,13 +512,16 @@ class ClusterRuntime(MembershipAndLiveness):
         read = self.envelopes.read_batch(
             [entry.data for entry in entries if entry.kind is EntryKind.NORMAL and entry.data],
             self.group_incarnations.get(group, 0))
+        envelopes = read.envelopes
+        if self.mirror is not None and group not in self.mirror.groups:  # a Raft group: nothing after its seal
+            envelopes = mirror_conversion.cut(self, group, key, envelopes)
         if read.stale:  # written into the group by an earlier declaration of the queue
             self.stats["stale_entries"] += read.stale
         if read.undecodable:
             log.error("cluster: group %s: %d undecodable entries in %d..%d skipped", group, read.undecodable,
                       entries[0].index, entries[-1].index)
         timing = None if self.raft is None else self.raft.timing  # RAFTMQ_RAFT_TIMING only (timing.py)
-        for envelope in read.envelopes:
+        for envelope in envelopes:
             if envelope.origin == self.name:
                 pending = self.tracker.applied(envelope.proposal_id)
                 if pending is not None and timing is not None:
@@ -520,16 +529,16 @@ class ClusterRuntime(MembershipAndLiveness):
         tracked_as = queue_key(*key)
         if self.tracker.has_barriers(tracked_as):
             self._release(tracked_as)
-        if not read.envelopes:
+        if not envelopes:
             return
-        self.stats["applied"] += len(read.envelopes)
+        self.stats["applied"] += len(envelopes)
         try:
-            effects = self.broker.apply_committed(key[0], key[1], read.envelopes)
+            effects = self.broker.apply_committed(key[0], key[1], envelopes)
         except Exception:
             log.exception("cluster: group %s: applying entries %d..%d failed; one by one", group,
                           entries[0].index, entries[-1].index)
             effects = []
-            for envelope in read.envelopes:  # the replica skips the proposal ids it applied already
+            for envelope in envelopes:  # the replica skips the proposal ids it applied already
                 try:
                     effects.extend(self.broker.apply_committed(key[0], key[1], (envelope,)))
                 except Exception:
@@ -613,7 +622,8 @@ class ClusterRuntime(MembershipAndLiveness):
             pending.data = self.envelopes.reframed(pending.data, incarnation)
             pending.envelope = dataclasses.replace(envelope, incarnation=incarnation)
         if self.mirror is not None and group in self.mirror.groups:
-            self.mirror.propose(group, pending.data)
+            if envelope is None or type(envelope.command) is not Seal:  # (a seal belongs to a Raft log only)
+                self.mirror.propose(group, pending.data)
         else:
             self.raft.propose(group, pending.data)
 

@@ -1,0 +1,53 @@
+"""A classic queue becomes mirrored after declare: the one metadata command that switches its log (pure).
+
+What it is for: an `ha-mode` policy applied to an existing classic queue (RabbitMQ 3.x) moves the queue from its
+Raft group to a mirror log (docs/mirrored_queues.md, "A classic queue becomes mirrored"). The node that leads the
+queue's Raft group seals that log (cluster/queue/seal.py), writes the sealed state as the seed of its mirror replica,
+and only then commits `ConvertToMirror` naming itself the leader: in one step the queue's type becomes "mirrored",
+its members the replicas, and its controller record (`MirrorRecord`) is created with that node leading epoch 0,
+alone in the ISR (the only replica known to hold the seed: the others join the ISR through the leader's
+`AlterMirrorIsr` once they have fetched up to its log end, as any new replica does).
+
+Refused: no such queue, another incarnation (the queue was deleted and declared again since the seal), an exclusive
+or non-classic queue other than an already mirrored one, a leader outside the replicas, bad settings. A queue
+already mirrored: nothing to do (a repeated command after a timeout is harmless).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cluster.metadata.mirror import PROMOTE, MirrorRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ConvertToMirror:
+    vhost: str
+    name: str
+    incarnation: int  # the declaration that was sealed
+    leader: str  # the node that sealed the log and holds the seed
+    replicas: tuple[str, ...]  # leader first
+    min_insync: int = 1
+    promote_on_failure: str = "when-synced"
+    cid: str = ""
+
+
+def refusal(queue_type: str | None, incarnation: int | None, exclusive: bool, c: ConvertToMirror) -> str:
+    """Why `c` cannot convert the queue as the metadata holds it ("" = it can; `queue_type` None: no such queue)."""
+    if queue_type is None:
+        return f"no queue {c.name!r} in vhost {c.vhost}"
+    if incarnation != c.incarnation:
+        return f"queue {c.name!r}: incarnation {incarnation} is not the sealed one ({c.incarnation})"
+    if queue_type != "classic" or exclusive:
+        return f"queue {c.name!r}: only a durable or transient classic queue becomes mirrored (it is {queue_type})"
+    if not c.replicas or len(set(c.replicas)) != len(c.replicas) or c.replicas[0] != c.leader:
+        return f"queue {c.name!r}: the replicas must be distinct, with the leader first"
+    if not 1 <= c.min_insync <= len(c.replicas) or c.promote_on_failure not in PROMOTE:
+        return f"queue {c.name!r}: bad min in-sync or promote-on-failure"
+    return ""
+
+
+def converted(c: ConvertToMirror) -> MirrorRecord:
+    """The controller's record of the converted queue: `c.leader` leads epoch 0, alone in the ISR."""
+    return MirrorRecord(c.vhost, c.name, tuple(c.replicas), leader=c.leader, epoch=0, isr=(c.leader,),
+                        min_insync=c.min_insync, promote_on_failure=c.promote_on_failure)
