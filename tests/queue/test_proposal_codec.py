@@ -51,7 +51,6 @@ from cluster.queue.ids import (
 
 from .helpers import FAST, cbor_values, identity, roundtrip
 
-
 # --- strategies -----------------------------------------------------------------------------------------------
 
 names = st.text(min_size=1, max_size=12)

@@ -45,7 +45,6 @@ from cluster.queue.ids import (
 
 from .helpers import FAST, cbor_values, identity, roundtrip
 
-
 # --- dedup ----------------------------------------------------------------------------------------------------
 
 
