@@ -1,10 +1,13 @@
 """How one AMQP connection logs in and what it may open: the broker's side of the authenticator protocol.
 
 `node/amqp`'s handshake asks a `ConnAuthenticator` (one per connection, from `Broker.authenticator_for`) to check
-the SASL response, the vhost of connection.open and the connection/channel limits. The cluster's internal login
-(cluster/authlink/amqp_login.py, `BrokerConfig.internal_login`) is checked first and never against the user table:
-such a connection is marked `ConnState.internal` and skips the vhost permission and limit checks (what it may do
-once open is `BrokerState.check_access`'s). Every other login goes to the user table (`BrokerState.check_login`).
+the SASL response, the vhost of connection.open and the connection/channel limits. The node's internal logins
+(cluster/authlink/amqp_login.py) are checked first and never against the user table (a wrong password for their
+names is refused): the cluster's forwarding login (`BrokerConfig.internal_login`) marks the connection
+`ConnState.internal` and skips the vhost permission and limit checks; the links' login to their own node
+(`BrokerConfig.link_login`) marks it `ConnState.link`, may open any existing vhost and counts against the vhost's
+connection limit. What they may do once open is `BrokerState.check_access`'s. Every other login goes to the user
+table (`BrokerState.check_login`).
 """
 
 from __future__ import annotations
@@ -21,14 +24,20 @@ class ConnAuthenticator:
         self._conn_id = conn_id
 
     def authenticate(self, mechanism: str, response: bytes) -> str | None:
-        """The cluster's internal login (cluster/authlink/amqp_login.py) is checked first, and never against the
-        user table: such a connection may publish to any vhost's exchanges (`BrokerState.check_access`), no more."""
+        """The internal logins (cluster/authlink/amqp_login.py) are checked first, and never against the user
+        table: the forwarding login may publish to any vhost's exchanges, the links' login do everything in any
+        vhost (`BrokerState.check_access`)."""
         conn = self._broker.conns.get(self._conn_id)
         internal = self._broker.config.internal_login
         verdict = is_internal_login(internal, mechanism, response) if internal is not None else None
         if verdict is not None and conn is not None and internal is not None:
             conn.internal = verdict
             return internal[0] if verdict else None
+        link = self._broker.config.link_login
+        verdict = is_internal_login(link, mechanism, response) if link is not None else None
+        if verdict is not None and conn is not None and link is not None:
+            conn.link = verdict
+            return link[0] if verdict else None
         return self._broker.check_login(mechanism, response, conn.peer_is_loopback if conn else False)
 
     def _internal(self) -> bool:
@@ -36,7 +45,8 @@ class ConnAuthenticator:
         return conn is not None and conn.internal
 
     def vhost_access(self, username: str, vhost: str) -> bool:
-        if self._internal():
+        conn = self._broker.conns.get(self._conn_id)
+        if conn is not None and (conn.internal or conn.link):
             return vhost in self._broker.vhosts
         return self._broker.vhost_access(username, vhost)
 
