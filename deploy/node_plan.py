@@ -68,7 +68,7 @@ def cluster_secret(data_dir: Path) -> str:
     path = data_dir / SECRET_FILE_NAME
     if path.exists():
         secret = path.read_text().strip()
-        from node.runtime.config import secret_weakness
+        from node.runtime.secret_strength import secret_weakness
 
         weakness = secret_weakness(secret)
         if weakness is not None:

@@ -4,7 +4,7 @@ What it is for: `cluster.metadata.model` applies these commands to a state made 
 out so the state machine stays readable. Everything here is also importable from `cluster.metadata.model`.
 
 How it works: every command carries an optional command id (`cid`) for idempotent retries; declares carry the
-full definition. `COMMAND_TYPES` / `RECORD_TYPES` list them for the codec (`model.to_plain` / `model.from_plain`).
+full definition. `COMMAND_TYPES` / `RECORD_TYPES` list them for the codec (cluster/metadata/state.py `to_plain` / `from_plain`).
 """
 
 from __future__ import annotations

@@ -20,18 +20,16 @@ How it works:
 - A vhost comes with RabbitMQ's pre-declared exchanges (`PREDECLARED_EXCHANGES`: amq.direct, amq.fanout, ...),
   as every broker's vhost does, so binds to them are checked like any other; a bind naming one in a state written
   before that adds the missing ones in the same step.
-- `snapshot(state)` / `restore(dict)` and `command_to_dict` / `command_from_dict` produce cbor-able dicts
-  (str, int, bool, lists, dicts) — never pickle.
+- The values (`MetadataState`, `Outcome`, `Change`) and their cbor-able form (`snapshot(state)` / `restore(dict)`,
+  `command_to_dict` / `command_from_dict`: str, int, bool, lists, dicts, never pickle) are in
+  `cluster.metadata.state`; this module re-exports them, as it does the records and commands.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import replace
 from typing import Any
-
-import cbor2
 
 from cluster.metadata import leases as ls
 from cluster.metadata.commands import (  # re-exported: model is where callers import them from
@@ -76,10 +74,24 @@ from cluster.metadata.mirror import (
     MIRROR_COMMAND_TYPES,
     AlterMirrorReplicas,
     MirrorCommand,
-    MirrorRecord,
     apply_mirror,
 )
 from cluster.metadata.mirror_convert import ConvertToMirror, converted, refusal
+from cluster.metadata.state import (  # re-exported as well
+    BindingKey,
+    Change,
+    MetadataState,
+    Outcome,
+    binding_key,
+    command_from_dict,
+    command_to_dict,
+    from_plain,
+    outcome_from_dict,
+    outcome_to_dict,
+    restore,
+    snapshot,
+    to_plain,
+)
 
 PROTOCOL_VERSION = 1
 DEDUP_MAX = 4096
@@ -93,7 +105,11 @@ PREDECLARED_EXCHANGES = (
 )
 PREDECLARED_INTERNAL = frozenset({"amq.rabbitmq.trace"})  # internal, as in RabbitMQ (the Firehose's exchange)
 
-__all__ = [  # the records and commands live in cluster.metadata.commands; callers import them from here
+# The records and commands live in cluster.metadata.commands, the state and its codec in cluster.metadata.state;
+# callers import them from here.
+__all__ = [
+    "BindingKey", "Change", "MetadataState", "Outcome", "binding_key", "command_from_dict", "command_to_dict",
+    "from_plain", "outcome_from_dict", "outcome_to_dict", "restore", "snapshot", "to_plain",
     "AddNode", "AddQueueMember", "Barrier", "Bind", "BindingRecord", "ClearParameter", "ClearPermissions",
     "ClearPolicy", "Command", "COMMAND_TYPES", "DeclareExchange", "DeclareQueue", "DeleteExchange", "DeleteQueue",
     "DeleteUser", "DeleteVhost", "ExchangeRecord", "NodeRecord", "ParameterRecord", "PermissionRecord",
@@ -101,60 +117,6 @@ __all__ = [  # the records and commands live in cluster.metadata.commands; calle
     "SetNodeState", "SetParameter", "SetPermissions", "SetPolicy", "SetQueueLeader", "SetQueueMembers", "Unbind",
     "UserRecord", "VhostRecord",
 ]
-
-# ---------------------------------------------------------------------------------------------------- outcome
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    kind: str  # node, vhost, user, permission, exchange, binding, queue, policy, parameter
-    key: tuple[str, ...]
-    action: str  # created, updated, deleted
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    changes: tuple[Change, ...] = ()
-    refused: str = ""  # non-empty: the command was refused and changed nothing
-    duplicate: bool = False  # this command id was applied before; this is the first outcome, nothing changed
-
-    @property
-    def ok(self) -> bool:
-        return not self.refused
-
-
-# ---------------------------------------------------------------------------------------------------- state
-
-BindingKey = tuple[str, str, str, str, str, bytes]
-
-
-@dataclass(frozen=True, slots=True)
-class MetadataState:
-    protocol_version: int = 0  # 0 = no node yet; set by the first AddNode
-    nodes: Mapping[str, NodeRecord] = field(default_factory=dict)
-    vhosts: Mapping[str, VhostRecord] = field(default_factory=dict)
-    users: Mapping[str, UserRecord] = field(default_factory=dict)
-    permissions: Mapping[tuple[str, str], PermissionRecord] = field(default_factory=dict)  # (vhost, user)
-    exchanges: Mapping[tuple[str, str], ExchangeRecord] = field(default_factory=dict)  # (vhost, name)
-    bindings: Mapping[BindingKey, BindingRecord] = field(default_factory=dict)
-    queues: Mapping[tuple[str, str], QueueRecord] = field(default_factory=dict)  # (vhost, name)
-    policies: Mapping[tuple[str, str], PolicyRecord] = field(default_factory=dict)  # (vhost, name)
-    parameters: Mapping[tuple[str, str, str], ParameterRecord] = field(default_factory=dict)  # (vhost, comp., name)
-    leases: ls.Leases = field(default_factory=dict)  # (component, vhost, name): who runs it (cluster.metadata.leases)
-    node_leases: ls.NodeLeases = field(default_factory=dict)  # node -> its lease expiry
-    mirrors: Mapping[tuple[str, str], MirrorRecord] = field(default_factory=dict)  # (vhost, queue): cluster.metadata.mirror
-    applied: Mapping[str, Outcome] = field(default_factory=dict)  # command id -> first outcome, oldest first
-
-    def definitions(self) -> dict[str, Any]:
-        """The snapshot without the command-id table: what the cluster's definitions are."""
-        snap = snapshot(self)
-        del snap["applied"]
-        return snap
-
-
-def binding_key(b: BindingRecord) -> BindingKey:
-    args = cbor2.dumps(b.arguments, canonical=True)
-    return (b.vhost, b.source, b.destination_kind, b.destination, b.routing_key, args)
 
 
 def _put(m: Mapping[Any, Any], key: Any, value: Any) -> dict[Any, Any]:
@@ -552,99 +514,3 @@ def _change_key(kind: str, key: Any) -> tuple[str, ...]:
     if kind == "binding":
         return tuple(key[:5])
     return tuple(key) if isinstance(key, tuple) else (key,)
-
-
-# ---------------------------------------------------------------------------------------------------- codec
-
-_BY_NAME: dict[str, type] = {t.__name__: t for t in (*COMMAND_TYPES, *RECORD_TYPES)}
-
-
-def to_plain(obj: Any) -> Any:
-    """A record, command or outcome as cbor-able data; dataclasses carry their type under "t"."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out: dict[str, Any] = {"t": type(obj).__name__}
-        for f in fields(obj):
-            out[f.name] = to_plain(getattr(obj, f.name))
-        return out
-    if isinstance(obj, tuple | list):
-        return [to_plain(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: to_plain(v) for k, v in obj.items()}
-    return obj
-
-
-def from_plain(data: Any) -> Any:
-    """The inverse of `to_plain` for records and commands (tuple-typed fields come back as tuples)."""
-    if not isinstance(data, dict) or "t" not in data:
-        raise ValueError(f"not an encoded record or command: {data!r}")
-    cls = _BY_NAME.get(data["t"])
-    if cls is None:
-        raise ValueError(f"unknown record or command type {data['t']!r}")
-    kwargs: dict[str, Any] = {}
-    for f in fields(cls):
-        if f.name not in data:
-            continue
-        value = data[f.name]
-        if isinstance(value, dict) and "t" in value:
-            value = from_plain(value)
-        elif str(f.type).startswith("tuple") and isinstance(value, list):
-            value = tuple(value)
-        kwargs[f.name] = value
-    return cls(**kwargs)
-
-
-def command_to_dict(command: Command) -> dict[str, Any]:
-    result: dict[str, Any] = to_plain(command)
-    return result
-
-
-def command_from_dict(data: Any) -> Command:
-    command = from_plain(data)
-    if type(command) not in _HANDLERS:
-        raise ValueError(f"{type(command).__name__} is not a command")
-    result: Command = command
-    return result
-
-
-def outcome_to_dict(outcome: Outcome) -> dict[str, Any]:
-    return {"changes": [[c.kind, list(c.key), c.action] for c in outcome.changes],
-            "refused": outcome.refused, "duplicate": outcome.duplicate}
-
-
-def outcome_from_dict(data: Mapping[str, Any]) -> Outcome:
-    changes = tuple(Change(k, tuple(key), a) for k, key, a in data["changes"])
-    return Outcome(changes, data["refused"], data["duplicate"])
-
-
-def snapshot(state: MetadataState) -> dict[str, Any]:
-    """The whole state as cbor-able data (records as lists; the command-id table in order, oldest first)."""
-    return {
-        "protocol_version": state.protocol_version,
-        **{attr: [to_plain(r) for r in getattr(state, attr).values()] for attr in _RECORD_MAPS},
-        "applied": [[cid, outcome_to_dict(o)] for cid, o in state.applied.items()],
-    }
-
-
-_RECORD_MAPS: dict[str, Callable[[Any], Any]] = {
-    "nodes": lambda r: r.name,
-    "vhosts": lambda r: r.name,
-    "users": lambda r: r.name,
-    "permissions": lambda r: (r.vhost, r.user),
-    "exchanges": lambda r: (r.vhost, r.name),
-    "bindings": binding_key,
-    "queues": lambda r: (r.vhost, r.name),
-    "policies": lambda r: (r.vhost, r.name),
-    "parameters": lambda r: (r.vhost, r.component, r.name),
-    "leases": ls.lease_key,
-    "node_leases": lambda r: r.node,
-    "mirrors": lambda r: (r.vhost, r.name),
-}
-
-
-def restore(data: Mapping[str, Any]) -> MetadataState:
-    maps: dict[str, Any] = {}
-    for attr, key_of in _RECORD_MAPS.items():
-        records = [from_plain(r) for r in data.get(attr, [])]  # (a map added later is absent from older ones)
-        maps[attr] = {key_of(r): r for r in records}
-    applied = {cid: outcome_from_dict(o) for cid, o in data["applied"]}
-    return MetadataState(protocol_version=data["protocol_version"], applied=applied, **maps)

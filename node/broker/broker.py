@@ -9,6 +9,7 @@ entry point returns the effects to carry out, in order. AMQP errors raised while
 `Broker` is the facade on top of `BrokerState` (node/broker/state.py: the fields and the helpers handlers share).
 Handlers live in `definitions` (exchanges, queues, bindings), `delivery` (consume, ack, get, qos, flow, credit) and
 `publish` (routing, confirms, tx, dead-lettering, direct reply-to); they take the state and append to its `out`.
+`method_table` maps each AMQP channel method to its handler; `authenticator` is the per-connection login check.
 The modules are layered (docs/ARCHITECTURE.md, "Inside node/broker"; `.importlinter` contract `broker-layers`).
 
 Storage is batched: every record written during one entry point shares one `Persist` (one token), placed where the
@@ -43,6 +44,7 @@ from node.broker import (
     credit_flow,
     definitions,
     delivery,
+    method_table,
     paging,
     policies,
     policy_apply,
@@ -55,7 +57,8 @@ from node.broker import (
     replica_wire,
     reply_gate,
 )
-from node.broker.auth import Permission, is_internal_login
+from node.broker.auth import Permission
+from node.broker.authenticator import ConnAuthenticator
 from node.broker.backend_local import LocalBackend
 from node.broker.backend_mirror import MirrorBackend, mirror_spec
 from node.broker.backend_owned import OwnedBackend, RemoteBackend, forward_outcome
@@ -74,52 +77,13 @@ def alarm_reason(kind: str) -> str:
     return f"low on {kind}"
 
 
-class ConnAuthenticator:
-    """The authenticator protocol bound to one connection (knows whether the peer is loopback)."""
-
-    def __init__(self, broker: Broker, conn_id: int) -> None:
-        self._broker = broker
-        self._conn_id = conn_id
-
-    def authenticate(self, mechanism: str, response: bytes) -> str | None:
-        """The cluster's internal login (cluster/authlink/amqp_login.py) is checked first, and never against the
-        user table: such a connection may publish to any vhost's exchanges (`BrokerState.check_access`), no more."""
-        conn = self._broker.conns.get(self._conn_id)
-        internal = self._broker.config.internal_login
-        verdict = is_internal_login(internal, mechanism, response) if internal is not None else None
-        if verdict is not None and conn is not None and internal is not None:
-            conn.internal = verdict
-            return internal[0] if verdict else None
-        return self._broker.check_login(mechanism, response, conn.peer_is_loopback if conn else False)
-
-    def _internal(self) -> bool:
-        conn = self._broker.conns.get(self._conn_id)
-        return conn is not None and conn.internal
-
-    def vhost_access(self, username: str, vhost: str) -> bool:
-        if self._internal():
-            return vhost in self._broker.vhosts
-        return self._broker.vhost_access(username, vhost)
-
-    def connection_limit_reached(self, vhost: str) -> int | None:
-        return None if self._internal() else self._broker.connection_limit_reached(vhost)
-
-    def user_limit_reached(self, username: str, name: str, own: int = 0) -> int | None:
-        """node/broker/user_limits.py: `own` counts this connection's channels the broker has not seen yet."""
-        if self._internal():
-            return None
-        conn = self._broker.conns.get(self._conn_id)
-        known = len(conn.channels) if conn is not None and conn.opened else 0
-        return self._broker.user_limit_reached(username, name, max(own - known, 0))
-
-
 class Broker(BrokerState):
     """The facade the runtime calls (see the module docstring); the state and its helpers are `BrokerState`'s."""
 
     def __init__(self, config: BrokerConfig | None = None) -> None:
         super().__init__(config)
         self.parameters: dict[tuple[str, str, str], str] = {}  # (component, vhost, name) -> JSON (single node)
-        self.handlers = _HANDLERS
+        self.handlers = method_table.HANDLERS
         self.parking = True  # reads may park (read_your_writes); off while a closing connection's parked run
         self.envelope_codec = replica_wire.envelope_codec(self.config.node_name)  # queue log entries (cluster mode)
         self._choose_backends()
@@ -141,7 +105,7 @@ class Broker(BrokerState):
         self.choose_backend = lambda queue: (  # node-local exclusive queues: node/broker/backend_owned.py
             raft if queue.exclusive_owner is None else owned if type(queue.exclusive_owner) is int else remote)
         self.publish_route = replica_publish.route_publish
-        self.handlers = {**_HANDLERS, **replica.HANDLERS}
+        self.handlers = {**method_table.HANDLERS, **replica.HANDLERS}
         self.global_ids = self.definitions_shared = self.reads_wait_for_replica = True
 
     # --- set-up and administration ---------------------------------------------------------------------------
@@ -637,41 +601,3 @@ def _has_draining_consumer(queue: QueueState) -> bool:
         if conn is not None and conn.writable and not consumer.cancelled and not consumer.channel.closed:
             return True
     return False
-
-
-def _send(broker: Broker, ch: ChannelState, method: Any) -> None:
-    broker.out.append(Send(ch.conn_id, ch.number, method))
-
-
-def _channel_flow(broker: Broker, conn: ConnState, ch: ChannelState, method: m.ChannelFlow) -> None:
-    """RabbitMQ 3.x answers flow(active=true) and refuses to pause a channel: 540 closes the connection."""
-    if not method.active:
-        raise AmqpError(540, "active=false", connection=True)
-    _send(broker, ch, m.ChannelFlowOk(active=True))
-
-
-_HANDLERS: dict[type, Callable[[Broker, ConnState, ChannelState, Any], None]] = {
-    m.ChannelFlow: _channel_flow,
-    m.ExchangeDeclare: definitions.exchange_declare,
-    m.ExchangeDelete: definitions.exchange_delete,
-    m.ExchangeBind: definitions.exchange_bind,
-    m.ExchangeUnbind: definitions.exchange_unbind,
-    m.QueueDeclare: definitions.queue_declare,
-    m.QueueBind: definitions.queue_bind,
-    m.QueueUnbind: definitions.queue_unbind,
-    m.QueuePurge: definitions.queue_purge,
-    m.QueueDelete: definitions.queue_delete,
-    m.BasicQos: delivery.basic_qos,
-    m.BasicConsume: delivery.basic_consume,
-    m.BasicCancel: delivery.basic_cancel,
-    m.BasicGet: delivery.basic_get,
-    m.BasicAck: delivery.basic_ack,
-    m.BasicNack: delivery.basic_nack,
-    m.BasicReject: delivery.basic_reject,
-    m.BasicRecover: delivery.basic_recover,
-    m.BasicRecoverAsync: delivery.basic_recover,
-    m.ConfirmSelect: publish.confirm_select,
-    m.TxSelect: publish.tx_select,
-    m.TxCommit: publish.tx_commit,
-    m.TxRollback: publish.tx_rollback,
-}

@@ -133,3 +133,4 @@ class ConnState:
     # yet, ascending (node/broker/read_your_writes.py)
     unapplied: dict[tuple[str, str], dict[int, None]] = field(default_factory=dict)
     internal: bool = False  # logged in with the nodes' internal login (cluster/authlink/amqp_login.py)
+    link: bool = False  # logged in with the links' login to their own node (the same module)

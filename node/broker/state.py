@@ -66,6 +66,9 @@ class BrokerConfig:
     durable_replies: bool = True  # definition replies wait for on_persisted (reply_gate.py; cluster: metadata commit)
     # cluster mode: (user, password) of the nodes' internal login (cluster/authlink/amqp_login.py), None: none
     internal_login: tuple[str, str] | None = None
+    # (user, password) of the links' login to their own node (`amqp://` shovels and federation links; the same
+    # module): configure, write and read in any existing vhost. None: none
+    link_login: tuple[str, str] | None = None
 
 
 @dataclass(slots=True)
@@ -333,6 +336,8 @@ class BrokerState(ABC):
         allowed = conn.permission_cache.get(key)
         if allowed is None and conn.internal:  # the nodes' internal login publishes, nothing else (auth docstring)
             allowed = access == "write"
+        elif allowed is None and conn.link:  # a link's login to its own node may do everything (RabbitMQ's "none")
+            allowed = True
         if allowed is None:
             allowed = self.users.allowed(conn.username, conn.vhost, access, name)  # type: ignore[arg-type]
             if len(conn.permission_cache) > 1024:

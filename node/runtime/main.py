@@ -23,6 +23,7 @@ log = logging.getLogger("raftmq.node")
 def build_broker(config: NodeConfig, boot_id: int = 0) -> Any:
     """The pure broker, configured from the node config; bootstrap users are (re)created at every start.
     `boot_id` > 0: cluster mode (a replicated broker named after the node)."""
+    from cluster.authlink.amqp_login import link_login  # amqp:// shovels and federation links log in with it
     from node.broker.auth import Permission
     from node.broker.broker import Broker, BrokerConfig  # the broker layer, imported when the node starts
 
@@ -39,6 +40,7 @@ def build_broker(config: NodeConfig, boot_id: int = 0) -> Any:
         loopback_users=frozenset(config.loopback_users),
         rng=os.urandom,
         queue_messages_in_memory_max=config.queue_messages_in_memory_max,
+        link_login=link_login(os.urandom(32)),  # a key of this process only: links connect to this node alone
         **cluster,
     ))  # the message size limit is enforced by the protocol layer (ConnectionLimits.max_message_size)
     for user in config.extra_users:
@@ -86,7 +88,7 @@ async def _serve(config: NodeConfig) -> None:
             view = BrokerView(broker, node.dispatch, node_name=config.node_name, amqp_port=ports[0],
                               wait_durable=store.wait_durable)
             await _start_management(nursery, view, config, management_port(config, config.port), node)
-            await _start_shovels(nursery, view, config, ports[0], ownership=None)
+            await _start_shovels(nursery, view, config, ports[0], broker.config.link_login, ownership=None)
         nursery.cancel_scope.cancel()
 
 
@@ -161,15 +163,17 @@ async def _start_https(nursery: Any, view: Any, config: NodeConfig) -> None:
             print(f"raftmq node {config.node_name} {what} on port {bound}", file=sys.stderr, flush=True)
 
 
-async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port: int, ownership: Any) -> None:
+async def _start_shovels(nursery: Any, view: Any, config: NodeConfig, amqp_port: int, login: tuple[str, str],
+                         ownership: Any) -> None:
     """Dynamic shovels (cluster/shovel/manager.py) and exchange federation links (cluster/federation/manager.py):
     the definitions come from the view (broker parameters, or the cluster metadata); `amqp://` with no host is this
-    node, logged in as the default user. In a cluster, `ownership` (cluster/link/ownership.py) says what runs here."""
+    node, logged in with the links' own `login` (cluster/authlink/amqp_login.py: no user of the user table). In a
+    cluster, `ownership` (cluster/link/ownership.py) says what runs here."""
     from cluster.link.uri import AmqpUri
     from cluster.shovel.manager import ShovelManager
 
     host = config.listen_address if config.listen_address not in ("", "0.0.0.0", "::") else "127.0.0.1"
-    local = AmqpUri(host=host, port=amqp_port, username=config.default_user, password=config.default_pass)
+    local = AmqpUri(host=host, port=amqp_port, username=login[0], password=login[1])
 
     async def delete_definition(vhost: str, name: str) -> None:
         await view.clear_parameter("shovel", vhost, name)
@@ -236,7 +240,7 @@ async def _serve_cluster(config: NodeConfig) -> None:
             store = cluster.store
             assert store is not None  # (set by cluster.start)
             ownership = LeaseOwnership(config.node_name, lambda: store.state, store.apply, view.shovel_owner)
-            await _start_shovels(nursery, view, config, ports[0], ownership)
+            await _start_shovels(nursery, view, config, ports[0], broker.config.link_login, ownership)
         from node.runtime.cluster.mirror_handover import hand_over_mirrors
 
         await hand_over_mirrors(cluster)  # ha-promote-on-shutdown: before the replication stops

@@ -124,3 +124,21 @@ class Session:
 
 
 HEARTBEAT = marshal(0, pheartbeat.Heartbeat())
+
+
+def close_of(out: list[tuple[int, Any]]) -> tuple[int, int, str, int, int]:
+    """The one Close (connection or channel) in `out`: (channel, reply code, text, class id, method id)."""
+    assert len(out) == 1, out
+    channel, method = out[0]
+    assert isinstance(method, (commands.Connection.Close, commands.Channel.Close)), method
+    return channel, method.reply_code, method.reply_text, method.class_id, method.method_id
+
+
+def opened(channels: tuple[int, ...] = (1,), **limits: Any) -> Session:
+    """A session past the handshake (guest on /) with `channels` open."""
+    session = Session(ConnectionLimits(**limits))
+    session.handshake()
+    for channel in channels:
+        session.open_channel(channel)
+    return session
+

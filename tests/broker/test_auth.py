@@ -7,7 +7,7 @@ import hashlib
 
 from node.amqp import methods as m
 from node.broker.auth import Permission, check_password, hash_password
-from tests.broker.harness import channel_close, connected, new_broker, of_type
+from tests.broker.harness import Client, bodies, channel_close, connected, new_broker, of_type
 
 
 def test_hash_is_rabbitmq_sha256_format() -> None:
@@ -95,3 +95,29 @@ def test_publish_permission_cache_follows_permission_changes() -> None:
     bob.broker.set_permissions("bob", "/", Permission(".*", "^amq\\.direct$", ".*"))
     assert channel_close(bob.publish("", "q")) == (
         403, "ACCESS_REFUSED - write access to exchange 'amq.default' in vhost '/' refused for user 'bob'")
+
+
+LINK = ("raftmq-internal-link", "link-pw")
+
+
+def test_the_link_login_needs_no_user_and_may_do_everything_in_any_existing_vhost() -> None:
+    """`amqp://` shovels and federation links log in with it (cluster/authlink/amqp_login.py), as RabbitMQ's internal
+    user "none" needs no password and may do everything: checked before the user table, never against it."""
+    broker = new_broker(link_login=LINK)
+    broker.add_user(LINK[0], "table-pw")  # a user of the same name in the table is never asked
+    broker.add_vhost("v2")  # no permissions for anyone
+    broker.open_connection(5, "10.0.0.9", False)
+    auth = broker.authenticator_for(5)
+    assert auth.authenticate("PLAIN", f"\0{LINK[0]}\0table-pw".encode()) is None
+    assert not broker.conns[5].link
+    assert auth.authenticate("PLAIN", f"\0{LINK[0]}\0{LINK[1]}".encode()) == LINK[0]  # (from any host)
+    assert broker.conns[5].link and not broker.conns[5].internal
+    assert auth.vhost_access(LINK[0], "v2") and not auth.vhost_access(LINK[0], "no-such-vhost")
+    link = Client(broker, 6, user=LINK[0], vhost="v2")
+    assert broker.authenticator_for(6).authenticate("PLAIN", f"\0{LINK[0]}\0{LINK[1]}".encode()) == LINK[0]
+    link.open(1)
+    assert of_type(link.declare("q"), m.QueueDeclareOk)  # configure
+    assert of_type(link.bind("q", "amq.direct", "k"), m.QueueBindOk)  # write on the queue, read on the exchange
+    assert link.publish("amq.direct", "k", b"moved") == []  # write
+    assert bodies(link.consume("q")) == [b"moved"]  # read
+    assert new_broker().authenticator_for(1).authenticate("PLAIN", f"\0{LINK[0]}\0{LINK[1]}".encode()) is None

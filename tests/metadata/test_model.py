@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import cbor2
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -246,6 +247,13 @@ def test_snapshot_round_trip_through_cbor(cmds: list[Command]) -> None:
 @given(commands)
 def test_command_codec_round_trip(cmd: Command) -> None:
     assert m.command_from_dict(cbor2.loads(cbor2.dumps(m.command_to_dict(cmd)))) == cmd
+
+
+def test_the_codec_accepts_exactly_the_commands_apply_handles() -> None:
+    """`command_from_dict` (cluster/metadata/state.py) checks against COMMAND_TYPES, `apply` dispatches by its table."""
+    assert set(m.COMMAND_TYPES) == set(m._HANDLERS)
+    with pytest.raises(ValueError, match="is not a command"):
+        m.command_from_dict(m.to_plain(QueueRecord("v", "q")))
 
 
 @settings(max_examples=200, deadline=None)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from deploy import topology as topo
-from node.runtime.config import ConfigError, NodeConfig, secret_weakness, validate
+from node.runtime.config import ConfigError, NodeConfig, validate
+from node.runtime.secret_strength import secret_weakness
 from tests.integration.nodeproc import REPO_ROOT
 
 PLACEHOLDER = "change-me-to-a-long-random-secret"  # what deploy/cluster_secret.example used to ship

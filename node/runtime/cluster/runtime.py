@@ -19,11 +19,11 @@ cluster metadata. `ClusterRuntime` is the glue (docs/cluster.md, "node/runtime, 
   committed entries of one Ready cycle are read by the broker's `envelope_codec` (`cluster.queue.envelope`, which
   skips other incarnations' entries: this runtime never reads an entry's bytes) and go to `Broker.apply_committed`
   in one call; leader changes to `Broker.set_queue_leader`; snapshots to `queue_snapshot`/`queue_restore`.
-- Proposals: a `ProposeQueue` (numbered by the broker) becomes an `Envelope`, encoded by `envelope_codec`, proposed
-  through Raft and tracked (`node.clustering.proposals.ProposalTracker`) until this node's replica applied it; a
-  group's proposals are sent again `RETRY_MS` after the last send (doubling per resend while its leader is
-  unchanged) and at once when its leader changes; after `proposal_timeout_ms` the broker is told
-  (`proposal_abandoned`: a waiting publish is nacked).
+- Proposals (node/runtime/cluster/proposing.py): a `ProposeQueue` (numbered by the broker) becomes an `Envelope`,
+  encoded by `envelope_codec`, proposed through Raft and tracked (`node.clustering.proposals.ProposalTracker`)
+  until this node's replica applied it; a group's proposals are sent again `RETRY_MS` after the last send
+  (doubling per resend while its leader is unchanged) and at once when its leader changes; after
+  `proposal_timeout_ms` the broker is told (`proposal_abandoned`: a waiting publish is nacked).
 - Start: the queues that died with this node's earlier life (its connections' exclusive queues, its non-durable
   classic queues) are deleted from the metadata before anything is mirrored or served (`died_with_earlier_life`,
   node/runtime/cluster/definition_replies.py, with the channel errors of failed definition changes).
@@ -51,9 +51,7 @@ import trio
 
 from cluster.metadata import model as md
 from cluster.metadata.store import MetadataError, MetadataStore, MetadataTimeout, StoreConfig
-from cluster.queue.envelope import Envelope, EnvelopeCodec, frame_snapshot, open_snapshot
-from cluster.queue.seal import Seal
-from cluster.queue.types import Detach, Enqueue, EnqueueMany
+from cluster.queue.envelope import EnvelopeCodec, frame_snapshot, open_snapshot
 from cluster.raft.core.types import Entry, EntryKind, GroupId, Membership, NodeId
 from cluster.raft.runtime.node import Bootstrap, RaftNodeRuntime
 from cluster.raft.runtime.ready_pipeline import QUEUED_READIES_MAX
@@ -79,7 +77,6 @@ from node.clustering.incarnations import (
 from node.clustering.proposals import (
     PROPOSAL_IDS_PER_BOOT,
     PeerLiveness,
-    Pending,
     ProposalTracker,
     incarnation_of_cid,
     stale_groups,
@@ -97,13 +94,12 @@ from node.runtime.cluster.incarnation_file import IncarnationFile
 from node.runtime.cluster.liveness import MembershipAndLiveness
 from node.runtime.cluster.members import adopt_metadata_layout, watch_membership
 from node.runtime.cluster.mirror_groups import MirrorGroups, mirror_port
+from node.runtime.cluster.proposing import RETRY_MS, QueueProposals
 from node.runtime.config import ClusterLayout, NodeConfig
 from node.runtime.dispatch import wall_ms
 
 log = logging.getLogger("raftmq.cluster")
 
-RETRY_MS = 500  # a group's unapplied proposals are sent again this often (the leader may have changed)
-RETRY_POLL_S = 0.1
 PERSIST_QUEUED_MAX = 10_000  # Persist effects waiting for the metadata group; beyond: released with an error
 OVERLOADED_TEXT = "INTERNAL_ERROR - too many definition changes waiting for the cluster metadata"
 FLUSH_TIMEOUT_S = 5.0
@@ -116,7 +112,7 @@ def _readies_behind_fsync_max() -> int:
     return int(value) if value.isdigit() else QUEUED_READIES_MAX
 
 
-class ClusterRuntime(MembershipAndLiveness):
+class ClusterRuntime(QueueProposals, MembershipAndLiveness):
     """The cluster layer of one node; create it, `attach(node)`, `await start()`, then run `run` in a nursery."""
 
     def __init__(self, config: NodeConfig, layout: ClusterLayout, broker: Any, boot_id: int) -> None:
@@ -555,78 +551,6 @@ class ClusterRuntime(MembershipAndLiveness):
             self.tracker.leader_changed(queue_key(*key))  # its resend interval starts again at RETRY_MS
             self._send_group(group, wall_ms())  # a new leader: what the old one may have dropped, now
 
-    # ------------------------------------------------------------------------------------------ proposals
-
-    def _on_propose(self, effect: Any) -> None:
-        """A `ProposeQueue` effect (called inside a dispatch: effects go through `apply_effects`)."""
-        tracked_as = queue_key(effect.vhost, effect.queue)  # the tracker follows the queue across incarnations
-        group = self.group_queues.group_of(tracked_as)
-        incarnation = 0 if group is None else self.group_incarnations.get(group, 0)  # (set again when sent)
-        envelope = Envelope(incarnation, self.name, effect.proposal_id, effect.command)
-        data = self.envelopes.encode(envelope)
-        pending = Pending(effect.proposal_id, tracked_as, effect.vhost, effect.queue, data, wall_ms(),
-                          barrier=isinstance(effect.command, Detach), envelope=envelope)
-        if self.tracker.full():
-            log.warning("cluster: %d proposals in flight; refusing one for %s", len(self.tracker), tracked_as)
-            self.stats["abandoned"] += 1
-            self.node.apply_effects(self.broker.proposal_abandoned(effect.vhost, effect.queue, envelope))
-            return
-        self.tracker.add(pending)
-        self.stats["proposed"] += 1
-        if self.tracker.held_back(pending):
-            self.stats["barriers_held"] += 1  # sent once the earlier proposals of the group applied (_release)
-            return
-        if self.raft is not None and group is not None and group not in self._quarantined:
-            pending.sent_ms = pending.first_ms
-            self._propose_raw(group, pending)
-            if self.unsafe_confirm_before_commit and isinstance(effect.command, (Enqueue, EnqueueMany)):
-                self._apply_before_commit(effect.vhost, effect.queue, envelope)
-
-    def _apply_before_commit(self, vhost: str, queue: str, envelope: Envelope) -> None:
-        """test_unsafe_confirm_before_commit: the local replica applies the proposal now (so the publish is
-        confirmed); the committed entry is later skipped by the replica's dedup of its proposal id. Still tracked
-        and re-sent until it commits. Unsafe: the message exists only here until then, and this replica's message
-        ids can differ from the others' (it applied the entry out of log order)."""
-        self.stats["applied_before_commit"] += 1
-        try:
-            effects = self.broker.apply_committed(vhost, queue, (envelope,))
-        except Exception:
-            log.exception("cluster: applying a proposal before its commit failed")
-            return
-        self.node.apply_effects(effects)
-
-    def _send_group(self, group: GroupId, now_ms: int) -> None:
-        """(Re)send every unapplied proposal for the queue of the group, oldest first."""
-        key = self.group_queues.get(group)
-        if key is not None:
-            self._send_queue(queue_key(*key), now_ms)
-
-    def _send_queue(self, tracked_as: str, now_ms: int) -> None:
-        """(Re)send every unapplied proposal for the queue (its `queue_key`) to its current group, oldest first."""
-        group = self.group_queues.group_of(tracked_as)
-        if self.raft is None or group is None or group in self._quarantined:
-            return
-        for pending in self.tracker.sendable(tracked_as):
-            if pending.sent_ms is not None:
-                self.stats["resent"] += 1
-            pending.sent_ms = now_ms
-            self._propose_raw(group, pending)
-
-    def _propose_raw(self, group: GroupId, pending: Pending) -> None:
-        """Hand a proposal to Raft, for the group's incarnation (one that waited for the queue's next declaration
-        is re-framed for it first)."""
-        assert self.raft is not None
-        incarnation = self.group_incarnations.get(group, 0)
-        envelope = pending.envelope
-        if envelope is not None and envelope.incarnation != incarnation:
-            pending.data = self.envelopes.reframed(pending.data, incarnation)
-            pending.envelope = dataclasses.replace(envelope, incarnation=incarnation)
-        if self.mirror is not None and group in self.mirror.groups:
-            if envelope is None or type(envelope.command) is not Seal:  # (a seal belongs to a Raft log only)
-                self.mirror.propose(group, pending.data)
-        else:
-            self.raft.propose(group, pending.data)
-
     def _on_mirror_leader_change(self, group: GroupId, leader: NodeId | None) -> None:
         key = self.group_queues.get(group)
         if key is not None:
@@ -640,35 +564,6 @@ class ClusterRuntime(MembershipAndLiveness):
         else:
             self._metadata_tasks.start_soon(self.apply_definition, command)
 
-    def _release(self, tracked_as: str) -> None:
-        """Send the queue's barriers (Detach) whose earlier proposals have all been applied or given up now."""
-        group = self.group_queues.group_of(tracked_as)
-        if self.raft is None or group is None or group in self._quarantined:
-            return
-        now = wall_ms()
-        for pending in self.tracker.released(tracked_as):
-            pending.sent_ms = now
-            self._propose_raw(group, pending)
-
-    def _abandon(self, pending: Pending) -> None:
-        self.stats["abandoned"] += 1
-        log.info("cluster: proposal %d for %s/%s not applied in time; abandoned", pending.proposal_id,
-                 pending.vhost, pending.queue)
-        if pending.envelope is not None:
-            self.dispatch(self.broker.proposal_abandoned(pending.vhost, pending.queue, pending.envelope))
-
-    async def _retry_timer(self) -> None:
-        while True:
-            await trio.sleep(RETRY_POLL_S)
-            now = wall_ms()
-            expired = self.tracker.expired(now)
-            for pending in expired:
-                self._abandon(pending)
-            for tracked_as in {pending.group for pending in expired}:
-                self._release(tracked_as)
-            for tracked_as in self.tracker.groups_due(now):
-                self.tracker.retried(tracked_as)  # the leader is unchanged: the next resend backs off (proposals.py)
-                self._send_queue(tracked_as, now)
 
 def bootstrap_records(config: NodeConfig) -> list[Any]:
     """The configured users (and their vhosts and permissions) as broker records, for the metadata group."""
