@@ -79,10 +79,6 @@ class QueueViews:
         """The latest time seen in a command."""
         return self._now_ms
 
-    def next_expiry_ms(self) -> int | None:
-        """When the runtime should next send Expire (None: no ready message has an expiry)."""
-        return self._ready.next_expiry_ms()
-
     def withdraw_newest_ready(self, count_max: int) -> list[tuple[MsgId, QueuedMessage, int, bool]]:
         """Single-node paging under memory pressure (not a command: never for replicated queues): remove up to
         `count_max` of the newest ready messages, stopping at one with an expiry; (msg_id, message,
