@@ -8,7 +8,9 @@ How a command runs: advance time and expire what is due, change state, then hand
 capacity (see `consumers.ConsumerRings`), highest consumer priority first and round-robin among equals. Ready
 messages live in `ready.ReadyStore` (priority levels, ascending msg_id, requeued messages back at their place). The
 queries are in `queue_views.QueueViews`, how messages are lost (dead letters, holding, length limits) in
-`dead_letters.DeadLettering`: mixins of `Queue`.
+`dead_letters.DeadLettering`, whether the queue is still used (auto-delete, x-expires: `Cancel`, `Declare`,
+`QueueUnused`, `QueueExpired`, `next_expiry_ms`) in `usage.QueueUsage`, and `Purge`/`SetArgs` in
+`admin.QueueAdmin`: mixins of `Queue`.
 
 Hot paths (each gives exactly the effects and state of the plain path; tests/queue/test_batch_paths.py): a new
 message with nothing ready ahead of it and no expiry goes straight to the head consumer, never through the store;

@@ -1,5 +1,5 @@
 """The read-only side of `Queue` (a mixin of cluster/queue/machine.py): counts, the held dead letters, the
-time and next expiry, and the msg ids for tests and tools. None of it is a command; only
+time, and the msg ids for tests and tools (the next expiry is `usage.QueueUsage.next_expiry_ms`). None of it is a command; only
 `withdraw_newest_ready` (single-node paging, never for replicated queues) changes the state.
 """
 
