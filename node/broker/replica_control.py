@@ -16,7 +16,7 @@ from typing import Final
 
 import cbor2
 
-from cluster.queue import Detach, Expire, Purge, Return
+from cluster.queue import Cancel, Detach, Expire, Purge, Return
 from cluster.queue.replicated import ReplicatedQueue, decode_id, encode_id
 from node.broker.definitions import delete_queue
 from node.broker.queues import QueueState, queue_args
@@ -186,7 +186,10 @@ def _resync(broker: BrokerState, queue: QueueState) -> None:
         lost = [i for i in queue.machine.unacked_msg_ids(cid) if i not in held]
         if lost:
             propose(broker, queue, Return(cid, lost, now_ms))
-        reattach(broker, queue, consumer)
+        if consumer.cancelled:  # (cancelled, still holding unacked messages: it stays out of the consumers)
+            propose(broker, queue, Cancel(cid, now_ms))
+        else:
+            reattach(broker, queue, consumer)
     for getter_id, (_ch, get_queue, _no_ack) in list(broker.pending_gets.items()):
         if get_queue is queue:
             answer_get_empty(broker, getter_id)

@@ -129,3 +129,23 @@ def test_a_policy_x_expires_counts_from_when_it_applied(setup: Setup) -> None:
     assert setup.exists("pol")
     setup.tick(11_000)
     assert not setup.exists("pol")
+
+
+def test_a_cancelled_consumer_stays_cancelled_after_a_snapshot_install() -> None:
+    cluster = Cluster()
+    a, b = cluster_client(cluster, "a"), cluster_client(cluster, "b")
+    a.declare("q")
+    cluster.commit()
+    b.call(m.BasicQos(prefetch_count=10))
+    b.consume("q", "t")
+    cluster.commit()
+    a.publish("", "q", b"m")
+    cluster.commit()
+    assert deliveries(take(cluster, "b"))
+    b.call(m.BasicCancel(consumer_tag="t"))  # still holding the message
+    cluster.commit()
+    cluster.pause("b")
+    cluster.resume("b")  # b installs a snapshot and resyncs its parties with it
+    cluster.commit()
+    for broker in cluster.brokers.values():
+        assert broker.vhosts["/"].queues["q"].machine.consumer_count == 0
