@@ -9,7 +9,9 @@ cores) whose one group is a queue, replicated on every node exactly as cluster m
   (`ReplicatedQueue.snapshot`), so a node restored from a compacted log continues from the same state;
 - every node runs a client, as a node's AMQP connections do: a publisher (Enqueue with publisher id and sequence)
   with a confirm window, and a consumer (Attach with a prefetch, Settle of what it was delivered, a few ticks
-  later). Its proposals are
+  later; now and then it cancels, keeping what it holds, and consumes again), and now and then a queue.declare
+  (`Declare`) and the leader's timer (`Expire`): the queue is auto-delete with an x-expires, so the machine's
+  usage decisions (`QueueUnused`, `QueueExpired`; nothing deletes the queue here) are made. Its proposals are
   tracked by the runtime's own `ProposalTracker`: sent to a node that believes it leads (as a follower forwards;
   lost when the link is cut or the message dropped), sent again every `RETRY_MS` until the client's own replica
   applied them, given up after `TIMEOUT_MS`. A publish is confirmed when the client's replica applied its Enqueue
@@ -17,7 +19,8 @@ cores) whose one group is a queue, replicated on every node exactly as cluster m
   (a barrier, as the runtime marks every Detach), so what they held returns to the queue.
 
 Checkers, besides the Raft ones of checkers.py:
-- every replica applies the same entries: the replicas' snapshots agree at every applied index;
+- every replica applies the same entries: the replicas' snapshots agree at every applied index, and so do the
+  machine's usage decisions (`QueueUnused`, `QueueExpired`) at each index;
 - no redelivery after a settled ack: once a replica applied a Settle that removed a message, no later Deliver of it;
 - no confirmed message lost: after the faults heal, every replica applied a final marker and every client's
   proposals were applied, every confirmed message was settled or is still in the queue (ready, or unacked).
@@ -25,6 +28,7 @@ Checkers, besides the Raft ones of checkers.py:
 
 from __future__ import annotations
 
+import random
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +41,22 @@ from chaos.sim.simulator import PROPOSALS_QUEUED_MAX, Simulation
 from cluster.queue.envelope import Envelope, EnvelopeCodec
 from cluster.queue.ids import ChannelPublisherId, ConsumerId
 from cluster.queue.replicated import ReplicatedQueue
-from cluster.queue.types import Accepted, Attach, Deliver, Detach, Enqueue, MsgId, QueuedMessage, Settle
+from cluster.queue.types import (
+    Accepted,
+    Attach,
+    Cancel,
+    Declare,
+    Deliver,
+    Detach,
+    Enqueue,
+    Expire,
+    MsgId,
+    QueueArgs,
+    QueuedMessage,
+    QueueExpired,
+    QueueUnused,
+    Settle,
+)
 from cluster.raft.core.types import Entry, EntryKind, GroupId, NodeId
 from node.clustering.proposals import PROPOSAL_IDS_PER_BOOT, Pending, ProposalTracker
 
@@ -51,6 +70,12 @@ PREFETCH = 4
 CONFIRM_WINDOW = 4  # a publisher's unconfirmed publishes at most (a real client's confirm window)
 PUBLISH_RATE = 0.3  # per live node and tick, while the faults last
 SETTLE_RATE = 0.3  # per live node and tick: settle what was delivered
+CANCEL_RATE = 0.02  # per live node and tick: the consumer cancels (keeping its unacked), while consuming
+RECONSUME_RATE = 0.03  # per live node and tick: a cancelled consumer consumes again
+DECLARE_RATE = 0.005  # per live node and tick: a queue.declare (`Declare`)
+EXPIRE_RATE = 0.01  # per live node and tick: the leader's timer (`Expire`)
+QUEUE_ARGS = QueueArgs(auto_delete=True, expires_ms=100)  # the usage rules decide (cluster/queue/usage.py)
+USAGE_SEED_SALT = 0x05A6E  # the usage commands draw from their own RNG (the seed's other draws stay as they were)
 
 
 def _identity(value: Any) -> Any:
@@ -68,6 +93,7 @@ class SimClient:
     boot: int
     tracker: ProposalTracker
     next_seq: int = 1
+    cancelled: bool = False  # the consumer cancelled (it keeps and settles what it holds) and has not consumed again
     outstanding: list[MsgId] = field(default_factory=list)  # delivered to this consumer, Settle not proposed yet
     waiting: dict[int, int] = field(default_factory=dict)  # proposal id -> publish sequence, until applied
 
@@ -97,7 +123,7 @@ class Replica:
     @staticmethod
     def decode(data: bytes) -> tuple[AppliedState, Replica]:
         if not data:
-            return AppliedState(), Replica(ReplicatedQueue(QUEUE))
+            return AppliedState(), Replica(ReplicatedQueue(QUEUE, QUEUE_ARGS))
         applied, queue, settled = cbor2.loads(data)
         return AppliedState.decode(applied), Replica(ReplicatedQueue.restore(queue, _identity), set(settled))
 
@@ -109,11 +135,13 @@ class QueueSimulation(Simulation):
         self.replicas: dict[NodeId, Replica] = {}
         self.clients: dict[NodeId, SimClient] = {}
         self.state_digests: dict[int, tuple[NodeId, int]] = {}  # applied index -> (first node, replica digest)
+        self.decisions: dict[int, tuple[NodeId, tuple[str, ...]]] = {}  # applied index -> (first node, decisions)
+        self.usage_rng = random.Random(config.seed ^ USAGE_SEED_SALT)
         self.confirmed: list[bytes] = []  # the body of every confirmed publish (bodies are unique)
         self.msg_ids: dict[bytes, MsgId] = {}  # body -> the msg id the machine gave it (the same on every replica)
         self.consumers: set[tuple[str, int, int]] = set()
         self.queue_stats = {"published": 0, "confirmed": 0, "settled": 0, "deliveries": 0, "skipped_retries": 0,
-                            "given_up": 0}
+                            "given_up": 0, "cancels": 0, "unused": 0, "expired": 0}
         super().__init__(config)
 
     # --- the run -------------------------------------------------------------------------------------------
@@ -177,12 +205,29 @@ class QueueSimulation(Simulation):
             count = rng.randint(1, len(client.outstanding))
             ids, client.outstanding = client.outstanding[:count], client.outstanding[count:]
             self._propose(client, Settle(client.consumer_id, ids))
+        if chaos:
+            self._usage_step(client)
         for pending in client.tracker.expired(self.now_ms):
             client.waiting.pop(pending.proposal_id, None)  # a publish given up: nacked, never confirmed
             self.queue_stats["given_up"] += 1
         for group in client.tracker.groups_due(self.now_ms):
             for pending in client.tracker.sendable(group):
                 self._send(client, pending)
+
+    def _usage_step(self, client: SimClient) -> None:
+        """Cancel and consume again, declare, the leader's timer: the commands of the machine's usage rules."""
+        rng, now_ms = self.usage_rng, self.now_ms
+        if not client.cancelled and rng.random() < CANCEL_RATE:
+            client.cancelled = True
+            self._propose(client, Cancel(client.consumer_id, now_ms))
+            self.queue_stats["cancels"] += 1
+        elif client.cancelled and rng.random() < RECONSUME_RATE:
+            client.cancelled = False
+            self._propose(client, Attach(client.consumer_id, now_ms, prefetch=PREFETCH))
+        if rng.random() < DECLARE_RATE:
+            self._propose(client, Declare(now_ms))
+        if rng.random() < EXPIRE_RATE:
+            self._propose(client, Expire(now_ms))
 
     def _propose(self, client: SimClient, command: Any, barrier: bool = False) -> int:
         proposal_id = client.tracker.next_id()
@@ -247,6 +292,7 @@ class QueueSimulation(Simulation):
         replica.settled.update(removed)
         if own and removed:
             self.queue_stats["settled"] += len(removed)
+        self._check_decisions(node, entry.index, effects)
         for effect in effects:
             if isinstance(effect, Deliver):
                 if effect.msg_id in replica.settled:
@@ -262,6 +308,17 @@ class QueueSimulation(Simulation):
                     self.queue_stats["confirmed"] += 1
                     if not self.confirm_early:
                         self.confirmed.append(command.message.payload)
+
+    def _check_decisions(self, node: SimNode, index: int, effects: list[Any]) -> None:
+        """Every replica makes the same usage decisions at the same index."""
+        decided = tuple(type(e).__name__ for e in effects if type(e) is QueueUnused or type(e) is QueueExpired)
+        first = self.decisions.setdefault(index, (node.id, decided))
+        if first[1] != decided:
+            raise SafetyViolation("decision divergence", f"{node.id} decided {decided} and {first[0]} "
+                                                          f"{first[1]} at index {index}")
+        if first[0] == node.id:
+            self.queue_stats["unused"] += decided.count("QueueUnused")
+            self.queue_stats["expired"] += decided.count("QueueExpired")
 
     def _after_apply(self, node: SimNode, group: GroupId, state: AppliedState) -> None:
         digest = zlib.crc32(self.replicas[node.id].encode(AppliedState(state.index, 0)))

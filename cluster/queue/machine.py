@@ -8,7 +8,9 @@ How a command runs: advance time and expire what is due, change state, then hand
 capacity (see `consumers.ConsumerRings`), highest consumer priority first and round-robin among equals. Ready
 messages live in `ready.ReadyStore` (priority levels, ascending msg_id, requeued messages back at their place). The
 queries are in `queue_views.QueueViews`, how messages are lost (dead letters, holding, length limits) in
-`dead_letters.DeadLettering`: mixins of `Queue`.
+`dead_letters.DeadLettering`, whether the queue is still used (auto-delete, x-expires: `Cancel`, `Declare`,
+`QueueUnused`, `QueueExpired`, `next_expiry_ms`) in `usage.QueueUsage`, and `Purge`/`SetArgs` in
+`admin.QueueAdmin`: mixins of `Queue`.
 
 Hot paths (each gives exactly the effects and state of the plain path; tests/queue/test_batch_paths.py): a new
 message with nothing ready ahead of it and no expiry goes straight to the head consumer, never through the store;
@@ -28,13 +30,7 @@ Semantics chosen where RabbitMQ leaves room (the reference model in tests/queue 
   least recently used one (a retry from an evicted publisher is then accepted again: at-least-once, never lost).
 - Single active consumer: the first attached is active; when it detaches, the attached consumer with the highest
   priority (then the earliest attached) takes over.
-- Purge removes every ready message (`Purged` with the count); `Purge(transient_only=True)` only the ready
-  non-persistent ones, keeping the rest in order, with no effect (replicated mode: a classic queue's restart).
-- SetArgs (policies) replaces the arguments at its point of the log, keeping max_priority and
-  single_active_consumer as declared. A new x-message-ttl applies to messages enqueued from then on; messages
-  already in keep the expiry they got (as RabbitMQ, which stamps the expiry at enqueue). New length limits apply
-  at once: under drop-head the heads over the limit are dead-lettered/dropped ("maxlen"); under reject-publish(-dlx)
-  nothing already in the queue is removed, publishes are refused until it is under the limit (as RabbitMQ).
+- Purge and SetArgs (policies): cluster/queue/admin.py; auto-delete and x-expires: cluster/queue/usage.py.
 - At-least-once dead lettering (`QueueArgs.holds_dead_letters`, and only on a machine made with
   `hold_dead_letters=True`, as `ReplicatedQueue` makes them: a single node dead-letters synchronously, in one
   process, so it never holds): a lost message moves to the holding area
@@ -46,18 +42,17 @@ Semantics chosen where RabbitMQ leaves room (the reference model in tests/queue 
 
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
+from cluster.queue.admin import QueueAdmin
 from cluster.queue.consumers import Consumer, ConsumerRings
 from cluster.queue.dead_letters import DeadLettering
 from cluster.queue.holding import DEAD_LETTER_HELD_MAX, DeadLetterHolding
 from cluster.queue.queue_views import QueueViews
 from cluster.queue.ready import (
     GONE,
-    IN_EXPIRY_HEAP,
     READY,
     REDELIVERED,
     STATE_MASK,
@@ -70,7 +65,9 @@ from cluster.queue.types import (
     ActiveConsumerChanged,
     AddCredit,
     Attach,
+    Cancel,
     DeadLetter,
+    Declare,
     Deliver,
     Detach,
     Discard,
@@ -83,7 +80,6 @@ from cluster.queue.types import (
     GetOk,
     MsgId,
     Purge,
-    Purged,
     QueueArgs,
     QueueCommand,
     QueuedMessage,
@@ -95,13 +91,14 @@ from cluster.queue.types import (
     Settle,
     SettleDeadLettered,
 )
+from cluster.queue.usage import QueueUsage
 
 PUBLISHERS_MAX_DEFAULT: Final = 10_000
 
 _Effects = list[QueueEffect]
 
 
-class Queue(QueueViews, DeadLettering):
+class Queue(QueueViews, DeadLettering, QueueUsage, QueueAdmin):
     """One queue's state. Mutable for speed; use snapshot()/restore() to copy it."""
 
     __slots__ = (
@@ -109,9 +106,11 @@ class Queue(QueueViews, DeadLettering):
         "_attach_seq",
         "_attached_count",
         "_consumers",
+        "_had_consumer",
         "_handlers",
         "_has_limits",
         "_held",
+        "_last_used_ms",
         "_next_msg_id",
         "_now_ms",
         "_publishers",
@@ -153,6 +152,8 @@ class Queue(QueueViews, DeadLettering):
         self._held = DeadLetterHolding()
         self.hold_dead_letters = hold_dead_letters  # whether at-least-once args make this machine hold
         self._ttl_epoch_msg_id = 0  # messages from this id on got their expiry from the current message TTL
+        self._had_consumer = False  # usage rules (cluster/queue/usage.py): a consumer was attached once
+        self._last_used_ms: int | None = None  # and the last use (x-expires)
         self._handlers: dict[type, Callable[[Any, _Effects], None]] = {
             Enqueue: self._enqueue,
             EnqueueMany: self._enqueue_many,
@@ -168,6 +169,8 @@ class Queue(QueueViews, DeadLettering):
             Recover: self._recover,
             SetArgs: self._set_args,
             SettleDeadLettered: self._settle_dead_lettered,
+            Cancel: self._cancel,
+            Declare: self._declare,
         }
 
     # --- public API -----------------------------------------------------------------------------------------
@@ -334,7 +337,8 @@ class Queue(QueueViews, DeadLettering):
             self._drop_heads_over_limit(out)
 
     def _attach(self, command: Attach, out: _Effects) -> None:
-        self._advance(command.now_ms, out)
+        self._used(self._advance(command.now_ms, out))
+        self._had_consumer = True
         consumer_id = command.consumer_id
         previous = self._consumers.get(consumer_id)
         keeps_seat = previous is not None and previous.attached
@@ -362,13 +366,15 @@ class Queue(QueueViews, DeadLettering):
         self._deliver(out)
 
     def _detach(self, command: Detach, out: _Effects) -> None:
-        self._advance(command.now_ms, out)
+        now_ms = self._advance(command.now_ms, out)
         consumer = self._consumers.pop(command.consumer_id, None)
         if consumer is None:
             return
-        if consumer.attached:
+        was_attached = consumer.attached
+        if was_attached:
             consumer.attached = False
             self._attached_count -= 1
+            self._used(now_ms)
         unacked = consumer.unacked
         self._unacked_count -= len(unacked)
         for msg_id in sorted(unacked):
@@ -378,6 +384,8 @@ class Queue(QueueViews, DeadLettering):
             self._choose_active(out)
         self._expire_due(out)
         self._deliver(out)
+        if was_attached:
+            self._lost_consumer(out)
 
     def _add_credit(self, command: AddCredit, out: _Effects) -> None:
         consumer = self._consumers.get(command.consumer_id)
@@ -436,7 +444,7 @@ class Queue(QueueViews, DeadLettering):
                 yield entry
 
     def _get(self, command: Get, out: _Effects) -> None:
-        self._advance(command.now_ms, out)
+        self._used(self._advance(command.now_ms, out))
         consumer_id = command.consumer_id
         entry = self._take_ready(out)
         if entry is None:
@@ -461,44 +469,8 @@ class Queue(QueueViews, DeadLettering):
 
     def _expire(self, command: Expire, out: _Effects) -> None:
         self._advance(command.now_ms, out)
-
-    def _purge(self, command: Purge, out: _Effects) -> None:
-        if not command.transient_only:
-            out.append(Purged(self._ready.clear()))
-            return
-        old = self._ready  # kept in order as returned entries of a fresh store, as `_rebuild_ready` does
-        self._ready = ReadyStore(self.args.max_priority, old.queue_ttl_ms)
-        for entry in old.iter_in_order():
-            entry.flags &= ~IN_EXPIRY_HEAP
-            if entry.message.persistent:
-                self._ready.push_returned(entry)
-
-    def _set_args(self, command: SetArgs, out: _Effects) -> None:
-        old = self.args
-        new = dataclasses.replace(
-            command.args, max_priority=old.max_priority, single_active_consumer=old.single_active_consumer
-        )
-        self.args = new
-        self._has_limits = new.max_length is not None or new.max_length_bytes is not None
-        if new.message_ttl_ms != old.message_ttl_ms:
-            self._rebuild_ready(new.message_ttl_ms)
-        if self._held.count and not (self.hold_dead_letters and new.holds_dead_letters):
-            self._release_held(out)
-        if self._has_limits and new.overflow == "drop-head":
-            self._drop_heads_over_limit(out)
-
-    def _rebuild_ready(self, queue_ttl_ms: int | None) -> None:
-        """A new message TTL: existing ready messages keep their expiry, as returned entries of a fresh store (the
-        compact form assumes the current TTL); later messages are compact again."""
-        old = self._ready
-        self._ready = ReadyStore(self.args.max_priority, queue_ttl_ms)
-        for consumer in self._consumers.values():
-            for entry in consumer.unacked.values():
-                entry.flags &= ~IN_EXPIRY_HEAP  # the old store's heap is gone: pushed afresh when returned
-        for entry in old.iter_in_order():
-            entry.flags &= ~IN_EXPIRY_HEAP
-            self._ready.push_returned(entry)
-        self._ttl_epoch_msg_id = self._next_msg_id
+        if self.args.expires_ms is not None:
+            self._check_expired(out)
 
     def _recover(self, command: Recover, out: _Effects) -> None:
         msg_id = command.msg_id

@@ -130,13 +130,14 @@ def encode_args(args: QueueArgs) -> list[Any]:
         args.single_active_consumer,
         args.delivery_limit,
         args.dead_letter_strategy,
-    ]
+    ] + ([args.auto_delete, args.expires_ms] if args.auto_delete or args.expires_ms is not None else [])
 
 
 def decode_args(value: Any) -> QueueArgs:
-    if type(value) is not list or len(value) != 10:
-        raise ProposalDecodeError("expected the 10 queue argument fields")
-    ttl, max_length, max_bytes, overflow, dlx, dlrk, max_priority, sac, delivery_limit, strategy = value
+    if type(value) is not list or len(value) not in (10, 12):
+        raise ProposalDecodeError("expected the 10 queue argument fields (12 with auto_delete and expires_ms)")
+    ttl, max_length, max_bytes, overflow, dlx, dlrk, max_priority, sac, delivery_limit, strategy = value[:10]
+    auto_delete, expires_ms = value[10:] if len(value) == 12 else (False, None)
     return QueueArgs(
         message_ttl_ms=field_opt_int(ttl),
         max_length=field_opt_int(max_length),
@@ -148,6 +149,8 @@ def decode_args(value: Any) -> QueueArgs:
         single_active_consumer=field_bool(sac),
         delivery_limit=field_opt_int(delivery_limit),
         dead_letter_strategy=field_choice(strategy, DEAD_LETTER_STRATEGIES),
+        auto_delete=field_bool(auto_delete),
+        expires_ms=field_opt_int(expires_ms),
     )
 
 

@@ -1,5 +1,5 @@
 """The read-only side of `Queue` (a mixin of cluster/queue/machine.py): counts, the held dead letters, the
-time and next expiry, and the msg ids for tests and tools. None of it is a command; only
+time, and the msg ids for tests and tools (the next expiry is `usage.QueueUsage.next_expiry_ms`). None of it is a command; only
 `withdraw_newest_ready` (single-node paging, never for replicated queues) changes the state.
 """
 
@@ -78,10 +78,6 @@ class QueueViews:
     def now_ms(self) -> int:
         """The latest time seen in a command."""
         return self._now_ms
-
-    def next_expiry_ms(self) -> int | None:
-        """When the runtime should next send Expire (None: no ready message has an expiry)."""
-        return self._ready.next_expiry_ms()
 
     def withdraw_newest_ready(self, count_max: int) -> list[tuple[MsgId, QueuedMessage, int, bool]]:
         """Single-node paging under memory pressure (not a command: never for replicated queues): remove up to

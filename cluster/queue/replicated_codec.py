@@ -26,7 +26,10 @@ Group ids live in `cluster.queue.group_ids` (re-exported here).
 Decoding treats the bytes as untrusted: any malformed input (bad cbor, wrong shape, wrong field types, or an
 exception from `decode_payload`) raises `ProposalDecodeError` (a ValueError) and nothing else. msg_id lists come
 back as tuples. `SetArgs` carries the ten `QueueArgs` fields in declaration order, each checked (ints >= 0 or None,
-overflow and strategy among their values, strs or None, max_priority 0..255 or None, a bool).
+overflow and strategy among their values, strs or None, max_priority 0..255 or None, a bool), then auto_delete
+and expires_ms only when one is set (so entries written before those fields, and new ones without them, are the
+same bytes); a `SetArgs` with a now_ms is kind "argt" [args, now_ms], without one (0) "args" as before. `Cancel` is
+kind "cancel", `Declare` kind "decl".
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ from cluster.queue.seal import Seal
 from cluster.queue.types import (
     AddCredit,
     Attach,
+    Cancel,
+    Declare,
     Detach,
     Discard,
     Enqueue,
@@ -146,12 +151,16 @@ def _encode_command(command: QueueCommand | Seal, encode_payload: EncodePayload)
             return ["purge", True] if transient_only else ["purge"]
         case Recover(msg_id, message, delivery_count, expiry_ms):
             return ["rec", msg_id, encode_message(message, encode_payload), delivery_count, expiry_ms]
-        case SetArgs(args):
-            return ["args", encode_args(args)]
+        case SetArgs(args, now_ms):
+            return ["argt", encode_args(args), now_ms] if now_ms else ["args", encode_args(args)]
         case SettleDeadLettered(msg_ids):
             return ["dlsettle", list(msg_ids)]
         case Seal():
             return ["seal"]
+        case Cancel(consumer_id, now_ms):
+            return ["cancel", encode_id(consumer_id), now_ms]
+        case Declare(now_ms):
+            return ["decl", now_ms]
     raise TypeError(f"not a queue command: {command!r}")
 
 
@@ -314,6 +323,21 @@ def _decode_set_args(f: list[Any], dp: DecodePayload) -> QueueCommand:
     return SetArgs(decode_args(args))
 
 
+def _decode_set_args_at(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    args, now_ms = fields_of(f, 2)
+    return SetArgs(decode_args(args), field_int(now_ms))
+
+
+def _decode_cancel(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    consumer_id, now_ms = fields_of(f, 2)
+    return Cancel(decode_id(consumer_id), field_int(now_ms))
+
+
+def _decode_declare(f: list[Any], dp: DecodePayload) -> QueueCommand:
+    (now_ms,) = fields_of(f, 1)
+    return Declare(field_int(now_ms))
+
+
 def _decode_settle_dead_lettered(f: list[Any], dp: DecodePayload) -> QueueCommand:
     (msg_ids,) = fields_of(f, 1)
     return SettleDeadLettered(field_msg_ids(msg_ids))
@@ -339,8 +363,11 @@ _DECODERS: Final[dict[str, Callable[[list[Any], DecodePayload], QueueCommand | S
     "purge": _decode_purge,
     "rec": _decode_recover,
     "args": _decode_set_args,
+    "argt": _decode_set_args_at,
     "dlsettle": _decode_settle_dead_lettered,
     "seal": _decode_seal,
+    "cancel": _decode_cancel,
+    "decl": _decode_declare,
 }
 
 

@@ -10,7 +10,8 @@ positions, active consumer, dedup high-waters (in LRU order), msg_id counter and
 removed entries) is not carried over, which does not change any future effect. The dead-letter holding area
 (at-least-once) travels as `held` rows in hold order; `ttl_epoch` is the first msg id whose expiry came from the
 current message TTL (older ones are restored as plain entries, see `_is_compact`). Both keys are optional, so
-snapshots written before them restore.
+snapshots written before them restore. So are the usage keys "had_consumer" and "last_used_ms", and the args'
+"auto_delete" and "expires_ms" (cluster/queue/usage.py), written only when auto-delete or x-expires is set.
 """
 
 from __future__ import annotations
@@ -93,10 +94,15 @@ def snapshot_queue(
         for priority, members in queue._rings.iter_rings()
     ]
     active = queue._active
+    usage: dict[str, Any] = {}
+    if queue.args.auto_delete:
+        usage["had_consumer"] = queue._had_consumer
+    if queue.args.expires_ms is not None:
+        usage["last_used_ms"] = queue._last_used_ms
     return {
         "version": SNAPSHOT_VERSION,
         "name": queue.name,
-        "args": dataclasses.asdict(queue.args),
+        "args": _args_row(queue.args),
         "publishers_max": queue.publishers_max,
         "next_msg_id": queue._next_msg_id,
         "attach_seq": queue._attach_seq,
@@ -111,7 +117,18 @@ def snapshot_queue(
         "hold_dead_letters": queue.hold_dead_letters,
         "held_last_seq": queue._held.last_seq,
         "held": [[h.seq, h.reason, _entry_row(h.entry, enc_payload)] for h in queue._held],
+        **usage,
     }
+
+
+def _args_row(args: QueueArgs) -> dict[str, Any]:
+    """The arguments as a dict, without auto_delete and expires_ms when they are not set (as before them)."""
+    row = dataclasses.asdict(args)
+    if not args.auto_delete:
+        del row["auto_delete"]
+    if args.expires_ms is None:
+        del row["expires_ms"]
+    return row
 
 
 def restore_queue(
@@ -158,4 +175,6 @@ def restore_queue(
     ]
     queue._held.restore(snapshot.get("held_last_seq", 0), held)
     queue.hold_dead_letters = bool(snapshot.get("hold_dead_letters", False))
+    queue._had_consumer = bool(snapshot.get("had_consumer", False))
+    queue._last_used_ms = snapshot.get("last_used_ms", queue._now_ms)
     return queue

@@ -34,7 +34,7 @@ MAX_PRIORITY_LIMIT: Final = 255
 
 @dataclass(frozen=True, slots=True)
 class QueueArgs:
-    """The x-arguments the machine understands (all optional). x-expires is the broker's business.
+    """The x-arguments the machine understands (all optional), and the declare flag auto_delete.
 
     A dead-letter exchange of "" (the default exchange) is a valid DLX; None means no DLX, in which case messages
     that would be dead-lettered are reported as `Dropped` instead.
@@ -42,6 +42,10 @@ class QueueArgs:
     `dead_letter_strategy` "at-least-once" takes effect only together with a DLX and overflow "reject-publish"
     (`holds_dead_letters`), as RabbitMQ 3.10 falls back to at-most-once otherwise: dead-lettered messages then stay
     in the queue's holding area until `SettleDeadLettered` (see cluster.queue.machine).
+
+    `auto_delete` (the declare flag, fixed for the queue's life like `max_priority`) and `expires_ms` (x-expires,
+    by argument or policy) are the machine's usage rules (cluster/queue/usage.py): it emits `QueueUnused` /
+    `QueueExpired` and the broker deletes the queue.
     """
 
     message_ttl_ms: int | None = None
@@ -54,13 +58,15 @@ class QueueArgs:
     single_active_consumer: bool = False
     delivery_limit: int | None = None
     dead_letter_strategy: DeadLetterStrategy = "at-most-once"
+    auto_delete: bool = False
+    expires_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.overflow not in OVERFLOW_MODES:
             raise ValueError(f"unknown overflow mode {self.overflow!r}")
         if self.dead_letter_strategy not in DEAD_LETTER_STRATEGIES:
             raise ValueError(f"unknown dead letter strategy {self.dead_letter_strategy!r}")
-        for name in ("message_ttl_ms", "max_length", "max_length_bytes", "delivery_limit"):
+        for name in ("message_ttl_ms", "max_length", "max_length_bytes", "delivery_limit", "expires_ms"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
@@ -188,7 +194,8 @@ class Get:
 
 @dataclass(frozen=True, slots=True)
 class Expire:
-    """Advance time: every ready message whose expiry is <= now_ms is dead-lettered or dropped."""
+    """Advance time: every ready message whose expiry is <= now_ms is dead-lettered or dropped, and a queue unused
+    for its x-expires is reported (`QueueExpired`)."""
 
     now_ms: int
 
@@ -221,11 +228,14 @@ class Recover:
 class SetArgs:
     """Replace the queue's arguments at this point of its log (policies). Limits apply at once; see the machine.
 
-    `max_priority` and `single_active_consumer` are fixed at declaration (as in RabbitMQ, where no policy sets
-    them): the machine keeps its own values of those two fields.
+    `max_priority`, `single_active_consumer` and `auto_delete` are fixed at declaration (as in RabbitMQ, where no
+    policy sets them): the machine keeps its own values of those fields. `now_ms` (0: not given, in entries
+    written before it; the machine's clock then) starts a new x-expires period, as a policy change does in
+    RabbitMQ.
     """
 
     args: QueueArgs
+    now_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +246,24 @@ class SettleDeadLettered:
     """
 
     msg_ids: tuple[MsgId, ...] | list[MsgId]
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """basic.cancel of a consumer that still holds unacked messages: it leaves the consumers (no more deliveries;
+    it no longer counts for auto-delete, x-expires or single active consumer) and keeps its unacked messages until
+    they are settled, returned, or it is detached. A use of the queue (x-expires). Unknown or detached ids: no
+    effect."""
+
+    consumer_id: Hashable
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Declare:
+    """queue.declare reached the queue (first or again; a single node also on recovery): a use (x-expires)."""
+
+    now_ms: int
 
 
 QueueCommand = (
@@ -253,6 +281,8 @@ QueueCommand = (
     | Recover
     | SetArgs
     | SettleDeadLettered
+    | Cancel
+    | Declare
 )
 
 # --- effects --------------------------------------------------------------------------------------------------
@@ -337,6 +367,18 @@ class ActiveConsumerChanged:
     consumer_id: Hashable | None
 
 
+@dataclass(frozen=True, slots=True)
+class QueueUnused:
+    """An auto-delete queue lost its last consumer (it had one): the broker deletes the queue (cluster: the node
+    that proposed the command)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueExpired:
+    """x-expires: the queue had no consumer and no use (consume, cancel, get, declare) for `expires_ms` when an
+    `Expire` ran: the broker deletes the queue (cluster: the node that proposed the Expire, its leader)."""
+
+
 QueueEffect = (
     Deliver
     | GetOk
@@ -348,4 +390,6 @@ QueueEffect = (
     | Dropped
     | Purged
     | ActiveConsumerChanged
+    | QueueUnused
+    | QueueExpired
 )

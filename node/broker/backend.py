@@ -38,7 +38,6 @@ class QueueBackend(ABC):
     """What holds one queue's messages (see the module docstring)."""
 
     name: str = ""
-    auto_delete_on_local_cancel = True  # the last local consumer leaving deletes an auto-delete queue here and now
     can_page = False  # may keep a backlog on disk (node/broker/paging.py)
 
     # --- a queue's life ----------------------------------------------------------------------------------------
@@ -61,6 +60,10 @@ class QueueBackend(ABC):
     @abstractmethod
     def get(self, broker: BrokerState, ch: ChannelState, queue: QueueState, no_ack: bool) -> None:
         """basic.get (checked by the handler): answer get-ok or get-empty on `ch`, now or once the Get took effect."""
+
+    @abstractmethod
+    def declared(self, broker: BrokerState, queue: QueueState) -> None:
+        """queue.declare (new or again) of this queue: tell its machine (`Declare`, a use for x-expires)."""
 
     # --- questions the handlers ask ----------------------------------------------------------------------------
 
@@ -101,17 +104,15 @@ class QueueBackend(ABC):
 
 
 def expiry_deadline_ms(broker: BrokerState, backend: QueueBackend) -> int | None:
-    """The earliest message expiry or queue expiry (`x-expires`, while the queue has no consumer) among the queues
-    `backend` holds in this process: `next_deadline_ms` of the backends whose machines live here."""
+    """The earliest message expiry or queue expiry (`x-expires`, while the queue has no consumer: the machine's
+    `next_expiry_ms()`) among the queues `backend` holds in this process: `next_deadline_ms` of the backends whose
+    machines live here."""
     best: int | None = None
     for vhost in broker.vhosts.values():
         for queue in vhost.queues.values():
             if queue.backend is not backend:
                 continue
             due = queue.machine.next_expiry_ms()
-            if queue.expires_ms is not None and not queue.consumers:
-                expiry = queue.last_used_ms + queue.expires_ms
-                due = expiry if due is None else min(due, expiry)
             if due is not None and (best is None or due < best):
                 best = due
     return best

@@ -2,7 +2,8 @@
 
 A single node's queues. The machine is a `cluster.queue.Queue`; a durable, non-exclusive queue writes its
 definition and persistent messages to the node's own storage, and may keep its backlog on disk (paging). Its
-timers (message TTL, x-expires) and the memory alarm's spilling run from `tick`; credit flow slows a publisher
+timers (message TTL, x-expires: `Expire` when the machine's `next_expiry_ms()` is due) and the memory alarm's
+spilling run from `tick`; credit flow slows a publisher
 whose queues have a backlog their consumers drain (`Broker.publish_flow_behind`). See node/broker/backend.py for
 the interface.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.queue import Purge, Purged, Queue, SetArgs
+from cluster.queue import Declare, Purge, Purged, Queue, SetArgs
 from node.amqp import methods as m
 from node.broker import definitions, delivery, paging, policy_apply
 from node.broker.backend import QueueBackend, expiry_deadline_ms
@@ -33,7 +34,8 @@ class LocalBackend(QueueBackend):
     can_page = True
 
     def create(self, broker: BrokerState, vhost: VHost[QueueState], queue: QueueState) -> None:
-        queue.machine = Queue(queue.name, queue_args(queue.arguments))
+        queue.machine = Queue(queue.name, queue_args(queue.arguments, queue.auto_delete))
+        queue.machine.apply(Declare(broker.now_ms))  # (x-expires counts from here; an empty machine: no effect)
         queue.pageable = paging.is_pageable(broker, queue)
         if queue.stored:
             broker.persist((QueueRecord(vhost.name, queue.name, queue.auto_delete, queue.arguments),))
@@ -62,6 +64,9 @@ class LocalBackend(QueueBackend):
     def get(self, broker: BrokerState, ch: ChannelState, queue: QueueState, no_ack: bool) -> None:
         delivery.get_now(broker, ch, queue, no_ack)
 
+    def declared(self, broker: BrokerState, queue: QueueState) -> None:
+        delivery.apply_queue(broker, queue, Declare(broker.now_ms))
+
     def consumer_count(self, queue: QueueState) -> int:
         return len(queue.consumers)
 
@@ -72,9 +77,9 @@ class LocalBackend(QueueBackend):
             queue.pageable = False  # limits count what the machine holds: no new tail (one already there stays)
         elif queue.tail is None:
             queue.pageable = paging.is_pageable(broker, queue)  # (a cleared policy gives paging back)
-        wanted = machine_args(merged)
+        wanted = machine_args(merged, queue.auto_delete)
         if queue.machine.args != wanted:
-            delivery.apply_queue(broker, queue, SetArgs(wanted))
+            delivery.apply_queue(broker, queue, SetArgs(wanted, broker.now_ms))
 
     def tick(self, broker: BrokerState) -> None:
         definitions.expire_queues(broker, broker.now_ms, self)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.queue import Purge, Purged, Queue, SetArgs
+from cluster.queue import Declare, Purge, Purged, Queue, SetArgs
 from node.amqp import methods as m
 from node.broker import credit_flow, definitions, delivery, replica_publish
 from node.broker.backend import QueueBackend, expiry_deadline_ms
@@ -50,7 +50,8 @@ class OwnedBackend(QueueBackend):
     name = "owned"
 
     def create(self, broker: BrokerState, vhost: VHost[QueueState], queue: QueueState) -> None:
-        queue.machine = Queue(queue.name, queue_args(queue.arguments))
+        queue.machine = Queue(queue.name, queue_args(queue.arguments, queue.auto_delete))
+        queue.machine.apply(Declare(broker.now_ms))  # (x-expires counts from here; an empty machine: no effect)
         _persist_definition(broker, vhost.name, queue)
 
     def delete(self, broker: BrokerState, queue: QueueState) -> None:
@@ -68,13 +69,16 @@ class OwnedBackend(QueueBackend):
     def get(self, broker: BrokerState, ch: ChannelState, queue: QueueState, no_ack: bool) -> None:
         delivery.get_now(broker, ch, queue, no_ack)
 
+    def declared(self, broker: BrokerState, queue: QueueState) -> None:
+        delivery.apply_queue(broker, queue, Declare(broker.now_ms))
+
     def consumer_count(self, queue: QueueState) -> int:
         return len(queue.consumers)
 
     def apply_args(self, broker: BrokerState, queue: QueueState, merged: dict[str, Any]) -> None:
-        wanted = machine_args(merged)
+        wanted = machine_args(merged, queue.auto_delete)
         if queue.machine.args != wanted:
-            delivery.apply_queue(broker, queue, SetArgs(wanted))
+            delivery.apply_queue(broker, queue, SetArgs(wanted, broker.now_ms))
 
     def tick(self, broker: BrokerState) -> None:
         definitions.expire_queues(broker, broker.now_ms, self)
@@ -113,6 +117,9 @@ class RemoteBackend(QueueBackend):
 
     def get(self, broker: BrokerState, ch: ChannelState, queue: QueueState, no_ack: bool) -> None:
         raise _locked(queue)
+
+    def declared(self, broker: BrokerState, queue: QueueState) -> None:
+        """(Only the owner may declare it, on its own node.)"""
 
     def consumer_count(self, queue: QueueState) -> int:
         return 0  # (not known here; only the owner may ask, on its own node)

@@ -4,8 +4,10 @@ Quorum queues, and classic queues in a cluster (docs/cluster.md, "node/broker, r
 a `replica_machine.ProposingMachine`: commands come out as `ProposeQueue` effects and reads answer from the local
 replica; committed entries come back through `Broker.apply_committed` (node/broker/replica.py). A publish is
 confirmed when its Enqueue is applied; the definition goes to the cluster's metadata group (with the exclusive
-owner as "node/boot/conn"). Consumers cluster-wide count (the machine knows every node's Attach); the group's
-leader decides auto-delete, x-expires and TTL expiry (`replica_control.tick`); credit flow pauses a publisher while
+owner as "node/boot/conn"). Consumers cluster-wide count (the machine knows every node's Attach); the machine
+decides auto-delete and x-expires (`QueueUnused`, `QueueExpired`: the node that proposed the command deletes the
+queue, node/broker/replica.py) and the leader proposes `Expire` when its `next_expiry_ms()` is due
+(`replica_control.tick`); credit flow pauses a publisher while
 its queues are behind (node/broker/credit_flow.py). See node/broker/backend.py for the interface.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from cluster.queue import Declare
 from node.broker import (
     credit_flow,
     policy_apply,
@@ -37,10 +40,10 @@ class RaftBackend(QueueBackend):
     """A replica of the queue's Raft group (see the module docstring)."""
 
     name = "raft"
-    auto_delete_on_local_cancel = False  # the group's leader decides, from every node's consumers (replica.py)
 
     def create(self, broker: BrokerState, vhost: VHost[QueueState], queue: QueueState) -> None:
-        queue.machine = replica_machine.ProposingMachine(broker, queue, queue_args(queue.arguments))
+        queue.machine = replica_machine.ProposingMachine(broker, queue,
+                                                         queue_args(queue.arguments, queue.auto_delete))
         owner = replica_machine.global_owner(broker, queue.exclusive_owner)
         broker.persist((QueueRecord(vhost.name, queue.name, queue.auto_delete, queue.arguments,
                                     durable=queue.durable, exclusive_owner=owner),))
@@ -54,6 +57,11 @@ class RaftBackend(QueueBackend):
 
     def get(self, broker: BrokerState, ch: ChannelState, queue: QueueState, no_ack: bool) -> None:
         replica.basic_get(broker, ch, queue, no_ack)
+
+    def declared(self, broker: BrokerState, queue: QueueState) -> None:
+        """A `Declare` proposal, only when x-expires counts (a declare is a use; otherwise nothing to tell)."""
+        if queue.machine.args.expires_ms is not None:
+            queue.machine.apply(Declare(broker.now_ms))
 
     def consumer_count(self, queue: QueueState) -> int:
         return int(queue.machine.consumer_count)  # every node's: the Attaches the replica applied
@@ -70,7 +78,7 @@ class RaftBackend(QueueBackend):
     def apply_args(self, broker: BrokerState, queue: QueueState, merged: dict[str, Any]) -> None:
         """Only the queue's Raft leader proposes `SetArgs`, and only when the replica's arguments differ (a retry
         is harmless: the same arguments again), so all replicas change at one log index."""
-        policy_apply.propose_if_leader(broker, queue, machine_args(merged))
+        policy_apply.propose_if_leader(broker, queue, machine_args(merged, queue.auto_delete))
 
     def tick(self, broker: BrokerState) -> None:
         read_your_writes.expire(broker)

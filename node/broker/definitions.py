@@ -229,7 +229,7 @@ def queue_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, method
             assert_flag_equivalent("durable", queue.durable, method.durable, resource)
             assert_flag_equivalent("auto_delete", queue.auto_delete, method.auto_delete, resource)
             assert_args_equivalent(queue.arguments, args, EQUIVALENCE_ARGS, resource)
-    queue.last_used_ms = broker.now_ms
+    backend_of(queue).declared(broker, queue)  # (a use: x-expires starts again)
     ch.last_queue = queue.name
     consumer_count = backend_of(queue).consumer_count(queue)  # (every node's)
     count = queue.machine.ready_count if queue.tail is None else paging.message_count(queue)
@@ -239,9 +239,7 @@ def queue_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, method
 
 def create_queue(broker: BrokerState, vhost: VHost[QueueState], name: str, durable: bool, auto_delete: bool,
                  args: dict[str, Any], owner: int | str | None) -> QueueState:
-    expires = args.get("x-expires")
-    queue = QueueState(vhost.name, name, durable, auto_delete, args, None, owner,
-                       expires_ms=expires if isinstance(expires, int) else None, last_used_ms=broker.now_ms)
+    queue = QueueState(vhost.name, name, durable, auto_delete, args, None, owner)
     backend: QueueBackend = broker.choose_backend(queue)
     queue.backend = backend  # (chosen once: the queue keeps it for life)
     backend.create(broker, vhost, queue)
@@ -328,7 +326,9 @@ def delete_exclusive_queues(broker: BrokerState, conn: ConnState) -> None:
 
 
 def expire_queues(broker: BrokerState, now_ms: int, backend: QueueBackend) -> None:
-    """Message TTL and x-expires of the queues `backend` holds (one whose machine applies commands at once)."""
+    """Message TTL and x-expires of the queues `backend` holds (one whose machine applies commands at once): an
+    `Expire` when the machine's `next_expiry_ms()` is due; a `QueueExpired` among its effects deletes the queue
+    (delivery.apply_queue)."""
     for vhost in list(broker.vhosts.values()):
         for queue in list(vhost.queues.values()):
             if queue.backend is not backend:
@@ -336,9 +336,6 @@ def expire_queues(broker: BrokerState, now_ms: int, backend: QueueBackend) -> No
             expiry = queue.machine.next_expiry_ms()
             if expiry is not None and expiry <= now_ms:
                 delivery.apply_queue(broker, queue, Expire(now_ms))
-            if (queue.expires_ms is not None and not queue.consumers
-                    and now_ms - queue.last_used_ms >= queue.expires_ms):
-                delete_queue(broker, queue)
 
 
 def _reply(broker: BrokerState, ch: ChannelState, nowait: bool, method: Any) -> None:

@@ -9,7 +9,9 @@ with credit, so a consumer attached next to peers that already hold a window wou
 socket drained (RabbitMQ alternates consumers of one queue message by message). A delivery the channel may not send now (flow off, socket
 not draining, channel-global prefetch full) waits in the channel's `pending` buffer, which credit bounds. Per-consumer
 prefetch (basic.qos global=false) is the machine's own `prefetch`. A cancelled consumer keeps its unacked messages
-(they can still be acked) and is detached from the machine when the last one is settled or the channel closes.
+(they can still be acked): `Cancel` takes it out of the machine's consumers, and it is detached when the last one
+is settled or the channel closes. Auto-delete and x-expires are the machine's (`QueueUnused`, `QueueExpired` among
+a command's effects: `_handle_effects` deletes the queue).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from cluster.queue import (
     Accepted,
     AddCredit,
     Attach,
+    Cancel,
     DeadLetter,
     Deliver,
     Detach,
@@ -34,6 +37,8 @@ from cluster.queue import (
     GetOk,
     MsgId,
     QueuedMessage,
+    QueueExpired,
+    QueueUnused,
     Rejected,
     Return,
     Settle,
@@ -142,6 +147,8 @@ def _handle_effects(broker: BrokerState, queue: QueueState, effects: list[Any]) 
             broker.dead_letters.append((queue, effect))
         elif kind is Dropped:
             forget_persisted(broker, queue, (effect.msg_id,))
+        elif kind is QueueUnused or kind is QueueExpired:
+            broker.delete_queue(queue)  # (auto-delete, x-expires: the machine decided)
         else:
             rest.append(effect)
     return rest
@@ -302,8 +309,6 @@ def basic_consume(broker: BrokerState, conn: ConnState, ch: ChannelState, method
     ch.consumers[tag] = consumer
     broker.consumers[consumer.consumer_id] = consumer
     queue.consumers[consumer.consumer_id] = consumer
-    queue.had_consumer = True  # single node; a replica's auto-delete follows applied Attaches (`had_attach`)
-    queue.last_used_ms = broker.now_ms
     if method.exclusive:
         queue.exclusive_consumer = consumer.consumer_id
     if not method.nowait:
@@ -345,30 +350,20 @@ def cancel_consumer(broker: BrokerState, consumer: Consumer) -> None:
     ch, queue = consumer.channel, consumer.queue
     ch.consumers.pop(consumer.tag, None)
     _drop_pending(broker, ch, consumer)
-    _leave_queue(queue, consumer, broker.now_ms)
+    _leave_queue(queue, consumer)
     if consumer.unacked_count == 0:
         broker.consumers.pop(consumer.consumer_id, None)
         apply_queue(broker, queue, Detach(consumer.consumer_id, broker.now_ms))
     else:
         consumer.cancelled = True
         ch.lingering.append(consumer)
-        apply_queue(broker, queue, Attach(consumer.consumer_id, broker.now_ms, prefetch=consumer.prefetch, credit=0,
-                                          priority=consumer.priority, no_ack=consumer.no_ack))
-    _maybe_auto_delete(broker, queue)
+        apply_queue(broker, queue, Cancel(consumer.consumer_id, broker.now_ms))
 
 
-def _leave_queue(queue: QueueState, consumer: Consumer, now_ms: int) -> None:
+def _leave_queue(queue: QueueState, consumer: Consumer) -> None:
     queue.consumers.pop(consumer.consumer_id, None)
     if queue.exclusive_consumer == consumer.consumer_id:
         queue.exclusive_consumer = None
-    queue.last_used_ms = now_ms
-
-
-def _maybe_auto_delete(broker: BrokerState, queue: QueueState) -> None:
-    if not backend_of(queue).auto_delete_on_local_cancel:
-        return  # (a Raft queue's leader decides, from the machine's consumers on every node: replica.py)
-    if queue.auto_delete and queue.had_consumer and not queue.consumers:
-        broker.delete_queue(queue)
 
 
 def _drop_pending(broker: BrokerState, ch: ChannelState, consumer: Consumer) -> None:
@@ -412,9 +407,8 @@ def channel_gone(broker: BrokerState, ch: ChannelState) -> None:
     ch.tx = None
     for consumer in list(ch.consumers.values()) + ch.lingering:
         broker.consumers.pop(consumer.consumer_id, None)
-        _leave_queue(consumer.queue, consumer, now_ms)
+        _leave_queue(consumer.queue, consumer)
         apply_queue(broker, consumer.queue, Detach(consumer.consumer_id, now_ms))
-        _maybe_auto_delete(broker, consumer.queue)
     ch.consumers.clear()
     ch.lingering.clear()
     for queue, getter_id in get_holders.values():
@@ -428,7 +422,6 @@ def basic_get(broker: BrokerState, conn: ConnState, ch: ChannelState, method: m.
     queue = lookup_queue(broker, conn, ch, method.queue)
     broker.check_access(conn, "read", "queue", queue.name)
     check_exclusive(conn, queue)
-    queue.last_used_ms = broker.now_ms
     backend_of(queue).get(broker, ch, queue, method.no_ack)
 
 

@@ -263,10 +263,10 @@ def queue_type_of(arguments: Mapping[str, Any]) -> str:
     return "quorum" if kind == "quorum" else "classic"
 
 
-def machine_args(merged: Mapping[str, Any]) -> QueueArgs:
+def machine_args(merged: Mapping[str, Any], auto_delete: bool = False) -> QueueArgs:
     """The queue machine's arguments for effective x-arguments (`queue_args`, plus the dead-letter strategy when
-    the machine knows that field)."""
-    args = queue_args(dict(merged))
+    the machine knows that field) of a queue declared with `auto_delete`."""
+    args = queue_args(dict(merged), auto_delete)
     strategy = merged.get("x-dead-letter-strategy")
     if strategy in DEAD_LETTER_STRATEGIES and "dead_letter_strategy" in QueueArgs.__dataclass_fields__:
         extra: dict[str, Any] = {"dead_letter_strategy": strategy}

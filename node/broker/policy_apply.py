@@ -18,7 +18,6 @@ from cluster.queue.types import QueueArgs
 from node.broker.backend import backend_of
 from node.broker.policies import (
     Policy,
-    _is_int,
     effective_queue_arguments,
     from_record,
     queue_type_of,
@@ -43,7 +42,7 @@ def effective_of(vhost: VHost[Any], queue: QueueState) -> dict[str, Any]:
 
 
 def apply_to_queue(broker: BrokerState, vhost: VHost[Any], queue: QueueState) -> None:
-    """Bring the queue's machine (and its x-expires) to the arguments its policy gives.
+    """Bring the queue's machine to the arguments its policy gives (x-expires among them).
 
     The queue's backend applies them (`QueueBackend.apply_args`): a local queue's machine at once, a Raft queue
     through its leader's `SetArgs` proposal (`propose_if_leader`)."""
@@ -51,8 +50,6 @@ def apply_to_queue(broker: BrokerState, vhost: VHost[Any], queue: QueueState) ->
     if chosen is not queue.backend:
         backend_of(queue).hand_over(queue, chosen)  # (ha-mode added or removed: node/broker/backend_mirror.py)
     merged = effective_of(vhost, queue)
-    expires = merged.get("x-expires")
-    queue.expires_ms = expires if _is_int(expires) else None
     backend_of(queue).apply_args(broker, queue, merged)
 
 
@@ -65,7 +62,7 @@ def propose_if_leader(broker: BrokerState, queue: QueueState, wanted: QueueArgs)
     if sent is not None and sent[0] == wanted and broker.now_ms - sent[1] < POLICY_RESEND_MS:
         return
     broker.policy_sent[key] = (wanted, broker.now_ms)
-    queue.machine.apply(SetArgs(wanted))
+    queue.machine.apply(SetArgs(wanted, broker.now_ms))
 
 
 def apply_to_vhost(broker: BrokerState, vhost: VHost[Any], changed: Iterable[Policy]) -> None:

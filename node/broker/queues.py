@@ -147,7 +147,8 @@ def validate_queue_args(args: dict[str, Any], resource: str) -> None:
         raise precondition(f"invalid arg 'x-dead-letter-routing-key' for {resource}: routing_key_but_no_dlx_defined")
 
 
-def queue_args(args: dict[str, Any]) -> QueueArgs:
+def queue_args(args: dict[str, Any], auto_delete: bool = False) -> QueueArgs:
+    """The machine's arguments for x-arguments (and the declare flag auto_delete, fixed for the queue's life)."""
     overflow = _as_str(args.get("x-overflow")) or "drop-head"
     dlx = _as_str(args.get("x-dead-letter-exchange"))
     return QueueArgs(
@@ -158,7 +159,13 @@ def queue_args(args: dict[str, Any]) -> QueueArgs:
         single_active_consumer=bool(args.get("x-single-active-consumer", False)),
         delivery_limit=args.get("x-delivery-limit"),
         dead_letter_strategy=_dead_letter_strategy(args),
+        auto_delete=auto_delete,
+        expires_ms=_expires_ms(args.get("x-expires")),
     )
+
+
+def _expires_ms(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _dead_letter_strategy(args: dict[str, Any]) -> DeadLetterStrategy:
@@ -216,9 +223,6 @@ class QueueState:
     machine: Any
     exclusive_owner: int | str | None = None  # a local conn_id; replicated: "node/boot/conn" of another node
     consumers: dict[Hashable, Any] = field(default_factory=dict)
-    had_consumer: bool = False
-    expires_ms: int | None = None
-    last_used_ms: int = 0
     persisted_ids: set[int] = field(default_factory=set)
     exclusive_consumer: Hashable | None = None
     pageable: bool = False  # single-node paging may keep its backlog on disk (node/broker/paging.py)
@@ -226,7 +230,6 @@ class QueueState:
     # replicated mode only (node/broker/replica.py); every field below but the last four is a function of the log
     members: dict[Hashable, None] = field(default_factory=dict)  # consumer and get-holder ids known to the machine
     dead_letter_seq: int = 0  # DeadLetter effects applied so far: the sequence of their republished copies
-    had_attach: bool = False  # an Attach was applied: the replicated auto-delete rule (not the local basic.consume)
     is_leader: bool = False  # this node's replica belongs to the group's leader
     expire_proposed_ms: int | None = None  # when the leader last proposed Expire (not applied yet)
     purge_waiters: list[tuple[Any, bool]] = field(default_factory=list)  # (channel, nowait) of this node's purges

@@ -15,7 +15,7 @@ How:
 - Replies (`GATED_REPLIES`: basic.consume, basic.cancel, basic.recover; and the client's channel.close): the
   channel is gated (`reply_gate.gate`) on the tickets its handler created, so the ok leaves once the replica
   applied them. A definition change made while the replica applied the last of them (the auto-delete of the queue
-  a cancel emptied, decided by the node whose Detach emptied it) adds its Persist token to the gate: cancel-ok then
+  a cancel emptied: the machine's `QueueUnused`, carried out by the node whose Detach or Cancel emptied it) adds its Persist token to the gate: cancel-ok then
   also waits for the deletion's commit.
 - Reads (`READS`: queue.declare of an existing name, for its counts; queue.delete if-empty / if-unused) of a queue
   the connection has tickets for are *parked*: the channel's events from that one on wait, in order, in

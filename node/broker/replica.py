@@ -18,17 +18,18 @@ What the machine decides is the same on every replica; what is proposed in react
 the owner of an id (a stray delivery or get answer for a local id that is gone: Detach/Return; an Attach of this
 node's earlier boot: Detach) or the queue's local leader (`set_leader`): Expire for TTL, dead-letter republishing
 (publisher id `AtMostOnceDeadLetterPublisher(vhost, queue)`, sequence = the queue's count of DeadLetter effects, the same on every
-replica, so a retried or repeated republish is deduplicated by the target), x-expires, and Detach of the
+replica, so a retried or repeated republish is deduplicated by the target), and Detach of the
 consumers of a node reported down (those duties, the timers and the queue snapshots are in `replica_control`).
-Auto-delete (once an Attach was applied and the machine has no consumer left: the local basic.consume, not yet
-applied, does not count) is decided by the node whose Detach emptied the queue (`maybe_auto_delete`), so its
-client's cancel-ok waits for the deletion (`read_your_writes`); a new leader, or the leader after 5 s without
-consumers (`replica_control.tick`), deletes a queue left behind.
+Auto-delete and x-expires are the machine's decisions (cluster/queue/usage.py: `QueueUnused` when the last consumer
+left, `QueueExpired` at an `Expire` the leader proposed when the machine's `next_expiry_ms()` was due); the node
+that proposed the command carries the deletion out, so a client's cancel-ok waits for it (`read_your_writes`); a
+new leader, or the leader after 5 s of an unused queue (`replica_control.tick`), deletes one whose deciding node
+went away first (`maybe_auto_delete`).
 This node's own entries end their read-your-writes tickets once applied (`read_your_writes.done`).
 Dead-lettering is at most once across a leader change (as RabbitMQ's default for quorum queues); with
 x-dead-letter-strategy at-least-once (and reject-publish) the machine holds the message until the leader saw every
-target accept it (`replica_dead_letters`). Per-queue bookkeeping that is a function of the log (`members`, `dead_letter_seq`,
-`had_attach`) travels in the queue snapshot with the replica.
+target accept it (`replica_dead_letters`). Per-queue bookkeeping that is a function of the log (`members`, `dead_letter_seq`)
+travels in the queue snapshot with the replica.
 
 A log entry is a `cluster.queue.envelope.Envelope` (incarnation, origin, proposal id, command); the cluster runtime
 encodes and reads them with `Broker.envelope_codec` and hands this module envelopes only, once per applied batch
@@ -57,6 +58,8 @@ from cluster.queue import (
     GetOk,
     Purge,
     Purged,
+    QueueExpired,
+    QueueUnused,
     Rejected,
     Return,
     Settle,
@@ -196,6 +199,7 @@ def _apply_committed(broker: BrokerState, vhost: str, name: str, envelope: Envel
     consumers = broker.consumers
     elsewhere_consumer: Any = _NO_ID  # a consumer of another node: its deliveries are that node's business
     unwatched_publisher: Any = _NO_ID  # a publisher nobody here waits for (a batch's effects share the id object)
+    unused = False  # the machine decided to delete the queue (auto-delete, x-expires)
     for effect in effects:
         kind = type(effect)
         if kind is Deliver:
@@ -234,7 +238,11 @@ def _apply_committed(broker: BrokerState, vhost: str, name: str, envelope: Envel
             else:
                 replica_dead_letters.send_held(broker, queue, effect.msg_id, effect.held_seq, effect.reason,
                                           effect.message)
+        elif kind is QueueUnused or kind is QueueExpired:
+            unused = True
     _after_command(broker, queue, command, origin)
+    if unused and origin == broker.config.node_name:
+        delete_queue(broker, queue)  # (the proposing node carries the machine's decision out)
 
 
 def _unwatched(broker: BrokerState, publisher_id: Any) -> bool:
@@ -265,14 +273,11 @@ def _after_command(broker: BrokerState, queue: QueueState, command: Any, origin:
     if kind is Attach:
         cid = command.consumer_id
         queue.members[cid] = None
-        queue.had_attach = True
-        queue.last_used_ms = max(queue.last_used_ms, command.now_ms)
         if is_stale(broker, cid):
             propose(broker, queue, Detach(cid, broker.now_ms))
     elif kind is Detach:
         _after_detach(broker, queue, command, origin)
     elif kind is Get:
-        queue.last_used_ms = max(queue.last_used_ms, command.now_ms)
         if not command.no_ack and queue.machine.unacked_msg_ids(command.consumer_id):
             queue.members[command.consumer_id] = None
     elif kind is Settle or kind is Return or kind is Discard:
@@ -286,15 +291,12 @@ def _after_command(broker: BrokerState, queue: QueueState, command: Any, origin:
 def _after_detach(broker: BrokerState, queue: QueueState, command: Detach, origin: str) -> None:
     cid = command.consumer_id
     queue.members.pop(cid, None)
-    queue.last_used_ms = max(queue.last_used_ms, command.now_ms)
     broker.down_consumers.pop(cid, None)
     broker.detach_retries.pop(cid, None)
     expected = broker.detaching.pop(cid, "absent") != "absent"
     consumer = broker.consumers.get(cid)
     if consumer is not None and not expected and consumer.queue is queue and not consumer.cancelled:
         reattach(broker, queue, consumer)  # detached by a leader that thought this node down: come back
-    if origin == broker.config.node_name and (is_local(broker, cid) or queue.is_leader):
-        maybe_auto_delete(broker, queue, decided=True)
 
 
 def reattach(broker: BrokerState, queue: QueueState, consumer: Any) -> None:
@@ -305,13 +307,10 @@ def reattach(broker: BrokerState, queue: QueueState, consumer: Any) -> None:
     broker.mark_dirty(consumer.channel)
 
 
-def maybe_auto_delete(broker: BrokerState, queue: QueueState, decided: bool = False) -> None:
-    """Delete an auto-delete queue whose consumers are all gone. One node decides: the one whose Detach emptied it
-    (`decided`: its own client's consumer, so that client's cancel-ok or close-ok waits for the deletion,
-    read_your_writes.py; or the leader's Detach of a down node's consumer), else a new leader (set_leader) or the
-    leader's timer (replica_control.tick), for a queue whose deciding node went away first."""
-    if ((decided or queue.is_leader) and queue.auto_delete and queue.had_attach
-            and queue.machine.consumer_count == 0):
+def maybe_auto_delete(broker: BrokerState, queue: QueueState) -> None:
+    """The leader's fallback for an auto-delete queue the machine reported unused (`QueueUnused`) whose proposing
+    node went away before deleting it: a new leader (set_leader) or the leader's timer (replica_control.tick)."""
+    if queue.is_leader and queue.machine.unused:
         delete_queue(broker, queue)
 
 

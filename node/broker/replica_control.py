@@ -1,8 +1,8 @@
 """Replicated mode: what the runtime tells the broker about the queue groups (pure; see `replica` for the rest).
 
-`set_leader` marks the queues whose local replica leads: only those propose Expire for due message TTLs (`tick`,
-re-proposed after EXPIRE_RETRY_MS if not applied yet; `next_deadline_ms` counts leader queues only), delete an
-unused queue after x-expires, detach the consumers of nodes reported down (`node_down` remembers them, so a later
+`set_leader` marks the queues whose local replica leads: only those propose Expire when the machine's
+`next_expiry_ms()` is due (message TTLs and x-expires, whose `QueueExpired` this leader then carries out: `tick`,
+re-proposed after EXPIRE_RETRY_MS if not applied yet; `next_deadline_ms` counts leader queues only), detach the consumers of nodes reported down (`node_down` remembers them, so a later
 leader does it too), and purge a classic queue's transient messages after its node's restart. `snapshot`/`restore`
 carry a queue's replica plus the broker's bookkeeping that is a function of the log; after a restore this node
 resyncs its own parties with the replica (`_resync`), since the entries the snapshot covered never produced effects
@@ -16,7 +16,7 @@ from typing import Final
 
 import cbor2
 
-from cluster.queue import Detach, Expire, Purge, Return
+from cluster.queue import Cancel, Detach, Expire, Purge, Return
 from cluster.queue.replicated import ReplicatedQueue, decode_id, encode_id
 from cluster.queue.seal import Seal
 from node.broker.definitions import delete_queue
@@ -43,7 +43,7 @@ from node.broker.state import BrokerState
 
 SNAPSHOT_VERSION: Final = 1
 EXPIRE_RETRY_MS: Final = 1000  # the leader re-proposes Expire if the last one has not applied after this long
-# an auto-delete queue left without consumers this long (its deciding node went away before applying its Detach,
+# an auto-delete queue its machine reported unused this long ago (its proposing node went away before deleting it,
 # replica.maybe_auto_delete) is deleted by its leader
 AUTO_DELETE_FALLBACK_MS: Final = 5000
 
@@ -99,7 +99,7 @@ def node_down(broker: BrokerState, node: str) -> None:
 
 
 def tick(broker: BrokerState) -> None:
-    """The leader's timers: Expire for due message TTLs, x-expires deletion, the auto-delete fallback."""
+    """The leader's timers: Expire for due message TTLs and x-expires, the auto-delete fallback."""
     now_ms = broker.now_ms
     for vhost in list(broker.vhosts.values()):
         for queue in list(vhost.queues.values()):
@@ -113,11 +113,9 @@ def tick(broker: BrokerState) -> None:
             held_due = _held_deadline_ms(queue)
             if held_due is not None and held_due <= now_ms:
                 _scan_held(broker, queue)
-            if queue.machine.consumer_count == 0:
-                idle_ms = now_ms - queue.last_used_ms
-                expired = queue.expires_ms is not None and idle_ms >= queue.expires_ms
-                if expired or (queue.auto_delete and queue.had_attach and idle_ms >= AUTO_DELETE_FALLBACK_MS):
-                    delete_queue(broker, queue)
+            machine = queue.machine
+            if machine.unused and now_ms - (machine.last_used_ms or 0) >= AUTO_DELETE_FALLBACK_MS:
+                delete_queue(broker, queue)
 
 
 def next_deadline_ms(broker: BrokerState) -> int | None:
@@ -129,9 +127,6 @@ def next_deadline_ms(broker: BrokerState) -> int | None:
             due = queue.machine.next_expiry_ms()
             if due is not None and queue.expire_proposed_ms is not None:
                 due = max(due, queue.expire_proposed_ms + EXPIRE_RETRY_MS)
-            if queue.expires_ms is not None and queue.machine.consumer_count == 0:
-                expiry = queue.last_used_ms + queue.expires_ms
-                due = expiry if due is None else min(due, expiry)
             held_due = _held_deadline_ms(queue)
             if held_due is not None:
                 due = held_due if due is None else min(due, held_due)
@@ -150,7 +145,8 @@ def snapshot(broker: BrokerState, vhost: str, name: str, sealed: bool | None = N
         return b""
     replica = replica_of(queue).snapshot(encode_payload, sealed)
     members = [encode_id(cid) for cid in queue.members]
-    return cbor2.dumps([SNAPSHOT_VERSION, replica, queue.dead_letter_seq, queue.had_attach, members])
+    had_consumer = queue.machine.had_consumer  # (also in the machine's snapshot now; kept for the old layout)
+    return cbor2.dumps([SNAPSHOT_VERSION, replica, queue.dead_letter_seq, had_consumer, members])
 
 
 def sealed(broker: BrokerState, vhost: str, name: str) -> bool:
@@ -173,8 +169,8 @@ def restore(broker: BrokerState, vhost: str, name: str, data: bytes) -> None:
         return
     machine: ProposingMachine = queue.machine
     if not data:
-        machine.replica = ReplicatedQueue(name, queue_args(queue.arguments))
-        queue.dead_letter_seq, queue.had_attach, queue.members = 0, False, {}
+        machine.replica = ReplicatedQueue(name, queue_args(queue.arguments, queue.auto_delete))
+        queue.dead_letter_seq, queue.members = 0, {}
     else:
         try:
             version, replica, dead_letter_seq, had_attach, members = cbor2.loads(data)
@@ -183,7 +179,8 @@ def restore(broker: BrokerState, vhost: str, name: str, data: bytes) -> None:
         if version != SNAPSHOT_VERSION or type(dead_letter_seq) is not int:
             raise ValueError("bad queue snapshot")
         machine.replica = ReplicatedQueue.restore(replica, decode_payload)
-        queue.dead_letter_seq, queue.had_attach = dead_letter_seq, bool(had_attach)
+        machine.replica.queue.adopt_declared(queue.auto_delete, bool(had_attach))  # (snapshots before usage.py)
+        queue.dead_letter_seq = dead_letter_seq
         queue.members = {decode_id(cid): None for cid in members}
     queue.expire_proposed_ms = None
     queue.flow_inflight = 0  # the snapshot may cover publishes proposed here: their entries are never applied
@@ -204,7 +201,10 @@ def _resync(broker: BrokerState, queue: QueueState) -> None:
         lost = [i for i in queue.machine.unacked_msg_ids(cid) if i not in held]
         if lost:
             propose(broker, queue, Return(cid, lost, now_ms))
-        reattach(broker, queue, consumer)
+        if consumer.cancelled:  # (cancelled, still holding unacked messages: it stays out of the consumers)
+            propose(broker, queue, Cancel(cid, now_ms))
+        else:
+            reattach(broker, queue, consumer)
     for getter_id, (_ch, get_queue, _no_ack) in list(broker.pending_gets.items()):
         if get_queue is queue:
             answer_get_empty(broker, getter_id)

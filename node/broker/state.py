@@ -361,7 +361,7 @@ class BrokerState(ABC):
     @abstractmethod
     def delete_queue(self, queue: QueueState) -> None:
         """Delete the queue as queue.delete does (`definitions.delete_queue`); delivery, below definitions,
-        deletes an auto-delete queue whose last consumer left through this."""
+        deletes a queue its machine reported unused or expired (`QueueUnused`, `QueueExpired`) through this."""
 
     @abstractmethod
     def close_channel_state(self, conn: ConnState, number: int) -> None:

@@ -270,7 +270,8 @@ def test_x_expires_deletes_an_unused_queue_on_the_leader() -> None:
     cluster.commit()
     cluster.tick("b", 10_000)
     assert "exp" in cluster.brokers["a"].vhosts["/"].queues
-    cluster.tick("a", 10_000)
+    cluster.tick("a", 10_000)  # the leader proposes Expire; the machine decides (QueueExpired) once it applied
+    cluster.commit()
     for broker in cluster.brokers.values():
         assert "exp" not in broker.vhosts["/"].queues
 

@@ -72,6 +72,21 @@ def test_queue_expires_when_unused(conn: pika.BlockingConnection, uid: str) -> N
     assert wait_until(gone)
 
 
+def test_auto_delete_queue_goes_when_its_last_consumer_cancels_holding_a_message(conn: pika.BlockingConnection,
+                                                                               uid: str) -> None:
+    # RabbitMQ's rule, the queue machine's in both modes: a cancelled consumer with unacked messages is no consumer
+    ch = conn.channel()
+    queue = f"ad-{uid}"
+    ch.queue_declare(queue, auto_delete=True)
+    ch.basic_qos(prefetch_count=10)
+    publish(ch, "", queue, b"held")
+    tags: list[int] = []
+    consumer_tag = ch.basic_consume(queue, lambda _c, method, _p, _b: tags.append(method.delivery_tag))
+    assert wait_until(lambda: bool(tags), conn)
+    ch.basic_cancel(consumer_tag)  # the message is still unacked
+    expect_channel_error(404, lambda: conn.channel().queue_declare(queue, passive=True))
+
+
 def test_max_length_drop_head(ch: BlockingChannel) -> None:
     q = ch.queue_declare("", exclusive=True, arguments={"x-max-length": 2}).method.queue
     for body in (b"1", b"2", b"3"):

@@ -131,7 +131,7 @@ def test_policies_are_stored_and_recovered_with_their_effect() -> None:
     assert sorted(fresh.vhosts["/"].policies) == ["cap"]
     assert fresh.vhosts["/"].policies["cap"].priority == 3
     assert fresh.vhosts["/"].queues["jobs"].machine.args.max_length == 2
-    assert fresh.vhosts["/"].queues["jobs"].expires_ms is None
+    assert fresh.vhosts["/"].queues["jobs"].machine.args.expires_ms is None
 
 
 def test_expires_policy_sets_the_queue_expiry() -> None:
@@ -139,7 +139,7 @@ def test_expires_policy_sets_the_queue_expiry() -> None:
     c = connected(b)
     c.declare("idle")
     b.set_policy("/", "exp", "idle", "queues", {"expires": 1000}, 0)
-    assert b.vhosts["/"].queues["idle"].expires_ms == 1000
+    assert b.vhosts["/"].queues["idle"].machine.args.expires_ms == 1000
     b.tick(5000)
     assert "idle" not in b.vhosts["/"].queues
 

@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from cluster.queue import (
     AddCredit,
     Attach,
+    Cancel,
+    Declare,
     Detach,
     Discard,
     Enqueue,
@@ -97,6 +99,8 @@ commands: st.SearchStrategy[QueueCommand] = st.one_of(
     st.just(Purge()),
     st.just(Purge(transient_only=True)),
     st.builds(Recover, st.integers(1, 2**40).map(MsgId), messages, small_ints, opt_int),
+    st.builds(Cancel, ids, now),
+    st.builds(Declare, now),
 )
 proposals = st.builds(Proposal, names, st.integers(min_value=0, max_value=2**64 - 1), commands)
 
@@ -154,6 +158,10 @@ def test_codec_covers_every_command_type() -> None:
         Recover(MsgId(9), message, 2, 99),
         SetArgs(QueueArgs(max_length=3, dead_letter_exchange="", dead_letter_strategy="at-least-once")),
         SettleDeadLettered((MsgId(4), MsgId(2))),
+        Cancel(cid, 17),
+        Declare(18),
+        SetArgs(QueueArgs(auto_delete=True, expires_ms=5000), 19),
+        SetArgs(QueueArgs(expires_ms=0)),
     ]
     assert {type(c) for c in examples} == set(get_args(QueueCommand))
     for number, command in enumerate(examples):

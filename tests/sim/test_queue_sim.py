@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from chaos.sim.__main__ import main
+from chaos.sim.checkers import SafetyViolation
 from chaos.sim.queue_sim import QueueSimulation, run_queue_seed
 from chaos.sim.sim_types import SimConfig
 from chaos.sim.sweep import sweep
+from cluster.queue import QueueExpired, QueueUnused
 
 QUEUE_CI_SEEDS = range(0, 30)
 
@@ -30,6 +32,17 @@ def test_queue_ci_sweep_every_checker_passes_and_exercises_confirms_acks_and_ret
     assert totals["confirmed"] > 500 and totals["settled"] > 500, totals
     assert totals["skipped_retries"] > 0, totals  # retried proposals committed twice and were deduplicated
     assert totals["crashes"] > 0 and totals["partitions"] > 0, totals
+    assert totals["cancels"] > 0 and totals["unused"] > 0 and totals["expired"] > 0, totals  # the usage rules ran
+
+
+def test_replicas_deciding_differently_is_caught() -> None:
+    sim = QueueSimulation(SimConfig(seed=1))
+    first, second = list(sim.nodes.values())[:2]
+    sim._check_decisions(first, 7, [QueueUnused()])
+    sim._check_decisions(second, 7, [QueueUnused()])  # the same decision at the same index: fine
+    with pytest.raises(SafetyViolation, match="decision divergence"):
+        sim._check_decisions(second, 8, [])
+        sim._check_decisions(first, 8, [QueueExpired()])
 
 
 def test_the_sweep_command_runs_queue_seeds() -> None:
