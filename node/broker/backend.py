@@ -6,18 +6,14 @@ paging) never ask which mode the node runs in: they call the queue's backend for
 
 - `LocalBackend` (node/broker/backend_local.py): the queue machine lives in this process and commands apply at
   once; storage is the node's own (records, paging). A single node's queues.
-- `RaftBackend` (node/broker/backend_raft.py): the queue machine is a replica of the queue's Raft group; commands
-  are proposed (`ProposeQueue`) and take effect when committed entries come back (`Broker.apply_committed`).
-  Quorum queues and classic queues of a cluster.
+- `ReplicatedBackend` (node/broker/backend_replicated.py): the queue machine is a replica of the queue's log;
+  commands are proposed (`ProposeQueue`) and take effect when committed entries come back
+  (`Broker.apply_committed`). Every non-exclusive queue of a cluster: quorum and classic queues (a Raft group) and
+  mirrored queues (a mirror log, committed below its high watermark; the runtime tells the two apart).
 - `OwnedBackend` / `RemoteBackend` (node/broker/backend_owned.py): a cluster's exclusive queues, node-local: held
   in process on the owner connection's node, forwarded to from the others.
-
 - `MirrorBackend` (node/broker/backend_mirror.py): a classic queue an `ha-mode` policy applies to, on a single
   node (one replica: the local machine, plus the mirror's leader/epoch/ISR/HW/LEO for management).
-
-The cluster's mirrored backend (cluster/mirror_queues/core) fits the same shape: `create` installs its machine, publishes
-confirm when its high watermark passes them (the way a Raft backend confirms on apply) and deliveries stay below
-the watermark; its per-broker hooks (`tick`, `next_deadline_ms`, `after_read`) drive its own timers.
 
 Every method takes the broker state and the queue as arguments; a backend holds no per-queue state itself (what
 a queue needs lives on its `QueueState`). The per-broker hooks run for every backend in `BrokerState.backends`.

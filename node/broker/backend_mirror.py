@@ -12,9 +12,8 @@ timers are therefore `LocalBackend`'s; this backend adds what the mirror reports
 ISR, HW and each replica's LEO, for management and `raftmq ctl list_queues`). The replica's log is the queue's
 sequence of accepted messages: its LEO is the count of message ids the machine handed out.
 
-A cluster's mirrored queues (leader and followers fetching over `MirrorTransport`, the controller in the metadata
-group) are not built in the broker yet: see docs/mirrored_queues.md, "Not built yet". A cluster node keeps every
-queue on the Raft backend, ha-* policies included.
+A cluster's mirrored queues are not this backend's: there every non-exclusive queue is on `ReplicatedBackend`, and
+the runtime holds a mirrored queue's log (node/runtime/cluster/mirror_groups.py; docs/mirrored_queues.md).
 """
 
 from __future__ import annotations

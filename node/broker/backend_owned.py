@@ -87,7 +87,7 @@ class OwnedBackend(QueueBackend):
         return expiry_deadline_ms(broker, self)
 
     def after_read(self, broker: BrokerState, conn_id: int) -> None:
-        """(Credit flow of every queue is `RaftBackend.after_read`'s, node/broker/credit_flow.py.)"""
+        """(Credit flow of every queue is `ReplicatedBackend.after_read`'s, node/broker/credit_flow.py.)"""
 
 
 def _locked(queue: QueueState) -> AmqpError:
@@ -137,7 +137,7 @@ class RemoteBackend(QueueBackend):
         return None
 
     def after_read(self, broker: BrokerState, conn_id: int) -> None:
-        """(Credit flow: `RaftBackend.after_read`.)"""
+        """(Credit flow: `ReplicatedBackend.after_read`.)"""
 
 
 def forward_outcome(broker: BrokerState, vhost: str, name: str, publisher_id: Any, sequence: int, acked: bool,

@@ -23,7 +23,7 @@ meeting what this node's definitions may be behind on (`MetadataUnconfirmed`) wa
 
 Queue backends (node/broker/backend.py; docs/ARCHITECTURE.md, "Queue backends"): every queue gets its backend
 when declared or recovered, from `_choose_backends`, the one place that reads the node's mode
-(`BrokerConfig.replicated`). A single node's queues are `LocalBackend`s; a cluster node's are `RaftBackend`s
+(`BrokerConfig.replicated`). A single node's queues are `LocalBackend`s; a cluster node's are `ReplicatedBackend`s
 (docs/cluster.md): queue commands come out as `ProposeQueue` effects and committed entries come back, as
 `cluster.queue.envelope` envelopes, through `apply_committed`; its exclusive queues are node-local
 (`OwnedBackend`/`RemoteBackend`, backend_owned.py). The entry points of the cluster are thin wrappers over `replica`,
@@ -62,7 +62,7 @@ from node.broker.authenticator import ConnAuthenticator
 from node.broker.backend_local import LocalBackend
 from node.broker.backend_mirror import MirrorBackend, mirror_spec
 from node.broker.backend_owned import OwnedBackend, RemoteBackend, forward_outcome
-from node.broker.backend_raft import RaftBackend
+from node.broker.backend_replicated import ReplicatedBackend
 from node.broker.channel import ChannelState, ConnState
 from node.broker.effects import Block, CloseChannel, CloseConnection, Effect, Send, Unblock
 from node.broker.errors import AmqpError, MetadataUnconfirmed
@@ -100,10 +100,10 @@ class Broker(BrokerState):
                 mirror if mirror_spec(self.vhosts.get(queue.vhost), queue) is not None else local)
             self.publish_route = publish.route_publish
             return
-        raft, owned, remote = RaftBackend(), OwnedBackend(), RemoteBackend()
-        self.backends = (raft, owned, remote)  # (raft first: its after_read runs the credit flow of every queue)
+        replicated, owned, remote = ReplicatedBackend(), OwnedBackend(), RemoteBackend()
+        self.backends = (replicated, owned, remote)  # (replicated first: its after_read runs the credit flow of every queue)
         self.choose_backend = lambda queue: (  # node-local exclusive queues: node/broker/backend_owned.py
-            raft if queue.exclusive_owner is None else owned if type(queue.exclusive_owner) is int else remote)
+            replicated if queue.exclusive_owner is None else owned if type(queue.exclusive_owner) is int else remote)
         self.publish_route = replica_publish.route_publish
         self.handlers = {**method_table.HANDLERS, **replica.HANDLERS}
         self.global_ids = self.definitions_shared = self.reads_wait_for_replica = True

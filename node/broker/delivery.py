@@ -270,7 +270,7 @@ def refill(broker: BrokerState, ch: ChannelState) -> None:
 
 def credit_window(broker: BrokerState, ch: ChannelState, consumer: Consumer) -> int:
     """A consumer's credit window: `consumer_credit_window`, widened by its queue's backend (a Raft queue's
-    consumer with a prefetch limit: twice its prefetch, node/broker/backend_raft.py)."""
+    consumer with a prefetch limit: twice its prefetch, node/broker/backend_replicated.py)."""
     return backend_of(consumer.queue).credit_window(broker.config.consumer_credit_window, consumer,
                                                   consumer.prefetch or ch.prefetch_channel)
 

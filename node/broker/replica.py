@@ -101,7 +101,7 @@ DETACH_RETRIES_MAX: Final = 10  # times an abandoned Detach of a gone local cons
 
 
 def basic_get(broker: BrokerState, ch: ChannelState, queue: QueueState, no_ack: bool) -> None:
-    """basic.get of a Raft queue (`RaftBackend.get`): answered when this node's replica applied the Get."""
+    """basic.get of a Raft queue (`ReplicatedBackend.get`): answered when this node's replica applied the Get."""
     getter_id = broker.new_getter_id()
     broker.pending_gets[getter_id] = (ch, queue, no_ack)
     # Always a Get with ack: a no-ack get is settled once its answer reached this node, so an answer this node
@@ -132,7 +132,7 @@ def _on_get_ok(broker: BrokerState, queue: QueueState, effect: GetOk, command: A
 
 
 def queue_purge(broker: BrokerState, ch: ChannelState, queue: QueueState, nowait: bool) -> None:
-    """queue.purge of a Raft queue (`RaftBackend.purge`): purge-ok only once this node's replica applied the
+    """queue.purge of a Raft queue (`ReplicatedBackend.purge`): purge-ok only once this node's replica applied the
     Purge: a message confirmed after purge-ok was enqueued after the Purge in the log, so the purge cannot take it
     (purge-ok at once lost such messages)."""
     queue.purge_waiters.append((ch, nowait))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from node.amqp import methods as m
 from node.broker.backend_local import LocalBackend
-from node.broker.backend_raft import RaftBackend
+from node.broker.backend_replicated import ReplicatedBackend
 from node.broker.records import QueueRecord
 from tests.broker.cluster_harness import Cluster, cluster_client, take
 from tests.broker.harness import connected, methods, new_broker
@@ -39,7 +39,7 @@ def test_a_cluster_node_gives_every_queue_a_raft_backend_mirrored_ones_too() -> 
     for node in ("a", "b", "c"):
         take(cluster, node)
         queues = cluster.brokers[node].vhosts["/"].queues
-        assert {name: type(q.backend) for name, q in queues.items()} == {"q": RaftBackend, "classic": RaftBackend}
+        assert {name: type(q.backend) for name, q in queues.items()} == {"q": ReplicatedBackend, "classic": ReplicatedBackend}
 
 
 def test_declare_ok_counts_consumers_through_the_backend() -> None:

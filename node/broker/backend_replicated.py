@@ -1,6 +1,8 @@
-"""The Raft queue backend: the queue machine is this node's replica of the queue's Raft group (pure).
+"""The replicated queue backend: the queue machine is this node's replica of the queue's log (pure).
 
-Quorum queues, and classic queues in a cluster (docs/cluster.md, "node/broker, replicated mode"). The machine is
+Every non-exclusive queue of a cluster: quorum and classic queues, whose log is a Raft group, and mirrored queues,
+whose log is a mirror log (ISR, leader epochs: node/runtime/cluster/mirror_groups.py); the broker sees the same
+committed entries from both (docs/cluster.md, "node/broker, replicated mode"). The machine is
 a `replica_machine.ProposingMachine`: commands come out as `ProposeQueue` effects and reads answer from the local
 replica; committed entries come back through `Broker.apply_committed` (node/broker/replica.py). A publish is
 confirmed when its Enqueue is applied; the definition goes to the cluster's metadata group (with the exclusive
@@ -36,7 +38,7 @@ from node.broker.vhost import VHost
 CREDIT_WINDOW_MAX: Final = 4096  # the largest credit window of a consumer with a prefetch (`credit_window`)
 
 
-class RaftBackend(QueueBackend):
+class ReplicatedBackend(QueueBackend):
     """A replica of the queue's Raft group (see the module docstring)."""
 
     name = "raft"
