@@ -109,20 +109,20 @@ class ReadyPipeline:
             self.apply_ready(self._unapplied.pop(0))
 
     def flush(self, multi: MultiRaft, storage: RaftStorage) -> bool:
-        """No fsync running: write the queued Readies' records and start their fsync (True); with nothing to
-        write, send their late messages and advance them now (False)."""
+        """No fsync running: write the queued Readies' records and start their fsync (True); when none of them
+        must be durable first (nothing written, or hard states that only move the commit index: `image.must_sync`),
+        send their late messages and advance them now (False): every earlier Ready is durable already."""
         assert self._fsync is None and not self._flight
         if not self._queued:
             return False
         taken, self._queued = self._queued, []
-        wrote = False
+        sync = False
         for item in taken:
             for group, ready in item.node_ready.groups:
                 if ready.entries or ready.hard_state is not None or ready.snapshot is not None:
-                    storage.write_ready(group, ready)
-                    wrote = True
+                    sync |= storage.write_ready(group, ready)
         self._flight = taken
-        if not wrote:
+        if not sync:  # nothing, or only commit indexes (written; the next fsync makes them durable)
             self.apply_taken()
             self._settle(multi)
             return False
