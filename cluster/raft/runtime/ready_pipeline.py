@@ -61,6 +61,7 @@ class ReadyPipeline:
     wake: Callable[[], None]  # called on the trio thread when an fsync is done
     timing: StageTimings | None = None
     queued_max: int = QUEUED_READIES_MAX
+    volatile: set[GroupId] = field(default_factory=set)  # groups whose entries need no fsync (image.must_sync)
     stats: PipelineStats = field(default_factory=PipelineStats)
     _queued: list[TakenReady] = field(default_factory=list)  # taken, records not written yet
     _unapplied: list[NodeReady] = field(default_factory=list)  # taken, committed entries not applied yet
@@ -120,9 +121,9 @@ class ReadyPipeline:
         for item in taken:
             for group, ready in item.node_ready.groups:
                 if ready.entries or ready.hard_state is not None or ready.snapshot is not None:
-                    sync |= storage.write_ready(group, ready)
+                    sync |= storage.write_ready(group, ready, group in self.volatile)
         self._flight = taken
-        if not sync:  # nothing, or only commit indexes (written; the next fsync makes them durable)
+        if not sync:  # nothing, commit indexes or volatile groups' entries (written; the next fsync covers them)
             self.apply_taken()
             self._settle(multi)
             return False

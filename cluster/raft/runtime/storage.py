@@ -223,14 +223,15 @@ class RaftStorage:
         self.bytes_queued += len(payload)
         self.log.append(stream, payload)
 
-    def write_ready(self, group: GroupId, ready: Ready) -> bool:
+    def write_ready(self, group: GroupId, ready: Ready, volatile: bool = False) -> bool:
         """Queue a Ready's records; whether they must be durable before its messages leave (`image.must_sync`:
-        not for a hard state that only moves the commit index, which the next `commit()` makes durable)."""
+        not for a hard state that only moves the commit index, which the next `commit()` makes durable, nor for a
+        `volatile` group's entries)."""
         records = records_for_ready(group, ready)
         if not records:
             return False
         image = self._images[group]
-        sync = must_sync(image.hard_state, ready)
+        sync = must_sync(image.hard_state, ready, volatile)
         payload = _encode_ready(group, ready)
         self.bytes_queued += len(payload)
         self.log.append(stream_name(group), payload)
