@@ -50,7 +50,7 @@ LEDGER = DurabilityLedger()
 class RecordingStorage(RaftStorage):
     """RaftStorage that records, per node and group, what each fsync made durable."""
 
-    def write_ready(self, group: GroupId, ready: Ready) -> None:
+    def write_ready(self, group: GroupId, ready: Ready, volatile: bool = False) -> bool:
         key = (id(self), group)
         index, term, vote = LEDGER.written.get(key, (Index(0), 0, None))
         if ready.snapshot is not None:
@@ -60,7 +60,7 @@ class RecordingStorage(RaftStorage):
         if ready.hard_state is not None:
             term, vote = ready.hard_state.term, ready.hard_state.vote
         LEDGER.written[key] = (index, term, vote)
-        super().write_ready(group, ready)
+        return super().write_ready(group, ready, volatile)
 
     def commit(self) -> None:
         with LEDGER.lock:

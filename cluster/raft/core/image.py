@@ -3,6 +3,14 @@ storage both use it).
 
 Records: `hs` (a hard state), `entries` (replaces every stored entry at index >= the first one, then appends),
 `install` (a received snapshot: replaces the whole log), `compact` (a local snapshot: drops the entries it covers).
+
+`must_sync` says whether a Ready's records must be durable before its messages leave (etcd's `MustSync`): entries,
+a snapshot, a new term or vote, or a newly committed membership change. A hard state that only moves `commit` need
+not be: the commit index is volatile state in Raft (a restarted node learns it again from the leader), so such a
+record is written and made durable by the next fsync, and a crash before it only leaves the stored commit lower.
+A *volatile* group (the host's word: its state dies with its node's next life anyway, e.g. a non-durable queue
+whose one voter is that node) must sync only a new term or vote and a received snapshot: its entries count as
+persisted once written, so its one voter commits them without waiting for an fsync.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from cluster.raft.core.types import (
     INDEX_ZERO,
     TERM_ZERO,
     Entry,
+    EntryKind,
     GroupId,
     HardState,
     Index,
@@ -42,6 +51,22 @@ def records_for_ready(group: GroupId, ready: Ready) -> list[Record]:
     if ready.hard_state is not None:
         records.append(Record(group, "hs", hard_state=ready.hard_state))
     return records
+
+
+def must_sync(previous: HardState, ready: Ready, volatile: bool = False) -> bool:
+    """Whether `ready`'s records must be fsynced before its messages are sent and it is advanced, given the hard
+    state stored before it (see the module header). A committed membership change keeps the commit durable: a
+    restarted node's membership is the one its stored commit reached (`committed_membership`)."""
+    hard_state = ready.hard_state
+    if hard_state is not None and (hard_state.term != previous.term or hard_state.vote != previous.vote):
+        return True
+    if ready.snapshot is not None:
+        return True
+    if volatile:
+        return False
+    if ready.entries:
+        return True
+    return any(entry.kind is EntryKind.CONF_CHANGE for entry in ready.committed_entries)
 
 
 @dataclass(slots=True)

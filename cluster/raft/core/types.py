@@ -5,7 +5,8 @@ replayed without aliasing bugs. Terms are the leader epochs of the whole system 
 
 Ready order (the contract between a core and its host):
   1. persist `snapshot` (if any), then `entries` (truncating every stored entry at index >= entries[0].index
-     first), then `hard_state` (if any) -- and fsync;
+     first), then `hard_state` (if any) -- and fsync (not needed when the hard state only moved `commit` and
+     nothing else must be durable: `image.must_sync`; the next fsync covers it);
   2. send `messages` (they may depend on what was just made durable: votes and append acknowledgements);
   3. apply `snapshot` (if any) then `committed_entries` to the state machine, in order;
   4. call `advance(ready)` before the next `step`, `tick` or `propose`.

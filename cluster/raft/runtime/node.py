@@ -131,14 +131,21 @@ class RaftNodeRuntime:
         self._fresh_since = 0.0  # when the oldest unrouted command was queued (only when timing)
         self.pipeline: ReadyPipeline | None = None  # the Ready pipeline (created by `run`)
         self._readies_behind_fsync_max = readies_behind_fsync_max  # 0: no Ready taken while an fsync runs
+        self._volatile: set[GroupId] = set()  # groups whose entries need no fsync (add_group's `volatile`)
 
     # --- groups ----------------------------------------------------------------------------------------------
 
-    def add_group(self, group: GroupId, membership: Membership, bootstrap: Bootstrap | None = None) -> None:
+    def add_group(self, group: GroupId, membership: Membership, bootstrap: Bootstrap | None = None,
+                  volatile: bool = False) -> None:
         """Host a group: before `run` it is loaded at start; while running, at the next cycle. Loaded from storage
         if it has a stream (then its stored membership wins over `membership`: storage.py), else created with
         `membership` (and, with `bootstrap`, from `raft.bootstrap_state`), made durable before the group runs.
-        Adding a hosted group does nothing."""
+        Adding a hosted group does nothing. `volatile`: the host drops the group's state whenever its voters
+        restart (a non-durable queue on one node), so its entries need no fsync (`image.must_sync`)."""
+        if volatile:
+            self._volatile.add(group)
+        else:
+            self._volatile.discard(group)
         if self.multi is None:
             self._groups[group] = membership
             if bootstrap is None:
@@ -151,6 +158,7 @@ class RaftNodeRuntime:
 
     def remove_group(self, group: GroupId) -> None:
         """Stop hosting a group and delete its stream (at the next cycle, or at start if not running yet)."""
+        self._volatile.discard(group)
         if self.multi is None:
             self._groups.pop(group, None)
             self._bootstraps.pop(group, None)
@@ -375,7 +383,7 @@ class RaftNodeRuntime:
     async def _loop(self, multi: MultiRaft, storage: RaftStorage) -> None:
         assert self._sync_thread is not None
         pipeline = ReadyPipeline(self._sync_thread, self.transport.send, self._apply_taken, self._on_durable,
-                                 self._wake_up, self.timing, self._readies_behind_fsync_max)
+                                 self._wake_up, self.timing, self._readies_behind_fsync_max, self._volatile)
         self.pipeline = pipeline
         while True:
             await self._wake.wait()

@@ -61,6 +61,7 @@ class ReadyPipeline:
     wake: Callable[[], None]  # called on the trio thread when an fsync is done
     timing: StageTimings | None = None
     queued_max: int = QUEUED_READIES_MAX
+    volatile: set[GroupId] = field(default_factory=set)  # groups whose entries need no fsync (image.must_sync)
     stats: PipelineStats = field(default_factory=PipelineStats)
     _queued: list[TakenReady] = field(default_factory=list)  # taken, records not written yet
     _unapplied: list[NodeReady] = field(default_factory=list)  # taken, committed entries not applied yet
@@ -109,20 +110,20 @@ class ReadyPipeline:
             self.apply_ready(self._unapplied.pop(0))
 
     def flush(self, multi: MultiRaft, storage: RaftStorage) -> bool:
-        """No fsync running: write the queued Readies' records and start their fsync (True); with nothing to
-        write, send their late messages and advance them now (False)."""
+        """No fsync running: write the queued Readies' records and start their fsync (True); when none of them
+        must be durable first (nothing written, or hard states that only move the commit index: `image.must_sync`),
+        send their late messages and advance them now (False): every earlier Ready is durable already."""
         assert self._fsync is None and not self._flight
         if not self._queued:
             return False
         taken, self._queued = self._queued, []
-        wrote = False
+        sync = False
         for item in taken:
             for group, ready in item.node_ready.groups:
                 if ready.entries or ready.hard_state is not None or ready.snapshot is not None:
-                    storage.write_ready(group, ready)
-                    wrote = True
+                    sync |= storage.write_ready(group, ready, group in self.volatile)
         self._flight = taken
-        if not wrote:
+        if not sync:  # nothing, commit indexes or volatile groups' entries (written; the next fsync covers them)
             self.apply_taken()
             self._settle(multi)
             return False

@@ -3,8 +3,9 @@
 Each group's stream holds one cbor record per Ready (`["f", snapshot?, hard_state?, *flat entries]`, see
 `_encode_ready`; the older `["r", ...]` records still load; NodeLog's cost is per record) replayed by `GroupImage` at open (an `entries` record implicitly truncates the conflicting tail, so the log is
 append-only). `write_ready` queues a Ready's records (no syscall); `commit()` is NodeLog's group commit (one WAL
-fsync for every group) and must finish before the Ready's messages are sent — that is what puts term and vote on
-disk before any message that depends on them. `compact` stores the group's whole image as the stream's NodeLog
+fsync for every group) and must finish before the Ready's messages are sent when `write_ready` said so — that is
+what puts entries, term and vote on disk before any message that depends on them (a hard state that only moves the
+commit index need not wait: `image.must_sync`; the next `commit()` covers it). `compact` stores the group's whole image as the stream's NodeLog
 snapshot, so older segments are deleted. Blocking calls (`open`, `load`, `commit`, `compact`, `delete`) belong in worker threads.
 
 A group's membership comes from its own durable state once it exists, never from whoever re-declares it: `load`
@@ -27,7 +28,7 @@ from typing import Any
 import cbor2
 
 from cluster.log.node_log import NodeLog
-from cluster.raft.core.image import GroupImage, Record, records_for_ready
+from cluster.raft.core.image import GroupImage, Record, must_sync, records_for_ready
 from cluster.raft.core.types import (
     INDEX_ZERO,
     TERM_ZERO,
@@ -222,16 +223,21 @@ class RaftStorage:
         self.bytes_queued += len(payload)
         self.log.append(stream, payload)
 
-    def write_ready(self, group: GroupId, ready: Ready) -> None:
+    def write_ready(self, group: GroupId, ready: Ready, volatile: bool = False) -> bool:
+        """Queue a Ready's records; whether they must be durable before its messages leave (`image.must_sync`:
+        not for a hard state that only moves the commit index, which the next `commit()` makes durable, nor for a
+        `volatile` group's entries)."""
         records = records_for_ready(group, ready)
         if not records:
-            return
+            return False
+        image = self._images[group]
+        sync = must_sync(image.hard_state, ready, volatile)
         payload = _encode_ready(group, ready)
         self.bytes_queued += len(payload)
         self.log.append(stream_name(group), payload)
-        image = self._images[group]
         for record in records:
             image.apply(record)
+        return sync
 
     def commit(self) -> None:
         """fsync every group's queued records (group commit). Call from a worker thread."""

@@ -3,7 +3,8 @@
 `refusal_reply` / `not_committed_text`: the channel error for a metadata refusal or a command not committed in
 time; `uncommitted_creations`: the deletion records that take the broker back to the committed metadata after a
 failed Persist; `died_with_earlier_life`: the queues deleted at a node's start (its connections' exclusive queues,
-its non-durable classic queues), as in RabbitMQ. Pure functions of the metadata state.
+its non-durable classic queues), as in RabbitMQ; `dies_with_its_node`: such a non-durable classic queue, whose Raft
+group is therefore volatile (no fsync for its entries). Pure functions of the metadata state.
 """
 
 from __future__ import annotations
@@ -61,7 +62,14 @@ def died_with_earlier_life(state: md.MetadataState, node: str) -> list[md.QueueR
     connections, and its non-durable classic queues (their one member was this node)."""
     return [queue for queue in state.queues.values()
             if owned_by(queue.exclusive_owner, node)
-            or (not queue.durable and queue.type == "classic" and (queue.members or (queue.leader,)) == (node,))]
+            or (dies_with_its_node(queue) and (queue.members or (queue.leader,)) == (node,))]
+
+
+def dies_with_its_node(queue: md.QueueRecord) -> bool:
+    """A non-durable classic queue: its one member's next life deletes it (`died_with_earlier_life`), so its Raft
+    group is volatile (its entries need no fsync: cluster/raft/core/image.py `must_sync`), as RabbitMQ keeps such a
+    queue's messages off the disk."""
+    return not queue.durable and queue.type == "classic" and len(queue.members or (queue.leader,)) == 1
 
 
 def owned_by(owner: str, node: str) -> bool:

@@ -13,7 +13,8 @@ its files (`ReplicaStore`), and one `MirrorTransport` per node (port:
 `mirror_port`, the node's AMQP port + 22000) carrying every queue's messages wrapped in `Routed(group, ...)`. The loop is
 the one of cluster/mirror_queues/runtime/node.py: every core call goes through `_run` (files first, then the
 effects), a follower fetches again when a reply comes, a leader parks a fetch with nothing new (fetch.max.wait)
-and a 10 ms timer ticks the cores (ISR lag check, HW checkpoint) and resends unanswered requests.
+and a 10 ms timer ticks the cores (ISR lag check, HW checkpoint) and resends unanswered requests (it sleeps while
+the node hosts no mirrored queue).
 - Leader, epoch and ISR come from the committed `MirrorRecord` (`on_record`, from the metadata watch): newer epoch
   -> `become_leader`/`become_follower`; the leader's `IsrChanged` is committed as `AlterMirrorIsr` (`submit`).
   A node that is not a replica follows too, as an observer: the leader serves it only records below the HW and
@@ -174,6 +175,7 @@ class MirrorGroups:
         self._writes: list[tuple[_Group, tuple[Any, int, list[Record]], list[Effect] | None]] = []
         self._writes_wanted = trio.Event()
         self._writer_running = False
+        self._groups_wanted = trio.Event()  # set by add_group: the timer sleeps while no group is hosted
         # LEO, HW, ISR and truncations of every hosted queue under <data_dir>/mirror/telemetry/ (docs/telemetry.md)
         self.telemetry = MirrorTelemetry(data_dir, name, wall_ms) if telemetry else None
 
@@ -196,6 +198,9 @@ class MirrorGroups:
             nursery.start_soon(self._writer)
             task_status.started()
             while True:
+                if not self.groups:  # nothing to tick (a node without mirrored queues): no 100 Hz wakeups
+                    self._groups_wanted = trio.Event()
+                    await self._groups_wanted.wait()
                 await trio.sleep(TICK_S)
                 try:
                     self._tick(wall_ms())
@@ -223,6 +228,7 @@ class MirrorGroups:
             self.snapshots.restore(group, replica.snapshot.data.encode("latin-1"))
             g.applied = replica.log_start
         self.groups[group] = g
+        self._groups_wanted.set()
         log.info("cluster: mirrored queue %s/%s: replica here (replicas %s, log end %d, HW %d)", vhost, name,
                  ",".join(replicas), replica.leo, replica.hw)
         if record is not None:

@@ -85,6 +85,7 @@ from node.runtime.cluster import mirror_conversion
 from node.runtime.cluster.definition_replies import (
     INTERNAL_ERROR,
     died_with_earlier_life,
+    dies_with_its_node,
     not_committed_text,
     refusal_reply,
     uncommitted_creations,
@@ -287,7 +288,8 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
                                       spec.truncation if spec is not None else "leader-epoch",
                                       state.mirrors.get((queue.vhost, queue.name)))
             else:
-                self.raft.add_group(group, self._membership(queue), self._bootstrap(group, queue))
+                self.raft.add_group(group, self._membership(queue), self._bootstrap(group, queue),
+                                    volatile=dies_with_its_node(queue))
             self._send_queue(queue_key(queue.vhost, queue.name), wall_ms())
         if self.mirror is not None:
             for group in list(self.mirror.groups):
