@@ -1,0 +1,99 @@
+"""How the suite runs on several pytest-xdist workers (`./dev test` passes `-n 2 --dist loadgroup`).
+
+Each test FILE is one unit of work, so its module fixtures (a cluster, a broker) start once, on one worker; the files
+that change host-wide state are one unit, `hostwide`, run by one worker one after another: the network-namespace
+partitions (tests/chaos: nftables inside namespaces on a host bridge) and the compose test (its Docker engine sets
+the FORWARD policy and bridge-nf-call-iptables, which would drop the partition tests' bridged traffic while it runs).
+Units are handed out in collection order and each worker reorders its collection the same way, longest files first
+(`SLOWEST_FIRST`, from CI's durations), so no long file starts last and stretches the tail. Each worker gets its own
+share of the fixed ports the fixtures pick at random (deploy/portshard.py, through RAFTMQ_PORT_SHARD). Without
+xdist (or with `-n 0`) none of this applies: the suite runs in file order, as before.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from deploy import portshard
+
+HOSTWIDE_GROUP = "hostwide"
+HOSTWIDE_FILES = (
+    "tests/deploy/test_compose.py",
+    "tests/chaos/test_netns.py",
+    "tests/chaos/test_cli.py",
+    "tests/chaos/test_quorum_cluster.py",
+)
+# The files that take longest (CI's --durations), longest first; every other file follows in collection order.
+SLOWEST_FIRST = (
+    "tests/clientsuites/test_upstream_suites.py",
+    "tests/deploy/test_compose.py",  # the hostwide unit starts here
+    "tests/spark/test_end_to_end_cluster.py",
+    "tests/shovel/test_dynamic_cluster.py",
+    "tests/durability/test_crash_loop.py",
+    "tests/chaos/test_quorum_unsafe.py",
+    "tests/chaos/test_shovel.py",
+    "tests/spark/test_job.py",
+    "tests/cluster/test_metadata_membership.py",
+    "tests/chaos/test_federation_processes.py",
+    "tests/chaos/test_mirror_scenarios.py",
+)
+
+
+def _worker() -> tuple[int, int] | None:
+    """(index, count) in an xdist worker, None otherwise."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not name.startswith("gw"):
+        return None
+    return int(name[2:]), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = _worker()
+    if worker is not None and worker[1] > 1:
+        index, count = worker
+        if count > portshard.MAX_SHARDS:
+            raise pytest.UsageError(f"at most {portshard.MAX_SHARDS} xdist workers (-n): they split the node ports")
+        os.environ[portshard.ENV] = f"{index}/{count}"
+        config.pluginmanager.register(_SlowestFirst(), "raftmq-slowest-first")
+    if getattr(config.option, "dist", "no") in ("loadfile", "loadgroup") and config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_Scheduling(), "raftmq-xdist-scheduling")
+
+
+def _file(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+class _SlowestFirst:
+    """In an xdist worker: the slowest files first, after every other hook has ordered the items (a stable sort, so
+    the order inside a file, and of the other files, stays as collected)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        _sort_slowest_first(items)
+
+
+def _sort_slowest_first(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
+    hostwide_rank = min(rank.get(path, len(rank)) for path in HOSTWIDE_FILES)
+    items.sort(key=lambda item: hostwide_rank if _file(item) in HOSTWIDE_FILES else rank.get(_file(item), len(rank)))
+
+
+class _Scheduling:
+    """The scheduler for `--dist loadgroup` (and loadfile): xdist's by file, with HOSTWIDE_FILES as one unit, and the
+    units in collection order (xdist's puts the units with most tests first). The group is decided here from the
+    file names, not by xdist_group marks: xdist 3.8 marks a test by renaming its nodeid, which pytest 9 ignores."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        from xdist.scheduler import LoadScopeScheduling
+
+        class FileOrHostwideScheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                path = nodeid.split("::", 1)[0]
+                return HOSTWIDE_GROUP if path in HOSTWIDE_FILES else path
+
+        config.option.loadscopereorder = False
+        return FileOrHostwideScheduling(config, log)
