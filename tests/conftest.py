@@ -20,6 +20,7 @@ import pytest
 from deploy import portshard
 
 HOSTWIDE_GROUP = "hostwide"
+INTEGRATION = "tests/integration/"
 HOSTWIDE_FILES = (
     "tests/deploy/test_compose.py",
     "tests/chaos/test_netns.py",
@@ -81,6 +82,20 @@ def _sort_slowest_first(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: hostwide_rank if _file(item) in HOSTWIDE_FILES else rank.get(_file(item), len(rank)))
 
 
+def _unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its file, the hostwide group, or for tests/integration its file and mode
+    (the session's amqp_target is parametrized single/cluster: a worker that ran one file's [single] and [cluster]
+    tests together would switch the session fixture, restarting the shared single node, at every file)."""
+    path = nodeid.split("::", 1)[0]
+    if path in HOSTWIDE_FILES:
+        return HOSTWIDE_GROUP
+    if path.startswith(INTEGRATION) and nodeid.endswith("]") and "[" in nodeid:
+        modes = set(nodeid[nodeid.rindex("[") + 1:-1].split("-")) & {"single", "cluster"}
+        if len(modes) == 1:
+            return f"{path}[{modes.pop()}]"
+    return path
+
+
 class _Scheduling:
     """The scheduler for `--dist loadgroup` (and loadfile): xdist's by file, with HOSTWIDE_FILES as one unit, and the
     units in collection order (xdist's puts the units with most tests first). The group is decided here from the
@@ -92,8 +107,7 @@ class _Scheduling:
 
         class FileOrHostwideScheduling(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
-                path = nodeid.split("::", 1)[0]
-                return HOSTWIDE_GROUP if path in HOSTWIDE_FILES else path
+                return _unit(nodeid)
 
         config.option.loadscopereorder = False
         return FileOrHostwideScheduling(config, log)
