@@ -5,7 +5,9 @@ that change host-wide state are one unit, `hostwide`, run by one worker one afte
 partitions (tests/chaos: nftables inside namespaces on a host bridge) and the compose test (its Docker engine sets
 the FORWARD policy and bridge-nf-call-iptables, which would drop the partition tests' bridged traffic while it runs).
 Units are handed out in collection order and each worker reorders its collection the same way, longest files first
-(`SLOWEST_FIRST`, from CI's durations), so no long file starts last and stretches the tail. Each worker gets its own
+(`SLOWEST_FIRST`, from CI's durations), so no long file starts last and stretches the tail; the units of `APART`
+(the timing-bound client suites, the image-building hostwide unit) are not run beside each other while some other unit
+can run instead. Each worker gets its own
 share of the fixed ports the fixtures pick at random (deploy/portshard.py, through RAFTMQ_PORT_SHARD). Without
 xdist (or with `-n 0`) none of this applies: the suite runs in file order, as before.
 """
@@ -27,6 +29,9 @@ HOSTWIDE_FILES = (
     "tests/chaos/test_cli.py",
     "tests/chaos/test_quorum_cluster.py",
 )
+# Units never run beside each other while another unit can run instead: the upstream client suites hold timing
+# limits tuned for an idle machine, and the hostwide unit's compose test builds Docker images on every core.
+APART = frozenset({"tests/clientsuites/test_upstream_suites.py", HOSTWIDE_GROUP})
 # The files that take longest (CI's --durations), longest first; every other file follows in collection order.
 SLOWEST_FIRST = (
     "tests/clientsuites/test_upstream_suites.py",
@@ -108,6 +113,16 @@ class _Scheduling:
         class FileOrHostwideScheduling(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
                 return _unit(nodeid)
+
+            def _assign_work_unit(self, node: Any) -> None:
+                """xdist's, but while another worker runs one of APART, the next unit that is not one of them."""
+                busy = {scope for other, work in self.assigned_work.items() if other is not node
+                        for scope, tests in work.items() if not all(tests.values())}
+                if busy & APART:
+                    fits = next((scope for scope in self.workqueue if scope not in APART), None)
+                    if fits is not None:
+                        self.workqueue.move_to_end(fits, last=False)
+                super()._assign_work_unit(node)
 
         config.option.loadscopereorder = False
         return FileOrHostwideScheduling(config, log)
