@@ -38,6 +38,7 @@ from bench.clusters import (
     raftmq_ports_free,
     running_nodes,
 )
+from deploy.portshard import owned
 
 RABBITMQ_SBIN = Path("/usr/lib/rabbitmq/bin")
 REPO_ROOT = Path(__file__).resolve().parents[1]  # `python -m node.cli` runs from here
@@ -121,7 +122,7 @@ def free_port_run(count: int, attempts: int = 200) -> int:
     low, high = RAFTMQ_CLUSTER_BASE_PORTS
     for _ in range(attempts):
         base = random.randrange(low, high)
-        if raftmq_ports_free(base, count, _port_free):
+        if raftmq_ports_free(base, count, lambda port: owned(port) and _port_free(port)):
             return base
     raise BrokerStartError(f"found no run of {count} free node ports (with their derived ports)")
 

@@ -49,6 +49,7 @@ import pika
 
 from bench.brokers import BrokerStartError, rabbitmq_cluster
 from bench.quorum import PlacementError, wait_placement
+from deploy.portshard import owned
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PORT_LINE = re.compile(rb"listening on port (\d+)")
@@ -79,7 +80,7 @@ def _free_amqp_ports(n: int) -> list[int]:
     while len(ports) < n:
         port = rng.randrange(3000, 10000)  # +22000 stays below the ephemeral range
         taken = {p + offset for p in ports for offset in PORT_OFFSETS}  # no node's port is another's derived one
-        if all(port + offset not in taken and _binds(port + offset) for offset in PORT_OFFSETS):
+        if all(port + offset not in taken and owned(port + offset) and _binds(port + offset) for offset in PORT_OFFSETS):
             ports.append(port)
     return ports
 

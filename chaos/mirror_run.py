@@ -63,6 +63,7 @@ from cluster.mirror_queues.runtime.node import NodeConfig
 from cluster.mirror_queues.runtime.storage import ReplicaStore
 from cluster.mirror_queues.runtime.transport import MirrorTransport
 from cluster.mirror_queues.runtime.wire import Hello, Publish, PublishResult, Status, StatusReply, WireMessage
+from deploy.portshard import owned
 
 VHOST, QUEUE = "/", "mirror-chaos"
 ACTIONS = ("publish", "wait", "wait-caught-up", "wait-live", "wait-role", "wait-out-of-isr", "wait-leo", "kill", "restart",
@@ -164,7 +165,7 @@ def _free_ports(count: int) -> list[int]:
     ports: list[int] = []
     while len(ports) < count:
         port = rng.randrange(PORT_LOW, PORT_HIGH)
-        if port not in ports and port_free(port):
+        if port not in ports and owned(port) and port_free(port):
             ports.append(port)
     return ports
 

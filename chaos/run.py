@@ -34,6 +34,7 @@ from chaos.nemesis import Cluster, LocalCluster
 from chaos.netns import NetLab
 from chaos.scenario import Nemesis, Partitioner, Scenario, ScenarioError
 from chaos.workload import Workload
+from deploy.portshard import owned
 
 NETNS_PORT = 5672
 
@@ -120,7 +121,7 @@ def free_base_port(count: int) -> int:
     for attempt in range(400):
         base = low + (start + attempt * 97) % span
         ports = [base + i + offset for i in range(1, count + 1) for offset in DERIVED_OFFSETS]
-        if all(port_free(port) for port in ports):
+        if all(owned(port) and port_free(port) for port in ports):
             return base
     raise RuntimeError("no free port range found")
 

@@ -36,6 +36,8 @@ import pytest
 import requests
 from pika.adapters.blocking_connection import BlockingChannel
 
+from deploy.portshard import owned
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SECRET = "cluster-test-secret-0123456789abcdef"
 START_TIMEOUT_S = 60.0
@@ -60,7 +62,7 @@ def free_amqp_ports(n: int, rng: random.Random | None = None) -> list[int]:
     while len(ports) < n:
         port = rng.randrange(AMQP_PORT_LOW, AMQP_PORT_HIGH)
         taken = {p + offset for p in ports for offset in PORT_OFFSETS}  # no node's port is another's derived one
-        if all(port + offset not in taken and _binds(port + offset) for offset in PORT_OFFSETS):
+        if all(port + offset not in taken and owned(port + offset) and _binds(port + offset) for offset in PORT_OFFSETS):
             ports.append(port)
     return ports
 
@@ -71,7 +73,7 @@ def free_port(avoid: Iterable[int] = ()) -> int:
     avoided = set(avoid)
     while True:
         port = rng.randrange(12000, 19000)
-        if port not in avoided and _binds(port):
+        if port not in avoided and owned(port) and _binds(port):
             return port
 
 

@@ -1,5 +1,7 @@
 """tests/deploy: the compose test (test_compose.py) runs after everything else in the session, so that whatever it
-does to the machine (its own Docker engine, in its own network namespace) cannot disturb a test that runs later."""
+does to the machine (its own Docker engine, in its own network namespace) cannot disturb a test that runs later. On
+xdist workers (tests/conftest.py) it runs last of the `hostwide` unit, after the partition tests, and no other
+host-wide test runs beside it."""
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ import pika
 import pytest
 
 from deploy import node_plan, runner
+from deploy.portshard import owned
 from tests.management.helpers import management_wired
 
 pytestmark = [
@@ -58,7 +59,7 @@ def _free_layout() -> tuple[int, int]:
         haproxy = base + NODES + 1
         ports = [p for n in node_plan.plan_nodes(NODES, base, False, 5672)
                  for p in (n.port, n.management_port, n.raft_port, n.metadata_port)]
-        if all(_free(p) for p in [*ports, haproxy]):
+        if all(owned(p) and _free(p) for p in [*ports, haproxy]):
             return base, haproxy
     raise RuntimeError("no free port layout")
 

@@ -34,6 +34,7 @@ import pika.exceptions
 import pytest
 
 from deploy import node_plan
+from deploy.portshard import owned
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None and not Path("/usr/sbin/haproxy").exists(),
                                 reason="HAProxy is not installed (apt-get install haproxy)")
@@ -62,7 +63,7 @@ def _free_layout() -> tuple[int, int, int]:
         ports = [p for n in node_plan.plan_nodes(NODES, base, False, 5672, tls=True)
                  for p in (n.port, n.management_port, n.raft_port, n.metadata_port, n.proxy_port, n.tls_port,
                            n.tls_proxy_port, n.management_tls_port)]
-        if all(_free(p) for p in [*ports, haproxy, haproxy_tls]):
+        if all(owned(p) and _free(p) for p in [*ports, haproxy, haproxy_tls]):
             return base, haproxy, haproxy_tls
     raise RuntimeError("no free port layout")
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import trio
 
 from cluster.metadata.store import MetadataStore, StoreConfig
+from deploy.portshard import owned
 
 SECRET = "test-cluster-secret-0123456789"
 FAST = {"raft_min_timeout_s": 0.3, "raft_max_timeout_s": 0.8, "connection_timeout_s": 1.5}
@@ -25,6 +26,8 @@ def free_addresses(n: int) -> list[str]:
     addrs: list[str] = []
     while len(addrs) < n:
         port = rng.randrange(PORT_LOW, PORT_HIGH)
+        if not owned(port):
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

@@ -38,7 +38,8 @@ def test_weak_secrets_are_refused(secret: str, reason: str) -> None:
 
 
 @pytest.mark.parametrize("secret", [secrets.token_hex(16), secrets.token_hex(32), secrets.token_urlsafe(24),
-                                    "test-cluster-secret-0123456789"])
+                                    "test-cluster-secret-0123456789"],
+                         ids=["token_hex(16)", "token_hex(32)", "token_urlsafe(24)", "fixed"])  # (xdist: stable ids)
 def test_random_secrets_pass(secret: str) -> None:
     assert secret_weakness(secret) is None
 
