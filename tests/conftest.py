@@ -45,6 +45,8 @@ SLOWEST_FIRST = (
     "tests/cluster/test_metadata_membership.py",
     "tests/chaos/test_federation_processes.py",
     "tests/chaos/test_mirror_scenarios.py",
+    "tests/mirror/test_mirror_cluster.py",
+    "tests/chaos/test_mirror_broker.py",
 )
 
 
