@@ -158,7 +158,7 @@ class FakeRaft:
         self.calls: list[tuple[Any, ...]] = []
         self.timing = None  # RaftNodeRuntime's stage timings: off, as without RAFTMQ_RAFT_TIMING
 
-    def add_group(self, group: GroupId, membership: Membership, bootstrap: Any = None) -> None:
+    def add_group(self, group: GroupId, membership: Membership, bootstrap: Any = None, volatile: bool = False) -> None:
         self.calls.append(("add", group))
 
     def remove_group(self, group: GroupId) -> None:
