@@ -149,7 +149,8 @@ def mirror_spec_in(state: md.MetadataState, vhost: str, name: str,
     return ha_spec(chosen.definition) if chosen is not None else None
 
 
-def _up_nodes(state: md.MetadataState, me: str) -> tuple[str, ...]:
+def live_nodes(state: md.MetadataState, me: str) -> tuple[str, ...]:
+    """The nodes a new mirror may be placed on: every node not recorded down, and `me`, sorted."""
     return tuple(sorted({n for n, r in state.nodes.items() if r.state != "down"} | {me}))
 
 
@@ -167,7 +168,7 @@ def _queue_command(rec: Any, state: md.MetadataState, place: Placement) -> md.Co
         spec = mirror_spec_in(state, rec.vhost, rec.name)
         if spec is not None:  # an ha-mode policy at declare: a mirrored queue (docs/mirrored_queues.md)
             kind = "mirrored"
-            members = mirror_replicas(spec, _up_nodes(state, leader), leader)
+            members = mirror_replicas(spec, live_nodes(state, leader), leader)
             leader = members[0]
     return md.DeclareQueue(md.QueueRecord(
         vhost=rec.vhost, name=rec.name, type=kind, durable=bool(getattr(rec, "durable", True)),

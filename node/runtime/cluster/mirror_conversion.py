@@ -44,7 +44,7 @@ from cluster.queue.envelope import Envelope, frame_snapshot
 from cluster.queue.seal import Seal, applicable
 from cluster.raft.core.types import GroupId
 from node.broker.ha_policy import mirror_replicas
-from node.clustering.definitions import mirror_spec_in, vhost_policies
+from node.clustering.definitions import live_nodes, mirror_spec_in, vhost_policies
 from node.clustering.incarnations import group_of_record, queue_key
 from node.runtime.dispatch import wall_ms
 
@@ -98,10 +98,6 @@ def drop_raft_streams(rt: Any, state: md.MetadataState) -> None:
 def _seed(rt: Any, group: GroupId, vhost: str, name: str) -> bytes:
     incarnation = rt.group_incarnations.get(group, 0)
     return frame_snapshot(incarnation, bytes(rt.broker.queue_snapshot(vhost, name, sealed=False)))
-
-
-def _up_nodes(state: md.MetadataState, me: str) -> tuple[str, ...]:
-    return tuple(sorted({n for n, r in state.nodes.items() if r.state != "down"} | {me}))
 
 
 class _Progress:
@@ -167,7 +163,7 @@ async def _step(rt: Any, progress: _Progress) -> None:
             log.info("cluster: queue %s: an ha-mode policy applies: sealing its Raft log", queue_key(*key))
             rt.dispatch(rt.broker.seal_queue(*key))
             continue
-        replicas = mirror_replicas(spec, _up_nodes(state, rt.name), rt.name) if spec is not None else (rt.name,)
+        replicas = mirror_replicas(spec, live_nodes(state, rt.name), rt.name) if spec is not None else (rt.name,)
         min_insync = max(1, min(spec.min_insync, len(replicas))) if spec is not None else 1
         promote = spec.promote_on_failure if spec is not None else "when-synced"
         rt.mirror.seed(group, _seed(rt, group, *key))  # on disk before the metadata names this node the leader
