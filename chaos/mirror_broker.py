@@ -25,12 +25,9 @@ variant together). Confirms: the publish went through rmq3, whose replica applie
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +46,7 @@ from cluster.queue.envelope import EnvelopeDecodeError
 from cluster.queue.group_ids import parse_queue_group_id
 from cluster.queue.types import Enqueue, EnqueueMany
 from node.broker.replica_wire import envelope_codec
+from node.ctl import Client, CtlError
 
 NODES = {"a": "rmq1", "b": "rmq2", "c": "rmq3"}  # the scenario's replica names -> the cluster's nodes
 VIA = "c"  # every publish goes through this node (an observer for `exactly 2`)
@@ -56,6 +54,7 @@ ACTIONS = ("publish", "wait", "pause", "resume", "kill", "restart", "wait-status
 WAIT_TIMEOUT_S = 60.0
 SETTLE_TIMEOUT_S = 90.0
 PUBLISH_TIMEOUT_S = 15.0
+HTTP_TIMEOUT_S = 5.0  # one management request
 DEFAULT_NODE_SETTINGS = {
     "node_down_after_ms": 60_000,  # a paused node is not declared down by silence: the steps decide the faults
     "mirror_replace_after_ms": 0,  # a killed replica is restarted by the steps, not replaced by rmq3
@@ -145,17 +144,16 @@ def variant_policy(spec: BrokerSpec, unsafe: bool, overrides: Mapping[str, Any])
 # --- the cluster's management view ----------------------------------------------------------------------------
 
 
-def _http(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
-    request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
-    request.add_header("Content-Type", "application/json")
+def _api(port: int) -> Client:
+    return Client(f"127.0.0.1:{port}", "guest", "guest", HTTP_TIMEOUT_S)
+
+
+def _policy_is_there(port: int, queue: str) -> bool:
     try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            text = response.read()
-            return response.status, json.loads(text) if text else None
-    except urllib.error.HTTPError as error:
-        return error.code, None
+        _api(port).call("GET", f"/api/policies/%2F/{quote(queue)}")
+    except CtlError:
+        return False
+    return True
 
 
 class BrokerRun:
@@ -180,10 +178,10 @@ class BrokerRun:
         if node in self.paused or node in self.killed:
             return None
         try:
-            status, row = _http(self.cluster.management_address(node)[1], "GET", f"/api/queues/%2F/{quote(queue)}")
-        except OSError:
+            row = _api(self.cluster.management_address(node)[1]).call("GET", f"/api/queues/%2F/{quote(queue)}")
+        except CtlError:
             return None
-        mirror = row.get("mirror") if status == 200 and isinstance(row, dict) else None
+        mirror = row.get("mirror") if isinstance(row, dict) else None
         return mirror if isinstance(mirror, dict) else None
 
     def wait_for(self, what: str, condition: Callable[[], bool], timeout_s: float) -> None:
@@ -390,11 +388,12 @@ def _declare(run: BrokerRun, variants: Mapping[str, dict[str, Any]]) -> None:
     for label, definition in variants.items():
         queue = run.queues[label]
         body = {"pattern": f"^{queue}$", "apply-to": "queues", "definition": definition}
-        status, _ = _http(port, "PUT", f"/api/policies/%2F/{quote(queue)}", body)
-        if status not in (201, 204):
-            raise BrokerScenarioError(f"policy {definition} refused ({status})")
-    run.wait_for("the policies on rmq1", lambda: all(_http(port, "GET", f"/api/policies/%2F/{quote(q)}")[0] == 200
-                                                     for q in run.queues.values()), WAIT_TIMEOUT_S)
+        try:
+            _api(port).call("PUT", f"/api/policies/%2F/{quote(queue)}", body)
+        except CtlError as error:
+            raise BrokerScenarioError(f"policy {definition} refused: {error}") from None
+    run.wait_for("the policies on rmq1", lambda: all(_policy_is_there(port, q) for q in run.queues.values()),
+                 WAIT_TIMEOUT_S)
     params = pika.ConnectionParameters("127.0.0.1", run.cluster.spec(first).port, connection_attempts=3,
                                        socket_timeout=5)
     with pika.BlockingConnection(params) as conn:
