@@ -136,7 +136,7 @@ class QueueUsage:
 
     def _lost_consumer(self, out: _Effects) -> None:
         """An attached consumer left: the last one of an auto-delete queue makes it unused."""
-        if not self._attached_count and self.args.auto_delete and self._had_consumer:
+        if self.unused:
             out.append(QueueUnused())
 
     def _check_expired(self, out: _Effects) -> None:
