@@ -28,6 +28,13 @@ How it works:
   moves first (epoch bumped) to the first live ISR member of the new set; if there is none, the leader stays a
   replica (the set is bigger than asked) and the proposer asks again later. Without a leader, ISR, ELR and unclean
   members are never dropped (they may hold the only copy). The same set again changes nothing.
+- `ha-sync-mode: manual` (RabbitMQ's default): `AlterMirrorReplicas(hold_from=N)` (N > 0, the queue machine's
+  next message id when the proposer added them, 0 = automatic or nothing below it) records each new replica in
+  `held_out` (replica -> N). A held-out replica fetches as any other but is not synchronised: `AlterMirrorIsr`
+  refuses it, so it never counts for the HW or confirms and `when-synced` never promotes it. `SyncMirror` (the
+  operator's `sync_queue`, or the leader's node once every message with an id below N is gone) clears it; the
+  leader then takes it into the ISR once it has fetched up to its log end. The leader and ISR members are never
+  held out (an unclean election of a held-out replica clears it).
 Records keep sets as sorted tuples so they encode to cbor and compare equal after a round trip. Pure.
 """
 
@@ -58,6 +65,9 @@ class MirrorRecord:
     min_insync: int = 1
     promote_on_failure: str = "when-synced"
     eligible_leader_replicas: bool = True
+    # ha-sync-mode manual: replica -> join point (the queue's next message id when it was added); not synchronised,
+    # so never in the ISR, until `SyncMirror` (absent in records written before it: nobody held out)
+    held_out: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,13 +132,24 @@ class AlterMirrorReplicas:
     live: tuple[str, ...]  # the proposer's view of the live nodes
     min_insync: int = 0  # 0: keep the record's
     promote_on_failure: str = ""  # "": keep the record's
+    hold_from: int = 0  # > 0 (ha-sync-mode manual): new replicas are held out of the ISR with this join point
+    cid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SyncMirror:
+    """Held-out replicas become synchronised (may join the ISR): `replicas`, or every held-out one if empty."""
+
+    vhost: str
+    name: str
+    replicas: tuple[str, ...] = ()
     cid: str = ""
 
 
 MirrorCommand = (DeclareMirror | AlterMirrorIsr | MirrorReplicaDown | MirrorReplicaUp | TransferMirror
-                 | AlterMirrorReplicas)
+                 | AlterMirrorReplicas | SyncMirror)
 MIRROR_COMMAND_TYPES: tuple[type, ...] = (DeclareMirror, AlterMirrorIsr, MirrorReplicaDown, MirrorReplicaUp,
-                                          TransferMirror, AlterMirrorReplicas)
+                                          TransferMirror, AlterMirrorReplicas, SyncMirror)
 
 
 def settings_of(record: MirrorRecord) -> Settings:
@@ -195,11 +216,28 @@ def _alter_replicas(old: MirrorRecord, c: AlterMirrorReplicas) -> Result:
     keep = set(wanted)
     isr = tuple(r for r in old.isr if r in keep and (epoch == old.epoch or r in live or r == leader))
     min_insync = c.min_insync or old.min_insync
+    held_out = dict(old.held_out)
+    if c.hold_from > 0:
+        held_out.update({r: c.hold_from for r in wanted if r not in old.replicas})
     record = replace(old, replicas=tuple(wanted), leader=leader, epoch=epoch, isr=isr,
                      elr=tuple(r for r in old.elr if r in keep), unclean=tuple(r for r in old.unclean if r in keep),
                      min_insync=max(1, min(min_insync, len(wanted))),
-                     promote_on_failure=c.promote_on_failure or old.promote_on_failure)
+                     promote_on_failure=c.promote_on_failure or old.promote_on_failure, held_out=held_out)
+    record = _without_stale_holds(record)
     return (record if record != old else None), ""
+
+
+def _without_stale_holds(record: MirrorRecord) -> MirrorRecord:
+    """Only a replica that is neither the leader nor in the ISR can be held out."""
+    held = {r: j for r, j in record.held_out.items()
+            if r in record.replicas and r != record.leader and r not in record.isr}
+    return record if held == record.held_out else replace(record, held_out=held)
+
+
+def _sync(old: MirrorRecord, c: SyncMirror) -> Result:
+    wanted = set(c.replicas) if c.replicas else set(old.held_out)
+    held = {r: j for r, j in old.held_out.items() if r not in wanted}
+    return (replace(old, held_out=held) if held != old.held_out else None), ""
 
 
 def _transfer_unclean(old: MirrorRecord, c: TransferMirror) -> MirrorRecord | None:
@@ -214,8 +252,11 @@ def _transfer_unclean(old: MirrorRecord, c: TransferMirror) -> MirrorRecord | No
 def _step(old: MirrorRecord, c: MirrorCommand) -> Result:
     if isinstance(c, AlterMirrorReplicas):
         return _alter_replicas(old, c)
+    if isinstance(c, SyncMirror):
+        return _sync(old, c)
     if isinstance(c, TransferMirror) and c.to not in old.isr:
-        return _transfer_unclean(old, c), ""
+        new_record = _transfer_unclean(old, c)
+        return (_without_stale_holds(new_record) if new_record is not None else None), ""
     state = to_partition(old)
     settings = settings_of(old)
     if isinstance(c, AlterMirrorIsr):
@@ -224,6 +265,10 @@ def _step(old: MirrorRecord, c: MirrorCommand) -> Result:
                           f"(leader {old.leader or 'none'}, epoch {old.epoch})")
         if c.leader not in c.isr or not set(c.isr) <= set(old.replicas):
             return None, f"mirrored queue {c.name!r}: the ISR must hold the leader and replicas only"
+        held = sorted(set(c.isr) & set(old.held_out))
+        if held:
+            return None, (f"mirrored queue {c.name!r}: {', '.join(held)} not synchronised (ha-sync-mode manual: "
+                          "sync_queue, or consume the messages older than its join)")
         new = controller.alter_isr(state, IsrChanged(c.leader, c.epoch, frozenset(c.isr)), settings)
     elif isinstance(c, TransferMirror):
         new = controller.transfer(state, c.to, frozenset(c.live))
@@ -237,7 +282,7 @@ def _step(old: MirrorRecord, c: MirrorCommand) -> Result:
             new = controller.broker_up(state, c.node, live | {c.node}, c.unclean, settings, _log_ends(c.log_ends))
     else:
         return None, ""
-    record = from_partition(old, new)
+    record = _without_stale_holds(from_partition(old, new))
     return (record if record != old else None), ""
 
 

@@ -6,7 +6,8 @@ queue's Raft group seals that log (cluster/queue/seal.py), writes the sealed sta
 and only then commits `ConvertToMirror` naming itself the leader: in one step the queue's type becomes "mirrored",
 its members the replicas, and its controller record (`MirrorRecord`) is created with that node leading epoch 0,
 alone in the ISR (the only replica known to hold the seed: the others join the ISR through the leader's
-`AlterMirrorIsr` once they have fetched up to its log end, as any new replica does).
+`AlterMirrorIsr` once they have fetched up to its log end, as any new replica does; under `ha-sync-mode: manual`
+with messages in the queue they start held out, `hold_from`, as mirrors added after declare).
 
 Refused: no such queue, another incarnation (the queue was deleted and declared again since the seal), an exclusive
 or non-classic queue other than an already mirrored one, a leader outside the replicas, bad settings. A queue
@@ -29,6 +30,7 @@ class ConvertToMirror:
     replicas: tuple[str, ...]  # leader first
     min_insync: int = 1
     promote_on_failure: str = "when-synced"
+    hold_from: int = 0  # > 0 (ha-sync-mode manual, messages below it): the other replicas start held out
     cid: str = ""
 
 
@@ -48,6 +50,8 @@ def refusal(queue_type: str | None, incarnation: int | None, exclusive: bool, c:
 
 
 def converted(c: ConvertToMirror) -> MirrorRecord:
-    """The controller's record of the converted queue: `c.leader` leads epoch 0, alone in the ISR."""
+    """The controller's record of the converted queue: `c.leader` leads epoch 0, alone in the ISR (the others
+    held out of it from `c.hold_from` under ha-sync-mode manual, cluster/metadata/mirror.py)."""
+    held = {r: c.hold_from for r in c.replicas if r != c.leader} if c.hold_from > 0 else {}
     return MirrorRecord(c.vhost, c.name, tuple(c.replicas), leader=c.leader, epoch=0, isr=(c.leader,),
-                        min_insync=c.min_insync, promote_on_failure=c.promote_on_failure)
+                        min_insync=c.min_insync, promote_on_failure=c.promote_on_failure, held_out=held)

@@ -90,6 +90,18 @@ class QueueViews:
         """Ready message ids in delivery order (O(n); for tests and tools)."""
         return [entry.msg_id for entry in self._ready.iter_in_order()]
 
+    def oldest_msg_id(self) -> int | None:
+        """The smallest id of a message still in the queue, ready or unacked (None: none). Ids only grow, so every
+        message enqueued before a moment whose next id was N is gone once this is None or >= N (a mirrored queue's
+        ha-sync-mode manual: node/clustering/mirror_sync.py). O(unacked + returned) and the lazily removed head."""
+        oldest = self._ready.oldest_msg_id()
+        if self._unacked_count:
+            for consumer in self._consumers.values():
+                if consumer.unacked:
+                    first = min(consumer.unacked)
+                    oldest = first if oldest is None else min(oldest, first)
+        return oldest
+
     def unacked_msg_ids(self, consumer_id: Hashable) -> list[MsgId]:
         consumer = self._consumers.get(consumer_id)
         return sorted(consumer.unacked) if consumer is not None else []

@@ -381,6 +381,23 @@ class ReadyStore:
         for index in range(self._top_level, -1, -1):
             yield from sorted(self._live_entries(self._levels[index]), key=_msg_id_of)
 
+    def oldest_msg_id(self) -> int | None:
+        """The smallest id of a ready message (None: nothing ready). Per level: the first live item of the fresh
+        deque (skipping the lazily removed ones before it) and the live returned ones."""
+        oldest: int | None = None
+        for level in self._levels:
+            if not level.live:
+                continue
+            for index, item in enumerate(level.fresh):
+                if type(item) is not Entry or item.flags & STATE_MASK == READY:
+                    msg_id = level.fresh_ids._ids[level.fresh_ids._head + index]
+                    oldest = msg_id if oldest is None else min(oldest, msg_id)
+                    break
+            for msg_id, entry in level.returned:
+                if entry.flags & STATE_MASK == READY and (oldest is None or msg_id < oldest):
+                    oldest = msg_id
+        return oldest
+
     # --- maintenance ----------------------------------------------------------------------------------------
 
     @staticmethod

@@ -426,6 +426,10 @@ class Broker(BrokerState):
     def queue_snapshot(self, vhost: str, queue: str, sealed: bool | None = None) -> bytes:
         return replica_control.snapshot(self, vhost, queue, sealed)
 
+    def queue_msg_id_span(self, vhost: str, queue: str) -> tuple[int, int | None] | None:
+        """(next message id, oldest one still in the queue or None) of a replicated queue here; None: not one."""
+        return replica_control.msg_id_span(self, vhost, queue)
+
     def queue_sealed(self, vhost: str, queue: str) -> bool:
         """The queue's replica applied the seal of its log (cluster/queue/seal.py)."""
         return replica_control.sealed(self, vhost, queue)

@@ -149,6 +149,16 @@ def snapshot(broker: BrokerState, vhost: str, name: str, sealed: bool | None = N
     return cbor2.dumps([SNAPSHOT_VERSION, replica, queue.dead_letter_seq, had_consumer, members])
 
 
+def msg_id_span(broker: BrokerState, vhost: str, name: str) -> tuple[int, int | None] | None:
+    """(the next message id, the oldest id still ready or unacked or None) of the queue's replica; None: not a
+    replicated queue here (a mirrored queue's sync point: node/clustering/mirror_sync.py)."""
+    queue = queue_of(broker, vhost, name)
+    if queue is None:
+        return None
+    machine = replica_of(queue).queue
+    return machine.msg_ids_used + 1, machine.oldest_msg_id()
+
+
 def sealed(broker: BrokerState, vhost: str, name: str) -> bool:
     """Whether the queue's replica applied a `Seal` (cluster/queue/seal.py): it takes nothing more from its log."""
     queue = queue_of(broker, vhost, name)

@@ -18,19 +18,22 @@ How it works (per queue; the leader, or the first replica when nobody leads, anc
   queue where it is).
 The leader leads the result when it is in it (the model moves leadership to a synced member first when it is
 not). Only the set counts: the same nodes in another order is no change. `ha-min-insync` and
-`ha-promote-on-failure` follow the policy too. Queues without a leader, or whose policy no longer mirrors them,
+`ha-promote-on-failure` follow the policy too; under `ha-sync-mode: manual` new mirrors of a queue holding messages
+are held out of the ISR (`hold_from`, node/clustering/mirror_sync.py). Queues without a leader, or whose policy no longer mirrors them,
 are left alone (the latter: docs/mirrored_queues.md, "Not built yet").
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import replace
 
 from cluster.metadata import model as md
 from cluster.metadata.mirror import AlterMirrorReplicas, MirrorRecord
 from node.broker.ha_policy import HaSpec
 from node.broker.policies import Policy
 from node.clustering.definitions import mirror_spec_in, vhost_policies
+from node.clustering.mirror_sync import MsgIdSpan, hold_from
 
 
 def _ring(nodes: Collection[str], first: str) -> list[str]:
@@ -69,8 +72,10 @@ def wanted_replicas(spec: HaSpec, record: MirrorRecord, cluster: Collection[str]
 
 
 def mirror_plan(state: md.MetadataState, up: Collection[str], down_since_ms: Mapping[str, int], now_ms: int,
-                replace_after_ms: int) -> list[AlterMirrorReplicas]:
-    """The commands that bring every mirrored queue's replicas (and min in-sync, promote-on-failure) to its policy."""
+                replace_after_ms: int, span: MsgIdSpan | None = None) -> list[AlterMirrorReplicas]:
+    """The commands that bring every mirrored queue's replicas (and min in-sync, promote-on-failure) to its policy.
+    `span`: this node's copy of each queue's message ids, for the join point of mirrors added under
+    `ha-sync-mode: manual` (node/clustering/mirror_sync.py; None: never held out)."""
     cluster = set(state.nodes)
     up_now = {n for n in up if n in cluster and state.nodes[n].state != "down" and n not in down_since_ms}
     gone = set() if replace_after_ms <= 0 else {
@@ -93,6 +98,12 @@ def mirror_plan(state: md.MetadataState, up: Collection[str], down_since_ms: Map
             continue
         if set(wanted) == set(record.replicas):
             wanted = record.replicas
+        hold = hold_from(spec, span(*key)) if span is not None and set(wanted) - set(record.replicas) else 0
         commands.append(AlterMirrorReplicas(record.vhost, record.name, wanted, tuple(sorted(up_now)), min_insync,
-                                            spec.promote_on_failure))
+                                            spec.promote_on_failure, hold))
     return commands
+
+
+def same_plan(a: AlterMirrorReplicas, b: AlterMirrorReplicas) -> bool:
+    """The same command but for the join point (which moves with every publish)."""
+    return replace(a, hold_from=0) == replace(b, hold_from=0)

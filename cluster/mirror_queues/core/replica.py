@@ -2,7 +2,8 @@
 
 A replica is a leader or a follower as the controller says (`become_leader`, `become_follower`). The leader
 appends publishes in its epoch, answers fetches, tracks each follower's LEO and when it last caught up, shrinks
-the ISR of followers behind for more than `replica_lag_max_ms` and expands it when they catch up, and moves the HW
+the ISR of followers behind for more than `replica_lag_max_ms` and expands it when they catch up (except those the
+host says are `held_out`: unsynchronised mirrors under ha-sync-mode manual), and moves the HW
 to the smallest LEO in the ISR while the ISR has at least `min_insync` members; a publish is confirmed when the HW
 passes it. A follower first finds where its log agrees with the leader's (`Settings.truncation`), then fetches
 from its LEO; it learns the HW from the fetch replies. Every method takes `now_ms` where time matters and returns
@@ -76,6 +77,9 @@ class Replica:
         self.follower_leo: dict[str, int] = {}
         self.last_caught_up: dict[str, int] = {}
         self.pending: dict[int, str] = {}
+        # replicas the controller holds out of the ISR (ha-sync-mode manual, not synchronised yet): the host sets
+        # it from the committed record, as `settings.min_insync`; a caught-up fetch of theirs does not expand the ISR
+        self.held_out: frozenset[str] = frozenset()
 
     # --- log ---------------------------------------------------------------------------------------------------
 
@@ -274,7 +278,7 @@ class Replica:
         self.follower_leo[req.src] = req.fetch_offset
         if req.fetch_offset >= self.leo:
             self.last_caught_up[req.src] = now_ms
-            if req.src not in self.isr:
+            if req.src not in self.isr and req.src not in self.held_out:
                 self.isr.add(req.src)
                 effects.append(IsrChanged(self.name, self.epoch, frozenset(self.isr)))
         effects.extend(self._advance_hw())

@@ -24,7 +24,7 @@ from cluster.metadata.store import MetadataStore
 from cluster.raft.core.types import GroupId, NodeId
 from cluster.raft.runtime.node import RaftNodeRuntime
 from node.clustering.incarnations import QueueGroups
-from node.clustering.mirror_policy import mirror_plan
+from node.clustering.mirror_policy import mirror_plan, same_plan
 from node.clustering.proposals import PeerLiveness
 from node.clustering.reconcile import RECONCILE_POLL_S, Transfer, leader_to_record, next_step
 from node.runtime.cluster.definition_replies import owned_by
@@ -171,10 +171,10 @@ class MembershipAndLiveness:
         for gone in [key for key in self._mirror_proposed if key not in self.store.state.mirrors]:
             del self._mirror_proposed[gone]  # (a deleted queue's last command: bounded by the mirrored queues)
         for command in mirror_plan(self.store.state, up, self.liveness.down_since_ms, now,
-                                   self.config.mirror_replace_after_ms):
+                                   self.config.mirror_replace_after_ms, self.broker.queue_msg_id_span):
             key = (command.vhost, command.name)
             last = self._mirror_proposed.get(key)
-            if last is not None and last[0] == command and now - last[1] < MIRROR_RESEND_MS:
+            if last is not None and same_plan(last[0], command) and now - last[1] < MIRROR_RESEND_MS:
                 continue
             self._mirror_proposed[key] = (command, now)
             log.info("cluster: mirrored queue %s/%s: replicas %s -> %s (policy)", command.vhost, command.name,

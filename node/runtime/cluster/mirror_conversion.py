@@ -46,6 +46,7 @@ from cluster.raft.core.types import GroupId
 from node.broker.ha_policy import mirror_replicas
 from node.clustering.definitions import live_nodes, mirror_spec_in, vhost_policies
 from node.clustering.incarnations import group_of_record, queue_key
+from node.clustering.mirror_sync import hold_from
 from node.runtime.dispatch import wall_ms
 
 log = logging.getLogger("raftmq.cluster")
@@ -168,6 +169,6 @@ async def _step(rt: Any, progress: _Progress) -> None:
         promote = spec.promote_on_failure if spec is not None else "when-synced"
         rt.mirror.seed(group, _seed(rt, group, *key))  # on disk before the metadata names this node the leader
         command = ConvertToMirror(queue.vhost, queue.name, queue.incarnation, rt.name, replicas, min_insync,
-                                  promote)
+                                  promote, hold_from(spec, rt.broker.queue_msg_id_span(*key)))
         log.info("cluster: queue %s: converting to mirrored (replicas %s)", queue_key(*key), ",".join(replicas))
         await rt.apply_definition(command)

@@ -287,6 +287,7 @@ class MirrorGroups:
             g.replicas = record.replicas
         if record.min_insync != r.settings.min_insync:
             r.settings = dataclasses.replace(r.settings, min_insync=record.min_insync)
+        r.held_out = frozenset(record.held_out)  # ha-sync-mode manual: not synchronised, kept out of the ISR
         if record.leader and (record.epoch > r.epoch or r.role == "none"):
             if record.leader == self.name:
                 self._run(g, r.become_leader(record.epoch, frozenset(record.isr), now))
@@ -573,4 +574,5 @@ class MirrorGroups:
                 "hw": r.hw, "hw_checkpoint": r.hw_checkpoint, "leo": leo, "role": r.role,
                 "min_insync": record.min_insync if record is not None else r.settings.min_insync,
                 "promote_on_failure": record.promote_on_failure if record is not None else "when-synced",
-                "truncation": r.settings.truncation, "unclean_elections": record.unclean_elections if record else 0}
+                "truncation": r.settings.truncation, "unclean_elections": record.unclean_elections if record else 0,
+                "held_out": dict(record.held_out) if record is not None else {}}

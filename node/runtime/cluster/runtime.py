@@ -81,7 +81,7 @@ from node.clustering.proposals import (
     incarnation_of_cid,
     stale_groups,
 )
-from node.runtime.cluster import mirror_conversion
+from node.runtime.cluster import mirror_conversion, mirror_syncing
 from node.runtime.cluster.definition_replies import (
     INTERNAL_ERROR,
     died_with_earlier_life,
@@ -217,6 +217,7 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
                         nursery.start_soon(self.apply_definition, command)
                     self._mirror_backlog.clear()
                     nursery.start_soon(mirror_conversion.run, self)  # classic queues becoming mirrored
+                    nursery.start_soon(mirror_syncing.run, self)  # ha-sync-mode manual: held-out mirrors released
                 self._raft_started()
                 nursery.start_soon(self._watch_metadata)
                 nursery.start_soon(self._retry_timer)
