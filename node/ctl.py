@@ -11,6 +11,8 @@ to /api/raftmq/<command>. `shovel_status` lists /api/shovels (the node each shov
 `federation_status` lists /api/federation-links (the links of the node asked, as in RabbitMQ);
 `restart_shovel` is DELETE /api/shovels/vhost/<vhost>/<name>/restart; `restart_federation_link` is DELETE
 /api/federation-links/vhost/<vhost>/<id>/<node>/restart (the node asked restarts it if it runs it).
+`sync_queue`/`cancel_sync_queue [-p vhost] QUEUE` POST /api/queues/<vhost>/<name>/actions (mirrored queues,
+ha-sync-mode manual; sync_queue answers `not_mirrored` for another queue, as rabbitmqctl).
 `trace_on`/`trace_off [-p vhost]` switch Firehose tracing of the vhost on the node asked only (PUT /api/vhosts/<vhost>
 {"tracing": ...}, as RabbitMQ's management API; rabbitmqctl's act on one node too): run them against every node
 whose publishes and deliveries should be traced.
@@ -27,6 +29,7 @@ import base64
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -285,6 +288,37 @@ def cmd_clear_vhost_limits(client: Client, args: argparse.Namespace) -> Any:
     return _done(args, None, f"Cleared limits of vhost {vhost!r}")
 
 
+SYNC_WAIT_S = 5.0  # sync_queue waits this long for the metadata to show the mirrors synchronised
+
+
+def cmd_sync_queue(client: Client, args: argparse.Namespace) -> Any:
+    """sync_queue / cancel_sync_queue (rabbitmqctl's): POST /api/queues/<vhost>/<name>/actions. A sync here only
+    allows the held-out mirrors (ha-sync-mode manual) into the ISR, since every mirror holds the whole log already;
+    sync_queue of a queue that is not mirrored is refused with RabbitMQ's `not_mirrored`. cancel_sync_queue has no
+    sync to stop (RabbitMQ's `not_syncing`)."""
+    vhost = args.vhost or "/"
+    path = f"/api/queues/{q(vhost)}/{q(args.queue)}"
+    syncing = args.command == "sync_queue"
+    if not args.json:
+        print(f"{'Synchronising' if syncing else 'Stopping synchronising'} queue {args.queue!r} in vhost {vhost!r} ...")
+    row = client.call("GET", path)
+    if syncing and not (isinstance(row, dict) and row.get("mirror")):
+        raise CtlError("not_mirrored", EXIT_DATAERR)
+    client.call("POST", path + "/actions", {"action": "sync" if syncing else "cancel_sync"})
+    if not syncing:
+        return _done(args, {"syncing": False}, "not_syncing (a sync here is immediate: nothing to cancel)")
+    deadline = time.monotonic() + SYNC_WAIT_S
+    while (row.get("mirror") or {}).get("held_out") and time.monotonic() < deadline:
+        time.sleep(0.1)
+        row = client.call("GET", path)
+    mirror = row.get("mirror") or {}
+    result = {"synchronised_slave_nodes": row.get("synchronised_slave_nodes", []),
+              "slave_nodes": row.get("slave_nodes", []), "held_out": sorted(mirror.get("held_out") or {})}
+    waiting = "" if not result["held_out"] else f"; still held out: {', '.join(result['held_out'])}"
+    return _done(args, result, f"synchronised mirrors: {', '.join(result['synchronised_slave_nodes']) or 'none'} "
+                               f"(mirrors: {', '.join(result['slave_nodes']) or 'none'}{waiting})")
+
+
 CLUSTER_ARGS: dict[str, tuple[str, ...]] = {
     "join_cluster": ("node",), "leave_cluster": (), "forget_cluster_node": ("node",),
     "add_member": ("vhost", "queue", "node"), "delete_member": ("vhost", "queue", "node"),
@@ -391,6 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("trace_on", cmd_trace, "Firehose: copy every message published or delivered in the vhost to its "
         "amq.rabbitmq.trace exchange, on the node addressed by --node only", vhost=True)
     add("trace_off", cmd_trace, "Firehose: stop tracing the vhost on the node addressed by --node", vhost=True)
+    add("sync_queue", cmd_sync_queue, "let a mirrored queue's unsynchronised mirrors (ha-sync-mode manual) into the "
+        "in-sync set", vhost=True).add_argument("queue")
+    add("cancel_sync_queue", cmd_sync_queue, "accepted as rabbitmqctl's; a sync here is immediate, so there is "
+        "nothing to cancel", vhost=True).add_argument("queue")
     add("join_cluster", cmd_cluster, "make the node addressed by --node (fresh, alone) join the cluster of NODE "
         "(rabbit@host, host:amqp_port, or name=host:amqp[:raft[:metadata]])").add_argument("node")
     add("leave_cluster", cmd_cluster, "the node addressed by --node leaves its cluster (queue replicas moved away) "

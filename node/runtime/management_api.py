@@ -198,7 +198,7 @@ def required_tag(method: str, segments: tuple[str, ...]) -> str:
     what = segments[1] if len(segments) > 1 else ""
     read = method in ("GET", "HEAD")
     if what in ADMIN_PATHS or (what == "vhosts" and not read and len(segments) == 3) or \
-            (what == "vhost-limits" and not read):
+            (what == "vhost-limits" and not read) or (what == "queues" and segments[4:] == ("actions",)):
         return ADMIN_TAG
     if what in MONITOR_PATHS or what == "vhost-limits":
         return "monitoring"

@@ -5,7 +5,8 @@ caller then tries management_api's own routes). Changes to queues, exchanges and
 and the aliveness test run over AMQP as the caller (management_amqp.py), so the broker's own entry points and the
 caller's permissions decide, as for any client. Reads come from the view. Paths (RabbitMQ's):
 PUT/DELETE /api/queues/{vhost}/{name} (?if-empty, ?if-unused), DELETE /api/queues/{vhost}/{name}/contents,
-POST /api/queues/{vhost}/{name}/get, GET /api/queues/{vhost}/{name}/bindings,
+POST /api/queues/{vhost}/{name}/get, POST /api/queues/{vhost}/{name}/actions (sync, cancel_sync),
+GET /api/queues/{vhost}/{name}/bindings,
 PUT/DELETE /api/exchanges/{vhost}/{name} (?if-unused), POST /api/exchanges/{vhost}/{name}/publish,
 GET /api/exchanges/{vhost}/{name}/bindings/source|destination,
 GET/POST /api/bindings/{vhost}/e/{source}/q|e/{destination}, GET/DELETE .../{properties_key},
@@ -20,6 +21,7 @@ peer's memory and disk figures and /api/overview adds up every node's message co
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from urllib.parse import quote_plus
 
@@ -219,6 +221,8 @@ async def _queue(view: ManagementView, method: str, head: RequestHead, rest: tup
                                                             if_unused=_query_flag(head, "if-unused")),
                                 m.QueueDeleteOk)
         return Reply(204)
+    if method == "POST" and tail == ("actions",):
+        return await _queue_action(view, vhost, name, _body(raw))
     if method == "POST" and tail == ("get",):
         _need_vhost(view, vhost)
         body = _body(raw)
@@ -227,6 +231,23 @@ async def _queue(view: ManagementView, method: str, head: RequestHead, rest: tup
     if len(rest) == 2 and method in ("POST", "OPTIONS"):
         raise CommandError(405, f"{method} {head.target} is not supported", error="method_not_allowed")
     return None
+
+
+async def _queue_action(view: ManagementView, vhost: str, name: str, body: dict[str, Any]) -> Reply:
+    """POST /api/queues/{vhost}/{name}/actions {"action": "sync"|"cancel_sync"} (administrator), as RabbitMQ 3.10's:
+    204 once asked, for a queue not mirrored too (RabbitMQ's management plugin does not wait for the answer);
+    `raftmq ctl sync_queue` says `not_mirrored` itself. Mirrored queues: docs/mirrored_queues.md."""
+    _need_vhost(view, vhost)
+    if not view.has("queue", vhost, name):
+        raise CommandError(404, "Not Found")
+    if "action" not in body:
+        raise CommandError(400, "[{key_missing,action}]", error="bad_request")
+    action = body["action"]
+    if action not in ("sync", "cancel_sync"):
+        shown = f'<<"{action}">>' if isinstance(action, str) else json.dumps(action)
+        raise CommandError(400, f"{{unknown,{shown}}}", error="bad_request")
+    await view.run_command(f"{action}_queue", {"vhost": vhost, "queue": name})
+    return Reply(204)
 
 
 async def _exchange(view: ManagementView, method: str, head: RequestHead, rest: tuple[str, ...], raw: bytes,

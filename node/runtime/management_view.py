@@ -384,6 +384,8 @@ class BrokerView:
                 raise CommandError(404, f"no federation link {args['id']!r} in vhost {args['vhost']!r} runs on "
                                         "this node")
             return {}
+        if name in ("sync_queue", "cancel_sync_queue"):  # one node: a mirrored queue is its own only replica
+            return {}
         if name == "add_vhost":
             created = args["name"] not in self.broker.vhosts
             self.broker.add_vhost(args["name"])

@@ -11,6 +11,12 @@ declared under `exactly 1` gains mirrors under `exactly 3`, moves to two listed 
 first), its leader's SIGTERM hands the leadership to the synced replica (`ha-promote-on-shutdown`) and, with
 `mirror_replace_after_ms = 1000`, the third node replaces the stopped mirror (`exactly 2`); nothing confirmed is lost.
 
+A third test (`ha-sync-mode: manual`, RabbitMQ's default): mirrors added by a policy change to queues holding
+messages fetch everything but stay out of the ISR (not in RabbitMQ's `synchronised_slave_nodes`) until `raftmq ctl
+sync_queue` for one queue, and until the messages older than their join are consumed for the other (a message
+published after the join does not hold them); the queue actions' answers in a cluster. The other tests that add
+mirrors to queues holding messages ask for `ha-sync-mode: automatic`.
+
 The time from the kill to the first new confirm is printed (`-s`), not asserted (timings stay out of pass/fail)."""
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import pytest
 
 from cluster.mirror_queues.runtime.storage import read_records, read_snapshot
 from tests.integration.clusterproc import ClusterProcess
+from tests.management.test_real_node import run_ctl
 from tests.policies.test_policy_real_node import http
 
 QUEUE = "ha.orders"
@@ -141,7 +148,8 @@ def test_a_classic_queue_becomes_mirrored_through_a_policy(cluster: ClusterProce
 
         status, _ = http(nodes["rmq1"].plan.management_port, "PUT", "/api/policies/%2F/hc",
                          {"pattern": "^hc\\.", "apply-to": "queues",
-                          "definition": {"ha-mode": "exactly", "ha-params": 3, "ha-min-insync": 2}})
+                          "definition": {"ha-mode": "exactly", "ha-params": 3, "ha-min-insync": 2,
+                                         "ha-sync-mode": "automatic"}})  # (manual: test_new_mirrors_wait_...)
         assert status == 201
         during = [f"d{i}".encode() for i in range(5)]  # while the queue moves: confirmed once it took them
         for body in during:
@@ -179,6 +187,94 @@ def test_a_classic_queue_becomes_mirrored_through_a_policy(cluster: ClusterProce
         _wait(f"{CONVERTED} gone on {name}", lambda n=n: http(n.plan.management_port, "GET",
                                                               f"/api/queues/%2F/{CONVERTED}")[0] == 404
               and not _replica_dirs(n))
+
+
+SYNCED, DRAINED = "hs.synced", "hs.drained"
+
+
+def _qrow(port: int, queue: str) -> dict[str, Any]:
+    status, row = http(port, "GET", f"/api/queues/%2F/{queue}")
+    assert status == 200 and isinstance(row, dict), row
+    return row
+
+
+def _until(what: str, predicate: Any) -> Any:
+    """`_wait`, a row without the fields looked at yet counting as not yet."""
+    def guarded() -> Any:
+        try:
+            return predicate()
+        except (KeyError, TypeError):
+            return None
+    return _wait(what, guarded)
+
+
+def _sync_policy(port: int, definition: dict[str, Any]) -> None:
+    status, _ = http(port, "PUT", "/api/policies/%2F/hs", {"pattern": "^hs\\.", "apply-to": "queues",
+                                                          "definition": definition})
+    assert status in (201, 204)
+
+
+def test_new_mirrors_wait_for_a_sync_or_the_backlog_to_drain(cluster: ClusterProcess,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = {n.plan.name: n.plan.management_port for n in cluster.nodes}
+    port = nodes["rmq1"]
+    _sync_policy(port, {"ha-mode": "exactly", "ha-params": 1})  # ha-sync-mode: manual, the default
+    _until("the policy on every node", lambda: all(http(p, "GET", "/api/policies/%2F/hs")[0] == 200
+                                                  for p in nodes.values()))
+    conn = pika.BlockingConnection(pika.ConnectionParameters(cluster.host, cluster.port))
+    with conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for queue in (SYNCED, DRAINED):
+            ch.queue_declare(queue, durable=True)
+            for i in range(5):
+                ch.basic_publish("", queue, f"old{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    leaders = {q: _until(f"{q} mirrored", lambda q=q: _qrow(port, q)["mirror"]["leader"]) for q in (SYNCED, DRAINED)}
+
+    _sync_policy(port, {"ha-mode": "exactly", "ha-params": 3})
+    for queue, leader in leaders.items():  # every mirror fetched the whole log, none is in sync
+        lport = nodes[leader]
+        mirror = _until(f"{queue}: two new mirrors caught up", lambda q=queue, lp=lport, ld=leader: (
+            (m := _qrow(lp, q)["mirror"]) and len(m["replicas"]) == 3 and len(m["leo"]) == 3
+            and set(m["leo"].values()) == {m["leo"][ld]} and m))
+        row = _qrow(lport, queue)
+        assert mirror["isr"] == [leader] and sorted(mirror["held_out"]) == sorted(n for n in nodes if n != leader)
+        assert sorted(row["slave_nodes"]) == sorted(mirror["held_out"]) and row["synchronised_slave_nodes"] == []
+
+    code, out = run_ctl(port, capsys, "sync_queue", SYNCED)  # RabbitMQ's command
+    assert code == 0 and "Synchronising queue 'hs.synced'" in out, out
+    _until(f"{SYNCED}: every mirror in sync", lambda: (
+        (row := _qrow(nodes[leaders[SYNCED]], SYNCED))["mirror"]["isr"] == sorted(nodes)
+        and sorted(row["synchronised_slave_nodes"]) == sorted(row["slave_nodes"]) and not row["mirror"]["held_out"]))
+    code, out = run_ctl(port, capsys, "cancel_sync_queue", SYNCED)
+    assert code == 0 and "not_syncing" in out, out
+
+    conn = pika.BlockingConnection(pika.ConnectionParameters(cluster.host, cluster.port))
+    with conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", DRAINED, b"new", pika.BasicProperties(delivery_mode=2))  # after the join
+        assert _qrow(nodes[leaders[DRAINED]], DRAINED)["mirror"]["held_out"]
+        got = []
+        for _ in range(5):  # the backlog older than the join, consumed and acked
+            method, _props, body = ch.basic_get(DRAINED)
+            got.append(body)
+            ch.basic_ack(method.delivery_tag)
+        assert got == [f"old{i}".encode() for i in range(5)]
+        _until(f"{DRAINED}: every mirror in sync once its old messages are gone", lambda: (
+            (m := _qrow(nodes[leaders[DRAINED]], DRAINED)["mirror"])["isr"] == sorted(nodes) and not m["held_out"]))
+        assert ch.queue_declare(DRAINED, passive=True).method.message_count == 1
+        ch.basic_publish("", DRAINED, b"confirmed by all", pika.BasicProperties(delivery_mode=2))
+        ch.queue_declare("plain.q", durable=True)
+        for queue in (SYNCED, DRAINED):
+            ch.queue_delete(queue)
+
+    code, out = run_ctl(port, capsys, "sync_queue", "plain.q")
+    assert code == 65 and "not_mirrored" in out, out
+    assert http(port, "POST", "/api/queues/%2F/plain.q/actions", {"action": "sync"})[0] == 204  # as RabbitMQ's
+    status, body = http(port, "POST", "/api/queues/%2F/plain.q/actions", {"action": 3})
+    assert status == 400 and body == {"error": "bad_request", "reason": "{unknown,3}"}
+    http(port, "DELETE", "/api/policies/%2F/hs")
 
 
 def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -> None:
@@ -292,6 +388,9 @@ def _mirror_of(node: Any, queue: str = MOVES) -> dict[str, Any]:
 
 
 def _set_moves_policy(cluster: ClusterProcess, definition: dict[str, Any]) -> None:
+    # mirrors added to a queue holding messages join the ISR at once only under automatic (manual, the default,
+    # holds them out until a sync: test_new_mirrors_wait_for_a_sync_or_the_backlog_to_drain)
+    definition = {"ha-sync-mode": "automatic", **definition}
     for node in cluster.nodes:
         if node.process is not None and node.process.poll() is None:
             status, _ = http(node.plan.management_port, "PUT", "/api/policies/%2F/hb",

@@ -1,6 +1,6 @@
 """`ha-sync-mode: manual` (pure): held-out mirrors in the metadata (cluster/metadata/mirror.py, through the codec),
 the core's ISR expansion skipping them, the join point and release rule (node/clustering/mirror_sync.py) and the
-queue machine's oldest message id that the rule reads. The real-cluster side is tests/mirror/test_mirror_sync_cluster.py."""
+queue machine's oldest message id that the rule reads. The real-cluster side is in tests/mirror/test_mirror_cluster.py."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from cluster.metadata import model as md
 from cluster.metadata import placement
+from cluster.metadata.mirror import SyncMirror
 from cluster.raft.core.types import NodeId
 from node.broker import policies as pol
 from node.broker.effects import Persist
@@ -208,6 +209,8 @@ class ClusterView(BrokerView):
             return {}
         if name == "rebalance":
             return {"moved": await self._rebalance(args)}
+        if name in ("sync_queue", "cancel_sync_queue"):
+            return await self._sync_queue(name, args["vhost"], args["queue"])
         if name in MEMBER_COMMANDS:
             return await MEMBER_COMMANDS[name](self, args)
         if name in CLUSTER_COMMANDS:
@@ -313,6 +316,19 @@ class ClusterView(BrokerView):
     async def _leave_cluster(self, args: dict[str, Any]) -> dict[str, Any]:
         """This node leaves: queue memberships moved away, removed from the metadata and its group, then it stops."""
         return await _membership(members.leave(self.cluster))
+
+    async def _sync_queue(self, name: str, vhost: str, queue: str) -> dict[str, Any]:
+        """ha-sync-mode manual: `sync_queue` releases every held-out mirror (`SyncMirror`: they join the ISR once
+        they fetched up to the leader's log end, at once as they hold the whole log); `cancel_sync_queue` has no
+        sync to stop (a sync here is only a permission), as RabbitMQ's answer for a queue not syncing."""
+        record = self.cluster.mirrored.mirrors.get((vhost, queue))
+        if record is None:
+            return {"mirrored": False}
+        if name == "cancel_sync_queue":
+            return {"mirrored": True, "syncing": False}
+        if record.held_out:
+            await self._metadata(SyncMirror(vhost, queue))
+        return {"mirrored": True, "synchronised": sorted(record.held_out)}
 
     async def _metadata(self, command: md.Command) -> md.Outcome:
         outcome: md.Outcome | None = await self.cluster.apply_definition(command)
