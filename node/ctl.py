@@ -288,7 +288,7 @@ def cmd_clear_vhost_limits(client: Client, args: argparse.Namespace) -> Any:
     return _done(args, None, f"Cleared limits of vhost {vhost!r}")
 
 
-SYNC_WAIT_S = 5.0  # sync_queue waits this long for the metadata to show the mirrors synchronised
+SYNC_WAIT_S = 5.0  # sync_queue waits this long for the held-out mirrors to show in the ISR
 
 
 def cmd_sync_queue(client: Client, args: argparse.Namespace) -> Any:
@@ -307,8 +307,10 @@ def cmd_sync_queue(client: Client, args: argparse.Namespace) -> Any:
     client.call("POST", path + "/actions", {"action": "sync" if syncing else "cancel_sync"})
     if not syncing:
         return _done(args, {"syncing": False}, "not_syncing (a sync here is immediate: nothing to cancel)")
-    deadline = time.monotonic() + SYNC_WAIT_S
-    while (row.get("mirror") or {}).get("held_out") and time.monotonic() < deadline:
+    held = set((row.get("mirror") or {}).get("held_out") or {})
+    deadline = time.monotonic() + SYNC_WAIT_S  # (a mirror whose node is down is not taken into the ISR meanwhile)
+    while ((row.get("mirror") or {}).get("held_out") or not held <= set(row.get("synchronised_slave_nodes") or ())) \
+            and time.monotonic() < deadline:
         time.sleep(0.1)
         row = client.call("GET", path)
     mirror = row.get("mirror") or {}
