@@ -16,7 +16,9 @@ How it works:
   `automatic` or when the queue holds no message (nothing below the join: synchronised at once).
 - `sync_plan`, run by the node leading each mirrored queue (node/runtime/cluster/mirror_syncing.py): `SyncMirror`
   for the held-out replicas whose join point the queue's oldest message has reached (or all of them once the
-  policy says `automatic`). The operator's `sync_queue` proposes `SyncMirror` for all at once.
+  policy says `automatic`), and for as many as the ISR lacks to reach `ha-min-insync` (otherwise the queue would
+  take no command at all, acks included, so its backlog could never drain: RabbitMQ's manual mode never stops a
+  queue). The operator's `sync_queue` proposes `SyncMirror` for all at once.
 """
 
 from __future__ import annotations
@@ -56,7 +58,12 @@ def sync_plan(state: md.MetadataState, me: str, span: MsgIdSpan) -> list[SyncMir
             if now is None:
                 continue
             oldest = now[1]
-            synced = sorted(r for r, join in record.held_out.items() if oldest is None or oldest >= join)
+            drained = {r for r, join in record.held_out.items() if oldest is None or oldest >= join}
+            # ha-min-insync above the synchronised replicas: every command (publish, ack, get) waits for the HW,
+            # so the backlog could never drain; the mirrors needed to reach it are synchronised (in replica order)
+            short = max(0, record.min_insync - len(record.isr))
+            needed = [r for r in record.replicas if r in record.held_out][:short]
+            synced = sorted(drained | set(needed))
         if synced:
             commands.append(SyncMirror(record.vhost, record.name, tuple(synced)))
     return commands

@@ -135,6 +135,14 @@ def test_the_policy_plan_holds_new_mirrors_and_the_leader_releases_them() -> Non
     assert sync_plan(s, "a", lambda _v, _q: (12, 1)) == [SyncMirror("/", "q", ("b",))]
 
 
+def test_mirrors_needed_for_min_insync_are_synchronised_at_once() -> None:
+    s = _policy_state({"ha-mode": "exactly", "ha-params": 3, "ha-min-insync": 2})
+    (command,) = mirror_plan(s, ABC, {}, 0, 5_000, lambda _v, _q: (10, 4))
+    s, _ = _apply(s, command)
+    assert _held(s) == {"b": 10, "c": 10} and _rec(s).min_insync == 2
+    assert sync_plan(s, "a", lambda _v, _q: (12, 4)) == [SyncMirror("/", "q", ("b",))]  # one more makes 2
+
+
 def test_the_oldest_message_id_counts_ready_unacked_and_requeued_messages() -> None:
     q = Queue("q")
     assert q.oldest_msg_id() is None

@@ -287,6 +287,7 @@ class MirrorGroups:
             g.replicas = record.replicas
         if record.min_insync != r.settings.min_insync:
             r.settings = dataclasses.replace(r.settings, min_insync=record.min_insync)
+        released = r.held_out - frozenset(record.held_out)
         r.held_out = frozenset(record.held_out)  # ha-sync-mode manual: not synchronised, kept out of the ISR
         if record.leader and (record.epoch > r.epoch or r.role == "none"):
             if record.leader == self.name:
@@ -297,6 +298,8 @@ class MirrorGroups:
                 self._poll(g, now)
         elif record.epoch == r.epoch and r.role == "leader" and record.leader == self.name:
             self._run(g, r.update_isr(frozenset(record.isr), now))
+        for src in released & set(g.parked):  # synchronised: a caught-up fetch parked here joins the ISR now
+            self._run(g, r.handle(g.parked.pop(src)[0], now))
         leader = record.leader if record.epoch == r.epoch or not record.leader else g.leader
         if not record.leader and self.name in record.replicas and not g.said_up:
             g.said_up = True  # nobody can lead: say this replica is up (it may be electable)
