@@ -234,10 +234,10 @@ def test_a_mirrored_queue_becomes_classic_when_its_policy_goes(cluster: ClusterP
         for body in during:
             pub.basic_publish("", BACK, body, pika.BasicProperties(delivery_mode=2))
         for name, n in nodes.items():
-            row = _wait(f"{BACK} classic on {name}, its replica files gone", lambda n=n: (
-                (r := _row(cluster, n, BACK)) and not r.get("mirror") and r.get("type") != "mirrored"
+            row = _wait(f"{BACK} classic on {name} led by {leader}, its replica files gone", lambda n=n: (
+                (r := _row(cluster, n, BACK)) and not r.get("mirror") and r.get("leader") == leader
                 and not _replica_dirs(n) and r))
-            assert not row.get("slave_nodes")
+            assert row["type"] == "classic" and row["members"] == [leader] and not row.get("slave_nodes")
         after = [f"a{i}".encode() for i in range(5)]
         for body in after:
             pub.basic_publish("", BACK, body, pika.BasicProperties(delivery_mode=2))
