@@ -149,6 +149,7 @@ async def _step(rt: Any, progress: _Progress) -> None:
     for stale in [k for k in last if k[1] not in state.mirrors]:
         del last[stale]
     _drop_old_seeds(rt, state)
+    policies: dict[str, list[Any]] = {}  # per vhost, made once per poll
     for group, g in list(rt.mirror.groups.items()):
         key = (g.vhost, g.name)
         queue, record = state.queues.get(key), state.mirrors.get(key)
@@ -156,7 +157,9 @@ async def _step(rt: Any, progress: _Progress) -> None:
                 or record.leader != rt.name or g.replica.role != "leader" or g.replica.epoch != record.epoch):
             continue
         sealed = rt.broker.queue_sealed(*key)
-        if not sealed and mirror_spec_in(state, g.vhost, g.name, vhost_policies(state, g.vhost)) is not None:
+        if g.vhost not in policies:
+            policies[g.vhost] = vhost_policies(state, g.vhost)
+        if not sealed and mirror_spec_in(state, g.vhost, g.name, policies[g.vhost]) is not None:
             continue
         step = ("convert" if sealed else "seal", key)
         if now - last.get(step, now - RESEND_MS) < RESEND_MS:
