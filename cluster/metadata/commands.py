@@ -14,7 +14,7 @@ from typing import Any
 
 from cluster.metadata.leases import ClaimLease, LeaseRecord, NodeLeaseRecord, ReleaseLease, RenewNodeLease
 from cluster.metadata.mirror import MIRROR_COMMAND_TYPES, MirrorCommand, MirrorRecord
-from cluster.metadata.mirror_convert import ConvertToMirror
+from cluster.metadata.mirror_convert import ConvertToClassic, ConvertToMirror
 
 Args = dict[str, Any]
 
@@ -99,6 +99,11 @@ class QueueRecord:
     # or by a node that does not name one). Every node starts the queue's Raft group with its term-1 vote cast for
     # this node, which then leads term 1 without an election (cluster.raft.core.raft.bootstrap_state).
     initial_leader: str = ""
+    # How many times the queue's log moved from a mirror log back to a Raft group (`ConvertToClassic`,
+    # cluster/metadata/mirror_convert.py): part of the Raft group id, so each move starts a new group (a node down
+    # meanwhile deletes the older group's stream instead of rejoining with it); `initial_leader` is then the node
+    # that sealed the mirror log, which leads the new group's term 1 from its seed.
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +327,7 @@ Command = (
     | ClearPermissions | DeclareExchange | DeleteExchange | Bind | Unbind | DeclareQueue | DeleteQueue
     | SetQueueLeader | SetQueueMembers | AddQueueMember | RemoveQueueMember | SetPolicy | ClearPolicy
     | SetParameter | ClearParameter | ClaimLease | RenewNodeLease | ReleaseLease | MirrorCommand | ConvertToMirror
+    | ConvertToClassic
 )
 
 COMMAND_TYPES: tuple[type, ...] = (
@@ -329,6 +335,7 @@ COMMAND_TYPES: tuple[type, ...] = (
     ClearPermissions, DeclareExchange, DeleteExchange, Bind, Unbind, DeclareQueue, DeleteQueue,
     SetQueueLeader, SetQueueMembers, AddQueueMember, RemoveQueueMember, SetPolicy, ClearPolicy,
     SetParameter, ClearParameter, ClaimLease, RenewNodeLease, ReleaseLease, *MIRROR_COMMAND_TYPES, ConvertToMirror,
+    ConvertToClassic,
 )
 RECORD_TYPES: tuple[type, ...] = (
     NodeRecord, VhostRecord, UserRecord, PermissionRecord, ExchangeRecord, BindingRecord, QueueRecord,

@@ -76,7 +76,13 @@ from cluster.metadata.mirror import (
     MirrorCommand,
     apply_mirror,
 )
-from cluster.metadata.mirror_convert import ConvertToMirror, converted, refusal
+from cluster.metadata.mirror_convert import (
+    ConvertToClassic,
+    ConvertToMirror,
+    back_refusal,
+    converted,
+    refusal,
+)
 from cluster.metadata.state import (  # re-exported as well
     BindingKey,
     Change,
@@ -310,8 +316,8 @@ def _unbind(s: MetadataState, c: Unbind) -> Step:
 
 
 def _same_definition(a: QueueRecord, b: QueueRecord) -> bool:
-    return (replace(a, leader="", members=(), incarnation=0, initial_leader="")
-            == replace(b, leader="", members=(), incarnation=0, initial_leader=""))
+    return (replace(a, leader="", members=(), incarnation=0, initial_leader="", generation=0)
+            == replace(b, leader="", members=(), incarnation=0, initial_leader="", generation=0))
 
 
 def _declare_queue(s: MetadataState, c: DeclareQueue) -> Step:
@@ -452,8 +458,27 @@ def _convert_to_mirror(s: MetadataState, c: ConvertToMirror) -> Step:
     return s, Outcome((*outcome.changes, *more.changes))
 
 
+def _convert_to_classic(s: MetadataState, c: ConvertToClassic) -> Step:
+    """A mirrored queue becomes classic again (cluster/metadata/mirror_convert.py): type, members, leader, initial
+    leader and generation of the queue in one step, and its mirror record deleted."""
+    key = (c.vhost, c.name)
+    q = s.queues.get(key)
+    if q is not None and q.type == "classic" and q.incarnation == c.incarnation and q.generation > c.generation:
+        return s, Outcome()  # converted already
+    record = s.mirrors.get(key)
+    why = back_refusal(None if q is None else q.type, None if q is None else q.incarnation,
+                       None if q is None else q.generation, record, c)
+    if why or q is None:
+        return _refuse(s, why)
+    s, outcome = _upsert(s, "queues", "queue", key, replace(q, type="classic", members=(c.leader,), leader=c.leader,
+                                                           initial_leader=c.leader, generation=c.generation + 1), key)
+    s, more = _cascade(s, "mirrors", "mirror", {key}, tuple)
+    return s, Outcome((*outcome.changes, *more))
+
+
 _HANDLERS: dict[type, Callable[[MetadataState, Any], Step]] = {
     **{t: _mirror for t in MIRROR_COMMAND_TYPES}, ConvertToMirror: _convert_to_mirror,
+    ConvertToClassic: _convert_to_classic,
     Barrier: lambda s, c: (s, Outcome()), AddNode: _add_node, RemoveNode: _remove_node,
     SetNodeState: _set_node_state, PutVhost: _put_vhost,
     DeleteVhost: _delete_vhost, PutUser: _put_user, DeleteUser: _delete_user,

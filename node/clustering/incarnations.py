@@ -44,8 +44,8 @@ def queue_key(vhost: str, name: str) -> str:
 
 
 def group_of_record(queue: md.QueueRecord) -> GroupId:
-    """The Raft group id of a metadata queue record (its declaration's incarnation included)."""
-    return GroupId(queue_group_id(queue.vhost, queue.name, queue.incarnation))
+    """The Raft group id of a metadata queue record (its declaration's incarnation and its generation included)."""
+    return GroupId(queue_group_id(queue.vhost, queue.name, queue.incarnation, queue.generation))
 
 
 class QueueGroups(MutableMapping[GroupId, tuple[str, str]]):

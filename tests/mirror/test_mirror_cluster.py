@@ -277,6 +277,108 @@ def test_new_mirrors_wait_for_a_sync_or_the_backlog_to_drain(cluster: ClusterPro
     http(port, "DELETE", "/api/policies/%2F/hs")
 
 
+BACK = "hk.back"
+BACK_POLICY = {"pattern": "^hk\\.", "apply-to": "queues",
+               "definition": {"ha-mode": "exactly", "ha-params": 3, "ha-min-insync": 2,
+                              "ha-sync-mode": "automatic"}}  # back to mirrored with its messages: synced at once
+
+
+def _mirrored_everywhere(cluster: ClusterProcess, nodes: dict[str, Any]) -> str:
+    """Waits until BACK is mirrored on every node with every node in the ISR; its leader."""
+    leaders = {_wait(f"{BACK} mirrored on {name} with every node in sync", lambda n=n: (
+        (m := _row(cluster, n, BACK).get("mirror")) and sorted(m["isr"]) == sorted(nodes) and m["leader"]))
+        for name, n in nodes.items()}
+    assert len(leaders) == 1
+    return str(leaders.pop())
+
+
+def test_a_mirrored_queue_becomes_classic_when_its_policy_goes(cluster: ClusterProcess) -> None:
+    """RabbitMQ 3.x: a mirrored queue whose policy no longer mirrors it goes on as a classic queue, keeping its
+    messages and consumers (node/runtime/cluster/mirror_back.py). Under an ha policy: 20 confirmed, 2 consumed, 2
+    unacked on an open channel, one consumer holding a delivery; the policy deleted: the queue is classic on every
+    node (no mirror columns, no replica files), the consumer is not cancelled and gets the next message after its
+    ack, publishing goes on, and a kill -9 and restart of the queue's node keeps every message. Then the policy
+    again: mirrored again, and every message not acked is delivered once (the unacked ones redelivered)."""
+    nodes = {n.plan.name: n for n in cluster.nodes}
+    status, _ = http(nodes["rmq1"].plan.management_port, "PUT", "/api/policies/%2F/hk", BACK_POLICY)
+    assert status == 201
+    _wait("the policy on every node", lambda: all(
+        http(n.plan.management_port, "GET", "/api/policies/%2F/hk")[0] == 200 for n in cluster.nodes))
+    producer, pub = _channel(cluster)
+    holder = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", nodes["rmq2"].plan.port))
+    with producer, holder:
+        pub.queue_declare(BACK, durable=True)
+        published = [f"b{i}".encode() for i in range(20)]
+        for body in published:
+            pub.basic_publish("", BACK, body, pika.BasicProperties(delivery_mode=2))
+        leader = _mirrored_everywhere(cluster, nodes)
+        getter = holder.channel()
+        fetched = [getter.basic_get(BACK) for _ in range(4)]
+        for method, _props, _body in fetched[:2]:
+            getter.basic_ack(method.delivery_tag)  # b0, b1: consumed
+        consumer = holder.channel()
+        consumer.basic_qos(prefetch_count=1)
+        deliveries: list[tuple[Any, bytes]] = []
+        cancelled: list[Any] = []
+        consumer.add_on_cancel_callback(cancelled.append)
+        tag = consumer.basic_consume(BACK, lambda _ch, method, _p, body: deliveries.append((method, body)))
+        holder.process_data_events(time_limit=1)
+        assert [body for _m, body in deliveries] == [b"b4"]
+
+        status, _ = http(nodes["rmq1"].plan.management_port, "DELETE", "/api/policies/%2F/hk")
+        assert status == 204
+        during = [f"d{i}".encode() for i in range(5)]  # while the queue moves: confirmed once it took them
+        for body in during:
+            pub.basic_publish("", BACK, body, pika.BasicProperties(delivery_mode=2))
+        for name, n in nodes.items():
+            row = _wait(f"{BACK} classic on {name} led by {leader}, its replica files gone", lambda n=n: (
+                (r := _row(cluster, n, BACK)) and not r.get("mirror") and r.get("leader") == leader
+                and not _replica_dirs(n) and r))
+            assert row["type"] == "classic" and row["members"] == [leader] and not row.get("slave_nodes")
+        after = [f"a{i}".encode() for i in range(5)]
+        for body in after:
+            pub.basic_publish("", BACK, body, pika.BasicProperties(delivery_mode=2))
+        consumer.basic_ack(deliveries[0][0].delivery_tag)  # the consumer goes on: it gets the next message
+        deadline = time.monotonic() + WAIT_S
+        while len(deliveries) < 2 and time.monotonic() < deadline:
+            holder.process_data_events(time_limit=0.2)
+        assert [body for _m, body in deliveries] == [b"b4", b"b5"] and not cancelled
+        consumer.basic_cancel(tag)
+        consumer.close()  # b5 back unacked, as b2 and b3 with the getter's channel
+        getter.close()
+
+    expected = {*published[2:], *during, *after} - {b"b4"}
+    node = nodes[leader]  # the classic queue's node: the mirror leader that sealed its log
+    assert node.process is not None
+    node.process.kill()  # kill -9, then start again: a durable queue keeps its messages
+    node.process.wait()
+    cluster.start()
+    _wait(f"{BACK} holds its {len(expected)} messages after {leader}'s restart",
+          lambda: all(_row(cluster, n, BACK).get("messages") == len(expected) for n in nodes.values()))
+
+    status, _ = http(nodes["rmq1"].plan.management_port, "PUT", "/api/policies/%2F/hk", BACK_POLICY)
+    assert status == 201
+    _mirrored_everywhere(cluster, nodes)  # the round trip: mirrored again
+    again = [f"m{i}".encode() for i in range(3)]
+    conn, ch = _channel(cluster)
+    with conn:
+        for body in again:
+            ch.basic_publish("", BACK, body, pika.BasicProperties(delivery_mode=2))
+        got: list[tuple[bytes, bool]] = []
+        ch.basic_consume(BACK, lambda _ch, m, _p, body: got.append((body, m.redelivered)), auto_ack=True)
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < len(expected) + len(again) and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.2)
+        conn.process_data_events(time_limit=0.5)  # (nothing more may come)
+        assert sorted(body for body, _r in got) == sorted({*expected, *again})  # each once
+        assert {body for body, redelivered in got if redelivered} == {b"b2", b"b3", b"b5"}
+        ch.queue_delete(BACK)
+    http(nodes["rmq1"].plan.management_port, "DELETE", "/api/policies/%2F/hk")
+    for name, n in nodes.items():
+        _wait(f"{BACK} gone on {name}", lambda n=n: http(n.plan.management_port, "GET",
+                                                         f"/api/queues/%2F/{BACK}")[0] == 404 and not _replica_dirs(n))
+
+
 def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -> None:
     nodes = {n.plan.name: n for n in cluster.nodes}
     any_node = cluster.nodes[0]

@@ -82,10 +82,11 @@ class Elections(Replication):
         heartbeat answer, which makes a leader send its log at once). Returns whether this core now leads.
 
         `lead` is the host's promise that this node never led this group before (a fresh group, created in this
-        life of the node); a core whose state is not the untouched bootstrap state ignores the call."""
+        life of the node); a core whose state is not the untouched bootstrap state (no entry after its snapshot,
+        which is empty or the seed the group was created with: node.py's `Bootstrap.seed`) ignores the call."""
         leader = self.vote
         untouched = (self.term == BOOTSTRAP_TERM and self.role is Role.FOLLOWER and self.lead is None
-                     and self.log.last_index() == 0 and self.log.snapshot.index == 0)
+                     and self.log.last_index() == self.log.snapshot.index == self.log.applied)
         if leader is None or not untouched or leader not in self.membership.voters:
             return False
         if leader == self.id:
@@ -164,6 +165,7 @@ class Elections(Replication):
             for node, pr in self.prs.items():
                 if node != self.id:
                     pr.become_replicate()
+                    pr.next = Index(max(pr.next, self.log.snapshot.index + 1))  # (a seeded group: after the seed)
         self._pending_conf_index = last  # no conf change until everything before our term is applied
         self.log.append((Entry(self.term, Index(last + 1), b"", EntryKind.EMPTY),))
         self._broadcast_append()

@@ -161,6 +161,7 @@ class Replication(RaftState):
             pr.probe_sent = False
             if pr.state is ProgressState.REPLICATE and pr.match == 0:
                 pr.become_probe()  # a bootstrapped follower that has acknowledged nothing: resend from the start
+                pr.next = Index(max(pr.next, self.log.snapshot.index + 1))  # (of a seeded group: after its seed)
             elif pr.state is ProgressState.REPLICATE and pr.inflights.full():
                 pr.inflights.free_first()  # an append may be lost: let one more through (it will probe)
             if pr.match < self.log.last_index():

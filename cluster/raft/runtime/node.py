@@ -4,8 +4,8 @@ One task owns the MultiRaft. It wakes when a batch arrives, a command is queued 
 removes the groups the host asked for (`add_group`/`remove_group` work before and during `run`; a new group's initial
 membership is committed before it runs and a restarted group keeps its stored one; a removed group's stream is
 deleted in a worker thread; a new group added with a `Bootstrap` starts from `raft.bootstrap_state`, stored with its
-membership in one record that rides with its first Ready, and its named leader leads term 1 at once when the host
-says it may; the groups added are reported to `on_leader_change` in the same turn), steps every inbound batch, routes
+membership in one record that rides with its first Ready (with a seed: from a snapshot, made durable before it runs),
+and its named leader leads term 1 at once when the host says it may; the groups added are reported to `on_leader_change` in the same turn), steps every inbound batch, routes
 queued commands (held ones again, before fresh ones, whenever a group may have got a leader, so a group's commands
 keep their order; routing.py: a proposal, membership change or leadership transfer goes to the local leader core, is
 forwarded to the known leader as a `Forward` frame, or is held up to `forward_hold_ms` while no leader is known) and
@@ -40,8 +40,18 @@ from typing import Any
 import trio
 
 from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, NodeReady
-from cluster.raft.core.raft import bootstrap_state
-from cluster.raft.core.types import ConfChange, Entry, GroupId, Index, Membership, NodeId, Role
+from cluster.raft.core.raft import BOOTSTRAP_TERM, bootstrap_state
+from cluster.raft.core.types import (
+    ConfChange,
+    Entry,
+    GroupId,
+    Index,
+    Membership,
+    NodeId,
+    PersistedState,
+    Role,
+    Snapshot,
+)
 from cluster.raft.runtime.codec import Command, Forward
 from cluster.raft.runtime.compaction import CompactionConfig, Compactor, SnapshotHost
 from cluster.raft.runtime.ready_pipeline import QUEUED_READIES_MAX, ReadyPipeline
@@ -67,6 +77,14 @@ class Bootstrap:
 
     leader: NodeId
     lead: bool = False
+    # A group that starts holding a state (a queue whose mirror log moved back to Raft: node/runtime/cluster/
+    # mirror_back.py): its stream is created with this snapshot at SEED_INDEX (term 1, committed and applied) and
+    # made durable before the group runs; the host restores it at once. Without one the group starts empty (and a
+    # seeded leader sends its snapshot by InstallSnapshot).
+    seed: bytes | None = None
+
+
+SEED_INDEX = Index(1)
 
 
 @dataclass
@@ -206,6 +224,15 @@ class RaftNodeRuntime:
         persisted = await trio.to_thread.run_sync(storage.load, group, membership,
                                                   None if initial is None else initial.hard_state)
         self._groups[group] = membership if persisted is None else committed_membership(persisted)
+        if persisted is None and initial is not None and bootstrap is not None and bootstrap.seed is not None:
+            seed = Snapshot(SEED_INDEX, BOOTSTRAP_TERM, membership, bootstrap.seed)
+            await trio.to_thread.run_sync(storage.compact, group, seed)  # durable (membership record too) first
+            multi.add_group(group, None, PersistedState(initial.hard_state, seed, ()))
+            self._bootstrapped.append((group, bootstrap.lead))
+            if self._snapshots is not None:
+                self._snapshots.restore(group, seed.data)
+                self.stats.restores += 1
+            return False
         if persisted is None and initial is not None and bootstrap is not None:
             multi.add_group(group, None, initial)
             self._bootstrapped.append((group, bootstrap.lead))

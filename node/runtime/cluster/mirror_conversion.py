@@ -18,7 +18,7 @@ How it works, in order (`ClusterRuntime` calls these; `run` is one task of its n
    then commit `ConvertToMirror` (cluster/metadata/mirror_convert.py): the queue's type becomes mirrored, the
    replicas those the policy chooses with this node first, and this node leads epoch 0 alone in the ISR. The seed
    is on disk before the commit, so the leader never starts the mirror log empty. A queue sealed here is
-   converted even if its policy went away meanwhile (the seal cannot be undone; the way back is not built).
+   converted even if its policy went away meanwhile (the seal cannot be undone; mirror_back.py then turns it back).
 4. `switch` (every node, from `_sync_groups`, when the metadata says mirrored for a queue hosted as a Raft group):
    seed this node's replica too when its broker applied the seal (and no seed is there yet), remove the Raft group
    (its entries after the seal are never applied), keep the queue's pending proposals (except seals) and let
@@ -57,10 +57,11 @@ RESEND_MS: Final = 2_000  # a seal or conversion not seen applied is tried again
 
 
 def cut(rt: Any, group: GroupId, key: tuple[str, str], envelopes: list[Envelope]) -> list[Envelope]:
-    """A Raft group's committed envelopes that this node's replica applies: none after the seal (step 2)."""
+    """A Raft (or mirror: the way back, mirror_back.py) group's committed envelopes that this node's replica applies:
+    none after the seal (step 2)."""
     keep = applicable(rt.broker.queue_sealed(*key), [envelope.command for envelope in envelopes])
     if keep and type(envelopes[keep - 1].command) is Seal:
-        log.info("cluster: queue %s: its Raft log is sealed here (group %s)", queue_key(*key), group)
+        log.info("cluster: queue %s: its log is sealed here (group %s)", queue_key(*key), group)
     if keep == len(envelopes):
         return envelopes
     rt.stats["after_seal"] = rt.stats.get("after_seal", 0) + len(envelopes) - keep

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from cluster.queue.envelope import Envelope, EnvelopeCodec
-from cluster.queue.seal import Seal
 from cluster.queue.types import Detach, Enqueue, EnqueueMany
 from cluster.raft.core.types import GroupId
 from cluster.raft.runtime.node import RaftNodeRuntime
@@ -121,8 +120,7 @@ class QueueProposals:
             pending.data = self.envelopes.reframed(pending.data, incarnation)
             pending.envelope = dataclasses.replace(envelope, incarnation=incarnation)
         if self.mirror is not None and group in self.mirror.groups:
-            if envelope is None or type(envelope.command) is not Seal:  # (a seal belongs to a Raft log only)
-                self.mirror.propose(group, pending.data)
+            self.mirror.propose(group, pending.data)  # (a seal here: the way back, node/runtime/cluster/mirror_back.py)
         else:
             self.raft.propose(group, pending.data)
 

@@ -81,7 +81,7 @@ from node.clustering.proposals import (
     incarnation_of_cid,
     stale_groups,
 )
-from node.runtime.cluster import mirror_conversion, mirror_syncing
+from node.runtime.cluster import mirror_back, mirror_conversion, mirror_syncing
 from node.runtime.cluster.definition_replies import (
     INTERNAL_ERROR,
     died_with_earlier_life,
@@ -129,6 +129,7 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
         self.raft: RaftNodeRuntime | None = None
         self.mirror: MirrorGroups | None = None  # the mirrored queues' groups (mirror_groups.py)
         self._mirror_backlog: list[Any] = []  # their metadata commands from before `run`
+        self.seeds: dict[GroupId, bytes] = {}  # Raft groups of queues back from a mirror log: seeds (mirror_back.py)
         self.mirrored = md.MetadataState()
         self.forwarder = Forwarder(self)  # publishes to exclusive queues owned on other nodes (forward.py)
         self.group_queues = QueueGroups()  # group -> (vhost, name), and the queue's current group (group_of)
@@ -217,6 +218,7 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
                         nursery.start_soon(self.apply_definition, command)
                     self._mirror_backlog.clear()
                     nursery.start_soon(mirror_conversion.run, self)  # classic queues becoming mirrored
+                    nursery.start_soon(mirror_back.run, self)  # and mirrored queues becoming classic again
                     nursery.start_soon(mirror_syncing.run, self)  # ha-sync-mode manual: held-out mirrors released
                 self._raft_started()
                 nursery.start_soon(self._watch_metadata)
@@ -272,6 +274,7 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
         wanted = {group_of_record(q): q for q in state.queues.values() if not q.exclusive_owner}  # (node-local)
         if self.mirror is not None:
             mirror_conversion.switch(self, wanted)  # Raft groups of queues now mirrored: re-added below
+            mirror_back.switch(self, wanted)  # and mirror groups of queues classic again
         for group in [g for g in self.group_queues if g not in wanted]:
             self._remove_group(group)
             self._record_incarnation(group, None)
@@ -304,6 +307,9 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
         one-shot: a node whose data was wiped, or that adds the group again, must never lead term 1 twice)."""
         lead = group in self._declared_here
         self._declared_here.discard(group)
+        seeded = mirror_back.bootstrap(self, group, queue)  # (a queue back from a mirror log)
+        if seeded is not None:
+            return seeded
         if not queue.initial_leader:
             return None
         return Bootstrap(NodeId(queue.initial_leader), lead=lead and queue.initial_leader == self.name)
@@ -512,7 +518,7 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
             [entry.data for entry in entries if entry.kind is EntryKind.NORMAL and entry.data],
             self.group_incarnations.get(group, 0))
         envelopes = read.envelopes
-        if self.mirror is not None and group not in self.mirror.groups:  # a Raft group: nothing after its seal
+        if self.mirror is not None:  # nothing after the seal of a Raft or mirror log
             envelopes = mirror_conversion.cut(self, group, key, envelopes)
         if read.stale:  # written into the group by an earlier declaration of the queue
             self.stats["stale_entries"] += read.stale
