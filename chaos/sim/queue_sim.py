@@ -11,7 +11,13 @@ cores) whose one group is a queue, replicated on every node exactly as cluster m
   with a confirm window, and a consumer (Attach with a prefetch, Settle of what it was delivered, a few ticks
   later; now and then it cancels, keeping what it holds, and consumes again), and now and then a queue.declare
   (`Declare`) and the leader's timer (`Expire`): the queue is auto-delete with an x-expires, so the machine's
-  usage decisions (`QueueUnused`, `QueueExpired`; nothing deletes the queue here) are made. Its proposals are
+  usage decisions (`QueueUnused`, `QueueExpired`; nothing deletes the queue here) are made. Now and then the
+  consumer rejects a message (`Discard`): the queue has a DLX, so the machine dead-letters it, and every node that
+  believes it leads when it applies the `DeadLetter` sends the copy, as the broker's leader does, to one target
+  queue outside the cluster (a plain machine, as a target queue's replica) under the source's at-most-once
+  publisher id with the machine's `DeadLetter.seq`; a copy may be lost on the way, and now and then a node that
+  does not lead sends it too (as an old leader that has not heard of the new one does, or a new leader applying
+  entries its predecessor acted on already): the target must take it as a `Duplicate`. Its proposals are
   tracked by the runtime's own `ProposalTracker`: sent to a node that believes it leads (as a follower forwards;
   lost when the link is cut or the message dropped), sent again every `RETRY_MS` until the client's own replica
   applied them, given up after `TIMEOUT_MS`. A publish is confirmed when the client's replica applied its Enqueue
@@ -20,7 +26,11 @@ cores) whose one group is a queue, replicated on every node exactly as cluster m
 
 Checkers, besides the Raft ones of checkers.py:
 - every replica applies the same entries: the replicas' snapshots agree at every applied index, and so do the
-  machine's usage decisions (`QueueUnused`, `QueueExpired`) at each index;
+  machine's usage decisions (`QueueUnused`, `QueueExpired`) and its dead letters (msg id and sequence) at each
+  index;
+- no dead-letter copy twice (at most once): the target accepts each dead-lettered message at most once, however
+  many leaders (an old one that has not heard of the new, a new one catching up, a node restored from a
+  snapshot) send it;
 - no redelivery after a settled ack: once a replica applied a Settle that removed a message, no later Deliver of it;
 - no confirmed message lost: after the faults heal, every replica applied a final marker and every client's
   proposals were applied, every confirmed message was settled or is still in the queue (ready, or unacked).
@@ -39,15 +49,19 @@ from chaos.sim.checkers import AppliedState, SafetyViolation
 from chaos.sim.sim_types import SimConfig, SimNode, SimResult
 from chaos.sim.simulator import PROPOSALS_QUEUED_MAX, Simulation
 from cluster.queue.envelope import Envelope, EnvelopeCodec
-from cluster.queue.ids import ChannelPublisherId, ConsumerId
+from cluster.queue.ids import AtMostOnceDeadLetterPublisher, ChannelPublisherId, ConsumerId
+from cluster.queue.machine import Queue
 from cluster.queue.replicated import ReplicatedQueue
 from cluster.queue.types import (
     Accepted,
     Attach,
     Cancel,
+    DeadLetter,
     Declare,
     Deliver,
     Detach,
+    Discard,
+    Duplicate,
     Enqueue,
     Expire,
     MsgId,
@@ -57,7 +71,7 @@ from cluster.queue.types import (
     QueueUnused,
     Settle,
 )
-from cluster.raft.core.types import Entry, EntryKind, GroupId, NodeId
+from cluster.raft.core.types import Entry, EntryKind, GroupId, NodeId, Role
 from node.clustering.proposals import PROPOSAL_IDS_PER_BOOT, Pending, ProposalTracker
 
 QUEUE = "q"
@@ -74,8 +88,14 @@ CANCEL_RATE = 0.02  # per live node and tick: the consumer cancels (keeping its 
 RECONSUME_RATE = 0.03  # per live node and tick: a cancelled consumer consumes again
 DECLARE_RATE = 0.005  # per live node and tick: a queue.declare (`Declare`)
 EXPIRE_RATE = 0.01  # per live node and tick: the leader's timer (`Expire`)
-QUEUE_ARGS = QueueArgs(auto_delete=True, expires_ms=100)  # the usage rules decide (cluster/queue/usage.py)
+QUEUE_ARGS = QueueArgs(auto_delete=True, expires_ms=100,  # the usage rules decide (cluster/queue/usage.py)
+                       dead_letter_exchange="dlx")  # and a rejected message is dead-lettered
 USAGE_SEED_SALT = 0x05A6E  # the usage commands draw from their own RNG (the seed's other draws stay as they were)
+DISCARD_RATE = 0.1  # per live node and tick: the consumer rejects one message it holds instead of settling it
+COPY_LOSS_RATE = 0.1  # a dead-letter copy lost on its way to the target
+STRAY_COPY_RATE = 0.3  # a node that does not lead sends the copy too
+DEAD_LETTER_SEED_SALT = 0xD1E7  # the rejects and copy losses draw from their own RNG too
+DEAD_LETTER_PUBLISHER = AtMostOnceDeadLetterPublisher("/", QUEUE)
 
 
 def _identity(value: Any) -> Any:
@@ -137,11 +157,15 @@ class QueueSimulation(Simulation):
         self.state_digests: dict[int, tuple[NodeId, int]] = {}  # applied index -> (first node, replica digest)
         self.decisions: dict[int, tuple[NodeId, tuple[str, ...]]] = {}  # applied index -> (first node, decisions)
         self.usage_rng = random.Random(config.seed ^ USAGE_SEED_SALT)
+        self.dead_letter_rng = random.Random(config.seed ^ DEAD_LETTER_SEED_SALT)
+        self.dead_letter_target = Queue("dlx-target")  # where every dead-letter copy goes (dedup by publisher)
+        self.copied: set[bytes] = set()  # bodies the target accepted a copy of
         self.confirmed: list[bytes] = []  # the body of every confirmed publish (bodies are unique)
         self.msg_ids: dict[bytes, MsgId] = {}  # body -> the msg id the machine gave it (the same on every replica)
         self.consumers: set[tuple[str, int, int]] = set()
         self.queue_stats = {"published": 0, "confirmed": 0, "settled": 0, "deliveries": 0, "skipped_retries": 0,
-                            "given_up": 0, "cancels": 0, "unused": 0, "expired": 0}
+                            "given_up": 0, "cancels": 0, "unused": 0, "expired": 0, "dead_lettered": 0,
+                            "copies": 0, "copies_deduplicated": 0, "copies_lost": 0}
         super().__init__(config)
 
     # --- the run -------------------------------------------------------------------------------------------
@@ -201,6 +225,8 @@ class QueueSimulation(Simulation):
             if self.confirm_early:
                 self.confirmed.append(body)
             self.queue_stats["published"] += 1
+        if chaos:
+            self._reject_step(client)
         if client.outstanding and rng.random() < SETTLE_RATE:
             count = rng.randint(1, len(client.outstanding))
             ids, client.outstanding = client.outstanding[:count], client.outstanding[count:]
@@ -228,6 +254,13 @@ class QueueSimulation(Simulation):
             self._propose(client, Declare(now_ms))
         if rng.random() < EXPIRE_RATE:
             self._propose(client, Expire(now_ms))
+
+    def _reject_step(self, client: SimClient) -> None:
+        """basic.reject without requeue of one delivered message: the machine dead-letters it."""
+        rng = self.dead_letter_rng
+        if client.outstanding and rng.random() < DISCARD_RATE:
+            msg_id = client.outstanding.pop(rng.randrange(len(client.outstanding)))
+            self._propose(client, Discard(client.consumer_id, (msg_id,), self.now_ms))
 
     def _propose(self, client: SimClient, command: Any, barrier: bool = False) -> int:
         proposal_id = client.tracker.next_id()
@@ -301,6 +334,12 @@ class QueueSimulation(Simulation):
                 if client is not None and effect.consumer_id == client.consumer_id:
                     client.outstanding.append(effect.msg_id)
                     self.queue_stats["deliveries"] += 1
+            elif isinstance(effect, DeadLetter):
+                assert effect.msg_id is not None
+                replica.settled.add(effect.msg_id)  # it left the queue: never delivered again, and not lost
+                leads = node.mr is not None and node.mr.groups[group].role is Role.LEADER
+                if leads or self.dead_letter_rng.random() < STRAY_COPY_RATE:
+                    self._send_copy(effect)
             elif isinstance(effect, Accepted):
                 assert isinstance(command, Enqueue)
                 self.msg_ids.setdefault(command.message.payload, effect.msg_id)
@@ -309,9 +348,32 @@ class QueueSimulation(Simulation):
                     if not self.confirm_early:
                         self.confirmed.append(command.message.payload)
 
+    def _send_copy(self, effect: DeadLetter) -> None:
+        """The leader's dead-letter copy to the target, under the source's publisher id and the machine's sequence
+        (`copy_sequence`); lost now and then. Accepting one message's copy twice is a violation."""
+        if self.dead_letter_rng.random() < COPY_LOSS_RATE:
+            self.queue_stats["copies_lost"] += 1
+            return
+        body = effect.message.payload
+        copy = Enqueue(QueuedMessage(body, len(body), True), self.now_ms, DEAD_LETTER_PUBLISHER,
+                       self.copy_sequence(effect))
+        for outcome in self.dead_letter_target.apply(copy):
+            if isinstance(outcome, Duplicate):
+                self.queue_stats["copies_deduplicated"] += 1
+            elif isinstance(outcome, Accepted):
+                if body in self.copied:
+                    raise SafetyViolation("dead letter copied twice", f"{body!r} (sequence {copy.sequence})")
+                self.copied.add(body)
+                self.queue_stats["copies"] += 1
+
+    def copy_sequence(self, effect: DeadLetter) -> int | None:
+        return effect.seq
+
     def _check_decisions(self, node: SimNode, index: int, effects: list[Any]) -> None:
-        """Every replica makes the same usage decisions at the same index."""
-        decided = tuple(type(e).__name__ for e in effects if type(e) is QueueUnused or type(e) is QueueExpired)
+        """Every replica makes the same usage decisions, and dead-letters the same messages under the same
+        sequences, at the same index."""
+        decided = tuple(f"DeadLetter {e.msg_id}#{e.seq}" if type(e) is DeadLetter else type(e).__name__
+                        for e in effects if type(e) in _DECISIONS)
         first = self.decisions.setdefault(index, (node.id, decided))
         if first[1] != decided:
             raise SafetyViolation("decision divergence", f"{node.id} decided {decided} and {first[0]} "
@@ -319,6 +381,8 @@ class QueueSimulation(Simulation):
         if first[0] == node.id:
             self.queue_stats["unused"] += decided.count("QueueUnused")
             self.queue_stats["expired"] += decided.count("QueueExpired")
+            self.queue_stats["dead_lettered"] += len(decided) - decided.count("QueueUnused") - decided.count(
+                "QueueExpired")
 
     def _after_apply(self, node: SimNode, group: GroupId, state: AppliedState) -> None:
         digest = zlib.crc32(self.replicas[node.id].encode(AppliedState(state.index, 0)))
@@ -341,6 +405,9 @@ class QueueSimulation(Simulation):
                 lost.append(body)
         if lost:
             raise SafetyViolation("confirmed message lost", f"{len(lost)} on {node}, e.g. {lost[:5]}")
+
+
+_DECISIONS = (QueueUnused, QueueExpired, DeadLetter)
 
 
 def run_queue_seed(config: SimConfig) -> SimResult:

@@ -66,7 +66,6 @@ from cluster.queue.types import (
     AddCredit,
     Attach,
     Cancel,
-    DeadLetter,
     Declare,
     Deliver,
     Detach,
@@ -106,6 +105,7 @@ class Queue(QueueViews, DeadLettering, QueueUsage, QueueAdmin):
         "_attach_seq",
         "_attached_count",
         "_consumers",
+        "_dead_letter_seq",
         "_had_consumer",
         "_handlers",
         "_has_limits",
@@ -150,6 +150,7 @@ class Queue(QueueViews, DeadLettering, QueueUsage, QueueAdmin):
         self._recent_publisher: Hashable = None  # the id object last remembered (its key is the most recent)
         self._has_limits = self.args.max_length is not None or self.args.max_length_bytes is not None
         self._held = DeadLetterHolding()
+        self._dead_letter_seq = 0  # the latest DeadLetter's sequence (dead_letters.py)
         self.hold_dead_letters = hold_dead_letters  # whether at-least-once args make this machine hold
         self._ttl_epoch_msg_id = 0  # messages from this id on got their expiry from the current message TTL
         self._had_consumer = False  # usage rules (cluster/queue/usage.py): a consumer was attached once
@@ -312,7 +313,7 @@ class Queue(QueueViews, DeadLettering, QueueUsage, QueueAdmin):
         if self._has_limits and args.overflow != "drop-head" and self._would_overflow(message.size_bytes):
             out.append(Rejected(publisher_id, sequence, "maxlen"))
             if args.overflow == "reject-publish-dlx" and args.dead_letter_exchange is not None:
-                out.append(DeadLetter(message, "maxlen", 0))
+                out.append(self._dead_letter(message, "maxlen", 0, None))
             return
         if tracked:
             self._remember_publisher(publisher_id, sequence)  # type: ignore[arg-type]

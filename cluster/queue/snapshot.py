@@ -11,7 +11,9 @@ removed entries) is not carried over, which does not change any future effect. T
 (at-least-once) travels as `held` rows in hold order; `ttl_epoch` is the first msg id whose expiry came from the
 current message TTL (older ones are restored as plain entries, see `_is_compact`). Both keys are optional, so
 snapshots written before them restore. So are the usage keys "had_consumer" and "last_used_ms", and the args'
-"auto_delete" and "expires_ms" (cluster/queue/usage.py), written only when auto-delete or x-expires is set.
+"auto_delete" and "expires_ms" (cluster/queue/usage.py), written only when auto-delete or x-expires is set, and
+"dead_letter_seq" (the latest `DeadLetter.seq`, cluster/queue/dead_letters.py), written once the queue dead-lettered
+a message: the snapshot of a queue without them is the bytes written before they existed.
 """
 
 from __future__ import annotations
@@ -94,11 +96,13 @@ def snapshot_queue(
         for priority, members in queue._rings.iter_rings()
     ]
     active = queue._active
-    usage: dict[str, Any] = {}
+    optional: dict[str, Any] = {}
     if queue.args.auto_delete:
-        usage["had_consumer"] = queue._had_consumer
+        optional["had_consumer"] = queue._had_consumer
     if queue.args.expires_ms is not None:
-        usage["last_used_ms"] = queue._last_used_ms
+        optional["last_used_ms"] = queue._last_used_ms
+    if queue._dead_letter_seq:
+        optional["dead_letter_seq"] = queue._dead_letter_seq
     return {
         "version": SNAPSHOT_VERSION,
         "name": queue.name,
@@ -117,7 +121,7 @@ def snapshot_queue(
         "hold_dead_letters": queue.hold_dead_letters,
         "held_last_seq": queue._held.last_seq,
         "held": [[h.seq, h.reason, _entry_row(h.entry, enc_payload)] for h in queue._held],
-        **usage,
+        **optional,
     }
 
 
@@ -177,4 +181,5 @@ def restore_queue(
     queue.hold_dead_letters = bool(snapshot.get("hold_dead_letters", False))
     queue._had_consumer = bool(snapshot.get("had_consumer", False))
     queue._last_used_ms = snapshot.get("last_used_ms", queue._now_ms)
+    queue._dead_letter_seq = snapshot.get("dead_letter_seq", 0)
     return queue

@@ -338,8 +338,11 @@ class Duplicate:
 class DeadLetter:
     """Republish `message` to the DLX; the broker builds x-death. msg_id (extension) is None for a refused publish.
 
-    `held_seq` is set when the message stays held (at-least-once): its hold sequence, a counter of the log (1, 2,
-    ... in hold order, the same on every replica), for the targets' publisher dedup. None: at most once.
+    `seq` numbers the queue's DeadLetter effects 1, 2, ... (a counter of the machine, in its snapshot, so the same
+    on every replica): the sequence of an at-most-once copy, under the source queue's dead-letter publisher id, for
+    the targets' publisher dedup. `held_seq` is set when the message stays held (at-least-once): its hold
+    sequence, a counter of the log (1, 2, ... in hold order, the same on every replica), which is the copy's
+    sequence then (the holding area is looked up by it). None: at most once.
     """
 
     message: QueuedMessage
@@ -347,6 +350,7 @@ class DeadLetter:
     delivery_count: int
     msg_id: MsgId | None = field(default=None)
     held_seq: int | None = field(default=None)
+    seq: int = field(default=0)
 
 
 @dataclass(frozen=True, slots=True)

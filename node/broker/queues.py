@@ -229,7 +229,6 @@ class QueueState:
     tail: Any = None  # paging.PagedTail while messages wait on disk
     # replicated mode only (node/broker/replica.py); every field below but the last four is a function of the log
     members: dict[Hashable, None] = field(default_factory=dict)  # consumer and get-holder ids known to the machine
-    dead_letter_seq: int = 0  # DeadLetter effects applied so far: the sequence of their republished copies
     is_leader: bool = False  # this node's replica belongs to the group's leader
     expire_proposed_ms: int | None = None  # when the leader last proposed Expire (not applied yet)
     purge_waiters: list[tuple[Any, bool]] = field(default_factory=list)  # (channel, nowait) of this node's purges

@@ -17,7 +17,7 @@ when every target queue's replica applied Accepted or Duplicate for it (nacked o
 What the machine decides is the same on every replica; what is proposed in reaction is decided by one node:
 the owner of an id (a stray delivery or get answer for a local id that is gone: Detach/Return; an Attach of this
 node's earlier boot: Detach) or the queue's local leader (`set_leader`): Expire for TTL, dead-letter republishing
-(publisher id `AtMostOnceDeadLetterPublisher(vhost, queue)`, sequence = the queue's count of DeadLetter effects, the same on every
+(publisher id `AtMostOnceDeadLetterPublisher(vhost, queue)`, sequence = the machine's `DeadLetter.seq`, the same on every
 replica, so a retried or repeated republish is deduplicated by the target), and Detach of the
 consumers of a node reported down (those duties, the timers and the queue snapshots are in `replica_control`).
 Auto-delete and x-expires are the machine's decisions (cluster/queue/usage.py: `QueueUnused` when the last consumer
@@ -28,7 +28,7 @@ went away first (`maybe_auto_delete`).
 This node's own entries end their read-your-writes tickets once applied (`read_your_writes.done`).
 Dead-lettering is at most once across a leader change (as RabbitMQ's default for quorum queues); with
 x-dead-letter-strategy at-least-once (and reject-publish) the machine holds the message until the leader saw every
-target accept it (`replica_dead_letters`). Per-queue bookkeeping that is a function of the log (`members`, `dead_letter_seq`)
+target accept it (`replica_dead_letters`). Per-queue bookkeeping that is a function of the log (`members`)
 travels in the queue snapshot with the replica.
 
 A log entry is a `cluster.queue.envelope.Envelope` (incarnation, origin, proposal id, command); the cluster runtime
@@ -230,7 +230,6 @@ def _apply_committed(broker: BrokerState, vhost: str, name: str, envelope: Envel
             if proposal.origin == broker.config.node_name:
                 _answer_purge(broker, queue, effect.count)
         elif kind is DeadLetter:
-            queue.dead_letter_seq += 1
             if not queue.is_leader:
                 continue
             if effect.held_seq is None:
@@ -321,7 +320,7 @@ def _republish_dead_letter(broker: BrokerState, queue: QueueState, effect: DeadL
     for _vhost, target in targets:
         target_queue = vhost.queues.get(target)
         if target_queue is not None and dead is not None:
-            replica_dead_letters.send_copy(broker, target_queue, dead, publisher_id, queue.dead_letter_seq)
+            replica_dead_letters.send_copy(broker, target_queue, dead, publisher_id, effect.seq)
 
 
 # --- abandoned proposals ----------------------------------------------------------------------------------------

@@ -146,7 +146,8 @@ def snapshot(broker: BrokerState, vhost: str, name: str, sealed: bool | None = N
     replica = replica_of(queue).snapshot(encode_payload, sealed)
     members = [encode_id(cid) for cid in queue.members]
     had_consumer = queue.machine.had_consumer  # (also in the machine's snapshot now; kept for the old layout)
-    return cbor2.dumps([SNAPSHOT_VERSION, replica, queue.dead_letter_seq, had_consumer, members])
+    dead_letter_seq = queue.machine.dead_letter_seq  # (the same)
+    return cbor2.dumps([SNAPSHOT_VERSION, replica, dead_letter_seq, had_consumer, members])
 
 
 def msg_id_span(broker: BrokerState, vhost: str, name: str) -> tuple[int, int | None] | None:
@@ -180,7 +181,7 @@ def restore(broker: BrokerState, vhost: str, name: str, data: bytes) -> None:
     machine: ProposingMachine = queue.machine
     if not data:
         machine.replica = ReplicatedQueue(name, queue_args(queue.arguments, queue.auto_delete))
-        queue.dead_letter_seq, queue.members = 0, {}
+        queue.members = {}
     else:
         try:
             version, replica, dead_letter_seq, had_attach, members = cbor2.loads(data)
@@ -190,7 +191,7 @@ def restore(broker: BrokerState, vhost: str, name: str, data: bytes) -> None:
             raise ValueError("bad queue snapshot")
         machine.replica = ReplicatedQueue.restore(replica, decode_payload)
         machine.replica.queue.adopt_declared(queue.auto_delete, bool(had_attach))  # (snapshots before usage.py)
-        queue.dead_letter_seq = dead_letter_seq
+        machine.replica.queue.adopt_dead_letter_seq(dead_letter_seq)  # (snapshots before DeadLetter.seq)
         queue.members = {decode_id(cid): None for cid in members}
     queue.expire_proposed_ms = None
     queue.flow_inflight = 0  # the snapshot may cover publishes proposed here: their entries are never applied

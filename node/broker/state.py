@@ -5,10 +5,11 @@ storage or for the queue groups, the effects of the running entry point in `out`
 handler module calls on it: `persist` (one `Persist` per entry point), `check_access`, `vhost_of`, `mark_dirty`,
 fresh ids and names. What differs between a single node and a cluster node is a queue's backend
 (node/broker/backend.py, installed by `Broker`) plus three flags named for what they mean (`global_ids`,
-`definitions_shared`, `reads_wait_for_replica`). Handler modules (definitions, delivery, publish, paging, policy_apply, recovery, mirror,
-replica*, reply_gate) take a `BrokerState` and import nothing above them; `Broker` (node/broker/broker.py), the facade
-the runtime calls, subclasses it, dispatches events to the handlers and supplies the operations that need them
-(`dispatch_guarded`, `delete_queue`, `close_channel_state`, abstract here).
+`definitions_shared`, `reads_wait_for_replica`). Handler modules (definitions, delivery, publish, paging,
+policy_apply, recovery, committed_definitions, replica*, reply_gate) take a `BrokerState` and import nothing above
+them; `Broker` (node/broker/broker.py), the facade the runtime calls, subclasses it, dispatches events to the
+handlers and supplies the operations that need them (`dispatch_guarded`, `delete_queue`, `close_channel_state`,
+abstract here).
 """
 
 from __future__ import annotations

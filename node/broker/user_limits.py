@@ -33,11 +33,3 @@ def validate(limits: Mapping[str, Any]) -> dict[str, int]:
 
 
 reached = limits_table.reached
-
-
-def connection_refusal(user: str, limit: int) -> str:
-    return f"Connection refused for user '{user}': user connection limit ({limit}) is reached"
-
-
-def channel_refusal(user: str, limit: int) -> str:
-    return f"number of channels opened for user '{user}' has reached the maximum allowed user limit of ({limit})"

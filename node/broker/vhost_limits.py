@@ -35,9 +35,5 @@ def validate(limits: Mapping[str, Any]) -> dict[str, int]:
 reached = limits_table.reached
 
 
-def connection_refusal(vhost: str, user: str, limit: int) -> str:
-    return f"access to vhost '{vhost}' refused for user '{user}': connection limit ({limit}) is reached"
-
-
 def queue_refusal(queue: str, vhost: str, limit: int) -> str:
     return f"cannot declare queue '{queue}': queue limit in vhost '{vhost}' ({limit}) is reached"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import cbor2
+
 from node.amqp import methods as m
 from node.broker.effects import ProposeQueue, SendContent
 from node.broker.replica import DETACH_RETRIES_MAX
@@ -131,7 +133,7 @@ def test_dead_letters_are_republished_once_by_the_leader() -> None:
     cluster.commit()
     for node in ("a", "b", "c"):
         assert _queue(cluster, node, "dead").machine.ready_count == 2
-        assert _queue(cluster, node, "q").dead_letter_seq == 2
+        assert _queue(cluster, node, "q").machine.dead_letter_seq == 2  # numbered by the machine, alike everywhere
     c = cluster_client(cluster, "c")
     c.consume("dead", "td")
     cluster.commit()
@@ -140,6 +142,49 @@ def test_dead_letters_are_republished_once_by_the_leader() -> None:
     death = got[0].properties.headers["x-death"][0]
     assert death["queue"] == "q" and death["reason"] == "rejected"
     assert _all_equal(cluster, ("/", "dead"))
+
+
+# Written by 9951385 (the broker counted the dead letters then, in the slot beside the replica): node a's
+# snapshot of "q" right after the two rejects of the test above.
+OLD_DEAD_LETTER_SNAPSHOT = (
+    "85015901fba76776657273696f6e016677696e646f771910006b6f726967696e735f6d6178190100676170706c6965640667736b6970"
+    "70656400676f726967696e73828361612081821a000f4240028361622081821a000f424004657175657565b16776657273696f6e0164"
+    "6e616d6561716461726773aa6e6d6573736167655f74746c5f6d73f66a6d61785f6c656e677468f6706d61785f6c656e6774685f6279"
+    "746573f6686f766572666c6f776964726f702d6865616474646561645f6c65747465725f65786368616e676563646c7877646561645f"
+    "6c65747465725f726f7574696e675f6b6579f66c6d61785f7072696f72697479f67673696e676c655f6163746976655f636f6e73756d"
+    "6572f46e64656c69766572795f6c696d6974f674646561645f6c65747465725f73747261746567796c61742d6d6f73742d6f6e63656e"
+    "7075626c6973686572735f6d61781927106b6e6578745f6d73675f6964036a6174746163685f73657101666e6f775f6d730065726561"
+    "64798069636f6e73756d657273818883616201020018fe00f401f5806572696e67738182008183616201026a6861735f616374697665"
+    "f466616374697665f66a7075626c6973686572738182846161010101026974746c5f65706f63680071686f6c645f646561645f6c6574"
+    "74657273f56d68656c645f6c6173745f736571006468656c648002f5818361620102"
+)
+
+
+def test_a_queue_snapshot_written_before_the_machine_numbered_dead_letters_continues_the_count() -> None:
+    cluster = Cluster()
+    a, b = cluster_client(cluster, "a"), cluster_client(cluster, "b")
+    a.call(m.ExchangeDeclare(exchange="dlx", type="fanout", durable=True))
+    a.declare("dead", durable=True)
+    a.bind("dead", "dlx")
+    a.declare("q", durable=True, arguments={"x-queue-type": "quorum", "x-dead-letter-exchange": "dlx"})
+    _publish(cluster, a, b"bad", b"worse")
+    b.consume("q", "t")
+    cluster.commit()
+    tags = [d.method.delivery_tag for d in deliveries(take(cluster, "b"))]
+    b.call(m.BasicReject(delivery_tag=tags[0], requeue=False))
+    b.call(m.BasicNack(delivery_tag=tags[1], requeue=False))
+    cluster.commit()
+    cluster.feed("c", cluster.brokers["c"].queue_restore("/", "q", bytes.fromhex(OLD_DEAD_LETTER_SNAPSHOT)))
+    assert _queue(cluster, "c").machine.dead_letter_seq == 2  # taken from the old slot
+    replicas = {cbor2.loads(data)[1] for data in cluster.snapshots(KEY).values()}
+    assert len(replicas) == 1  # the same replica (and count) on every node
+    cluster.set_leader(KEY, "c")  # the restored node republishes the next copy: sequence 3, not a Duplicate
+    _publish(cluster, a, b"third")
+    tag = deliveries(take(cluster, "b"))[0].method.delivery_tag
+    b.call(m.BasicReject(delivery_tag=tag, requeue=False))
+    cluster.commit()
+    for node in ("a", "b", "c"):
+        assert _queue(cluster, node, "dead").machine.ready_count == 3
 
 
 def test_replicas_end_equal_after_a_mixed_workload() -> None:

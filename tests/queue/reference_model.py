@@ -68,6 +68,7 @@ class Model:
     unacked: dict[Hashable, list[ModelMessage]] = field(default_factory=dict)
     ring: list[Hashable] = field(default_factory=list)
     publishers: list[tuple[Hashable, int]] = field(default_factory=list)  # least recently used first
+    dead_letter_seq: int = 0  # the latest DeadLetter's sequence
 
     # --- helpers ----------------------------------------------------------------------------------------------
 
@@ -80,7 +81,9 @@ class Model:
 
     def lose(self, m: ModelMessage, reason: str, out: list[QueueEffect]) -> None:
         if self.args.dead_letter_exchange is not None:
-            out.append(DeadLetter(m.message, reason, m.delivery_count, MsgId(m.msg_id)))  # type: ignore[arg-type]
+            self.dead_letter_seq += 1
+            out.append(DeadLetter(m.message, reason, m.delivery_count, MsgId(m.msg_id),  # type: ignore[arg-type]
+                                  seq=self.dead_letter_seq))
         else:
             out.append(Dropped(MsgId(m.msg_id), reason))  # type: ignore[arg-type]
 
@@ -184,7 +187,8 @@ class Model:
         if a.overflow != "drop-head" and would_overflow:
             out.append(Rejected(pid, seq, "maxlen"))
             if a.overflow == "reject-publish-dlx" and a.dead_letter_exchange is not None:
-                out.append(DeadLetter(cmd.message, "maxlen", 0))
+                self.dead_letter_seq += 1
+                out.append(DeadLetter(cmd.message, "maxlen", 0, seq=self.dead_letter_seq))
             return
         if tracked:
             self.publishers = [(p, s) for p, s in self.publishers if p != pid]
