@@ -112,6 +112,7 @@ class RaftNodeRuntime:
         self.transport = Transport(node_id, peers, secret, self._receive, on_forward=self._receive_forward,
                                    on_refused=self._peer_refused)
         self._refused: set[NodeId] = set()  # peers whose port refused us since the last turn (transport.py)
+        self.refusal_listeners: list[Callable[[NodeId], None]] = []  # also told of each refusal (the host's)
         self.storage: RaftStorage | None = None
         self.multi: MultiRaft | None = None
         self._groups: dict[GroupId, Membership] = {}
@@ -244,6 +245,8 @@ class RaftNodeRuntime:
     def _peer_refused(self, peer: NodeId) -> None:
         self._refused.add(peer)
         self._wake.set()
+        for listener in self.refusal_listeners:  # (the cluster runtime: mirrored queues, the metadata group)
+            listener(peer)
 
     def _apply_refusals(self, multi: MultiRaft) -> list[GroupId]:
         """Peers that refused our connections after their link was lost (transport.py): the groups they led elect

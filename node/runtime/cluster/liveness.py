@@ -139,6 +139,12 @@ class MembershipAndLiveness:
                 self._reconciling = True
                 self._metadata_tasks.start_soon(self._reconcile_node_states)
 
+    def _peer_refused(self, peer: str) -> None:
+        """The Raft transport saw `peer` refuse a connection after its link was lost (its process is gone): the
+        mirrored queues it leads are reported down at once (mirror_failures.py), as its Raft groups elect at once."""
+        if self.mirror is not None:
+            self.mirror.peer_refused(peer)
+
     _reconciling = False
 
     async def _reconcile_node_states(self) -> None:
