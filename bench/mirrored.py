@@ -16,6 +16,10 @@ fresh cluster per run). Placement: a mirrored queue's leader and in-sync replica
 (`mirror.leader`, `mirror.isr`) and, for RabbitMQ, from `rabbitmqctl eval` (the master's and synchronised
 mirrors' nodes: list_queues shows their pids without node names); the flow and
 the kill start only when all 3 replicas are in sync. The parsers and the table are pure (unit-tested).
+`--failover-only --runs N` measures only the mirrored queues' failover, N kills per broker on a fresh cluster each
+(`--base-port`, `--keep-logs DIR` for raftmq), with the node that led the metadata group at the kill and the
+failover's stages from the survivors' logs (`failover_timeline`; more with RAFTMQ_MIRROR_TRACE=1 on the nodes, as
+the runner passes its environment on).
 """
 
 from __future__ import annotations
@@ -114,7 +118,7 @@ TIMELINE_STAGES = (  # (stage, what a survivor's log line holds; {killed} and {q
     ("refused", rb"cluster: mirrored queues: node {killed} refuses connections"),
     ("down", rb"cluster: node {killed} .*down$"),
     ("reported", rb"cluster: mirrored queue \S*/{queue}: reporting {killed} down"),
-    ("metadata leader", rb"cluster: mirror trace: metadata leader (?!{killed}\b)\S+"),
+    ("metadata leader", rb"cluster: mirror trace: metadata leader (?!{killed}\b|-)\S+"),
     ("committed", rb"cluster: mirror trace: \S*/{queue}: MirrorReplicaDown committed"),
 )
 

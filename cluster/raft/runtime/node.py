@@ -16,7 +16,8 @@ known leader changed to `on_leader_change` (the groups stepped or touched by the
 `LEADER_SCAN_TICKS` ticks). Replication telemetry (telemetry.py) is written after each fsync and sampled on the
 timer. A peer the transport reports refusing connections after its link was lost (its process is gone) is handed to
 `MultiRaft.peer_refused` once the turn's inbox is stepped, so the groups it led elect a new leader at once (docs/raft.md
-"Fast failover on refused connections"). Inbound batches, commands and group changes wait in bounded queues (beyond the bound, batches are dropped,
+"Fast failover on refused connections"); `refusal_listeners` hear of each such refusal too (the cluster runtime's mirrored
+queues and metadata group). Inbound batches, commands and group changes wait in bounded queues (beyond the bound, batches are dropped,
 commands refused and group changes raise `OverflowError`).
 
 Automatic compaction (when the host gives a `SnapshotHost`): compaction.py's `Compactor` snapshots a group whose

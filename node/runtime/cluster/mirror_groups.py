@@ -22,10 +22,11 @@ the node hosts no mirrored queue).
 - `propose`: on the leader, appended; elsewhere forwarded to the leader (`Forward`); without a leader, dropped
   (the runtime's tracker resends, then abandons: the publish is nacked). A publish while the ISR is below
   min-insync is refused by the core and retried the same way until the proposal times out (nack).
-- Failures: the node liveness (node/runtime/cluster/liveness.py) calls `node_down`, which reports the node as
-  `MirrorReplicaDown` for each queue it leads or is in the ISR of: the metadata group elects from the ISR (or
+- Failures (mirror_failures.py, a mixin): the Raft transport's first refusal of a lost peer (`peer_refused`) and
+  the node liveness (`node_down`) report it as `MirrorReplicaDown`: the metadata group elects from the ISR (or
   uncleanly with `ha-promote-on-failure: always`). A node starting with a queue nobody can lead says
-  `MirrorReplicaUp`.
+  `MirrorReplicaUp`. A fetch or epoch question in an epoch this node has not learnt yet (the follower got the
+  record first) is kept and answered once the record makes this node its leader.
 - Policy changes (node/clustering/mirror_policy.py): a committed record with other replicas changes `replicas`
   (whose fetches the leader serves as a replica's, the others' as an observer's: a new replica catches up from
   where its observer log stood and joins the ISR through the leader; a removed one goes on as an observer) and
