@@ -1,5 +1,6 @@
 """A mirrored queue's failover steps in `MirrorGroups` (node/runtime/cluster/mirror_failures.py, mirror_groups.py),
-in one process: a node refusing connections is reported down for the queues it leads, once per epoch; and a
+in one process: a node refusing connections is reported down for the queues it leads, once per epoch, and leaves
+the ISR of the queues led here at once; and a
 follower that learnt the new epoch before its new leader did is answered once the leader learns it (two nodes on
 loopback with their real fetch transports; the follower's own resend is switched off, so only that answer can end
 its truncation)."""
@@ -11,7 +12,7 @@ import pathlib
 import pytest
 import trio
 
-from cluster.metadata.mirror import MirrorRecord, MirrorReplicaDown
+from cluster.metadata.mirror import AlterMirrorIsr, MirrorRecord, MirrorReplicaDown
 from cluster.raft.core.types import Entry, GroupId, NodeId
 from node.runtime.cluster import mirror_groups
 from node.runtime.cluster.mirror_groups import MirrorGroups
@@ -42,6 +43,16 @@ def test_a_refusing_leader_is_reported_once_per_epoch_and_a_follower_not_at_all(
     groups.on_record(GROUP, MirrorRecord("/", "ha.x", ABC, "c", 4, ("b", "c")))
     groups.peer_refused("c")
     assert submitted[1:] == [MirrorReplicaDown("/", "ha.x", "c", 4, ("a", "b"))]
+
+
+def test_a_leader_drops_a_refusing_follower_from_its_isr_at_once(tmp_path: pathlib.Path) -> None:
+    submitted: list[object] = []
+    peers = {"b": ("127.0.0.1", 1), "c": ("127.0.0.1", 2)}
+    groups = MirrorGroups("a", tmp_path, peers, b"secret", _nothing, _leader_change, submitted.append)
+    groups.add_group(GROUP, "/", "ha.x", ABC, "leader-epoch", MirrorRecord("/", "ha.x", ABC, "a", 3, ABC))
+    groups.peer_refused("c")
+    assert groups.groups[GROUP].replica.isr == {"a", "b"}
+    assert submitted == [AlterMirrorIsr("/", "ha.x", "a", 3, ("a", "b"))]  # (not reported down: it leads nothing)
 
 
 async def test_a_request_in_an_epoch_the_leader_has_not_learnt_yet_is_answered_when_it_does(

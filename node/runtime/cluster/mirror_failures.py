@@ -6,7 +6,8 @@ same the Raft queues fail over on (docs/cluster.md "Liveness"):
 - `peer_refused`: the Raft transport saw a node refuse a connection after its link to it was lost, i.e. the
   node's process is gone (a paused, slow or partitioned node refuses nothing). Each queue that node leads is
   reported down at once, once per leader epoch, by every node that sees it (the metadata group takes the first
-  report; a later one names an older epoch and changes nothing).
+  report; a later one names an older epoch and changes nothing); and the queues led here drop it from their ISR
+  at once instead of after the 3 s lag limit, so their HW (and confirms) no longer wait for it.
 - `node_down`: the node liveness (node/runtime/cluster/liveness.py) declared the node down (two refusals 200 ms
   apart, or `node_down_after_ms` without a connection): reported for each queue it leads or is in the ISR of.
 And `shutdown_transfers`: an orderly shutdown's leadership moves (node/runtime/cluster/mirror_handover.py).
@@ -18,6 +19,7 @@ commits a command in the metadata group; the reports name the replicas this node
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,7 @@ from cluster.metadata.mirror import MirrorRecord, MirrorReplicaDown, TransferMir
 from cluster.raft.core.types import GroupId
 
 if TYPE_CHECKING:
+    from cluster.mirror_queues.core.types import Effect
     from node.runtime.cluster.mirror_groups import _Group
 
 log = logging.getLogger(__name__.rpartition(".")[0] + ".mirror_groups")
@@ -38,6 +41,13 @@ class MirrorFailures:
     groups: dict[GroupId, _Group]
     submit: Callable[[Any], None]
 
+    if TYPE_CHECKING:
+        def _run(self, g: _Group, effects: list[Effect]) -> None: ...
+
+    @staticmethod
+    def clock_ms() -> int:
+        return time.time_ns() // 1_000_000  # (mirror_groups.wall_ms, the clock the replicas run on)
+
     def node_down(self, node: str, live: Iterable[str]) -> None:
         """The liveness declared `node` down: report it for each queue it leads or is in the ISR of."""
         self.live = frozenset(live) | {self.name}
@@ -50,7 +60,17 @@ class MirrorFailures:
     def peer_refused(self, node: str) -> None:
         """The Raft transport saw `node` refuse a connection after its link was lost: its process is gone (the
         evidence the Raft queues fail over on; a paused, slow or partitioned node refuses nothing and waits for the
-        liveness's `node_down`). Report it down at once for each queue it leads, once per epoch."""
+        liveness's `node_down`). Report it down at once for each queue it leads, once per epoch; and take it out
+        of the ISR of each queue led here now, as the lag check would after `replica_lag_max_ms` (the leader may
+        always shrink its ISR: the HW then waits for the others only; it rejoins once it has caught up)."""
+        for g in self.groups.values():
+            r = g.replica
+            if r.role == "leader" and node != self.name and node in r.isr:
+                log.info("cluster: mirrored queue %s/%s: follower %s refuses connections: out of the ISR", g.vhost,
+                         g.name, node)
+                now = self.clock_ms()
+                r.last_caught_up[node] = now - r.settings.replica_lag_max_ms - 1  # (the core's lag rule does it)
+                self._run(g, r.tick(now))
         led = [g for g in self.groups.values() if g.record is not None and g.record.leader == node
                and g.refused_reported != g.record.epoch]
         if led:
