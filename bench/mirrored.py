@@ -16,6 +16,10 @@ fresh cluster per run). Placement: a mirrored queue's leader and in-sync replica
 (`mirror.leader`, `mirror.isr`) and, for RabbitMQ, from `rabbitmqctl eval` (the master's and synchronised
 mirrors' nodes: list_queues shows their pids without node names); the flow and
 the kill start only when all 3 replicas are in sync. The parsers and the table are pure (unit-tested).
+`--failover-only --runs N` measures only the mirrored queues' failover, N kills per broker on a fresh cluster each
+(`--base-port`, `--keep-logs DIR` for raftmq), with the node that led the metadata group at the kill and the
+failover's stages from the survivors' logs (`failover_timeline`; more with RAFTMQ_MIRROR_TRACE=1 on the nodes, as
+the runner passes its environment on).
 """
 
 from __future__ import annotations
@@ -110,24 +114,60 @@ def rabbit_mirror_placement(eval_output: str) -> Placement | None:
     return Placement(nodes[0], tuple(nodes))
 
 
+TIMELINE_STAGES = (  # (stage, what a survivor's log line holds; {killed} and {queue} are filled in)
+    ("refused", rb"cluster: mirrored queues: node {killed} refuses connections"),
+    ("down", rb"cluster: node {killed} .*down$"),
+    ("reported", rb"cluster: mirrored queue \S*/{queue}: reporting {killed} down"),
+    ("metadata leader", rb"cluster: mirror trace: metadata leader (?!{killed}\b|-)\S+"),
+    ("committed", rb"cluster: mirror trace: \S*/{queue}: MirrorReplicaDown committed"),
+)
+
+
 def failover_timeline(lines: dict[str, list[tuple[float, bytes]]], killed: str, queue: str,
                       killed_wall_s: float) -> str:
-    """From the survivors' (wall time, log line) after the kill: the first "node <killed> ... down" and the first
-    "mirrored queue /<queue>: leader <survivor>" line, as "down +N ms, new leader X +M ms"."""
-    down: float | None = None
+    """From the survivors' (wall time, log line) after the kill, the first survivor to reach each stage, in ms
+    after the kill: "refused" (the mirrored queues' fast path saw the killed node refuse connections), "down" (the
+    node liveness declared it down), "reported" (a survivor reported it down to the metadata group), with
+    RAFTMQ_MIRROR_TRACE=1 on the nodes also "metadata leader" (a survivor saw a new metadata leader) and
+    "committed" (the report's outcome came back), and "new leader X" (a survivor learnt the committed record)."""
+    firsts: dict[str, float] = {}
     leader: tuple[float, str] | None = None
+    patterns = [(stage, re.compile(pattern.replace(b"{killed}", re.escape(killed.encode()))
+                                   .replace(b"{queue}", re.escape(queue.encode()))))
+                for stage, pattern in TIMELINE_STAGES]
     leader_line = re.compile(rb"cluster: mirrored queue \S*/" + re.escape(queue.encode()) + rb": leader (\S+), epoch")
     for stamps in lines.values():
         for stamp, line in stamps:
-            if b"cluster: node " + killed.encode() + b" " in line and line.rstrip().endswith(b"down"):
-                down = stamp if down is None else min(down, stamp)
+            line = line.rstrip()
+            for stage, pattern in patterns:
+                if pattern.search(line) and (stage not in firsts or stamp < firsts[stage]):
+                    firsts[stage] = stamp
             found = leader_line.search(line)
             if found and found.group(1).decode() not in ("-", killed) and (leader is None or stamp < leader[0]):
                 leader = (stamp, found.group(1).decode())
-    parts = [] if down is None else [f"down +{(down - killed_wall_s) * 1000:.0f} ms"]
+    parts = [f"{stage} +{(stamp - killed_wall_s) * 1000:.0f} ms"
+             for stage, stamp in sorted(firsts.items(), key=lambda item: item[1])]
     if leader is not None:
         parts.append(f"new leader {leader[1]} +{(leader[0] - killed_wall_s) * 1000:.0f} ms")
     return ", ".join(parts)
+
+
+def metadata_leader_of(nodes_json: str, nodes: Sequence[ClusterNode]) -> str | None:
+    """/api/nodes of a raftmq node -> the name of the node whose metadata address ("host:port", the AMQP port +
+    the metadata offset) the answering node's metadata status names as leader; None if unknown."""
+    try:
+        rows = json.loads(nodes_json)
+    except ValueError:
+        return None
+    for row in rows if isinstance(rows, list) else []:
+        metadata = row.get("metadata") if isinstance(row, dict) else None
+        leader = metadata.get("leader") if isinstance(metadata, dict) else None
+        if isinstance(leader, str):
+            port = leader.rpartition(":")[2]
+            for node in nodes:
+                if port == str(node.endpoint.port + RAFTMQ_PORT_OFFSETS[2]):
+                    return node.name
+    return None
 
 
 # --- the clusters as QueueClusters for mirrored queues -------------------------------------------------------
@@ -179,6 +219,14 @@ class RaftmqMirrored:
     def kill(self, node: str) -> None:
         os.kill(self.cluster.pids()[node], signal.SIGKILL)
 
+    def metadata_leader(self) -> str | None:
+        """The node whose metadata port is the metadata group's leader, as the first node that answers says."""
+        for node in self.nodes:
+            status, text = _http(management_port(node), "GET", "/api/nodes")
+            if status == 200:
+                return metadata_leader_of(text, self.nodes)
+        return None
+
     def timeline(self, killed: str, killed_wall_s: float) -> str:
         """When the first survivor logged the killed node down and the queue's new leader (ms after the kill)."""
         from bench.failover import log_lines_after
@@ -211,6 +259,9 @@ class RabbitMirrored:
 
     def kill(self, node: str) -> None:
         self.cluster.kill(node)
+
+    def metadata_leader(self) -> str | None:
+        return None  # (RabbitMQ has none)
 
     def timeline(self, killed: str, killed_wall_s: float) -> str:
         return ""  # (RabbitMQ's logs are not read)
@@ -253,12 +304,18 @@ def mirrored_failover(cluster: RaftmqMirrored | RabbitMirrored) -> tuple[float, 
         connection.channel().queue_declare(FAILOVER_QUEUE, durable=True)
     placement = wait_placement(cluster, FAILOVER_QUEUE, replicas_wanted=3)
     publisher = next(node for node in cluster.nodes if node.name != placement.leader)
-    print(f"  failover: kill -9 of {placement.leader} (leader), publisher on {publisher.name}", flush=True)
+    metadata_leader = cluster.metadata_leader()
+    where = "" if metadata_leader is None else f", metadata leader {metadata_leader}"
+    print(f"  failover: kill -9 of {placement.leader} (leader), publisher on {publisher.name}{where}", flush=True)
     stream, killed_at = failover.kill_under_publisher(publisher.endpoint.port,
                                                       lambda: cluster.kill(placement.leader), FAILOVER_QUEUE)
     killed_wall_s = time.time() - (time.monotonic() - killed_at)
     first_ms = failover.result_of(placement.leader, publisher.name, stream, killed_at).first_confirm_ms
-    return first_ms, cluster.timeline(placement.leader, killed_wall_s)
+    timeline = cluster.timeline(placement.leader, killed_wall_s)
+    if metadata_leader is not None:
+        killed_too = " (killed too)" if metadata_leader == placement.leader else ""
+        timeline = f"metadata leader {metadata_leader}{killed_too}; {timeline}"
+    return first_ms, timeline
 
 
 def measure_broker(
@@ -301,6 +358,36 @@ def measure_broker(
     return [mirrored, quorum]
 
 
+def failover_only(broker: str, runs: int, base_port: int | None, keep_logs: Path | None = None) -> Row:
+    """`--failover-only`: `runs` kills of the mirrored queue's leader, each on a fresh 3-node cluster (no flows);
+    raftmq's node logs are copied to `keep_logs`/run<N>/ if given."""
+    name = f"{broker_title(broker)} mirrored"
+    times: list[float] = []
+    timelines: list[str] = []
+    for run in range(1, runs + 1):
+        print(f"[{broker}] failover run {run}/{runs}: starting a 3-node cluster ...", flush=True)
+        try:
+            start = (_raftmq(base_port) if broker == "raftmq" else _rabbitmq())
+            with start as cluster:
+                cluster.set_policy()
+                first_ms, timeline = mirrored_failover(cluster)
+                if keep_logs is not None and isinstance(cluster, RaftmqMirrored):
+                    time.sleep(0.5)  # (the survivors' last lines)
+                    kept = keep_logs / f"run{run}"
+                    kept.mkdir(parents=True, exist_ok=True)
+                    for log in cluster.cluster.workdir.glob("*.log"):
+                        (kept / log.name).write_bytes(log.read_bytes())
+        except Exception as error:
+            return Row(name, None, tuple(times), error=f"failover run {run}: {error!r}"[:300],
+                       timeline=" | ".join(timelines))
+        print(f"  run {run}: first confirm {first_ms:.0f} ms after the kill"
+              f"{f' (survivors logged: {timeline})' if timeline else ''}", flush=True)
+        times.append(first_ms)
+        if timeline:
+            timelines.append(f"run {run}: {timeline}")
+    return Row(name, None, tuple(times), timeline="\n  ".join(["", *timelines]) if timelines else "")
+
+
 class _QuorumView:
     """The broker's own placement (Raft leader and members) for the quorum flow on the same cluster."""
 
@@ -332,8 +419,8 @@ def broker_title(broker: str) -> str:
 
 
 @contextlib.contextmanager
-def _raftmq() -> Iterator[RaftmqMirrored]:
-    with raftmq_cluster(3) as cluster:
+def _raftmq(base_port: int | None = None) -> Iterator[RaftmqMirrored]:
+    with raftmq_cluster(3, base_port=base_port) as cluster:
         yield RaftmqMirrored(cluster)
 
 
@@ -397,9 +484,17 @@ def main(argv: list[str]) -> int:
                         help="kills of a quorum queue's leader per broker, a fresh cluster each (default 1; 0: skip)")
     parser.add_argument("--rabbitmq", action=argparse.BooleanOptionalAction, default=True, help="measure RabbitMQ")
     parser.add_argument("--output", help="also write the table (Markdown) to this file")
+    parser.add_argument("--failover-only", action="store_true",
+                        help="only the mirrored queues' failover: --runs kills of the leader, a fresh cluster each"
+                        " (no flows, no quorum queues)")
+    parser.add_argument("--runs", type=int, default=5, help="--failover-only: kills per broker (default 5)")
+    parser.add_argument("--base-port", type=int, help="raftmq: node i on this port + i (default: a free run)")
+    parser.add_argument("--keep-logs", help="--failover-only: copy raftmq's node logs to this directory (run<N>/)")
     args = parser.parse_args(argv)
-    if args.quorum_failover_runs < 0:
-        parser.error("--quorum-failover-runs must not be negative")
+    if args.quorum_failover_runs < 0 or args.runs < 1:
+        parser.error("--quorum-failover-runs must not be negative, --runs must be positive")
+    if args.failover_only:
+        return _failover_only_main(args)
     settings = RunSettings(duration_s=args.duration, warmup_s=args.warmup, new_queue_trials=0)
     started_at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load_start = os.getloadavg()[0]
@@ -414,6 +509,32 @@ def main(argv: list[str]) -> int:
     if args.output:
         Path(args.output).write_text(text + "\n")
     return 1 if any(row.error or (row.flow is not None and row.flow.error) for row in rows) else 0
+
+
+def _failover_only_main(args: argparse.Namespace) -> int:
+    load_start = os.getloadavg()[0]
+    keep = Path(args.keep_logs) if args.keep_logs else None
+    rows = [failover_only("raftmq", args.runs, args.base_port, keep)]
+    if args.rabbitmq and rabbitmq_available():
+        rows.append(failover_only("rabbitmq", args.runs, None))
+    lines = [f"raftmq bench mirrored --failover-only: kill -9 of the mirrored queue's leader -> first confirm of a"
+             f" message published after it, {args.runs} run(s) per broker, a fresh 3-node cluster each; load"
+             f" average (1 min) {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end", ""]
+    for row in rows:
+        figures = ", ".join(f"{ms:.0f}" for ms in row.failover_ms) or "-"
+        if row.failover_ms:
+            figures += (f" ms (median {statistics.median(row.failover_ms):.0f}, max {max(row.failover_ms):.0f})")
+        lines.append(f"- {row.name}: {figures}")
+        if row.timeline:
+            lines.append(f"  survivors' logs:{row.timeline}")
+        if row.error:
+            lines.append(f"  error: {row.error}")
+    text = "\n".join(lines)
+    print()
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    return 1 if any(row.error for row in rows) else 0
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ from cluster.metadata.errors import (
     MetadataError,
     MetadataTimeout,
 )
+from cluster.metadata.fast_election import FastElection
 from cluster.metadata.model import AddNode, Command, MetadataState, Outcome
 from cluster.metadata.secret import (
     AuditedEncryptor,
@@ -201,7 +202,12 @@ class _AuditedSyncObj(SyncObj):  # type: ignore[misc]  # (pysyncobj has no type 
 
     def __init__(self, *args: Any, audited: AuditedEncryptor, **kwargs: Any) -> None:
         self._audited = audited
+        self.fast_election = FastElection()  # (fast_election.py: a campaign at once on a refusal; keepalives)
         super().__init__(*args, **kwargs)
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        self.fast_election.before_tick(self)
+        super()._onTick(timeToWait)
 
     @property
     def encryptor(self) -> AuditedEncryptor:
@@ -420,6 +426,19 @@ class MetadataStore(StoreMembership):
     @property
     def state(self) -> MetadataState:
         return self._replica.state
+
+    def leader_refused(self, address: str) -> bool:
+        """The node whose metadata address is `address` refuses connections after its link was lost (the Raft
+        transport's evidence that its process is gone): if it leads, campaign at our turn (fast_election.py)."""
+        syncobj = self._syncobj
+        if not isinstance(syncobj, _AuditedSyncObj):
+            return False
+        members = [m for m in self.members() if m != self.config.address]
+        if syncobj.fast_election.leader_refused(syncobj, address, members, self.config.address):
+            log.info("%s: metadata leader %s refuses connections: campaigning at our turn", self.config.node_name,
+                     address)
+            return True
+        return False
 
     def leader(self) -> str | None:
         if self._syncobj is None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 
-from bench.clusters import Placement
+from bench.client import Endpoint
+from bench.clusters import ClusterNode, Placement
 from bench.mirrored import (
     Row,
     failover_timeline,
     format_table,
+    metadata_leader_of,
     rabbit_mirror_placement,
     rabbit_mirror_query,
     raftmq_mirror_placement,
@@ -68,3 +70,26 @@ def test_failover_timeline_takes_the_first_survivor_to_see_each_stage() -> None:
     }
     assert failover_timeline(lines, "rmq1", "bench-m-failover", 100.0) == "down +120 ms, new leader rmq2 +900 ms"
     assert failover_timeline({}, "rmq1", "bench-m-failover", 100.0) == ""
+
+
+def test_failover_timeline_has_the_fast_path_and_trace_stages() -> None:
+    lines = {
+        "rmq2": [(100.050, b"... cluster: mirrored queues: node rmq1 refuses connections: reporting it down as the"
+                           b" leader of 1 queue(s)"),
+                 (100.051, b"... cluster: mirrored queue //bench-m-failover: reporting rmq1 down (epoch 0, refuses"
+                           b" connections)"),
+                 (100.090, b"... cluster: mirror trace: metadata leader -"),
+                 (100.100, b"... cluster: mirror trace: metadata leader rmq2"),
+                 (100.160, b"... cluster: mirror trace: //bench-m-failover: MirrorReplicaDown committed in 9 ms: ok"),
+                 (100.150, b"... cluster: mirrored queue //bench-m-failover: leader rmq2, epoch 1, ISR rmq2,rmq3")],
+    }
+    assert failover_timeline(lines, "rmq1", "bench-m-failover", 100.0) == (
+        "refused +50 ms, reported +51 ms, metadata leader +100 ms, committed +160 ms, new leader rmq2 +150 ms")
+
+
+def test_metadata_leader_is_the_node_whose_metadata_port_leads() -> None:
+    nodes = (ClusterNode("rmq1", Endpoint("127.0.0.1", 10301)), ClusterNode("rmq2", Endpoint("127.0.0.1", 10302)))
+    rows = [{"name": "rmq1", "metadata": {"leader": "127.0.0.1:31302"}}, {"name": "rmq2", "running": True}]
+    assert metadata_leader_of(json.dumps(rows), nodes) == "rmq2"
+    assert metadata_leader_of(json.dumps([{"name": "rmq1", "metadata": {"leader": None}}]), nodes) is None
+    assert metadata_leader_of("not json", nodes) is None

@@ -16,7 +16,8 @@ known leader changed to `on_leader_change` (the groups stepped or touched by the
 `LEADER_SCAN_TICKS` ticks). Replication telemetry (telemetry.py) is written after each fsync and sampled on the
 timer. A peer the transport reports refusing connections after its link was lost (its process is gone) is handed to
 `MultiRaft.peer_refused` once the turn's inbox is stepped, so the groups it led elect a new leader at once (docs/raft.md
-"Fast failover on refused connections"). Inbound batches, commands and group changes wait in bounded queues (beyond the bound, batches are dropped,
+"Fast failover on refused connections"); `refusal_listeners` hear of each such refusal too (the cluster runtime's mirrored
+queues and metadata group). Inbound batches, commands and group changes wait in bounded queues (beyond the bound, batches are dropped,
 commands refused and group changes raise `OverflowError`).
 
 Automatic compaction (when the host gives a `SnapshotHost`): compaction.py's `Compactor` snapshots a group whose
@@ -130,6 +131,7 @@ class RaftNodeRuntime:
         self.transport = Transport(node_id, peers, secret, self._receive, on_forward=self._receive_forward,
                                    on_refused=self._peer_refused)
         self._refused: set[NodeId] = set()  # peers whose port refused us since the last turn (transport.py)
+        self.refusal_listeners: list[Callable[[NodeId], None]] = []  # also told of each refusal (the host's)
         self.storage: RaftStorage | None = None
         self.multi: MultiRaft | None = None
         self._groups: dict[GroupId, Membership] = {}
@@ -271,6 +273,8 @@ class RaftNodeRuntime:
     def _peer_refused(self, peer: NodeId) -> None:
         self._refused.add(peer)
         self._wake.set()
+        for listener in self.refusal_listeners:  # (the cluster runtime: mirrored queues, the metadata group)
+            listener(peer)
 
     def _apply_refusals(self, multi: MultiRaft) -> list[GroupId]:
         """Peers that refused our connections after their link was lost (transport.py): the groups they led elect

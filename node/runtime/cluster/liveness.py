@@ -139,6 +139,16 @@ class MembershipAndLiveness:
                 self._reconciling = True
                 self._metadata_tasks.start_soon(self._reconcile_node_states)
 
+    def _peer_refused(self, peer: str) -> None:
+        """The Raft transport saw `peer` refuse a connection after its link was lost (its process is gone), as its
+        Raft groups elect at once: if it led the metadata group, that campaigns now too (cluster/metadata/
+        fast_election.py), and the mirrored queues it leads are reported down at once (mirror_failures.py)."""
+        member = next((m for m in self.layout.members if m.name == peer), None)
+        if member is not None and self.store is not None:
+            self.store.leader_refused(f"{member.host}:{member.metadata_port}")
+        if self.mirror is not None:
+            self.mirror.peer_refused(peer)
+
     _reconciling = False
 
     async def _reconcile_node_states(self) -> None:

@@ -22,10 +22,11 @@ the node hosts no mirrored queue).
 - `propose`: on the leader, appended; elsewhere forwarded to the leader (`Forward`); without a leader, dropped
   (the runtime's tracker resends, then abandons: the publish is nacked). A publish while the ISR is below
   min-insync is refused by the core and retried the same way until the proposal times out (nack).
-- Failures: the node liveness (node/runtime/cluster/liveness.py) calls `node_down`, which reports the node as
-  `MirrorReplicaDown` for each queue it leads or is in the ISR of: the metadata group elects from the ISR (or
+- Failures (mirror_failures.py, a mixin): the Raft transport's first refusal of a lost peer (`peer_refused`) and
+  the node liveness (`node_down`) report it as `MirrorReplicaDown`: the metadata group elects from the ISR (or
   uncleanly with `ha-promote-on-failure: always`). A node starting with a queue nobody can lead says
-  `MirrorReplicaUp`.
+  `MirrorReplicaUp`. A fetch or epoch question in an epoch this node has not learnt yet (the follower got the
+  record first) is kept and answered once the record makes this node its leader.
 - Policy changes (node/clustering/mirror_policy.py): a committed record with other replicas changes `replicas`
   (whose fetches the leader serves as a replica's, the others' as an observer's: a new replica catches up from
   where its observer log stood and joins the ISR through the leader; a removed one goes on as an observer) and
@@ -61,7 +62,7 @@ import dataclasses
 import logging
 import pathlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -70,13 +71,12 @@ import trio
 from cluster.metadata.mirror import (
     AlterMirrorIsr,
     MirrorRecord,
-    MirrorReplicaDown,
     MirrorReplicaUp,
-    TransferMirror,
 )
 from cluster.mirror_queues.core.replica import DurableImage, Replica
 from cluster.mirror_queues.core.types import (
     Effect,
+    EpochEndRequest,
     EpochEndResponse,
     FetchRequest,
     FetchResponse,
@@ -97,6 +97,8 @@ from cluster.mirror_queues.runtime.transport import MirrorTransport
 from cluster.mirror_queues.runtime.wire import Forward, Routed, WireError, WireMessage, decode, encode
 from cluster.raft.core.types import Entry, GroupId, Index, NodeId, Term
 from cluster.raft.runtime.compaction import SnapshotHost
+from node.runtime.cluster.mirror_failures import MirrorFailures
+from node.runtime.cluster.mirror_trace import tracing
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,7 @@ LAG_MAX_MS: Final = 3_000  # a follower this far behind leaves the ISR (Kafka's 
 HW_CHECKPOINT_MS: Final = 1_000
 WRITEBACK_MS: Final = 1_000  # flush = "unsynced": the "page cache" is written back this often
 SEED_OFFSET: Final = 1  # a converted queue's mirror log starts here, after its seed (`seed`)
+TRACE: Final = tracing()  # RAFTMQ_MIRROR_TRACE=1 (node/runtime/cluster/mirror_trace.py)
 TRIM_RECORDS: Final = 2_000  # applied records above the log start before the replica snapshots and trims
 
 
@@ -143,11 +146,14 @@ class _Group:
     parked: dict[str, tuple[FetchRequest, int, int, int]] = field(default_factory=dict)  # (req, since, leo, hw)
     hw_sent: dict[str, int] = field(default_factory=dict)
     said_up: bool = False
+    refused_reported: int = -1  # the epoch whose leader this node reported gone on a refusal (`peer_refused`)
+    early: dict[str, FetchRequest | EpochEndRequest] = field(default_factory=dict)  # in an epoch not known here yet
+    trace_until: int = 0  # RAFTMQ_MIRROR_TRACE=1: its traffic is logged until then (a second after a role change)
     unclean: bool = False  # restarted from files whose unflushed tail a crash may have lost (flush = "unsynced")
     durable: int = 0  # the offset after the last record this node's files hold (written and fsynced)
 
 
-class MirrorGroups:
+class MirrorGroups(MirrorFailures):
     """The mirrored queue groups this node hosts (see the module docstring)."""
 
     def __init__(self, name: str, data_dir: pathlib.Path, peers: dict[str, tuple[str, int]], secret: bytes,
@@ -290,8 +296,13 @@ class MirrorGroups:
         released = r.held_out - frozenset(record.held_out)
         r.held_out = frozenset(record.held_out)  # ha-sync-mode manual: not synchronised, kept out of the ISR
         if record.leader and (record.epoch > r.epoch or r.role == "none"):
+            early, g.early = g.early, {}
+            g.trace_until = now + 1_000 if TRACE else 0
             if record.leader == self.name:
                 self._run(g, r.become_leader(record.epoch, frozenset(record.isr), now))
+                for src, request in early.items():  # asked before the record reached this node: answered now
+                    if request.epoch == r.epoch:
+                        self._on_request(g, src, request, now)
             else:
                 self._run(g, r.become_follower(record.leader, record.epoch))
                 g.awaiting_since = None
@@ -315,38 +326,6 @@ class MirrorGroups:
         g = self.groups.get(group)
         return g.leader or None if g is not None else None
 
-    def node_down(self, node: str, live: Iterable[str]) -> None:
-        """The liveness declared `node` down: report it for each queue it leads or is in the ISR of."""
-        self.live = frozenset(live) | {self.name}
-        for g in self.groups.values():
-            record = g.record
-            if record is None or node not in record.replicas or (node != record.leader and node not in record.isr):
-                continue
-            self.submit(MirrorReplicaDown(g.vhost, g.name, node, record.epoch,
-                                          tuple(sorted(n for n in self.live if n != node))))
-
-    def node_up(self, node: str) -> None:
-        self.live = self.live | {node}
-
-    def shutdown_transfers(self, promote_on_shutdown: Callable[[str, str], str]) -> list[TransferMirror]:
-        """An orderly shutdown: for each queue led here, the move of its leadership to the live ISR member furthest
-        along; with `ha-promote-on-shutdown: always` (`promote_on_shutdown(vhost, name)`) to the live replica
-        furthest along when no ISR member is live. None for a queue nobody may take (it is then unavailable until
-        this node is back, or a synced replica's election)."""
-        moves: list[TransferMirror] = []
-        for g in self.groups.values():
-            record, r = g.record, g.replica
-            if record is None or r.role != "leader" or record.leader != self.name:
-                continue
-            live = [n for n in record.replicas if n != self.name and n in self.live]
-            furthest = sorted(live, key=lambda n: -r.follower_leo.get(n, -1))
-            synced = [n for n in furthest if n in record.isr]
-            if synced:
-                moves.append(TransferMirror(g.vhost, g.name, synced[0], tuple(sorted(self.live))))
-            elif furthest and promote_on_shutdown(g.vhost, g.name) == "always":
-                moves.append(TransferMirror(g.vhost, g.name, furthest[0], tuple(sorted(self.live)), unclean=True))
-        return moves
-
     # --- proposals --------------------------------------------------------------------------------------------
 
     def propose(self, group: GroupId, data: bytes) -> bool:
@@ -357,10 +336,17 @@ class MirrorGroups:
             self._publish(g, data)
             return True
         if g.leader and g.leader != self.name:
+            if wall_ms() < g.trace_until:
+                self._trace(g, f"forwarding a proposal to {g.leader}")
             self.stats["forwarded"] += 1
             self._send(g, g.leader, Forward(data))
             return True
         return False
+
+    def _trace(self, g: _Group, what: str) -> None:
+        r = g.replica
+        log.info("cluster: mirror trace: %s/%s: %s (%s, epoch %d, LEO %d, HW %d, applied %d)", g.vhost, g.name, what,
+                 r.role, r.epoch, r.leo, r.hw, g.applied)
 
     def _publish(self, g: _Group, data: bytes) -> None:
         effects = g.replica.publish(data.decode("latin-1"))
@@ -414,6 +400,9 @@ class MirrorGroups:
     def _after_write(self, g: _Group, effects: list[Effect], appended: list[Record] | None = None) -> None:
         if self.telemetry is not None and appended:
             self.telemetry.on_append(g.group, g.replica, appended)
+        if effects and wall_ms() < g.trace_until:
+            self._trace(g, "written: " + ",".join(type(e).__name__ if not isinstance(e, Send)
+                                                   else f"{type(e.message).__name__}>{e.dst}" for e in effects))
         for effect in effects:
             if isinstance(effect, Send):
                 if isinstance(effect.message, FetchResponse):
@@ -460,6 +449,8 @@ class MirrorGroups:
             return
         records = r.records(g.applied, upto)
         g.applied = upto
+        if wall_ms() < g.trace_until:
+            self._trace(g, f"applying {len(records)}")
         self.on_apply_many(g.group, tuple(Entry(Term(rec.epoch), Index(rec.offset + 1), rec.msg.encode("latin-1"))
                                           for rec in records))
 
@@ -486,15 +477,17 @@ class MirrorGroups:
             return
         now = wall_ms()
         r = g.replica
+        if now < g.trace_until:
+            self._trace(g, f"from {src}: {type(inner).__name__} {getattr(inner, 'epoch', '')}")
         if isinstance(inner, Forward):
             if r.role == "leader":
                 self._publish(g, inner.data)
             elif g.leader and g.leader not in (self.name, src):
                 self._send(g, g.leader, inner)  # (leadership moved: once more)
-        elif isinstance(inner, FetchRequest) and inner.src not in g.replicas:
-            self._serve_observer(g, inner, now)
-        elif isinstance(inner, FetchRequest) and self._parks(g, inner):
-            g.parked[src] = (inner, now, r.leo, r.hw)
+        elif isinstance(inner, FetchRequest | EpochEndRequest) and inner.epoch > r.epoch:
+            g.early[src] = inner  # a follower that learnt of a newer epoch first: answered once we know it
+        elif isinstance(inner, FetchRequest | EpochEndRequest):
+            self._on_request(g, src, inner, now)
         elif isinstance(inner, Message):
             if isinstance(inner, FetchResponse | EpochEndResponse) and src == r.leader:
                 g.awaiting_since = None
@@ -503,6 +496,14 @@ class MirrorGroups:
             if g.fetch_now:
                 self._poll(g, now)
         self._release(g, now)
+
+    def _on_request(self, g: _Group, src: str, request: FetchRequest | EpochEndRequest, now: int) -> None:
+        if isinstance(request, FetchRequest) and request.src not in g.replicas:
+            self._serve_observer(g, request, now)
+        elif isinstance(request, FetchRequest) and self._parks(g, request):
+            g.parked[src] = (request, now, g.replica.leo, g.replica.hw)
+        else:
+            self._run(g, g.replica.handle(request, now))
 
     def _parks(self, g: _Group, request: FetchRequest) -> bool:
         r = g.replica

@@ -81,7 +81,7 @@ from node.clustering.proposals import (
     incarnation_of_cid,
     stale_groups,
 )
-from node.runtime.cluster import mirror_back, mirror_conversion, mirror_syncing
+from node.runtime.cluster import mirror_back, mirror_conversion, mirror_syncing, mirror_trace
 from node.runtime.cluster.definition_replies import (
     INTERNAL_ERROR,
     died_with_earlier_life,
@@ -195,6 +195,7 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
             NodeId(self.name), self.data_dir / "raft", (me.host, me.raft_port), peers,
             self.layout.secret.encode(), self._on_apply, snapshots=self, on_leader_change=self._on_leader_change,
             on_apply_many=self._on_apply_many, readies_behind_fsync_max=_readies_behind_fsync_max())
+        self.raft.refusal_listeners.append(self._peer_refused)  # (liveness.py)
         self.mirror = MirrorGroups(
             self.name, self.data_dir, {p.name: (p.host, mirror_port(p.amqp_port)) for p in self.layout.peers},
             self.layout.secret.encode(), self._on_apply_many, self._on_mirror_leader_change, self._submit_mirror,
@@ -226,6 +227,9 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
                 nursery.start_soon(self._liveness_watch)
                 nursery.start_soon(self._reconcile_groups)
                 nursery.start_soon(watch_membership, self)  # online membership (members.py)
+                if mirror_trace.tracing():  # RAFTMQ_MIRROR_TRACE=1: a failover's stages in the log
+                    nursery.start_soon(mirror_trace.watch_metadata_leader, self.store.leader,
+                                       mirror_trace.metadata_names(self.layout.members))
                 task_status.started()
         finally:
             self.close()
@@ -570,6 +574,8 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
         """A mirrored queue's controller command (ISR change, replica down/up) into the metadata group."""
         if self._metadata_tasks is None:
             self._mirror_backlog.append(command)
+        elif mirror_trace.tracing():
+            self._metadata_tasks.start_soon(mirror_trace.apply_traced, self.apply_definition, command)
         else:
             self._metadata_tasks.start_soon(self.apply_definition, command)
 
