@@ -3,9 +3,9 @@
 One task owns the MultiRaft. It wakes when a batch arrives, a command is queued or a tick is due; it then adds and
 removes the groups the host asked for (`add_group`/`remove_group` work before and during `run`; a new group's initial
 membership is committed before it runs and a restarted group keeps its stored one; a removed group's stream is
-deleted in the background while the loop goes on (stream_deleter.py); a new group added with a `Bootstrap` starts
-from `raft.bootstrap_state`, stored with its membership in one record that rides with its first Ready, and its
-named leader leads term 1 at once when the host says it may; the groups added are reported to `on_leader_change` in the same turn), steps every inbound batch, routes
+deleted in a worker thread; a new group added with a `Bootstrap` starts from `raft.bootstrap_state`, stored with its
+membership in one record that rides with its first Ready, and its named leader leads term 1 at once when the host
+says it may; the groups added are reported to `on_leader_change` in the same turn), steps every inbound batch, routes
 queued commands (held ones again, before fresh ones, whenever a group may have got a leader, so a group's commands
 keep their order; routing.py: a proposal, membership change or leadership transfer goes to the local leader core, is
 forwarded to the known leader as a `Forward` frame, or is held up to `forward_hold_ms` while no leader is known) and
@@ -47,7 +47,6 @@ from cluster.raft.runtime.compaction import CompactionConfig, Compactor, Snapsho
 from cluster.raft.runtime.ready_pipeline import QUEUED_READIES_MAX, ReadyPipeline
 from cluster.raft.runtime.routing import FORWARD_HOLD_MS, CommandRouter
 from cluster.raft.runtime.storage import RaftStorage, committed_membership
-from cluster.raft.runtime.stream_deleter import StreamDeleter
 from cluster.raft.runtime.sync_thread import SyncThread
 from cluster.raft.runtime.telemetry import TelemetryWriter
 from cluster.raft.runtime.timing import StageTimings
@@ -133,7 +132,6 @@ class RaftNodeRuntime:
         self.pipeline: ReadyPipeline | None = None  # the Ready pipeline (created by `run`)
         self._readies_behind_fsync_max = readies_behind_fsync_max  # 0: no Ready taken while an fsync runs
         self._volatile: set[GroupId] = set()  # groups whose entries need no fsync (add_group's `volatile`)
-        self._deleter: StreamDeleter | None = None  # removed groups' streams, deleted in the background (`run`)
 
     # --- groups ----------------------------------------------------------------------------------------------
 
@@ -183,8 +181,6 @@ class RaftNodeRuntime:
                 await self._drop_group(multi, storage, group)
                 self._lap("group_drop", lap_started)
             elif group not in multi.groups:
-                if self._deleter is not None:
-                    await self._deleter.wait_for(group)
                 sync |= await self._load_group(multi, storage, group, membership, bootstrap)
                 added.append(group)
                 self._lap("group_load", lap_started)
@@ -231,8 +227,9 @@ class RaftNodeRuntime:
         return sync
 
     async def _drop_group(self, multi: MultiRaft, storage: RaftStorage, group: GroupId) -> None:
-        """Forget the group at once; its stream is deleted in the background while the loop runs
-        (stream_deleter.py), or here and now before `run`."""
+        """Forget the group and delete its stream (a checkpoint of the whole node log, which the loop waits for;
+        deleting it beside the loop slowed the next declaration's metadata commit instead: a cheaper deletion
+        belongs in cluster/log)."""
         self._groups.pop(group, None)
         multi.remove_group(group)
         storage.forget(group)
@@ -240,10 +237,7 @@ class RaftNodeRuntime:
             self.telemetry.forget(group)
         self._known_leaders.pop(group, None)
         self._compactor.forget(group)
-        if self._deleter is not None:
-            self._deleter.queue(group)
-        else:
-            await trio.to_thread.run_sync(storage.delete, group)
+        await trio.to_thread.run_sync(storage.delete, group)
 
     def groups(self) -> list[GroupId]:
         """The groups hosted (or, before `run`, declared), sorted."""
@@ -365,24 +359,19 @@ class RaftNodeRuntime:
             await self._load_group(multi, self.storage, group, membership, self._bootstraps.pop(group, None))
         await self._apply_group_changes(multi, self.storage)  # removals asked for before run, adds since
         self._sync_thread = SyncThread()
-        deleter = self._deleter = StreamDeleter()
-        try:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self.transport.serve, *self.listen)
-                nursery.start_soon(self._ticker)
-                nursery.start_soon(deleter.run, self.storage)
-                if self.timing is not None:
-                    nursery.start_soon(self._lag_probe, self.timing)
-                task_status.started()
-                try:
-                    await self._loop(multi, self.storage)
-                finally:
-                    nursery.cancel_scope.cancel()
-                    self._sync_thread.close()
-                    if self.telemetry is not None:
-                        self.telemetry.close()
-        finally:
-            deleter.finish(self.storage)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.transport.serve, *self.listen)
+            nursery.start_soon(self._ticker)
+            if self.timing is not None:
+                nursery.start_soon(self._lag_probe, self.timing)
+            task_status.started()
+            try:
+                await self._loop(multi, self.storage)
+            finally:
+                nursery.cancel_scope.cancel()
+                self._sync_thread.close()
+                if self.telemetry is not None:
+                    self.telemetry.close()
 
     async def _ticker(self) -> None:
         while True:

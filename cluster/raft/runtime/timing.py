@@ -8,7 +8,7 @@ collection or the GIL), each garbage collection's pause (`gc_gen<N>`), on a lead
 entries to storage to applying them committed (`append_to_apply_leader`), and on a follower the same for appended
 entries (`append_to_apply_follower`), and the loop's group changes: waiting for the pipeline to drain
 (`turn_drain`), carrying the changes out (`turn_group_changes`), each group's load (`group_load`), removal
-(`group_drop`; its stream is deleted in the background) and the fsync of new groups' first records
+(`group_drop`, its stream's deletion included) and the fsync of new groups' first records
 (`group_commit`). The host may add its own stages (`record`; the cluster runtime adds
 `proposal_to_apply`: a local proposal until this node's replica applied it). Every `dump_interval_s` the samples taken since the last dump are appended as
 one JSON line `{"wall_s": ..., "stages": {stage: [ms, ...]}}` to `<directory>/<node>.jsonl` (so a run's layouts
