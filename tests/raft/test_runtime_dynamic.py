@@ -125,8 +125,8 @@ async def test_groups_added_and_removed_while_running(tmp_path: pathlib.Path) ->
 
 
 async def test_a_group_removed_and_added_at_once_comes_back_fresh(tmp_path: pathlib.Path) -> None:
-    """The removed group's stream is deleted in the background (stream_deleter.py); adding the group again before
-    that finished waits for the deletion, so the group starts from an empty log instead of its old stream."""
+    """A group removed and added again in one turn starts from an empty log, not from its old stream (the removal's
+    stream deletion comes first)."""
     cluster = _build(tmp_path, {G: ALL_VOTERS})
     async with _running(cluster):
         leader = await _agreed_leader(cluster, G)
