@@ -11,7 +11,7 @@ disturb the new group; it removes the old group when its metadata shows the chan
 `QueueGroups` maps group -> (vhost, name) and back from the queue's key (`queue_key`: the incarnation-less id, which
 the proposal tracker and the leader log line use, as they follow the queue across incarnations). Each node records,
 in `<data_dir>/queue-incarnations.json`, the groups it hosts (`node/runtime/cluster/incarnation_file.py`, written
-before a group is added, atomically); at start a recorded group the metadata does not have has its local state (stream) deleted before Raft
+atomically before a group is added; removals and non-durable classic queues' groups by a worker thread); at start a recorded group the metadata does not have has its local state (stream) deleted before Raft
 runs (node/runtime/cluster/runtime.py), which also frees the old groups of a node that was down. While running, `redeclared`
 finds queues whose incarnation changed in one metadata step (deleted and declared again before this node looked)
 and `without_queues` is the state between the two, so the broker drops the old queue before the new one is

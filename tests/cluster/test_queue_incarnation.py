@@ -117,6 +117,15 @@ def test_stale_groups_are_gone_or_of_another_incarnation() -> None:
     assert stale_groups({}, wanted) == []  # nothing recorded (a node from before incarnations): nothing deleted
 
 
+def test_an_older_version_of_the_incarnation_map_never_replaces_a_newer_one(tmp_path: Path) -> None:
+    store = IncarnationFile(tmp_path / "data")  # written from the trio thread and from a worker thread (runtime.py)
+    store.save({"q/%2F/a": 1, "q/%2F/b": 2}, version=2)
+    store.save({"q/%2F/a": 1}, version=1)  # a worker thread's write that came late
+    assert store.load() == {"q/%2F/a": 1, "q/%2F/b": 2} and store.saved_version == 2
+    store.save({"q/%2F/b": 2}, version=3)
+    assert IncarnationFile(tmp_path / "data").load() == {"q/%2F/b": 2}
+
+
 def test_the_incarnation_file_round_trips(tmp_path: Path) -> None:
     store = IncarnationFile(tmp_path / "data")
     assert store.load() == {}

@@ -124,6 +124,25 @@ async def test_groups_added_and_removed_while_running(tmp_path: pathlib.Path) ->
         assert cluster.applied_data(node, G) == [b"one", b"two"]
 
 
+async def test_a_group_removed_and_added_at_once_comes_back_fresh(tmp_path: pathlib.Path) -> None:
+    """A group removed and added again in one turn starts from an empty log, not from its old stream (the removal's
+    stream deletion comes first)."""
+    cluster = _build(tmp_path, {G: ALL_VOTERS})
+    async with _running(cluster):
+        leader = await _agreed_leader(cluster, G)
+        assert cluster.runtimes[leader].propose(G, b"old")
+        await _until(lambda: _everyone_applied(cluster, G, [b"old"]))
+        for runtime in cluster.runtimes.values():
+            runtime.remove_group(G)
+            runtime.add_group(G, ALL_VOTERS)  # at once: both changes are carried out in the same turn
+        await _until(lambda: all(not runtime._group_changes for runtime in cluster.runtimes.values()))
+        leader = await _agreed_leader(cluster, G)
+        assert cluster.runtimes[leader].propose(G, b"new")
+        await _until(lambda: _everyone_applied(cluster, G, [b"new"]))
+    for node in NODES:
+        assert cluster.applied_data(node, G) == [b"old", b"new"]  # "old" not applied again: the log started empty
+
+
 async def test_followers_and_learners_forward_proposals_to_the_leader(tmp_path: pathlib.Path) -> None:
     membership = Membership(frozenset({N1, N2}), frozenset({N3}))
     cluster = _build(tmp_path, {G: membership})

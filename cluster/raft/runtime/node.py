@@ -196,13 +196,18 @@ class RaftNodeRuntime:
         sync = False
         while self._group_changes:
             group, membership, bootstrap = self._group_changes.popleft()
+            lap_started = self._lap_start()
             if membership is None:
                 await self._drop_group(multi, storage, group)
+                self._lap("group_drop", lap_started)
             elif group not in multi.groups:
                 sync |= await self._load_group(multi, storage, group, membership, bootstrap)
                 added.append(group)
+                self._lap("group_load", lap_started)
         if sync and storage.bytes_queued:  # new groups' initial memberships: durable before they send anything
+            lap_started = self._lap_start()
             await trio.to_thread.run_sync(storage.commit)
+            self._lap("group_commit", lap_started)
         self._start_bootstrapped(multi)
         self._recheck_held = True  # held commands may be for a group that is here now
         return added
@@ -223,8 +228,11 @@ class RaftNodeRuntime:
         same state (the node's term-1 vote was for the named leader either way, and that leader leads term 1 only
         in the life the host created the group in)."""
         initial = None if bootstrap is None else bootstrap_state(membership, bootstrap.leader)
-        persisted = await trio.to_thread.run_sync(storage.load, group, membership,
-                                                  None if initial is None else initial.hard_state)
+        bootstrap_hard_state = None if initial is None else initial.hard_state
+        if storage.exists(group):
+            persisted = await trio.to_thread.run_sync(storage.load, group, membership, bootstrap_hard_state)
+        else:  # a new group: only its first record is queued, no file is read (a thread hop costs more)
+            persisted = storage.load(group, membership, bootstrap_hard_state)
         self._groups[group] = membership if persisted is None else committed_membership(persisted)
         if persisted is None and initial is not None and bootstrap is not None and bootstrap.seed is not None:
             seed = Snapshot(SEED_INDEX, BOOTSTRAP_TERM, membership, bootstrap.seed)
@@ -248,6 +256,9 @@ class RaftNodeRuntime:
         return sync
 
     async def _drop_group(self, multi: MultiRaft, storage: RaftStorage, group: GroupId) -> None:
+        """Forget the group and delete its stream (a checkpoint of the whole node log, which the loop waits for;
+        deleting it beside the loop slowed the next declaration's metadata commit instead: a cheaper deletion
+        belongs in cluster/log)."""
         self._groups.pop(group, None)
         multi.remove_group(group)
         storage.forget(group)
@@ -432,8 +443,11 @@ class RaftNodeRuntime:
                     self.telemetry.sample(multi.groups)
                 self._lap("turn_tick", lap_started)
             if self._group_changes:
+                lap_started = self._lap_start()
                 await pipeline.drain(multi, storage)  # storage is ours alone while groups come and go
+                lap_started = self._lap("turn_drain", lap_started)
                 touched.update(await self._apply_group_changes(multi, storage))  # their leaders are noticed
+                self._lap("turn_group_changes", lap_started)
             lap_started = self._lap_start()
             stepped, leader_learned = self._step_inbox(multi)
             touched.update(stepped)

@@ -168,6 +168,11 @@ class RaftStorage:
     def open(cls, directory: pathlib.Path) -> RaftStorage:
         return cls(NodeLog.open(directory))
 
+    def exists(self, group: GroupId) -> bool:
+        """Whether the group has a stream (`load` of a group without one reads nothing: the caller may skip the
+        worker thread)."""
+        return stream_name(group) in self.log.streams()
+
     def load(self, group: GroupId, declared: Membership, bootstrap: HardState | None = None
              ) -> PersistedState | None:
         """The group's persisted state, or None if it is new: then `declared` is its initial membership (and

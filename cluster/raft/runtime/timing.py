@@ -6,7 +6,10 @@ before they are routed (`route_wait`), each fsync (`fsync`), each Ready's apply 
 loop (`loop_turn`), how late a 5 ms sleep wakes (`loop_lag`: the trio thread blocked by long callbacks, garbage
 collection or the GIL), each garbage collection's pause (`gc_gen<N>`), on a leader the time from handing its new
 entries to storage to applying them committed (`append_to_apply_leader`), and on a follower the same for appended
-entries (`append_to_apply_follower`). The host may add its own stages (`record`; the cluster runtime adds
+entries (`append_to_apply_follower`), and the loop's group changes: waiting for the pipeline to drain
+(`turn_drain`), carrying the changes out (`turn_group_changes`), each group's load (`group_load`), removal
+(`group_drop`, its stream's deletion included) and the fsync of new groups' first records
+(`group_commit`). The host may add its own stages (`record`; the cluster runtime adds
 `proposal_to_apply`: a local proposal until this node's replica applied it). Every `dump_interval_s` the samples taken since the last dump are appended as
 one JSON line `{"wall_s": ..., "stages": {stage: [ms, ...]}}` to `<directory>/<node>.jsonl` (so a run's layouts
 can be told apart by time; `summary` gives count/p50/p90/p99/max). Samples are kept in bounded rings

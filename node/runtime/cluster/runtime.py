@@ -136,6 +136,8 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
         self.group_incarnations: dict[GroupId, int] = {}  # the incarnation each hosted group serves
         self.incarnation_file = IncarnationFile(self.data_dir)
         self.recorded_incarnations: dict[str, int] = {}  # what the file says (kept in step with it)
+        self._incarnations_version = 0  # bumped at each change of recorded_incarnations (the file's `save`)
+        self._incarnations_wake: trio.Event | None = None  # set: `_write_incarnations` runs (and is woken by it)
         self._deferred_groups: set[GroupId] = set()  # stale here at start: added once their old state is deleted
         self._declared_here: set[GroupId] = set()  # groups of queues this node is declaring now (see _bootstrap)
         self._raft_running = False
@@ -221,6 +223,8 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
                     nursery.start_soon(mirror_conversion.run, self)  # classic queues becoming mirrored
                     nursery.start_soon(mirror_back.run, self)  # and mirrored queues becoming classic again
                     nursery.start_soon(mirror_syncing.run, self)  # ha-sync-mode manual: held-out mirrors released
+                self._incarnations_wake = trio.Event()
+                nursery.start_soon(self._write_incarnations)
                 self._raft_started()
                 nursery.start_soon(self._watch_metadata)
                 nursery.start_soon(self._retry_timer)
@@ -235,6 +239,8 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
             self.close()
 
     def close(self) -> None:
+        if self._incarnations_version > self.incarnation_file.saved_version:  # what the writer had not written yet
+            self.incarnation_file.save(self.recorded_incarnations, self._incarnations_version)
         if self.store is not None:
             self.store.close()
 
@@ -287,7 +293,7 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
                 continue
             if group in self._deferred_groups and not self._raft_running:
                 continue  # its old state is deleted when Raft starts; added right after (_raft_started)
-            self._record_incarnation(group, queue.incarnation)
+            self._record_incarnation(group, queue.incarnation, durable_first=not dies_with_its_node(queue))
             self.group_queues[group] = (queue.vhost, queue.name)
             self.group_incarnations[group] = queue.incarnation
             if queue.type == "mirrored" and self.mirror is not None:
@@ -355,16 +361,33 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
             self._deferred_groups.add(GroupId(group))
         mirror_conversion.drop_raft_streams(self, state)  # (left by a conversion while this node was down)
 
-    def _record_incarnation(self, group: str, incarnation: int | None) -> None:
-        """Keep the incarnation file in step (written before a group is added: a crash never leaves a hosted
-        group unrecorded)."""
+    def _record_incarnation(self, group: str, incarnation: int | None, durable_first: bool = False) -> None:
+        """Keep the incarnation file in step. An addition with `durable_first` is on disk before the group is
+        added (a crash never leaves a hosted group unrecorded); a removal (a crash before it is written leaves a
+        recorded group that the next start finds stale and deletes again) and a volatile group's addition (a
+        non-durable classic queue's: the fsync would hold up the trio thread, and every other queue, for each
+        declaration; a crash before the write, then the queue deleted before this node's next start, leaves its
+        small stream behind) are written by `_write_incarnations`, once it runs."""
         if self.recorded_incarnations.get(group) == incarnation:
             return
         if incarnation is None:
             self.recorded_incarnations.pop(group, None)
         else:
             self.recorded_incarnations[group] = incarnation
-        self.incarnation_file.save(self.recorded_incarnations)
+        self._incarnations_version += 1
+        if durable_first or self._incarnations_wake is None:
+            self.incarnation_file.save(self.recorded_incarnations, self._incarnations_version)
+        else:
+            self._incarnations_wake.set()
+
+    async def _write_incarnations(self) -> None:
+        """Write the incarnation file in a worker thread whenever `_record_incarnation` asks (the latest map)."""
+        while True:
+            assert self._incarnations_wake is not None
+            await self._incarnations_wake.wait()
+            self._incarnations_wake = trio.Event()
+            await trio.to_thread.run_sync(self.incarnation_file.save, dict(self.recorded_incarnations),
+                                          self._incarnations_version)
 
     def _raft_started(self) -> None:
         """The stale groups' state is gone now (deleted as Raft started): forget them, add the redeclared ones."""
