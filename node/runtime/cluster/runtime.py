@@ -91,7 +91,7 @@ from node.runtime.cluster.definition_replies import (
     uncommitted_creations,
 )
 from node.runtime.cluster.forward import Forwarder
-from node.runtime.cluster.incarnation_file import IncarnationFile
+from node.runtime.cluster.incarnation_file import IncarnationFile, IncarnationRecording
 from node.runtime.cluster.liveness import MembershipAndLiveness
 from node.runtime.cluster.members import adopt_metadata_layout, watch_membership
 from node.runtime.cluster.mirror_groups import MirrorGroups, mirror_port
@@ -113,7 +113,7 @@ def _readies_behind_fsync_max() -> int:
     return int(value) if value.isdigit() else QUEUED_READIES_MAX
 
 
-class ClusterRuntime(QueueProposals, MembershipAndLiveness):
+class ClusterRuntime(QueueProposals, MembershipAndLiveness, IncarnationRecording):
     """The cluster layer of one node; create it, `attach(node)`, `await start()`, then run `run` in a nursery."""
 
     def __init__(self, config: NodeConfig, layout: ClusterLayout, broker: Any, boot_id: int) -> None:
@@ -239,8 +239,7 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
             self.close()
 
     def close(self) -> None:
-        if self._incarnations_version > self.incarnation_file.saved_version:  # what the writer had not written yet
-            self.incarnation_file.save(self.recorded_incarnations, self._incarnations_version)
+        self._save_unwritten_incarnations()
         if self.store is not None:
             self.store.close()
 
@@ -360,34 +359,6 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness):
             self.raft.remove_group(GroupId(group))  # before run: its stream is deleted when Raft starts
             self._deferred_groups.add(GroupId(group))
         mirror_conversion.drop_raft_streams(self, state)  # (left by a conversion while this node was down)
-
-    def _record_incarnation(self, group: str, incarnation: int | None, durable_first: bool = False) -> None:
-        """Keep the incarnation file in step. An addition with `durable_first` is on disk before the group is
-        added (a crash never leaves a hosted group unrecorded); a removal (a crash before it is written leaves a
-        recorded group that the next start finds stale and deletes again) and a volatile group's addition (a
-        non-durable classic queue's: the fsync would hold up the trio thread, and every other queue, for each
-        declaration; a crash before the write, then the queue deleted before this node's next start, leaves its
-        small stream behind) are written by `_write_incarnations`, once it runs."""
-        if self.recorded_incarnations.get(group) == incarnation:
-            return
-        if incarnation is None:
-            self.recorded_incarnations.pop(group, None)
-        else:
-            self.recorded_incarnations[group] = incarnation
-        self._incarnations_version += 1
-        if durable_first or self._incarnations_wake is None:
-            self.incarnation_file.save(self.recorded_incarnations, self._incarnations_version)
-        else:
-            self._incarnations_wake.set()
-
-    async def _write_incarnations(self) -> None:
-        """Write the incarnation file in a worker thread whenever `_record_incarnation` asks (the latest map)."""
-        while True:
-            assert self._incarnations_wake is not None
-            await self._incarnations_wake.wait()
-            self._incarnations_wake = trio.Event()
-            await trio.to_thread.run_sync(self.incarnation_file.save, dict(self.recorded_incarnations),
-                                          self._incarnations_version)
 
     def _raft_started(self) -> None:
         """The stale groups' state is gone now (deleted as Raft started): forget them, add the redeclared ones."""
