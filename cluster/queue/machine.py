@@ -52,7 +52,7 @@ from cluster.queue.admin import QueueAdmin
 from cluster.queue.consumers import Consumer, ConsumerRings
 from cluster.queue.dead_letters import DeadLettering
 from cluster.queue.holding import DEAD_LETTER_HELD_MAX, DeadLetterHolding
-from cluster.queue.paging import PageTail, QueuePaging
+from cluster.queue.paging import QueuePaging
 from cluster.queue.queue_views import QueueViews
 from cluster.queue.ready import (
     GONE,
@@ -81,9 +81,7 @@ from cluster.queue.types import (
     Get,
     GetEmpty,
     GetOk,
-    MemoryPressure,
     MsgId,
-    PagedIn,
     PagingCommand,
     Purge,
     QueueArgs,
@@ -91,13 +89,11 @@ from cluster.queue.types import (
     QueuedMessage,
     QueueEffect,
     Recover,
-    RecoverPaged,
     Rejected,
     Return,
     SetArgs,
     Settle,
     SettleDeadLettered,
-    Spill,
 )
 from cluster.queue.usage import QueueUsage
 
@@ -145,8 +141,8 @@ class Queue(QueueViews, DeadLettering, QueueUsage, QueuePaging, QueueAdmin):
         hold_dead_letters: bool = False,
         page_limit: int = 0,
     ):
-        if publishers_max < 1 or page_limit < 0:
-            raise ValueError("publishers_max must be >= 1 and page_limit >= 0")
+        if publishers_max < 1:
+            raise ValueError("publishers_max must be >= 1")
         self.name = name
         self.args = args if args is not None else QueueArgs()
         self.publishers_max = publishers_max
@@ -167,10 +163,7 @@ class Queue(QueueViews, DeadLettering, QueueUsage, QueuePaging, QueueAdmin):
         self._ttl_epoch_msg_id = 0  # messages from this id on got their expiry from the current message TTL
         self._had_consumer = False  # usage rules (cluster/queue/usage.py): a consumer was attached once
         self._last_used_ms: int | None = None  # and the last use (x-expires)
-        self._page_limit = page_limit  # paging rules (cluster/queue/paging.py): 0 never pages
-        self._page_floor: int | None = None  # the page-in ceiling under memory pressure
-        self._tail: PageTail | None = None
-        self._set_page_out_at()
+        self._init_paging(page_limit)  # (cluster/queue/paging.py)
         self._handlers: dict[type, Callable[[Any, _Effects], None]] = {
             Enqueue: self._enqueue,
             EnqueueMany: self._enqueue_many,
@@ -188,10 +181,7 @@ class Queue(QueueViews, DeadLettering, QueueUsage, QueuePaging, QueueAdmin):
             SettleDeadLettered: self._settle_dead_lettered,
             Cancel: self._cancel,
             Declare: self._declare,
-            PagedIn: self._paged_in,
-            RecoverPaged: self._recover_paged,
-            MemoryPressure: self._memory_pressure,
-            Spill: self._spill,
+            **self._paging_handlers(),
         }
 
     # --- public API -----------------------------------------------------------------------------------------

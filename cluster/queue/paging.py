@@ -30,8 +30,8 @@ The rules:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final, cast
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from cluster.queue.ready import READY, REDELIVERED, Entry, ReadyStore
 from cluster.queue.types import (
@@ -157,6 +157,18 @@ class QueuePaging:
     def _deliver(self, out: _Effects) -> None:
         raise NotImplementedError
 
+    def _init_paging(self, page_limit: int) -> None:
+        if page_limit < 0:
+            raise ValueError("page_limit must be >= 0")
+        self._page_limit = page_limit  # 0: never pages
+        self._page_floor = None  # the page-in ceiling under memory pressure
+        self._tail = None
+        self._set_page_out_at()
+
+    def _paging_handlers(self) -> dict[type, Callable[[Any, _Effects], None]]:
+        return {PagedIn: self._paged_in, RecoverPaged: self._recover_paged, MemoryPressure: self._memory_pressure,
+                Spill: self._spill}
+
     # --- queries --------------------------------------------------------------------------------------------
 
     @property
@@ -189,7 +201,7 @@ class QueuePaging:
         """After the tail or the arguments changed."""
         self._page_out_at = 0 if self._tail is not None else self._page_limit if self.may_page else NEVER
 
-    def _page_out(self, msg_id: MsgId, message: QueuedMessage, expiry_ms: int | None, publisher_id: object,
+    def _page_out(self, msg_id: MsgId, message: QueuedMessage, expiry_ms: int | None, publisher_id: Hashable | None,
                   sequence: int | None, out: _Effects) -> None:
         """An accepted message joins the tail (the caller checked the rule)."""
         tail = self._tail

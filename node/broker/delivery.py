@@ -106,6 +106,8 @@ def enqueue(broker: BrokerState, queue: QueueState, command: Enqueue) -> int:
         elif len(effects) > 1:
             _handle_effects(broker, queue, effects)
         return token
+    if type(first) is PagedOut and len(effects) == 1 and not first.held:  # a long queue's publish
+        return paged_tail.page_out(broker, queue, first)
     token = 0
     for effect in effects:
         kind = type(effect)
