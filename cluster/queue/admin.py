@@ -1,13 +1,15 @@
 """Queue administration (a mixin of cluster/queue/machine.py): `Purge` and `SetArgs` (policies).
 
-- Purge removes every ready message (`Purged` with the count); `Purge(transient_only=True)` only the ready
-  non-persistent ones, keeping the rest in order, with no effect (replicated mode: a classic queue's restart).
+- Purge removes every ready message and a paging machine's tail (`Purged` with the count, then `PagedDropped`:
+  cluster/queue/paging.py); `Purge(transient_only=True)` only the ready non-persistent ones, keeping the rest in
+  order (and the tail), with no effect (replicated mode: a classic queue's restart).
 - SetArgs (policies) replaces the arguments at its point of the log, keeping max_priority,
   single_active_consumer and auto_delete as declared. A new x-message-ttl applies to messages enqueued from then
   on; messages already in keep the expiry they got (as RabbitMQ, which stamps the expiry at enqueue). New length
   limits apply at once: under drop-head the heads over the limit are dead-lettered/dropped ("maxlen"); under
   reject-publish(-dlx) nothing already in the queue is removed, publishes are refused until it is under the limit
-  (as RabbitMQ). A new x-expires starts a new period (cluster/queue/usage.py).
+  (as RabbitMQ). A new x-expires starts a new period (cluster/queue/usage.py). Whether a tail may start follows
+  the new arguments (cluster/queue/paging.py).
 """
 
 from __future__ import annotations
@@ -49,9 +51,18 @@ class QueueAdmin:
     def _drop_heads_over_limit(self, out: _Effects) -> None:
         raise NotImplementedError
 
+    def _purge_tail(self, out: _Effects) -> int:
+        raise NotImplementedError
+
+    def _set_page_out_at(self) -> None:
+        raise NotImplementedError
+
     def _purge(self, command: Purge, out: _Effects) -> None:
         if not command.transient_only:
-            out.append(Purged(self._ready.clear()))
+            dropped: _Effects = []  # (the tail's PagedDropped follows Purged)
+            count = self._ready.clear() + self._purge_tail(dropped)
+            out.append(Purged(count))
+            out.extend(dropped)
             return
         old = self._ready  # kept in order as returned entries of a fresh store, as `_rebuild_ready` does
         self._ready = ReadyStore(self.args.max_priority, old.queue_ttl_ms)
@@ -67,6 +78,7 @@ class QueueAdmin:
         self.args = new
         self._expires_changed(old, new, command.now_ms)
         self._has_limits = new.max_length is not None or new.max_length_bytes is not None
+        self._set_page_out_at()
         if new.message_ttl_ms != old.message_ttl_ms:
             self._rebuild_ready(new.message_ttl_ms)
         if self._held.count and not (self.hold_dead_letters and new.holds_dead_letters):

@@ -9,8 +9,10 @@ capacity (see `consumers.ConsumerRings`), highest consumer priority first and ro
 messages live in `ready.ReadyStore` (priority levels, ascending msg_id, requeued messages back at their place). The
 queries are in `queue_views.QueueViews`, how messages are lost (dead letters, holding, length limits) in
 `dead_letters.DeadLettering`, whether the queue is still used (auto-delete, x-expires: `Cancel`, `Declare`,
-`QueueUnused`, `QueueExpired`, `next_expiry_ms`) in `usage.QueueUsage`, and `Purge`/`SetArgs` in
-`admin.QueueAdmin`: mixins of `Queue`.
+`QueueUnused`, `QueueExpired`, `next_expiry_ms`) in `usage.QueueUsage`, `Purge`/`SetArgs` in
+`admin.QueueAdmin`, and which messages of a long queue wait outside it (a machine made with `page_limit`: `Enqueue`
+past the limit joins the tail, `PageInWanted`/`PagedIn`, `Spill` under `MemoryPressure`) in `paging.QueuePaging`:
+mixins of `Queue`.
 
 Hot paths (each gives exactly the effects and state of the plain path; tests/queue/test_batch_paths.py): a new
 message with nothing ready ahead of it and no expiry goes straight to the head consumer, never through the store;
@@ -50,6 +52,7 @@ from cluster.queue.admin import QueueAdmin
 from cluster.queue.consumers import Consumer, ConsumerRings
 from cluster.queue.dead_letters import DeadLettering
 from cluster.queue.holding import DEAD_LETTER_HELD_MAX, DeadLetterHolding
+from cluster.queue.paging import QueuePaging
 from cluster.queue.queue_views import QueueViews
 from cluster.queue.ready import (
     GONE,
@@ -78,6 +81,7 @@ from cluster.queue.types import (
     GetEmpty,
     GetOk,
     MsgId,
+    PagingCommand,
     Purge,
     QueueArgs,
     QueueCommand,
@@ -97,7 +101,7 @@ PUBLISHERS_MAX_DEFAULT: Final = 10_000
 _Effects = list[QueueEffect]
 
 
-class Queue(QueueViews, DeadLettering, QueueUsage, QueueAdmin):
+class Queue(QueueViews, DeadLettering, QueueUsage, QueuePaging, QueueAdmin):
     """One queue's state. Mutable for speed; use snapshot()/restore() to copy it."""
 
     __slots__ = (
@@ -113,10 +117,14 @@ class Queue(QueueViews, DeadLettering, QueueUsage, QueueAdmin):
         "_last_used_ms",
         "_next_msg_id",
         "_now_ms",
+        "_page_floor",
+        "_page_limit",
+        "_page_out_at",
         "_publishers",
         "_ready",
         "_recent_publisher",
         "_rings",
+        "_tail",
         "_ttl_epoch_msg_id",
         "_unacked_count",
         "args",
@@ -131,6 +139,7 @@ class Queue(QueueViews, DeadLettering, QueueUsage, QueueAdmin):
         args: QueueArgs | None = None,
         publishers_max: int = PUBLISHERS_MAX_DEFAULT,
         hold_dead_letters: bool = False,
+        page_limit: int = 0,
     ):
         if publishers_max < 1:
             raise ValueError("publishers_max must be >= 1")
@@ -155,6 +164,7 @@ class Queue(QueueViews, DeadLettering, QueueUsage, QueueAdmin):
         self._ttl_epoch_msg_id = 0  # messages from this id on got their expiry from the current message TTL
         self._had_consumer = False  # usage rules (cluster/queue/usage.py): a consumer was attached once
         self._last_used_ms: int | None = None  # and the last use (x-expires)
+        self._init_paging(page_limit)  # (cluster/queue/paging.py)
         self._handlers: dict[type, Callable[[Any, _Effects], None]] = {
             Enqueue: self._enqueue,
             EnqueueMany: self._enqueue_many,
@@ -172,34 +182,25 @@ class Queue(QueueViews, DeadLettering, QueueUsage, QueueAdmin):
             SettleDeadLettered: self._settle_dead_lettered,
             Cancel: self._cancel,
             Declare: self._declare,
+            **self._paging_handlers(),
         }
 
     # --- public API -----------------------------------------------------------------------------------------
 
-    def apply(self, command: QueueCommand) -> list[QueueEffect]:
+    def apply(self, command: QueueCommand | PagingCommand) -> list[QueueEffect]:
         handler = self._handlers.get(type(command))
         if handler is None:
             raise TypeError(f"not a queue command: {command!r}")
         out: _Effects = []
         handler(command, out)
+        if self._tail is not None:
+            self._page_in(out)
         return out
 
     @property
     def msg_ids_used(self) -> int:
         """How many message ids the queue handed out in its life (the last id; read-only)."""
         return self._next_msg_id - 1
-
-    def reserve_msg_id(self) -> MsgId:
-        """Take the next msg id without enqueueing (single-node paging: the message waits on disk and comes
-        back later by `Recover(msg_id, ..., redelivered=False)`). Not for replicated queues: it is no command."""
-        msg_id = MsgId(self._next_msg_id)
-        self._next_msg_id = msg_id + 1
-        return msg_id
-
-    def skip_msg_ids_through(self, msg_id: MsgId) -> None:
-        """Never hand out `msg_id` or a lower id again (single-node paging: ids of messages still on disk)."""
-        if msg_id >= self._next_msg_id:
-            self._next_msg_id = msg_id + 1
 
     def snapshot(
         self,
@@ -209,6 +210,8 @@ class Queue(QueueViews, DeadLettering, QueueUsage, QueueAdmin):
         """cbor-able state; see cluster.queue.snapshot for the payload/id encoding rules."""
         from cluster.queue.snapshot import snapshot_queue
 
+        if self._tail is not None:
+            raise ValueError("a machine with a paged tail is not snapshotted")
         return snapshot_queue(self, encode_payload, encode_id)
 
     @classmethod
@@ -237,7 +240,8 @@ class Queue(QueueViews, DeadLettering, QueueUsage, QueueAdmin):
             raise ValueError("EnqueueMany needs as many sequences as messages")
         ready = self._ready
         start = 0
-        if not (self._has_limits or ready.queue_ttl_ms is not None or self._held.count >= DEAD_LETTER_HELD_MAX):
+        if not (self._has_limits or ready.queue_ttl_ms is not None or self._held.count >= DEAD_LETTER_HELD_MAX
+                or ready.count + len(messages) > self._page_out_at):  # (none of them can join a tail)
             self._advance(command.now_ms, out)
             start = self._enqueue_run(publisher_id, messages, sequences, out)
         for index in range(start, len(messages)):
@@ -323,6 +327,9 @@ class Queue(QueueViews, DeadLettering, QueueUsage, QueueAdmin):
         if message.ttl_ms is not None and (ttl_ms is None or message.ttl_ms < ttl_ms):
             ttl_ms = message.ttl_ms
         expiry_ms = None if ttl_ms is None else now_ms + ttl_ms
+        if self._ready.count >= self._page_out_at and (expiry_ms is None or self._tail is not None):
+            self._page_out(msg_id, message, expiry_ms, publisher_id, sequence, out)  # (cluster/queue/paging.py)
+            return
         out.append(Accepted(publisher_id, sequence, msg_id))
         if expiry_ms is None and not self._ready.count:
             consumer = self._rings.head()

@@ -1,6 +1,6 @@
 """The read-only side of `Queue` (a mixin of cluster/queue/machine.py): counts, the held dead letters, the
-time, and the msg ids for tests and tools (the next expiry is `usage.QueueUsage.next_expiry_ms`). None of it is a command; only
-`withdraw_newest_ready` (single-node paging, never for replicated queues) changes the state.
+time, and the msg ids for tests and tools (the next expiry is `usage.QueueUsage.next_expiry_ms`, the paging counts
+are `paging.QueuePaging`'s). None of it changes the state.
 """
 
 from __future__ import annotations
@@ -78,13 +78,6 @@ class QueueViews:
     def now_ms(self) -> int:
         """The latest time seen in a command."""
         return self._now_ms
-
-    def withdraw_newest_ready(self, count_max: int) -> list[tuple[MsgId, QueuedMessage, int, bool]]:
-        """Single-node paging under memory pressure (not a command: never for replicated queues): remove up to
-        `count_max` of the newest ready messages, stopping at one with an expiry; (msg_id, message,
-        delivery_count, redelivered) each, highest msg id first. They come back later by `Recover`."""
-        return [(entry.msg_id, entry.message, entry.delivery_count, entry.redelivered)
-                for entry in self._ready.withdraw_newest(count_max)]
 
     def ready_msg_ids(self) -> list[MsgId]:
         """Ready message ids in delivery order (O(n); for tests and tools)."""

@@ -1,13 +1,15 @@
 """Data types of the queue state machine: arguments, messages, commands and effects.
 
 Everything here is plain, immutable data that the broker builds (commands) or reads (effects): frozen, slotted
-dataclasses, except the two effects built once per message, `Deliver` and `Accepted`, which are NamedTuples (as
-immutable, and built faster than a slotted dataclass; docs/benchmarks.md, "Frozen dataclasses off the per-message
-path"). An effect is never changed once emitted. Three values built once per message (QueuedMessage, Enqueue,
+dataclasses, except the effects built once per message, `Deliver`, `Accepted` and `PagedOut`, which are NamedTuples
+(as immutable, and built faster than a slotted dataclass; docs/benchmarks.md, "Frozen dataclasses off the
+per-message path"). An effect is never changed once emitted. Three values built once per message (QueuedMessage, Enqueue,
 Settle) are slotted dataclasses that are not frozen, for the same reason: nothing assigns to their fields; treat
 them as values.
 The machine in `cluster.queue.machine` consumes commands and returns effects; it performs no I/O, so the same
-commands in the same order give the same effects on every replica.
+commands in the same order give the same effects on every replica. The paging commands (`PagingCommand`: they
+are not `QueueCommand`s, which a replicated log carries) and effects (`PagedOut`, `SpilledOut`, `PageInWanted`,
+`PagedDropped`) concern only a machine made with a page limit (cluster/queue/paging.py), never a replicated one.
 
 Time only enters through the `now_ms` fields of commands. Ids are opaque hashables chosen by the broker
 (`consumer_id`, `publisher_id`); message ids are assigned by the machine, strictly increasing from 1.
@@ -15,7 +17,7 @@ Time only enters through the `now_ms` fields of commands. Ids are opaque hashabl
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple, NewType
 
@@ -213,8 +215,7 @@ class Recover:
     """Rebuild after a restart: the message becomes ready and is delivered with redelivered=True.
 
     `expiry_ms` (an extension of the interface) is the absolute expiry the message had, if the broker kept it.
-    `redelivered=False` (single-node paging, node/broker/paging.py) brings back a message paged out to disk before
-    it was ever delivered: it takes its place by msg_id and is delivered unflagged.
+    `redelivered=False` brings the message back unflagged (it takes its place by msg_id).
     """
 
     msg_id: MsgId
@@ -266,6 +267,41 @@ class Declare:
     now_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryPressure:
+    """The node is short of memory (`floor` set) or no longer (None). While it lasts, a paging machine pages in
+    only up to `floor` ready messages, and `Spill` moves what it holds above the floor to its tail."""
+
+    floor: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Spill:
+    """Under memory pressure: a paging machine moves up to `max_messages` of its newest ready messages above the
+    floor to the front of its tail (`SpilledOut`). Nothing under no pressure, with a page-in outstanding, or on a
+    machine that may not page."""
+
+    max_messages: int
+
+
+@dataclass(frozen=True, slots=True)
+class PagedIn:
+    """The answer to the outstanding `PageInWanted`: (msg_id, message, delivery_count) of each message read, in
+    the request's order; one that could not be read is missing (it cannot come back). Ids not asked for are
+    ignored, and so is an answer with nothing outstanding (a purge dropped the request)."""
+
+    messages: tuple[tuple[MsgId, QueuedMessage, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecoverPaged:
+    """Recovery: messages that wait on disk, in ascending msg id order, become the paging machine's tail; they
+    page in delivered redelivered (as `Recover`), and no id up to the last is handed out again. `msg_ids` is
+    read once, while the command applies (an `array('q')` of a long queue's ids is not copied by the caller)."""
+
+    msg_ids: Sequence[int]
+
+
 QueueCommand = (
     Enqueue
     | EnqueueMany
@@ -284,6 +320,9 @@ QueueCommand = (
     | Cancel
     | Declare
 )
+
+# The commands of paging (cluster/queue/paging.py): only for a machine in one process, never in a replicated log.
+PagingCommand = MemoryPressure | Spill | PagedIn | RecoverPaged
 
 # --- effects --------------------------------------------------------------------------------------------------
 
@@ -383,6 +422,43 @@ class QueueExpired:
     `Expire` ran: the broker deletes the queue (cluster: the node that proposed the Expire, its leader)."""
 
 
+class PagedOut(NamedTuple):  # per message: a NamedTuple (see the header)
+    """The message was enqueued as `msg_id` (as `Accepted`) into the paging machine's tail. Not `held`: the
+    broker writes it to the tail on disk and forgets it; it comes back through `PageInWanted`. `held` (it has an
+    expiry): the machine keeps it in memory, in its place, and the broker stores it as any accepted message."""
+
+    publisher_id: Hashable | None
+    sequence: int | None
+    msg_id: MsgId
+    message: QueuedMessage
+    held: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SpilledOut:
+    """`Spill` withdrew these ready messages, (msg_id, message, delivery_count) in ascending msg id order, to the
+    front of the tail: the broker writes each to disk and forgets it; they page in first, with their delivery
+    count and redelivered flag."""
+
+    messages: tuple[tuple[MsgId, QueuedMessage, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PageInWanted:
+    """Read these tail messages back (written at `PagedOut`, `SpilledOut` or recovery), in this order, and answer
+    with one `PagedIn`. At most one is outstanding per machine."""
+
+    msg_ids: tuple[MsgId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PagedDropped:
+    """`Purge` dropped the tail: these of its messages have a record on disk (every one not held, and the held
+    persistent ones), which the broker removes."""
+
+    msg_ids: tuple[MsgId, ...]
+
+
 QueueEffect = (
     Deliver
     | GetOk
@@ -396,4 +472,8 @@ QueueEffect = (
     | ActiveConsumerChanged
     | QueueUnused
     | QueueExpired
+    | PagedOut
+    | SpilledOut
+    | PageInWanted
+    | PagedDropped
 )

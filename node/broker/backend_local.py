@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.queue import Declare, Purge, Purged, Queue, SetArgs
+from cluster.queue import Declare, MemoryPressure, PagedDropped, Purge, Purged, Queue, SetArgs
 from node.amqp import methods as m
-from node.broker import definitions, delivery, paging, policy_apply
+from node.broker import definitions, delivery, paged_tail, paging
 from node.broker.backend import QueueBackend, expiry_deadline_ms
 from node.broker.channel import ChannelState
 from node.broker.effects import Send
@@ -34,9 +34,12 @@ class LocalBackend(QueueBackend):
     can_page = True
 
     def create(self, broker: BrokerState, vhost: VHost[QueueState], queue: QueueState) -> None:
-        queue.machine = Queue(queue.name, queue_args(queue.arguments, queue.auto_delete))
+        queue.machine = Queue(queue.name, queue_args(queue.arguments, queue.auto_delete),
+                              page_limit=paging.page_limit(broker))  # (paging: node/broker/paging.py)
         queue.machine.apply(Declare(broker.now_ms))  # (x-expires counts from here; an empty machine: no effect)
-        queue.pageable = paging.is_pageable(broker, queue)
+        floor = paging.memory_floor(broker)
+        if floor is not None:
+            queue.machine.apply(MemoryPressure(floor))  # (an empty machine: no effect)
         if queue.stored:
             broker.persist((QueueRecord(vhost.name, queue.name, queue.auto_delete, queue.arguments),))
 
@@ -45,19 +48,22 @@ class LocalBackend(QueueBackend):
             broker.persist((QueueRecord(queue.vhost, queue.name, deleted=True),))
 
     def purge(self, broker: BrokerState, ch: ChannelState, queue: QueueState, nowait: bool) -> None:
-        """At once; a paged tail goes too."""
+        """At once; the machine's paged tail goes too (its records removed after the ready ones')."""
         count = 0
         ready_ids = set(queue.machine.ready_msg_ids()) if queue.persisted_ids else set()
+        dropped: PagedDropped | None = None
         for effect in queue.machine.apply(Purge()):
             if isinstance(effect, Purged):
                 count += effect.count
+            elif isinstance(effect, PagedDropped):
+                dropped = effect
         if queue.persisted_ids:
             # the ready ones before the purge (computed after it, "unacked" would be every persisted id)
             removed = queue.persisted_ids & ready_ids
             queue.persisted_ids -= removed
             broker.persist(tuple(MessageRemovedRecord(queue.vhost, queue.name, i) for i in sorted(removed)))
-        if queue.tail is not None:
-            count += paging.forget_tail(broker, queue)
+        if dropped is not None:
+            paged_tail.paged_dropped(broker, queue, dropped)
         if not nowait:
             broker.out.append(Send(ch.conn_id, ch.number, m.QueuePurgeOk(message_count=count)))
 
@@ -72,11 +78,7 @@ class LocalBackend(QueueBackend):
 
     def apply_args(self, broker: BrokerState, queue: QueueState, merged: dict[str, Any]) -> None:
         """`SetArgs` applies to the machine at once (its effects, e.g. drop-head or dead letters past a new
-        max-length, handled as any command's)."""
-        if any(key in merged for key in policy_apply.LIMIT_ARGS):
-            queue.pageable = False  # limits count what the machine holds: no new tail (one already there stays)
-        elif queue.tail is None:
-            queue.pageable = paging.is_pageable(broker, queue)  # (a cleared policy gives paging back)
+        max-length, handled as any command's; whether it may page follows its arguments)."""
         wanted = machine_args(merged, queue.auto_delete)
         if queue.machine.args != wanted:
             delivery.apply_queue(broker, queue, SetArgs(wanted, broker.now_ms))

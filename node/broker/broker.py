@@ -45,6 +45,7 @@ from node.broker import (
     definitions,
     delivery,
     method_table,
+    paged_tail,
     paging,
     policies,
     policy_apply,
@@ -360,8 +361,8 @@ class Broker(BrokerState):
                 if conn.blocked:
                     conn.blocked = False
                     self.out.append(Unblock(conn.conn_id))
-        if active and kind == paging.MEMORY_ALARM:
-            paging.spill_under_alarm(self)  # messages already in memory go to disk (then at every tick)
+        if kind == paging.MEMORY_ALARM:
+            paging.memory_alarm(self)  # messages already in memory go to disk (then at every tick)
         return self._finish()
 
     def set_writable(self, conn_id: int, writable: bool) -> list[Effect]:
@@ -397,7 +398,7 @@ class Broker(BrokerState):
 
     def on_tail_offsets(self, items: list[tuple[str, int, int]]) -> list[Effect]:
         """Storage appended paged-out records: (stream, msg_id, log offset) each, in append order."""
-        paging.on_tail_offsets(self, items)
+        paged_tail.on_tail_offsets(self, items)
         return self._finish()
 
     def on_paged_in(self, vhost: str, queue: str, request_id: int, records: list[Any]) -> list[Effect]:
@@ -587,7 +588,7 @@ class Broker(BrokerState):
         if self.dead_letters or self.dirty:
             self._settle_round()
         if self.paging:
-            paging.request_page_ins(self)
+            paged_tail.issue_reads(self)  # (the PageIns the queue machines asked for)
         if self._batch is not None:
             self._close_batch()
         if self.flow_paused:

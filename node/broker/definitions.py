@@ -13,7 +13,7 @@ from typing import Any
 
 from cluster.queue import Expire
 from node.amqp import methods as m
-from node.broker import delivery, paging, policy_apply, vhost_limits
+from node.broker import delivery, paged_tail, paging, policy_apply, vhost_limits
 from node.broker.backend import QueueBackend, backend_of
 from node.broker.channel import ChannelState, ConnState
 from node.broker.effects import Effect, Send
@@ -232,7 +232,7 @@ def queue_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, method
     backend_of(queue).declared(broker, queue)  # (a use: x-expires starts again)
     ch.last_queue = queue.name
     consumer_count = backend_of(queue).consumer_count(queue)  # (every node's)
-    count = queue.machine.ready_count if queue.tail is None else paging.message_count(queue)
+    count = paging.message_count(queue)  # (a paged tail too)
     ok = m.QueueDeclareOk(queue=queue.name, message_count=count, consumer_count=consumer_count)
     _reply(broker, ch, method.nowait, ok)
 
@@ -280,7 +280,7 @@ def queue_delete(broker: BrokerState, conn: ConnState, ch: ChannelState, method:
         check_exclusive(conn, queue)
         if method.if_unused and (queue.consumers or backend_of(queue).consumer_count(queue)):
             raise precondition(f"{queue.resource} in use")
-        count = queue.machine.ready_count if queue.tail is None else paging.message_count(queue)
+        count = paging.message_count(queue)
         if method.if_empty and count:
             raise precondition(f"{queue.resource} not empty")
         # RabbitMQ sends queue.delete-ok before the consumer_cancel_notify basic.cancels (the channel replies when
@@ -310,7 +310,7 @@ def delete_queue(broker: BrokerState, queue: QueueState, cancels: list[Effect] |
     # writes a QueueStreamStartRecord before its QueueRecord; recovery drops what precedes it).
     backend_of(queue).delete(broker, queue)
     if queue.tail is not None:
-        paging.forget_tail(broker, queue)
+        paged_tail.forget_tail(broker, queue)
     if queue.persisted_ids:  # (not stored: paged-in persistent messages; the stream stays consistent on its own)
         removed = sorted(queue.persisted_ids)
         queue.persisted_ids.clear()

@@ -16,8 +16,6 @@ a command's effects: `_handle_effects` deletes the queue).
 
 from __future__ import annotations
 
-import dataclasses
-import operator
 from collections.abc import Hashable, Iterable
 from typing import Any
 
@@ -36,16 +34,19 @@ from cluster.queue import (
     GetEmpty,
     GetOk,
     MsgId,
+    PagedDropped,
+    PagedOut,
+    PageInWanted,
     QueuedMessage,
     QueueExpired,
     QueueUnused,
     Rejected,
     Return,
     Settle,
+    SpilledOut,
 )
 from node.amqp import methods as m
-from node.amqp.properties import BasicProperties
-from node.broker import trace
+from node.broker import paged_tail, trace
 from node.broker.backend import backend_of
 from node.broker.channel import ChannelState, ConnState, Consumer, Message, PendingDelivery, Unacked
 from node.broker.effects import Effect, Send, SendContent
@@ -53,17 +54,10 @@ from node.broker.errors import AmqpError, access_refused, precondition
 from node.broker.queue_lookup import REPLY_TO_QUEUE, check_exclusive, lookup_queue
 from node.broker.queues import QueueState
 from node.broker.records import MessageRecord, MessageRemovedRecord, Record
+from node.broker.records import properties_to_dict as properties_to_dict  # (replica_wire uses it from here)
 from node.broker.state import BrokerState
 
 _new_tuple = tuple.__new__  # _new_tuple(Unacked, (...)): a NamedTuple without its Python-level __new__
-_PROPERTY_NAMES = tuple(f.name for f in dataclasses.fields(BasicProperties))
-_property_values = operator.attrgetter(*_PROPERTY_NAMES)
-
-
-def properties_to_dict(props: Any) -> dict[str, Any]:
-    """The properties that are set, as a plain dict (for MessageRecord); all values fetched in one C call."""
-    values = _property_values(props)
-    return {name: value for name, value in zip(_PROPERTY_NAMES, values, strict=True) if value is not None}
 
 
 SHARED_PROPERTY_DICTS_MAX = 4096  # cleared when full
@@ -99,7 +93,9 @@ def enqueue(broker: BrokerState, queue: QueueState, command: Enqueue) -> int:
     -1 means the queue refused it, 0 neither.
 
     The accepted message's record is written before any other effect of the command is handled, so a removal
-    record (no-ack delivery, drop-head) can never precede the message's own record in the queue's stream.
+    record (no-ack delivery, drop-head) can never precede the message's own record in the queue's stream. A
+    message the machine pages out (`PagedOut`) is written to its tail instead (node/broker/paged_tail.py), unless
+    the machine holds it in memory: then it is stored as an accepted one.
     """
     effects = queue.machine.apply(command)
     first = effects[0] if effects else None
@@ -110,11 +106,18 @@ def enqueue(broker: BrokerState, queue: QueueState, command: Enqueue) -> int:
         elif len(effects) > 1:
             _handle_effects(broker, queue, effects)
         return token
+    if type(first) is PagedOut and len(effects) == 1 and not first.held:  # a long queue's publish
+        return paged_tail.page_out(broker, queue, first)
     token = 0
     for effect in effects:
         kind = type(effect)
         if kind is Accepted:
             if command.message.persistent:
+                token = _persist_accepted(broker, queue, effect.msg_id, command.message)
+        elif kind is PagedOut:
+            if not effect.held:
+                token = paged_tail.page_out(broker, queue, effect)
+            elif command.message.persistent:
                 token = _persist_accepted(broker, queue, effect.msg_id, command.message)
         elif kind is Rejected:
             token = -1
@@ -133,7 +136,7 @@ def _handle_effects(broker: BrokerState, queue: QueueState, effects: list[Any]) 
         kind = type(effect)
         if kind is Deliver:
             _on_deliver(broker, queue, effect)
-        elif kind is Accepted or kind is Rejected:
+        elif kind is Accepted or kind is Rejected or kind is PagedOut:
             continue
         elif kind is GetOk:
             _on_get_ok(broker, queue, effect)
@@ -149,6 +152,12 @@ def _handle_effects(broker: BrokerState, queue: QueueState, effects: list[Any]) 
             forget_persisted(broker, queue, (effect.msg_id,))
         elif kind is QueueUnused or kind is QueueExpired:
             broker.delete_queue(queue)  # (auto-delete, x-expires: the machine decided)
+        elif kind is PageInWanted:  # paging (the machine decided): node/broker/paged_tail.py
+            paged_tail.page_in_wanted(broker, queue, effect)
+        elif kind is SpilledOut:
+            paged_tail.spilled_out(broker, queue, effect)
+        elif kind is PagedDropped:
+            paged_tail.paged_dropped(broker, queue, effect)
         else:
             rest.append(effect)
     return rest

@@ -28,7 +28,6 @@ from node.broker.state import BrokerState
 from node.broker.vhost import VHost
 
 POLICY_RESEND_MS: Final = 1000  # replicated mode: a SetArgs not applied by then is proposed again
-LIMIT_ARGS: Final = ("x-max-length", "x-max-length-bytes", "x-message-ttl")  # a queue with them never pages
 
 
 def queue_policy(vhost: VHost[Any], queue: QueueState) -> Policy | None:

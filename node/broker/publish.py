@@ -19,7 +19,7 @@ from typing import Any
 
 from cluster.queue import DeadLetter, Enqueue, QueuedMessage
 from node.amqp import methods as m
-from node.broker import paging, trace
+from node.broker import trace
 from node.broker.channel import ChannelState, ConnState, Message, TxState
 from node.broker.delivery import enqueue, settle_entries
 from node.broker.effects import Block, Send, SendContent
@@ -200,12 +200,6 @@ def enqueue_all(broker: BrokerState, vhost: VHost[QueueState], queue_names: tupl
         if queue is None:
             continue
         touched[id(queue)] = queue  # for the runtime's credit flow (Broker.publish_flow_behind)
-        if queue.tail is not None or (queue.pageable and ttl_ms is None and queue.machine.ready_count
-                                      >= broker.config.queue_messages_in_memory_max):
-            token = paging.page_out(broker, queue, msg, persistent, ttl_ms)  # node/broker/paging.py
-            if token and token not in tokens:
-                tokens.append(token)
-            continue
         if persistent and queue.stored:
             if stored is None:
                 stored = QueuedMessage(msg, size, True, priority, ttl_ms)

@@ -225,8 +225,7 @@ class QueueState:
     consumers: dict[Hashable, Any] = field(default_factory=dict)
     persisted_ids: set[int] = field(default_factory=set)
     exclusive_consumer: Hashable | None = None
-    pageable: bool = False  # single-node paging may keep its backlog on disk (node/broker/paging.py)
-    tail: Any = None  # paging.PagedTail while messages wait on disk
+    tail: Any = None  # paged_tail.PagedTail while paged messages wait on disk (node/broker/paging.py)
     # replicated mode only (node/broker/replica.py); every field below but the last four is a function of the log
     members: dict[Hashable, None] = field(default_factory=dict)  # consumer and get-holder ids known to the machine
     is_leader: bool = False  # this node's replica belongs to the group's leader

@@ -18,13 +18,26 @@ record before it (the stream of a deleted queue, re-declared under the same name
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 import cbor2
 
+from node.amqp.properties import BasicProperties
+
 DEFINITIONS_STREAM = "definitions"
+_PROPERTY_NAMES = tuple(f.name for f in dataclasses.fields(BasicProperties))
+_property_values = operator.attrgetter(*_PROPERTY_NAMES)
+
+
+def properties_to_dict(props: Any) -> dict[str, Any]:
+    """The properties that are set, as a plain dict (a MessageRecord's `properties`); all values fetched in one C
+    call."""
+    values = _property_values(props)
+    return {name: value for name, value in zip(_PROPERTY_NAMES, values, strict=True) if value is not None}
 
 
 def queue_stream(vhost: str, queue: str) -> str:
@@ -256,8 +269,8 @@ class QueueStreamStartRecord:
 
 @dataclass(slots=True, unsafe_hash=True)
 class TailMessageRecord(MessageRecord):
-    """A MessageRecord of a message paged out at publish (node/broker/paging.py): written exactly like one (same
-    cbor, read back as MessageRecord); the type only tells storage to report the record's log offset back
+    """A MessageRecord of a message in a queue's paged tail (node/broker/paged_tail.py): written exactly like one
+    (same cbor, read back as MessageRecord); the type only tells storage to report the record's log offset back
     (`Broker.on_tail_offsets`)."""
 
 

@@ -59,12 +59,12 @@ def _real_fold_records(storage: FakeStorage) -> list[Record]:
 def test_the_alarm_spills_the_newest_messages_and_order_and_flags_survive() -> None:
     broker, storage, bodies = _filled()
     queue = broker.vhosts["/"].queues["q"]
-    assert queue.machine.ready_count == LIMIT and queue.tail is not None and queue.tail.count == COUNT - LIMIT
+    assert queue.machine.ready_count == LIMIT and queue.tail is not None and queue.machine.paged_count == COUNT - LIMIT
 
     storage.run(broker.set_alarm("memory", True))
     floor = alarm_floor(LIMIT)
     assert queue.machine.ready_count == floor and queue.machine.ready_msg_ids() == [1]
-    assert queue.tail is not None and queue.tail.count == COUNT - floor
+    assert queue.tail is not None and queue.machine.paged_count == COUNT - floor
     log = storage.streams[STREAM]
     respilled = [r.msg_id for r in log if isinstance(r, TailMessageRecord) and r.msg_id <= LIMIT]
     assert respilled == list(range(floor + 1, LIMIT + 1)), "written again in msg id order"

@@ -105,7 +105,7 @@ def test_publish_past_the_limit_consume_in_order_ack_and_restart() -> None:
     _publish_many(storage, client, 50)
     queue = broker.vhosts["/"].queues["q"]
     assert queue.machine.ready_count == LIMIT, "only the limit is in memory"
-    assert queue.tail is not None and queue.tail.count == 42
+    assert queue.tail is not None and queue.machine.paged_count == 42
     assert len(queue.persisted_ids) == LIMIT
     ok = of_type(storage.run(client.declare("q", durable=True, passive=True)), m.QueueDeclareOk)
     assert ok[0].message_count == 50
@@ -178,7 +178,7 @@ def test_a_transient_queue_spills_past_the_limit_and_nothing_comes_back_at_resta
         storage.run(client.publish("", "t", b"t%d" % n, delivery_mode=2 if n % 2 else 1))
     for name in ("q", "t"):
         queue = broker.vhosts["/"].queues[name]
-        assert queue.machine.ready_count == LIMIT and queue.tail is not None and queue.tail.count == 30 - LIMIT
+        assert queue.machine.ready_count == LIMIT and queue.tail is not None and queue.machine.paged_count == 30 - LIMIT
     assert len([r for r in storage.streams[STREAM] if isinstance(r, TailMessageRecord)]) == 30 - LIMIT
     assert len(storage.streams[queue_stream("/", "t")]) == 30 - LIMIT
 
@@ -219,7 +219,7 @@ def test_messages_with_a_ttl_wait_in_memory_in_their_place_and_expire() -> None:
         for n in range(20):
             expiration = "1000" if n % 4 == 3 else None
             storage.run(client.publish("", name, b"%s%d" % (name.encode(), n), delivery_mode=2, expiration=expiration))
-    assert len(broker.vhosts["/"].queues["q"].tail.held) == 3  # ids 11, 15, 19
+    assert broker.vhosts["/"].queues["q"].machine.paged_held_count == 3  # ids 11, 15, 19
     records = [r for r in storage.streams[STREAM] if isinstance(r, MessageRecord)]
     assert len(records) == 20, "persistent messages of a durable queue are written, held ones too"
     assert queue_stream("/", "t") in storage.streams  # spilled, but nothing recoverable:

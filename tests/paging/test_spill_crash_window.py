@@ -1,7 +1,7 @@
 """Regression (issue 3 follow-up): no crash point of the memory alarm's spill loses a persistent message.
 
 Under the memory alarm a pageable queue writes its newest in-memory persistent messages again, at the end of its
-stream (node/broker/paging.py `spill_newest`). It used to write a MessageRemoved of the old record, then the copy:
+stream (node/broker/paged_tail.py `spilled_out`). It used to write a MessageRemoved of the old record, then the copy:
 a crash between the two (an append buffer written out between them, a torn WAL tail, two commit batches) left
 the removal without the copy, and recovery lost a message its publisher had been confirmed. The spill now writes
 the copy alone, and both recovery folds (the store's `QueueStreamFold` and `Broker.recover`'s) treat a record of
