@@ -63,6 +63,7 @@ from cluster.queue.ready import (
     Entry,
     ReadyStore,
 )
+from cluster.queue.snapshot import restore_queue, snapshot_queue
 from cluster.queue.types import (
     Accepted,
     ActiveConsumerChanged,
@@ -208,8 +209,6 @@ class Queue(QueueViews, DeadLettering, QueueUsage, QueuePaging, QueueAdmin):
         encode_id: Callable[[Hashable], Any] | None = None,
     ) -> dict[str, Any]:
         """cbor-able state; see cluster.queue.snapshot for the payload/id encoding rules."""
-        from cluster.queue.snapshot import snapshot_queue
-
         if self._tail is not None:
             raise ValueError("a machine with a paged tail is not snapshotted")
         return snapshot_queue(self, encode_payload, encode_id)
@@ -221,8 +220,6 @@ class Queue(QueueViews, DeadLettering, QueueUsage, QueuePaging, QueueAdmin):
         decode_payload: Callable[[Any], Any] | None = None,
         decode_id: Callable[[Any], Hashable] | None = None,
     ) -> Queue:
-        from cluster.queue.snapshot import restore_queue
-
         return restore_queue(cls, snapshot, decode_payload, decode_id)
 
     # --- commands -------------------------------------------------------------------------------------------

@@ -20,17 +20,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, TypeVar
 
 from cluster.queue.consumers import Consumer
 from cluster.queue.holding import HeldLetter
 from cluster.queue.ready import GONE, READY, REDELIVERED, UNACKED, Entry
 from cluster.queue.types import MsgId, QueueArgs, QueuedMessage
 
-if TYPE_CHECKING:
-    from cluster.queue.machine import Queue
-
 SNAPSHOT_VERSION: Final = 1
+
+# The queue machine (cluster.queue.machine.Queue), which imports this module: its fields are read and set here by
+# name, so it is typed loosely rather than imported back (no import cycle).
+_Queue = Any
+_Q = TypeVar("_Q")
 
 _Encode = Callable[[Any], Any]
 
@@ -73,7 +75,7 @@ def _is_compact(entry: Entry, queue_ttl_ms: int | None, ttl_epoch_msg_id: int) -
 
 
 def snapshot_queue(
-    queue: Queue, encode_payload: _Encode | None = None, encode_id: _Encode | None = None
+    queue: _Queue, encode_payload: _Encode | None = None, encode_id: _Encode | None = None
 ) -> dict[str, Any]:
     enc_payload = encode_payload or _identity
     enc_id = encode_id or _identity
@@ -136,16 +138,17 @@ def _args_row(args: QueueArgs) -> dict[str, Any]:
 
 
 def restore_queue(
-    cls: type[Queue],
+    cls: Callable[..., _Q],
     snapshot: dict[str, Any],
     decode_payload: _Encode | None = None,
     decode_id: Callable[[Any], Hashable] | None = None,
-) -> Queue:
+) -> _Q:
     if snapshot.get("version") != SNAPSHOT_VERSION:
         raise ValueError(f"unsupported queue snapshot version {snapshot.get('version')!r}")
     dec_payload = decode_payload or _identity
     dec_id = decode_id or _identity
-    queue = cls(snapshot["name"], QueueArgs(**snapshot["args"]), snapshot["publishers_max"])
+    made = cls(snapshot["name"], QueueArgs(**snapshot["args"]), snapshot["publishers_max"])
+    queue: Any = made
     queue._next_msg_id = snapshot["next_msg_id"]
     queue._attach_seq = snapshot["attach_seq"]
     queue._now_ms = snapshot["now_ms"]
@@ -182,4 +185,4 @@ def restore_queue(
     queue._had_consumer = bool(snapshot.get("had_consumer", False))
     queue._last_used_ms = snapshot.get("last_used_ms", queue._now_ms)
     queue._dead_letter_seq = snapshot.get("dead_letter_seq", 0)
-    return queue
+    return made
