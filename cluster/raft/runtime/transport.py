@@ -10,8 +10,11 @@ AES-256-GCM under per-connection, per-direction keys (cluster/authlink/frames.py
 frame whose tag does not match (forged or altered: `frames_forged`) or whose sequence number is not the next
 (replayed or reordered: `frames_replayed`) is dropped, logged and counted, and closes the connection; so do a
 larger frame, an undecodable one, or a batch whose source is not the authenticated peer.
-A connection silent for `idle_timeout_s` is closed (every node sends each peer a NodeBatch at least every
-`node_heartbeat_ticks`, so silence means a dead link), and so is one whose write does not finish in that time.
+A connection silent for `idle_timeout_s` (up to `IDLE_DEADLINE_STEP_S` more) is closed (every node sends each peer
+a NodeBatch at least every `node_heartbeat_ticks`, so silence means a dead link), and so is one whose write does not
+finish in that time. A received frame is opened and handed over in the reader task itself (`on_batch` queues it for
+the Raft loop); the writer writes every frame queued by then in one `send_all` (the Raft loop lets it run before it
+applies committed entries: node.py).
 
 On loss the dialer redials with exponential backoff (50 ms doubling to 2 s, reset once a handshake succeeds); the
 listener just waits. A newly authenticated connection from a peer replaces the one we hold for it (the newest wins:
@@ -40,6 +43,7 @@ hearing the leader ignore), while node-down (`refusing_peers()`) waits for the s
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -58,9 +62,11 @@ from cluster.authlink.handshake import (
 from cluster.raft.core.multiraft import NodeBatch
 from cluster.raft.core.types import NodeId
 from cluster.raft.runtime.codec import CodecError, Forward, decode_frame, encode_batch, encode_forward
+from cluster.raft.runtime.timing import StageTimings
 
 FRAME_BYTES_MAX = 64 * 1024 * 1024
 IDLE_TIMEOUT_S = 30.0
+IDLE_DEADLINE_STEP_S = 1.0  # the read side's idle deadline is moved on at most this often (up to 1 s late)
 BACKOFF_S_MIN = 0.05
 BACKOFF_S_MAX = 2.0
 WRITE_COALESCE_MAX = 256
@@ -77,6 +83,7 @@ _LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlow
 @dataclass
 class TransportStats:
     batches_sent: int = 0
+    frames_queued: int = 0  # batches and forwards queued for a peer (not dropped)
     batches_received: int = 0
     batches_dropped: int = 0
     forwards_sent: int = 0  # forward frames queued for a peer
@@ -181,6 +188,8 @@ class Transport:
         self.refusals = RefusalTracker()
         self._probing: set[NodeId] = set()
         self._nursery: trio.Nursery | None = None
+        self.timing: StageTimings | None = None  # RAFTMQ_RAFT_TIMING only: `frame_queue_to_write` (timing.py)
+        self._queued_s: dict[NodeId, deque[float]] = {}  # when each queued frame was queued (only when timing)
 
     def dials(self, peer: NodeId) -> bool:
         """True if this node opens the pair's connection (the smaller id dials)."""
@@ -223,6 +232,10 @@ class Transport:
             channel[0].send_nowait(encode_batch(batch))
         except trio.WouldBlock:
             self.stats.batches_dropped += 1
+            return
+        self.stats.frames_queued += 1
+        if self.timing is not None:
+            self._queued_s.setdefault(batch.dst, deque()).append(self.timing.now_s())
 
     def send_forward(self, forward: Forward) -> bool:
         """Queue forwarded commands for their peer (the same bounded queue as batches); False: dropped."""
@@ -234,6 +247,9 @@ class Transport:
         except trio.WouldBlock:
             self.stats.batches_dropped += 1
             return False
+        self.stats.frames_queued += 1
+        if self.timing is not None:
+            self._queued_s.setdefault(forward.dst, deque()).append(self.timing.now_s())
         self.stats.forwards_sent += 1
         return True
 
@@ -371,13 +387,26 @@ class Transport:
             self._probing.discard(peer)
 
     async def _read_loop(self, peer: NodeId, reader: FrameReader, opener: FrameOpener) -> None:
+        """Read, open and hand over frames until the link fails. One idle-timeout scope for the connection, its
+        deadline moved on at most every `IDLE_DEADLINE_STEP_S` (not a new scope per frame: a frame's cost counts
+        at a low rate, where every message is its own Raft round)."""
         try:
-            while True:
-                with trio.fail_after(self._idle_timeout_s):
+            with trio.CancelScope() as idle:
+                moved_s = trio.current_time()
+                idle.deadline = moved_s + self._idle_timeout_s
+                while True:
                     body = await reader.read(FRAME_BYTES_MAX)
-                if body is None:
-                    return
-                self._deliver(peer, decode_frame(opener.open(body)))
+                    if body is None:
+                        return
+                    now_s = trio.current_time()
+                    if now_s - moved_s >= IDLE_DEADLINE_STEP_S:
+                        moved_s = now_s
+                        idle.deadline = now_s + self._idle_timeout_s
+                    if self.timing is not None:
+                        self.timing.event("read", f"{peer}>{self.node_id}", opener.expected)
+                    self._deliver(peer, decode_frame(opener.open(body)))
+            if idle.cancelled_caught:
+                log.debug("connection with %s lost (read): silent for %.0f s", peer, self._idle_timeout_s)
         except FrameAuthError as error:
             if isinstance(error, FrameReplayed):
                 self.stats.frames_replayed += 1
@@ -402,6 +431,12 @@ class Transport:
         self.stats.batches_received += 1
         self._on_batch(decoded)
 
+    def _written(self, peer: NodeId, frames: int, timing: StageTimings) -> None:
+        queued = self._queued_s.get(peer)
+        for _ in range(frames):
+            if queued:
+                timing.since("frame_queue_to_write", queued.popleft())
+
     async def _write_loop(self, peer: NodeId, stream: trio.SocketStream, scope: trio.CancelScope,
                           sealer: FrameSealer) -> None:
         receive = self._channels[peer][1]
@@ -421,6 +456,9 @@ class Transport:
                 if write.cancelled_caught:
                     raise trio.TooSlowError
                 self.stats.batches_sent += len(chunks)
+                if self.timing is not None:
+                    self._written(peer, len(chunks), self.timing)
+                    self.timing.event("wrote", f"{self.node_id}>{peer}", sealer.seq - 1)
         except _LINK_ERRORS as error:
             log.debug("connection with %s lost (write): %r", peer, error)
         scope.cancel()
