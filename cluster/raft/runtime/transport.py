@@ -13,8 +13,9 @@ larger frame, an undecodable one, or a batch whose source is not the authenticat
 A connection silent for `idle_timeout_s` (up to `IDLE_DEADLINE_STEP_S` more) is closed (every node sends each peer
 a NodeBatch at least every `node_heartbeat_ticks`, so silence means a dead link), and so is one whose write does not
 finish in that time. A received frame is opened and handed over in the reader task itself (`on_batch` queues it for
-the Raft loop); the writer writes every frame queued by then in one `send_all` (the Raft loop lets it run before it
-applies committed entries: node.py).
+the Raft loop). Sending: while the peer's writer waits on its empty queue, `send` writes the frame to the
+non-blocking socket itself (`_write_now`: no task hop); otherwise the frame is queued and the writer writes
+everything queued by then in one `send_all`, after the rest of a direct write the socket did not take.
 
 On loss the dialer redials with exponential backoff (50 ms doubling to 2 s, reset once a handshake succeeds); the
 listener just waits. A newly authenticated connection from a peer replaces the one we hold for it (the newest wins:
