@@ -33,8 +33,9 @@ import logging
 import pathlib
 import random
 import time
+import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,11 +148,14 @@ class RaftNodeRuntime:
         self._recheck_held = False
         self._sync_thread: SyncThread | None = None  # the Ready loop's fsyncs (created by `run`)
         self.timing = StageTimings.from_environment(node_id)  # None unless RAFTMQ_RAFT_TIMING is set (timing.py)
+        self.transport.timing = self.timing
         self._inbox_times: deque[float] = deque()  # arrival of each inbox batch (only when timing)
         self._fresh_since = 0.0  # when the oldest unrouted command was queued (only when timing)
         self.pipeline: ReadyPipeline | None = None  # the Ready pipeline (created by `run`)
         self._readies_behind_fsync_max = readies_behind_fsync_max  # 0: no Ready taken while an fsync runs
         self._volatile: set[GroupId] = set()  # groups whose entries need no fsync (add_group's `volatile`)
+        self._commits: dict[GroupId, int] = {}  # a leader's last commit index seen (only when timing)
+        self._frames_queued_seen = 0  # transport.stats.frames_queued when the loop last let the writers run
 
     # --- groups ----------------------------------------------------------------------------------------------
 
@@ -300,8 +304,11 @@ class RaftNodeRuntime:
         return woken
 
     def _receive_forward(self, forward: Forward) -> None:
-        if self.timing is not None and not self.router.has_fresh():
-            self._fresh_since = self.timing.now_s()
+        if self.timing is not None:
+            if not self.router.has_fresh():
+                self._fresh_since = self.timing.now_s()
+            for command in forward.commands:
+                self.timing.event("fwd_recv", command.group, 0, zlib.crc32(command.data))
         self.router.offer_forwarded(forward)
         self._wake.set()
 
@@ -317,6 +324,8 @@ class RaftNodeRuntime:
     def propose(self, group: GroupId, data: bytes) -> bool:
         """Queue a command for the group's leader, wherever it is (best-effort; see routing.py).
         False: refused now (too many commands queued)."""
+        if self.timing is not None:
+            self.timing.event("propose", group, 0, zlib.crc32(data))
         return self._offer(Command("propose", group, data))
 
     def change_membership(self, group: GroupId, change: ConfChange) -> bool:
@@ -434,6 +443,8 @@ class RaftNodeRuntime:
             touched: set[GroupId] = set()
             if pipeline.finish_if_done(multi):
                 self._lap("turn_settle", turn_started)
+                if self.timing is not None:
+                    self._mark_commits(multi, multi.groups, self.timing)
             ticked = self._tick_due
             if ticked:
                 lap_started = self._lap_start()
@@ -474,15 +485,26 @@ class RaftNodeRuntime:
 
     async def _take_and_flush(self, multi: MultiRaft, storage: RaftStorage, pipeline: ReadyPipeline,
                               touched: set[GroupId]) -> None:
-        """Take the Readies there are (sent early and applied at once, even while an fsync runs); when no fsync
-        runs, compact what is due and start one fsync for every queued Ready. A few rounds: advancing Readies
-        that had nothing to write can produce more (commit notices)."""
+        """Take the Readies there are (their early messages sent at once, even while an fsync runs); when no fsync
+        runs, compact what is due and start one fsync for every queued Ready; then let the transport write what
+        this turn queued, and apply the taken Readies' committed entries."""
+        await self._take_and_start_fsync(multi, storage, pipeline, touched)
+        if self.transport.stats.frames_queued != self._frames_queued_seen:
+            # The frames this turn queued (a leader's appends and commit notices, acknowledgements, forwards)
+            # are written by the transport's tasks: let them run now, not after the apply (the host's work, often
+            # the longest part of a turn), so the next node starts on them while this one applies.
+            self._frames_queued_seen = self.transport.stats.frames_queued
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        pipeline.apply_taken()  # durable on a majority already: no need to wait for our own fsync
+
+    async def _take_and_start_fsync(self, multi: MultiRaft, storage: RaftStorage, pipeline: ReadyPipeline,
+                                    touched: set[GroupId]) -> None:
+        """A few rounds: advancing Readies that had nothing to write can produce more (commit notices)."""
         for _ in range(4):
             if multi.has_ready() and pipeline.can_take():
                 touched.update(pipeline.take(multi))
             if pipeline.fsync_running:
-                pipeline.apply_taken()  # the records wait for the running fsync; the committed entries need not
-                return
+                return  # the records wait for the running fsync
             if self._snapshots is not None and touched:
                 await self._compact_due(multi, storage, sorted(touched), pipeline.unsettled_groups())
             if pipeline.flush(multi, storage):
@@ -505,6 +527,10 @@ class RaftNodeRuntime:
         self._wake.set()
 
     def _on_durable(self, node_ready: NodeReady) -> None:
+        if self.timing is not None:
+            for group, ready in node_ready.groups:
+                if ready.entries:
+                    self.timing.event("durable", group, ready.entries[-1].index)
         if self.telemetry is not None:
             assert self.multi is not None
             for group, ready in node_ready.groups:
@@ -523,9 +549,19 @@ class RaftNodeRuntime:
             leads_before = [(group, self._lead(multi, group)) for group, _ in batch.messages] if watch else []
             multi.step(batch)
             touched.update(group for group, _ in batch.messages)
+            if self.timing is not None:
+                self._mark_commits(multi, {group for group, _ in batch.messages}, self.timing)
             if watch:
                 leader_learned = any(self._lead(multi, group) not in (None, lead) for group, lead in leads_before)
         return touched, leader_learned
+
+    def _mark_commits(self, multi: MultiRaft, groups: Iterable[GroupId], timing: StageTimings) -> None:
+        """Timing only: a leader's commit index moved (acknowledgements stepped, or its own fsync settled)."""
+        for group in groups:
+            core = multi.groups.get(group)
+            if core is not None and core.role is Role.LEADER and core.log.committed > self._commits.get(group, 0):
+                self._commits[group] = core.log.committed
+                timing.event("commit", group, core.log.committed)
 
     @staticmethod
     def _lead(multi: MultiRaft, group: GroupId) -> NodeId | None:
@@ -547,6 +583,9 @@ class RaftNodeRuntime:
         if self.timing is not None and self.router.has_fresh():
             self.timing.since("route_wait", self._fresh_since)
         for forward in self.router.route(multi, trio.current_time() * 1000, retry_held):
+            if self.timing is not None:
+                for command in forward.commands:
+                    self.timing.event("fwd", command.group, 0, zlib.crc32(command.data))
             self.transport.send_forward(forward)
 
     def _apply_taken(self, node_ready: NodeReady) -> None:
@@ -568,6 +607,8 @@ class RaftNodeRuntime:
             committed = ready.committed_entries
             if not committed:
                 continue
+            if timing is not None:
+                timing.event("apply", group, committed[-1].index)
             if self._on_apply_many is not None:
                 self._on_apply_many(group, committed)
             else:
@@ -577,6 +618,7 @@ class RaftNodeRuntime:
             self._compactor.applied(group, committed)
             self.stats.applied_entries += len(committed)
             if timing is not None:
+                timing.event("applied", group, committed[-1].index)
                 timing.reached("append_to_apply_leader", group, committed[-1].index)
                 timing.reached("append_to_apply_follower", group, committed[-1].index)
         if timing is not None:
@@ -587,8 +629,10 @@ class RaftNodeRuntime:
         """Timing only: when this node handed new entries to storage (leader: its proposals; follower: appends)."""
         for group, ready in node_ready.groups:
             if ready.entries:
-                role = "leader" if multi.groups[group].role is Role.LEADER else "follower"
-                timing.mark(f"append_to_apply_{role}", group, ready.entries[-1].index)
+                leader = multi.groups[group].role is Role.LEADER
+                timing.mark(f"append_to_apply_{'leader' if leader else 'follower'}", group, ready.entries[-1].index)
+                for entry in ready.entries:
+                    timing.event("append", group, entry.index, zlib.crc32(entry.data) if leader else 0)
 
     async def _compact_due(self, multi: MultiRaft, storage: RaftStorage, touched: list[GroupId],
                            unsettled: set[GroupId]) -> None:

@@ -8,9 +8,12 @@ messages that may leave before the fsync are sent (`split_early`: a leader's app
 commit indexes), and its committed entries are applied — they are durable on a majority already. Its records and
 the messages that must follow durability (append acknowledgements, votes) wait in `queued` while an fsync is in
 flight. When no fsync is in flight, `flush` writes every queued Ready's records and starts one fsync for all of
-them in the sync thread (group commit), and only then applies their committed entries, so the apply (the host's
-work, often the longest part of a turn) runs during the fsync instead of before it; when it is done the loop calls `finish_if_done`, which sends those Readies'
-late messages and `advance`s them, in the order taken. So at most one fsync runs at a time, storage is touched by
+them in the sync thread (group commit). The committed entries of taken Readies are applied by `apply_taken`,
+which the loop calls after the fsync started and after it let the transport's writers run (node.py), so neither
+the fsync nor the frames just queued (appends, acknowledgements, forwards) wait for the apply (the host's work,
+often the longest part of a turn). When the fsync is done the loop calls `finish_if_done`, which sends those
+Readies' late messages and `advance`s them, in the order taken (a Ready may be advanced before its committed
+entries are applied: it counts as unsettled until they are). So at most one fsync runs at a time, storage is touched by
 one thread at a time (records are written only between fsyncs), and a Ready is advanced only after its fsync.
 
 Bounds: at most `queued_max` Readies wait behind a running fsync (then the loop stops taking Readies, while it
@@ -86,8 +89,8 @@ class ReadyPipeline:
         return False
 
     def take(self, multi: MultiRaft) -> list[GroupId]:
-        """Take one Ready: send what may leave early, queue the rest. Its committed entries are applied by
-        `apply_taken` (the caller's, while an fsync runs) or by `flush`, just after it started the fsync."""
+        """Take one Ready: send what may leave early, queue the rest. Its committed entries are applied by the
+        caller's `apply_taken` (before its records are written, if an fsync runs, or after their fsync started)."""
         node_ready = multi.ready()
         late: list[NodeBatch] = []
         for batch in node_ready.batches:
@@ -112,7 +115,8 @@ class ReadyPipeline:
     def flush(self, multi: MultiRaft, storage: RaftStorage) -> bool:
         """No fsync running: write the queued Readies' records and start their fsync (True); when none of them
         must be durable first (nothing written, or hard states that only move the commit index: `image.must_sync`),
-        send their late messages and advance them now (False): every earlier Ready is durable already."""
+        send their late messages and advance them now (False): every earlier Ready is durable already. Applies
+        nothing: the caller's `apply_taken` does."""
         assert self._fsync is None and not self._flight
         if not self._queued:
             return False
@@ -124,12 +128,10 @@ class ReadyPipeline:
                     sync |= storage.write_ready(group, ready, group in self.volatile)
         self._flight = taken
         if not sync:  # nothing, commit indexes or volatile groups' entries (written; the next fsync covers them)
-            self.apply_taken()
             self._settle(multi)
             return False
         self._fsync_started_s = trio.current_time()
         self._fsync = self.sync_thread.start(storage.commit, on_done=self.wake)
-        self.apply_taken()  # while the fsync runs: applying never delays the fsync (and the acks after it)
         return True
 
     def finish_if_done(self, multi: MultiRaft) -> bool:
@@ -157,16 +159,20 @@ class ReadyPipeline:
 
     async def drain(self, multi: MultiRaft, storage: RaftStorage) -> None:
         """Wait until every taken Ready is durable and advanced (takes none meanwhile)."""
+        self.apply_taken()
         while self.busy:
             if self._fsync is not None:
                 await self._fsync.wait()
                 self.finish_if_done(multi)
             else:
                 self.flush(multi, storage)
+            self.apply_taken()
 
     def unsettled_groups(self) -> set[GroupId]:
-        """Groups a not yet advanced Ready applied committed entries or a snapshot for."""
-        return {group for item in (*self._flight, *self._queued) for group, ready in item.node_ready.groups
+        """Groups a not yet advanced Ready applied committed entries or a snapshot for, or a taken Ready has them
+        still to apply."""
+        readies = [item.node_ready for item in (*self._flight, *self._queued)] + self._unapplied
+        return {group for node_ready in readies for group, ready in node_ready.groups
                 if ready.committed_entries or ready.snapshot is not None}
 
 

@@ -10,9 +10,17 @@ entries (`append_to_apply_follower`), and the loop's group changes: waiting for 
 (`turn_drain`), carrying the changes out (`turn_group_changes`), each group's load (`group_load`), removal
 (`group_drop`, its stream's deletion included) and the fsync of new groups' first records
 (`group_commit`). The host may add its own stages (`record`; the cluster runtime adds
-`proposal_to_apply`: a local proposal until this node's replica applied it). Every `dump_interval_s` the samples taken since the last dump are appended as
-one JSON line `{"wall_s": ..., "stages": {stage: [ms, ...]}}` to `<directory>/<node>.jsonl` (so a run's layouts
-can be told apart by time; `summary` gives count/p50/p90/p99/max). Samples are kept in bounded rings
+`proposal_to_apply`: a local proposal until this node's replica applied it), and the transport how long a frame
+waits in its peer's queue until its write finished (`frame_queue_to_write`). Besides these per-node stages, the
+driver records *events* of single entries, `[t_s, kind, group, index, key]` with `t_s` from the system-wide
+monotonic clock (`time.perf_counter`, CLOCK_MONOTONIC on Linux, so the three nodes of one host compare):
+`propose`/`fwd`/`fwd_recv` (key: the command's crc32, index 0), `append` on the leader (key: the entry's crc32)
+and on a follower, `durable` (the last index a finished fsync covered), `commit` (a leader's commit index moved),
+`apply`/`applied` (before and after the host's apply of committed entries up to the index);
+bench/raft_trace.py joins them into one message's path across the nodes. Every `dump_interval_s` the samples
+and events taken since the last dump are appended as one JSON line `{"wall_s": ..., "stages": {stage: [ms, ...]},
+"events": [...]}` to `<directory>/<node>.jsonl` (so a run's layouts can be told apart by time; `summary` gives
+count/p50/p90/p99/max). Samples are kept in bounded rings
 (`samples_max` per stage), pending marks per group are bounded too, and this is a diagnostic for short runs only.
 When disabled (`from_environment` returns None) the driver pays one `is None` test per place.
 """
@@ -45,6 +53,7 @@ class StageTimings:
     dump_interval_s: float = 2.0
     _samples: dict[str, deque[float]] = field(default_factory=dict)
     _marks: dict[tuple[str, str], deque[tuple[int, float]]] = field(default_factory=dict)
+    _events: deque[tuple[float, str, str, int, int]] = field(default_factory=lambda: deque(maxlen=200_000))
     _last_dump_s: float = 0.0
 
     @classmethod
@@ -64,6 +73,10 @@ class StageTimings:
         if ring is None:
             ring = self._samples[stage] = deque(maxlen=self.samples_max)
         ring.append(milliseconds)
+
+    def event(self, kind: str, group: str, index: int, key: int = 0) -> None:
+        """One entry reached a point of its path (see the header): joined across nodes by bench/raft_trace.py."""
+        self._events.append((time.perf_counter(), kind, group, index, key))
 
     def watch_gc(self) -> None:
         """Record every garbage collection's pause as `gc_gen<N>` (gc.callbacks, this process)."""
@@ -113,5 +126,7 @@ class StageTimings:
         self._last_dump_s = now
         stages = {stage: [round(value, 2) for value in ring] for stage, ring in sorted(self._samples.items())}
         self._samples.clear()
+        events = [[round(t, 6), kind, group, index, key] for t, kind, group, index, key in self._events]
+        self._events.clear()
         with self.path.open("a") as file:
-            file.write(json.dumps({"wall_s": round(time.time(), 3), "stages": stages}) + "\n")
+            file.write(json.dumps({"wall_s": round(time.time(), 3), "stages": stages, "events": events}) + "\n")

@@ -10,8 +10,12 @@ AES-256-GCM under per-connection, per-direction keys (cluster/authlink/frames.py
 frame whose tag does not match (forged or altered: `frames_forged`) or whose sequence number is not the next
 (replayed or reordered: `frames_replayed`) is dropped, logged and counted, and closes the connection; so do a
 larger frame, an undecodable one, or a batch whose source is not the authenticated peer.
-A connection silent for `idle_timeout_s` is closed (every node sends each peer a NodeBatch at least every
-`node_heartbeat_ticks`, so silence means a dead link), and so is one whose write does not finish in that time.
+A connection silent for `idle_timeout_s` (up to `IDLE_DEADLINE_STEP_S` more) is closed (every node sends each peer
+a NodeBatch at least every `node_heartbeat_ticks`, so silence means a dead link), and so is one whose write does not
+finish in that time. A received frame is opened and handed over in the reader task itself (`on_batch` queues it for
+the Raft loop). Sending: while the peer's writer waits on its empty queue, `send` writes the frame to the
+non-blocking socket itself (`_write_now`: no task hop); otherwise the frame is queued and the writer writes
+everything queued by then in one `send_all`, after the rest of a direct write the socket did not take.
 
 On loss the dialer redials with exponential backoff (50 ms doubling to 2 s, reset once a handshake succeeds); the
 listener just waits. A newly authenticated connection from a peer replaces the one we hold for it (the newest wins:
@@ -40,6 +44,8 @@ hearing the leader ignore), while node-down (`refusing_peers()`) waits for the s
 from __future__ import annotations
 
 import logging
+import os
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -58,9 +64,11 @@ from cluster.authlink.handshake import (
 from cluster.raft.core.multiraft import NodeBatch
 from cluster.raft.core.types import NodeId
 from cluster.raft.runtime.codec import CodecError, Forward, decode_frame, encode_batch, encode_forward
+from cluster.raft.runtime.timing import StageTimings
 
 FRAME_BYTES_MAX = 64 * 1024 * 1024
 IDLE_TIMEOUT_S = 30.0
+IDLE_DEADLINE_STEP_S = 1.0  # the read side's idle deadline is moved on at most this often (up to 1 s late)
 BACKOFF_S_MIN = 0.05
 BACKOFF_S_MAX = 2.0
 WRITE_COALESCE_MAX = 256
@@ -77,6 +85,7 @@ _LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlow
 @dataclass
 class TransportStats:
     batches_sent: int = 0
+    frames_queued: int = 0  # batches and forwards queued for a peer (not dropped)
     batches_received: int = 0
     batches_dropped: int = 0
     forwards_sent: int = 0  # forward frames queued for a peer
@@ -151,6 +160,10 @@ def _now_ms() -> int:
 class _Connection:
     peer: NodeId
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    fd: int = -1  # the socket's descriptor (direct writes)
+    sealer: FrameSealer | None = None
+    writer_idle: bool = False  # the writer is blocked on an empty queue: `send` may write itself
+    unsent: bytes = b""  # what the socket did not take of a direct write; the writer sends it before anything else
 
 
 class Transport:
@@ -181,6 +194,8 @@ class Transport:
         self.refusals = RefusalTracker()
         self._probing: set[NodeId] = set()
         self._nursery: trio.Nursery | None = None
+        self.timing: StageTimings | None = None  # RAFTMQ_RAFT_TIMING only: `frame_queue_to_write` (timing.py)
+        self._queued_s: dict[NodeId, deque[float]] = {}  # when each queued frame was queued (only when timing)
 
     def dials(self, peer: NodeId) -> bool:
         """True if this node opens the pair's connection (the smaller id dials)."""
@@ -215,26 +230,69 @@ class Transport:
         return True
 
     def send(self, batch: NodeBatch) -> None:
-        """Queue a batch for its peer; drop it if the peer's queue is full (never blocks)."""
+        """Write a batch to its peer's connection now, or queue it; drop it if the peer's queue is full (never
+        blocks)."""
         channel = self._channels.get(batch.dst)
         if channel is None:
             return
+        payload = encode_batch(batch)
+        if self._write_now(batch.dst, payload):
+            return
         try:
-            channel[0].send_nowait(encode_batch(batch))
+            channel[0].send_nowait(payload)
         except trio.WouldBlock:
             self.stats.batches_dropped += 1
+            return
+        self.stats.frames_queued += 1
+        if self.timing is not None:
+            self._queued_s.setdefault(batch.dst, deque()).append(self.timing.now_s())
 
     def send_forward(self, forward: Forward) -> bool:
         """Queue forwarded commands for their peer (the same bounded queue as batches); False: dropped."""
         channel = self._channels.get(forward.dst)
         if channel is None:
             return False
+        payload = encode_forward(forward)
+        if self._write_now(forward.dst, payload):
+            self.stats.forwards_sent += 1
+            return True
         try:
-            channel[0].send_nowait(encode_forward(forward))
+            channel[0].send_nowait(payload)
         except trio.WouldBlock:
             self.stats.batches_dropped += 1
             return False
+        self.stats.frames_queued += 1
+        if self.timing is not None:
+            self._queued_s.setdefault(forward.dst, deque()).append(self.timing.now_s())
         self.stats.forwards_sent += 1
+        return True
+
+    def _write_now(self, peer: NodeId, payload: bytes) -> bool:
+        """Direct write: while the peer's writer waits on an empty queue (nothing of ours is queued or being
+        written), seal the frame and hand it to the non-blocking socket at once, from the caller's task (no task
+        hop: the frame leaves before the Raft loop's turn goes on). What the socket does not take is left to the
+        writer (`unsent`, woken by an empty marker in the queue), which sends it before anything queued after it,
+        so frames keep their order. False: not written (the caller queues the payload)."""
+        connection = self._current.get(peer)
+        if connection is None or not connection.writer_idle or connection.unsent or connection.sealer is None:
+            return False
+        frame = connection.sealer.seal(payload)
+        try:
+            written = os.write(connection.fd, frame)
+        except BlockingIOError:
+            written = 0
+        except OSError as error:
+            log.debug("connection with %s lost (direct write): %r", peer, error)
+            connection.scope.cancel()
+            self.stats.batches_dropped += 1
+            return True  # the frame is lost with the link (Raft retransmits); nothing more to queue
+        self.stats.batches_sent += 1
+        if written < len(frame):
+            connection.unsent = frame[written:]
+            self._channels[peer][0].send_nowait(b"")  # the writer is blocked on the empty queue: wake it
+        if self.timing is not None:
+            self.timing.record("frame_queue_to_write", 0.0)
+            self.timing.event("wrote", f"{self.node_id}>{peer}", connection.sealer.seq - 1)
         return True
 
     async def serve(self, host: str, port: int, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -324,7 +382,9 @@ class Transport:
         try:
             with connection.scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._write_loop, peer, stream, nursery.cancel_scope, FrameSealer(keys.send))
+                    connection.fd = stream.socket.fileno()
+                    connection.sealer = FrameSealer(keys.send)
+                    nursery.start_soon(self._write_loop, connection, stream, nursery.cancel_scope)
                     await self._read_loop(peer, reader, FrameOpener(keys.receive))
                     nursery.cancel_scope.cancel()
         finally:
@@ -371,13 +431,26 @@ class Transport:
             self._probing.discard(peer)
 
     async def _read_loop(self, peer: NodeId, reader: FrameReader, opener: FrameOpener) -> None:
+        """Read, open and hand over frames until the link fails. One idle-timeout scope for the connection, its
+        deadline moved on at most every `IDLE_DEADLINE_STEP_S` (not a new scope per frame: a frame's cost counts
+        at a low rate, where every message is its own Raft round)."""
         try:
-            while True:
-                with trio.fail_after(self._idle_timeout_s):
+            with trio.CancelScope() as idle:
+                moved_s = trio.current_time()
+                idle.deadline = moved_s + self._idle_timeout_s
+                while True:
                     body = await reader.read(FRAME_BYTES_MAX)
-                if body is None:
-                    return
-                self._deliver(peer, decode_frame(opener.open(body)))
+                    if body is None:
+                        return
+                    now_s = trio.current_time()
+                    if now_s - moved_s >= IDLE_DEADLINE_STEP_S:
+                        moved_s = now_s
+                        idle.deadline = now_s + self._idle_timeout_s
+                    if self.timing is not None:
+                        self.timing.event("read", f"{peer}>{self.node_id}", opener.expected)
+                    self._deliver(peer, decode_frame(opener.open(body)))
+            if idle.cancelled_caught:
+                log.debug("connection with %s lost (read): silent for %.0f s", peer, self._idle_timeout_s)
         except FrameAuthError as error:
             if isinstance(error, FrameReplayed):
                 self.stats.frames_replayed += 1
@@ -402,25 +475,50 @@ class Transport:
         self.stats.batches_received += 1
         self._on_batch(decoded)
 
-    async def _write_loop(self, peer: NodeId, stream: trio.SocketStream, scope: trio.CancelScope,
-                          sealer: FrameSealer) -> None:
+    def _written(self, peer: NodeId, frames: int, timing: StageTimings) -> None:
+        queued = self._queued_s.get(peer)
+        for _ in range(frames):
+            if queued:
+                timing.since("frame_queue_to_write", queued.popleft())
+
+    async def _write_loop(self, connection: _Connection, stream: trio.SocketStream, scope: trio.CancelScope) -> None:
+        """Write the queued frames (and the rest of a direct write: `_write_now`), coalescing what is queued."""
+        peer = connection.peer
         receive = self._channels[peer][1]
+        assert connection.sealer is not None
+        sealer = connection.sealer
         seal = sealer.seal
         try:
             while True:
-                chunks = [seal(await receive.receive())]
+                try:
+                    payload = receive.receive_nowait()
+                except trio.WouldBlock:
+                    connection.writer_idle = True  # only while blocked here: `send` writes directly meanwhile
+                    try:
+                        payload = await receive.receive()
+                    finally:
+                        connection.writer_idle = False
+                unsent, connection.unsent = connection.unsent, b""
+                chunks = [seal(payload)] if payload else []  # (empty: the marker that wakes us for `unsent`)
                 while len(chunks) < WRITE_COALESCE_MAX:  # coalesce what is already queued into one write
                     try:
-                        chunks.append(seal(receive.receive_nowait()))
+                        payload = receive.receive_nowait()
                     except trio.WouldBlock:
                         break
+                    if payload:
+                        chunks.append(seal(payload))
+                if not chunks and not unsent:
+                    continue
                 # Shielded: a replacement or abort never leaves half a frame on the wire; but bounded, so a peer
                 # that stops reading cannot hold the writer forever (the connection is closed after a timeout).
                 with trio.CancelScope(shield=True, deadline=trio.current_time() + self._idle_timeout_s) as write:
-                    await stream.send_all(b"".join(chunks))
+                    await stream.send_all(b"".join([unsent, *chunks]) if unsent else b"".join(chunks))
                 if write.cancelled_caught:
                     raise trio.TooSlowError
                 self.stats.batches_sent += len(chunks)
+                if self.timing is not None:
+                    self._written(peer, len(chunks), self.timing)
+                    self.timing.event("wrote", f"{self.node_id}>{peer}", sealer.seq - 1)
         except _LINK_ERRORS as error:
             log.debug("connection with %s lost (write): %r", peer, error)
         scope.cancel()
