@@ -28,7 +28,8 @@ from cluster.raft.core.types import (
     Role,
     Snapshot,
 )
-from cluster.raft.runtime.node import SEED_INDEX, Bootstrap, RaftNodeRuntime
+from cluster.raft.runtime.group_hosting import SEED_INDEX, Bootstrap
+from cluster.raft.runtime.node import RaftNodeRuntime
 from node.clustering.incarnations import group_of_record
 from tests.metadata.test_mirror_controller import _apply
 from tests.raft.test_core import N1, N2, N3, THREE, first

@@ -30,7 +30,8 @@ from cluster.raft.core.types import (
     Vote,
     VoteResp,
 )
-from cluster.raft.runtime.node import Bootstrap, RaftNodeRuntime
+from cluster.raft.runtime.group_hosting import Bootstrap
+from cluster.raft.runtime.node import RaftNodeRuntime
 from cluster.raft.runtime.storage import RaftStorage
 from tests.raft.test_core import N1, N2, N3, THREE, first
 from tests.raft.test_runtime_cluster import _free_ports

@@ -1,7 +1,7 @@
 """The trio driver of one node's MultiRaft: timers, inbound batches, proposals, and the Ready cycle.
 
 One task owns the MultiRaft. It wakes when a batch arrives, a command is queued or a tick is due; it then adds and
-removes the groups the host asked for (`add_group`/`remove_group` work before and during `run`; a new group's initial
+removes the groups the host asked for (group_hosting.py; `add_group`/`remove_group` work before and during `run`; a new group's initial
 membership is committed before it runs and a restarted group keeps its stored one; a removed group's stream is
 deleted in a worker thread; a new group added with a `Bootstrap` starts from `raft.bootstrap_state`, stored with its
 membership in one record that rides with its first Ready (with a seed: from a snapshot, made durable before it runs),
@@ -36,13 +36,11 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from cluster.raft.core.multiraft import MultiRaft, MultiRaftConfig, NodeBatch, NodeReady
-from cluster.raft.core.raft import BOOTSTRAP_TERM, bootstrap_state
 from cluster.raft.core.types import (
     ConfChange,
     Entry,
@@ -50,15 +48,14 @@ from cluster.raft.core.types import (
     Index,
     Membership,
     NodeId,
-    PersistedState,
     Role,
-    Snapshot,
 )
 from cluster.raft.runtime.codec import Command, Forward
 from cluster.raft.runtime.compaction import CompactionConfig, Compactor, SnapshotHost
+from cluster.raft.runtime.group_hosting import Bootstrap, GroupHosting, NodeStats
 from cluster.raft.runtime.ready_pipeline import QUEUED_READIES_MAX, ReadyPipeline
 from cluster.raft.runtime.routing import FORWARD_HOLD_MS, CommandRouter
-from cluster.raft.runtime.storage import RaftStorage, committed_membership
+from cluster.raft.runtime.storage import RaftStorage
 from cluster.raft.runtime.sync_thread import SyncThread
 from cluster.raft.runtime.telemetry import TelemetryWriter
 from cluster.raft.runtime.timing import StageTimings
@@ -66,40 +63,13 @@ from cluster.raft.runtime.transport import Transport
 
 INBOX_BATCHES_MAX = 4096
 PROPOSALS_QUEUED_MAX = 65536  # commands waiting to be routed or held (all groups)
-GROUP_CHANGES_QUEUED_MAX = 65536
 LEADER_SCAN_TICKS = 10  # every group's known leader is compared this often (others: when touched)
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Bootstrap:
-    """A new group's first leader, named in advance (`raft.bootstrap_state`). Every node adding the group must name
-    the same `leader`; `lead` may be True only on that node, and only if it never hosted the group before in any
-    life (the host knows: it created the group in this life). Ignored for a group that has a stream already."""
-
-    leader: NodeId
-    lead: bool = False
-    # A group that starts holding a state (a queue whose mirror log moved back to Raft: node/runtime/cluster/
-    # mirror_back.py): its stream is created with this snapshot at SEED_INDEX (term 1, committed and applied) and
-    # made durable before the group runs; the host restores it at once. Without one the group starts empty (and a
-    # seeded leader sends its snapshot by InstallSnapshot).
-    seed: bytes | None = None
 
 
-SEED_INDEX = Index(1)
-
-
-@dataclass
-class NodeStats:
-    ready_cycles: int = 0
-    applied_entries: int = 0
-    proposals_refused: int = 0
-    compactions: int = 0
-    restores: int = 0
-    leader_changes: int = 0
-
-
-class RaftNodeRuntime:
+class RaftNodeRuntime(GroupHosting):
     def __init__(
         self,
         node_id: NodeId,
@@ -156,125 +126,6 @@ class RaftNodeRuntime:
         self._volatile: set[GroupId] = set()  # groups whose entries need no fsync (add_group's `volatile`)
         self._commits: dict[GroupId, int] = {}  # a leader's last commit index seen (only when timing)
         self._frames_queued_seen = 0  # transport.stats.frames_queued when the loop last let the writers run
-
-    # --- groups ----------------------------------------------------------------------------------------------
-
-    def add_group(self, group: GroupId, membership: Membership, bootstrap: Bootstrap | None = None,
-                  volatile: bool = False) -> None:
-        """Host a group: before `run` it is loaded at start; while running, at the next cycle. Loaded from storage
-        if it has a stream (then its stored membership wins over `membership`: storage.py), else created with
-        `membership` (and, with `bootstrap`, from `raft.bootstrap_state`), made durable before the group runs.
-        Adding a hosted group does nothing. `volatile`: the host drops the group's state whenever its voters
-        restart (a non-durable queue on one node), so its entries need no fsync (`image.must_sync`)."""
-        if volatile:
-            self._volatile.add(group)
-        else:
-            self._volatile.discard(group)
-        if self.multi is None:
-            self._groups[group] = membership
-            if bootstrap is None:
-                self._bootstraps.pop(group, None)
-            else:
-                self._bootstraps[group] = bootstrap
-            self._group_changes = deque(change for change in self._group_changes if change[0] != group)
-            return
-        self._queue_group_change(group, membership, bootstrap)
-
-    def remove_group(self, group: GroupId) -> None:
-        """Stop hosting a group and delete its stream (at the next cycle, or at start if not running yet)."""
-        self._volatile.discard(group)
-        if self.multi is None:
-            self._groups.pop(group, None)
-            self._bootstraps.pop(group, None)
-        self._queue_group_change(group, None, None)
-
-    def _queue_group_change(self, group: GroupId, membership: Membership | None, bootstrap: Bootstrap | None) -> None:
-        if len(self._group_changes) >= GROUP_CHANGES_QUEUED_MAX:
-            raise OverflowError("too many group changes queued")
-        self._group_changes.append((group, membership, bootstrap))
-        self._wake.set()
-
-    async def _apply_group_changes(self, multi: MultiRaft, storage: RaftStorage) -> list[GroupId]:
-        """Carry out the queued group changes; the groups added."""
-        added: list[GroupId] = []
-        sync = False
-        while self._group_changes:
-            group, membership, bootstrap = self._group_changes.popleft()
-            lap_started = self._lap_start()
-            if membership is None:
-                await self._drop_group(multi, storage, group)
-                self._lap("group_drop", lap_started)
-            elif group not in multi.groups:
-                sync |= await self._load_group(multi, storage, group, membership, bootstrap)
-                added.append(group)
-                self._lap("group_load", lap_started)
-        if sync and storage.bytes_queued:  # new groups' initial memberships: durable before they send anything
-            lap_started = self._lap_start()
-            await trio.to_thread.run_sync(storage.commit)
-            self._lap("group_commit", lap_started)
-        self._start_bootstrapped(multi)
-        self._recheck_held = True  # held commands may be for a group that is here now
-        return added
-
-    def _start_bootstrapped(self, multi: MultiRaft) -> None:
-        """Groups created from a bootstrap state (durable now): the named leader leads term 1 (when the host said it
-        may), the others know it as their leader."""
-        started, self._bootstrapped = self._bootstrapped, []
-        for group, lead in started:
-            if group in multi.groups:
-                multi.start_bootstrapped(group, lead)
-
-    async def _load_group(self, multi: MultiRaft, storage: RaftStorage, group: GroupId,
-                          membership: Membership, bootstrap: Bootstrap | None = None) -> bool:
-        """Load or create a group; whether what it queued must be durable before the group runs. A group created
-        from a bootstrap state need not wait: its first record goes with its first Ready's fsync (before any message
-        that depends on it), and losing it in a crash loses nothing, as the group is then created again from the
-        same state (the node's term-1 vote was for the named leader either way, and that leader leads term 1 only
-        in the life the host created the group in)."""
-        initial = None if bootstrap is None else bootstrap_state(membership, bootstrap.leader)
-        bootstrap_hard_state = None if initial is None else initial.hard_state
-        if storage.exists(group):
-            persisted = await trio.to_thread.run_sync(storage.load, group, membership, bootstrap_hard_state)
-        else:  # a new group: only its first record is queued, no file is read (a thread hop costs more)
-            persisted = storage.load(group, membership, bootstrap_hard_state)
-        self._groups[group] = membership if persisted is None else committed_membership(persisted)
-        if persisted is None and initial is not None and bootstrap is not None and bootstrap.seed is not None:
-            seed = Snapshot(SEED_INDEX, BOOTSTRAP_TERM, membership, bootstrap.seed)
-            await trio.to_thread.run_sync(storage.compact, group, seed)  # durable (membership record too) first
-            multi.add_group(group, None, PersistedState(initial.hard_state, seed, ()))
-            self._bootstrapped.append((group, bootstrap.lead))
-            if self._snapshots is not None:
-                self._snapshots.restore(group, seed.data)
-                self.stats.restores += 1
-            return False
-        if persisted is None and initial is not None and bootstrap is not None:
-            multi.add_group(group, None, initial)
-            self._bootstrapped.append((group, bootstrap.lead))
-            sync = False
-        else:
-            multi.add_group(group, membership if persisted is None else None, persisted)  # stored membership wins
-            sync = True
-        if persisted is not None and persisted.snapshot.index > 0 and self._snapshots is not None:
-            self._snapshots.restore(group, persisted.snapshot.data)
-            self.stats.restores += 1
-        return sync
-
-    async def _drop_group(self, multi: MultiRaft, storage: RaftStorage, group: GroupId) -> None:
-        """Forget the group and delete its stream (a checkpoint of the whole node log, which the loop waits for;
-        deleting it beside the loop slowed the next declaration's metadata commit instead: a cheaper deletion
-        belongs in cluster/log)."""
-        self._groups.pop(group, None)
-        multi.remove_group(group)
-        storage.forget(group)
-        if self.telemetry is not None:
-            self.telemetry.forget(group)
-        self._known_leaders.pop(group, None)
-        self._compactor.forget(group)
-        await trio.to_thread.run_sync(storage.delete, group)
-
-    def groups(self) -> list[GroupId]:
-        """The groups hosted (or, before `run`, declared), sorted."""
-        return sorted(self._groups if self.multi is None else self.multi.groups)
 
     # --- commands --------------------------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from cluster.queue.envelope import frame_snapshot
 from cluster.queue.group_ids import queue_group_id
 from cluster.queue.seal import Seal
 from cluster.raft.core.types import GroupId, NodeId
-from cluster.raft.runtime.node import Bootstrap
+from cluster.raft.runtime.group_hosting import Bootstrap
 from node.clustering.definitions import mirror_spec_in, vhost_policies
 from node.clustering.incarnations import group_of_record, queue_key
 from node.runtime.dispatch import wall_ms

@@ -53,7 +53,8 @@ from cluster.metadata import model as md
 from cluster.metadata.store import MetadataError, MetadataStore, MetadataTimeout, StoreConfig
 from cluster.queue.envelope import EnvelopeCodec, frame_snapshot, open_snapshot
 from cluster.raft.core.types import Entry, EntryKind, GroupId, Membership, NodeId
-from cluster.raft.runtime.node import Bootstrap, RaftNodeRuntime
+from cluster.raft.runtime.group_hosting import Bootstrap
+from cluster.raft.runtime.node import RaftNodeRuntime
 from cluster.raft.runtime.ready_pipeline import QUEUED_READIES_MAX
 from node.broker import records as br
 from node.broker.auth import hash_password
