@@ -27,6 +27,7 @@ from typing import Final
 from cluster.queue import Enqueue, MsgId, QueuedMessage, SettleDeadLettered
 from cluster.queue.ids import DeadLetterPublisher
 from node.broker import delivery, publish
+from node.broker.backend import PublishPath, backend_of
 from node.broker.channel import Message
 from node.broker.effects import ForwardPublish
 from node.broker.queues import QueueState
@@ -108,12 +109,12 @@ def send_copy(broker: BrokerState, target: QueueState, dead: QueuedMessage, publ
     backend_owned.py) takes it at once on its owner's node; another node forwards it there as a `ForwardPublish`
     whose confirm comes back as the outcome (`replica_publish.on_outcome`), so a held copy is settled only once the
     owner has it."""
-    kind = target.backend.name if target.backend is not None else "raft"
-    if kind == "raft":
+    path = backend_of(target).publish_path if target.backend is not None else PublishPath.PROPOSE
+    if path is PublishPath.PROPOSE:
         propose(broker, target, Enqueue(dead, broker.now_ms, publisher_id, sequence))
         return
     msg: Message = dead.payload
-    if kind == "owned":
+    if path is PublishPath.ENQUEUE:
         local = QueuedMessage(msg, dead.size_bytes, False, dead.priority, dead.ttl_ms)  # (never stored)
         outcome = REJECTED if delivery.enqueue(broker, target, Enqueue(local, broker.now_ms)) < 0 else ACCEPTED
         if type(publisher_id) is DeadLetterPublisher:
