@@ -226,11 +226,6 @@ def stamped_body(timestamp_ns: int, body_size: int) -> bytes:
     return _U64.pack(timestamp_ns) + b"x" * (body_size - 8)
 
 
-def read_timestamp_ns(body: bytes | bytearray | memoryview, offset: int = 0) -> int:
-    value: int = _U64.unpack_from(body, offset)[0]
-    return value
-
-
 # --- parsing ------------------------------------------------------------------------------------------------
 
 

@@ -12,8 +12,8 @@ into `local_report_dir` on the driver.
 
 Shuffle partitions: unless set (`--shuffle-partitions`, `--conf`), a job whose inputs are all local files gets
 `shuffle_partitions_for(bytes, cores)`: one partition per `SHUFFLE_PARTITION_BYTES` of telemetry, at least one per
-core, at most Spark's default of 200 (Spark's fixed 200 wrote ~200 tiny files per table for a 30 MB input and
-spent most of the run on them). Inputs on a remote filesystem keep Spark's setting.
+core, at most Spark's default of 200, so a small input is not written as many tiny part files per table
+(figures: docs/spark.md). Inputs on a remote filesystem keep Spark's setting.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Pure. `parse_upstream(vhost, name, value)` validates one upstream into an `Upstr
 name, value)` validates a set (a JSON list of `{"upstream": NAME, <overrides>}`); both raise
 `FederationParamError` with the reason, and nothing is stored before validation passed. `resolve(...)` turns a
 policy's `federation-upstream` / `federation-upstream-set` value into the upstreams it names (the implicit set
-`all` is every upstream of the vhost; a set element's keys override the upstream's). `validate_policy_keys`
-checks the two policy keys (mutually exclusive).
+`all` is every upstream of the vhost; a set element's keys override the upstream's). The two policy keys (mutually
+exclusive, names) are checked with the other policy keys (node/broker/policies.py).
 
 Keys and defaults are RabbitMQ 3.10's (rabbit_federation_parameters, rabbit_federation_upstream): `uri` (required,
 a string or a non-empty list), `prefetch-count` 1000, `reconnect-delay` 5 (seconds: the code's default; the docs
@@ -14,9 +14,8 @@ downstream exchange's name), `max-hops` 1, `expires`, `message-ttl` (on the upst
 `consumer-tag` (queue federation), `ha-policy`, `bind-nowait`,
 `resource-cleanup-mode` (`default` / `never`), `queue-type`. The error texts are RabbitMQ's
 (rabbit_parameter_validation): "prefetch-count should be a number, actually was ...", "trust-user-id should be
-boolean, ...", "ack-mode should be one of [...], ...", "Key \"uri\" not found in federation-upstream", and
-"cannot specify federation-upstream and federation-upstream-set together" for a policy. Unknown keys are refused
-("Unrecognised terms").
+boolean, ...", "ack-mode should be one of [...], ...", "Key \"uri\" not found in federation-upstream". Unknown
+keys are refused ("Unrecognised terms").
 """
 
 from __future__ import annotations
@@ -170,18 +169,6 @@ def parse(component: str, vhost: str, name: str, value: Any) -> None:
         parse_upstream_set(vhost, name, value)
     else:
         raise FederationParamError(f"unknown component {component}")
-
-
-def validate_policy_keys(definition: Mapping[str, Any]) -> str | None:
-    """RabbitMQ's rabbit_federation_parameters:validate_policy: the error text, or None."""
-    keys = [k for k in definition if k in POLICY_KEYS]
-    if len(keys) == 2:
-        return "cannot specify federation-upstream and federation-upstream-set together"
-    for key in keys:
-        if not isinstance(definition[key], str):
-            kind = "upstream set" if key == UPSTREAM_SET else "upstream"
-            return f"{_erl(definition[key])} is not a valid federation {kind} name"
-    return None
 
 
 def resolve(policy_definition: Mapping[str, Any], vhost: str,

@@ -84,13 +84,6 @@ def encode_record(offset: int, timestamp_ms: int, payload: bytes) -> bytes:
 
 
 RECORD_CRC = struct.Struct("<I")  # the CRC in front of RECORD_BODY_HEADER
-_RECORD_CRC = RECORD_CRC
-
-
-def encode_record_parts(offset: int, timestamp_ms: int, payload: bytes) -> bytes:
-    """The header of ``encode_record(offset, timestamp_ms, payload)``: that record is this followed by the payload."""
-    body_header = RECORD_BODY_HEADER.pack(len(payload), offset, timestamp_ms)
-    return _RECORD_CRC.pack(zlib.crc32(payload, zlib.crc32(body_header))) + body_header
 
 
 def decode_record_at(data: bytes | memoryview, position: int) -> Record | None:

@@ -460,23 +460,15 @@ class NodeLog:
         with self._io_lock:
             files = self._files.get(stream)
             snapshot = files.read_snapshot() if files is not None else None
-            records = self._range_locked(stream, 0, None)
+            records = self._records_locked(stream)
         return (snapshot[1] if snapshot else None), records
 
-    def read_range(self, stream: str, first_offset: int, end_offset: int | None = None
-                   ) -> Iterator[tuple[int, bytes]]:
-        """Records with ``first_offset <= offset < end_offset`` (default: to the end) that are after the snapshot.
-
-        The iterator reads files lazily: do not truncate or snapshot the stream while iterating."""
-        with self._io_lock:
-            return self._range_locked(stream, first_offset, end_offset)
-
-    def _range_locked(self, stream: str, first_offset: int, end_offset: int | None) -> Iterator[tuple[int, bytes]]:
+    def _records_locked(self, stream: str) -> Iterator[tuple[int, bytes]]:
+        """The records after the snapshot, read lazily: do not truncate or snapshot the stream while iterating."""
         files = self._files.get(stream)
         with self._lock:
             state = self._states.get(stream, _StreamState())
-            first = max(first_offset, state.snapshot_offset + 1)
-            end = state.next_offset if end_offset is None else min(end_offset, state.next_offset)
+            first, end = state.snapshot_offset + 1, state.next_offset
             in_memory = sorted((o, p) for o, (_, p) in state.unwritten.items() if first <= o < end)
         disk_end = in_memory[0][0] if in_memory else end
         disk = files.iter_range(first, disk_end) if files is not None else iter(())

@@ -3,7 +3,7 @@
 What it is for: every node runs one store. `await store.apply(command)` replicates a `cluster.metadata.model`
 command through the Raft group and returns its `Outcome`; `store.state` is this node's replica (a read never
 leaves the node and may lag the leader); `store.watch()` gives that state plus a channel of exactly the outcomes
-that change it afterwards (`subscribe()`: the channel alone).
+that change it afterwards.
 
 How it works:
 - `_Replica` is a pysyncobj `SyncObjConsumer` holding the immutable `MetadataState`. Its one replicated method takes
@@ -459,10 +459,6 @@ class MetadataStore(StoreMembership):
                 "last_applied": raw.get("last_applied"), "has_quorum": raw.get("has_quorum")}
 
     # ------------------------------------------------------------------------------------------ subscriptions
-
-    def subscribe(self, buffer_max: int = SUBSCRIBER_BUFFER_MAX) -> trio.MemoryReceiveChannel[Outcome]:
-        """`watch()` without the state."""
-        return self.watch(buffer_max)[1]
 
     def watch(self, buffer_max: int = SUBSCRIBER_BUFFER_MAX) -> tuple[MetadataState,
                                                                        trio.MemoryReceiveChannel[Outcome]]:

@@ -22,6 +22,7 @@ a queue needs lives on its `QueueState`). The per-broker hooks run for every bac
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from enum import Enum
 from typing import Any
 
 from node.broker.channel import ChannelState, Consumer
@@ -30,11 +31,20 @@ from node.broker.state import BrokerState
 from node.broker.vhost import VHost
 
 
+class PublishPath(Enum):
+    """Where a publish routed to a queue goes, as this node sees the queue (`QueueBackend.publish_path`)."""
+
+    ENQUEUE = "enqueue"  # into the queue's machine in this process, at once
+    PROPOSE = "propose"  # an `Enqueue` proposed to the queue's log (`ProposeQueue`)
+    FORWARD = "forward"  # to the node that holds the queue (`ForwardPublish`): it holds nothing here
+
+
 class QueueBackend(ABC):
     """What holds one queue's messages (see the module docstring)."""
 
-    name: str = ""
+    name: str = ""  # a label for diagnostics; handlers ask the properties below, never the name
     can_page = False  # may keep a backlog on disk (node/broker/paging.py)
+    publish_path = PublishPath.ENQUEUE
 
     # --- a queue's life ----------------------------------------------------------------------------------------
 

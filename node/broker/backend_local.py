@@ -4,7 +4,8 @@ A single node's queues. The machine is a `cluster.queue.Queue`; a durable, non-e
 definition and persistent messages to the node's own storage, and may keep its backlog on disk (paging). Its
 timers (message TTL, x-expires: `Expire` when the machine's `next_expiry_ms()` is due) and the memory alarm's
 spilling run from `tick`; credit flow slows a publisher
-whose queues have a backlog their consumers drain (`Broker.publish_flow_behind`). See node/broker/backend.py for
+whose queues have a backlog their consumers drain (`after_read` remembers the queues a read published to,
+`publish_flow_behind` answers the runtime through `Broker.publish_flow_behind`). See node/broker/backend.py for
 the interface.
 """
 
@@ -24,7 +25,7 @@ from node.broker.records import MessageRemovedRecord, QueueRecord
 from node.broker.state import BrokerState
 from node.broker.vhost import VHost
 
-FLOW_ROUTES_MAX = 64  # queues remembered per publishing connection for `Broker.publish_flow_behind`
+FLOW_ROUTES_MAX = 64  # queues remembered per publishing connection for `publish_flow_behind`
 
 
 class LocalBackend(QueueBackend):
@@ -91,10 +92,35 @@ class LocalBackend(QueueBackend):
         return expiry_deadline_ms(broker, self)
 
     def after_read(self, broker: BrokerState, conn_id: int) -> None:
-        """Remember the queues this read published to (`Broker.publish_flow_behind` looks at their backlog)."""
+        """Remember the queues this read published to (`publish_flow_behind` looks at their backlog)."""
         touched = broker.flow_touched
         if touched:
             broker.flow_routes[conn_id] = list(touched.values())[:FLOW_ROUTES_MAX]
             touched.clear()
         elif broker.flow_routes:
             broker.flow_routes.pop(conn_id, None)
+
+
+def publish_flow_behind(broker: BrokerState, conn_id: int) -> int:
+    """Credit flow for the runtime: the ready messages of the fullest queue this connection's last read
+    published to (`LocalBackend.after_read`) that has more than `publish_flow_ready_max` of them and a consumer
+    whose connection drains (so deliveries, not the socket, are behind); 0 when there is none. The runtime then
+    reads the publisher more slowly, as RabbitMQ's credit flow does, while the count goes down."""
+    queues = broker.flow_routes.get(conn_id)
+    limit = broker.config.publish_flow_ready_max
+    if not queues or limit <= 0:
+        return 0
+    backlog = 0
+    for queue in queues:
+        ready = queue.machine.ready_count
+        if ready > limit and ready > backlog and _has_draining_consumer(queue):
+            backlog = ready
+    return backlog
+
+
+def _has_draining_consumer(queue: QueueState) -> bool:
+    for consumer in queue.consumers.values():
+        conn = consumer.channel.conn
+        if conn is not None and conn.writable and not consumer.cancelled and not consumer.channel.closed:
+            return True
+    return False

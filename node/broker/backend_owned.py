@@ -26,7 +26,7 @@ from typing import Any
 from cluster.queue import Declare, Purge, Purged, Queue, SetArgs
 from node.amqp import methods as m
 from node.broker import credit_flow, definitions, delivery, replica_publish
-from node.broker.backend import QueueBackend, expiry_deadline_ms
+from node.broker.backend import PublishPath, QueueBackend, backend_of, expiry_deadline_ms
 from node.broker.channel import ChannelState, Consumer
 from node.broker.effects import Send
 from node.broker.errors import AmqpError
@@ -100,6 +100,7 @@ class RemoteBackend(QueueBackend):
     """An exclusive queue owned by a connection of another node (see the module docstring)."""
 
     name = "remote"
+    publish_path = PublishPath.FORWARD
 
     def create(self, broker: BrokerState, vhost: VHost[QueueState], queue: QueueState) -> None:
         queue.machine = Queue(queue.name, queue_args(queue.arguments))  # stays empty: the owner's node holds it
@@ -144,7 +145,7 @@ def forward_outcome(broker: BrokerState, vhost: str, name: str, publisher_id: An
                     messages: int = 1) -> None:
     """The owner's node answered `messages` forwarded publishes of `publisher_id` (its confirm or nack)."""
     queue = broker.vhosts[vhost].queues.get(name) if vhost in broker.vhosts else None
-    if queue is not None and queue.backend is not None and queue.backend.name == "remote":
+    if queue is not None and queue.backend is not None and backend_of(queue).publish_path is PublishPath.FORWARD:
         credit_flow.inflight_done(queue, messages)
     if publisher_id is not None and sequence:
         replica_publish.on_outcome(broker, (vhost, name), publisher_id, sequence, ACCEPTED if acked else REJECTED)

@@ -26,7 +26,7 @@ from node.broker import (
     replica_control,
     replica_machine,
 )
-from node.broker.backend import QueueBackend
+from node.broker.backend import PublishPath, QueueBackend
 from node.broker.channel import ChannelState, Consumer
 from node.broker.policies import machine_args
 from node.broker.queues import QueueState, queue_args
@@ -42,6 +42,7 @@ class ReplicatedBackend(QueueBackend):
     """A replica of the queue's Raft group (see the module docstring)."""
 
     name = "raft"
+    publish_path = PublishPath.PROPOSE
 
     def create(self, broker: BrokerState, vhost: VHost[QueueState], queue: QueueState) -> None:
         queue.machine = replica_machine.ProposingMachine(broker, queue,

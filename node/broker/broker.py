@@ -60,7 +60,7 @@ from node.broker import (
 )
 from node.broker.auth import Permission
 from node.broker.authenticator import ConnAuthenticator
-from node.broker.backend_local import LocalBackend
+from node.broker.backend_local import LocalBackend, publish_flow_behind
 from node.broker.backend_mirror import MirrorBackend, mirror_spec
 from node.broker.backend_owned import OwnedBackend, RemoteBackend, forward_outcome
 from node.broker.backend_replicated import ReplicatedBackend
@@ -211,20 +211,9 @@ class Broker(BrokerState):
         return self._finish()
 
     def publish_flow_behind(self, conn_id: int) -> int:
-        """Credit flow for the runtime: the ready messages of the fullest queue this connection's last read
-        published to that has more than `publish_flow_ready_max` of them and a consumer whose connection drains (so
-        deliveries, not the socket, are behind); 0 when there is none. The runtime then reads the publisher more
-        slowly, as RabbitMQ's credit flow does, while the count goes down."""
-        queues = self.flow_routes.get(conn_id)
-        limit = self.config.publish_flow_ready_max
-        if not queues or limit <= 0:
-            return 0
-        backlog = 0
-        for queue in queues:
-            ready = queue.machine.ready_count
-            if ready > limit and ready > backlog and _has_draining_consumer(queue):
-                backlog = ready
-        return backlog
+        """Credit flow for the runtime, single node (`backend_local.publish_flow_behind`): the ready messages of the
+        fullest queue behind its draining consumers that this connection's last read published to, or 0."""
+        return publish_flow_behind(self, conn_id)
 
     def _handle_event(self, conn: ConnState, event: Any) -> None:
         """One event of the connection, or deferred behind its channel's metadata barrier (the owner barrier), or
@@ -599,10 +588,3 @@ class Broker(BrokerState):
         self.out = []
         return reply_gate.divert(self, out) if self.held else out
 
-
-def _has_draining_consumer(queue: QueueState) -> bool:
-    for consumer in queue.consumers.values():
-        conn = consumer.channel.conn
-        if conn is not None and conn.writable and not consumer.cancelled and not consumer.channel.closed:
-            return True
-    return False

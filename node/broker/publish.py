@@ -20,6 +20,7 @@ from typing import Any
 from cluster.queue import DeadLetter, Enqueue, QueuedMessage
 from node.amqp import methods as m
 from node.broker import trace
+from node.broker.backend import PublishPath, backend_of
 from node.broker.channel import ChannelState, ConnState, Message, TxState
 from node.broker.delivery import enqueue, settle_entries
 from node.broker.effects import Block, Send, SendContent
@@ -119,7 +120,7 @@ def forwarded_publish(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueS
     props = dataclasses.replace(props, headers=rest if rest or spec[3] else None)
     queue = vhost.queues.get(queue_name)
     rejected = False
-    if queue is not None and queue.backend is not None and queue.backend.name == "owned":
+    if queue is not None and queue.backend is not None and backend_of(queue).publish_path is PublishPath.ENQUEUE:
         broker.messages_routed += 1
         message = QueuedMessage(_new_tuple(Message, (exchange, routing_key, props, body)), len(body), False,
                                 props.priority or 0, ttl_ms)

@@ -277,11 +277,11 @@ def _after_command(broker: BrokerState, queue: QueueState, command: Any, origin:
     elif kind is Detach:
         _after_detach(broker, queue, command, origin)
     elif kind is Get:
-        if not command.no_ack and queue.machine.unacked_msg_ids(command.consumer_id):
+        if not command.no_ack and replica_of(queue).queue.unacked_msg_ids(command.consumer_id):
             queue.members[command.consumer_id] = None
     elif kind is Settle or kind is Return or kind is Discard:
         cid = command.consumer_id
-        if type(cid) is GetterId and cid in queue.members and not queue.machine.unacked_msg_ids(cid):
+        if type(cid) is GetterId and cid in queue.members and not replica_of(queue).queue.unacked_msg_ids(cid):
             del queue.members[cid]
     elif kind is Expire:
         queue.expire_proposed_ms = None
@@ -309,7 +309,7 @@ def reattach(broker: BrokerState, queue: QueueState, consumer: Any) -> None:
 def maybe_auto_delete(broker: BrokerState, queue: QueueState) -> None:
     """The leader's fallback for an auto-delete queue the machine reported unused (`QueueUnused`) whose proposing
     node went away before deleting it: a new leader (set_leader) or the leader's timer (replica_control.tick)."""
-    if queue.is_leader and queue.machine.unused:
+    if queue.is_leader and replica_of(queue).queue.unused:
         delete_queue(broker, queue)
 
 

@@ -113,7 +113,7 @@ def tick(broker: BrokerState) -> None:
             held_due = _held_deadline_ms(queue)
             if held_due is not None and held_due <= now_ms:
                 _scan_held(broker, queue)
-            machine = queue.machine
+            machine = replica_of(queue).queue
             if machine.unused and now_ms - (machine.last_used_ms or 0) >= AUTO_DELETE_FALLBACK_MS:
                 delete_queue(broker, queue)
 
@@ -145,8 +145,8 @@ def snapshot(broker: BrokerState, vhost: str, name: str, sealed: bool | None = N
         return b""
     replica = replica_of(queue).snapshot(encode_payload, sealed)
     members = [encode_id(cid) for cid in queue.members]
-    had_consumer = queue.machine.had_consumer  # (also in the machine's snapshot now; kept for the old layout)
-    dead_letter_seq = queue.machine.dead_letter_seq  # (the same)
+    had_consumer = replica_of(queue).queue.had_consumer  # (also in the machine's snapshot now; kept for the old layout)
+    dead_letter_seq = replica_of(queue).queue.dead_letter_seq  # (the same)
     return cbor2.dumps([SNAPSHOT_VERSION, replica, dead_letter_seq, had_consumer, members])
 
 
@@ -209,7 +209,7 @@ def _resync(broker: BrokerState, queue: QueueState) -> None:
         cid = consumer.consumer_id
         held = {u.msg_id for u in consumer.channel.unacked.values() if u.consumer_id == cid}
         held.update(p.msg_id for p in consumer.channel.pending if p.consumer is consumer)
-        lost = [i for i in queue.machine.unacked_msg_ids(cid) if i not in held]
+        lost = [i for i in replica_of(queue).queue.unacked_msg_ids(cid) if i not in held]
         if lost:
             propose(broker, queue, Return(cid, lost, now_ms))
         if consumer.cancelled:  # (cancelled, still holding unacked messages: it stays out of the consumers)
@@ -219,7 +219,7 @@ def _resync(broker: BrokerState, queue: QueueState) -> None:
     for getter_id, (_ch, get_queue, _no_ack) in list(broker.pending_gets.items()):
         if get_queue is queue:
             answer_get_empty(broker, getter_id)
-            lost = queue.machine.unacked_msg_ids(getter_id)
+            lost = replica_of(queue).queue.unacked_msg_ids(getter_id)
             if lost:
                 propose(broker, queue, Return(getter_id, lost, now_ms))
     key = (queue.vhost, queue.name)

@@ -27,10 +27,11 @@ from typing import Final
 from cluster.queue import Enqueue, MsgId, QueuedMessage, SettleDeadLettered
 from cluster.queue.ids import DeadLetterPublisher
 from node.broker import delivery, publish
+from node.broker.backend import PublishPath, backend_of
 from node.broker.channel import Message
 from node.broker.effects import ForwardPublish
 from node.broker.queues import QueueState
-from node.broker.replica_machine import ACCEPTED, DUPLICATE, REJECTED, propose, queue_of
+from node.broker.replica_machine import ACCEPTED, DUPLICATE, REJECTED, propose, queue_of, replica_of
 from node.broker.state import BrokerState
 
 DLX_RETRY_MS: Final = 3000  # a held message not settled this long after its last send is sent again
@@ -84,7 +85,7 @@ def on_dead_letter_outcome(broker: BrokerState, target: tuple[str, str], publish
     held_seq = publisher_id.held_seq if publisher_id.held_seq is not None else sequence
     if type(held_seq) is not int:
         return
-    msg_id = source.machine.held_msg_id(held_seq)
+    msg_id = replica_of(source).queue.held_msg_id(held_seq)
     if msg_id is None or outcome == REJECTED:
         return  # settled already; or refused (reject-publish at the target): the retry scan sends it again
     state = held_sends(source)
@@ -108,12 +109,12 @@ def send_copy(broker: BrokerState, target: QueueState, dead: QueuedMessage, publ
     backend_owned.py) takes it at once on its owner's node; another node forwards it there as a `ForwardPublish`
     whose confirm comes back as the outcome (`replica_publish.on_outcome`), so a held copy is settled only once the
     owner has it."""
-    kind = target.backend.name if target.backend is not None else "raft"
-    if kind == "raft":
+    path = backend_of(target).publish_path if target.backend is not None else PublishPath.PROPOSE
+    if path is PublishPath.PROPOSE:
         propose(broker, target, Enqueue(dead, broker.now_ms, publisher_id, sequence))
         return
     msg: Message = dead.payload
-    if kind == "owned":
+    if path is PublishPath.ENQUEUE:
         local = QueuedMessage(msg, dead.size_bytes, False, dead.priority, dead.ttl_ms)  # (never stored)
         outcome = REJECTED if delivery.enqueue(broker, target, Enqueue(local, broker.now_ms)) < 0 else ACCEPTED
         if type(publisher_id) is DeadLetterPublisher:
@@ -127,7 +128,7 @@ def send_copy(broker: BrokerState, target: QueueState, dead: QueuedMessage, publ
 
 def _resend_alone(broker: BrokerState, source: QueueState, target: tuple[str, str], msg_id: int, held_seq: int) -> None:
     target_queue = queue_of(broker, *target)
-    letter = source.machine.held_letter(msg_id)
+    letter = replica_of(source).queue.held_letter(MsgId(msg_id))
     if target_queue is None or letter is None:
         return
     dead, _targets = dead_letter_copy(broker, source, letter[2], letter[1])
@@ -151,7 +152,7 @@ def before_settle_dead_lettered(queue: QueueState, msg_ids: tuple[MsgId, ...] | 
     if state is None:
         return
     for msg_id in msg_ids:
-        held_seq = queue.machine.held_seq(msg_id)
+        held_seq = replica_of(queue).queue.held_seq(msg_id)
         if held_seq is not None:
             state.accepted.pop(held_seq, None)
         state.sent.pop(msg_id, None)
@@ -163,7 +164,7 @@ def _prune_held_sends(queue: QueueState) -> None:
     state = queue.held_sends
     if state is None:
         return
-    machine = queue.machine
+    machine = replica_of(queue).queue
     state.accepted = {seq: seen for seq, seen in state.accepted.items() if machine.held_msg_id(seq) is not None}
     state.sent = {msg_id: sent for msg_id, sent in state.sent.items() if machine.held_seq(msg_id) is not None}
     state.settling = {msg_id for msg_id in state.settling if machine.held_seq(msg_id) is not None}
@@ -188,7 +189,7 @@ def _scan_held(broker: BrokerState, queue: QueueState) -> None:
     now_ms = broker.now_ms
     state.scanned_ms = now_ms
     budget = DLX_SEND_BATCH_MAX
-    for msg_id, held_seq, reason, message, _delivery_count in queue.machine.held_letters():
+    for msg_id, held_seq, reason, message, _delivery_count in replica_of(queue).queue.held_letters():
         if budget <= 0:
             state.scanned_ms = now_ms - DLX_SCAN_MS  # more to send: come back at the next tick
             return

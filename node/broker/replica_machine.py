@@ -1,9 +1,10 @@
 """Replicated mode's queue machine stand-in, and the ids that say which node a party belongs to (pure).
 
 Every queue's `QueueState.machine` is a `ProposingMachine` (docs/cluster.md): its `apply(command)` emits
-`ProposeQueue` (through `propose`) and returns no effects, and every read (`ready_count`, `next_expiry_ms()`,
-`args`, ...) is answered by the local replica (`.replica`, a `cluster.queue.replicated.ReplicatedQueue`), so the
-single-node handlers run unchanged and propose instead of applying. Consumer ids are `ConsumerId(node, boot_id, n)`,
+`ProposeQueue` (through `propose`) and returns no effects, and the reads the shared handlers make of any queue's
+machine (`ready_count`, `next_expiry_ms()`, `args`, ...: its properties) are answered by the local replica
+(`.replica`, a `cluster.queue.replicated.ReplicatedQueue`), so the single-node handlers run unchanged and propose
+instead of applying; replicated-only code reads the replica's machine itself (`replica_of(queue).queue`). Consumer ids are `ConsumerId(node, boot_id, n)`,
 getter ids `GetterId(node, boot_id, n)` (cluster/queue/ids.py), exclusive owners "node/boot_id/conn_id" cluster-wide (`global_owner`,
 `local_owner`). ACCEPTED, DUPLICATE and REJECTED name a target queue's answer to a publish. The rest of
 replicated mode is built on this module: replica_wire (below it), replica_dead_letters, replica_publish, replica,
@@ -98,8 +99,44 @@ class ProposingMachine:
         propose(self._broker, self._queue, command)
         return []
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.replica.queue, name)
+    # The reads the shared handlers and the management views make of any queue's machine, answered by the local
+    # replica. Replicated-only code reads the replica itself (`replica_of(queue).queue`).
+
+    @property
+    def args(self) -> QueueArgs:
+        return self.replica.queue.args
+
+    @property
+    def ready_count(self) -> int:
+        return self.replica.queue.ready_count
+
+    @property
+    def ready_bytes(self) -> int:
+        return self.replica.queue.ready_bytes
+
+    @property
+    def unacked_count(self) -> int:
+        return self.replica.queue.unacked_count
+
+    @property
+    def consumer_count(self) -> int:
+        return self.replica.queue.consumer_count
+
+    @property
+    def held_count(self) -> int:
+        return self.replica.queue.held_count
+
+    @property
+    def held_bytes(self) -> int:
+        return self.replica.queue.held_bytes
+
+    @property
+    def paged_count(self) -> int:
+        """Always 0 (a replicated queue's machine never pages), read by declare-ok and delete's message count."""
+        return self.replica.queue.paged_count
+
+    def next_expiry_ms(self) -> int | None:
+        return self.replica.queue.next_expiry_ms()
 
 
 def propose(broker: BrokerState, queue: QueueState, command: Any) -> None:

@@ -20,6 +20,7 @@ from cluster.queue import Enqueue, QueuedMessage
 from cluster.queue.ids import DeadLetterPublisher
 from node.amqp import methods as m
 from node.broker import delivery, publish, replica_dead_letters
+from node.broker.backend import PublishPath
 from node.broker.channel import ChannelState, ConnState, Message, PendingPublish, TxState
 from node.broker.effects import ForwardPublish, Send, SendContent
 from node.broker.errors import precondition
@@ -72,9 +73,9 @@ def _route(broker: BrokerState, ch: ChannelState, vhost: VHost[QueueState], meth
             queue = queues.get(queue_name)
             if queue is None:
                 continue
-            kind = queue.backend.name
-            if kind != "raft":  # a node-local exclusive queue (node/broker/backend_owned.py)
-                if kind == "owned":
+            path = queue.backend.publish_path  # (a QueueBackend: node/broker/backend.py)
+            if path is not PublishPath.PROPOSE:  # a node-local exclusive queue (node/broker/backend_owned.py)
+                if path is PublishPath.ENQUEUE:
                     local = QueuedMessage(msg, len(body), False, props.priority or 0, ttl_ms)  # (never stored)
                     rejected = delivery.enqueue(broker, queue, Enqueue(local, now_ms)) < 0 or rejected
                     continue

@@ -10,6 +10,7 @@ import cbor2
 from node.amqp import methods as m
 from node.broker.effects import ProposeQueue, SendContent
 from node.broker.replica import DETACH_RETRIES_MAX
+from node.broker.replica_machine import replica_of
 from tests.broker.cluster_harness import Cluster, ClusterClient, cluster_client, take
 from tests.broker.harness import bodies, channel_close, deliveries, of_type
 
@@ -133,7 +134,7 @@ def test_dead_letters_are_republished_once_by_the_leader() -> None:
     cluster.commit()
     for node in ("a", "b", "c"):
         assert _queue(cluster, node, "dead").machine.ready_count == 2
-        assert _queue(cluster, node, "q").machine.dead_letter_seq == 2  # numbered by the machine, alike everywhere
+        assert replica_of(_queue(cluster, node, "q")).queue.dead_letter_seq == 2  # numbered by the machine, alike everywhere
     c = cluster_client(cluster, "c")
     c.consume("dead", "td")
     cluster.commit()
@@ -175,7 +176,7 @@ def test_a_queue_snapshot_written_before_the_machine_numbered_dead_letters_conti
     b.call(m.BasicNack(delivery_tag=tags[1], requeue=False))
     cluster.commit()
     cluster.feed("c", cluster.brokers["c"].queue_restore("/", "q", bytes.fromhex(OLD_DEAD_LETTER_SNAPSHOT)))
-    assert _queue(cluster, "c").machine.dead_letter_seq == 2  # taken from the old slot
+    assert replica_of(_queue(cluster, "c")).queue.dead_letter_seq == 2  # taken from the old slot
     replicas = {cbor2.loads(data)[1] for data in cluster.snapshots(KEY).values()}
     assert len(replicas) == 1  # the same replica (and count) on every node
     cluster.set_leader(KEY, "c")  # the restored node republishes the next copy: sequence 3, not a Duplicate

@@ -13,7 +13,6 @@ from cluster.federation.params import (
     parse_upstream,
     parse_upstream_set,
     resolve,
-    validate_policy_keys,
 )
 from node.broker.policies import PolicyError, validate_policy
 
@@ -86,12 +85,11 @@ def test_resolve_upstream_set_and_implicit_all() -> None:
 
 
 def test_policy_keys() -> None:
-    assert validate_policy_keys({"federation-upstream": "a"}) is None
-    assert validate_policy_keys({"federation-upstream": "a", "federation-upstream-set": "all"}) == \
-        "cannot specify federation-upstream and federation-upstream-set together"
     validate_policy("p", "^x", "exchanges", {"federation-upstream-set": "all"}, 0)
     validate_policy("p", "^x", "all", {"federation-upstream": "a", "message-ttl": 5}, 0)
     with pytest.raises(PolicyError, match="cannot specify federation-upstream and federation-upstream-set"):
         validate_policy("p", "^x", "exchanges", {"federation-upstream": "a", "federation-upstream-set": "all"}, 0)
+    with pytest.raises(PolicyError, match="5 is not a valid federation upstream name"):
+        validate_policy("p", "^x", "exchanges", {"federation-upstream": 5}, 0)
     with pytest.raises(PolicyError, match="5 is not a valid federation upstream set name"):
         validate_policy("p", "^x", "exchanges", {"federation-upstream-set": 5}, 0)

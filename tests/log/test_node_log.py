@@ -206,18 +206,19 @@ def test_commit_in_a_thread_concurrent_with_appends(tmp_path: pathlib.Path) -> N
     reopened.close()
 
 
-def test_read_range_spans_disk_and_memory(tmp_path: pathlib.Path) -> None:
+def test_read_spans_disk_and_memory(tmp_path: pathlib.Path) -> None:
     log = NodeLog.open(tmp_path, SMALL)
     for i in range(100):
         log.append("r", str(i).encode())
     log.commit()
     for i in range(100, 110):
         log.append("r", str(i).encode())
-    assert list(log.read_range("r", 95, 103)) == [(i, str(i).encode()) for i in range(95, 103)]
-    assert [o for o, _ in log.read_range("r", 108)] == [108, 109]
+    state, records = log.read("r")
+    assert state is None and list(records) == [(i, str(i).encode()) for i in range(110)]
     log.write_snapshot("r", 97, b"s")
     assert log.snapshot_offset("r") == 97
-    assert [o for o, _ in log.read_range("r", 90, 100)] == [98, 99]
+    state, records = log.read("r")
+    assert state == b"s" and list(records) == [(i, str(i).encode()) for i in range(98, 110)]
     log.close()
 
 

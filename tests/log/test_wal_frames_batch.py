@@ -24,10 +24,3 @@ def test_batch_matches_frame_by_frame(batch: list[tuple[fmt.WalKind, str, int, i
 def test_batch_refuses_a_long_stream_name() -> None:
     with pytest.raises(ValueError):
         fmt.encode_wal_frames([(fmt.WalKind.APPEND, "x" * (fmt.STREAM_NAME_BYTES_MAX + 1), 0, 0, b"", 1)])
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.integers(0, 2**62), st.integers(0, 2**62), st.binary(max_size=64))
-def test_record_parts_are_the_record_head(offset: int, timestamp_ms: int, payload: bytes) -> None:
-    assert fmt.encode_record_parts(offset, timestamp_ms, payload) + payload == fmt.encode_record(
-        offset, timestamp_ms, payload)

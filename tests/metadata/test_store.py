@@ -93,7 +93,7 @@ async def test_a_subscriber_that_falls_behind_is_closed_not_silently_skipped() -
     store = MetadataStore(config(0, free_addresses(1)))
     await store.start()
     try:
-        slow = store.subscribe(buffer_max=2)
+        slow = store.watch(buffer_max=2)[1]
         for i in range(4):
             assert (await store.apply(PutVhost(f"v{i}"))).ok
         with trio.fail_after(10):

@@ -14,6 +14,7 @@ from cluster.queue.ids import DeadLetterPublisher
 from node.amqp import methods as m
 from node.broker.replica import decode_payload
 from node.broker.replica_dead_letters import DLX_RETRY_MS, DLX_SCAN_MS
+from node.broker.replica_machine import replica_of
 from tests.broker.cluster_harness import Cluster, ClusterClient, cluster_client, take
 from tests.broker.harness import channel_close, deliveries
 
@@ -48,7 +49,7 @@ def _reject_all(cluster: Cluster, b: ClusterClient) -> None:
 
 
 def _dead_bodies(cluster: Cluster, node: str = "c") -> list[bytes]:
-    machine = _queue(cluster, node, "dead").machine
+    machine = replica_of(_queue(cluster, node, "dead")).queue
     return [entry.message.payload.body for entry in machine._ready.iter_in_order()]
 
 

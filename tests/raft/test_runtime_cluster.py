@@ -13,7 +13,7 @@ from cluster.authlink.handshake import CHALLENGE_BYTES, RAFT_LINK, FrameReader, 
 from cluster.raft.core.multiraft import MultiRaftConfig, NodeBatch
 from cluster.raft.core.raft import RaftConfig
 from cluster.raft.core.types import Entry, GroupId, Membership, NodeId
-from cluster.raft.runtime.codec import decode_batch, encode_batch
+from cluster.raft.runtime.codec import decode_frame, encode_batch
 from cluster.raft.runtime.node import RaftNodeRuntime
 from cluster.raft.runtime.transport import Transport
 
@@ -186,7 +186,7 @@ def test_batches_round_trip_through_the_codec() -> None:
     entries = (Entry(Term(2), Index(5), b"payload"),)
     batch = NodeBatch(NODES[0], NODES[1], 7, ((GROUPS[0], Append(NODES[0], NODES[1], Term(2), Index(4), Term(1),
                                                                  entries, Index(3))),))
-    assert decode_batch(encode_batch(batch)) == batch
+    assert decode_frame(encode_batch(batch)) == batch
 
 
 def test_transport_drops_when_a_peer_queue_is_full() -> None:

@@ -185,14 +185,6 @@ def encode_batch(batch: NodeBatch) -> bytes:
     return cbor2.dumps([batch.src, batch.dst, batch.incarnation, messages])
 
 
-def decode_batch(data: bytes) -> NodeBatch:
-    try:
-        plain = cbor2.loads(data)
-    except (cbor2.CBORDecodeError, ValueError, TypeError) as error:
-        raise CodecError(str(error)) from error
-    return _batch_from_plain(plain)
-
-
 def _batch_from_plain(plain: Any) -> NodeBatch:
     if type(plain) is not list or len(plain) != 4:
         raise CodecError("a batch is a list [src, dst, incarnation, messages]")

@@ -34,6 +34,7 @@ from cluster.metadata import placement
 from cluster.metadata.mirror import SyncMirror
 from cluster.raft.core.types import NodeId
 from node.broker import policies as pol
+from node.broker.backend import PublishPath, backend_of
 from node.broker.effects import Persist
 from node.clustering.incarnations import queue_key
 from node.runtime.cluster import members
@@ -149,8 +150,8 @@ class ClusterView(BrokerView):
         owners = {}
         for vhost_name, vhost in self.broker.vhosts.items():
             for name, queue in vhost.queues.items():
-                if getattr(queue.backend, "name", "") != "remote":
-                    continue
+                if queue.backend is None or backend_of(queue).publish_path is not PublishPath.FORWARD:
+                    continue  # (this node holds it)
                 record = self.cluster.mirrored.queues.get((vhost_name, name))
                 if record is not None and record.leader in endpoints:
                     owners[(vhost_name, name)] = endpoints[record.leader]
