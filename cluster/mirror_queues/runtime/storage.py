@@ -46,7 +46,8 @@ HEADER_BYTES = 8
 Plan = list[tuple[str, bytes | int | None]]  # file operations in order: (kind, data), see ReplicaStore.execute
 
 
-def _write_atomically(path: pathlib.Path, data: bytes) -> None:
+def write_atomically(path: pathlib.Path, data: bytes) -> None:
+    """Replace `path` with `data` durably: a temp file, fsync, rename, fsync of the directory."""
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as f:
         f.write(data)
@@ -245,20 +246,20 @@ class ReplicaStore:
                 os.fsync(self._log.fileno())
             elif kind == "rewrite":
                 self._log.close()
-                _write_atomically(self.log_path, data if isinstance(data, bytes) else b"")
+                write_atomically(self.log_path, data if isinstance(data, bytes) else b"")
                 self._log = self.log_path.open("ab+")
             elif kind == "snapshot":
                 if data is None:
                     self.snapshot_path.unlink(missing_ok=True)
                 else:
                     assert isinstance(data, bytes)
-                    _write_atomically(self.snapshot_path, data)
+                    write_atomically(self.snapshot_path, data)
             elif kind == "epochs":
                 assert isinstance(data, bytes)
-                _write_atomically(self.epochs_path, data)
+                write_atomically(self.epochs_path, data)
             elif kind == "hw":
                 assert isinstance(data, bytes)
-                _write_atomically(self.hw_path, data)
+                write_atomically(self.hw_path, data)
             self.fsyncs += 1
             i += 1
 

@@ -31,7 +31,6 @@ makes it mirrored again).
 from __future__ import annotations
 
 import logging
-import os
 import pathlib
 from collections.abc import Mapping
 from typing import Any, Final
@@ -40,6 +39,7 @@ import trio
 
 from cluster.metadata import model as md
 from cluster.metadata.mirror_convert import ConvertToClassic
+from cluster.mirror_queues.runtime.storage import write_atomically
 from cluster.queue.envelope import frame_snapshot
 from cluster.queue.group_ids import queue_group_id
 from cluster.queue.seal import Seal
@@ -63,17 +63,7 @@ def seed_path(data_dir: pathlib.Path, group: str) -> pathlib.Path:
 def _write_seed(path: pathlib.Path, data: bytes) -> None:
     """(In a worker thread) the seed file, atomically and durably."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomically(path, data)
 
 
 def _own_seed(rt: Any, vhost: str, name: str, incarnation: int) -> bytes:
