@@ -117,6 +117,7 @@ def bootstrap(rt: Any, group: GroupId, queue: md.QueueRecord) -> Bootstrap | Non
 class _Progress:
     def __init__(self) -> None:
         self.last: dict[tuple[str, tuple[str, str]], int] = {}  # ("seal"|"convert", (vhost, name)) -> proposed at
+        self.seeds_checked: Any = None  # the metadata state the seed files were last checked against
 
 
 async def run(rt: Any) -> None:
@@ -138,7 +139,9 @@ async def _step(rt: Any, progress: _Progress) -> None:
     last = progress.last
     for stale in [k for k in last if k[1] not in state.mirrors]:
         del last[stale]
-    _drop_old_seeds(rt, state)
+    if state is not progress.seeds_checked:  # (a seed goes stale only by a metadata change)
+        progress.seeds_checked = state
+        _drop_old_seeds(rt, state)
     policies: dict[str, list[Any]] = {}  # per vhost, made once per poll
     for group, g in list(rt.mirror.groups.items()):
         key = (g.vhost, g.name)
