@@ -118,7 +118,9 @@ def test_message_ttl_is_expired_by_the_leader_only() -> None:
     assert cluster.brokers["a"].next_deadline_ms() is None
 
 
-def test_dead_letters_are_republished_once_by_the_leader() -> None:
+def _two_dead_letters() -> tuple[Cluster, ClusterClient, ClusterClient]:
+    """A quorum queue "q" dead-lettering to the fanout "dlx" (bound to "dead"); b rejects and nacks its two
+    messages without requeue, committed. Returns the cluster and the clients on a and b."""
     cluster = Cluster()
     a, b = cluster_client(cluster, "a"), cluster_client(cluster, "b")
     a.call(m.ExchangeDeclare(exchange="dlx", type="fanout", durable=True))
@@ -132,6 +134,11 @@ def test_dead_letters_are_republished_once_by_the_leader() -> None:
     b.call(m.BasicReject(delivery_tag=tags[0], requeue=False))
     b.call(m.BasicNack(delivery_tag=tags[1], requeue=False))
     cluster.commit()
+    return cluster, a, b
+
+
+def test_dead_letters_are_republished_once_by_the_leader() -> None:
+    cluster, _a, _b = _two_dead_letters()
     for node in ("a", "b", "c"):
         assert _queue(cluster, node, "dead").machine.ready_count == 2
         assert replica_of(_queue(cluster, node, "q")).queue.dead_letter_seq == 2  # numbered by the machine, alike everywhere
@@ -162,19 +169,7 @@ OLD_DEAD_LETTER_SNAPSHOT = (
 
 
 def test_a_queue_snapshot_written_before_the_machine_numbered_dead_letters_continues_the_count() -> None:
-    cluster = Cluster()
-    a, b = cluster_client(cluster, "a"), cluster_client(cluster, "b")
-    a.call(m.ExchangeDeclare(exchange="dlx", type="fanout", durable=True))
-    a.declare("dead", durable=True)
-    a.bind("dead", "dlx")
-    a.declare("q", durable=True, arguments={"x-queue-type": "quorum", "x-dead-letter-exchange": "dlx"})
-    _publish(cluster, a, b"bad", b"worse")
-    b.consume("q", "t")
-    cluster.commit()
-    tags = [d.method.delivery_tag for d in deliveries(take(cluster, "b"))]
-    b.call(m.BasicReject(delivery_tag=tags[0], requeue=False))
-    b.call(m.BasicNack(delivery_tag=tags[1], requeue=False))
-    cluster.commit()
+    cluster, a, b = _two_dead_letters()
     cluster.feed("c", cluster.brokers["c"].queue_restore("/", "q", bytes.fromhex(OLD_DEAD_LETTER_SNAPSHOT)))
     assert replica_of(_queue(cluster, "c")).queue.dead_letter_seq == 2  # taken from the old slot
     replicas = {cbor2.loads(data)[1] for data in cluster.snapshots(KEY).values()}
