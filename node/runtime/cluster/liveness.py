@@ -114,7 +114,7 @@ class MembershipAndLiveness:
     # ------------------------------------------------------------------------------------------ liveness
     def _is_metadata_leader(self) -> bool:
         me = self.layout.me
-        return self.store is not None and self.store.leader() == f"{me.host}:{me.metadata_port}"
+        return self.store is not None and self.store.leader() == me.metadata_address
 
     async def _liveness_watch(self) -> None:
         assert self.raft is not None
@@ -145,7 +145,7 @@ class MembershipAndLiveness:
         fast_election.py), and the mirrored queues it leads are reported down at once (mirror_failures.py)."""
         member = next((m for m in self.layout.members if m.name == peer), None)
         if member is not None and self.store is not None:
-            self.store.leader_refused(f"{member.host}:{member.metadata_port}")
+            self.store.leader_refused(member.metadata_address)
         if self.mirror is not None:
             self.mirror.peer_refused(peer)
 

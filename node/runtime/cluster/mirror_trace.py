@@ -61,4 +61,4 @@ def _said(outcome: Outcome | None) -> str:
 
 def metadata_names(members: Iterable[NodeEndpoints]) -> dict[str, str]:
     """Metadata address ("host:port") -> node name, for the cluster's members."""
-    return {f"{m.host}:{m.metadata_port}": m.name for m in members}
+    return {m.metadata_address: m.name for m in members}

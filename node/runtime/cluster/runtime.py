@@ -181,8 +181,8 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness, IncarnationRecording
         Raft group per known queue. The Raft runtime itself starts in `run`."""
         me = self.layout.me
         store = self.store = MetadataStore(StoreConfig(
-            node_name=self.name, address=f"{me.host}:{me.metadata_port}",
-            peers=tuple(f"{p.host}:{p.metadata_port}" for p in self.layout.peers),
+            node_name=self.name, address=me.metadata_address,
+            peers=tuple(p.metadata_address for p in self.layout.peers),
             secret=self.layout.secret, data_dir=self.data_dir / "metadata"))
         await store.start()
         adopt_metadata_layout(self)  # the metadata's members, before any group is declared (members.py)
