@@ -9,8 +9,8 @@ Layout (all little-endian, packed with ``struct`` rather than cbor2, which is sl
 - Segment record: ``crc32 u32 | payload_len u32 | offset u64 | timestamp_ms i64 | payload``.
   The CRC covers everything after itself.  24-byte header.
 - WAL frame: ``crc32 u32 | kind u8 | stream_len u16 | payload_len u32 | offset u64 | timestamp_ms i64 |
-  stream (utf-8) | payload``.  Kinds: APPEND, TRUNCATE (drop records > offset); DELETE is reserved
-  (``delete_stream`` checkpoints instead, so no frame of a deleted stream survives to be replayed).
+  stream (utf-8) | payload``.  Kinds: APPEND, TRUNCATE (drop records > offset), DELETE (drop the stream: replay
+  removes what it holds of it so far).
 - Offset index entry: ``relative_offset u32 | position u32`` (sparse, one per ``index_interval_bytes``).
 - Time index entry: ``timestamp_ms i64 | relative_offset u32`` (max timestamp seen so far, monotone).
 - Snapshot file: ``magic 4s | crc32 u32 | offset i64 | state_len u32 | state``.

@@ -7,6 +7,8 @@ How it works:
   into the per-stream segment files (plain writes), then fsyncs the WAL once: group commit for every stream.
 - When the WAL reaches ``wal_size_bytes_max`` the commit checkpoints: fsync the dirty segment files, start a new
   WAL file and delete the old ones.  ``write_snapshot`` deletes segments wholly behind the snapshot.
+- ``delete_stream`` writes a DELETE frame and fsyncs the WAL, then removes the stream's files; replay drops the
+  stream where it meets the frame.  A snapshot of a stream deleted since the last checkpoint checkpoints first.
 - ``open`` recovers: load each stream directory (torn segment tails cut off), then replay the WAL on top
   (appends already on disk are stepped over by header; truncations are re-applied), then checkpoint.  The
   checkpoint's recovery-point file says how much of each active segment was fsynced and carries the CRC of that
@@ -107,6 +109,7 @@ class NodeLog:
         self._wal: WalWriter | None = None
         self._closed = False
         self._recovery_point: dict[str, fmt.RecoveryPoint] = {}  # stream directory -> its active segment's
+        self._deleted_since_checkpoint: set[str] = set()  # streams with a DELETE frame in the current WAL
 
     # --- opening and recovery --------------------------------------------------------------------------------
 
@@ -150,6 +153,11 @@ class NodeLog:
                     self._forget_recovery_point(files)
                     files.truncate_after(frame.offset, self._handles)
                     expected_offsets[stream] = files.end_offset
+                continue
+            if frame.kind == fmt.WalKind.DELETE:  # the stream was deleted here: what came before it goes
+                runs.pop(stream, None)
+                expected_offsets.pop(stream, None)
+                self._remove_files(stream)
                 continue
             if frame.kind != fmt.WalKind.APPEND:
                 continue
@@ -330,13 +338,16 @@ class NodeLog:
         """Each stream's ops in order, in one pass: appends gather into a run per stream, written when a
         truncation of that stream comes (then the truncation) and at the end. Streams are independent files."""
         runs: dict[str, list[tuple[int, int, bytes]]] = {}
-        append_kind = fmt.WalKind.APPEND
+        append_kind, delete_kind = fmt.WalKind.APPEND, fmt.WalKind.DELETE
         for kind, stream, offset, timestamp_ms, payload, _ in batch:
             run = runs.get(stream)
             if run is None:
                 run = runs[stream] = []
             if kind == append_kind:
                 run.append((offset, timestamp_ms, payload))
+                continue
+            if kind == delete_kind:  # its files go once the frame is durable (delete_stream)
+                run.clear()
                 continue
             files = self._files_for(stream)
             self._write_run(files, run)
@@ -391,6 +402,7 @@ class NodeLog:
             self._recovery_point = {name: point for name, point in points.items() if point is not None}
             self._write_recovery_point()
             self._wal.start_new_file()
+            self._deleted_since_checkpoint.clear()
         except OSError as error:
             self._fail(error)
 
@@ -431,23 +443,42 @@ class NodeLog:
                 stream_state.has_data = True
                 stream_state.snapshot_offset = max(stream_state.snapshot_offset, offset)
                 stream_state.next_offset = max(stream_state.next_offset, offset + 1)
+            if stream in self._deleted_since_checkpoint:
+                self._checkpoint_locked()  # a replayed DELETE frame would remove this snapshot: drop the frame first
             files = self._files.get(stream)
             if files is None:
                 files = self._files[stream] = StreamFiles.create(self._streams_root, stream, True)
             files.install_snapshot(offset, state, self._handles)
 
     def delete_stream(self, stream: str) -> None:
-        """Remove the stream and all its files, durably, before returning."""
+        """Remove the stream and all its files, durably, before returning.
+
+        A DELETE frame goes into the WAL and is fsynced (replay drops the stream there, so no earlier frame of it
+        can come back), then the files are removed: one WAL fsync, not a checkpoint of every stream. The caller
+        appends nothing more to the stream until this returns; the name may be used again afterwards."""
         with self._commit_lock:
+            with self._lock:
+                self._check_usable()
+                state = self._states.pop(stream, None)
+                self._queue(state or _StreamState(), fmt.WalKind.DELETE, stream, 0, 0, b"")
             self._write_pending()
+            assert self._wal is not None
+            try:
+                self._wal.sync()
+            except OSError as error:
+                self._fail(error)
             with self._io_lock:
-                self._checkpoint_locked()  # no WAL frame of the stream survives: replay cannot resurrect it
-                with self._lock:
-                    self._states.pop(stream, None)
-                files = self._files.pop(stream, None)
-                if files is not None:
-                    files.delete(self._handles)
-                    self._forget_recovery_point(files)
+                try:
+                    self._remove_files(stream)
+                except OSError as error:
+                    self._fail(error)
+                self._deleted_since_checkpoint.add(stream)
+
+    def _remove_files(self, stream: str) -> None:
+        files = self._files.pop(stream, None)
+        if files is not None:
+            files.delete(self._handles)
+            self._recovery_point.pop(files.directory.name, None)  # written at the next checkpoint
 
     # --- reading ---------------------------------------------------------------------------------------------
 

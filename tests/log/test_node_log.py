@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import shutil
 import threading
 
 import pytest
@@ -144,6 +145,44 @@ def test_delete_stream_is_durable_and_name_reusable(tmp_path: pathlib.Path) -> N
     reopened = NodeLog.open(tmp_path, SMALL)
     assert records(reopened, "gone")[1] == [(0, b"new")]
     assert len(records(reopened, "kept")[1]) == 30
+    reopened.close()
+
+
+def test_a_deleted_streams_files_left_by_a_crash_go_at_replay(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, SMALL)
+    for _i in range(30):
+        log.append("gone", b"old")
+        log.append("kept", b"k")
+    log.commit()
+    streams = tmp_path / "streams"
+    saved = tmp_path / "saved"
+    shutil.copytree(streams, saved)
+    log.delete_stream("gone")  # a DELETE frame in the WAL, no checkpoint
+    shutil.rmtree(streams)
+    shutil.copytree(saved, streams)  # as if the process died after the frame's fsync, before the files went
+    log._handles.close_all()
+    reopened = NodeLog.open(tmp_path, SMALL)
+    assert reopened.streams() == ["kept"] and records(reopened, "gone")[1] == []
+    assert len(records(reopened, "kept")[1]) == 30
+    assert len(list(streams.iterdir())) == 1  # the deleted stream's directory is gone
+    reopened.close()
+
+
+def test_a_name_used_again_after_delete_survives_a_crash_with_its_snapshot(tmp_path: pathlib.Path) -> None:
+    log = NodeLog.open(tmp_path, SMALL)
+    for _i in range(10):
+        log.append("s", b"old")
+    log.commit()
+    log.delete_stream("s")
+    for i in range(4):
+        log.append("s", bytes([i]))
+    log.commit()
+    log.write_snapshot("s", 1, b"state")  # a snapshot after the DELETE frame, before any checkpoint
+    log.append("s", b"after")
+    log.commit()
+    log._handles.close_all()  # kill -9
+    reopened = NodeLog.open(tmp_path, SMALL)
+    assert records(reopened, "s") == (b"state", [(2, b"\x02"), (3, b"\x03"), (4, b"after")])
     reopened.close()
 
 
