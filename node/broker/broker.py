@@ -434,8 +434,9 @@ class Broker(BrokerState):
         replica_control.restore(self, vhost, queue, data)
         return self._finish_replicated()
 
-    def set_queue_leader(self, vhost: str, queue: str, is_local_leader: bool) -> list[Effect]:
-        replica_control.set_leader(self, vhost, queue, is_local_leader)
+    def set_queue_leader(self, vhost: str, queue: str, is_local_leader: bool, alone: bool = False) -> list[Effect]:
+        """`alone`: this node is the queue group's only voter as well as its leader (a classic queue's node)."""
+        replica_control.set_leader(self, vhost, queue, is_local_leader, alone)
         if is_local_leader:
             policy_apply.resend_leader_policies(self, (vhost, queue))
         return self._finish_replicated()

@@ -51,13 +51,16 @@ AUTO_DELETE_FALLBACK_MS: Final = 5000
 # --- leadership, nodes, time -----------------------------------------------------------------------------------
 
 
-def set_leader(broker: BrokerState, vhost: str, name: str, is_leader: bool) -> None:
+def set_leader(broker: BrokerState, vhost: str, name: str, is_leader: bool, alone: bool = False) -> None:
+    """`alone`: this node is also the group's only voter (a classic queue's), so what it proposes commits here."""
     key = (vhost, name)
     if is_leader:
-        broker.leading.add(key)
+        broker.leading[key] = alone
     else:
-        broker.leading.discard(key)
+        broker.leading.pop(key, None)
     queue = queue_of(broker, vhost, name)
+    if queue is not None:
+        queue.commits_alone = is_leader and alone
     if queue is None or queue.is_leader == is_leader:
         return
     queue.is_leader = is_leader

@@ -140,7 +140,8 @@ class BrokerState(ABC):
         self.detaching: dict[Hashable, None] = {}  # replicated: local consumer ids whose Detach is proposed
         self.detach_retries: dict[Hashable, int] = {}  # replicated: abandoned Detach proposals sent again
         self.down_consumers: dict[Hashable, None] = {}  # replicated: ids of down nodes, to detach when leader
-        self.leading: set[tuple[str, str]] = set()  # replicated: (vhost, queue) whose local replica leads
+        # replicated: (vhost, queue) whose local replica leads -> whether it is the group's only voter too
+        self.leading: dict[tuple[str, str], bool] = {}
         self.pending_gets: dict[Hashable, tuple[ChannelState, QueueState, bool]] = {}  # replicated: id -> waiter
         self.confirm_batch: dict[int, tuple[ChannelState, list[int], list[int]]] = {}  # replicated: acks, nacks
         self.paging: dict[str, QueueState] = {}  # queue stream -> queue with a paged tail (node/broker/paging.py)

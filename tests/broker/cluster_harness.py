@@ -93,7 +93,8 @@ class Cluster:
                 self.feed(other, broker.apply_records(list(effect.records)))
         return self._route(node, self.brokers[node].on_persisted(effect.token))
 
-    def set_leader(self, key: QueueKey, node: str) -> None:
+    def set_leader(self, key: QueueKey, node: str, alone: bool = False) -> None:
+        """`alone`: `node` is told it is the group's only voter too (a classic queue's node)."""
         previous = self.leaders.get(key)
         self.leaders[key] = node
         for other, broker in self.brokers.items():
@@ -102,7 +103,7 @@ class Cluster:
             if other == previous and other != node:
                 self.feed(other, broker.set_queue_leader(key[0], key[1], False))
             if other == node:
-                self.feed(other, broker.set_queue_leader(key[0], key[1], True))
+                self.feed(other, broker.set_queue_leader(key[0], key[1], True, alone))
 
     def commit(self, rounds_max: int = 50) -> None:
         """Apply every log's new entries to every live broker, repeating while the effects propose more."""

@@ -1,6 +1,7 @@
 """Replicated mode: a connection sees its own changes (node/broker/read_your_writes.py), on three brokers (pure).
 
-consume-ok, cancel-ok and channel close-ok leave once this node's replica applied what they proposed; declare-ok
+consume-ok, cancel-ok and channel close-ok leave once this node's replica applied what they proposed (consume-ok at
+once where this node leads the queue's group as its only voter); declare-ok
 counts and queue.delete if-empty/if-unused wait for the connection's earlier proposals to that queue; the node whose
 Detach empties an auto-delete queue deletes it, and its client's cancel-ok waits for the deletion.
 """
@@ -34,6 +35,25 @@ def test_consume_ok_waits_for_the_attach_to_apply() -> None:
     cluster.commit()
     assert [ok.consumer_tag for ok in of_type(take(cluster, "b"), m.BasicConsumeOk)] == ["t"]
     assert cluster.brokers["b"].vhosts["/"].queues["q"].machine.consumer_count == 1
+
+
+def test_consume_ok_leaves_at_once_where_the_node_leads_the_group_alone_and_reads_still_wait() -> None:
+    cluster, _a, b = _setup()
+    cluster.set_leader(("/", "q"), "b", alone=True)  # as for a classic queue declared on b: its one voter
+    take(cluster, "b")
+    cluster.hold = True
+    b.consume("q", tag="t")
+    assert [ok.consumer_tag for ok in of_type(take(cluster, "b"), m.BasicConsumeOk)] == ["t"]
+    b.call(m.QueueDeclare(queue="q", passive=True))
+    assert of_type(take(cluster, "b"), m.QueueDeclareOk) == []  # the count waits for the Attach
+    cluster.hold = False
+    cluster.release()
+    cluster.commit()
+    assert [ok.consumer_count for ok in of_type(take(cluster, "b"), m.QueueDeclareOk)] == [1]
+    cluster.set_leader(("/", "q"), "b")  # a leader with other voters: its consume-ok waits again
+    cluster.hold = True
+    b.consume("q", tag="t2")
+    assert of_type(take(cluster, "b"), m.BasicConsumeOk) == []
 
 
 def test_cancel_ok_waits_for_the_detach_so_a_later_publish_stays_in_the_queue() -> None:

@@ -554,7 +554,9 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness, IncarnationRecording
         if key is None:
             return
         log.info("cluster: queue %s: leader %s (group %s)", queue_key(*key), leader, group)
-        self.dispatch(self.broker.set_queue_leader(key[0], key[1], leader == self.name))
+        membership = self.raft.membership_of(group) if leader == self.name and self.raft is not None else None
+        alone = membership is not None and membership.voters == frozenset({self.name})
+        self.dispatch(self.broker.set_queue_leader(key[0], key[1], leader == self.name, alone))
         if leader is not None:
             self.tracker.leader_changed(queue_key(*key))  # its resend interval starts again at RETRY_MS
             self._send_group(group, wall_ms())  # a new leader: what the old one may have dropped, now
