@@ -151,21 +151,11 @@ SUBSET: dict[str, dict[str, str]] = {
 
 # Cluster mode only: tests that fail on a known cluster-mode broker bug, by node-id regular expression -> the bug.
 # They run as xfail(strict=False); delete an entry when its bug is fixed.
-_CONSUME_OK_50MS = ("the test gives basic.consume the iterator's own 50 ms timeout (queue.iterator(timeout=0.05)); in "
-                    "cluster mode consume-ok leaves once the node's replica applied the Attach (read-your-writes), a "
-                    "Raft commit (without an fsync since the queue's group is volatile: a non-durable classic queue): "
-                    "p50 22-25 ms, p90 44-45 ms, max 61-175 ms on a node at load average 10-16 on the 2-core machine "
-                    "(with the fsync: p50 40-58, p90 88-128 ms), so under CI load it still misses 50 ms now and then; "
-                    "a timing limit, not a behaviour. The trio thread no longer stops for the incarnation file's fsync "
-                    "at each non-durable queue's declaration and deletion, but at load average 25-30 the test still "
-                    "failed 1-2 of its 4 parametrisations per run against the old and the new code alike")
 CLUSTER_XFAIL: dict[str, dict[str, str]] = {
     "amqp": {},
     "kombu": {},
     "aiormq": {},
-    "aio-pika": {
-        r"^tests/test_amqp_robust_proxy\.py::test_iterator_cancellation_survives_close_timeout\[": _CONSUME_OK_50MS,
-    },
+    "aio-pika": {},
 }
 
 # aiormq's and aio-pika's conftests wrap every test in `memory_tracer`, a tracemalloc check that the CLIENT
