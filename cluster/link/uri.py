@@ -16,6 +16,7 @@ node (`local=True`; the runtime fills in its own listener and credentials), as i
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 
@@ -116,3 +117,24 @@ def resolve_local(uri: AmqpUri, local: AmqpUri | None) -> AmqpUri:
     if uri.local and local is not None:
         return replace(local, vhost=uri.vhost)
     return uri
+
+
+LOCAL_URI_KEYS = {"shovel": ("src-uri", "dest-uri"), "federation-upstream": ("uri",)}  # per parameter component
+
+
+def local_uri_vhosts(component: str, value: Any) -> set[str]:
+    """The vhosts that a parameter value's URIs without a host (the node itself) name; URIs that do not parse are
+    left to the component's validation."""
+    vhosts: set[str] = set()
+    if not isinstance(value, dict):
+        return vhosts
+    for key in LOCAL_URI_KEYS.get(component, ()):
+        raw = value.get(key)
+        for uri in [raw] if isinstance(raw, str) else raw if isinstance(raw, list) else []:
+            try:
+                parsed = parse_uri(uri)
+            except UriError:
+                continue
+            if parsed.local:
+                vhosts.add(parsed.vhost)
+    return vhosts

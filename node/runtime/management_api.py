@@ -33,6 +33,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cluster.link.uri import local_uri_vhosts
 from node.runtime.management_amqp import AmqpTarget, Session, amqp_session
 from node.runtime.management_http import CommandError as CommandError
 from node.runtime.management_http import HttpError, RequestHead, parse_json_body
@@ -260,6 +261,8 @@ async def handle_request(view: ManagementView, head: RequestHead, body: bytes, p
         return error_reply(401, "not_authorised", TAG_REFUSALS[needed])
     caller = _caller(view, credentials[0], credentials[1], tags)
     try:
+        if needed == "policymaker" and head.method not in ("GET", "HEAD") and ADMIN_TAG not in tags:
+            _check_policy_vhosts(view, head.segments, body, credentials[0])
         for route in routes:
             reply = await route(view, head, body, caller)
             if reply is not None:
@@ -271,6 +274,28 @@ async def handle_request(view: ManagementView, head: RequestHead, body: bytes, p
         return error_reply(err.status, err.error or _error_name(err.status), err.reason)
     except HttpError as err:
         return error_reply(err.status, _error_name(err.status), err.reason)
+
+
+def _check_policy_vhosts(view: ManagementView, segments: tuple[str, ...], raw_body: bytes, user: str) -> None:
+    """A policymaker (not an administrator) changes policies and parameters only in vhosts it has permissions in,
+    as in RabbitMQ; and a shovel or upstream URI naming the node itself (`amqp:///vhost`: links log in with their
+    own identity, cluster/authlink) only in such a vhost too, as RabbitMQ's shovel validation checks the declaring
+    user's access. (Administrators are not checked: RabbitMQ asks them for the vhost permission as well.)"""
+    permitted = {p["vhost"] for p in view.permissions() if p["user"] == user}
+    vhost_at = 3 if segments[1] == "parameters" else 2
+    if len(segments) > vhost_at and segments[vhost_at] not in permitted:
+        raise CommandError(401, "User not authorised to access virtual host", "not_authorised")
+    if segments[1] != "parameters" or len(segments) != 5:
+        return
+    try:
+        body = parse_json_body(raw_body)
+    except HttpError:
+        return  # (refused as a bad body later)
+    value = body.get("value") if isinstance(body, dict) else None
+    for vhost in local_uri_vhosts(segments[2], value):
+        if vhost not in permitted:
+            raise CommandError(400, f"Validation failed\n\nuser {user!r} may not access vhost {vhost!r} (named by "
+                                    "a URI without a host: this node)")
 
 
 def _columns(reply: Reply, head: RequestHead) -> Reply:

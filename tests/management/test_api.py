@@ -243,6 +243,44 @@ async def test_a_management_user_sees_only_its_vhosts() -> None:
         assert me == {"name": "m", "tags": ["management"]}
 
 
+async def test_a_policymaker_changes_policies_and_parameters_only_in_its_vhosts() -> None:
+    """As RabbitMQ: a policymaker needs permissions in the vhost of the policy or parameter, and in the vhost a
+    shovel or upstream URI without a host (this node) names; an administrator is not asked."""
+    async with served_broker() as s:
+        s.broker.add_vhost("mine")
+        s.broker.add_vhost("theirs")
+        s.broker.add_user("p", "pw", ("policymaker",))
+        s.broker.set_permissions("p", "mine", Permission(".*", ".*", ".*"))
+        policy = {"pattern": ".*", "definition": {"max-length": 5}}
+        as_p = {"user": "p", "password": "pw"}
+        status, _, body = await request(s.port, "PUT", "/api/policies/theirs/x", policy, **as_p)
+        assert status == 401 and body == {"error": "not_authorised",
+                                          "reason": "User not authorised to access virtual host"}
+        status, _, _ = await request(s.port, "PUT", "/api/policies/mine/x", policy, **as_p)
+        assert status == 201
+        status, _, _ = await request(s.port, "DELETE", "/api/policies/theirs/x", **as_p)
+        assert status == 401
+
+        def shovel(src: str) -> dict[str, object]:
+            return {"value": {"src-uri": src, "src-queue": "q", "dest-uri": "amqp:///mine", "dest-queue": "d"}}
+
+        status, _, body = await request(s.port, "PUT", "/api/parameters/shovel/mine/s", shovel("amqp:///theirs"),
+                                        **as_p)
+        assert status == 400 and "may not access vhost 'theirs'" in body["reason"]
+        status, _, _ = await request(s.port, "PUT", "/api/parameters/shovel/theirs/s", shovel("amqp:///mine"), **as_p)
+        assert status == 401
+        upstream = {"value": {"uri": ["amqp://", "amqp:///mine"]}}  # amqp:// is the vhost "/"
+        status, _, body = await request(s.port, "PUT", "/api/parameters/federation-upstream/mine/u", upstream, **as_p)
+        assert status == 400 and "may not access vhost '/'" in body["reason"]
+        status, _, _ = await request(s.port, "PUT", "/api/parameters/shovel/mine/s", shovel("amqp:///mine"), **as_p)
+        assert status == 201
+        status, _, _ = await request(s.port, "PUT", "/api/parameters/shovel/mine/s2", shovel("amqp://h/theirs"),
+                                     **as_p)
+        assert status == 201  # another broker's vhost: its own login decides
+        status, _, _ = await request(s.port, "PUT", "/api/parameters/shovel/theirs/s", shovel("amqp:///theirs"))
+        assert status == 201  # guest, an administrator
+
+
 async def test_deleted_users_permissions_and_vhosts_stay_deleted_after_recovery() -> None:
     """DELETE of a user (its permissions and connections go too), of permissions and of a vhost (its queues,
     exchanges, bindings, policies and connections go too), as RabbitMQ 3.10; the stored records recover to the same
