@@ -18,7 +18,7 @@ import requests
 from tests.integration.conftest import Target
 from tests.integration.test_vhost_limits import management_ports
 
-ROUNDS = 6
+ROUNDS = 3
 
 
 class Api:
