@@ -80,7 +80,8 @@ class ClusterView(BrokerView):
             return True
         if not await store.caught_up(timeout_s):
             return False
-        cluster._mirror(store.state)  # (the metadata watcher may not have run since)
+        if cluster.mirrored is not store.state:  # (the metadata watcher has not run since)
+            cluster._mirror(store.state)
         return True
 
     def nodes(self) -> list[dict[str, Any]]:
