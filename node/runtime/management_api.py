@@ -6,7 +6,10 @@ from loopback), then dispatches on the method and the percent-decoded path segme
 list methods and filter by vhost/name here; changes become `await view.run_command(name, args)` with arguments
 checked here first (`COMMAND_ARGS`), so every view receives well-typed arguments. A view refuses a command by
 raising `CommandError(status, reason)` (501 "not in a cluster" for cluster commands on a single node). The answer
-is `Reply(status, payload, headers)`; errors carry RabbitMQ's `{"error": ..., "reason": ...}` shape.
+is `Reply(status, payload, headers)`; errors carry RabbitMQ's `{"error": ..., "reason": ...}` shape. A request that
+reads or changes definitions (`needs_read_barrier`), and a refused login, first awaits `view.read_barrier()` (cluster
+mode: this node catches up with the metadata group, so it sees a change just made through another node; past its
+bound the answer carries `X-Raftmq-Metadata: unconfirmed`; docs/management.md, "Reads see every committed change").
 
 Paths: GET /api/overview, /api/whoami, /api/nodes[/name], /api/vhosts[/vhost], /api/users[/name],
 /api/permissions[/vhost/user], /api/queues[/vhost[/name]], /api/exchanges[/vhost[/name]], /api/bindings[/vhost],
