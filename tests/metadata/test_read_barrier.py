@@ -8,7 +8,7 @@ import trio.testing
 
 from cluster.metadata.model import PutVhost
 from cluster.metadata.read_barrier import SharedBarrier
-from tests.metadata.helpers import config, free_addresses, start_all
+from tests.metadata.helpers import config, free_addresses, start_all, wait_until
 
 
 class ScriptedRounds:
@@ -97,6 +97,21 @@ async def test_caught_up_on_a_follower_sees_every_earlier_write() -> None:
                     nursery.start_soon(read)
             assert seen == [True] * 20 and f"v{i}" in follower.state.vhosts
         assert follower._shared_barrier.rounds <= 6  # 60 readers, at most two rounds per burst
+    finally:
+        for s in stores:
+            s.close()
+
+
+async def test_caught_up_without_a_majority_answers_false_within_its_bound() -> None:
+    addrs = free_addresses(3)
+    stores = await start_all([config(i, addrs) for i in range(3)])
+    try:
+        stopping = [store.syncobj_for_shutdown() for store in stores[1:]]
+        for store in stores[1:]:
+            store.close()  # (pysyncobj stops at its next tick: until then they still answer)
+        await wait_until(lambda: not any(s.tick_thread_alive() for s in stopping), what="two stores stopped")
+        with trio.fail_after(5):  # (a guard against hanging; the bound under test is 0.5 s)
+            assert await stores[0].caught_up(0.5) is False
     finally:
         for s in stores:
             s.close()
