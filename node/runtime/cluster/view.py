@@ -5,7 +5,9 @@ a live Raft connection that are not reported down); `/api/queues` fills each que
 node knows; null while it knows none) and `members` (the placement's voters) and adds `raft` (this node's
 `group_status`: term, commit, applied index...) and `group` (the queue's Raft group id here, incarnation included), so
 a test or an operator can see a replica catch up;
-`/api/policies` comes from the metadata. Admin changes (users, vhosts, permissions) go through the broker as on a
+`/api/policies` comes from the metadata. `read_barrier` (awaited by the API before a request that reads or changes
+definitions) catches this node up with the metadata group first, so those reads see a change just made through
+another node (docs/management.md, "Reads see every committed change"). Admin changes (users, vhosts, permissions) go through the broker as on a
 single node (deletions too: node/broker/admin_delete.py; a vhost's deletion is the metadata's `DeleteVhost`, which
 cascades to what it holds), and their `Persist` effects are replicated through the metadata group before the HTTP answer
 (`apply_effects` is async;
