@@ -16,6 +16,9 @@ How it works:
   `apply` hands the command to pysyncobj's thread-safe command queue
   with a callback; the callback runs in the tick thread and only calls `TrioToken.run_sync_soon`, which never
   blocks, to put the result into a one-slot memory channel the trio task waits on. Neither side waits on the other.
+- Read barriers: `sync()` applies a `Barrier` (no-op) command: once its callback came, this replica has applied
+  everything committed before the call (pysyncobj calls back on a follower only after applying the entry there).
+  `caught_up(timeout_s)` shares such barriers between concurrent readers (`read_barrier.py`).
 - Retries: MISSING_LEADER, NOT_LEADER, LEADER_CHANGED, DISCARDED, QUEUE_FULL, REQUEST_DENIED and UNKNOWN_OUTCOME are
   retried with the same command id, with doubling backoff (`RETRY_BACKOFF_*`) until `timeout_s`; so is an attempt
   with no callback within `ATTEMPT_TIMEOUT_S` (pysyncobj silently drops a command a follower forwards over a
@@ -59,6 +62,7 @@ from cluster.metadata.errors import (
 )
 from cluster.metadata.fast_election import FastElection
 from cluster.metadata.model import AddNode, Command, MetadataState, Outcome
+from cluster.metadata.read_barrier import SharedBarrier
 from cluster.metadata.secret import (
     AuditedEncryptor,
     ClusterSecretError,
@@ -76,6 +80,7 @@ RETRY_BACKOFF_MAX_S = 1.0
 LEADER_POLL_S = 0.05
 OWNER_EXIT_WAIT_S = 5.0  # close(): how long the owner thread waits for pysyncobj's destroy
 SUBSCRIBER_BUFFER_MAX = 1024
+SHARED_BARRIER_ROUND_S = 10.0  # caught_up(): one shared barrier round gives up after this (its readers before)
 JOURNAL_NAME = "metadata.journal"
 SNAPSHOT_NAME = "metadata.snapshot"
 
@@ -279,6 +284,7 @@ class MetadataStore(StoreMembership):
         self._members_saved: tuple[str, ...] = ()
         self._members_lock = threading.Lock()  # the tick thread and trio may both save the cache
         self._left = False  # mark_left(): the cache says "left" and is never rewritten by this store
+        self._shared_barrier = SharedBarrier(self._barrier_round)
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -395,6 +401,22 @@ class MetadataStore(StoreMembership):
         `Barrier` went through the log and was applied here), and its state is returned."""
         await self.apply(model.Barrier(), timeout_s)
         return self.state
+
+    async def caught_up(self, timeout_s: float) -> bool:
+        """A shared read barrier (`read_barrier.SharedBarrier`: concurrent callers share one `Barrier` command):
+        True once a barrier that started after the call was applied here; False when none completed within
+        `timeout_s` (no metadata majority, or the store stopped)."""
+        with trio.move_on_after(timeout_s):
+            return await self._shared_barrier.wait()
+        return False
+
+    async def _barrier_round(self) -> bool:
+        try:
+            await self.sync(SHARED_BARRIER_ROUND_S)
+        except MetadataError as exc:  # (MetadataTimeout included)
+            log.info("%s: metadata read barrier: %s", self.config.node_name, exc)
+            return False
+        return True
 
     async def _submit_once(self, payload: bytes, attempt_timeout_s: float) -> tuple[Any, int]:
         """One submission. pysyncobj drops a command forwarded to a leader whose connection is not up without

@@ -102,6 +102,7 @@ class NodeConfig:
     node_down_after_ms: int = 5_000
     proposal_timeout_ms: int = 10_000
     definition_timeout_ms: int = 30_000
+    management_read_barrier_ms: int = 2_000
     mirror_trim_records: int = 2_000
     mirror_flush: str = "fsync"
     mirror_hw_checkpoint_ms: int = 1_000
@@ -233,6 +234,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("proposal_timeout_ms", "int", "Cluster mode: a queue command not applied within this is given up (publish nacked)."),
     Setting("definition_timeout_ms", "int", "Cluster mode: a definition change (declare, bind, user, policy...) not "
             "committed by the metadata group within this is given up (the client gets 541, the API 503)."),
+    Setting("management_read_barrier_ms", "int", "Cluster mode: a management request that reads or changes "
+            "definitions first waits up to this for a metadata read barrier, so it sees every change committed "
+            "through any node before it; after it, it is answered from this node's copy (header X-Raftmq-Metadata: "
+            "unconfirmed). 0 = no barrier (reads may miss a change made through another node a moment before)."),
     Setting("mirror_trim_records", "int", "Cluster mode: a mirrored queue replica snapshots its queue and drops its "
             "log prefix once this many applied records are above the log start."),
     Setting("mirror_flush", "str", "Cluster mode: mirrored queue replicas' flush policy: fsync (every append on disk "
@@ -431,6 +436,7 @@ def validate(config: NodeConfig) -> NodeConfig:
         (config.node_down_after_ms > 0, "node_down_after_ms must be > 0"),
         (config.proposal_timeout_ms > 0, "proposal_timeout_ms must be > 0"),
         (config.definition_timeout_ms > 0, "definition_timeout_ms must be > 0"),
+        (config.management_read_barrier_ms >= 0, "management_read_barrier_ms must be >= 0"),
         (config.member_replace_after_ms >= 0, "member_replace_after_ms must be >= 0"),
         (config.mirror_trim_records > 0, "mirror_trim_records must be > 0"),
         (config.mirror_replace_after_ms >= 0, "mirror_replace_after_ms must be >= 0"),

@@ -6,7 +6,10 @@ from loopback), then dispatches on the method and the percent-decoded path segme
 list methods and filter by vhost/name here; changes become `await view.run_command(name, args)` with arguments
 checked here first (`COMMAND_ARGS`), so every view receives well-typed arguments. A view refuses a command by
 raising `CommandError(status, reason)` (501 "not in a cluster" for cluster commands on a single node). The answer
-is `Reply(status, payload, headers)`; errors carry RabbitMQ's `{"error": ..., "reason": ...}` shape.
+is `Reply(status, payload, headers)`; errors carry RabbitMQ's `{"error": ..., "reason": ...}` shape. A request that
+reads or changes definitions (`needs_read_barrier`), and a refused login, first awaits `view.read_barrier()` (cluster
+mode: this node catches up with the metadata group, so it sees a change just made through another node; past its
+bound the answer carries `X-Raftmq-Metadata: unconfirmed`; docs/management.md, "Reads see every committed change").
 
 Paths: GET /api/overview, /api/whoami, /api/nodes[/name], /api/vhosts[/vhost], /api/users[/name],
 /api/permissions[/vhost/user], /api/queues[/vhost[/name]], /api/exchanges[/vhost[/name]], /api/bindings[/vhost],
@@ -112,6 +115,10 @@ class ManagementView(Protocol):
     def set_tracing(self, vhost: str, on: bool) -> None: ...
     async def close_connection(self, name: str, reason: str) -> bool: ...
     async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]: ...
+    async def read_barrier(self) -> bool:
+        """Wait (bounded) until this node has every definition change committed before the call; False when it
+        could not make sure in time (the request is then answered from what the node has). A single node: True."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,18 +254,58 @@ def _caller(view: ManagementView, user: str, password: str, tags: tuple[str, ...
     return Caller(user, password, tags, target, frozenset(p["vhost"] for p in view.permissions() if p["user"] == user))
 
 
+# The definitions (cluster mode: the metadata group's): a GET of these paths, and every change but a connection's
+# close, first waits for the view's read barrier. The rest (overview, nodes, connections, channels, consumers,
+# shovel and federation status, health checks) is this node's live state, or its peers', and never waits.
+DEFINITION_PATHS = frozenset({"vhosts", "users", "permissions", "topic-permissions", "policies", "operator-policies",
+                              "parameters", "global-parameters", "vhost-limits", "user-limits", "definitions",
+                              "exchanges", "queues", "bindings"})
+STALE_HEADER = ("X-Raftmq-Metadata", "unconfirmed")  # the read barrier timed out: answered from this node's copy
+
+
+def needs_read_barrier(head: RequestHead) -> bool:
+    """Whether the request reads or changes definitions (a peer's `raftmq_local` sub-request never waits: the node
+    that asks it has passed its own barrier)."""
+    segments = head.segments
+    if len(segments) < 2 or segments[0] != "api" or head.query.get("raftmq_local"):
+        return False
+    if head.method in ("GET", "HEAD"):
+        return segments[1] in DEFINITION_PATHS and segments[3:] != ("channels",)  # (/api/vhosts/{v}/channels)
+    return segments[1] != "connections"
+
+
 async def handle_request(view: ManagementView, head: RequestHead, body: bytes, peer_is_loopback: bool,
                          routes: tuple[Route, ...] = ()) -> Reply:
-    """Authenticate, check the tag, route and run one request; never raises for a bad request."""
+    """Authenticate, check the tag, route and run one request; never raises for a bad request. A login refused, or
+    a request that reads or changes definitions, first waits for the view's read barrier (cluster mode: the user
+    or its tags may have just been changed through another node; a read sees every change committed before it)."""
+    reply, barrier_failed = await _handle(view, head, body, peer_is_loopback, routes)
+    return Reply(reply.status, reply.payload, (*reply.headers, STALE_HEADER)) if barrier_failed else reply
+
+
+async def _handle(view: ManagementView, head: RequestHead, body: bytes, peer_is_loopback: bool,
+                  routes: tuple[Route, ...]) -> tuple[Reply, bool]:
+    """The reply, and whether a read barrier was waited for and timed out."""
     credentials = parse_basic_auth(head.headers.get("authorization", ""))
     if credentials is None:
-        return error_reply(401, "not_authorised", "Login failed", (("WWW-Authenticate", REALM),))
-    tags = view.authenticate(credentials[0], credentials[1], peer_is_loopback)
-    if tags is None:
-        return error_reply(401, "not_authorised", "Login failed", (("WWW-Authenticate", REALM),))
+        return error_reply(401, "not_authorised", "Login failed", (("WWW-Authenticate", REALM),)), False
     needed = required_tag(head.method, head.segments)
+    barrier = True
+    tags = view.authenticate(credentials[0], credentials[1], peer_is_loopback)
+    if tags is None or not TAG_RANKS[needed] & set(tags):
+        barrier = await view.read_barrier()
+        tags = view.authenticate(credentials[0], credentials[1], peer_is_loopback)
+    elif needs_read_barrier(head):
+        barrier = await view.read_barrier()
+    if tags is None:
+        return error_reply(401, "not_authorised", "Login failed", (("WWW-Authenticate", REALM),)), not barrier
     if not TAG_RANKS[needed] & set(tags):
-        return error_reply(401, "not_authorised", TAG_REFUSALS[needed])
+        return error_reply(401, "not_authorised", TAG_REFUSALS[needed]), not barrier
+    return await _authorised(view, head, body, credentials, tags, routes), not barrier
+
+
+async def _authorised(view: ManagementView, head: RequestHead, body: bytes, credentials: tuple[str, str],
+                      tags: tuple[str, ...], routes: tuple[Route, ...]) -> Reply:
     caller = _caller(view, credentials[0], credentials[1], tags)
     try:
         if needed == "policymaker" and head.method not in ("GET", "HEAD") and ADMIN_TAG not in tags:

@@ -376,6 +376,10 @@ class BrokerView:
                 return True
         return False
 
+    async def read_barrier(self) -> bool:
+        """A single node's definitions are its own: every change committed before a read is already here."""
+        return True
+
     async def run_command(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         if name in ("set_parameter", "clear_parameter", "restart_shovel"):
             return await self._parameter_command(name, args)

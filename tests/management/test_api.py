@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
 import trio
 
 from node.amqp import methods as m
@@ -10,6 +12,8 @@ from node.broker.broker import Broker, BrokerConfig
 from node.broker.effects import CloseConnection, Persist
 from node.broker.records import PermissionRecord, UserRecord, from_cbor, to_cbor
 from node.runtime.management import ManagementLimits
+from node.runtime.management_api import needs_read_barrier
+from node.runtime.management_http import RequestHead
 from tests.broker.harness import Client, new_broker, persists
 from tests.management.helpers import auth_header, raw_exchange, request, served_broker, split_response
 
@@ -328,3 +332,24 @@ async def test_deleted_users_permissions_and_vhosts_stay_deleted_after_recovery(
         assert {"amq.direct", "amq.topic", "amq.rabbitmq.trace"} <= set(fresh.vhosts["v"].exchanges)
         assert not fresh.vhosts["v"].queues and "x" not in fresh.vhosts["v"].exchanges
         assert not fresh.vhosts["v"].policies
+
+
+def test_which_requests_wait_for_the_metadata_read_barrier() -> None:
+    """Definitions (reads and every change but a connection's close) wait; live state and peers' sub-requests never."""
+    def head(method: str, path: str, query: dict[str, list[str]] | None = None) -> RequestHead:
+        segments = tuple(unquote(s) for s in path.strip("/").split("/"))
+        return RequestHead(method, path, segments, query or {}, "HTTP/1.1")
+
+    waits = [("GET", "/api/users"), ("GET", "/api/users/u"), ("GET", "/api/permissions/%2F/u"),
+             ("GET", "/api/policies/%2F/p"), ("GET", "/api/parameters/shovel"), ("GET", "/api/vhost-limits"),
+             ("GET", "/api/user-limits/u"), ("GET", "/api/definitions"), ("GET", "/api/queues/%2F/q"),
+             ("HEAD", "/api/exchanges"), ("GET", "/api/bindings/%2F"), ("GET", "/api/vhosts/v"),
+             ("PUT", "/api/users/u"), ("DELETE", "/api/policies/%2F/p"), ("POST", "/api/definitions"),
+             ("POST", "/api/raftmq/grow")]
+    never = [("GET", "/api/overview"), ("GET", "/api/nodes"), ("GET", "/api/whoami"), ("GET", "/api/connections"),
+             ("GET", "/api/channels"), ("GET", "/api/consumers"), ("GET", "/api/vhosts/v/channels"),
+             ("GET", "/api/shovels"), ("GET", "/api/federation-links"), ("GET", "/api/healthchecks/node"),
+             ("DELETE", "/api/connections/c")]
+    assert [p for m, p in waits if not needs_read_barrier(head(m, p))] == []
+    assert [p for m, p in never if needs_read_barrier(head(m, p))] == []
+    assert not needs_read_barrier(head("GET", "/api/queues/%2F/q", {"raftmq_local": ["true"]}))

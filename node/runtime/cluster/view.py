@@ -5,7 +5,9 @@ a live Raft connection that are not reported down); `/api/queues` fills each que
 node knows; null while it knows none) and `members` (the placement's voters) and adds `raft` (this node's
 `group_status`: term, commit, applied index...) and `group` (the queue's Raft group id here, incarnation included), so
 a test or an operator can see a replica catch up;
-`/api/policies` comes from the metadata. Admin changes (users, vhosts, permissions) go through the broker as on a
+`/api/policies` comes from the metadata. `read_barrier` (awaited by the API before a request that reads or changes
+definitions) catches this node up with the metadata group first, so those reads see a change just made through
+another node (docs/management.md, "Reads see every committed change"). Admin changes (users, vhosts, permissions) go through the broker as on a
 single node (deletions too: node/broker/admin_delete.py; a vhost's deletion is the metadata's `DeleteVhost`, which
 cascades to what it holds), and their `Persist` effects are replicated through the metadata group before the HTTP answer
 (`apply_effects` is async;
@@ -65,6 +67,24 @@ class ClusterView(BrokerView):
             raise CommandError(503, f"not committed by the cluster: {failure[1]}")
 
     # --- reads ----------------------------------------------------------------------------------------------
+
+    async def read_barrier(self) -> bool:
+        """Before a management request that reads or changes definitions (management_api.needs_read_barrier):
+        wait until this node's metadata replica has applied every command committed before the call (a shared
+        `Barrier`, `MetadataStore.caught_up`) and mirror it into the broker, which the rows are read from; so a GET
+        through this node sees a change just made through another, as RabbitMQ's (Mnesia) does. Bounded by
+        `management_read_barrier_ms` (0: off): False when it timed out (no metadata majority): the request is
+        answered from what this node has."""
+        cluster = self.cluster
+        timeout_s = cluster.config.management_read_barrier_ms / 1000
+        store = cluster.store
+        if store is None or timeout_s <= 0:
+            return True
+        if not await store.caught_up(timeout_s):
+            return False
+        if cluster.mirrored is not store.state:  # (the metadata watcher has not run since)
+            cluster._mirror(store.state)
+        return True
 
     def nodes(self) -> list[dict[str, Any]]:
         cluster = self.cluster
