@@ -308,7 +308,8 @@ async def _authorised(view: ManagementView, head: RequestHead, body: bytes, cred
                       tags: tuple[str, ...], routes: tuple[Route, ...]) -> Reply:
     caller = _caller(view, credentials[0], credentials[1], tags)
     try:
-        if needed == "policymaker" and head.method not in ("GET", "HEAD") and ADMIN_TAG not in tags:
+        if required_tag(head.method, head.segments) == "policymaker" and head.method not in ("GET", "HEAD") \
+                and ADMIN_TAG not in tags:
             _check_policy_vhosts(view, head.segments, body, credentials[0])
         for route in routes:
             reply = await route(view, head, body, caller)
