@@ -42,6 +42,8 @@ class DurabilityLedger:
         self.lock = threading.Lock()
         self.written: dict[tuple[int, GroupId], tuple[Index, int, NodeId | None]] = {}
         self.durable: dict[tuple[int, GroupId], tuple[Index, int, NodeId | None]] = {}
+        self.commits_started = 0
+        self.newest_durable: dict[int, int] = {}  # per storage: the latest-started commit that has finished
 
 
 LEDGER = DurabilityLedger()
@@ -65,9 +67,13 @@ class RecordingStorage(RaftStorage):
     def commit(self) -> None:
         with LEDGER.lock:
             written = {key: value for key, value in LEDGER.written.items() if key[0] == id(self)}
+            LEDGER.commits_started += 1
+            started = LEDGER.commits_started
         super().commit()
-        with LEDGER.lock:
-            LEDGER.durable.update(written)
+        with LEDGER.lock:  # commits may overlap: one that began earlier, ending later, vouches for less
+            if started > LEDGER.newest_durable.get(id(self), 0):
+                LEDGER.newest_durable[id(self)] = started
+                LEDGER.durable.update(written)
 
 
 @pytest.fixture(autouse=True)
@@ -75,11 +81,12 @@ def recording_storage(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(node_module, "RaftStorage", RecordingStorage)
     LEDGER.written.clear()
     LEDGER.durable.clear()
+    LEDGER.newest_durable.clear()
 
 
-@pytest.mark.parametrize("behind_fsync_max", [64, 0])
+@pytest.mark.parametrize(("behind_fsync_max", "fsyncs_max"), [(64, 2), (0, 2), (64, 1)])
 async def test_acks_and_votes_follow_their_fsync_and_only_committed_entries_apply(
-        tmp_path: pathlib.Path, behind_fsync_max: int) -> None:
+        tmp_path: pathlib.Path, behind_fsync_max: int, fsyncs_max: int) -> None:
     ports = dict(zip(NODES, _free_ports(3), strict=True))
     applied: dict[NodeId, list[Entry]] = {node: [] for node in NODES}
     violations: list[str] = []
@@ -108,7 +115,7 @@ async def test_acks_and_votes_follow_their_fsync_and_only_committed_entries_appl
 
         runtime = RaftNodeRuntime(node, tmp_path / node, ("127.0.0.1", ports[node]), peers, b"s",
                                   lambda group, entry: None, CONFIG, tick_ms=10, on_apply_many=on_apply_many,
-                                  readies_behind_fsync_max=behind_fsync_max)
+                                  readies_behind_fsync_max=behind_fsync_max, fsyncs_max=fsyncs_max)
         send = runtime.transport.send
 
         def checked_send(batch: NodeBatch, node: NodeId = node, send: object = send) -> None:
