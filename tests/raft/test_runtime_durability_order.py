@@ -1,11 +1,13 @@
 """The Ready loop's ordering rules on real runtimes (issue 7: entries are applied while their cycle's fsync runs):
 an append acknowledgement or a vote never leaves before the entries and hard state it vouches for are fsynced,
-and an entry is applied only once committed, exactly once and in order, on every node."""
+and an entry is applied only once committed, exactly once and in order, on every node; also while commits' fsyncs
+overlap (a slowed commit and paced proposals make them overlap)."""
 
 from __future__ import annotations
 
 import pathlib
 import threading
+import time
 
 import pytest
 import trio
@@ -43,6 +45,7 @@ class DurabilityLedger:
         self.written: dict[tuple[int, GroupId], tuple[Index, int, NodeId | None]] = {}
         self.durable: dict[tuple[int, GroupId], tuple[Index, int, NodeId | None]] = {}
         self.commits_started = 0
+        self.commit_delay_s = 0.0  # added to every commit (after its ledger snapshot): makes fsyncs overlap
         self.newest_durable: dict[int, int] = {}  # per storage: the latest-started commit that has finished
 
 
@@ -69,6 +72,8 @@ class RecordingStorage(RaftStorage):
             written = {key: value for key, value in LEDGER.written.items() if key[0] == id(self)}
             LEDGER.commits_started += 1
             started = LEDGER.commits_started
+        if LEDGER.commit_delay_s:
+            time.sleep(LEDGER.commit_delay_s)
         super().commit()
         with LEDGER.lock:  # commits may overlap: one that began earlier, ending later, vouches for less
             if started > LEDGER.newest_durable.get(id(self), 0):
@@ -82,11 +87,25 @@ def recording_storage(monkeypatch: pytest.MonkeyPatch) -> None:
     LEDGER.written.clear()
     LEDGER.durable.clear()
     LEDGER.newest_durable.clear()
+    LEDGER.commit_delay_s = 0.0
 
 
 @pytest.mark.parametrize(("behind_fsync_max", "fsyncs_max"), [(64, 2), (0, 2), (64, 1)])
 async def test_acks_and_votes_follow_their_fsync_and_only_committed_entries_apply(
         tmp_path: pathlib.Path, behind_fsync_max: int, fsyncs_max: int) -> None:
+    await _run_and_check(tmp_path, behind_fsync_max, fsyncs_max, burst=20)
+
+
+async def test_the_same_while_commits_fsyncs_overlap(tmp_path: pathlib.Path) -> None:
+    LEDGER.commit_delay_s = 0.005
+    runtimes = await _run_and_check(tmp_path, 64, 2, burst=1)
+    assert sum(runtime.pipeline.stats.overlapped for runtime in runtimes.values()  # type: ignore[union-attr]
+               ) > 0, "no fsync started while another ran"
+
+
+async def _run_and_check(tmp_path: pathlib.Path, behind_fsync_max: int, fsyncs_max: int,
+                         burst: int) -> dict[NodeId, RaftNodeRuntime]:
+    """PROPOSALS proposals, `burst` from every node every 10 ms; checks every message sent and the histories."""
     ports = dict(zip(NODES, _free_ports(3), strict=True))
     applied: dict[NodeId, list[Entry]] = {node: [] for node in NODES}
     violations: list[str] = []
@@ -135,7 +154,7 @@ async def test_acks_and_votes_follow_their_fsync_and_only_committed_entries_appl
             while not all({e.data for e in applied[node]} >= expected for node in NODES):
                 if sent < PROPOSALS:  # from every node, in bursts, so cycles overlap with fsyncs
                     for runtime in runtimes.values():
-                        for _ in range(20):
+                        for _ in range(burst):
                             if sent < PROPOSALS:
                                 runtime.propose(GROUP, f"m{sent}".encode())
                                 sent += 1
@@ -154,3 +173,4 @@ async def test_acks_and_votes_follow_their_fsync_and_only_committed_entries_appl
         assert indexes == list(range(indexes[0], indexes[0] + len(indexes))), "applied once each, in order"
     shortest = min(len(history) for history in histories.values())
     assert histories[NODES[0]][:shortest] == histories[NODES[1]][:shortest] == histories[NODES[2]][:shortest]
+    return runtimes
