@@ -5,9 +5,6 @@ How it works:
   exceeds ``append_buffer_bytes_max`` it is written out (plain write, no fsync) by the appending thread.
 - ``commit`` (a worker thread) writes the queue as one batch of frames to the shared WAL, copies the same records
   into the per-stream segment files (plain writes), then fsyncs the WAL once: group commit for every stream.
-  Commits may overlap: the fsync runs outside the commit lock, so a commit called while another one's fsync runs
-  writes its batch and starts its own fsync at once instead of waiting for the first to end (each on a descriptor
-  of its own, wal.py); a commit that returns has made durable everything appended before it was called.
 - When the WAL reaches ``wal_size_bytes_max`` the commit checkpoints: fsync the dirty segment files, start a new
   WAL file and delete the old ones.  ``write_snapshot`` deletes segments wholly behind the snapshot.
 - ``delete_stream`` writes a DELETE frame and fsyncs the WAL, then removes the stream's files; replay drops the
@@ -19,8 +16,7 @@ How it works:
   written since is CRC-checked (Kafka's recovery point), so recovery work is bounded by ``wal_size_bytes_max``.
 
 Threading contract: three locks, always taken in this order.
-- ``_commit_lock``: one commit's writes, checkpoint, snapshot or delete at a time; the WAL fsyncs of commits run
-  outside it (``_syncs_idle``, a condition on it, tells a checkpoint, snapshot or close when none runs).
+- ``_commit_lock``: one commit/checkpoint/snapshot/delete at a time.
 - ``_io_lock``: every file write (WAL and segments). Held while writing, not while the WAL fsyncs, so an
   ``append`` that must flush its full buffer usually waits for a write only (but it does wait for a checkpoint,
   a snapshot or a delete in progress).  ``read_at`` reads without it and retries under it only after a miss.
@@ -100,7 +96,6 @@ class NodeLog:
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
         self._commit_lock = threading.Lock()
-        self._syncs_idle = threading.Condition(self._commit_lock)  # notified when a commit's WAL fsync ends
         self._states: dict[str, _StreamState] = {}
         self._files: dict[str, StreamFiles] = {}
         self._pending: list[_Op] = []
@@ -302,38 +297,19 @@ class NodeLog:
             raise LogBrokenError(f"log storage failed earlier ({self._broken!r}); reopen to recover")
 
     def commit(self) -> None:
-        """Make every record appended before this call durable: one WAL write and one fsync for all streams.
-        Another thread's commit may run beside it (its fsync overlaps this one's)."""
+        """Make every record appended before this call durable: one WAL write and one fsync for all streams."""
         with self._commit_lock:
             with self._lock:
                 self._check_usable()
             self._write_pending()
-            wal = self._wal
-            assert wal is not None
-            claim = wal.begin_sync()  # None: a finished sync covers what is written
-        if claim is not None:
+            assert self._wal is not None
             try:
-                wal.sync_fd(claim[0])  # outside the lock: a later commit writes and starts its fsync meanwhile
+                self._wal.sync()
             except OSError as error:
-                self._end_sync(wal, claim, False)
                 self._fail(error)
-            self._end_sync(wal, claim, True)
-        with self._commit_lock:
             self._deferred_error = None
-            if wal.size_bytes >= self.config.wal_size_bytes_max and wal is self._wal:
-                self._wait_for_syncs_locked()
-                with self._io_lock:
-                    self._checkpoint_locked()
-
-    def _end_sync(self, wal: WalWriter, claim: tuple[int, int], ok: bool) -> None:
-        with self._commit_lock:
-            wal.end_sync(claim, ok)
-            self._syncs_idle.notify_all()
-
-    def _wait_for_syncs_locked(self) -> None:
-        """Under the commit lock: until no commit's WAL fsync runs (a checkpoint replaces the WAL file)."""
-        while self._wal is not None and self._wal.syncs_running:
-            self._syncs_idle.wait()
+            if self._wal.size_bytes >= self.config.wal_size_bytes_max:
+                self.checkpoint()
 
     def _write_pending(self) -> None:
         with self._io_lock:
@@ -414,10 +390,8 @@ class NodeLog:
 
     def checkpoint(self) -> None:
         """fsync every dirty segment, then drop the WAL (everything in it is now durable in segments)."""
-        with self._commit_lock:
-            self._wait_for_syncs_locked()
-            with self._io_lock:
-                self._checkpoint_locked()
+        with self._io_lock:
+            self._checkpoint_locked()
 
     def _checkpoint_locked(self) -> None:
         assert self._wal is not None
@@ -460,23 +434,21 @@ class NodeLog:
         """Durably store ``state`` as the stream's state through ``offset``; older segments are deleted.
 
         A snapshot older than the stream's current one is ignored."""
-        with self._commit_lock:
-            self._wait_for_syncs_locked()  # it may checkpoint (below), which replaces the WAL file
-            with self._io_lock:
-                with self._lock:
-                    self._check_usable()
-                    stream_state = self._state(stream)
-                    if offset < stream_state.snapshot_offset:
-                        return  # an older snapshot than the one we hold: nothing to do
-                    stream_state.has_data = True
-                    stream_state.snapshot_offset = max(stream_state.snapshot_offset, offset)
-                    stream_state.next_offset = max(stream_state.next_offset, offset + 1)
-                if stream in self._deleted_since_checkpoint:
-                    self._checkpoint_locked()  # a replayed DELETE frame would remove this snapshot: drop the frame first
-                files = self._files.get(stream)
-                if files is None:
-                    files = self._files[stream] = StreamFiles.create(self._streams_root, stream, True)
-                files.install_snapshot(offset, state, self._handles)
+        with self._commit_lock, self._io_lock:
+            with self._lock:
+                self._check_usable()
+                stream_state = self._state(stream)
+                if offset < stream_state.snapshot_offset:
+                    return  # an older snapshot than the one we hold: nothing to do
+                stream_state.has_data = True
+                stream_state.snapshot_offset = max(stream_state.snapshot_offset, offset)
+                stream_state.next_offset = max(stream_state.next_offset, offset + 1)
+            if stream in self._deleted_since_checkpoint:
+                self._checkpoint_locked()  # a replayed DELETE frame would remove this snapshot: drop the frame first
+            files = self._files.get(stream)
+            if files is None:
+                files = self._files[stream] = StreamFiles.create(self._streams_root, stream, True)
+            files.install_snapshot(offset, state, self._handles)
 
     def delete_stream(self, stream: str) -> None:
         """Remove the stream and all its files, durably, before returning.
@@ -607,11 +579,9 @@ class NodeLog:
                 self.commit()
                 self.checkpoint()
         finally:
-            with self._commit_lock:
-                self._wait_for_syncs_locked()
-                with self._io_lock:
-                    self._closed = True
-                    self._handles.close_all()
-                    if self._wal is not None:
-                        self._wal.close()
+            with self._commit_lock, self._io_lock:
+                self._closed = True
+                self._handles.close_all()
+                if self._wal is not None:
+                    self._wal.close()
 

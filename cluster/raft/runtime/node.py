@@ -9,8 +9,8 @@ and its named leader leads term 1 at once when the host says it may; the groups 
 queued commands (held ones again, before fresh ones, whenever a group may have got a leader, so a group's commands
 keep their order; routing.py: a proposal, membership change or leadership transfer goes to the local leader core, is
 forwarded to the known leader as a `Forward` frame, or is held up to `forward_hold_ms` while no leader is known) and
-runs the Ready cycle: write every group's records, `commit()` them in the long-lived fsync threads (sync_thread.py;
-one fsync for all groups; up to `fsyncs_max` of them overlap, ready_pipeline.py), send the batches, apply committed entries (`on_apply(group, entry)` per entry or, when
+runs the Ready cycle: write every group's records, `commit()` them in the long-lived fsync thread (sync_thread.py;
+one fsync for all groups), send the batches, apply committed entries (`on_apply(group, entry)` per entry or, when
 given, `on_apply_many(group, entries)` once per group per cycle), `advance`. After the cycles it reports groups whose
 known leader changed to `on_leader_change` (the groups stepped or touched by the cycles, and every group each
 `LEADER_SCAN_TICKS` ticks). Replication telemetry (telemetry.py) is written after each fsync and sampled on the
@@ -53,7 +53,7 @@ from cluster.raft.core.types import (
 from cluster.raft.runtime.codec import Command, Forward
 from cluster.raft.runtime.compaction import CompactionConfig, Compactor, SnapshotHost
 from cluster.raft.runtime.group_hosting import Bootstrap, GroupHosting, NodeStats
-from cluster.raft.runtime.ready_pipeline import FSYNCS_MAX, QUEUED_READIES_MAX, ReadyPipeline
+from cluster.raft.runtime.ready_pipeline import QUEUED_READIES_MAX, ReadyPipeline
 from cluster.raft.runtime.routing import FORWARD_HOLD_MS, CommandRouter
 from cluster.raft.runtime.storage import RaftStorage
 from cluster.raft.runtime.sync_thread import SyncThread
@@ -87,7 +87,6 @@ class RaftNodeRuntime(GroupHosting):
         forward_hold_ms: int = FORWARD_HOLD_MS,
         on_apply_many: Callable[[GroupId, tuple[Entry, ...]], None] | None = None,
         readies_behind_fsync_max: int = QUEUED_READIES_MAX,
-        fsyncs_max: int = FSYNCS_MAX,
     ) -> None:
         self.node_id = node_id
         self.data_dir = data_dir
@@ -123,8 +122,7 @@ class RaftNodeRuntime(GroupHosting):
         self._inbox_times: deque[float] = deque()  # arrival of each inbox batch (only when timing)
         self._fresh_since = 0.0  # when the oldest unrouted command was queued (only when timing)
         self.pipeline: ReadyPipeline | None = None  # the Ready pipeline (created by `run`)
-        self._readies_behind_fsync_max = readies_behind_fsync_max  # 0: none taken while every fsync slot is busy
-        self._fsyncs_max = fsyncs_max  # commits whose fsyncs may overlap (1: one at a time)
+        self._readies_behind_fsync_max = readies_behind_fsync_max  # 0: no Ready taken while an fsync runs
         self._volatile: set[GroupId] = set()  # groups whose entries need no fsync (add_group's `volatile`)
         self._commits: dict[GroupId, int] = {}  # a leader's last commit index seen (only when timing)
         self._frames_queued_seen = 0  # transport.stats.frames_queued when the loop last let the writers run
@@ -251,7 +249,7 @@ class RaftNodeRuntime(GroupHosting):
         for group, membership in list(self._groups.items()):  # from now on add_group queues a change
             await self._load_group(multi, self.storage, group, membership, self._bootstraps.pop(group, None))
         await self._apply_group_changes(multi, self.storage)  # removals asked for before run, adds since
-        self._sync_thread = SyncThread(workers=self._fsyncs_max)
+        self._sync_thread = SyncThread()
         async with trio.open_nursery() as nursery:
             await nursery.start(self.transport.serve, *self.listen)
             nursery.start_soon(self._ticker)
@@ -287,8 +285,7 @@ class RaftNodeRuntime(GroupHosting):
     async def _loop(self, multi: MultiRaft, storage: RaftStorage) -> None:
         assert self._sync_thread is not None
         pipeline = ReadyPipeline(self._sync_thread, self.transport.send, self._apply_taken, self._on_durable,
-                                 self._wake_up, self.timing, self._readies_behind_fsync_max, self._volatile,
-                                 self._fsyncs_max)
+                                 self._wake_up, self.timing, self._readies_behind_fsync_max, self._volatile)
         self.pipeline = pipeline
         while True:
             await self._wake.wait()
@@ -339,9 +336,9 @@ class RaftNodeRuntime(GroupHosting):
 
     async def _take_and_flush(self, multi: MultiRaft, storage: RaftStorage, pipeline: ReadyPipeline,
                               touched: set[GroupId]) -> None:
-        """Take the Readies there are (their early messages sent at once, even while an fsync runs); when an fsync
-        slot is free, start one fsync for every queued Ready (when none runs, compact what is due first); then let
-        the transport write what this turn queued, and apply the taken Readies' committed entries."""
+        """Take the Readies there are (their early messages sent at once, even while an fsync runs); when no fsync
+        runs, compact what is due and start one fsync for every queued Ready; then let the transport write what
+        this turn queued, and apply the taken Readies' committed entries."""
         await self._take_and_start_fsync(multi, storage, pipeline, touched)
         if self.transport.stats.frames_queued != self._frames_queued_seen:
             # The frames this turn queued (a leader's appends and commit notices, acknowledgements, forwards)
@@ -357,9 +354,9 @@ class RaftNodeRuntime(GroupHosting):
         for _ in range(4):
             if multi.has_ready() and pipeline.can_take():
                 touched.update(pipeline.take(multi))
-            if not pipeline.can_flush:
-                return  # the records wait for a running fsync to end
-            if self._snapshots is not None and touched and not pipeline.fsync_running:
+            if pipeline.fsync_running:
+                return  # the records wait for the running fsync
+            if self._snapshots is not None and touched:
                 await self._compact_due(multi, storage, sorted(touched), pipeline.unsettled_groups())
             if pipeline.flush(multi, storage):
                 self.stats.ready_cycles += 1

@@ -6,24 +6,18 @@ changed). As with etcd's asynchronous storage writes, a Ready is *taken* at once
 `MultiRaft.ready()` (the core hands its entries, hard state and committed entries out once, docs/raft.md), the
 messages that may leave before the fsync are sent (`split_early`: a leader's appends carrying new entries and
 commit indexes), and its committed entries are applied — they are durable on a majority already. Its records and
-the messages that must follow durability (append acknowledgements, votes) wait in `queued` while every fsync slot
-is busy. While one of the `fsyncs_max` slots is free, `flush` writes every queued Ready's records and starts one
-fsync (`RaftStorage.commit`) for all of them in the sync threads (group commit): a Ready taken while an earlier
-fsync runs starts its own at once, instead of waiting for that one to end and then for its own (NodeLog's commits
-overlap; at a low rate a follower's append otherwise waited one and a half fsyncs on average). A finished fsync
-vouches for every record written before it started, so it settles its own flight and every earlier one, even if
-their fsyncs have not returned yet (their outcomes are still collected: a failed fsync stops the node). The
-committed entries of taken Readies are applied by `apply_taken`,
+the messages that must follow durability (append acknowledgements, votes) wait in `queued` while an fsync is in
+flight. When no fsync is in flight, `flush` writes every queued Ready's records and starts one fsync for all of
+them in the sync thread (group commit). The committed entries of taken Readies are applied by `apply_taken`,
 which the loop calls after the fsync started and after it let the transport's writers run (node.py), so neither
 the fsync nor the frames just queued (appends, acknowledgements, forwards) wait for the apply (the host's work,
-often the longest part of a turn). When an fsync is done the loop calls `finish_if_done`, which sends the late
-messages of the Readies it covers and `advance`s them, in the order taken (a Ready may be advanced before its
-committed entries are applied: it counts as unsettled until they are). So at most `fsyncs_max` fsyncs run at a
-time, records are written only by a commit's own thread (NodeLog serialises the writes), and a Ready is advanced
-only after an fsync that began after its records were written.
+often the longest part of a turn). When the fsync is done the loop calls `finish_if_done`, which sends those
+Readies' late messages and `advance`s them, in the order taken (a Ready may be advanced before its committed
+entries are applied: it counts as unsettled until they are). So at most one fsync runs at a time, storage is touched by
+one thread at a time (records are written only between fsyncs), and a Ready is advanced only after its fsync.
 
-Bounds: at most `queued_max` Readies wait while every fsync slot is busy (then the loop stops taking Readies, while
-it still steps and routes: the inbox, the router and the cores' uncommitted-entries limit bound the rest).
+Bounds: at most `queued_max` Readies wait behind a running fsync (then the loop stops taking Readies, while it
+still steps and routes: the inbox, the router and the cores' uncommitted-entries limit bound the rest).
 `unsettled_groups` names the groups whose state machine is ahead of the core's applied index (a queued Ready
 carried committed entries or a snapshot for them): the host's snapshot of such a group would not match
 `log.applied`, so compaction skips them until they settle. `drain` empties the pipeline (group changes need it).
@@ -43,7 +37,6 @@ from cluster.raft.runtime.sync_thread import SyncJob, SyncThread
 from cluster.raft.runtime.timing import StageTimings
 
 QUEUED_READIES_MAX = 64
-FSYNCS_MAX = 2  # commits whose fsyncs may overlap (a third would wait: the disk and the 2 cores gain little more)
 LATE_BATCH_MESSAGES_MAX = 4096  # late messages of several Readies to one peer go as one frame, up to this many
 
 
@@ -53,22 +46,12 @@ class TakenReady:
     late: list[NodeBatch]  # what may leave only once this Ready is durable
 
 
-@dataclass(slots=True)
-class _Flight:
-    taken: list[TakenReady]  # emptied when settled
-    job: SyncJob | None  # None: nothing to fsync (settles once every earlier flight has)
-    started_s: float
-    settled: bool = False
-    collected: bool = False  # the job's outcome was taken (a failure raised)
-
-
 @dataclass
 class PipelineStats:
     fsyncs: int = 0
     fsync_seconds: float = 0.0
     readies_taken: int = 0
     readies_behind_fsync: int = 0  # taken while an earlier fsync was running
-    overlapped: int = 0  # fsyncs started while an earlier one was running
     full: int = 0  # times `queued_max` Readies waited and taking paused
 
 
@@ -82,30 +65,25 @@ class ReadyPipeline:
     timing: StageTimings | None = None
     queued_max: int = QUEUED_READIES_MAX
     volatile: set[GroupId] = field(default_factory=set)  # groups whose entries need no fsync (image.must_sync)
-    fsyncs_max: int = FSYNCS_MAX  # the sync thread needs as many workers
     stats: PipelineStats = field(default_factory=PipelineStats)
     _queued: list[TakenReady] = field(default_factory=list)  # taken, records not written yet
     _unapplied: list[NodeReady] = field(default_factory=list)  # taken, committed entries not applied yet
-    _flights: list[_Flight] = field(default_factory=list)  # in start order: unsettled, or their fsync running
+    _flight: list[TakenReady] = field(default_factory=list)  # records in the running fsync (or about to be)
+    _fsync: SyncJob | None = None
+    _fsync_started_s: float = 0.0
 
     @property
     def busy(self) -> bool:
-        return bool(self._flights) or bool(self._queued)
+        return self._fsync is not None or bool(self._queued) or bool(self._flight)
 
     @property
     def fsync_running(self) -> bool:
-        return any(flight.job is not None and not flight.collected for flight in self._flights)
-
-    @property
-    def can_flush(self) -> bool:
-        """A slot is free for one more fsync."""
-        running = sum(1 for flight in self._flights if flight.job is not None and not flight.collected)
-        return running < self.fsyncs_max
+        return self._fsync is not None
 
     def can_take(self) -> bool:
-        """False while every fsync slot is busy and `queued_max` Readies wait (0: take none then; the loop still
-        steps and routes, and the next Ready gathers what came in)."""
-        if self.can_flush or len(self._queued) < self.queued_max:
+        """False while an fsync runs and `queued_max` Readies wait behind it (0: take none during an fsync; the
+        loop still steps and routes, and the next Ready gathers what came in)."""
+        if self._fsync is None or len(self._queued) < self.queued_max:
             return True
         self.stats.full += 1
         return False
@@ -122,7 +100,7 @@ class ReadyPipeline:
             if waiting is not None:
                 late.append(waiting)
         self.stats.readies_taken += 1
-        if self.fsync_running:
+        if self._fsync is not None:
             self.stats.readies_behind_fsync += 1
         self._queued.append(TakenReady(node_ready, late))
         self._unapplied.append(node_ready)
@@ -135,11 +113,11 @@ class ReadyPipeline:
             self.apply_ready(self._unapplied.pop(0))
 
     def flush(self, multi: MultiRaft, storage: RaftStorage) -> bool:
-        """A slot is free: write the queued Readies' records and start their fsync (True); when none of them must
-        be durable first (nothing written, or hard states that only move the commit index: `image.must_sync`),
-        send their late messages and advance them as soon as every earlier Ready is (now, when none waits), and
-        start nothing (False). Applies nothing: the caller's `apply_taken` does."""
-        assert self.can_flush
+        """No fsync running: write the queued Readies' records and start their fsync (True); when none of them
+        must be durable first (nothing written, or hard states that only move the commit index: `image.must_sync`),
+        send their late messages and advance them now (False): every earlier Ready is durable already. Applies
+        nothing: the caller's `apply_taken` does."""
+        assert self._fsync is None and not self._flight
         if not self._queued:
             return False
         taken, self._queued = self._queued, []
@@ -148,52 +126,31 @@ class ReadyPipeline:
             for group, ready in item.node_ready.groups:
                 if ready.entries or ready.hard_state is not None or ready.snapshot is not None:
                     sync |= storage.write_ready(group, ready, group in self.volatile)
+        self._flight = taken
         if not sync:  # nothing, commit indexes or volatile groups' entries (written; the next fsync covers them)
-            if all(flight.settled for flight in self._flights):
-                self._settle(multi, taken)
-            else:
-                self._flights.append(_Flight(taken, None, 0.0))
+            self._settle(multi)
             return False
-        if self.fsync_running:
-            self.stats.overlapped += 1
-        job = self.sync_thread.start(storage.commit, on_done=self.wake)
-        self._flights.append(_Flight(taken, job, trio.current_time()))
+        self._fsync_started_s = trio.current_time()
+        self._fsync = self.sync_thread.start(storage.commit, on_done=self.wake)
         return True
 
     def finish_if_done(self, multi: MultiRaft) -> bool:
-        """Collect the fsyncs that are done (a failed one raises: the node must stop); send the late messages of
-        the Readies the last of them covers, and of every earlier one, and advance them (True if any)."""
-        covered = -1
-        for position, flight in enumerate(self._flights):
-            job = flight.job
-            if job is None or not job.done:
-                continue
-            if not flight.collected:
-                flight.collected = True
-                job.result()
-                elapsed_s = trio.current_time() - flight.started_s
-                self.stats.fsyncs += 1
-                self.stats.fsync_seconds += elapsed_s
-                if self.timing is not None:
-                    self.timing.record("fsync", elapsed_s * 1000)
-            covered = position  # it began after every earlier flight's records were written: they are durable
-        settled: list[TakenReady] = []
-        for position, flight in enumerate(self._flights):
-            if flight.settled:
-                continue
-            if position > covered and flight.job is not None:
-                break  # its fsync, and every later one, is still running
-            flight.settled = True
-            settled += flight.taken
-            flight.taken = []
-        self._flights = [flight for flight in self._flights
-                         if not flight.settled or (flight.job is not None and not flight.collected)]
-        if not settled:
+        """The running fsync is done: send the late messages of its Readies and advance them (True)."""
+        fsync = self._fsync
+        if fsync is None or not fsync.done:
             return False
-        self._settle(multi, settled)
+        self._fsync = None
+        fsync.result()  # a failed fsync raises here: the node must stop
+        elapsed_s = trio.current_time() - self._fsync_started_s
+        self.stats.fsyncs += 1
+        self.stats.fsync_seconds += elapsed_s
+        if self.timing is not None:
+            self.timing.record("fsync", elapsed_s * 1000)
+        self._settle(multi)
         return True
 
-    def _settle(self, multi: MultiRaft, taken: list[TakenReady]) -> None:
+    def _settle(self, multi: MultiRaft) -> None:
+        taken, self._flight = self._flight, []
         for batch in merge_batches([batch for item in taken for batch in item.late]):
             self.send(batch)  # votes and acknowledgements: only now that they are durable
         for item in taken:
@@ -201,22 +158,20 @@ class ReadyPipeline:
             multi.advance(item.node_ready)
 
     async def drain(self, multi: MultiRaft, storage: RaftStorage) -> None:
-        """Wait until every taken Ready is durable and advanced and no fsync runs (takes none meanwhile)."""
+        """Wait until every taken Ready is durable and advanced (takes none meanwhile)."""
         self.apply_taken()
         while self.busy:
-            running = [flight.job for flight in self._flights if flight.job is not None and not flight.job.done]
-            if running:
-                await running[0].wait()
-            elif self._queued and self.can_flush and not self._flights:
+            if self._fsync is not None:
+                await self._fsync.wait()
+                self.finish_if_done(multi)
+            else:
                 self.flush(multi, storage)
-            self.finish_if_done(multi)
             self.apply_taken()
 
     def unsettled_groups(self) -> set[GroupId]:
         """Groups a not yet advanced Ready applied committed entries or a snapshot for, or a taken Ready has them
         still to apply."""
-        readies = [item.node_ready for flight in self._flights for item in flight.taken]
-        readies += [item.node_ready for item in self._queued] + self._unapplied
+        readies = [item.node_ready for item in (*self._flight, *self._queued)] + self._unapplied
         return {group for node_ready in readies for group, ready in node_ready.groups
                 if ready.committed_entries or ready.snapshot is not None}
 

@@ -5,9 +5,8 @@ through `trio.to_thread.run_sync` per cycle.
 cache; on a loaded machine the trio thread often asks for the next call before the previous worker has put
 itself back in the cache, so a new OS thread is started per cycle (what that cost is in docs/benchmarks.md,
 "The trio thread hand-off per fsync"). Here one daemon thread takes jobs from a queue and
-reports each outcome back with `TrioToken.run_sync_soon(reschedule)`. At most one job runs at a time (with
-`workers=N`, N threads take jobs from the one queue: at most N at a time, for callers whose jobs may overlap, such
-as the Ready loop's commits); the queue holds at most one job per waiting caller, so it is bounded by the callers. A call
+reports each outcome back with `TrioToken.run_sync_soon(reschedule)`. At most one job runs at a time; the queue
+holds at most one per waiting task (the Ready loop awaits each call), so it is bounded by the callers. A call
 cannot be cancelled once queued (like `to_thread.run_sync` without `abandon_on_cancel`): the caller waits for
 the job, so storage is never used by two threads at once. `close()` stops the thread after the queued jobs.
 
@@ -68,13 +67,11 @@ class SyncJob:
 
 
 class SyncThread:
-    def __init__(self, name: str = "raft-fsync", workers: int = 1) -> None:
+    def __init__(self, name: str = "raft-fsync") -> None:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], trio.lowlevel.TrioToken,
                                             Callable[[outcome.Outcome[Any]], object]] | None] = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=name if workers == 1 else f"{name}-{number}",
-                                          daemon=True) for number in range(workers)]
-        for thread in self._threads:
-            thread.start()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
         self._closed = False
 
     async def run(self, job: Callable[[], Any]) -> Any:
@@ -116,8 +113,7 @@ class SyncThread:
                 return  # the trio run is gone: nobody waits any more
 
     def close(self) -> None:
-        """Stop the threads once the queued jobs are done (it does not wait)."""
+        """Stop the thread once the queued jobs are done (it does not wait)."""
         if not self._closed:
             self._closed = True
-            for _ in self._threads:
-                self._jobs.put(_STOP)
+            self._jobs.put(_STOP)
