@@ -190,7 +190,7 @@ class BrokerView:
             "members": [self.node_name], "state": "running", "messages": ready + unacked, "messages_ready": ready,
             "messages_unacknowledged": unacked, "message_bytes_ready": machine.ready_bytes,
             "consumers": machine.consumer_count, "policy": policy.name if policy is not None else None,
-            "messages_dlx": getattr(machine, "held_count", 0), "message_bytes_dlx": getattr(machine, "held_bytes", 0),
+            "messages_dlx": machine.held_count, "message_bytes_dlx": machine.held_bytes,
             "effective_policy_definition": pol.applied_definition(policy, "queue", pol.queue_type_of(queue.arguments)),
             **_mirror_fields(mirror_status(self.broker, queue, self.node_name)),
         }
