@@ -19,7 +19,8 @@ password for these names is refused, never tried against the user table):
   cannot log in as the link identity without reading the node's memory.
 
 How it works: the password is HMAC-SHA256(key, label), hex, one label per login; the key itself never goes on the
-wire.
+wire. Every name starting with `RESERVED_USER_PREFIX` is kept for such logins: the management API refuses to
+create a user of that name (`is_reserved_user`), since the broker would never check its password.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-INTERNAL_USER = "raftmq-internal-forward"
-LINK_USER = "raftmq-internal-link"
+RESERVED_USER_PREFIX = "raftmq-internal-"
+INTERNAL_USER = RESERVED_USER_PREFIX + "forward"
+LINK_USER = RESERVED_USER_PREFIX + "link"
 _LABEL = b"raftmq amqp internal login v1"
 _LINK_LABEL = b"raftmq amqp link login v1"
 
@@ -41,3 +43,8 @@ def internal_login(secret: str) -> tuple[str, str]:
 def link_login(key: bytes) -> tuple[str, str]:
     """(user, password) of the links' login to their own node, for this process's random key."""
     return LINK_USER, hmac.new(key, _LINK_LABEL, hashlib.sha256).hexdigest()
+
+
+def is_reserved_user(name: str) -> bool:
+    """A name kept for the nodes' internal logins: no user of the user table may have it."""
+    return name.startswith(RESERVED_USER_PREFIX)

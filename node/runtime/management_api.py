@@ -36,6 +36,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cluster.authlink.amqp_login import RESERVED_USER_PREFIX, is_reserved_user
 from cluster.link.uri import local_uri_vhosts
 from node.runtime.management_amqp import AmqpTarget, Session, amqp_session
 from node.runtime.management_http import CommandError as CommandError
@@ -182,7 +183,17 @@ def check_command_args(name: str, args: Any) -> dict[str, Any]:
         out[arg] = value
     if "tags" in out and not all(isinstance(t, str) for t in out["tags"]):
         raise CommandError(400, f"{name}: tags must be strings")
+    if name == "add_user":
+        check_user_name(out["name"])
     return out
+
+
+def check_user_name(name: str) -> None:
+    """CommandError 400 for a name kept for the nodes' internal logins (cluster/authlink/amqp_login.py): such a
+    user would never be asked for its password, so it is never created."""
+    if is_reserved_user(name):
+        raise CommandError(400, f"user name {name!r} is reserved: names starting with {RESERVED_USER_PREFIX!r} are "
+                                "the nodes' internal logins")
 
 
 Route = Callable[[ManagementView, RequestHead, bytes, "Caller"], Awaitable[Reply | None]]

@@ -23,6 +23,7 @@ from node.runtime.management_api import (
     ManagementView,
     Reply,
     check_command_args,
+    check_user_name,
     jsonable,
 )
 from node.runtime.management_http import RequestHead, parse_json_body
@@ -93,6 +94,7 @@ async def import_definitions(view: Any, body: dict[str, Any], caller: Caller, vh
     if vhost is None:
         for user in _section(body, "users"):
             if "password_hash" in user:
+                check_user_name(str(user["name"]))
                 await view.import_user(str(user["name"]), str(user["password_hash"]), tuple(_tags(user.get("tags"))))
             else:
                 await view.run_command("add_user", check_command_args("add_user", {

@@ -180,3 +180,21 @@ def test_publishes_and_dead_letters_from_other_nodes_arrive_as_published_there_w
         owner_conn.close()
     finally:
         _set_guest_password(ports[owner], NEW_PASSWORD, "guest", list(ports.values()))
+
+
+def test_no_user_can_take_the_name_of_an_internal_login_on_any_node(cluster: ClusterProcs) -> None:
+    """The internal logins' names (`raftmq-internal-*`) are checked before the user table, so a user of that name
+    could never log in as itself: PUT /api/users and a definitions import refuse it with 400 on every node, and
+    the metadata gets no such user."""
+    for node in cluster.nodes:
+        api = f"http://127.0.0.1:{node.port + 10_000}/api"
+        for name in ("raftmq-internal-forward", "raftmq-internal-link", "raftmq-internal-other"):
+            reply = requests.put(f"{api}/users/{name}", auth=("guest", "guest"), timeout=10,
+                                 json={"password": "pw", "tags": "administrator"})
+            assert reply.status_code == 400 and "reserved" in reply.json()["reason"], (node.name, reply.text)
+        reply = requests.post(f"{api}/definitions", auth=("guest", "guest"), timeout=10, json={"users": [
+            {"name": "raftmq-internal-forward", "password_hash": "x", "tags": ""}]})
+        assert reply.status_code == 400 and "reserved" in reply.json()["reason"], (node.name, reply.text)
+    users = requests.get(f"http://127.0.0.1:{cluster.nodes[0].port + 10_000}/api/users", auth=("guest", "guest"),
+                         timeout=10).json()
+    assert not [u["name"] for u in users if u["name"].startswith("raftmq-internal-")]

@@ -177,6 +177,23 @@ async def test_bad_requests_are_refused_with_the_right_status() -> None:
         assert status == 400 and "JSON" in body["reason"]
 
 
+async def test_the_internal_logins_names_are_refused_as_user_names() -> None:
+    """`raftmq-internal-*` are the nodes' internal logins, checked before the user table: no user takes such a
+    name, by PUT or by a definitions import (with a password or a hash); other names that merely contain it do."""
+    async with served_broker() as s:
+        for name in ("raftmq-internal-forward", "raftmq-internal-link", "raftmq-internal-"):
+            status, _, body = await request(s.port, "PUT", f"/api/users/{name}", {"password": "pw", "tags": ""})
+            assert status == 400 and body["error"] == "bad_request" and "reserved" in body["reason"], name
+        for user in ({"name": "raftmq-internal-link", "password": "pw"},
+                     {"name": "raftmq-internal-x", "password_hash": "aGFzaA==", "tags": ""}):
+            status, _, body = await request(s.port, "POST", "/api/definitions", {"users": [user]})
+            assert status == 400 and "reserved" in body["reason"], user
+        assert not [n for n in s.broker.users.users if n.startswith("raftmq-internal")]
+        assert not [e for e in s.emitted if isinstance(e, Persist)]
+        status, _, _ = await request(s.port, "PUT", "/api/users/my-raftmq-internal-user", {"password": "pw"})
+        assert status == 201
+
+
 async def test_keep_alive_serves_several_requests_on_one_connection() -> None:
     async with served_broker() as s:
         one = f"GET /api/whoami HTTP/1.1\r\nHost: x\r\nAuthorization: {auth_header()}\r\n\r\n".encode()

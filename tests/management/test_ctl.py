@@ -63,6 +63,8 @@ async def test_errors_have_clear_messages_and_exit_codes(capsys: pytest.CaptureF
         assert await run_ctl(s.port, "add_member", "q", "rmq2") == ctl.EXIT_UNAVAILABLE
         assert await run_ctl(s.port, "set_permissions", "-p", "nope", "guest", ".*", ".*", ".*") == ctl.EXIT_DATAERR
         assert "vhost_not_found" in capsys.readouterr().err
+        assert await run_ctl(s.port, "add_user", "raftmq-internal-link", "pw") == ctl.EXIT_DATAERR
+        assert "reserved" in capsys.readouterr().err
         assert await run_ctl(s.port, "set_policy", "p", ".*", "{not json") == ctl.EXIT_USAGE
         assert await run_ctl(s.port, "no_such_command") == ctl.EXIT_USAGE
         assert await run_ctl(s.port, "grow", "rmq2", "sideways") == ctl.EXIT_USAGE
