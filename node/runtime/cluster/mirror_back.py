@@ -6,13 +6,15 @@ mirror_conversion.py and uses the same cut point, the seal: every node's broker 
 below the HW to its copy of the queue machine, so every node applies the same prefix up to the `Seal` record, and
 nothing after it (`mirror_conversion.cut`, for mirror groups too).
 
-How it works, in order (`ClusterRuntime` calls these; `run` is one task of its nursery):
-1. `run` (every node, every POLL_S): for each mirrored queue whose mirror log this node leads (the committed record
+How it works, in order (`ClusterRuntime` calls these; `step` runs in the poll loop of mirror_polling.py):
+1. `step` (every node, every poll): for each mirrored queue whose mirror log this node leads (the committed record
    names it, in its replica's epoch) and to which no `ha-mode` policy applies now, propose `Seal` into the mirror
-   log (the broker's `seal_queue`; again after RESEND_MS while it has not applied).
+   log (the broker's `seal_queue`; again after RESEND_MS while it has not applied). The groups are looked at only
+   when what that depends on changed (the metadata, a replica's role, a seal applied here: `_changed`), while a
+   seal or conversion is under way, and every FULL_SCAN_MS.
 2. Every node applies the mirror records up to the seal and none after it; later proposals stay with their
    proposers (the tracker) and go to the new Raft group after the switch (step 4), where they are applied once.
-3. `run`, once this node applied the seal and still leads: write the sealed state, seal lifted, as the seed of the
+3. `step`, once this node applied the seal and still leads: write the sealed state, seal lifted, as the seed of the
    queue's new Raft group (a file under <data_dir>/raft-seeds/, fsynced) and only then commit `ConvertToClassic`
    (cluster/metadata/mirror_convert.py): type classic, members and initial leader this node, generation + 1 (so
    the Raft group has a new id: a node down meanwhile drops the older group's stream instead of rejoining with it),
@@ -51,7 +53,7 @@ from node.runtime.dispatch import wall_ms
 
 log = logging.getLogger("raftmq.cluster")
 
-POLL_S: Final = 0.25
+FULL_SCAN_MS: Final = 5_000  # every mirror group is looked at again after this long, whatever changed
 RESEND_MS: Final = 2_000  # a seal or conversion not seen applied is tried again after this long
 SEEDS_DIR: Final = "raft-seeds"
 
@@ -114,24 +116,32 @@ def bootstrap(rt: Any, group: GroupId, queue: md.QueueRecord) -> Bootstrap | Non
     return Bootstrap(leader, seed=own)
 
 
-class _Progress:
+class Progress:
+    """What `step` remembers between polls."""
+
     def __init__(self) -> None:
         self.last: dict[tuple[str, tuple[str, str]], int] = {}  # ("seal"|"convert", (vhost, name)) -> proposed at
         self.seeds_checked: Any = None  # the metadata state the seed files were last checked against
+        self.scanned: tuple[Any, Any, int] | None = None  # what `_changed` compares: the last scan's
+        self.scanned_ms = 0
 
 
-async def run(rt: Any) -> None:
-    """Steps 1 and 3 for the mirrored queues this node leads."""
-    progress = _Progress()
-    while True:
-        await trio.sleep(POLL_S)
-        try:
-            await _step(rt, progress)
-        except Exception:
-            log.exception("cluster: converting mirrored queues back to classic failed")
+def _changed(rt: Any, progress: Progress, now: int) -> bool:
+    """Whether the mirror groups need a look: whether the answer of the scan below can differ from the last one.
+    It depends on the metadata (records, policies: `store.state`), on the replicas' role and epoch (changed only
+    as `_sync_groups` applies a metadata state here: `rt.mirrored`) and on the seals applied here (`cut`), which
+    are all compared by identity or count; every FULL_SCAN_MS it looks anyway."""
+    seen = (rt.store.state, rt.mirrored, rt.stats.get("seals_applied", 0))
+    if progress.scanned is not None and all(a is b for a, b in zip(seen, progress.scanned, strict=True)) \
+            and now - progress.scanned_ms < FULL_SCAN_MS:
+        return False
+    progress.scanned, progress.scanned_ms = seen, now
+    return True
 
 
-async def _step(rt: Any, progress: _Progress) -> None:
+async def step(rt: Any, progress: Progress) -> None:
+    """Steps 1 and 3 for the mirrored queues this node leads: every mirror group is looked at when something it
+    depends on changed (`_changed`) or a seal or conversion is under way, else none."""
     if rt.store is None or rt.mirror is None:
         return
     state = rt.store.state
@@ -142,6 +152,8 @@ async def _step(rt: Any, progress: _Progress) -> None:
     if state is not progress.seeds_checked:  # (a seed goes stale only by a metadata change)
         progress.seeds_checked = state
         _drop_old_seeds(rt, state)
+    if not _changed(rt, progress, now) and not last:
+        return
     policies: dict[str, list[Any]] = {}  # per vhost, made once per poll
     for group, g in list(rt.mirror.groups.items()):
         key = (g.vhost, g.name)
@@ -154,10 +166,10 @@ async def _step(rt: Any, progress: _Progress) -> None:
             policies[g.vhost] = vhost_policies(state, g.vhost)
         if not sealed and mirror_spec_in(state, g.vhost, g.name, policies[g.vhost]) is not None:
             continue
-        step = ("convert" if sealed else "seal", key)
-        if now - last.get(step, now - RESEND_MS) < RESEND_MS:
+        action = ("convert" if sealed else "seal", key)
+        if now - last.get(action, now - RESEND_MS) < RESEND_MS:
             continue
-        last[step] = now
+        last[action] = now
         if not sealed:
             log.info("cluster: queue %s: no ha-mode policy applies any more: sealing its mirror log", queue_key(*key))
             rt.dispatch(rt.broker.seal_queue(*key))

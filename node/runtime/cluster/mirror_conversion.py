@@ -6,14 +6,15 @@ queue's log is a Raft group and a mirrored queue's a mirror log (node/runtime/cl
 node's broker applies the queue's log to its copy of the queue machine, so the move needs one point of the log
 that every node agrees on, after which the old log is read no more and the new one starts: the seal.
 
-How it works, in order (`ClusterRuntime` calls these; `run` is one task of its nursery):
-1. `run` (every node, every POLL_S): for each classic queue whose Raft group this node leads and whose policy now
+How it works, in order (`ClusterRuntime` calls these; `step` runs in the poll loop of mirror_polling.py):
+1. `step` (every node, every poll): for each classic queue whose Raft group this node leads and whose policy now
    asks for mirroring, propose `Seal` into the Raft group (the broker's `seal_queue`; again after RESEND_MS
    while it has not applied).
 2. `cut` (every node, each committed batch of a Raft group): a replica applies nothing after the seal
    (cluster/queue/seal.py), so entries committed after it are not handed to the broker and not marked applied
-   in the proposal tracker: their proposers keep them and send them again to the new log (step 4).
-3. `run`, once this node applied the seal and still leads the Raft group: write the sealed state, seal lifted,
+   in the proposal tracker: their proposers keep them and send them again to the new log (step 4). It counts the
+   seals applied here (`stats["seals_applied"]`: mirror_back.py looks at its queues again when it changes).
+3. `step`, once this node applied the seal and still leads the Raft group: write the sealed state, seal lifted,
    as the seed of this node's mirror replica (`MirrorGroups.seed`: the snapshot at offset SEED_OFFSET, epoch 0),
    then commit `ConvertToMirror` (cluster/metadata/mirror_convert.py): the queue's type becomes mirrored, the
    replicas those the policy chooses with this node first, and this node leads epoch 0 alone in the ISR. The seed
@@ -36,8 +37,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
-import trio
-
 from cluster.metadata import model as md
 from cluster.metadata.mirror_convert import ConvertToMirror
 from cluster.queue.envelope import Envelope, frame_snapshot
@@ -51,7 +50,6 @@ from node.runtime.dispatch import wall_ms
 
 log = logging.getLogger("raftmq.cluster")
 
-POLL_S: Final = 0.25
 FULL_SCAN_MS: Final = 5_000
 RESEND_MS: Final = 2_000  # a seal or conversion not seen applied is tried again after this long
 
@@ -61,6 +59,7 @@ def cut(rt: Any, group: GroupId, key: tuple[str, str], envelopes: list[Envelope]
     none after the seal (step 2)."""
     keep = applicable(rt.broker.queue_sealed(*key), [envelope.command for envelope in envelopes])
     if keep and type(envelopes[keep - 1].command) is Seal:
+        rt.stats["seals_applied"] = rt.stats.get("seals_applied", 0) + 1
         log.info("cluster: queue %s: its log is sealed here (group %s)", queue_key(*key), group)
     if keep == len(envelopes):
         return envelopes
@@ -102,26 +101,13 @@ def _seed(rt: Any, group: GroupId, vhost: str, name: str) -> bytes:
     return frame_snapshot(incarnation, bytes(rt.broker.queue_snapshot(vhost, name, sealed=False)))
 
 
-class _Progress:
-    """What `run` remembers between polls."""
+class Progress:
+    """What `step` remembers between polls."""
 
     def __init__(self) -> None:
         self.last: dict[tuple[str, tuple[str, str]], int] = {}  # ("seal"|"convert", (vhost, name)) -> proposed at
         self.scanned: Any = None  # the metadata state of the last full scan
         self.scanned_ms = 0
-
-
-async def run(rt: Any) -> None:
-    """Steps 1 and 3 for the classic queues whose Raft group this node leads. Every queue is looked at when the
-    metadata changed and every FULL_SCAN_MS (a Raft leadership can change meanwhile); in between only the queues
-    with a seal or conversion under way."""
-    progress = _Progress()
-    while True:
-        await trio.sleep(POLL_S)
-        try:
-            await _step(rt, progress)
-        except Exception:
-            log.exception("cluster: converting classic queues to mirrored failed")
 
 
 def _ha_policies(state: md.MetadataState) -> dict[str, list[Any]]:
@@ -130,7 +116,10 @@ def _ha_policies(state: md.MetadataState) -> dict[str, list[Any]]:
     return {vhost: vhost_policies(state, vhost) for vhost in vhosts}
 
 
-async def _step(rt: Any, progress: _Progress) -> None:
+async def step(rt: Any, progress: Progress) -> None:
+    """Steps 1 and 3 for the classic queues whose Raft group this node leads. Every queue is looked at when the
+    metadata changed and every FULL_SCAN_MS (a Raft leadership can change meanwhile); in between only the queues
+    with a seal or conversion under way."""
     if rt.store is None or rt.raft is None or rt.mirror is None:
         return
     state = rt.store.state
@@ -157,10 +146,10 @@ async def _step(rt: Any, progress: _Progress) -> None:
         if not sealed and vhost_ha is None:
             continue
         spec = mirror_spec_in(state, queue.vhost, queue.name, vhost_ha) if vhost_ha is not None else None
-        step = ("convert" if sealed else "seal", key)
-        if (not sealed and spec is None) or now - last.get(step, now - RESEND_MS) < RESEND_MS:
+        action = ("convert" if sealed else "seal", key)
+        if (not sealed and spec is None) or now - last.get(action, now - RESEND_MS) < RESEND_MS:
             continue
-        last[step] = now
+        last[action] = now
         if not sealed:
             log.info("cluster: queue %s: an ha-mode policy applies: sealing its Raft log", queue_key(*key))
             rt.dispatch(rt.broker.seal_queue(*key))

@@ -82,7 +82,7 @@ from node.clustering.proposals import (
     incarnation_of_cid,
     stale_groups,
 )
-from node.runtime.cluster import mirror_back, mirror_conversion, mirror_syncing, mirror_trace
+from node.runtime.cluster import mirror_back, mirror_conversion, mirror_polling, mirror_trace
 from node.runtime.cluster.definition_replies import (
     INTERNAL_ERROR,
     died_with_earlier_life,
@@ -221,9 +221,7 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness, IncarnationRecording
                     for command in self._mirror_backlog:
                         nursery.start_soon(self.apply_definition, command)
                     self._mirror_backlog.clear()
-                    nursery.start_soon(mirror_conversion.run, self)  # classic queues becoming mirrored
-                    nursery.start_soon(mirror_back.run, self)  # and mirrored queues becoming classic again
-                    nursery.start_soon(mirror_syncing.run, self)  # ha-sync-mode manual: held-out mirrors released
+                    nursery.start_soon(mirror_polling.run, self)  # queues becoming mirrored, classic; syncs
                 self._incarnations_wake = trio.Event()
                 nursery.start_soon(self._write_incarnations)
                 self._raft_started()
