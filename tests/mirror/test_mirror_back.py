@@ -7,6 +7,7 @@ The real-cluster test is in test_mirror_cluster.py (`test_a_mirrored_queue_becom
 from __future__ import annotations
 
 import pathlib
+from types import SimpleNamespace
 
 import pytest
 import trio
@@ -31,6 +32,7 @@ from cluster.raft.core.types import (
 from cluster.raft.runtime.group_hosting import SEED_INDEX, Bootstrap
 from cluster.raft.runtime.node import RaftNodeRuntime
 from node.clustering.incarnations import group_of_record
+from node.runtime.cluster import mirror_back
 from tests.metadata.test_mirror_controller import _apply
 from tests.raft.test_core import N1, N2, N3, THREE, first
 from tests.raft.test_runtime_cluster import _free_ports
@@ -118,6 +120,22 @@ def _drain(raft: RaftCore) -> Ready:
     ready = raft.ready()
     raft.advance(ready)
     return ready
+
+
+def test_the_way_back_looks_at_its_groups_only_when_what_it_depends_on_changed() -> None:
+    """mirror_back's poll scans the mirror groups when the metadata, the state the groups follow (a replica's role
+    and epoch change only there) or the count of seals applied here changed, and every FULL_SCAN_MS; else not."""
+    rt = SimpleNamespace(store=SimpleNamespace(state=MetadataState()), mirrored=MetadataState(), stats={})
+    progress = mirror_back.Progress()
+    assert mirror_back._changed(rt, progress, 1_000)  # the first poll
+    assert not mirror_back._changed(rt, progress, 1_250)
+    rt.store.state = MetadataState()  # a metadata change
+    assert mirror_back._changed(rt, progress, 1_500) and not mirror_back._changed(rt, progress, 1_750)
+    rt.mirrored = MetadataState()  # the groups followed it (`_sync_groups`)
+    assert mirror_back._changed(rt, progress, 2_000) and not mirror_back._changed(rt, progress, 2_250)
+    rt.stats["seals_applied"] = 1  # a seal applied here (`mirror_conversion.cut`)
+    assert mirror_back._changed(rt, progress, 2_500) and not mirror_back._changed(rt, progress, 2_750)
+    assert mirror_back._changed(rt, progress, 2_500 + mirror_back.FULL_SCAN_MS)  # and now and then anyway
 
 
 def test_a_seeded_leader_leads_term_1_and_an_empty_follower_gets_the_seed_as_a_snapshot() -> None:
