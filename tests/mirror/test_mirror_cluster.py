@@ -407,9 +407,10 @@ def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -
     for row in rows.values():
         mirror = row["mirror"]
         assert (mirror["leader"], mirror["epoch"], sorted(mirror["replicas"])) == (leader, 0, sorted(nodes))
-    leader_row = _wait("every replica in the ISR at the HW", lambda: (
+    leader_row = _wait("every replica in the ISR at the HW, the 5 acks committed", lambda: (
         (row := _row(cluster, nodes[leader]))["mirror"]["isr"] == sorted(nodes)
-        and set(row["mirror"]["leo"]) == set(nodes) and row["mirror"]["hw"] >= 31 and row))
+        and set(row["mirror"]["leo"]) == set(nodes) and row["mirror"]["hw"] >= 31
+        and all(_row(cluster, n).get("messages") == 26 for n in nodes.values()) and row))
     assert leader_row["slave_nodes"] and leader_row["synchronised_slave_nodes"] == leader_row["slave_nodes"]
     for name, n in nodes.items():  # every replica trimmed: a snapshot, and fewer records on disk than committed
         (replica_dir,) = _replica_dirs(n)
