@@ -229,7 +229,6 @@ class QueueState:
     # replicated mode only (node/broker/replica.py); every field below but the last four is a function of the log
     members: dict[Hashable, None] = field(default_factory=dict)  # consumer and get-holder ids known to the machine
     is_leader: bool = False  # this node's replica belongs to the group's leader
-    commits_alone: bool = False  # ... and this node is the group's only voter: its proposals commit here, in order
     expire_proposed_ms: int | None = None  # when the leader last proposed Expire (not applied yet)
     purge_waiters: list[tuple[Any, bool]] = field(default_factory=list)  # (channel, nowait) of this node's purges
     held_sends: Any = None  # replica_control.HeldSends: at-least-once dead-letter republishing (volatile)

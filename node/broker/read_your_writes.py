@@ -15,7 +15,7 @@ How:
 - Replies (`GATED_REPLIES`: basic.consume, basic.cancel, basic.recover; and the client's channel.close): the
   channel is gated (`reply_gate.gate`) on the tickets its handler created, so the ok leaves once the replica
   applied them; a consume-ok waits for none of a queue whose group this node leads as its only voter (a classic
-  queue's node: `QueueState.commits_alone`), as its Attach commits here before anything proposed after it. A
+  queue's node: `BrokerState.leading` says so), as its Attach commits here before anything proposed after it. A
   definition change made while the replica applied the last of them (the auto-delete of the queue
   a cancel emptied: the machine's `QueueUnused`, carried out by the node whose Detach or Cancel emptied it) adds its Persist token to the gate: cancel-ok then
   also waits for the deletion's commit.
@@ -158,12 +158,7 @@ def _commits_alone(broker: BrokerState, ticket: int) -> bool:
     """Whether the ticket's proposal goes to a queue whose group this node leads as its only voter: the proposal
     commits here, before anything the connection proposes next, so its consume-ok need not wait for it."""
     owner = broker.ticket_owner.get(ticket)
-    if owner is None:
-        return False
-    vhost, name = owner[1]
-    vh = broker.vhosts.get(vhost)
-    queue = vh.queues.get(name) if vh is not None else None
-    return queue is not None and queue.commits_alone
+    return owner is not None and broker.leading.get(owner[1], False)
 
 
 def gate_replies(broker: BrokerState, key: tuple[int, int], tickets: list[int], from_index: int,

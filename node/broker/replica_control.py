@@ -59,8 +59,6 @@ def set_leader(broker: BrokerState, vhost: str, name: str, is_leader: bool, alon
     else:
         broker.leading.pop(key, None)
     queue = queue_of(broker, vhost, name)
-    if queue is not None:
-        queue.commits_alone = is_leader and alone
     if queue is None or queue.is_leader == is_leader:
         return
     queue.is_leader = is_leader

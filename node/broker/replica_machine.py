@@ -93,8 +93,7 @@ class ProposingMachine:
         self._queue = queue
         self.replica = ReplicatedQueue(queue.name, args)
         self.batch: Batch | None = None  # the open publish batch (propose_enqueue)
-        alone = broker.leading.get((queue.vhost, queue.name))
-        queue.is_leader, queue.commits_alone = alone is not None, bool(alone)
+        queue.is_leader = (queue.vhost, queue.name) in broker.leading
 
     def apply(self, command: Any) -> list[Any]:
         propose(self._broker, self._queue, command)
