@@ -262,7 +262,12 @@ def _caller(view: ManagementView, user: str, password: str, tags: tuple[str, ...
     target = AmqpTarget(port=view.amqp_port)
     if ADMIN_TAG in tags or "monitoring" in tags:
         return Caller(user, password, tags, target)
-    return Caller(user, password, tags, target, frozenset(p["vhost"] for p in view.permissions() if p["user"] == user))
+    return Caller(user, password, tags, target, _permitted_vhosts(view, user))
+
+
+def _permitted_vhosts(view: ManagementView, user: str) -> frozenset[str]:
+    """The vhosts `user` has permissions in."""
+    return frozenset(p["vhost"] for p in view.permissions() if p["user"] == user)
 
 
 # The definitions (cluster mode: the metadata group's): a GET of these paths, and every change but a connection's
@@ -312,15 +317,14 @@ async def _handle(view: ManagementView, head: RequestHead, body: bytes, peer_is_
         return error_reply(401, "not_authorised", "Login failed", (("WWW-Authenticate", REALM),)), not barrier
     if not TAG_RANKS[needed] & set(tags):
         return error_reply(401, "not_authorised", TAG_REFUSALS[needed]), not barrier
-    return await _authorised(view, head, body, credentials, tags, routes), not barrier
+    return await _authorised(view, head, body, credentials, tags, needed, routes), not barrier
 
 
 async def _authorised(view: ManagementView, head: RequestHead, body: bytes, credentials: tuple[str, str],
-                      tags: tuple[str, ...], routes: tuple[Route, ...]) -> Reply:
+                      tags: tuple[str, ...], needed: str, routes: tuple[Route, ...]) -> Reply:
     caller = _caller(view, credentials[0], credentials[1], tags)
     try:
-        if required_tag(head.method, head.segments) == "policymaker" and head.method not in ("GET", "HEAD") \
-                and ADMIN_TAG not in tags:
+        if needed == "policymaker" and head.method not in ("GET", "HEAD") and ADMIN_TAG not in tags:
             _check_policy_vhosts(view, head.segments, body, credentials[0])
         for route in routes:
             reply = await route(view, head, body, caller)
@@ -340,7 +344,7 @@ def _check_policy_vhosts(view: ManagementView, segments: tuple[str, ...], raw_bo
     as in RabbitMQ; and a shovel or upstream URI naming the node itself (`amqp:///vhost`: links log in with their
     own identity, cluster/authlink) only in such a vhost too, as RabbitMQ's shovel validation checks the declaring
     user's access. (Administrators are not checked: RabbitMQ asks them for the vhost permission as well.)"""
-    permitted = {p["vhost"] for p in view.permissions() if p["user"] == user}
+    permitted = _permitted_vhosts(view, user)
     vhost_at = 3 if segments[1] == "parameters" else 2
     if len(segments) > vhost_at and segments[vhost_at] not in permitted:
         raise CommandError(401, "User not authorised to access virtual host", "not_authorised")
