@@ -301,15 +301,20 @@ class NodeLog:
         with self._commit_lock:
             with self._lock:
                 self._check_usable()
-            self._write_pending()
-            assert self._wal is not None
-            try:
-                self._wal.sync()
-            except OSError as error:
-                self._fail(error)
+            self._write_and_sync()
             self._deferred_error = None
+            assert self._wal is not None
             if self._wal.size_bytes >= self.config.wal_size_bytes_max:
                 self.checkpoint()
+
+    def _write_and_sync(self) -> None:
+        """Write the queued ops to the WAL (and segments), then fsync the WAL. Under the commit lock."""
+        self._write_pending()
+        assert self._wal is not None
+        try:
+            self._wal.sync()
+        except OSError as error:
+            self._fail(error)
 
     def _write_pending(self) -> None:
         with self._io_lock:
@@ -461,12 +466,7 @@ class NodeLog:
                 self._check_usable()
                 state = self._states.pop(stream, None)
                 self._queue(state or _StreamState(), fmt.WalKind.DELETE, stream, 0, 0, b"")
-            self._write_pending()
-            assert self._wal is not None
-            try:
-                self._wal.sync()
-            except OSError as error:
-                self._fail(error)
+            self._write_and_sync()
             with self._io_lock:
                 try:
                     self._remove_files(stream)
