@@ -132,12 +132,18 @@ def test_truncate_of_uncommitted_records(tmp_path: pathlib.Path) -> None:
     assert records(NodeLog.open(tmp_path, SMALL), "r")[1][-1] == (4, b"new")
 
 
-def test_delete_stream_is_durable_and_name_reusable(tmp_path: pathlib.Path) -> None:
-    log = NodeLog.open(tmp_path, SMALL)
+def _gone_and_kept(directory: pathlib.Path) -> NodeLog:
+    """A log with 30 committed records in each of the streams "gone" and "kept"."""
+    log = NodeLog.open(directory, SMALL)
     for _i in range(30):
         log.append("gone", b"old")
         log.append("kept", b"k")
     log.commit()
+    return log
+
+
+def test_delete_stream_is_durable_and_name_reusable(tmp_path: pathlib.Path) -> None:
+    log = _gone_and_kept(tmp_path)
     log.delete_stream("gone")
     assert log.streams() == ["kept"]
     assert log.append("gone", b"new") == 0
@@ -149,11 +155,7 @@ def test_delete_stream_is_durable_and_name_reusable(tmp_path: pathlib.Path) -> N
 
 
 def test_a_deleted_streams_files_left_by_a_crash_go_at_replay(tmp_path: pathlib.Path) -> None:
-    log = NodeLog.open(tmp_path, SMALL)
-    for _i in range(30):
-        log.append("gone", b"old")
-        log.append("kept", b"k")
-    log.commit()
+    log = _gone_and_kept(tmp_path)
     streams = tmp_path / "streams"
     saved = tmp_path / "saved"
     shutil.copytree(streams, saved)
