@@ -49,11 +49,14 @@ from cluster.raft.core.types import GroupId, NodeId
 from cluster.raft.runtime.group_hosting import Bootstrap
 from node.clustering.definitions import mirror_spec_in, vhost_policies
 from node.clustering.incarnations import group_of_record, queue_key
+from node.runtime.cluster.mirror_conversion import (
+    FULL_SCAN_MS as FULL_SCAN_MS,  # (the same rule as the conversion)
+)
+from node.runtime.cluster.mirror_conversion import full_scan_due
 from node.runtime.dispatch import wall_ms
 
 log = logging.getLogger("raftmq.cluster")
 
-FULL_SCAN_MS: Final = 5_000  # every mirror group is looked at again after this long, whatever changed
 RESEND_MS: Final = 2_000  # a seal or conversion not seen applied is tried again after this long
 SEEDS_DIR: Final = "raft-seeds"
 
@@ -122,7 +125,7 @@ class Progress:
     def __init__(self) -> None:
         self.last: dict[tuple[str, tuple[str, str]], int] = {}  # ("seal"|"convert", (vhost, name)) -> proposed at
         self.seeds_checked: Any = None  # the metadata state the seed files were last checked against
-        self.scanned: tuple[Any, Any, int] | None = None  # what `_changed` compares: the last scan's
+        self.scanned: tuple[Any, ...] | None = None  # what `_changed` compares: the last scan's
         self.scanned_ms = 0
 
 
@@ -130,13 +133,8 @@ def _changed(rt: Any, progress: Progress, now: int) -> bool:
     """Whether the mirror groups need a look: whether the answer of the scan below can differ from the last one.
     It depends on the metadata (records, policies: `store.state`), on the replicas' role and epoch (changed only
     as `_sync_groups` applies a metadata state here: `rt.mirrored`) and on the seals applied here (`cut`), which
-    are all compared by identity or count; every FULL_SCAN_MS it looks anyway."""
-    seen = (rt.store.state, rt.mirrored, rt.stats.get("seals_applied", 0))
-    if progress.scanned is not None and all(a is b for a, b in zip(seen, progress.scanned, strict=True)) \
-            and now - progress.scanned_ms < FULL_SCAN_MS:
-        return False
-    progress.scanned, progress.scanned_ms = seen, now
-    return True
+    are all compared by identity (the count is the object `stats` holds); every FULL_SCAN_MS it looks anyway."""
+    return full_scan_due(progress, (rt.store.state, rt.mirrored, rt.stats.get("seals_applied", 0)), now)
 
 
 async def step(rt: Any, progress: Progress) -> None:

@@ -106,8 +106,19 @@ class Progress:
 
     def __init__(self) -> None:
         self.last: dict[tuple[str, tuple[str, str]], int] = {}  # ("seal"|"convert", (vhost, name)) -> proposed at
-        self.scanned: Any = None  # the metadata state of the last full scan
+        self.scanned: tuple[Any, ...] | None = None  # what the last full scan depended on (`full_scan_due`)
         self.scanned_ms = 0
+
+
+def full_scan_due(progress: Any, depends_on: tuple[Any, ...], now: int) -> bool:
+    """Whether a step looks at every queue again: something in `depends_on` is not the same object as at the last
+    full scan, or FULL_SCAN_MS passed since. When so, this scan is remembered (`progress.scanned`, `scanned_ms`)."""
+    last = progress.scanned
+    if last is not None and all(a is b for a, b in zip(depends_on, last, strict=True)) \
+            and now - progress.scanned_ms < FULL_SCAN_MS:
+        return False
+    progress.scanned, progress.scanned_ms = depends_on, now
+    return True
 
 
 def _ha_policies(state: md.MetadataState) -> dict[str, list[Any]]:
@@ -127,8 +138,7 @@ async def step(rt: Any, progress: Progress) -> None:
     last = progress.last
     for stale in [k for k in last if k[1] not in state.queues or state.queues[k[1]].type != "classic"]:
         del last[stale]
-    if state is not progress.scanned or now - progress.scanned_ms >= FULL_SCAN_MS:
-        progress.scanned, progress.scanned_ms = state, now
+    if full_scan_due(progress, (state,), now):
         queues = list(state.queues.values())
     else:
         queues = [state.queues[key] for key in dict.fromkeys(key for _kind, key in last)]
