@@ -98,3 +98,9 @@ class QueueViews:
     def unacked_msg_ids(self, consumer_id: Hashable) -> list[MsgId]:
         consumer = self._consumers.get(consumer_id)
         return sorted(consumer.unacked) if consumer is not None else []
+
+    def unacked_message(self, consumer_id: Hashable, msg_id: MsgId) -> tuple[QueuedMessage, bool, int] | None:
+        """(message, redelivered flag, delivery count) of a message `consumer_id` holds unacked; None if not."""
+        consumer = self._consumers.get(consumer_id)
+        entry = consumer.unacked.get(msg_id) if consumer is not None else None
+        return None if entry is None else (entry.message, entry.redelivered, entry.delivery_count)

@@ -103,20 +103,23 @@ DETACH_RETRIES_MAX: Final = 10  # times an abandoned Detach of a gone local cons
 def basic_get(broker: BrokerState, ch: ChannelState, queue: QueueState, no_ack: bool) -> None:
     """basic.get of a Raft queue (`ReplicatedBackend.get`): answered when this node's replica applied the Get."""
     getter_id = broker.new_getter_id()
-    broker.pending_gets[getter_id] = (ch, queue, no_ack)
     # Always a Get with ack: a no-ack get is settled once its answer reached this node, so an answer this node
-    # never saw (it installed a snapshot past it, or the client left) is returned instead of lost.
-    propose(broker, queue, Get(getter_id, False, broker.now_ms))
+    # never saw (the client left) is returned instead of lost.
+    proposal_id = propose(broker, queue, Get(getter_id, False, broker.now_ms))
+    broker.pending_gets[getter_id] = (ch, queue, no_ack, proposal_id)
 
 
-def _on_get_ok(broker: BrokerState, queue: QueueState, effect: GetOk, command: Any) -> None:
+def answer_get_ok(broker: BrokerState, queue: QueueState, effect: GetOk, command: Any) -> None:
+    """The Get of `effect.consumer_id` took a message (`command`: the Get applied, None when a snapshot restore
+    found it taken): get-ok to the channel that waits, which holds it unacked (or settles it: no-ack); nobody
+    waiting any more, it goes back to the queue."""
     getter_id = effect.consumer_id
     waiting = broker.pending_gets.pop(getter_id, None)
     if waiting is None or waiting[0].closed:
         if is_local(broker, getter_id) and not (isinstance(command, Get) and command.no_ack):
             propose(broker, queue, Return(getter_id, (effect.msg_id,), broker.now_ms))  # nobody waits for it
         return
-    ch, _queue_waited, no_ack = waiting
+    ch, _queue_waited, no_ack, _proposal_id = waiting
     msg: Message = effect.message.payload
     tag = ch.next_delivery_tag
     ch.next_delivery_tag = tag + 1
@@ -223,7 +226,7 @@ def _apply_committed(broker: BrokerState, vhost: str, name: str, envelope: Envel
         elif kind is Rejected:
             on_outcome(broker, key, effect.publisher_id, effect.sequence, REJECTED)
         elif kind is GetOk:
-            _on_get_ok(broker, queue, effect, command)
+            answer_get_ok(broker, queue, effect, command)
         elif kind is GetEmpty:
             answer_get_empty(broker, effect.consumer_id)
         elif kind is Purged:

@@ -16,12 +16,12 @@ from typing import Final
 
 import cbor2
 
-from cluster.queue import Cancel, Detach, Expire, Purge, Return
+from cluster.queue import Cancel, Detach, Expire, GetOk, Purge, Return
 from cluster.queue.replicated import ReplicatedQueue, decode_id, encode_id
 from cluster.queue.seal import Seal
 from node.broker.definitions import delete_queue
 from node.broker.queues import QueueState, queue_args
-from node.broker.replica import maybe_auto_delete, reattach
+from node.broker.replica import answer_get_ok, maybe_auto_delete, reattach
 from node.broker.replica_dead_letters import (
     _held_deadline_ms,
     _leader_changed,
@@ -200,6 +200,30 @@ def restore(broker: BrokerState, vhost: str, name: str, data: bytes) -> None:
     _resync(broker, queue)
 
 
+def _resync_gets(broker: BrokerState, queue: QueueState, now_ms: int) -> None:
+    """This node's basic.gets still waiting on the queue, after a restore. A Get the snapshot covers was applied
+    where this node never saw it: it took a message, which its getter holds unacked in the replica (get-ok with
+    it), or found the queue empty (get-empty). A Get the snapshot does not cover waits on: it comes later in the
+    log, or is given up and answered empty then (`proposal_abandoned`). (A restore answering every waiting get
+    empty made a basic.get on a queue with messages come back empty whenever a follower installed its leader's
+    snapshot.)"""
+    replica = replica_of(queue)
+    machine = replica.queue
+    for getter_id, (_ch, get_queue, _no_ack, proposal_id) in list(broker.pending_gets.items()):
+        if get_queue is not queue:
+            continue
+        taken = machine.unacked_msg_ids(getter_id)
+        held = machine.unacked_message(getter_id, taken[0]) if taken else None
+        if held is not None:
+            message, redelivered, delivery_count = held
+            answer_get_ok(broker, queue, GetOk(getter_id, taken[0], message, redelivered, delivery_count,
+                                               machine.ready_count), None)
+            if len(taken) > 1:  # (one Get takes one message)
+                propose(broker, queue, Return(getter_id, taken[1:], now_ms))
+        elif replica.seen(broker.config.node_name, proposal_id):
+            answer_get_empty(broker, getter_id)
+
+
 def _resync(broker: BrokerState, queue: QueueState) -> None:
     """After a restore the replica may hold deliveries, get answers and outcomes this node never saw."""
     now_ms = broker.now_ms
@@ -217,12 +241,7 @@ def _resync(broker: BrokerState, queue: QueueState) -> None:
             propose(broker, queue, Cancel(cid, now_ms))
         else:
             reattach(broker, queue, consumer)
-    for getter_id, (_ch, get_queue, _no_ack) in list(broker.pending_gets.items()):
-        if get_queue is queue:
-            answer_get_empty(broker, getter_id)
-            lost = replica_of(queue).queue.unacked_msg_ids(getter_id)
-            if lost:
-                propose(broker, queue, Return(getter_id, lost, now_ms))
+    _resync_gets(broker, queue, now_ms)
     key = (queue.vhost, queue.name)
     for ch in list(broker.publishers.values()):
         for pending in ch.repl_waiting.values():

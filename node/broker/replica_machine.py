@@ -139,7 +139,7 @@ class ProposingMachine:
         return self.replica.queue.next_expiry_ms()
 
 
-def propose(broker: BrokerState, queue: QueueState, command: Any) -> None:
+def propose(broker: BrokerState, queue: QueueState, command: Any) -> int:
     if type(command) is Detach and is_local(broker, command.consumer_id):
         track(broker.detaching, command.consumer_id)
     machine = queue.machine
@@ -153,6 +153,7 @@ def propose(broker: BrokerState, queue: QueueState, command: Any) -> None:
     if conn is not None:
         read_your_writes.issue(broker, conn, queue, proposal_id)
     broker.out.append(ProposeQueue(queue.vhost, queue.name, command, proposal_id))
+    return proposal_id
 
 
 def queue_of(broker: BrokerState, vhost: str, name: str) -> QueueState | None:

@@ -216,7 +216,7 @@ def forget_queue(broker: BrokerState, queue: QueueState) -> None:
             command = pending.targets.get(key)
             if command is not None:
                 on_outcome(broker, key, ch.publisher_id, command.sequence, ACCEPTED)
-    for getter_id, (_ch, get_queue, _no_ack) in list(broker.pending_gets.items()):
+    for getter_id, (_ch, get_queue, _no_ack, _proposal_id) in list(broker.pending_gets.items()):
         if get_queue is queue:
             answer_get_empty(broker, getter_id)
     flush_confirms(broker)  # (this may run inside a client's entry point, which does not flush)

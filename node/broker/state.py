@@ -142,7 +142,8 @@ class BrokerState(ABC):
         self.down_consumers: dict[Hashable, None] = {}  # replicated: ids of down nodes, to detach when leader
         # replicated: (vhost, queue) whose local replica leads -> whether it is the group's only voter too
         self.leading: dict[tuple[str, str], bool] = {}
-        self.pending_gets: dict[Hashable, tuple[ChannelState, QueueState, bool]] = {}  # replicated: id -> waiter
+        # replicated: getter id -> (channel waiting, queue, no_ack, the Get's proposal id)
+        self.pending_gets: dict[Hashable, tuple[ChannelState, QueueState, bool, int]] = {}
         self.confirm_batch: dict[int, tuple[ChannelState, list[int], list[int]]] = {}  # replicated: acks, nacks
         self.paging: dict[str, QueueState] = {}  # queue stream -> queue with a paged tail (node/broker/paging.py)
         self.next_page_request = 0

@@ -138,6 +138,54 @@ def test_basic_get_answers_when_applied_and_ack_settles_everywhere() -> None:
     assert cluster.brokers["a"].vhosts["/"].queues["q"].machine.unacked_count == 0
 
 
+def _get_answers(effects: list[object]) -> list[bytes | None]:
+    """The bodies of the get-oks among `effects`, None for each get-empty, in order."""
+    out: list[bytes | None] = []
+    for effect in effects:
+        method = getattr(effect, "method", None)
+        if isinstance(method, m.BasicGetOk):
+            out.append(effect.body)  # type: ignore[attr-defined]
+        elif isinstance(method, m.BasicGetEmpty):
+            out.append(None)
+    return out
+
+
+def test_gets_a_restored_snapshot_covers_are_answered_as_they_were_applied() -> None:
+    """A node that lags while its client's Gets commit elsewhere, then installs a peer's snapshot covering them
+    (a mirrored queue's follower behind its leader's trim): the Get that took a message answers get-ok with it
+    (held unacked here, its ack settles it everywhere), the one that found the queue empty answers get-empty."""
+    cluster, a, _b, c = _setup()
+    a.publish("", "q", b"g")
+    cluster.commit()
+    cluster.pause("c")
+    c.call(m.BasicGet(queue="q"))
+    c.call(m.BasicGet(queue="q"))
+    cluster.commit()  # a and b apply both Gets; c nothing
+    assert _get_answers(take(cluster, "c")) == []
+    cluster.resume("c")
+    assert _get_answers(take(cluster, "c")) == [b"g", None]
+    c.ack(1)
+    cluster.commit()
+    assert len(set(cluster.snapshots(KEY).values())) == 1
+    queue = cluster.brokers["a"].vhosts["/"].queues["q"].machine
+    assert (queue.ready_count, queue.unacked_count) == (0, 0)
+
+
+def test_a_get_a_restored_snapshot_does_not_cover_waits_for_its_entry() -> None:
+    cluster, a, _b, c = _setup()
+    a.publish("", "q", b"g")
+    cluster.commit()
+    cluster.pause("c")
+    cluster.hold = True
+    c.call(m.BasicGet(queue="q"))  # proposed, not in the log yet
+    cluster.hold = False
+    cluster.resume("c")  # the snapshot is from before the Get
+    assert _get_answers(take(cluster, "c")) == []
+    cluster.release()
+    cluster.commit()
+    assert _get_answers(take(cluster, "c")) == [b"g"]
+
+
 def test_a_retried_proposal_is_applied_once() -> None:
     cluster, a, _b, _c = _setup()
     a.call(m.ConfirmSelect())
