@@ -60,9 +60,10 @@ def _row(cluster: ClusterProcess, node: Any, queue: str = QUEUE) -> dict[str, An
     return row
 
 
-def _replica_dirs(node: Any) -> list[Path]:
-    """The mirrored queue replicas' directories on `node` (next to them: its mirror telemetry)."""
-    return [d for d in (node.data_dir / "mirror").iterdir() if d.name != "telemetry"]
+def _replica_dirs(node: Any, queue: str) -> list[Path]:
+    """The directories of `queue`'s mirrored replicas on `node` (named after the group, q/<vhost>/<name>/<i...>;
+    each test looks at its own queue's only, so one test's leftovers do not fail the next)."""
+    return [d for d in (node.data_dir / "mirror").iterdir() if d.name.startswith(f"q~%2F~{queue}~")]
 
 
 def _mirror_totals(node: Any) -> dict[str, int]:
@@ -186,7 +187,7 @@ def test_a_classic_queue_becomes_mirrored_through_a_policy(cluster: ClusterProce
     for name, n in nodes.items():
         _wait(f"{CONVERTED} gone on {name}", lambda n=n: http(n.plan.management_port, "GET",
                                                               f"/api/queues/%2F/{CONVERTED}")[0] == 404
-              and not _replica_dirs(n))
+              and not _replica_dirs(n, CONVERTED))
 
 
 SYNCED, DRAINED = "hs.synced", "hs.drained"
@@ -333,7 +334,7 @@ def test_a_mirrored_queue_becomes_classic_when_its_policy_goes(cluster: ClusterP
         for name, n in nodes.items():
             row = _wait(f"{BACK} classic on {name} led by {leader}, its replica files gone", lambda n=n: (
                 (r := _row(cluster, n, BACK)) and not r.get("mirror") and r.get("leader") == leader
-                and not _replica_dirs(n) and r))
+                and not _replica_dirs(n, BACK) and r))
             assert row["type"] == "classic" and row["members"] == [leader] and not row.get("slave_nodes")
         after = [f"a{i}".encode() for i in range(5)]
         for body in after:
@@ -376,7 +377,7 @@ def test_a_mirrored_queue_becomes_classic_when_its_policy_goes(cluster: ClusterP
     http(nodes["rmq1"].plan.management_port, "DELETE", "/api/policies/%2F/hk")
     for name, n in nodes.items():
         _wait(f"{BACK} gone on {name}", lambda n=n: http(n.plan.management_port, "GET",
-                                                         f"/api/queues/%2F/{BACK}")[0] == 404 and not _replica_dirs(n))
+                                                         f"/api/queues/%2F/{BACK}")[0] == 404 and not _replica_dirs(n, BACK))
 
 
 def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -> None:
@@ -413,7 +414,7 @@ def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -
         and all(_row(cluster, n).get("messages") == 26 for n in nodes.values()) and row))
     assert leader_row["slave_nodes"] and leader_row["synchronised_slave_nodes"] == leader_row["slave_nodes"]
     for name, n in nodes.items():  # every replica trimmed: a snapshot, and fewer records on disk than committed
-        (replica_dir,) = _replica_dirs(n)
+        (replica_dir,) = _replica_dirs(n, QUEUE)
         snapshot = _wait(f"a snapshot on {name}", lambda d=replica_dir: read_snapshot(d))
         assert snapshot.offset >= 10 and len(read_records(replica_dir)) < leader_row["mirror"]["hw"]
     with urllib.request.urlopen(f"http://127.0.0.1:{nodes[leader].plan.management_port}/metrics/per-object",
@@ -455,8 +456,8 @@ def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -
         for body in late:
             ch.basic_publish("", QUEUE, body, pika.BasicProperties(delivery_mode=2))
     new_leader = nodes[_row(cluster, survivor)["mirror"]["leader"]]
-    (leader_dir,) = _replica_dirs(new_leader)
-    (killed_dir,) = _replica_dirs(killed)
+    (leader_dir,) = _replica_dirs(new_leader, QUEUE)
+    (killed_dir,) = _replica_dirs(killed, QUEUE)
     killed_end = max((o for o, _e, _p in read_records(killed_dir)), default=-1) + 1
     assert (_wait("the new leader's log start beyond the killed node's log end",
                   lambda: (s := read_snapshot(leader_dir)) is not None and s.offset > killed_end and s)).offset
@@ -477,7 +478,7 @@ def test_mirrored_queue_survives_kill_9_of_its_leader(cluster: ClusterProcess) -
         if name != leader:
             _wait(f"{QUEUE} gone on {name}", lambda n=n: http(n.plan.management_port, "GET",
                                                                f"/api/queues/%2F/{QUEUE}")[0] == 404)
-            assert not _replica_dirs(n), _replica_dirs(n)
+            assert not _replica_dirs(n, QUEUE), _replica_dirs(n, QUEUE)
 
 
 MOVES = "hb.moves"
