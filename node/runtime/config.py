@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cluster.authlink.amqp_login import RESERVED_USER_PREFIX, is_reserved_user
 from cluster.metadata.membership import NodeEndpoints
 from node.runtime.secret_strength import secret_weakness
 
@@ -445,6 +446,8 @@ def validate(config: NodeConfig) -> NodeConfig:
         (not config.test_unsafe_confirm_before_commit or bool(config.cluster_nodes),
          "test_unsafe_confirm_before_commit needs cluster mode (cluster_nodes)"),
         (config.quorum_initial_group_size >= 1, "quorum_initial_group_size must be >= 1"),
+        (not any(is_reserved_user(u.name) for u in config.all_users()),
+         f"user names starting with {RESERVED_USER_PREFIX!r} are the nodes' internal logins (default_user, users)"),
     ]
     for ok, message in checks:
         if not ok:

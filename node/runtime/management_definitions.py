@@ -92,9 +92,10 @@ async def import_definitions(view: Any, body: dict[str, Any], caller: Caller, vh
         return found
 
     if vhost is None:
+        for user in _section(body, "users"):  # a reserved name refuses the whole file before anything changed
+            check_user_name(str(user.get("name")))
         for user in _section(body, "users"):
             if "password_hash" in user:
-                check_user_name(str(user["name"]))
                 await view.import_user(str(user["name"]), str(user["password_hash"]), tuple(_tags(user.get("tags"))))
             else:
                 await view.run_command("add_user", check_command_args("add_user", {

@@ -188,7 +188,10 @@ async def test_the_internal_logins_names_are_refused_as_user_names() -> None:
                      {"name": "raftmq-internal-x", "password_hash": "aGFzaA==", "tags": ""}):
             status, _, body = await request(s.port, "POST", "/api/definitions", {"users": [user]})
             assert status == 400 and "reserved" in body["reason"], user
-        assert not [n for n in s.broker.users.users if n.startswith("raftmq-internal")]
+        status, _, body = await request(s.port, "POST", "/api/definitions", {"users": [
+            {"name": "fine", "password": "pw"}, {"name": "raftmq-internal-y", "password": "pw"}]})
+        assert status == 400 and "reserved" in body["reason"]  # refused before anything changed: no "fine"
+        assert not [n for n in s.broker.users.users if n.startswith("raftmq-internal") or n == "fine"]
         assert not [e for e in s.emitted if isinstance(e, Persist)]
         status, _, _ = await request(s.port, "PUT", "/api/users/my-raftmq-internal-user", {"password": "pw"})
         assert status == 201

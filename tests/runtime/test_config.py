@@ -66,11 +66,19 @@ def test_file_users_and_lists(tmp_path: Path) -> None:
         (["--ssl-cert-login", "true"], {}, "ssl_cert_login needs"),
         (["--ssl-cert-login-from", "email"], {}, "ssl_cert_login_from"),
         (["--mirror-flush", "sometimes"], {}, "mirror_flush must be fsync|unsynced"),
+        ([], {"RAFTMQ_DEFAULT_USER": "raftmq-internal-link"}, "internal logins"),
     ],
 )
 def test_bad_values_are_refused_naming_the_setting(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load(argv, environ=env)
+
+
+def test_a_reserved_user_name_in_the_config_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "raftmq.toml"
+    path.write_text('[[users]]\nname = "raftmq-internal-forward"\npassword = "pw"\n')
+    with pytest.raises(ConfigError, match="internal logins"):
+        load(["--config", str(path)], environ={})
 
 
 def test_unknown_file_key_is_refused(tmp_path: Path) -> None:
