@@ -17,10 +17,16 @@ from node.broker import delivery, paged_tail, paging, policy_apply, vhost_limits
 from node.broker.backend import QueueBackend, backend_of
 from node.broker.channel import ChannelState, ConnState
 from node.broker.effects import Effect, Send
-from node.broker.errors import AmqpError, access_refused, not_found, precondition
+from node.broker.errors import AmqpError, access_refused, precondition
 from node.broker.exchanges import EXCHANGE_TYPES, Binding, Dest, Exchange
 from node.broker.headers_match import x_match_mode
-from node.broker.queue_lookup import check_exclusive, expand_queue_name, lookup_queue, queue_not_found
+from node.broker.queue_lookup import (
+    check_exclusive,
+    exchange_not_found,
+    expand_queue_name,
+    lookup_queue,
+    queue_not_found,
+)
 from node.broker.queues import (
     EQUIVALENCE_ARGS,
     QueueState,
@@ -57,7 +63,7 @@ def exchange_declare(broker: BrokerState, conn: ConnState, ch: ChannelState, met
         raise _default_exchange_refused()
     if method.passive:
         if name not in vhost.exchanges:
-            raise not_found("exchange", name, vhost.name)
+            raise exchange_not_found(broker, conn, name, vhost.name)
         _reply(broker, ch, method.nowait, m.ExchangeDeclareOk())
         return
     broker.check_access(conn, "configure", "exchange", name)
@@ -145,12 +151,12 @@ def _bind(broker: BrokerState, conn: ConnState, source: str, dest: Dest, routing
     elif dest.name not in vhost.exchanges:
         if unbind:
             return
-        raise not_found("exchange", dest.name, vhost.name)
+        raise exchange_not_found(broker, conn, dest.name, vhost.name)
     exchange = vhost.exchanges.get(source)
     if exchange is None:
         if unbind:
             return
-        raise not_found("exchange", source, vhost.name)
+        raise exchange_not_found(broker, conn, source, vhost.name)
     binding = Binding(source, dest, routing_key, dict(arguments))
     if unbind:
         _forget_binding(broker, vhost, binding)

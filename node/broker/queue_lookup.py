@@ -2,8 +2,9 @@
 a queue name: definitions, delivery, publish, replica).
 
 `lookup_queue` expands "" to the channel's last declared queue (`expand_queue_name`) and raises 404 for an unknown
-one; `check_exclusive` raises 405 when another connection owns an exclusive queue. In replicated mode both errors
-are first `MetadataUnconfirmed` (`queue_not_found`; an owner that is another node's connection): the answer waits
+one; `check_exclusive` raises 405 when another connection owns an exclusive queue; `exchange_not_found` is the 404
+of an unknown exchange. In replicated mode these errors are first `MetadataUnconfirmed` (`queue_not_found`,
+`exchange_not_found`; an owner that is another node's connection): the answer waits
 for a metadata read barrier, so a queue whose owner closed (its deletion committed before the close-ok) is not
 reported locked here, and a queue declared on another node (committed before its declare-ok) is not reported
 missing. `REPLY_TO_QUEUE` is the
@@ -35,6 +36,16 @@ def queue_not_found(broker: BrokerState, conn: ConnState, name: str, vhost: str)
     if broker.definitions_shared and not conn.metadata_confirmed:
         return MetadataUnconfirmed(vhost, name)
     return not_found("queue", name, vhost)
+
+
+def exchange_not_found(broker: BrokerState, conn: ConnState, name: str, vhost: str) -> Exception:
+    """The error for an exchange this node does not know (a passive declare, a bind's source or destination): 404,
+    or first `MetadataUnconfirmed` where definitions come from other nodes too (it may have just been declared
+    through another node). A publish to it is not deferred (publish.py): a client that publishes and closes at
+    once must get the 404 before its close, and a deferred publish is dropped with its channel."""
+    if broker.definitions_shared and not conn.metadata_confirmed:
+        return MetadataUnconfirmed(vhost, name)
+    return not_found("exchange", name, vhost)
 
 
 def expand_queue_name(ch: ChannelState, name: str) -> str:

@@ -8,7 +8,7 @@ from node.amqp import events as ev
 from node.amqp import methods as m
 from node.broker.broker import Broker, BrokerConfig
 from node.broker.effects import CloseChannel, Effect, HoldCloseOk, Persist, Send, SendCloseOk
-from node.broker.records import MetadataBarrierRecord, QueueRecord
+from node.broker.records import ExchangeRecord, MetadataBarrierRecord, QueueRecord
 from tests.broker.harness import connected, methods
 
 REMOTE_OWNER = "a/1/7"  # a connection of node a
@@ -76,3 +76,21 @@ def test_a_queue_declared_on_another_node_meanwhile_is_found_after_the_barrier()
     token = _barrier(missing.declare("nowhere", passive=True))
     closes = [e for e in broker.on_persisted(token) if isinstance(e, CloseChannel)]
     assert [c.reply_code for c in closes] == [404]
+
+
+def test_an_exchange_declared_on_another_node_meanwhile_is_found_after_the_barrier() -> None:
+    """A passive declare of an exchange, and a bind to or from one, this node does not know yet wait for a metadata
+    barrier (it may have been declared through another node a moment ago); after it the answer is the real one."""
+    broker = Broker(BrokerConfig(node_name="b", boot_id=2, replicated=True))
+    broker.apply_records([QueueRecord("/", "q")])
+    client = connected(broker)
+    token = _barrier(client.call(m.ExchangeDeclare(exchange="fresh", type="topic", passive=True)))
+    later = client.bind("q", "fresh", "k")  # the channel's next method waits behind it
+    assert methods(later) == []
+    broker.apply_records([ExchangeRecord("/", "fresh", "topic")])  # committed before the barrier
+    answered = broker.on_persisted(token)
+    assert methods(answered) == [m.ExchangeDeclareOk()] and not [e for e in answered if isinstance(e, CloseChannel)]
+    missing = connected(broker, conn_id=3)
+    token = _barrier(missing.call(m.ExchangeBind(destination="fresh", source="nowhere")))
+    closes = [e for e in broker.on_persisted(token) if isinstance(e, CloseChannel)]
+    assert [(c.reply_code, c.method_id) for c in closes] == [(404, m.ExchangeBind.METHOD_ID)]
