@@ -45,6 +45,8 @@ class Authenticator(Protocol):
 
     # Optional: `user_limit_reached(username, name, own) -> int | None`, the user's max-connections or
     # max-channels when reached (`own`: this connection's channels); connection.py asks for it with getattr.
+    # Optional: `refusal_may_be_stale() -> bool`, whether a refused login or vhost may only not have reached this
+    # node's copy of the definitions yet (a cluster): the handshake then waits for `recheck` once before refusing.
 
 
 def parse_sasl_response(mechanism: str, response: bytes) -> tuple[str, str] | None:

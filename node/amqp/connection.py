@@ -2,6 +2,8 @@
 
 Feed bytes with `receive_data(data, now_ms)`, collect `next_events()`, drain `data_to_send()`, call `tick(now_ms)` by
 `next_deadline_ms()`. The broker answers with `send_method`/`send_content`/`send_deliver`/`close_channel`/... .
+While `awaiting_recheck` (a refused login or vhost that may be stale, cluster mode) the runtime calls `recheck`
+once it caught up with the cluster's definitions.
 
 States: AWAIT_HEADER -> STARTING (Start sent) -> TUNING (Tune sent) -> OPENING -> OPEN -> CLOSING (we sent
 Connection.Close, waiting for Close-Ok) or CLOSE_RECEIVED (the client sent it) -> CLOSED.
@@ -56,6 +58,16 @@ class ServerConnection(FrameInput):
         if self.state is ConnectionState.AWAIT_HEADER and framer.header_seen:
             self._send_start()
         self._receive_frames(frames, error, now_ms)
+
+    def recheck(self, now_ms: int) -> None:
+        """The runtime caught up with the cluster's definitions (or gave up waiting): the held login or
+        connection.open is handled again, then what came after it; a refusal now is final."""
+        held, self._held_input = self._held_input, None
+        self.awaiting_recheck = False
+        self._rechecked = True
+        if held is not None and not self.closed:
+            self._now_ms = now_ms
+            self._receive_frames(held[0], held[1], now_ms)
 
     def send_method(self, channel: int, method: m.Method) -> None:
         cls = type(method)

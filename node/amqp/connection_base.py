@@ -22,7 +22,7 @@ from node.amqp.channel import ChannelAssembly
 from node.amqp.codec import DecodeError, UnknownMethodError, decode_method
 from node.amqp.errors import ProtocolError
 from node.amqp.events import ChannelClosed, ConnectionClosed, Event
-from node.amqp.framer import Framer
+from node.amqp.framer import Framer, RawFrame
 from node.amqp.spec import ReplyCode
 
 
@@ -83,6 +83,12 @@ class ConnectionBase:
         self._last_recv_ms = now_ms
         self._last_send_ms = now_ms
         self._pending_close: tuple[int, str] = (0, "")
+        # A login or vhost refusal the authenticator says may come from a stale copy of the definitions (cluster
+        # mode: a user, vhost or permission committed through another node and not applied here yet) waits while
+        # the runtime catches up (`awaiting_recheck`, then `recheck`); the frames from the refused one on are held.
+        self.awaiting_recheck = False
+        self._rechecked = False
+        self._held_input: tuple[list[RawFrame], Exception | None] | None = None
 
     @property
     def closed(self) -> bool:

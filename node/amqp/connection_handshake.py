@@ -4,7 +4,8 @@ After the protocol header we send Connection.Start with our mechanisms (EXTERNAL
 client certificate); Start-Ok is authenticated by the `Authenticator` (a refused login closes the socket, with a
 Close frame only for a client with the authentication_failure_close capability), then Tune, Tune-Ok (the client's
 heartbeat is used as is: RabbitMQ does this; clients pick the lower non-zero of theirs and ours) and Open, which
-checks vhost access and the vhost's and user's connection limits. Connection.Update-Secret checks the user again
+checks vhost access and the vhost's and user's connection limits. In a cluster a refused login or vhost may only
+not have reached this node yet: the refusal then waits, once, until the runtime caught up (`_refusal_held`). Connection.Update-Secret checks the user again
 with the new secret as its password. `CONNECTION_HANDLERS` maps (state, method class) to the handler.
 """
 
@@ -56,6 +57,8 @@ class ConnectionHandshake(ConnectionClosing):
         else:
             username = self.authenticator.authenticate(method.mechanism, method.response)
         if username is None:
+            if self._refusal_held():
+                return
             text = reply_text(
                 ReplyCode.ACCESS_REFUSED,
                 f"Login was refused using authentication mechanism {method.mechanism}. "
@@ -69,6 +72,16 @@ class ConnectionHandshake(ConnectionClosing):
         self.state = ConnectionState.TUNING
         tune = m.ConnectionTune(self.limits.channel_max, self.limits.frame_max, self.limits.heartbeat_s)
         self._write(encode_method_frame(0, tune))
+
+    def _refusal_held(self) -> bool:
+        """Whether a login or vhost refusal waits for the runtime to catch up with the cluster's definitions
+        first (`awaiting_recheck`; `recheck` handles the method again, and a refusal then is final): once per
+        connection, and only when the authenticator's optional `refusal_may_be_stale()` says so."""
+        may_be_stale = getattr(self.authenticator, "refusal_may_be_stale", None)
+        if self._rechecked or may_be_stale is None or not may_be_stale():
+            return False
+        self.awaiting_recheck = True
+        return True
 
     def _on_tune_ok(self, method: m.Method, now_ms: int) -> None:
         assert isinstance(method, m.ConnectionTuneOk)
@@ -85,6 +98,8 @@ class ConnectionHandshake(ConnectionClosing):
         assert isinstance(method, m.ConnectionOpen)
         vhost = method.virtual_host
         if not self.authenticator.vhost_access(self.username, vhost):
+            if self._refusal_held():
+                return
             raise ProtocolError(
                 ReplyCode.NOT_ALLOWED, f"access to vhost '{vhost}' refused for user '{self.username}'", 10, 40
             )

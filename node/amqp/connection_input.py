@@ -44,11 +44,18 @@ class FrameInput(ChannelTable):
 
     def _receive_frames(self, frames: list[RawFrame], error: Exception | None, now_ms: int) -> None:
         """Handle parsed frames, then the error that ended the stream after them (if any)."""
+        if self._held_input is not None:  # (a refusal waits for `recheck`: these come after it)
+            held, held_error = self._held_input
+            self._held_input = (held + frames, error or held_error)
+            return
         if self.state is ConnectionState.OPEN:
             self._receive_frames_open(frames, now_ms)
         else:
-            for frame_type, channel, payload in frames:
+            for index, (frame_type, channel, payload) in enumerate(frames):
                 self._handle_frame(frame_type, channel, payload, now_ms)
+                if self.awaiting_recheck:
+                    self._held_input = (frames[index:], error)
+                    return
                 if self.closed or self.state is ConnectionState.CLOSE_RECEIVED:
                     return
         if self.closed or self.state is ConnectionState.CLOSE_RECEIVED:  # nothing after the client's Close counts

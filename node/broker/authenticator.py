@@ -50,6 +50,12 @@ class ConnAuthenticator:
             return vhost in self._broker.vhosts
         return self._broker.vhost_access(username, vhost)
 
+    def refusal_may_be_stale(self) -> bool:
+        """In a cluster a user, vhost or permission committed through another node may not be applied here yet:
+        the handshake then asks again once the runtime caught up with the metadata (node/amqp/connection_handshake.py
+        `_refusal_held`), as RabbitMQ's Mnesia write is on every node when its API call returns."""
+        return self._broker.definitions_shared
+
     def connection_limit_reached(self, vhost: str) -> int | None:
         return None if self._internal() else self._broker.connection_limit_reached(vhost)
 

@@ -24,7 +24,9 @@ consumer's (acks that free at most its prefetch), so the queue grows without bou
 turns (docs/benchmarks.md, "Publishes starving deliveries: credit flow").
 In cluster mode the broker decides instead (`node/broker/credit_flow.py`, which also counts the publishes still on
 their way through Raft): its `PauseReading` effect stops reading a connection until `ResumeReading`; heartbeats
-keep flowing to the client and the core does not count the peer's silence meanwhile (`hold_reading`).
+keep flowing to the client and the core does not count the peer's silence meanwhile (`hold_reading`). Also in
+cluster mode a refused login or vhost is held by the core until the node caught up with the metadata (`_recheck`,
+docs/management.md "AMQP logins too").
 
 PROXY protocol (docs/configuration.md): on a listener with it on (`proxy_protocol` for `port`, or the extra
 `proxy_protocol_port` listener) `handle_connection` first reads the PROXY v1/v2 header (node/amqp/proxy_protocol.py)
@@ -55,7 +57,7 @@ import logging
 import signal
 import ssl
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import trio
@@ -134,6 +136,10 @@ class Node(Dispatcher):
         # and says PauseReading / ResumeReading (node/broker/credit_flow.py).
         self._flow_behind: Callable[[int], int] | None = (
             None if replicated else getattr(broker, "publish_flow_behind", None))
+        # Cluster mode (set by the cluster runtime): waits until this node has every definition committed before
+        # the call; a refused login or vhost is asked again after it (`_recheck`).
+        self.catch_up_definitions: Callable[[], Awaitable[bool]] | None = None
+        self.rechecks = 0
         self.effect_sinks[PauseReading] = self._pause_reading
         self.effect_sinks[ResumeReading] = self._resume_reading
         self.effect_sinks[HoldCloseOk] = self._hold_close_ok
@@ -283,6 +289,8 @@ class Node(Dispatcher):
                 conn.core.receive_data(data, mono_ms())
             self._mark(conn)
             self.dispatch_guarded(conn)
+            if conn.core.awaiting_recheck:
+                await self._recheck(conn)
             if conn.core.blocked:
                 await self._wait_unblocked(conn)
             if conn.read_paused:
@@ -292,6 +300,18 @@ class Node(Dispatcher):
                 if backlog:
                     await self._wait_for_queues(conn, self._flow_behind, backlog)
         await self._wait_flushed(conn)
+
+    async def _recheck(self, conn: Connection) -> None:
+        """Cluster mode: the core holds a refused login or connection.open (the user, vhost or permission may be
+        committed through another node and not applied here yet): ask again once this node caught up with the
+        metadata (bounded by the cluster runtime); a refusal then is final."""
+        catch_up = self.catch_up_definitions
+        if catch_up is not None:
+            self.rechecks += 1
+            await catch_up()
+        conn.core.recheck(mono_ms())
+        self._mark(conn)
+        self.dispatch_guarded(conn)
 
     async def _wait_for_queues(self, conn: Connection, behind: Callable[[int], int], backlog: int) -> None:
         """Credit flow: hold a publisher's next read while a queue it published to is behind its consumers, so

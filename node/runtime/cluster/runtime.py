@@ -172,6 +172,7 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness, IncarnationRecording
         from node.broker.effects import ForwardPublish, ProposeQueue
         node.effect_sinks[ProposeQueue] = self._on_propose
         node.effect_sinks[ForwardPublish] = self.forwarder.submit  # node-local exclusive queues (forward.py)
+        node.catch_up_definitions = self.catch_up_definitions  # a refused login or vhost is asked again after it
 
     # ------------------------------------------------------------------------------------------ start-up
 
@@ -436,6 +437,21 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness, IncarnationRecording
             if not outcome.ok:
                 return refusal_reply(command, outcome.refused)
         return None
+
+    async def catch_up_definitions(self) -> bool:
+        """Wait until this node's metadata replica applied every command committed before the call (a shared
+        `Barrier`, `MetadataStore.caught_up`) and the broker has it: a management read (view.py) or a refused AMQP
+        login or vhost (node/runtime/server.py `_recheck`) then sees what was just done through another node.
+        Bounded by `management_read_barrier_ms` (0: off); False when it timed out (no metadata majority)."""
+        timeout_s = self.config.management_read_barrier_ms / 1000
+        store = self.store
+        if store is None or timeout_s <= 0:
+            return True
+        if not await store.caught_up(timeout_s):
+            return False
+        if self.mirrored is not store.state:  # (the metadata watcher has not run since)
+            self._mirror(store.state)
+        return True
 
     async def apply_definition(self, command: md.Command) -> md.Outcome | None:
         """Apply one metadata command with a fixed command id (retries are idempotent); bounded in time."""

@@ -70,21 +70,10 @@ class ClusterView(BrokerView):
 
     async def read_barrier(self) -> bool:
         """Before a management request that reads or changes definitions (management_api.needs_read_barrier):
-        wait until this node's metadata replica has applied every command committed before the call (a shared
-        `Barrier`, `MetadataStore.caught_up`) and mirror it into the broker, which the rows are read from; so a GET
-        through this node sees a change just made through another, as RabbitMQ's (Mnesia) does. Bounded by
-        `management_read_barrier_ms` (0: off): False when it timed out (no metadata majority): the request is
-        answered from what this node has."""
-        cluster = self.cluster
-        timeout_s = cluster.config.management_read_barrier_ms / 1000
-        store = cluster.store
-        if store is None or timeout_s <= 0:
-            return True
-        if not await store.caught_up(timeout_s):
-            return False
-        if cluster.mirrored is not store.state:  # (the metadata watcher has not run since)
-            cluster._mirror(store.state)
-        return True
+        `ClusterRuntime.catch_up_definitions`, so a GET through this node sees a change just made through another,
+        as RabbitMQ's (Mnesia) does. False when it timed out (no metadata majority): the request is answered from
+        what this node has."""
+        return bool(await self.cluster.catch_up_definitions())
 
     def nodes(self) -> list[dict[str, Any]]:
         cluster = self.cluster
