@@ -3,6 +3,8 @@ truncation rounds, crash images, and the controller's election rules."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cluster.mirror_queues.core import controller as ctl
 from cluster.mirror_queues.core.replica import Replica
 from cluster.mirror_queues.core.types import (
@@ -137,6 +139,18 @@ def test_controller_elects_from_the_isr_only_unless_always() -> None:
     assert unclean.leader == "b" and unclean.epoch == 1 and unclean.unclean_elections == 1
     back = ctl.broker_up(down, "a", frozenset({"a", "b"}), False, s, {})
     assert back.leader == "a" and back.epoch == 1
+
+
+def test_a_replica_reporting_itself_up_to_a_queue_without_a_leader_is_elected_first() -> None:
+    """The reporter is surely live; another ISR member first in replica order is live only as far as it knows
+    (a paused node, killed since: electing it left the queue without a leader in the broker scenario)."""
+    s = Settings()
+    state = ctl.broker_down(ctl.initial(("a", "b")), "a", frozenset(), s, {})  # nobody live to elect
+    assert state.leader is None and state.isr == frozenset({"a", "b"})
+    up = ctl.broker_up(state, "b", frozenset({"a", "b"}), False, s, {})
+    assert (up.leader, up.epoch, up.isr) == ("b", 1, frozenset({"a", "b"}))
+    out_of_sync = ctl.broker_up(replace(state, isr=frozenset({"a"})), "b", frozenset({"a", "b"}), False, s, {})
+    assert out_of_sync.leader == "a"  # (only the eligible are preferred)
 
 
 def test_controller_keeps_replicas_dropped_below_min_insync_eligible() -> None:

@@ -3,7 +3,8 @@
 It stands in for the metadata group, which records leader, epoch and ISR changes as Kafka's controller does: a
 leader is elected from the recorded ISR only (live members, in replica order), then from the eligible leader
 replicas if `Settings.eligible_leader_replicas` (KIP-966), and from any live replica only if
-`promote_on_failure == "always"` (an unclean election). With ELR, a member that restarted after possibly losing
+`promote_on_failure == "always"` (an unclean election). A replica that reports itself up to a queue without a
+leader is taken first among the eligible (the others are live only as far as the reporter knows). With ELR, a member that restarted after possibly losing
 acknowledged writes (`unclean`) leaves the ISR and ELR until it catches up again; when only such members remain,
 the controller waits until every ISR, ELR and unclean member is back and picks the one with the largest (last epoch, LEO), as
 KIP-966's unclean recovery does (`log_ends` is what the live replicas report). Every election bumps the epoch; the new ISR is the new
@@ -54,7 +55,8 @@ def alter_isr(state: PartitionState, change: IsrChanged, settings: Settings) -> 
 LogEnds = Mapping[str, tuple[int, int]]
 
 
-def _elect(state: PartitionState, live: frozenset[str], settings: Settings, log_ends: LogEnds) -> PartitionState:
+def _elect(state: PartitionState, live: frozenset[str], settings: Settings, log_ends: LogEnds,
+           prefer: str | None = None) -> PartitionState:
     if settings.eligible_leader_replicas:
         usable = live - state.unclean
         clean = [r for r in state.replicas if r in state.isr and r in usable]
@@ -65,7 +67,7 @@ def _elect(state: PartitionState, live: frozenset[str], settings: Settings, log_
     else:
         clean = [r for r in state.replicas if r in state.isr and r in live]
     if clean:
-        leader = clean[0]
+        leader = prefer if prefer in clean else clean[0]
         elected = replace(state, leader=leader, epoch=state.epoch + 1, unclean=state.unclean - {leader})
         return _with_isr(elected, frozenset({leader}) | (state.isr & live), settings)
     if settings.promote_on_failure == "always":
@@ -91,8 +93,8 @@ def broker_up(state: PartitionState, node: str, live: frozenset[str], unclean: b
     ELR such a member leaves the ISR and ELR until it has caught up with a leader again."""
     if settings.eligible_leader_replicas and unclean and node in state.isr | state.elr:
         state = replace(state, isr=state.isr - {node}, elr=state.elr - {node}, unclean=state.unclean | {node})
-    if state.leader is None:
-        return _elect(state, live, settings, log_ends)
+    if state.leader is None:  # `node` is surely live (it is the one that reports): first among the eligible
+        return _elect(state, live, settings, log_ends, prefer=node)
     return state
 
 

@@ -145,7 +145,7 @@ class _Group:
     fetch_now: bool = False
     parked: dict[str, tuple[FetchRequest, int, int, int]] = field(default_factory=dict)  # (req, since, leo, hw)
     hw_sent: dict[str, int] = field(default_factory=dict)
-    said_up: bool = False
+    said_up_epoch: int = -1  # the epoch in which this replica last said it is up to a queue without a leader
     refused_reported: int = -1  # the epoch whose leader this node reported gone on a refusal (`peer_refused`)
     early: dict[str, FetchRequest | EpochEndRequest] = field(default_factory=dict)  # in an epoch not known here yet
     trace_until: int = 0  # RAFTMQ_MIRROR_TRACE=1: its traffic is logged until then (a second after a role change)
@@ -175,6 +175,8 @@ class MirrorGroups(MirrorFailures):
         self._last_writeback_ms = wall_ms()
         self.groups: dict[GroupId, _Group] = {}
         self.live: frozenset[str] = frozenset(peers) | {name}
+        # The peers this node has a working link to (the runtime's Raft transport); without a runtime, `live`.
+        self.connected: Callable[[], frozenset[str]] = lambda: self.live
         self.stats = {"appended": 0, "forwarded": 0, "refused": 0, "truncations": 0, "trims": 0,
                       "snapshots_installed": 0, "write_batches": 0}
         # (group, (plan, the files' end after it), effects | None = remove the group's files)
@@ -312,9 +314,12 @@ class MirrorGroups(MirrorFailures):
         for src in released & set(g.parked):  # synchronised: a caught-up fetch parked here joins the ISR now
             self._run(g, r.handle(g.parked.pop(src)[0], now))
         leader = record.leader if record.epoch == r.epoch or not record.leader else g.leader
-        if not record.leader and self.name in record.replicas and not g.said_up:
-            g.said_up = True  # nobody can lead: say this replica is up (it may be electable)
-            self.submit(MirrorReplicaUp(g.vhost, g.name, self.name, record.epoch, tuple(sorted(self.live)),
+        if not record.leader and self.name in record.replicas and g.said_up_epoch != record.epoch:
+            g.said_up_epoch = record.epoch  # nobody can lead: say this replica is up (it may be electable);
+            # live as far as it knows for sure: a peer it has no link to (paused, or gone while this node was
+            # down) would otherwise stay in the new ISR, and hold the HW, until the lag limit
+            reachable = (self.live & self.connected()) | {self.name}
+            self.submit(MirrorReplicaUp(g.vhost, g.name, self.name, record.epoch, tuple(sorted(reachable)),
                                         g.unclean, {self.name: [r.latest_epoch(), r.leo]}))
         if leader != g.leader:
             g.leader = leader

@@ -205,6 +205,7 @@ class ClusterRuntime(QueueProposals, MembershipAndLiveness, IncarnationRecording
             self.layout.secret.encode(), self._on_apply_many, self._on_mirror_leader_change, self._submit_mirror,
             snapshots=self, trim_records=self.config.mirror_trim_records, flush=self.config.mirror_flush,
             hw_checkpoint_ms=self.config.mirror_hw_checkpoint_ms)
+        self.mirror.connected = self.raft.connected_peers
         self._drop_stale_groups(self.mirrored)
         self._sync_groups(self.mirrored)
 
