@@ -5,8 +5,9 @@ client certificate); Start-Ok is authenticated by the `Authenticator` (a refused
 Close frame only for a client with the authentication_failure_close capability), then Tune, Tune-Ok (the client's
 heartbeat is used as is: RabbitMQ does this; clients pick the lower non-zero of theirs and ours) and Open, which
 checks vhost access and the vhost's and user's connection limits. In a cluster a refused login or vhost may only
-not have reached this node yet: the refusal then waits, once, until the runtime caught up (`_refusal_held`). Connection.Update-Secret checks the user again
-with the new secret as its password. `CONNECTION_HANDLERS` maps (state, method class) to the handler.
+not have reached this node yet: the refusal then waits, once, until the runtime caught up (`_refusal_held`; the
+runtime reads nothing meanwhile, so what is held is at most one read). Connection.Update-Secret checks the user
+again with the new secret as its password. `CONNECTION_HANDLERS` maps (state, method class) to the handler.
 """
 
 from __future__ import annotations
