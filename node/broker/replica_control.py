@@ -204,9 +204,7 @@ def _resync_gets(broker: BrokerState, queue: QueueState, now_ms: int) -> None:
     """This node's basic.gets still waiting on the queue, after a restore. A Get the snapshot covers was applied
     where this node never saw it: it took a message, which its getter holds unacked in the replica (get-ok with
     it), or found the queue empty (get-empty). A Get the snapshot does not cover waits on: it comes later in the
-    log, or is given up and answered empty then (`proposal_abandoned`). (A restore answering every waiting get
-    empty made a basic.get on a queue with messages come back empty whenever a follower installed its leader's
-    snapshot.)"""
+    log, or is given up and answered empty then (`proposal_abandoned`)."""
     replica = replica_of(queue)
     machine = replica.queue
     for getter_id, (_ch, get_queue, _no_ack, proposal_id) in list(broker.pending_gets.items()):
