@@ -256,6 +256,17 @@ def _unwatched(broker: BrokerState, publisher_id: Any) -> bool:
     return type(publisher_id) is not DeadLetterPublisher
 
 
+def deliver_unseen(broker: BrokerState, queue: QueueState, consumer_id: Any, msg_ids: list[Any]) -> None:
+    """Deliveries the replica made to a local consumer that this node never sent (a restored snapshot covered
+    them): sent now, as their Deliver effects would have been (returned if the consumer cannot take them now)."""
+    machine = replica_of(queue).queue
+    for msg_id in msg_ids:
+        held = machine.unacked_message(consumer_id, msg_id)
+        if held is not None:
+            message, redelivered, delivery_count = held
+            _on_deliver(broker, queue, Deliver(consumer_id, msg_id, message, redelivered, delivery_count))
+
+
 def _on_deliver(broker: BrokerState, queue: QueueState, effect: Deliver) -> None:
     cid = effect.consumer_id
     consumer = broker.consumers.get(cid)

@@ -21,7 +21,7 @@ from cluster.queue.replicated import ReplicatedQueue, decode_id, encode_id
 from cluster.queue.seal import Seal
 from node.broker.definitions import delete_queue
 from node.broker.queues import QueueState, queue_args
-from node.broker.replica import answer_get_ok, maybe_auto_delete, reattach
+from node.broker.replica import answer_get_ok, deliver_unseen, maybe_auto_delete, reattach
 from node.broker.replica_dead_letters import (
     _held_deadline_ms,
     _leader_changed,
@@ -232,12 +232,13 @@ def _resync(broker: BrokerState, queue: QueueState) -> None:
         cid = consumer.consumer_id
         held = {u.msg_id for u in consumer.channel.unacked.values() if u.consumer_id == cid}
         held.update(p.msg_id for p in consumer.channel.pending if p.consumer is consumer)
-        lost = [i for i in replica_of(queue).queue.unacked_msg_ids(cid) if i not in held]
-        if lost:
-            propose(broker, queue, Return(cid, lost, now_ms))
+        unseen = [i for i in replica_of(queue).queue.unacked_msg_ids(cid) if i not in held]
         if consumer.cancelled:  # (cancelled, still holding unacked messages: it stays out of the consumers)
+            if unseen:
+                propose(broker, queue, Return(cid, unseen, now_ms))
             propose(broker, queue, Cancel(cid, now_ms))
         else:
+            deliver_unseen(broker, queue, cid, unseen)  # (as the Deliver effects would have been)
             reattach(broker, queue, consumer)
     _resync_gets(broker, queue, now_ms)
     key = (queue.vhost, queue.name)

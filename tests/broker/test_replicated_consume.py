@@ -218,7 +218,9 @@ def test_snapshot_restore_mid_stream_keeps_a_node_consuming() -> None:
     assert _all_equal(cluster)
 
 
-def test_restore_returns_deliveries_the_node_never_saw() -> None:
+def test_restore_sends_deliveries_the_node_never_saw() -> None:
+    """A snapshot covering a delivery to a local consumer that this node never sent (a follower installing its
+    leader's snapshot): it is sent at the restore, once, not redelivered; its ack settles it everywhere."""
     cluster, a, b, _c = _setup()
     _publish(cluster, a, b"1", b"2")
     b.consume("q", "tb")
@@ -230,9 +232,15 @@ def test_restore_returns_deliveries_the_node_never_saw() -> None:
     data = cluster.brokers["a"].queue_snapshot(*KEY)
     channel = cluster.brokers["b"].conns[1].channels[1]
     channel.unacked.clear()  # b "never delivered" message 2
-    cluster.feed("b", cluster.brokers["b"].queue_restore("/", "q", data))
+    restored = cluster.brokers["b"].queue_restore("/", "q", data)
+    assert not [e for e in restored if isinstance(e, ProposeQueue) and type(e.command).__name__ == "Return"]
+    cluster.feed("b", restored)
     cluster.commit()
-    assert bodies(take(cluster, "b")) == [b"2"]  # returned, then delivered again (redelivered)
+    sent = deliveries(take(cluster, "b"))
+    assert [(d.body, d.method.redelivered) for d in sent] == [(b"2", False)]  # once, at the restore
+    b.ack(3)  # (its delivery tag on b's channel: 1, 2, then 3)
+    cluster.commit()
+    assert _all_equal(cluster) and _queue(cluster, "a").machine.unacked_count == 0
 
 
 def test_a_consumer_of_an_earlier_boot_is_detached_when_its_attach_is_replayed() -> None:
