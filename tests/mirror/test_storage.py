@@ -126,3 +126,21 @@ def test_a_torn_tail_is_cut_off_on_load(tmp_path: pathlib.Path) -> None:
     again = ReplicaStore(tmp_path)
     assert len(again.load().log) == 3 and (tmp_path / "log").stat().st_size == size
     again.close()
+
+
+def test_the_written_hw_checkpoint_moves_when_the_file_is_written(tmp_path: pathlib.Path) -> None:
+    """What `status` shows (and the broker scenarios wait for) is the file's checkpoint, not the planned one."""
+    replica = Replica("a", Settings(hw_checkpoint_interval_ms=1))
+    store = ReplicaStore(tmp_path)
+    replica.become_leader(1, frozenset({"a"}), 0)
+    store.persist(replica, replica.publish("m0"))
+    replica.tick(10)
+    plan = store.plan(replica)
+    assert replica.hw_checkpoint == 1 and store.hw_checkpoint_written == 0  # planned, not written yet
+    store.execute(plan)
+    assert store.hw_checkpoint_written == 1
+    store.close()
+    reader = ReplicaStore(tmp_path)
+    reader.load()
+    assert reader.hw_checkpoint_written == 1
+    reader.close()

@@ -125,6 +125,7 @@ class ReplicaStore:
         self._end = 0  # byte length of the valid log
         self._epochs: tuple[tuple[int, int], ...] = ()
         self._hw_checkpoint = 0
+        self.hw_checkpoint_written = 0  # the HW checkpoint the file holds (`_hw_checkpoint` is the planned one)
         self.fsyncs = 0
         self.planned_appended: list[Record] = []  # the records the last `plan` appends
         self._log = self.log_path.open("ab+")
@@ -156,6 +157,7 @@ class ReplicaStore:
         if self.epochs_path.exists():
             self._epochs = tuple((int(e), int(s)) for e, s in cbor2.loads(self.epochs_path.read_bytes()))
         self._hw_checkpoint = int(self.hw_path.read_text()) if self.hw_path.exists() else 0
+        self.hw_checkpoint_written = self._hw_checkpoint
         return DurableImage(tuple(records), self._epochs, self._hw_checkpoint, self._snapshot)
 
     # --- keeping the files equal to the core -------------------------------------------------------------------
@@ -260,6 +262,7 @@ class ReplicaStore:
             elif kind == "hw":
                 assert isinstance(data, bytes)
                 write_atomically(self.hw_path, data)
+                self.hw_checkpoint_written = int(data)
             self.fsyncs += 1
             i += 1
 

@@ -569,7 +569,8 @@ class MirrorGroups(MirrorFailures):
     # --- status -----------------------------------------------------------------------------------------------
 
     def status(self, group: GroupId) -> dict[str, Any] | None:
-        """Leader, epoch, ISR, HW and the LEOs this node knows (a leader knows every replica's)."""
+        """Leader, epoch, ISR, HW and the LEOs this node knows (a leader knows every replica's); the HW checkpoint
+        as its file holds it."""
         g = self.groups.get(group)
         if g is None:
             return None
@@ -580,7 +581,7 @@ class MirrorGroups(MirrorFailures):
             leo.update({n: v for n, v in r.follower_leo.items() if n in g.replicas})
         return {"leader": g.leader or None, "epoch": record.epoch if record is not None else r.epoch,
                 "replicas": list(g.replicas), "isr": list(record.isr) if record is not None else [],
-                "hw": r.hw, "hw_checkpoint": r.hw_checkpoint, "leo": leo, "role": r.role,
+                "hw": r.hw, "hw_checkpoint": g.store.hw_checkpoint_written, "leo": leo, "role": r.role,
                 "min_insync": record.min_insync if record is not None else r.settings.min_insync,
                 "promote_on_failure": record.promote_on_failure if record is not None else "when-synced",
                 "truncation": r.settings.truncation, "unclean_elections": record.unclean_elections if record else 0,
