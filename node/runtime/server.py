@@ -139,7 +139,6 @@ class Node(Dispatcher):
         # Cluster mode (set by the cluster runtime): waits until this node has every definition committed before
         # the call; a refused login or vhost is asked again after it (`_recheck`).
         self.catch_up_definitions: Callable[[], Awaitable[bool]] | None = None
-        self.rechecks = 0
         self.effect_sinks[PauseReading] = self._pause_reading
         self.effect_sinks[ResumeReading] = self._resume_reading
         self.effect_sinks[HoldCloseOk] = self._hold_close_ok
@@ -307,7 +306,6 @@ class Node(Dispatcher):
         metadata (bounded by the cluster runtime); a refusal then is final."""
         catch_up = self.catch_up_definitions
         if catch_up is not None:
-            self.rechecks += 1
             await catch_up()
         conn.core.recheck(mono_ms())
         self._mark(conn)
